@@ -1,0 +1,58 @@
+#include "common/hash.h"
+
+#include <unordered_set>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace kvtier {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(Hash128, HexRoundTrips) {
+  Hash128 h = Hash128::Of(std::string_view("kvtier"), 7);
+  std::string hex = h.ToHex();
+  EXPECT_EQ(hex.size(), 32u);
+  auto back = Hash128::FromHex(hex);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, h);
+}
+
+TEST(Hash128, FromHexAcceptsUpperCase) {
+  auto h = Hash128::FromHex("00112233445566778899AABBCCDDEEFF");
+  ASSERT_TRUE(h.ok());
+  EXPECT_EQ(h->ToHex(), "00112233445566778899aabbccddeeff");
+  EXPECT_EQ(h->high64(), 0x0011223344556677ull);
+  EXPECT_EQ(h->low64(), 0x8899aabbccddeeffull);
+}
+
+TEST(Hash128, FromHexRejectsBadLengthAndCharacters) {
+  auto short_hex = Hash128::FromHex("abcd");
+  EXPECT_EQ(short_hex.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(short_hex.status().message(), HasSubstr("32 hex digits"));
+  auto bad = Hash128::FromHex("zz112233445566778899aabbccddeeff");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.status().message(), HasSubstr("position 0"));
+  EXPECT_EQ(Hash128::FromHex(std::string(33, 'a')).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Hash128::FromHex("").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(Hash128, SeedChangesTheHash) {
+  EXPECT_NE(Hash128::Of(std::string_view("x"), 1), Hash128::Of(std::string_view("x"), 2));
+}
+
+TEST(Hash128, WorksInHashSets) {
+  std::unordered_set<Hash128> set;
+  for (int i = 0; i < 100; ++i) set.insert(Hash128::Of(std::to_string(i), 0));
+  EXPECT_EQ(set.size(), 100u);
+}
+
+TEST(Checksum64, MatchesKnownXxh3Value) {
+  // XXH3-64 of the empty input with seed 0 (xxHash's published value).
+  EXPECT_EQ(Checksum64({}), 0x2D06800538D394C2ull);
+}
+
+}  // namespace
+}  // namespace kvtier
