@@ -1,0 +1,22 @@
+// kvtier: the command-line tool of the kvtier KV-cache service.
+#include <cstdio>
+#include <exception>
+
+#include "client/cli.h"
+
+int main(int argc, char** argv) {
+  using namespace kvtier::cli;
+  CLI::App app{"kvtier: tiered KV-cache storage for LLM inference (codec, keys, bandwidth model)"};
+  app.require_subcommand(1);
+  CommandResult result;
+  RegisterCodecCommands(app, result);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? kExitOk : kExitError;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "kvtier: %s\n", e.what());
+    return kExitError;
+  }
+  return result.exit_code;
+}
