@@ -1,1 +1,214 @@
+#include "codec/codec.h"
+
+#include <cmath>
+#include <limits>
+
+#include "codec/test_util.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
+
+namespace kvtier::codec {
+namespace {
+
+using testing::DataOptions;
+using testing::MakeKv;
+using testing::MakeSpec;
+
+constexpr SectionFormat kNone16{DType::kFP16, ScaleGranularity::kNone};
+
+double RelativeError(const std::vector<uint16_t>& a, const std::vector<uint16_t>& b, DType t) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    double x = Load16(a[i], t), y = Load16(b[i], t);
+    num += (x - y) * (x - y);
+    den += x * x;
+  }
+  return std::sqrt(num / den);
+}
+
+// Every K/V format pair the format allows, with the engine dtype.
+std::vector<std::pair<SectionFormat, SectionFormat>> AllPairs(DType native) {
+  std::vector<SectionFormat> fmts = {{native, ScaleGranularity::kNone}};
+  for (DType q : {DType::kFP8E4M3, DType::kINT8, DType::kINT4}) {
+    for (ScaleGranularity g : {ScaleGranularity::kPerTensor, ScaleGranularity::kPerBlockHead,
+                               ScaleGranularity::kPerTokenHead}) {
+      fmts.push_back({q, g});
+    }
+  }
+  std::vector<std::pair<SectionFormat, SectionFormat>> out;
+  for (auto k : fmts) {
+    for (auto v : fmts) out.push_back({k, v});
+  }
+  return out;
+}
+
+TEST(Codec, SixteenBitKeysAreBitExactForEveryPair) {
+  for (DType native : {DType::kFP16, DType::kBF16}) {
+    Geometry g{2, 3, 16, 37, 16};  // odd token count, partial last block
+    auto k = MakeKv(g, native, {.seed = 5, .outlier_every = 7});
+    auto v = MakeKv(g, native, {.seed = 6});
+    for (auto [kf, vf] : AllPairs(native)) {
+      if (IsQuantized(kf.dtype)) continue;
+      auto chunk = EncodeChunk(MakeSpec(g, native, kf, vf), {k, v});
+      ASSERT_TRUE(chunk.ok()) << chunk.status();
+      auto dec = DecodeChunk(*chunk);
+      ASSERT_TRUE(dec.ok()) << dec.status();
+      EXPECT_EQ(dec->k, k);
+    }
+  }
+}
+
+TEST(Codec, Fp8ValuesMeetTheErrorBoundWithOutlierChannels) {
+  for (DType native : {DType::kFP16, DType::kBF16}) {
+    Geometry g{4, 8, 128, 256, 16};
+    auto k = MakeKv(g, native, {.seed = 11, .outlier_every = 16, .outlier_scale = 20.0f});
+    auto v = MakeKv(g, native, {.seed = 12, .outlier_every = 16, .outlier_scale = 20.0f});
+    auto chunk = EncodeChunk(
+        MakeSpec(g, native, {native, ScaleGranularity::kNone},
+                 {DType::kFP8E4M3, ScaleGranularity::kPerBlockHead}),
+        {k, v});
+    ASSERT_TRUE(chunk.ok());
+    auto dec = DecodeChunk(*chunk);
+    ASSERT_TRUE(dec.ok());
+    double err = RelativeError(v, dec->v, native);
+    EXPECT_LE(err, 0.03) << DTypeName(native);
+    EXPECT_GT(err, 0.0);
+    EXPECT_EQ(dec->k, k);
+  }
+}
+
+TEST(Codec, IntFormatsMeetTheirErrorBounds) {
+  Geometry g{2, 4, 64, 64, 16};
+  auto v = MakeKv(g, DType::kBF16, {.seed = 3});
+  struct Case {
+    SectionFormat f;
+    double bound;
+  } cases[] = {
+      {{DType::kINT8, ScaleGranularity::kPerTokenHead}, 0.01},
+      {{DType::kINT8, ScaleGranularity::kPerBlockHead}, 0.015},
+      {{DType::kINT4, ScaleGranularity::kPerTokenHead}, 0.20},
+      {{DType::kFP8E4M3, ScaleGranularity::kPerTensor}, 0.035},
+  };
+  for (const Case& c : cases) {
+    auto chunk = EncodeChunk(MakeSpec(g, DType::kBF16, {DType::kBF16, ScaleGranularity::kNone}, c.f),
+                             {v, v});
+    ASSERT_TRUE(chunk.ok());
+    auto dec = DecodeChunk(*chunk);
+    ASSERT_TRUE(dec.ok());
+    EXPECT_LE(RelativeError(v, dec->v, DType::kBF16), c.bound) << DTypeName(c.f.dtype);
+  }
+}
+
+TEST(Codec, ReencodingDecodedDataIsByteIdenticalForEveryPair) {
+  for (DType native : {DType::kFP16, DType::kBF16}) {
+    Geometry g{2, 2, 8, 19, 8};
+    auto k = MakeKv(g, native, {.seed = 21, .outlier_every = 5});
+    auto v = MakeKv(g, native, {.seed = 22});
+    for (auto [kf, vf] : AllPairs(native)) {
+      auto spec = MakeSpec(g, native, kf, vf);
+      auto first = EncodeChunk(spec, {k, v});
+      ASSERT_TRUE(first.ok()) << first.status();
+      auto dec = DecodeChunk(*first);
+      ASSERT_TRUE(dec.ok());
+      auto second = EncodeChunk(spec, {dec->k, dec->v});
+      ASSERT_TRUE(second.ok());
+      EXPECT_EQ(*first, *second) << DTypeName(native) << " K " << DTypeName(kf.dtype) << "/"
+                                 << GranularityName(kf.granularity) << " V "
+                                 << DTypeName(vf.dtype) << "/" << GranularityName(vf.granularity);
+    }
+  }
+}
+
+TEST(Codec, AllZeroInputEncodesWithUnitScalesAndDecodesToZero) {
+  Geometry g{1, 2, 8, 16, 16};
+  std::vector<uint16_t> zeros(g.layer_elements(), 0);
+  for (auto [kf, vf] : AllPairs(DType::kFP16)) {
+    auto chunk = EncodeChunk(MakeSpec(g, DType::kFP16, kf, vf), {zeros, zeros});
+    ASSERT_TRUE(chunk.ok());
+    auto h = ParseHeader(*chunk);
+    ASSERT_TRUE(h.ok());
+    if (IsQuantized(vf.dtype)) {
+      float scale;
+      std::memcpy(&scale, chunk->data() + h->layout.v_offset + h->layout.v.scale_offset(0), 4);
+      EXPECT_EQ(scale, 1.0f);
+    }
+    auto dec = DecodeChunk(*chunk);
+    ASSERT_TRUE(dec.ok());
+    EXPECT_EQ(dec->k, zeros);
+    EXPECT_EQ(dec->v, zeros);
+    EXPECT_EQ(h->spec.flags, 0);
+  }
+}
+
+TEST(Codec, NonFiniteInputIsFlaggedAndNeverSpreadsToFiniteValues) {
+  Geometry g{1, 1, 8, 4, 4};  // one scale group per layer for block-head
+  std::vector<uint16_t> v(g.layer_elements());
+  for (size_t i = 0; i < v.size(); ++i) v[i] = FloatToFp16(static_cast<float>(i) - 10.0f);
+  v[3] = 0x7E00;  // NaN
+  v[5] = 0x7C00;  // +inf
+  v[6] = 0xFC00;  // -inf
+  for (DType q : {DType::kFP8E4M3, DType::kINT8, DType::kINT4}) {
+    SectionFormat vf{q, ScaleGranularity::kPerBlockHead};
+    auto chunk = EncodeChunk(MakeSpec(g, DType::kFP16, kNone16, vf), {v, v});
+    ASSERT_TRUE(chunk.ok());
+    auto h = ParseHeader(*chunk);
+    ASSERT_TRUE(h.ok());
+    EXPECT_EQ(h->spec.flags, kFlagNonFinite);
+    auto dec = DecodeChunk(*chunk);
+    ASSERT_TRUE(dec.ok());
+    EXPECT_EQ(dec->k, v);  // 16-bit K keeps NaN and inf bit for bit
+    float amax = 21.0f;    // largest finite |x|
+    for (size_t i = 0; i < v.size(); ++i) {
+      float x = Fp16ToFloat(dec->v[i]);
+      if (i == 3) {
+        if (q == DType::kFP8E4M3) {
+          EXPECT_EQ(dec->v[i], kCanonicalNaN16);
+        } else {
+          EXPECT_EQ(x, 0.0f);  // INT formats have no NaN code
+        }
+        continue;
+      }
+      ASSERT_TRUE(std::isfinite(x)) << i << " " << DTypeName(q);
+      if (i == 5) EXPECT_EQ(x, amax);
+      if (i == 6) EXPECT_EQ(x, -amax);
+    }
+  }
+}
+
+TEST(Codec, HugeBf16ValuesDoNotOverflowScales) {
+  Geometry g{1, 1, 4, 1, 1};
+  std::vector<uint16_t> v = {0x7F7F, 0xFF7F, 0x0001, 0x0000};  // +-max bf16, min subnormal, 0
+  auto chunk = EncodeChunk(MakeSpec(g, DType::kBF16, {DType::kBF16, ScaleGranularity::kNone},
+                                    {DType::kFP8E4M3, ScaleGranularity::kPerTokenHead}),
+                           {v, v});
+  ASSERT_TRUE(chunk.ok());
+  auto dec = DecodeChunk(*chunk);
+  ASSERT_TRUE(dec.ok());
+  EXPECT_EQ(dec->v[0], 0x7F7F);
+  EXPECT_EQ(dec->v[1], 0xFF7F);
+  EXPECT_EQ(dec->v[3], 0x0000);
+}
+
+TEST(Codec, RejectsMismatchedInputSizes) {
+  Geometry g{1, 2, 8, 4, 4};
+  std::vector<uint16_t> ok(g.layer_elements()), bad(g.layer_elements() - 1);
+  auto spec = MakeSpec(g, DType::kFP16, kNone16, {DType::kFP8E4M3, ScaleGranularity::kPerBlockHead});
+  EXPECT_EQ(EncodeChunk(spec, {ok, bad}).status().code(), absl::StatusCode::kInvalidArgument);
+  std::vector<uint8_t> small(10);
+  EXPECT_EQ(EncodeChunkInto(spec, {ok, ok}, small).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(Codec, DecodeRejectsCorruptedChunks) {
+  Geometry g{1, 2, 8, 4, 4};
+  auto k = MakeKv(g, DType::kFP16, {.seed = 1});
+  auto chunk = EncodeChunk(
+      MakeSpec(g, DType::kFP16, kNone16, {DType::kFP8E4M3, ScaleGranularity::kPerBlockHead}), {k, k});
+  ASSERT_TRUE(chunk.ok());
+  auto bad = *chunk;
+  bad.back() ^= 1;
+  EXPECT_EQ(DecodeChunk(bad).status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(DecodeChunk({chunk->data(), 100}).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace kvtier::codec
