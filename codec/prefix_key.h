@@ -35,7 +35,7 @@ struct ModelIdentity {
 std::string CanonicalIdentity(const ModelIdentity& id);
 
 // XXH3-128(kFingerprintSeed, CanonicalIdentity(id)). InvalidArgument when a
-// string field holds a newline or '=' (they would make the text ambiguous),
+// string field holds a newline (it would make the text ambiguous),
 // model_id is empty or tp_rank >= tp_world_size.
 absl::StatusOr<Hash128> ModelFingerprint(const ModelIdentity& id);
 
