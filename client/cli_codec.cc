@@ -34,8 +34,18 @@ struct EncodeArgs {
   uint32_t tp_rank = 0;
 };
 
+// Reads an input file. A missing input is a usage error (exit 2), not a
+// cache miss (exit 1), so NotFound becomes InvalidArgument here.
+absl::StatusOr<std::vector<uint8_t>> ReadInput(const std::string& path, uint64_t max_bytes) {
+  auto bytes = ReadFileBytes(path, max_bytes);
+  if (bytes.status().code() == absl::StatusCode::kNotFound) {
+    return absl::InvalidArgumentError(bytes.status().message());
+  }
+  return bytes;
+}
+
 absl::StatusOr<npy::Array16> LoadNpy(const std::string& path, const char* what) {
-  KVTIER_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, ReadFileBytes(path, kMaxInputBytes));
+  KVTIER_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, ReadInput(path, kMaxInputBytes));
   auto arr = npy::Parse(bytes);
   if (!arr.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(what, " (", path, "): ", arr.status().message()));
@@ -88,7 +98,7 @@ absl::Status RunEncode(const EncodeArgs& a) {
 }
 
 absl::StatusOr<std::vector<uint8_t>> LoadChunk(const std::string& path) {
-  return ReadFileBytes(path, codec::kMaxChunkBytes);
+  return ReadInput(path, codec::kMaxChunkBytes);
 }
 
 absl::Status RunDecode(const std::string& path, const std::string& k_out,
@@ -170,7 +180,7 @@ struct KeysArgs {
 absl::StatusOr<std::vector<uint32_t>> ParseTokens(const std::string& spec) {
   std::string text = spec;
   if (!spec.empty() && spec[0] == '@') {
-    KVTIER_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, ReadFileBytes(spec.substr(1), 1u << 30));
+    KVTIER_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, ReadInput(spec.substr(1), 1u << 30));
     text.assign(bytes.begin(), bytes.end());
   }
   std::vector<uint32_t> out;

@@ -27,7 +27,7 @@ TEST(Npy, SerializeThenParseRoundTrips) {
 TEST(Npy, ParsesNumpyWrittenHeaders) {
   // What numpy.save writes for np.zeros((2, 2), np.uint16), byte for byte.
   std::string header = "{'descr': '<u2', 'fortran_order': False, 'shape': (2, 2), }";
-  header.append(64 - 10 - header.size() - 1, ' ');
+  header.append(128 - 10 - header.size() - 1, ' ');
   header += '\n';
   std::vector<uint8_t> file = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0,
                                static_cast<uint8_t>(header.size()), 0};
@@ -69,7 +69,8 @@ TEST(Npy, RejectsHostileHeaders) {
       {"{'descr': '<f2', 'fortran_order': False, 'shape': (4294967296, 4294967296, 16), }", 4,
        "too many elements"},
       {"{'descr': '<f2', 'fortran_order': False, 'shape': (a,), }", 4, "non-integer"},
-      {"{'descr': '<f2', 'fortran_order': False, 'shape': (2, }", 4, "unterminated"},
+      {"{'descr': '<f2', 'fortran_order': False, 'shape': (2, }", 4, "shape"},
+      {"{'descr': '<f2', 'fortran_order': False, 'shape': (2", 4, "unterminated"},
       {"{'fortran_order': False, 'shape': (2,), }", 4, "descr"},
       {"{'descr': '<f2', 'shape': (2,), }", 4, "fortran_order"},
       {"{'descr': 7, 'fortran_order': False, 'shape': (2,), }", 4, "descr"},
