@@ -1,0 +1,76 @@
+#include "tiering/dram_tier.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "common/file.h"
+#include "common/status.h"
+
+namespace kvtier::tiering {
+namespace {
+
+class HostMemory : public PoolMemory {
+ public:
+  HostMemory(uint8_t* base, uint64_t size) : base_(base), size_(size) {}
+  uint64_t size() const override { return size_; }
+  absl::Status CopyIn(uint64_t offset, std::span<const uint8_t> src) override {
+    std::memcpy(base_ + offset, src.data(), src.size());
+    return absl::OkStatus();
+  }
+  absl::Status CopyOut(uint64_t offset, std::span<uint8_t> dst) override {
+    std::memcpy(dst.data(), base_ + offset, dst.size());
+    return absl::OkStatus();
+  }
+
+ private:
+  uint8_t* base_;
+  uint64_t size_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<DramTier>> DramTier::Open(const DramTierOptions& o) {
+  if (o.alignment == 0 || (o.alignment & (o.alignment - 1)) != 0) {
+    return absl::InvalidArgumentError("alignment must be a power of two");
+  }
+  const uint64_t size = o.capacity_bytes / o.alignment * o.alignment;
+  if (size == 0) return absl::InvalidArgumentError("DRAM capacity below one allocation unit");
+  int fd = memfd_create("kvtier-dram", MFD_CLOEXEC);
+  if (fd < 0) return ErrnoToStatus(errno, "memfd_create");
+  if (ftruncate(fd, static_cast<off_t>(size)) != 0) {
+    int e = errno;
+    close(fd);
+    return ErrnoToStatus(e, "ftruncate(memfd)");
+  }
+  int flags = MAP_SHARED | (o.populate ? MAP_POPULATE : 0);
+  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, flags, fd, 0);
+  if (p == MAP_FAILED) {
+    int e = errno;
+    close(fd);
+    return ErrnoToStatus(e, "mmap(memfd)");
+  }
+  auto* base = static_cast<uint8_t*>(p);
+  if (o.register_memory) {
+    absl::Status st = o.register_memory(base, size);
+    if (!st.ok()) {
+      munmap(p, size);
+      close(fd);
+      return st;
+    }
+  }
+  return std::unique_ptr<DramTier>(
+      new DramTier(fd, base, size, std::make_unique<HostMemory>(base, size), o.alignment));
+}
+
+DramTier::DramTier(int fd, uint8_t* base, uint64_t size, std::unique_ptr<PoolMemory> mem,
+                   uint64_t alignment)
+    : PoolTier(TierKind::kDram, std::move(mem), alignment), fd_(fd), base_(base), size_(size) {}
+
+DramTier::~DramTier() {
+  munmap(base_, size_);
+  close(fd_);
+}
+
+}  // namespace kvtier::tiering

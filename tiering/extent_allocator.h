@@ -1,0 +1,42 @@
+// First-fit allocator of byte ranges in a fixed-size space (the DRAM/HBM
+// pools and the NVMe data file share it). Free ranges coalesce on release, so
+// space is reclaimed without growing the space. Not thread-safe: the owning
+// tier serializes calls under its mutex.
+#ifndef KVTIER_TIERING_EXTENT_ALLOCATOR_H_
+#define KVTIER_TIERING_EXTENT_ALLOCATOR_H_
+
+#include <cstdint>
+#include <map>
+#include <optional>
+
+namespace kvtier::tiering {
+
+class ExtentAllocator {
+ public:
+  // Manages [0, size) in units of `align` bytes (sizes are rounded up).
+  ExtentAllocator(uint64_t size, uint64_t align);
+
+  // Returns the offset of a free range of at least `len` bytes (rounded up to
+  // the alignment), or nullopt if no contiguous range is large enough.
+  std::optional<uint64_t> Allocate(uint64_t len);
+  // Marks [offset, offset+len) as used (recovery from an index). False if
+  // any part of it is not free or it lies outside the space.
+  bool MarkUsed(uint64_t offset, uint64_t len);
+  // Returns a range from Allocate/MarkUsed to the free pool.
+  void Free(uint64_t offset, uint64_t len);
+
+  uint64_t Rounded(uint64_t len) const { return (len + align_ - 1) / align_ * align_; }
+  uint64_t size() const { return size_; }
+  uint64_t used() const { return used_; }
+  uint64_t largest_free() const;
+
+ private:
+  const uint64_t size_;
+  const uint64_t align_;
+  uint64_t used_ = 0;
+  std::map<uint64_t, uint64_t> free_;  // offset -> length
+};
+
+}  // namespace kvtier::tiering
+
+#endif  // KVTIER_TIERING_EXTENT_ALLOCATOR_H_

@@ -1,0 +1,292 @@
+// In-memory and fault-injecting IoEnvs, aligned buffers and clocks.
+#include "tiering/io.h"
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+
+// A local variant of KVTIER_RETURN_IF_ERROR with its own variable name.
+#define KVTIER_RETURN_IF_ERROR_IO(expr) \
+  do {                                  \
+    absl::Status io_status_ = (expr);   \
+    if (!io_status_.ok()) return io_status_; \
+  } while (0)
+
+namespace kvtier::tiering {
+
+AlignedBuffer::AlignedBuffer(uint64_t size, uint64_t alignment) {
+  uint64_t rounded = (size + alignment - 1) / alignment * alignment;
+  if (rounded == 0) rounded = alignment;
+  data_ = static_cast<uint8_t*>(std::aligned_alloc(alignment, rounded));
+  size_ = data_ ? size : 0;
+}
+AlignedBuffer& AlignedBuffer::operator=(AlignedBuffer&& o) noexcept {
+  if (this != &o) {
+    std::free(data_);
+    data_ = o.data_;
+    size_ = o.size_;
+    o.data_ = nullptr;
+    o.size_ = 0;
+  }
+  return *this;
+}
+AlignedBuffer::~AlignedBuffer() { std::free(data_); }
+
+namespace {
+absl::Status CheckRequest(const IoRequest& r, uint64_t block, uint64_t size) {
+  if ((r.offset % block) || (r.len % block) || r.offset + r.len > size || r.buf == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("misaligned or out-of-range request at ", r.offset, "+", r.len));
+  }
+  return absl::OkStatus();
+}
+}  // namespace
+
+// ---------------------------------------------------------------- MemIoEnv
+
+struct MemIoEnv::File {
+  absl::Mutex mu;
+  std::vector<uint8_t> data ABSL_GUARDED_BY(mu);
+  // Prior bytes of each write since the last Sync, oldest first.
+  std::vector<std::pair<uint64_t, std::vector<uint8_t>>> unsynced ABSL_GUARDED_BY(mu);
+
+  void Revert() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    for (auto it = unsynced.rbegin(); it != unsynced.rend(); ++it) {
+      std::memcpy(data.data() + it->first, it->second.data(), it->second.size());
+    }
+    unsynced.clear();
+  }
+};
+
+namespace {
+class MemDevice : public BlockDevice {
+ public:
+  MemDevice(std::shared_ptr<MemIoEnv::File> f, uint64_t block, uint64_t size)
+      : f_(std::move(f)), block_(block), size_(size) {}
+  uint64_t block_size() const override { return block_; }
+  uint64_t size() const override { return size_; }
+  absl::Status Submit(std::span<const IoRequest> reqs) override {
+    for (const IoRequest& r : reqs) KVTIER_RETURN_IF_ERROR_IO(CheckRequest(r, block_, size_));
+    absl::MutexLock l(&f_->mu);
+    for (const IoRequest& r : reqs) {
+      uint8_t* dev = f_->data.data() + r.offset;
+      if (r.op == IoRequest::Op::kRead) {
+        std::memcpy(r.buf, dev, r.len);
+      } else {
+        f_->unsynced.emplace_back(r.offset, std::vector<uint8_t>(dev, dev + r.len));
+        std::memcpy(dev, r.buf, r.len);
+      }
+    }
+    return absl::OkStatus();
+  }
+  absl::Status Sync() override {
+    absl::MutexLock l(&f_->mu);
+    f_->unsynced.clear();
+    return absl::OkStatus();
+  }
+
+ private:
+  std::shared_ptr<MemIoEnv::File> f_;
+  const uint64_t block_;
+  const uint64_t size_;
+};
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<BlockDevice>> MemIoEnv::OpenDevice(const std::string& path,
+                                                                  uint64_t size) {
+  if (size % block_size_ != 0) return absl::InvalidArgumentError("device size not block-aligned");
+  std::shared_ptr<File> f;
+  {
+    absl::MutexLock l(&mu_);
+    auto& slot = files_[path];
+    if (!slot) slot = std::make_shared<File>();
+    f = slot;
+  }
+  {
+    absl::MutexLock l(&f->mu);
+    f->data.resize(size, 0);
+  }
+  return std::unique_ptr<BlockDevice>(new MemDevice(f, block_size_, size));
+}
+
+absl::Status MemIoEnv::RemoveFile(const std::string& path) {
+  absl::MutexLock l(&mu_);
+  files_.erase(path);
+  return absl::OkStatus();
+}
+
+void MemIoEnv::SimulateCrash() {
+  absl::MutexLock l(&mu_);
+  for (auto& [path, f] : files_) {
+    absl::MutexLock fl(&f->mu);
+    f->Revert();
+  }
+}
+
+absl::Status MemIoEnv::CorruptByte(const std::string& path, uint64_t offset, int bit) {
+  absl::MutexLock l(&mu_);
+  auto it = files_.find(path);
+  if (it == files_.end()) return absl::NotFoundError(path);
+  absl::MutexLock fl(&it->second->mu);
+  if (offset >= it->second->data.size()) return absl::OutOfRangeError("offset past end");
+  it->second->data[offset] ^= static_cast<uint8_t>(1u << bit);
+  return absl::OkStatus();
+}
+
+// ------------------------------------------------------- FaultInjectionIoEnv
+
+class FaultInjectionIoEnv::Device : public BlockDevice {
+ public:
+  Device(FaultInjectionIoEnv* env, std::unique_ptr<BlockDevice> base)
+      : env_(env), base_(std::move(base)) {}
+  ~Device() override {
+    absl::MutexLock l(&env_->mu_);
+    std::erase(env_->devices_, this);
+  }
+  uint64_t block_size() const override { return base_->block_size(); }
+  uint64_t size() const override { return base_->size(); }
+
+  absl::Status Submit(std::span<const IoRequest> reqs) override {
+    bool any_write = false;
+    for (const IoRequest& r : reqs) any_write |= r.op == IoRequest::Op::kWrite;
+    KVTIER_RETURN_IF_ERROR_IO(env_->MaybeFail(any_write));
+    const FaultPolicy p = env_->policy();
+    std::vector<IoRequest> out(reqs.begin(), reqs.end());
+    for (IoRequest& r : out) {
+      if (r.op != IoRequest::Op::kWrite) continue;
+      if (p.drop_unflushed) {
+        AlignedBuffer old(r.len, base_->block_size());
+        IoRequest rd{IoRequest::Op::kRead, r.offset, old.data(), r.len};
+        KVTIER_RETURN_IF_ERROR_IO(base_->Submit({&rd, 1}));
+        absl::MutexLock l(&mu_);
+        unsynced_.emplace_back(r.offset, std::vector<uint8_t>(old.data(), old.data() + r.len));
+      }
+      if (env_->MaybeTear()) {
+        // Only the first half (block-rounded) reaches the device.
+        uint64_t b = base_->block_size();
+        r.len = (r.len / 2) / b * b;
+      }
+    }
+    std::erase_if(out, [](const IoRequest& r) { return r.len == 0; });
+    if (out.empty()) return absl::OkStatus();
+    return base_->Submit(out);
+  }
+
+  absl::Status Sync() override {
+    KVTIER_RETURN_IF_ERROR_IO(env_->MaybeFail(false));
+    KVTIER_RETURN_IF_ERROR_IO(base_->Sync());
+    absl::MutexLock l(&mu_);
+    unsynced_.clear();
+    return absl::OkStatus();
+  }
+
+  absl::Status DropUnsynced() {
+    std::vector<std::pair<uint64_t, std::vector<uint8_t>>> writes;
+    {
+      absl::MutexLock l(&mu_);
+      writes.swap(unsynced_);
+    }
+    for (auto it = writes.rbegin(); it != writes.rend(); ++it) {
+      AlignedBuffer buf(it->second.size(), base_->block_size());
+      std::memcpy(buf.data(), it->second.data(), it->second.size());
+      IoRequest w{IoRequest::Op::kWrite, it->first, buf.data(), it->second.size()};
+      KVTIER_RETURN_IF_ERROR_IO(base_->Submit({&w, 1}));
+    }
+    return base_->Sync();
+  }
+
+ private:
+  FaultInjectionIoEnv* const env_;
+  std::unique_ptr<BlockDevice> base_;
+  absl::Mutex mu_;
+  std::vector<std::pair<uint64_t, std::vector<uint8_t>>> unsynced_ ABSL_GUARDED_BY(mu_);
+};
+
+FaultInjectionIoEnv::FaultInjectionIoEnv(IoEnv* base, FaultPolicy policy)
+    : base_(base), policy_(policy), rng_(policy.seed) {}
+
+absl::StatusOr<std::unique_ptr<BlockDevice>> FaultInjectionIoEnv::OpenDevice(
+    const std::string& path, uint64_t size) {
+  KVTIER_RETURN_IF_ERROR_IO(MaybeFail(true));
+  auto base = base_->OpenDevice(path, size);
+  if (!base.ok()) return base.status();
+  auto dev = std::make_unique<Device>(this, std::move(*base));
+  absl::MutexLock l(&mu_);
+  devices_.push_back(dev.get());
+  return std::unique_ptr<BlockDevice>(std::move(dev));
+}
+
+absl::Status FaultInjectionIoEnv::RemoveFile(const std::string& path) {
+  return base_->RemoveFile(path);
+}
+
+void FaultInjectionIoEnv::SetPolicy(const FaultPolicy& policy) {
+  absl::MutexLock l(&mu_);
+  policy_ = policy;
+  rng_.seed(policy.seed);
+  ops_ = 0;
+}
+
+FaultPolicy FaultInjectionIoEnv::policy() {
+  absl::MutexLock l(&mu_);
+  return policy_;
+}
+
+absl::Status FaultInjectionIoEnv::MaybeFail(bool is_write) {
+  bool fail = false;
+  FaultPolicy p;
+  {
+    absl::MutexLock l(&mu_);
+    p = policy_;
+    ++ops_;
+    if (p.fail_after_n >= 0 && ops_ > p.fail_after_n) fail = true;
+    if (p.one_in > 0 && rng_() % p.one_in == 0) fail = true;
+  }
+  if (p.latency_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(p.latency_us));
+  if (!fail) return absl::OkStatus();
+  injected_.fetch_add(1);
+  if (p.enospc && is_write) return absl::ResourceExhaustedError("injected ENOSPC");
+  if (p.retryable) return absl::UnavailableError("injected transient I/O error");
+  return absl::InternalError("injected I/O error (EIO)");
+}
+
+bool FaultInjectionIoEnv::MaybeTear() {
+  absl::MutexLock l(&mu_);
+  if (policy_.torn_write_one_in == 0) return false;
+  if (rng_() % policy_.torn_write_one_in != 0) return false;
+  injected_.fetch_add(1);
+  return true;
+}
+
+absl::Status FaultInjectionIoEnv::DropUnsyncedWrites() {
+  std::vector<Device*> devs;
+  {
+    absl::MutexLock l(&mu_);
+    devs = devices_;
+  }
+  for (Device* d : devs) KVTIER_RETURN_IF_ERROR_IO(d->DropUnsynced());
+  return absl::OkStatus();
+}
+
+// ------------------------------------------------------------------ clocks
+
+namespace {
+class SteadyClock : public Clock {
+ public:
+  int64_t NowMicros() const override {
+    return std::chrono::duration_cast<std::chrono::microseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  }
+};
+}  // namespace
+
+Clock* SystemClock() {
+  static SteadyClock clock;
+  return &clock;
+}
+
+}  // namespace kvtier::tiering

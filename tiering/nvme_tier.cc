@@ -1,0 +1,377 @@
+#include "tiering/nvme_tier.h"
+
+#include <sys/stat.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "codec/chunk.h"
+#include "common/status.h"
+#include "rocksdb/db.h"
+#include "rocksdb/options.h"
+#include "rocksdb/write_batch.h"
+
+namespace kvtier::tiering {
+namespace {
+
+// Index keys (docs/tiering.md "NVMe on-disk layout").
+constexpr char kObjectPrefix[] = "o/";        // "o/" + key (16 bytes) + part (1 byte)
+constexpr char kConfigKey[] = "m/config";     // the config fingerprint
+constexpr char kLayoutKey[] = "m/layout";     // "kvtier-nvme-v1"
+constexpr char kLayoutVersion[] = "kvtier-nvme-v1";
+
+// Index value: fixed 40 bytes, little-endian.
+constexpr size_t kValVersion = 0;      // u32 = 1
+constexpr size_t kValPart = 4;         // u8, then 3 bytes 0
+constexpr size_t kValOffset = 8;       // u64: byte offset in data.kvt
+constexpr size_t kValLength = 16;      // u64: object bytes
+constexpr size_t kValHeaderCk = 24;    // u64: the object's header_checksum field
+constexpr size_t kValChecksum = 32;    // u64: XXH3-64 of bytes [0, 32)
+constexpr size_t kValSize = 40;
+constexpr uint32_t kEntryVersion = 1;
+
+int64_t NowUs() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+template <typename T>
+void Store(uint8_t* p, T v) {
+  std::memcpy(p, &v, sizeof(T));
+}
+template <typename T>
+T Load(const uint8_t* p) {
+  T v;
+  std::memcpy(&v, p, sizeof(T));
+  return v;
+}
+
+std::string IndexKey(const ObjectKey& id) {
+  std::string k(kObjectPrefix);
+  k.append(reinterpret_cast<const char*>(id.key.bytes.data()), Hash128::kSize);
+  k.push_back(static_cast<char>(id.part));
+  return k;
+}
+
+absl::Status RocksStatus(const rocksdb::Status& s, const char* what) {
+  if (s.ok()) return absl::OkStatus();
+  std::string msg = absl::StrCat("rocksdb ", what, ": ", s.ToString());
+  if (s.IsNoSpace()) return absl::ResourceExhaustedError(msg);
+  if (s.IsBusy() || s.IsTryAgain() || s.IsTimedOut()) return absl::UnavailableError(msg);
+  if (s.IsCorruption()) return absl::DataLossError(msg);
+  if (s.IsIOError() && s.ToString().find("lock") != std::string::npos) {
+    return absl::FailedPreconditionError(msg);
+  }
+  return absl::InternalError(msg);
+}
+
+std::string EncodeEntry(Part part, uint64_t offset, uint64_t length, uint64_t hdr_ck) {
+  uint8_t v[kValSize] = {};
+  Store<uint32_t>(v + kValVersion, kEntryVersion);
+  v[kValPart] = static_cast<uint8_t>(part);
+  Store<uint64_t>(v + kValOffset, offset);
+  Store<uint64_t>(v + kValLength, length);
+  Store<uint64_t>(v + kValHeaderCk, hdr_ck);
+  Store<uint64_t>(v + kValChecksum, Checksum64({v, kValChecksum}));
+  return std::string(reinterpret_cast<char*>(v), kValSize);
+}
+
+// Verifies an object's bytes with the codec: the whole chunk, or header +
+// one section for split parts.
+absl::Status VerifyObject(Part part, std::span<const uint8_t> bytes) {
+  if (part == Part::kWhole) return codec::VerifyChunk(bytes).status();
+  auto h = codec::ParseHeader(bytes);
+  if (!h.ok()) {
+    return absl::DataLossError(absl::StrCat("stored header is invalid: ", h.status().message()));
+  }
+  return codec::VerifySection(*h, part == Part::kK ? codec::Section::kK : codec::Section::kV,
+                              bytes.subspan(codec::kHeaderSize));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<NvmeTier>> NvmeTier::Open(const NvmeTierOptions& o) {
+  if (o.dir.empty()) return absl::InvalidArgumentError("NvmeTierOptions::dir is required");
+  std::error_code ec;
+  std::filesystem::create_directories(o.dir, ec);
+  if (ec) return absl::InternalError(absl::StrCat("create ", o.dir, ": ", ec.message()));
+  std::unique_ptr<IoEnv> owned;
+  IoEnv* env = o.env;
+  if (env == nullptr) {
+    IoEnvOptions io;
+    io.queue_depth = o.queue_depth;
+    owned = NewUringIoEnv(io);
+    env = owned.get();
+  }
+  const uint64_t block = 4096;
+  const uint64_t capacity = o.capacity_bytes / block * block;
+  if (capacity == 0) return absl::InvalidArgumentError("NVMe capacity below one block");
+
+  rocksdb::Options ro;
+  ro.create_if_missing = true;
+  ro.max_open_files = 64;
+  ro.keep_log_file_num = 2;
+  ro.recycle_log_file_num = 1;
+  rocksdb::DB* db = nullptr;
+  KVTIER_RETURN_IF_ERROR(RocksStatus(rocksdb::DB::Open(ro, o.dir + "/index", &db), "open"));
+  std::unique_ptr<rocksdb::DB> db_guard(db);
+
+  auto dev = env->OpenDevice(o.dir + "/data.kvt", capacity);
+  if (!dev.ok()) return dev.status();
+  if ((*dev)->block_size() != block) return absl::InvalidArgumentError("device block size must be 4096");
+  std::unique_ptr<NvmeTier> t(new NvmeTier(o, std::move(owned), std::move(*dev), db_guard.release(), capacity));
+  KVTIER_RETURN_IF_ERROR(t->Recover());
+  return t;
+}
+
+NvmeTier::NvmeTier(const NvmeTierOptions& o, std::unique_ptr<IoEnv> owned_env,
+                   std::unique_ptr<BlockDevice> dev, rocksdb::DB* db, uint64_t capacity)
+    : options_(o),
+      owned_env_(std::move(owned_env)),
+      dev_(std::move(dev)),
+      db_(db),
+      capacity_(capacity),
+      block_(dev_->block_size()),
+      data_path_(o.dir + "/data.kvt"),
+      alloc_(capacity, dev_->block_size()) {}
+
+NvmeTier::~NvmeTier() {
+  dev_.reset();
+  delete db_;
+}
+
+absl::Status NvmeTier::Recover() {
+  rocksdb::WriteOptions wo;
+  wo.sync = true;
+  std::string config, layout;
+  rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), kConfigKey, &config);
+  bool have_config = s.ok();
+  if (!s.ok() && !s.IsNotFound()) return RocksStatus(s, "get config");
+  s = db_->Get(rocksdb::ReadOptions(), kLayoutKey, &layout);
+  if (s.ok() && layout != kLayoutVersion) {
+    return absl::FailedPreconditionError(absl::StrCat("unknown NVMe layout ", layout));
+  }
+  bool mismatch = have_config && config != options_.config_fingerprint;
+  if (mismatch && !options_.discard_on_config_mismatch) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("NVMe tier holds chunks of config '", config, "', opened with '",
+                     options_.config_fingerprint, "'"));
+  }
+  rocksdb::WriteBatch drop;
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
+  absl::MutexLock l(&mu_);
+  for (it->Seek(kObjectPrefix); it->Valid() && it->key().starts_with(kObjectPrefix); it->Next()) {
+    rocksdb::Slice k = it->key(), v = it->value();
+    const auto* vb = reinterpret_cast<const uint8_t*>(v.data());
+    bool ok = !mismatch && k.size() == 2 + Hash128::kSize + 1 && v.size() == kValSize &&
+              Load<uint32_t>(vb + kValVersion) == kEntryVersion &&
+              Load<uint64_t>(vb + kValChecksum) == Checksum64({vb, kValChecksum});
+    ObjectKey id;
+    Entry e{};
+    if (ok) {
+      std::memcpy(id.key.bytes.data(), k.data() + 2, Hash128::kSize);
+      id.part = static_cast<Part>(k.data()[2 + Hash128::kSize]);
+      e = Entry{Load<uint64_t>(vb + kValOffset), Load<uint64_t>(vb + kValLength),
+                Load<uint64_t>(vb + kValHeaderCk)};
+      ok = static_cast<uint8_t>(id.part) <= 2 && e.length >= codec::kHeaderSize &&
+           alloc_.MarkUsed(e.offset, e.length);
+    }
+    if (!ok) {
+      drop.Delete(k);
+      ++dropped_at_open_;
+      continue;
+    }
+    entries_[id] = e;
+    extents_[e.offset] = Extent{e.length, 1};
+  }
+  KVTIER_RETURN_IF_ERROR(RocksStatus(it->status(), "scan"));
+  drop.Put(kConfigKey, options_.config_fingerprint);
+  drop.Put(kLayoutKey, kLayoutVersion);
+  return RocksStatus(db_->Write(wo, &drop), "recover");
+}
+
+uint64_t NvmeTier::used_bytes() const {
+  absl::MutexLock l(&mu_);
+  return alloc_.used();
+}
+
+void NvmeTier::Unref(uint64_t offset) {
+  auto it = extents_.find(offset);
+  if (it == extents_.end()) return;
+  if (--it->second.refs == 0) {
+    alloc_.Free(offset, it->second.length);
+    extents_.erase(it);
+  }
+}
+
+// Moves `len` bytes between `data` and the device at `offset` (a block
+// multiple). Block-aligned parts of an aligned caller buffer are transferred
+// in place; the rest goes through a bounce buffer.
+absl::Status NvmeTier::DoIo(IoRequest::Op op, uint64_t offset, uint8_t* data, uint64_t len) {
+  const uint64_t rounded = (len + block_ - 1) / block_ * block_;
+  uint64_t direct = 0;
+  if (reinterpret_cast<uintptr_t>(data) % block_ == 0) direct = len / block_ * block_;
+  AlignedBuffer bounce(rounded - direct, block_);
+  if (rounded > direct) {
+    if (bounce.data() == nullptr) return absl::ResourceExhaustedError("bounce buffer");
+    if (op == IoRequest::Op::kWrite) {
+      std::memcpy(bounce.data(), data + direct, len - direct);
+      std::memset(bounce.data() + (len - direct), 0, rounded - len);
+    }
+  }
+  std::vector<IoRequest> reqs;
+  auto add = [&](uint8_t* buf, uint64_t dev_off, uint64_t n) {
+    for (uint64_t done = 0; done < n; done += options_.max_io_bytes) {
+      uint64_t m = std::min<uint64_t>(options_.max_io_bytes, n - done);
+      reqs.push_back(IoRequest{op, dev_off + done, buf + done, m});
+    }
+  };
+  if (direct > 0) add(data, offset, direct);
+  if (rounded > direct) add(bounce.data(), offset + direct, rounded - direct);
+  KVTIER_RETURN_IF_ERROR(dev_->Submit(reqs));
+  if (op == IoRequest::Op::kRead && rounded > direct) {
+    std::memcpy(data + direct, bounce.data(), len - direct);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status NvmeTier::Put(const ObjectKey& id, std::span<const uint8_t> bytes) {
+  auto hdr = codec::ParseHeader(bytes);
+  if (!hdr.ok()) return absl::InvalidArgumentError(hdr.status().message());
+  const uint64_t hdr_ck = Load<uint64_t>(bytes.data() + codec::kOffHeaderChecksum);
+  const uint64_t len = bytes.size();
+  uint64_t offset;
+  {
+    absl::MutexLock l(&mu_);
+    while (writing_.contains(id)) writing_done_.Wait(&mu_);
+    auto off = alloc_.Allocate(len);
+    if (!off) {
+      return TierFullError(absl::StrCat("nvme tier full: ", len, " bytes requested, ",
+                                                       alloc_.used(), "/", capacity_, " used"));
+    }
+    offset = *off;
+    extents_[offset] = Extent{len, 1};
+    writing_.insert(id);
+  }
+  auto fail = [&](absl::Status st) {
+    absl::MutexLock l(&mu_);
+    writing_.erase(id);
+    writing_done_.SignalAll();
+    Unref(offset);
+    return st;
+  };
+  int64_t t0 = NowUs();
+  // The write path only reads from `bytes`; BlockDevice takes a mutable
+  // pointer because the same request type serves reads.
+  absl::Status st = DoIo(IoRequest::Op::kWrite, offset, const_cast<uint8_t*>(bytes.data()), len);
+  if (st.ok()) st = dev_->Sync();  // data durable before its index entry
+  if (!st.ok()) return fail(st);
+  rocksdb::WriteOptions wo;
+  wo.sync = true;
+  st = RocksStatus(db_->Put(wo, IndexKey(id), EncodeEntry(id.part, offset, len, hdr_ck)), "put");
+  if (!st.ok()) return fail(st);
+  meter_.Record(true, len, NowUs() - t0);
+  absl::MutexLock l(&mu_);
+  writing_.erase(id);
+  writing_done_.SignalAll();
+  auto [eit, inserted] = entries_.try_emplace(id, Entry{offset, len, hdr_ck});
+  if (!inserted) {
+    uint64_t old = eit->second.offset;
+    eit->second = Entry{offset, len, hdr_ck};
+    Unref(old);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> NvmeTier::Size(const ObjectKey& id) {
+  absl::MutexLock l(&mu_);
+  auto it = entries_.find(id);
+  if (it == entries_.end()) return absl::NotFoundError("not on nvme");
+  return it->second.length;
+}
+
+absl::StatusOr<uint64_t> NvmeTier::OffsetOf(const ObjectKey& id) {
+  absl::MutexLock l(&mu_);
+  auto it = entries_.find(id);
+  if (it == entries_.end()) return absl::NotFoundError("not on nvme");
+  return it->second.offset;
+}
+
+absl::Status NvmeTier::DropEntry(const ObjectKey& id, uint64_t offset) {
+  {
+    absl::MutexLock l(&mu_);
+    auto it = entries_.find(id);
+    // Another Put may have replaced the entry meanwhile; that one is fine.
+    if (it == entries_.end() || it->second.offset != offset) return absl::OkStatus();
+    entries_.erase(it);
+  }
+  rocksdb::WriteOptions wo;
+  wo.sync = true;
+  absl::Status st = RocksStatus(db_->Delete(wo, IndexKey(id)), "delete");
+  if (!st.ok()) return st;  // the extent stays allocated: the index still names it
+  absl::MutexLock l(&mu_);
+  Unref(offset);
+  return absl::OkStatus();
+}
+
+absl::Status NvmeTier::Read(const ObjectKey& id, std::span<uint8_t> out) {
+  Entry e;
+  {
+    absl::MutexLock l(&mu_);
+    auto it = entries_.find(id);
+    if (it == entries_.end()) return absl::NotFoundError("not on nvme");
+    e = it->second;
+    ++extents_[e.offset].refs;
+  }
+  auto unref = [&] {
+    absl::MutexLock l(&mu_);
+    Unref(e.offset);
+  };
+  if (out.size() != e.length) {
+    unref();
+    return absl::InvalidArgumentError(
+        absl::StrCat("buffer is ", out.size(), " bytes, object is ", e.length));
+  }
+  int64_t t0 = NowUs();
+  absl::Status st = DoIo(IoRequest::Op::kRead, e.offset, out.data(), e.length);
+  if (st.ok()) {
+    meter_.Record(false, e.length, NowUs() - t0);
+    if (Load<uint64_t>(out.data() + codec::kOffHeaderChecksum) != e.header_checksum) {
+      st = absl::DataLossError("stored header does not match the index entry");
+    } else {
+      st = VerifyObject(id.part, out);
+      if (!st.ok()) st = absl::DataLossError(absl::StrCat("nvme: ", st.message()));
+    }
+    if (!st.ok()) {
+      unref();
+      absl::Status drop = DropEntry(id, e.offset);
+      (void)drop;  // DataLoss is what the caller must see either way
+      return st;
+    }
+  }
+  unref();
+  return st;
+}
+
+absl::Status NvmeTier::Erase(const ObjectKey& id) {
+  uint64_t offset;
+  {
+    absl::MutexLock l(&mu_);
+    auto it = entries_.find(id);
+    if (it == entries_.end()) return absl::NotFoundError("not on nvme");
+    offset = it->second.offset;
+  }
+  return DropEntry(id, offset);
+}
+
+std::vector<std::pair<ObjectKey, uint64_t>> NvmeTier::List() {
+  absl::MutexLock l(&mu_);
+  std::vector<std::pair<ObjectKey, uint64_t>> out;
+  for (auto& [k, e] : entries_) out.emplace_back(k, e.length);
+  return out;
+}
+
+}  // namespace kvtier::tiering

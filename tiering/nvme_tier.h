@@ -1,0 +1,130 @@
+// NVMe tier: chunk objects in one preallocated O_DIRECT data file, written and
+// read through a BlockDevice (io_uring in production), with a RocksDB index
+// mapping object -> extent. See docs/tiering.md "NVMe on-disk layout".
+//
+// Durability contract: Put returns OK only after the data was synced
+// (fdatasync) and then the index entry was committed (RocksDB, sync=true).
+// After a crash, every object whose Put returned OK is readable; an object
+// whose index entry did not commit is invisible and its space is free.
+// Reads verify the chunk checksums; a mismatch returns DataLoss and drops
+// the entry.
+#ifndef KVTIER_TIERING_NVME_TIER_H_
+#define KVTIER_TIERING_NVME_TIER_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/synchronization/mutex.h"
+#include "tiering/extent_allocator.h"
+#include "tiering/io.h"
+#include "tiering/tier.h"
+
+namespace rocksdb {
+class DB;
+}
+
+namespace kvtier::tiering {
+
+struct NvmeTierOptions {
+  // Data directory; holds the data file "data.kvt" and the index "index/".
+  // Created if missing. Default: "" (required)
+  std::string dir;
+  // Size of the data file: the hard limit on chunk bytes on disk. The file
+  // is preallocated to this size and never grows. Default: 4 GiB
+  uint64_t capacity_bytes = uint64_t{4} << 30;
+  // Largest single read or write request; a chunk is split into requests of
+  // this size that run concurrently up to the device's queue depth.
+  // Default: 1 MiB
+  uint64_t max_io_bytes = uint64_t{1} << 20;
+  // Identifies the geometry/codec configuration whose chunks this tier holds
+  // (e.g. model fingerprint + codec name + chunk tokens). Stored in the
+  // index; on open with a different value the old chunks are never served.
+  // Default: "" (an empty fingerprint is a fingerprint like any other)
+  std::string config_fingerprint;
+  // On a fingerprint mismatch at open: true drops every old entry and adopts
+  // the new fingerprint; false fails Open with FailedPrecondition.
+  // Default: true
+  bool discard_on_config_mismatch = true;
+  // I/O environment for the data file (not owned). Default: nullptr, an
+  // io_uring environment owned by the tier (queue depth `queue_depth`).
+  IoEnv* env = nullptr;
+  // io_uring queue depth when the tier creates its own environment.
+  // Default: 32
+  uint32_t queue_depth = 32;
+};
+
+class NvmeTier : public Tier {
+ public:
+  // Opens or creates the tier and rebuilds the free-space map from the
+  // index. Entries that overlap, lie past the data file, or are malformed
+  // are dropped. FailedPrecondition on a config mismatch (when not
+  // discarding) or if the index is locked by another process.
+  static absl::StatusOr<std::unique_ptr<NvmeTier>> Open(const NvmeTierOptions& options);
+  ~NvmeTier() override;
+
+  TierKind kind() const override { return TierKind::kNvme; }
+  TierCapabilities capabilities() const override {
+    return TierCapabilities{.durable = true, .verifies_on_read = true};
+  }
+  uint64_t capacity_bytes() const override { return capacity_; }
+  uint64_t used_bytes() const override;
+  Bandwidth bandwidth() const override { return meter_.Get(); }
+
+  // `bytes` must start with a valid chunk header (InvalidArgument).
+  absl::Status Put(const ObjectKey& id, std::span<const uint8_t> bytes) override;
+  absl::StatusOr<uint64_t> Size(const ObjectKey& id) override;
+  absl::Status Read(const ObjectKey& id, std::span<uint8_t> out) override;
+  absl::Status Erase(const ObjectKey& id) override;
+  std::vector<std::pair<ObjectKey, uint64_t>> List() override;
+
+  // Path of the data file and the byte offset of object `id` in it (for
+  // tests that corrupt data on disk). NotFound if absent.
+  std::string data_path() const { return data_path_; }
+  absl::StatusOr<uint64_t> OffsetOf(const ObjectKey& id);
+  // Entries dropped at open because of a config mismatch or bad extents.
+  uint64_t dropped_at_open() const { return dropped_at_open_; }
+
+ private:
+  struct Entry {
+    uint64_t offset;
+    uint64_t length;
+    uint64_t header_checksum;
+  };
+  NvmeTier(const NvmeTierOptions& o, std::unique_ptr<IoEnv> owned_env,
+           std::unique_ptr<BlockDevice> dev, rocksdb::DB* db, uint64_t capacity);
+  absl::Status Recover();
+  absl::Status DoIo(IoRequest::Op op, uint64_t offset, uint8_t* data, uint64_t len);
+  absl::Status DropEntry(const ObjectKey& id, uint64_t offset);
+  void Unref(uint64_t offset) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const NvmeTierOptions options_;
+  std::unique_ptr<IoEnv> owned_env_;
+  std::unique_ptr<BlockDevice> dev_;
+  rocksdb::DB* db_;
+  const uint64_t capacity_;
+  const uint64_t block_;
+  std::string data_path_;
+  uint64_t dropped_at_open_ = 0;
+  BandwidthMeter meter_;
+
+  mutable absl::Mutex mu_;
+  absl::CondVar writing_done_;
+  ExtentAllocator alloc_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<ObjectKey, Entry> entries_ ABSL_GUARDED_BY(mu_);
+  // Allocated extents by offset: length and references (1 for the entry or
+  // the in-progress write, +1 per reader). Freed at zero.
+  struct Extent {
+    uint64_t length;
+    int refs;
+  };
+  absl::flat_hash_map<uint64_t, Extent> extents_ ABSL_GUARDED_BY(mu_);
+  // Objects with a Put in progress (a second Put of the same id waits).
+  absl::flat_hash_set<ObjectKey> writing_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace kvtier::tiering
+
+#endif  // KVTIER_TIERING_NVME_TIER_H_

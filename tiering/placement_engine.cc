@@ -1,0 +1,776 @@
+#include "tiering/placement_engine.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "codec/chunk.h"
+#include "common/status.h"
+
+namespace kvtier::tiering {
+namespace {
+
+constexpr const char* kMetricNames[] = {
+    "puts",      "gets",       "hits_hbm",          "hits_dram",      "hits_nvme",
+    "misses",    "evictions",  "demotions",         "promotions",     "admission_rejects",
+    "data_loss", "leases_expired", "slots_expired", "prefetched",
+};
+static_assert(sizeof(kMetricNames) / sizeof(kMetricNames[0]) ==
+                  static_cast<size_t>(EngineMetric::kCount),
+              "every EngineMetric needs a name");
+
+uint8_t Bit(TierKind k) { return static_cast<uint8_t>(1u << static_cast<int>(k)); }
+int PartIndex(Part p) { return static_cast<int>(p); }
+
+// The fastest tier in a bitmask (lowest TierKind).
+std::optional<TierKind> Fastest(uint8_t mask) {
+  for (int k = 0; k < kNumTierKinds; ++k) {
+    if (mask & (1u << k)) return static_cast<TierKind>(k);
+  }
+  return std::nullopt;
+}
+
+// Bounds on the eviction loop of one store: evictions, and rounds without a
+// victim (other threads may be freeing space) before giving up.
+constexpr int kMaxEvictionsPerStore = 100000;
+constexpr int kMaxIdleRounds = 3;
+
+}  // namespace
+
+const char* EngineMetricName(EngineMetric m) {
+  int i = static_cast<int>(m);
+  return i >= 0 && i < static_cast<int>(EngineMetric::kCount) ? kMetricNames[i] : "unknown";
+}
+
+absl::StatusOr<std::unique_ptr<PlacementEngine>> PlacementEngine::Create(
+    const PlacementEngineOptions& options, EngineTiers tiers) {
+  if (!tiers.dram && !tiers.nvme) return absl::InvalidArgumentError("need a DRAM or an NVMe tier");
+  if (!(options.low_watermark > 0 && options.low_watermark <= options.high_watermark &&
+        options.high_watermark <= 1.0)) {
+    return absl::InvalidArgumentError("watermarks must satisfy 0 < low <= high <= 1");
+  }
+  if (options.nvme_admit_after_uses == 0) {
+    return absl::InvalidArgumentError("nvme_admit_after_uses must be at least 1");
+  }
+  std::unique_ptr<PlacementEngine> e(new PlacementEngine(options, std::move(tiers)));
+  e->Bootstrap();
+  e->prefetch_thread_ = std::thread([p = e.get()] { p->PrefetchLoop(); });
+  if (options.maintenance_interval_ms > 0) {
+    e->maintenance_thread_ = std::thread([p = e.get()] { p->MaintenanceLoop(); });
+  }
+  return e;
+}
+
+PlacementEngine::PlacementEngine(const PlacementEngineOptions& o, EngineTiers tiers)
+    : options_(o), clock_(o.clock ? o.clock : SystemClock()), owned_(std::move(tiers)) {
+  hbm_ = owned_.hbm.get();
+  dram_ = owned_.dram.get();
+  nvme_ = owned_.nvme.get();
+  tiers_[static_cast<int>(TierKind::kHbm)] = hbm_;
+  tiers_[static_cast<int>(TierKind::kDram)] = dram_;
+  tiers_[static_cast<int>(TierKind::kNvme)] = nvme_;
+  tiers_[static_cast<int>(TierKind::kRemote)] = owned_.remote.get();
+  absl::MutexLock l(&mu_);
+  for (int k = 0; k < kNumTierKinds; ++k) {
+    if (tiers_[k]) policies_[k] = NewEvictionPolicy(o.eviction, tiers_[k]->capacity_bytes());
+  }
+}
+
+PlacementEngine::~PlacementEngine() {
+  {
+    absl::MutexLock l(&bg_mu_);
+    stopping_ = true;
+  }
+  if (prefetch_thread_.joinable()) prefetch_thread_.join();
+  if (maintenance_thread_.joinable()) maintenance_thread_.join();
+  absl::MutexLock l(&bg_mu_);
+  for (auto& job : prefetch_queue_) job.done.set_value(absl::CancelledError("engine stopped"));
+}
+
+void PlacementEngine::Bootstrap() {
+  std::vector<std::pair<ObjectKey, TierKind>> orphans;
+  {
+    absl::MutexLock l(&mu_);
+    absl::flat_hash_map<Hash128, std::array<uint64_t, 3>> sizes;
+    for (int k = 0; k < kNumTierKinds; ++k) {
+      if (!tiers_[k]) continue;
+      for (auto& [id, len] : tiers_[k]->List()) {
+        ChunkState& st = chunks_[id.key];
+        st.where[PartIndex(id.part)] |= static_cast<uint8_t>(1u << k);
+        st.split = id.part != Part::kWhole;
+        st.uses = std::max<uint32_t>(st.uses, 1);
+        sizes[id.key][PartIndex(id.part)] = len;
+        policies_[k]->OnInsert(id, len);
+      }
+    }
+    for (auto it = chunks_.begin(); it != chunks_.end();) {
+      ChunkState& st = it->second;
+      auto& sz = sizes[it->first];
+      bool whole = st.where[0] != 0;
+      bool split_ok = st.where[1] != 0 && st.where[2] != 0;
+      if (whole) {
+        st.split = false;
+        st.bytes = sz[0];
+      } else if (split_ok) {
+        st.bytes = sz[1] + sz[2] - codec::kHeaderSize;
+        st.k_object_bytes = sz[1];
+      }
+      // Split parts next to a whole copy, or one part of a split chunk alone,
+      // are leftovers of an interrupted put or eviction.
+      for (int p = whole ? 1 : 0; p < 3; ++p) {
+        if (whole || !split_ok) {
+          for (int k = 0; k < kNumTierKinds; ++k) {
+            if (st.where[p] & (1u << k)) {
+              ObjectKey id{it->first, static_cast<Part>(p)};
+              orphans.emplace_back(id, static_cast<TierKind>(k));
+              policies_[k]->OnErase(id);
+            }
+          }
+          st.where[p] = 0;
+        }
+      }
+      if (!whole && !split_ok) {
+        chunks_.erase(it++);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (auto& [id, k] : orphans) (void)tiers_[static_cast<int>(k)]->Erase(id);
+}
+
+int64_t PlacementEngine::LeaseUs(int64_t ttl_ms) const {
+  if (ttl_ms <= 0) ttl_ms = options_.default_lease_ms;
+  return std::min(ttl_ms, options_.max_lease_ms) * 1000;
+}
+
+TierKind PlacementEngine::DefaultTier() const { return dram_ ? TierKind::kDram : TierKind::kNvme; }
+
+void PlacementEngine::NoteStored(TierKind kind, const ObjectKey& id, uint64_t chunk_bytes,
+                                 bool split, uint64_t object_bytes) {
+  absl::MutexLock l(&mu_);
+  auto [it, inserted] = chunks_.try_emplace(id.key);
+  ChunkState& st = it->second;
+  if (inserted) {
+    st.bytes = chunk_bytes;
+    st.split = split;
+    st.uses = 1;
+  }
+  st.where[PartIndex(id.part)] |= Bit(kind);
+  if (id.part == Part::kK) st.k_object_bytes = object_bytes;
+  policies_[static_cast<int>(kind)]->OnInsert(id, object_bytes);
+}
+
+void PlacementEngine::Forget(const ObjectKey& id, TierKind kind) {
+  auto it = chunks_.find(id.key);
+  if (it != chunks_.end()) it->second.where[PartIndex(id.part)] &= ~Bit(kind);
+  policies_[static_cast<int>(kind)]->OnErase(id);
+}
+
+absl::Status PlacementEngine::StoreWithEviction(TierKind kind, const ObjectKey& id,
+                                                std::span<const uint8_t> bytes) {
+  Tier* t = tiers_[static_cast<int>(kind)];
+  if (t == nullptr) return absl::FailedPreconditionError(absl::StrCat("no ", TierName(kind), " tier"));
+  int idle = 0;
+  for (int i = 0; i < kMaxEvictionsPerStore; ++i) {
+    absl::Status st = t->Put(id, bytes);
+    if (!IsTierFull(st)) return st;
+    if (bytes.size() > t->capacity_bytes()) return st;
+    if (!EvictOne(kind)) {
+      if (++idle > kMaxIdleRounds) return st;
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  }
+  return TierFullError(absl::StrCat(TierName(kind), ": eviction did not make room"));
+}
+
+bool PlacementEngine::EvictOne(TierKind kind) {
+  const int ki = static_cast<int>(kind);
+  ObjectKey victim;
+  std::optional<TierKind> lower;
+  {
+    absl::MutexLock l(&mu_);
+    ExpireLocked(Now());
+    if (!policies_[ki]) return false;
+    auto v = policies_[ki]->PickVictim([&](const ObjectKey& id) {
+      auto it = chunks_.find(id.key);
+      return it == chunks_.end() || (it->second.pins == 0 && it->second.busy == 0);
+    });
+    if (!v) return false;
+    victim = *v;
+    policies_[ki]->OnErase(victim);
+    auto it = chunks_.find(victim.key);
+    if (it != chunks_.end()) {
+      ChunkState& st = it->second;
+      ++st.busy;
+      uint8_t where = st.where[PartIndex(victim.part)];
+      if (kind == TierKind::kHbm && dram_ && !(where & Bit(TierKind::kDram))) {
+        lower = TierKind::kDram;
+      } else if (kind == TierKind::kDram && nvme_ && !(where & Bit(TierKind::kNvme))) {
+        if (st.uses >= options_.nvme_admit_after_uses) {
+          lower = TierKind::kNvme;
+        } else {
+          Count(EngineMetric::kAdmissionRejects);
+        }
+      }
+    }
+    Count(EngineMetric::kEvictions);
+  }
+  Tier* t = tiers_[ki];
+  if (lower) {
+    absl::Status st;
+    if (kind == TierKind::kDram) {
+      // Demote straight from the pool: aligned, so O_DIRECT needs no copy.
+      auto ref = dram_->AcquireRef(victim);
+      if (ref.ok()) {
+        st = StoreWithEviction(*lower, victim, {dram_->base() + ref->offset, ref->length});
+        dram_->ReleaseRef(*ref);
+        if (st.ok()) NoteStored(*lower, victim, 0, victim.part != Part::kWhole, ref->length);
+      } else {
+        st = ref.status();
+      }
+    } else {
+      auto size = t->Size(victim);
+      st = size.status();
+      if (st.ok()) {
+        std::vector<uint8_t> buf(*size);
+        st = t->Read(victim, buf);
+        if (st.ok()) st = StoreWithEviction(*lower, victim, buf);
+        if (st.ok()) NoteStored(*lower, victim, 0, victim.part != Part::kWhole, buf.size());
+      }
+    }
+    if (st.ok()) Count(EngineMetric::kDemotions);
+  }
+  (void)t->Erase(victim);
+  std::vector<std::pair<ObjectKey, TierKind>> dead;
+  {
+    absl::MutexLock l(&mu_);
+    auto it = chunks_.find(victim.key);
+    if (it != chunks_.end()) {
+      ChunkState& st = it->second;
+      st.where[PartIndex(victim.part)] &= ~Bit(kind);
+      --st.busy;
+      bool complete = st.split ? (st.where[1] && st.where[2]) : st.where[0] != 0;
+      if (!complete && st.busy == 0) {
+        for (int p = 0; p < 3; ++p) {
+          for (int k = 0; k < kNumTierKinds; ++k) {
+            if (st.where[p] & (1u << k)) {
+              ObjectKey id{victim.key, static_cast<Part>(p)};
+              dead.emplace_back(id, static_cast<TierKind>(k));
+              policies_[k]->OnErase(id);
+            }
+          }
+        }
+        chunks_.erase(it);
+      }
+    }
+  }
+  for (auto& [id, k] : dead) (void)tiers_[static_cast<int>(k)]->Erase(id);
+  return true;
+}
+
+void PlacementEngine::ExpireLocked(int64_t now) {
+  for (auto it = leases_.begin(); it != leases_.end();) {
+    if (it->second.expires_at_us > now) {
+      ++it;
+      continue;
+    }
+    for (const Hash128& k : it->second.keys) {
+      auto c = chunks_.find(k);
+      if (c != chunks_.end()) --c->second.pins;
+    }
+    Count(EngineMetric::kLeasesExpired);
+    leases_.erase(it++);
+  }
+  for (auto it = slots_.begin(); it != slots_.end();) {
+    if (it->second.expires_at_us > now) {
+      ++it;
+      continue;
+    }
+    (void)dram_->AbortSlot(it->second.extent);
+    Count(EngineMetric::kSlotsExpired);
+    slots_.erase(it++);
+  }
+}
+
+absl::Status PlacementEngine::Put(const Hash128& key, std::span<const uint8_t> chunk,
+                                  const PutOptions& opts) {
+  Count(EngineMetric::kPuts);
+  auto h = codec::ParseHeader(chunk);
+  if (!h.ok()) return absl::InvalidArgumentError(absl::StrCat("chunk: ", h.status().message()));
+  if (chunk.size() != h->layout.total_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk is ", chunk.size(), " bytes, header says ",
+                                                   h->layout.total_bytes));
+  }
+  if (opts.durable && !nvme_) return absl::FailedPreconditionError("durable put without an NVMe tier");
+  TierKind fast = opts.tier.value_or(DefaultTier());
+  if (!tiers_[static_cast<int>(fast)]) {
+    return absl::InvalidArgumentError(absl::StrCat("no ", TierName(fast), " tier"));
+  }
+  bool split = opts.split_kv.value_or(options_.split_kv) == SplitKvPolicy::kAlways && dram_ && nvme_;
+  bool existed = false;
+  {
+    absl::MutexLock l(&mu_);
+    auto it = chunks_.find(key);
+    if (it != chunks_.end()) {
+      ChunkState& st = it->second;
+      ++st.uses;
+      for (int p = 0; p < 3; ++p) {
+        if (auto k = Fastest(st.where[p])) policies_[static_cast<int>(*k)]->OnAccess({key, static_cast<Part>(p)});
+      }
+      bool on_nvme = st.split ? (st.where[1] & st.where[2] & Bit(TierKind::kNvme))
+                              : (st.where[0] & Bit(TierKind::kNvme));
+      if (!opts.durable || on_nvme) return absl::OkStatus();
+      existed = true;
+      split = st.split;
+    }
+  }
+  // Objects and the tiers each goes to; NVMe first so a durable put is
+  // acknowledged by its commit, and faster copies follow.
+  const uint64_t kobj = h->layout.v_offset;
+  std::vector<uint8_t> vbuf;
+  struct Target {
+    ObjectKey id;
+    std::span<const uint8_t> bytes;
+    TierKind tier;
+    bool required;
+  };
+  std::vector<Target> targets;
+  if (split) {
+    vbuf.resize(codec::kHeaderSize + (chunk.size() - kobj));
+    std::memcpy(vbuf.data(), chunk.data(), codec::kHeaderSize);
+    std::memcpy(vbuf.data() + codec::kHeaderSize, chunk.data() + kobj, chunk.size() - kobj);
+    ObjectKey k{key, Part::kK}, v{key, Part::kV};
+    targets.push_back({v, vbuf, TierKind::kNvme, true});
+    if (opts.durable || fast == TierKind::kNvme) targets.push_back({k, chunk.first(kobj), TierKind::kNvme, true});
+    if (fast != TierKind::kNvme) targets.push_back({k, chunk.first(kobj), fast, !opts.durable});
+  } else {
+    ObjectKey w{key, Part::kWhole};
+    if (opts.durable) targets.push_back({w, chunk, TierKind::kNvme, true});
+    if (fast != TierKind::kNvme || !opts.durable) {
+      if (!(existed && fast == TierKind::kNvme)) targets.push_back({w, chunk, fast, !opts.durable});
+    }
+  }
+  std::vector<Target> stored;
+  for (const Target& t : targets) {
+    if (existed && t.tier != TierKind::kNvme) continue;  // only the durable copy was missing
+    absl::Status st = StoreWithEviction(t.tier, t.id, t.bytes);
+    if (st.ok()) {
+      NoteStored(t.tier, t.id, chunk.size(), split, t.bytes.size());
+      stored.push_back(t);
+      continue;
+    }
+    if (!t.required) continue;  // a faster copy of a chunk already durable
+    if (!existed) {
+      // Roll back: a split chunk with one part stored is useless.
+      absl::MutexLock l(&mu_);
+      for (const Target& s : stored) Forget(s.id, s.tier);
+      chunks_.erase(key);
+    }
+    for (const Target& s : stored) (void)tiers_[static_cast<int>(s.tier)]->Erase(s.id);
+    return st;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TierKind> PlacementEngine::ReadObject(const ObjectKey& id, std::span<uint8_t> out) {
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    TierKind src;
+    {
+      absl::MutexLock l(&mu_);
+      auto it = chunks_.find(id.key);
+      if (it == chunks_.end()) return absl::NotFoundError("chunk not stored");
+      auto f = Fastest(it->second.where[PartIndex(id.part)]);
+      if (!f) return absl::NotFoundError("chunk part not stored");
+      src = *f;
+    }
+    absl::Status st = tiers_[static_cast<int>(src)]->Read(id, out);
+    if (st.ok()) return src;
+    if (absl::IsNotFound(st)) {  // moved or evicted meanwhile: look again
+      absl::MutexLock l(&mu_);
+      auto it = chunks_.find(id.key);
+      if (it != chunks_.end() && it->second.busy == 0) Forget(id, src);
+      continue;
+    }
+    if (absl::IsDataLoss(st)) {
+      Count(EngineMetric::kDataLoss);
+      std::vector<std::pair<ObjectKey, TierKind>> dead;
+      {
+        absl::MutexLock l(&mu_);
+        Forget(id, src);
+        auto it = chunks_.find(id.key);
+        if (it != chunks_.end() && it->second.where[PartIndex(id.part)] != 0) continue;
+        if (it != chunks_.end()) {
+          for (int p = 0; p < 3; ++p) {
+            for (int k = 0; k < kNumTierKinds; ++k) {
+              if (it->second.where[p] & (1u << k)) {
+                ObjectKey o{id.key, static_cast<Part>(p)};
+                dead.emplace_back(o, static_cast<TierKind>(k));
+                policies_[k]->OnErase(o);
+              }
+            }
+          }
+          chunks_.erase(it);
+        }
+      }
+      for (auto& [o, k] : dead) (void)tiers_[static_cast<int>(k)]->Erase(o);
+      return st;
+    }
+    return st;
+  }
+  return absl::UnavailableError("chunk kept moving during the read; retry");
+}
+
+absl::StatusOr<TierKind> PlacementEngine::Get(const Hash128& key, std::span<uint8_t> out,
+                                              const GetOptions& opts) {
+  Count(EngineMetric::kGets);
+  uint64_t bytes, kobj;
+  bool split;
+  {
+    absl::MutexLock l(&mu_);
+    auto it = chunks_.find(key);
+    if (it == chunks_.end()) {
+      Count(EngineMetric::kMisses);
+      return absl::NotFoundError("chunk not stored");
+    }
+    ChunkState& st = it->second;
+    ++st.uses;
+    bytes = st.bytes;
+    kobj = st.k_object_bytes;
+    split = st.split;
+    for (int p = 0; p < 3; ++p) {
+      if (auto k = Fastest(st.where[p])) policies_[static_cast<int>(*k)]->OnAccess({key, static_cast<Part>(p)});
+    }
+  }
+  if (out.size() != bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("buffer is ", out.size(), " bytes, chunk is ", bytes));
+  }
+  TierKind src;
+  if (!split) {
+    KVTIER_ASSIGN_OR_RETURN(src, ReadObject({key, Part::kWhole}, out));
+  } else {
+    // K object = header + K section = the chunk's first kobj bytes.
+    KVTIER_ASSIGN_OR_RETURN(TierKind ks, ReadObject({key, Part::kK}, out.first(kobj)));
+    std::vector<uint8_t> vbuf(codec::kHeaderSize + bytes - kobj);
+    KVTIER_ASSIGN_OR_RETURN(TierKind vs, ReadObject({key, Part::kV}, vbuf));
+    if (std::memcmp(vbuf.data(), out.data(), codec::kHeaderSize) != 0) {
+      return absl::DataLossError("K and V parts carry different headers");
+    }
+    std::memcpy(out.data() + kobj, vbuf.data() + codec::kHeaderSize, bytes - kobj);
+    src = std::max(ks, vs);
+  }
+  Count(src == TierKind::kHbm ? EngineMetric::kHitsHbm
+        : src == TierKind::kDram ? EngineMetric::kHitsDram
+                                 : EngineMetric::kHitsNvme);
+  if (src == TierKind::kNvme && dram_ && opts.promote.value_or(options_.promote_on_hit)) {
+    ObjectKey w{key, Part::kWhole};
+    if (StoreWithEviction(TierKind::kDram, w, out).ok()) {
+      NoteStored(TierKind::kDram, w, bytes, false, bytes);
+      Count(EngineMetric::kPromotions);
+    }
+  }
+  return src;
+}
+
+}  // namespace kvtier::tiering
+
+namespace kvtier::tiering {
+
+absl::StatusOr<uint64_t> PlacementEngine::ChunkBytes(const Hash128& key) {
+  absl::MutexLock l(&mu_);
+  auto it = chunks_.find(key);
+  if (it == chunks_.end()) return absl::NotFoundError("chunk not stored");
+  return it->second.bytes;
+}
+
+absl::StatusOr<ChunkLocation> PlacementEngine::Locate(const Hash128& key) {
+  ChunkLocation loc;
+  {
+    absl::MutexLock l(&mu_);
+    auto it = chunks_.find(key);
+    if (it == chunks_.end()) return absl::NotFoundError("chunk not stored");
+    loc.chunk_bytes = it->second.bytes;
+    for (int p = it->second.split ? 1 : 0; p < (it->second.split ? 3 : 1); ++p) {
+      auto f = Fastest(it->second.where[p]);
+      if (!f) return absl::NotFoundError("chunk part not stored");
+      loc.parts.push_back(PartLocation{static_cast<Part>(p), *f, std::nullopt});
+    }
+  }
+  for (PartLocation& pl : loc.parts) {
+    if (pl.tier != TierKind::kDram) continue;
+    auto ref = dram_->AcquireRef({key, pl.part});
+    if (!ref.ok()) continue;
+    pl.dram_slot = *ref;
+    dram_->ReleaseRef(*ref);
+  }
+  return loc;
+}
+
+bool PlacementEngine::Contains(const Hash128& key) {
+  absl::MutexLock l(&mu_);
+  return chunks_.contains(key);
+}
+
+std::vector<TierKind> PlacementEngine::LookupPrefix(std::span<const Hash128> keys) {
+  std::vector<TierKind> out;
+  absl::MutexLock l(&mu_);
+  for (const Hash128& k : keys) {
+    auto it = chunks_.find(k);
+    if (it == chunks_.end()) break;
+    TierKind slowest = TierKind::kHbm;
+    bool ok = true;
+    for (int p = it->second.split ? 1 : 0; p < (it->second.split ? 3 : 1); ++p) {
+      auto f = Fastest(it->second.where[p]);
+      if (!f) ok = false; else slowest = std::max(slowest, *f);
+    }
+    if (!ok) break;
+    out.push_back(slowest);
+  }
+  return out;
+}
+
+absl::Status PlacementEngine::Delete(const Hash128& key) {
+  std::vector<std::pair<ObjectKey, TierKind>> objs;
+  {
+    absl::MutexLock l(&mu_);
+    ExpireLocked(Now());
+    auto it = chunks_.find(key);
+    if (it == chunks_.end()) return absl::NotFoundError("chunk not stored");
+    if (it->second.pins > 0) return absl::FailedPreconditionError("chunk is pinned by a lease");
+    if (it->second.busy > 0) return absl::UnavailableError("chunk is being moved; retry");
+    for (int p = 0; p < 3; ++p) {
+      for (int k = 0; k < kNumTierKinds; ++k) {
+        if (it->second.where[p] & (1u << k)) {
+          ObjectKey id{key, static_cast<Part>(p)};
+          objs.emplace_back(id, static_cast<TierKind>(k));
+          policies_[k]->OnErase(id);
+        }
+      }
+    }
+    chunks_.erase(it);
+  }
+  absl::Status first;
+  for (auto& [id, k] : objs) {
+    absl::Status st = tiers_[static_cast<int>(k)]->Erase(id);
+    if (!st.ok() && !absl::IsNotFound(st) && first.ok()) first = st;
+  }
+  return first;
+}
+
+absl::StatusOr<Lease> PlacementEngine::Pin(std::span<const Hash128> keys, int64_t ttl_ms) {
+  absl::MutexLock l(&mu_);
+  int64_t now = Now();
+  ExpireLocked(now);
+  for (const Hash128& k : keys) {
+    if (!chunks_.contains(k)) return absl::NotFoundError(absl::StrCat("chunk ", k.ToHex(), " not stored"));
+  }
+  for (const Hash128& k : keys) ++chunks_[k].pins;
+  uint64_t id = next_id_++;
+  int64_t exp = now + LeaseUs(ttl_ms);
+  leases_[id] = LeaseState{std::vector<Hash128>(keys.begin(), keys.end()), exp};
+  return Lease{id, exp};
+}
+
+absl::StatusOr<Lease> PlacementEngine::Renew(uint64_t lease_id, int64_t ttl_ms) {
+  absl::MutexLock l(&mu_);
+  int64_t now = Now();
+  ExpireLocked(now);
+  auto it = leases_.find(lease_id);
+  if (it == leases_.end()) return absl::NotFoundError("lease unknown or expired");
+  it->second.expires_at_us = now + LeaseUs(ttl_ms);
+  return Lease{lease_id, it->second.expires_at_us};
+}
+
+absl::Status PlacementEngine::Release(uint64_t lease_id) {
+  absl::MutexLock l(&mu_);
+  ExpireLocked(Now());
+  auto it = leases_.find(lease_id);
+  if (it == leases_.end()) return absl::NotFoundError("lease unknown or expired");
+  for (const Hash128& k : it->second.keys) {
+    auto c = chunks_.find(k);
+    if (c != chunks_.end()) --c->second.pins;
+  }
+  leases_.erase(it);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Slot> PlacementEngine::AllocateSlot(uint64_t bytes, int64_t ttl_ms) {
+  if (!dram_) return absl::FailedPreconditionError("no DRAM tier");
+  if (bytes < codec::kHeaderSize) return absl::InvalidArgumentError("slot smaller than a chunk header");
+  int idle = 0;
+  for (int i = 0; i < kMaxEvictionsPerStore; ++i) {
+    auto ext = dram_->ReserveSlot(bytes);
+    if (ext.ok()) {
+      absl::MutexLock l(&mu_);
+      uint64_t id = next_id_++;
+      int64_t exp = Now() + LeaseUs(ttl_ms);
+      slots_[id] = SlotState{*ext, exp};
+      return Slot{id, *ext, exp};
+    }
+    if (!IsTierFull(ext.status()) || bytes > dram_->capacity_bytes()) return ext.status();
+    if (!EvictOne(TierKind::kDram) && ++idle > kMaxIdleRounds) return ext.status();
+  }
+  return TierFullError("dram: eviction did not make room for a slot");
+}
+
+absl::Status PlacementEngine::AbortSlot(uint64_t slot_id) {
+  absl::MutexLock l(&mu_);
+  ExpireLocked(Now());
+  auto it = slots_.find(slot_id);
+  if (it == slots_.end()) return absl::NotFoundError("slot unknown or expired");
+  absl::Status st = dram_->AbortSlot(it->second.extent);
+  slots_.erase(it);
+  return st;
+}
+
+absl::Status PlacementEngine::CommitSlot(uint64_t slot_id, const Hash128& key,
+                                         const PutOptions& opts) {
+  PoolExtent ext;
+  {
+    absl::MutexLock l(&mu_);
+    ExpireLocked(Now());
+    auto it = slots_.find(slot_id);
+    if (it == slots_.end()) return absl::NotFoundError("slot unknown or expired");
+    ext = it->second.extent;
+    slots_.erase(it);
+  }
+  std::span<const uint8_t> bytes(dram_->base() + ext.offset, ext.length);
+  auto h = codec::ParseHeader(bytes);
+  absl::Status bad;
+  if (!h.ok()) {
+    bad = absl::InvalidArgumentError(absl::StrCat("slot: ", h.status().message()));
+  } else if (h->layout.total_bytes != ext.length) {
+    bad = absl::InvalidArgumentError(absl::StrCat("slot is ", ext.length, " bytes, header says ",
+                                                  h->layout.total_bytes));
+  }
+  if (!bad.ok()) {
+    (void)dram_->AbortSlot(ext);
+    return bad;
+  }
+  if (Contains(key)) {
+    absl::Status st = opts.durable ? Put(key, bytes, opts) : absl::OkStatus();
+    (void)dram_->AbortSlot(ext);
+    return st;
+  }
+  Count(EngineMetric::kPuts);
+  ObjectKey w{key, Part::kWhole};
+  if (opts.durable) {
+    if (!nvme_) {
+      (void)dram_->AbortSlot(ext);
+      return absl::FailedPreconditionError("durable put without an NVMe tier");
+    }
+    absl::Status st = StoreWithEviction(TierKind::kNvme, w, bytes);
+    if (!st.ok()) {
+      (void)dram_->AbortSlot(ext);
+      return st;
+    }
+    NoteStored(TierKind::kNvme, w, ext.length, false, ext.length);
+  }
+  KVTIER_RETURN_IF_ERROR(dram_->CommitSlot(w, ext));
+  NoteStored(TierKind::kDram, w, ext.length, false, ext.length);
+  return absl::OkStatus();
+}
+
+absl::Status PlacementEngine::Promote(const Hash128& key) {
+  uint64_t bytes;
+  {
+    absl::MutexLock l(&mu_);
+    auto it = chunks_.find(key);
+    if (it == chunks_.end() || it->second.split) return absl::OkStatus();
+    if (it->second.where[0] & (Bit(TierKind::kHbm) | Bit(TierKind::kDram))) return absl::OkStatus();
+    bytes = it->second.bytes;
+  }
+  if (!dram_) return absl::OkStatus();
+  std::vector<uint8_t> buf(bytes);
+  ObjectKey w{key, Part::kWhole};
+  auto src = ReadObject(w, buf);
+  if (absl::IsNotFound(src.status())) return absl::OkStatus();
+  if (!src.ok()) return src.status();
+  KVTIER_RETURN_IF_ERROR(StoreWithEviction(TierKind::kDram, w, buf));
+  NoteStored(TierKind::kDram, w, bytes, false, bytes);
+  Count(EngineMetric::kPrefetched);
+  return absl::OkStatus();
+}
+
+std::future<absl::Status> PlacementEngine::Prefetch(std::vector<Hash128> keys) {
+  PrefetchJob job;
+  job.keys = std::move(keys);
+  std::future<absl::Status> f = job.done.get_future();
+  absl::MutexLock l(&bg_mu_);
+  if (stopping_) {
+    job.done.set_value(absl::CancelledError("engine stopping"));
+  } else {
+    prefetch_queue_.push_back(std::move(job));
+  }
+  return f;
+}
+
+void PlacementEngine::PrefetchLoop() {
+  for (;;) {
+    PrefetchJob job;
+    {
+      absl::MutexLock l(&bg_mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(bg_mu_) {
+        return stopping_ || !prefetch_queue_.empty();
+      };
+      bg_mu_.Await(absl::Condition(&ready));
+      if (stopping_) return;
+      job = std::move(prefetch_queue_.front());
+      prefetch_queue_.pop_front();
+    }
+    absl::Status first;
+    for (const Hash128& k : job.keys) {
+      absl::Status st = Promote(k);
+      if (!st.ok() && first.ok()) first = st;
+    }
+    job.done.set_value(first);
+  }
+}
+
+void PlacementEngine::RunMaintenance() {
+  {
+    absl::MutexLock l(&mu_);
+    ExpireLocked(Now());
+  }
+  for (int k = 0; k < kNumTierKinds; ++k) {
+    Tier* t = tiers_[k];
+    if (!t) continue;
+    const double cap = static_cast<double>(t->capacity_bytes());
+    if (t->used_bytes() <= options_.high_watermark * cap) continue;
+    while (t->used_bytes() > options_.low_watermark * cap) {
+      if (!EvictOne(static_cast<TierKind>(k))) break;
+    }
+  }
+}
+
+void PlacementEngine::MaintenanceLoop() {
+  for (;;) {
+    {
+      absl::MutexLock l(&bg_mu_);
+      auto stop = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(bg_mu_) { return stopping_; };
+      if (bg_mu_.AwaitWithTimeout(absl::Condition(&stop),
+                                  absl::Milliseconds(options_.maintenance_interval_ms))) {
+        return;
+      }
+    }
+    RunMaintenance();
+  }
+}
+
+std::vector<TierUsage> PlacementEngine::Usage() {
+  std::vector<TierUsage> out;
+  std::array<uint64_t, kNumTierKinds> objects{};
+  {
+    absl::MutexLock l(&mu_);
+    for (int k = 0; k < kNumTierKinds; ++k) objects[k] = policies_[k] ? policies_[k]->size() : 0;
+  }
+  for (int k = 0; k < kNumTierKinds; ++k) {
+    if (!tiers_[k]) continue;
+    out.push_back(TierUsage{static_cast<TierKind>(k), tiers_[k]->capacity_bytes(),
+                            tiers_[k]->used_bytes(), objects[k], tiers_[k]->bandwidth()});
+  }
+  return out;
+}
+
+}  // namespace kvtier::tiering

@@ -1,0 +1,305 @@
+// The placement engine: one object over every tier that decides where each
+// chunk lives. See docs/tiering.md for the policy in prose.
+//
+// Thread-safe. One mutex guards the metadata (which chunk is where, pins,
+// policies); it is never held while bytes are copied or I/O runs. Tiers
+// keep freed space alive while a reader still copies from it.
+#ifndef KVTIER_TIERING_PLACEMENT_ENGINE_H_
+#define KVTIER_TIERING_PLACEMENT_ENGINE_H_
+
+#include <array>
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <future>
+#include <memory>
+#include <optional>
+#include <span>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "common/hash.h"
+#include "tiering/dram_tier.h"
+#include "tiering/eviction.h"
+#include "tiering/hbm_tier.h"
+#include "tiering/io.h"
+#include "tiering/nvme_tier.h"
+#include "tiering/tier.h"
+
+namespace kvtier::tiering {
+
+// Where split K/V placement applies.
+enum class SplitKvPolicy : uint8_t {
+  kNever = 0,   // chunks are stored whole
+  kAlways = 1,  // K (with the header) in DRAM, V (with the header) on NVMe
+};
+
+// Per-daemon options.
+struct PlacementEngineOptions {
+  // Eviction policy of every tier. Default: kS3Fifo
+  EvictionPolicyKind eviction = EvictionPolicyKind::kS3Fifo;
+  // A chunk evicted from DRAM is written to NVMe only if it was used (put or
+  // get) at least this many times; otherwise it is dropped. 1 admits every
+  // chunk. Default: 2
+  uint32_t nvme_admit_after_uses = 2;
+  // A get served from NVMe copies the chunk into DRAM (the NVMe copy stays,
+  // so evicting the promoted copy later costs no write). Default: true
+  bool promote_on_hit = true;
+  // Background eviction starts when a tier's used bytes exceed this fraction
+  // of its capacity. Default: 0.95
+  double high_watermark = 0.95;
+  // ... and evicts until used bytes are at or below this fraction.
+  // Default: 0.85
+  double low_watermark = 0.85;
+  // Period of the background thread that expires leases and slots and
+  // enforces watermarks; 0 disables it (call RunMaintenance yourself).
+  // Default: 50
+  int64_t maintenance_interval_ms = 50;
+  // Lease duration when a Pin asks for 0. Default: 30000
+  int64_t default_lease_ms = 30000;
+  // Longest lease a Pin may ask for (longer requests are clamped).
+  // Default: 600000
+  int64_t max_lease_ms = 600000;
+  // Split K/V placement. Default: kNever
+  SplitKvPolicy split_kv = SplitKvPolicy::kNever;
+  // Time source for leases (not owned). Default: nullptr (SystemClock())
+  Clock* clock = nullptr;
+};
+
+// Per-call options of Put.
+struct PutOptions {
+  // Tier to store the chunk in; unset lets the engine choose (DRAM, or NVMe
+  // when there is no DRAM tier). Default: unset
+  std::optional<TierKind> tier;
+  // Acknowledge only after the chunk is committed on NVMe (data synced,
+  // index committed). FailedPrecondition without an NVMe tier. Default: false
+  bool durable = false;
+  // Overrides PlacementEngineOptions::split_kv for this chunk. Default: unset
+  std::optional<SplitKvPolicy> split_kv;
+};
+
+// Per-call options of Get.
+struct GetOptions {
+  // Overrides PlacementEngineOptions::promote_on_hit. Default: unset
+  std::optional<bool> promote;
+};
+
+// Where one stored part of a chunk is.
+struct PartLocation {
+  Part part = Part::kWhole;
+  TierKind tier = TierKind::kDram;  // the fastest tier holding it
+  // For DRAM: the slot in the shared-memory pool (DramTier::shm_fd()).
+  // Stable while the chunk is pinned.
+  std::optional<PoolExtent> dram_slot;
+};
+struct ChunkLocation {
+  uint64_t chunk_bytes = 0;  // header + K + V
+  std::vector<PartLocation> parts;  // one (whole) or two (K, V)
+};
+
+struct Lease {
+  uint64_t id = 0;
+  int64_t expires_at_us = 0;  // on the engine's clock
+};
+
+// A reserved DRAM slot that a client fills in place, then commits.
+struct Slot {
+  uint64_t id = 0;
+  PoolExtent extent;  // in DramTier's shared-memory pool
+  int64_t expires_at_us = 0;
+};
+
+// Counters; EngineMetricName() names them (a test checks the table).
+enum class EngineMetric : int {
+  kPuts = 0,
+  kGets,
+  kHitsHbm,
+  kHitsDram,
+  kHitsNvme,
+  kMisses,
+  kEvictions,
+  kDemotions,
+  kPromotions,
+  kAdmissionRejects,
+  kDataLoss,
+  kLeasesExpired,
+  kSlotsExpired,
+  kPrefetched,
+  kCount,
+};
+const char* EngineMetricName(EngineMetric m);
+
+struct TierUsage {
+  TierKind kind;
+  uint64_t capacity_bytes;
+  uint64_t used_bytes;
+  uint64_t objects;
+  Bandwidth bandwidth;
+};
+
+// The tiers an engine runs over; any may be null (DRAM or NVMe required).
+struct EngineTiers {
+  std::unique_ptr<HbmTier> hbm;
+  std::unique_ptr<DramTier> dram;
+  std::unique_ptr<NvmeTier> nvme;
+  std::unique_ptr<Tier> remote;
+};
+
+class PlacementEngine {
+ public:
+  // Takes ownership of the tiers and learns what the durable tiers hold
+  // (a split chunk missing a part is dropped). InvalidArgument without DRAM
+  // and NVMe tiers.
+  static absl::StatusOr<std::unique_ptr<PlacementEngine>> Create(
+      const PlacementEngineOptions& options, EngineTiers tiers);
+  ~PlacementEngine();
+
+  // Stores a chunk. `chunk` must be a whole chunk whose header parses
+  // (codec::ParseHeader) and whose length matches it: InvalidArgument
+  // otherwise. A key already stored is not rewritten (keys name content);
+  // a durable put of it still makes sure it is on NVMe. ResourceExhausted
+  // if a target tier is full and nothing in it can be evicted.
+  absl::Status Put(const Hash128& key, std::span<const uint8_t> chunk,
+                   const PutOptions& options = {});
+
+  // Copies the chunk into `out` (exactly ChunkBytes(key) bytes, else
+  // InvalidArgument) and returns the tier it was read from (the slowest
+  // one, for a split chunk). NotFound on a miss. DataLoss if every copy is
+  // corrupt (the chunk is then dropped).
+  absl::StatusOr<TierKind> Get(const Hash128& key, std::span<uint8_t> out,
+                               const GetOptions& options = {});
+  // Chunk length. NotFound on a miss.
+  absl::StatusOr<uint64_t> ChunkBytes(const Hash128& key);
+  // Where the chunk's parts are. NotFound on a miss.
+  absl::StatusOr<ChunkLocation> Locate(const Hash128& key);
+
+  bool Contains(const Hash128& key);
+  // The fastest tier of each key of the longest stored prefix of `keys`
+  // (its size is the prefix length).
+  std::vector<TierKind> LookupPrefix(std::span<const Hash128> keys);
+
+  // Removes a chunk from every tier. NotFound on a miss, FailedPrecondition
+  // if pinned, Unavailable if it is being moved (retry).
+  absl::Status Delete(const Hash128& key);
+
+  // Pins every key for `ttl_ms` (0: the default): pinned chunks are neither
+  // evicted nor moved nor deleted. NotFound (nothing pinned) if a key is
+  // missing. A lease that is not released expires, so a dead client never
+  // leaks a pin.
+  absl::StatusOr<Lease> Pin(std::span<const Hash128> keys, int64_t ttl_ms = 0);
+  // Extends a lease. NotFound if unknown or expired.
+  absl::StatusOr<Lease> Renew(uint64_t lease_id, int64_t ttl_ms = 0);
+  // Ends a lease. NotFound if unknown or expired.
+  absl::Status Release(uint64_t lease_id);
+
+  // Reserves a DRAM slot of `bytes` for `ttl_ms` (0: the default lease),
+  // evicting if needed. ResourceExhausted if no room can be made,
+  // FailedPrecondition without DRAM.
+  absl::StatusOr<Slot> AllocateSlot(uint64_t bytes, int64_t ttl_ms = 0);
+  // Validates the chunk written into the slot and stores it as `key`
+  // without copying (plus an NVMe copy if durable). The slot is consumed
+  // on success and on InvalidArgument. NotFound if the slot is unknown or
+  // expired.
+  absl::Status CommitSlot(uint64_t slot_id, const Hash128& key, const PutOptions& options = {});
+  // Frees a slot. NotFound if unknown or expired.
+  absl::Status AbortSlot(uint64_t slot_id);
+
+  // Starts copying the keys that are on NVMe only into DRAM, in order, on a
+  // background thread. The future holds OK when all present keys were
+  // promoted (missing keys are skipped), or the first error.
+  std::future<absl::Status> Prefetch(std::vector<Hash128> keys);
+
+  // Expires leases and slots, then evicts every tier above its high
+  // watermark down to its low watermark. The background thread calls it.
+  void RunMaintenance();
+
+  uint64_t metric(EngineMetric m) const { return metrics_[static_cast<int>(m)].load(); }
+  std::vector<TierUsage> Usage();
+  DramTier* dram() const { return dram_; }
+  HbmTier* hbm() const { return hbm_; }
+  NvmeTier* nvme() const { return nvme_; }
+  Tier* tier(TierKind k) const { return tiers_[static_cast<int>(k)]; }
+
+ private:
+  struct ChunkState {
+    uint64_t bytes = 0;
+    uint64_t k_object_bytes = 0;  // split chunks: header + K section
+    bool split = false;
+    // Bitmask of TierKinds holding each part: [0] whole, [1] K, [2] V.
+    std::array<uint8_t, 3> where{};
+    uint32_t uses = 0;
+    int pins = 0;
+    int busy = 0;  // evictions/promotions in flight
+  };
+  struct LeaseState {
+    std::vector<Hash128> keys;
+    int64_t expires_at_us;
+  };
+  struct SlotState {
+    PoolExtent extent;
+    int64_t expires_at_us;
+  };
+
+  PlacementEngine(const PlacementEngineOptions& o, EngineTiers tiers);
+  void Bootstrap();
+  void Count(EngineMetric m, uint64_t n = 1) {
+    metrics_[static_cast<int>(m)].fetch_add(n, std::memory_order_relaxed);
+  }
+  int64_t Now() const { return clock_->NowMicros(); }
+  int64_t LeaseUs(int64_t ttl_ms) const;
+  TierKind DefaultTier() const;
+
+  // Stores `bytes` as `id` in tier `kind`, evicting from it as needed.
+  absl::Status StoreWithEviction(TierKind kind, const ObjectKey& id,
+                                 std::span<const uint8_t> bytes);
+  // Records that `id` now lives in `kind`.
+  void NoteStored(TierKind kind, const ObjectKey& id, uint64_t chunk_bytes, bool split,
+                  uint64_t object_bytes);
+  // Evicts one object from tier `kind` (demoting it if admitted). False if
+  // nothing in the tier is evictable right now.
+  bool EvictOne(TierKind kind);
+  void ExpireLocked(int64_t now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Reads object `id` from the fastest tier holding it; drops corrupt copies.
+  absl::StatusOr<TierKind> ReadObject(const ObjectKey& id, std::span<uint8_t> out);
+  void Forget(const ObjectKey& id, TierKind kind) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status Promote(const Hash128& key);
+  void PrefetchLoop();
+  void MaintenanceLoop();
+
+  const PlacementEngineOptions options_;
+  Clock* const clock_;
+  EngineTiers owned_;
+  std::array<Tier*, kNumTierKinds> tiers_{};
+  HbmTier* hbm_ = nullptr;
+  DramTier* dram_ = nullptr;
+  NvmeTier* nvme_ = nullptr;
+  std::array<std::atomic<uint64_t>, static_cast<int>(EngineMetric::kCount)> metrics_{};
+
+  absl::Mutex mu_;
+  absl::flat_hash_map<Hash128, ChunkState> chunks_ ABSL_GUARDED_BY(mu_);
+  std::array<std::unique_ptr<EvictionPolicy>, kNumTierKinds> policies_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, LeaseState> leases_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, SlotState> slots_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+
+  // Prefetch queue and the background threads.
+  struct PrefetchJob {
+    std::vector<Hash128> keys;
+    std::promise<absl::Status> done;
+  };
+  absl::Mutex bg_mu_;
+  std::deque<PrefetchJob> prefetch_queue_ ABSL_GUARDED_BY(bg_mu_);
+  bool stopping_ ABSL_GUARDED_BY(bg_mu_) = false;
+  std::thread prefetch_thread_;
+  std::thread maintenance_thread_;
+};
+
+}  // namespace kvtier::tiering
+
+#endif  // KVTIER_TIERING_PLACEMENT_ENGINE_H_

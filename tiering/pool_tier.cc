@@ -1,0 +1,139 @@
+#include "tiering/pool_tier.h"
+
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+
+namespace kvtier::tiering {
+namespace {
+int64_t NowUs() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+}  // namespace
+
+PoolTier::PoolTier(TierKind kind, std::unique_ptr<PoolMemory> memory, uint64_t alignment)
+    : kind_(kind),
+      memory_(std::move(memory)),
+      alloc_size_(memory_->size() / alignment * alignment),
+      alloc_(memory_->size(), alignment) {}
+
+uint64_t PoolTier::used_bytes() const {
+  absl::MutexLock l(&mu_);
+  return alloc_.used();
+}
+
+void PoolTier::Unref(uint64_t offset) {
+  auto it = extents_.find(offset);
+  if (it == extents_.end()) return;
+  if (--it->second.refs == 0) {
+    alloc_.Free(offset, it->second.length);
+    extents_.erase(it);
+  }
+}
+
+absl::Status PoolTier::Put(const ObjectKey& id, std::span<const uint8_t> bytes) {
+  KVTIER_ASSIGN_OR_RETURN(PoolExtent slot, ReserveSlot(bytes.size()));
+  int64_t t0 = NowUs();
+  absl::Status st = memory_->CopyIn(slot.offset, bytes);
+  meter_.Record(true, bytes.size(), NowUs() - t0);
+  if (!st.ok()) {
+    (void)AbortSlot(slot);
+    return st;
+  }
+  return CommitSlot(id, slot);
+}
+
+absl::StatusOr<PoolExtent> PoolTier::ReserveSlot(uint64_t length) {
+  absl::MutexLock l(&mu_);
+  auto off = alloc_.Allocate(length);
+  if (!off) {
+    return TierFullError(absl::StrCat(TierName(kind_), " tier full: ", length,
+                                                     " bytes requested, ", alloc_.used(), "/",
+                                                     alloc_size_, " used"));
+  }
+  extents_[*off] = Extent{length, 1, true};
+  return PoolExtent{*off, length};
+}
+
+absl::Status PoolTier::CommitSlot(const ObjectKey& id, const PoolExtent& slot) {
+  absl::MutexLock l(&mu_);
+  auto it = extents_.find(slot.offset);
+  if (it == extents_.end() || !it->second.reserved_slot || it->second.length != slot.length) {
+    return absl::NotFoundError(absl::StrCat("no reserved slot at offset ", slot.offset));
+  }
+  it->second.reserved_slot = false;
+  auto [oit, inserted] = objects_.try_emplace(id, Obj{slot.offset, slot.length});
+  if (!inserted) {
+    uint64_t old = oit->second.offset;
+    oit->second = Obj{slot.offset, slot.length};
+    Unref(old);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PoolTier::AbortSlot(const PoolExtent& slot) {
+  absl::MutexLock l(&mu_);
+  auto it = extents_.find(slot.offset);
+  if (it == extents_.end() || !it->second.reserved_slot) {
+    return absl::NotFoundError(absl::StrCat("no reserved slot at offset ", slot.offset));
+  }
+  it->second.reserved_slot = false;
+  Unref(slot.offset);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> PoolTier::Size(const ObjectKey& id) {
+  absl::MutexLock l(&mu_);
+  auto it = objects_.find(id);
+  if (it == objects_.end()) return absl::NotFoundError("not in pool");
+  return it->second.length;
+}
+
+absl::StatusOr<PoolExtent> PoolTier::AcquireRef(const ObjectKey& id) {
+  absl::MutexLock l(&mu_);
+  auto it = objects_.find(id);
+  if (it == objects_.end()) return absl::NotFoundError("not in pool");
+  ++extents_[it->second.offset].refs;
+  return PoolExtent{it->second.offset, it->second.length};
+}
+
+void PoolTier::ReleaseRef(const PoolExtent& extent) {
+  absl::MutexLock l(&mu_);
+  Unref(extent.offset);
+}
+
+absl::Status PoolTier::Read(const ObjectKey& id, std::span<uint8_t> out) {
+  KVTIER_ASSIGN_OR_RETURN(PoolExtent e, AcquireRef(id));
+  if (out.size() != e.length) {
+    ReleaseRef(e);
+    return absl::InvalidArgumentError(
+        absl::StrCat("buffer is ", out.size(), " bytes, object is ", e.length));
+  }
+  int64_t t0 = NowUs();
+  absl::Status st = memory_->CopyOut(e.offset, out);
+  meter_.Record(false, out.size(), NowUs() - t0);
+  ReleaseRef(e);
+  return st;
+}
+
+absl::Status PoolTier::Erase(const ObjectKey& id) {
+  absl::MutexLock l(&mu_);
+  auto it = objects_.find(id);
+  if (it == objects_.end()) return absl::NotFoundError("not in pool");
+  uint64_t off = it->second.offset;
+  objects_.erase(it);
+  Unref(off);
+  return absl::OkStatus();
+}
+
+std::vector<std::pair<ObjectKey, uint64_t>> PoolTier::List() {
+  absl::MutexLock l(&mu_);
+  std::vector<std::pair<ObjectKey, uint64_t>> out;
+  for (auto& [k, o] : objects_) out.emplace_back(k, o.length);
+  return out;
+}
+
+}  // namespace kvtier::tiering

@@ -1,0 +1,96 @@
+// A memory-pool tier: one contiguous region (host shared memory for DRAM,
+// device memory for HBM) carved into objects by an ExtentAllocator. DramTier
+// and HbmTier supply the region through PoolMemory.
+#ifndef KVTIER_TIERING_POOL_TIER_H_
+#define KVTIER_TIERING_POOL_TIER_H_
+
+#include <memory>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "tiering/extent_allocator.h"
+#include "tiering/tier.h"
+
+namespace kvtier::tiering {
+
+// The bytes behind a pool. Copies may run concurrently on disjoint ranges.
+class PoolMemory {
+ public:
+  virtual ~PoolMemory() = default;
+  virtual uint64_t size() const = 0;
+  virtual absl::Status CopyIn(uint64_t offset, std::span<const uint8_t> src) = 0;
+  virtual absl::Status CopyOut(uint64_t offset, std::span<uint8_t> dst) = 0;
+};
+
+// Where an object sits inside the pool.
+struct PoolExtent {
+  uint64_t offset = 0;
+  uint64_t length = 0;
+};
+
+class PoolTier : public Tier {
+ public:
+  // `alignment`: allocation unit and alignment of every object. Takes
+  // ownership of `memory`.
+  PoolTier(TierKind kind, std::unique_ptr<PoolMemory> memory, uint64_t alignment);
+
+  TierKind kind() const override { return kind_; }
+  uint64_t capacity_bytes() const override { return alloc_size_; }
+  uint64_t used_bytes() const override;
+  Bandwidth bandwidth() const override { return meter_.Get(); }
+
+  absl::Status Put(const ObjectKey& id, std::span<const uint8_t> bytes) override;
+  absl::StatusOr<uint64_t> Size(const ObjectKey& id) override;
+  absl::Status Read(const ObjectKey& id, std::span<uint8_t> out) override;
+  absl::Status Erase(const ObjectKey& id) override;
+  std::vector<std::pair<ObjectKey, uint64_t>> List() override;
+
+  // --- Slots: space reserved first, filled in place by someone else (a
+  // client through shared memory, a GPU kernel), then committed as an object
+  // without a copy.
+
+  // Reserves `length` bytes. ResourceExhausted if no contiguous room.
+  absl::StatusOr<PoolExtent> ReserveSlot(uint64_t length);
+  // Turns a reserved slot into object `id` (replacing an existing one).
+  // NotFound if `slot` is not a reserved slot.
+  absl::Status CommitSlot(const ObjectKey& id, const PoolExtent& slot);
+  // Returns a reserved slot to the pool. NotFound if it is not reserved.
+  absl::Status AbortSlot(const PoolExtent& slot);
+
+  // Takes a read reference on object `id` and returns where it lives; the
+  // bytes stay valid (even if the object is erased or replaced) until
+  // ReleaseRef. NotFound if absent.
+  absl::StatusOr<PoolExtent> AcquireRef(const ObjectKey& id);
+  void ReleaseRef(const PoolExtent& extent);
+
+ protected:
+  PoolMemory* memory() const { return memory_.get(); }
+
+ private:
+  struct Obj {
+    uint64_t offset;
+    uint64_t length;
+  };
+  void Unref(uint64_t offset) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const TierKind kind_;
+  std::unique_ptr<PoolMemory> memory_;
+  const uint64_t alloc_size_;
+  BandwidthMeter meter_;
+  mutable absl::Mutex mu_;
+  ExtentAllocator alloc_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<ObjectKey, Obj> objects_ ABSL_GUARDED_BY(mu_);
+  // Per allocated extent (by offset): length and references (1 for being an
+  // object or a reserved slot, +1 per reader). Freed at zero.
+  struct Extent {
+    uint64_t length;
+    int refs;
+    bool reserved_slot;
+  };
+  absl::flat_hash_map<uint64_t, Extent> extents_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace kvtier::tiering
+
+#endif  // KVTIER_TIERING_POOL_TIER_H_

@@ -1,0 +1,119 @@
+// The one interface every tier implements (HBM, DRAM, NVMe, remote), and the
+// identifiers the placement engine uses to name what a tier stores.
+#ifndef KVTIER_TIERING_TIER_H_
+#define KVTIER_TIERING_TIER_H_
+
+#include <atomic>
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/hash.h"
+
+namespace kvtier::tiering {
+
+// Tiers from fastest to slowest; the numeric order is the demotion order.
+enum class TierKind : uint8_t { kHbm = 0, kDram = 1, kNvme = 2, kRemote = 3 };
+inline constexpr int kNumTierKinds = 4;
+const char* TierName(TierKind kind);  // "hbm", "dram", "nvme", "remote"
+
+// What a stored object holds. A chunk is stored whole, or split into a K
+// object and a V object (split K/V placement). Each split object is the
+// chunk's 128-byte header followed by one section, so it verifies alone
+// (codec::VerifySection) and the chunk is reassembled by a byte copy.
+enum class Part : uint8_t { kWhole = 0, kK = 1, kV = 2 };
+
+// Name of one stored object: chunk key + part.
+struct ObjectKey {
+  Hash128 key;
+  Part part = Part::kWhole;
+  friend bool operator==(const ObjectKey&, const ObjectKey&) = default;
+  template <typename H>
+  friend H AbslHashValue(H h, const ObjectKey& k) {
+    return H::combine(std::move(h), k.key, static_cast<uint8_t>(k.part));
+  }
+};
+
+struct TierCapabilities {
+  bool durable = false;          // survives a process crash (NVMe)
+  bool shared_memory = false;    // bytes live in a region other processes can map (DRAM)
+  bool device_memory = false;    // bytes live in GPU memory (HBM)
+  bool verifies_on_read = false; // Read checks checksums and returns DataLoss
+};
+
+// Measured throughput: bytes moved divided by time spent moving them,
+// accumulated since the tier opened. Zero until something was moved.
+struct Bandwidth {
+  double read_bytes_per_s = 0;
+  double write_bytes_per_s = 0;
+};
+
+// Lock-free accumulator behind Tier::bandwidth().
+class BandwidthMeter {
+ public:
+  void Record(bool write, uint64_t bytes, int64_t micros) {
+    auto& b = write ? wbytes_ : rbytes_;
+    auto& t = write ? wmicros_ : rmicros_;
+    b.fetch_add(bytes, std::memory_order_relaxed);
+    t.fetch_add(micros > 0 ? micros : 1, std::memory_order_relaxed);
+  }
+  Bandwidth Get() const {
+    Bandwidth bw;
+    if (auto t = rmicros_.load()) bw.read_bytes_per_s = rbytes_.load() * 1e6 / t;
+    if (auto t = wmicros_.load()) bw.write_bytes_per_s = wbytes_.load() * 1e6 / t;
+    return bw;
+  }
+
+ private:
+  std::atomic<uint64_t> rbytes_{0}, wbytes_{0};
+  std::atomic<int64_t> rmicros_{0}, wmicros_{0};
+};
+
+// Tiers mark "no room in this tier" errors with this payload, so the engine
+// can tell them apart from a device's ENOSPC (which eviction cannot fix).
+inline constexpr char kTierFullPayload[] = "kvtier.tiering/tier-full";
+absl::Status TierFullError(std::string_view message);
+bool IsTierFull(const absl::Status& status);
+
+// A store of immutable byte objects with a hard capacity. Tiers never evict
+// on their own: when full, Put fails with ResourceExhausted and the placement
+// engine decides what to evict or demote. Thread-safe; implementations hold
+// no lock while copying or doing I/O.
+class Tier {
+ public:
+  virtual ~Tier() = default;
+
+  virtual TierKind kind() const = 0;
+  virtual TierCapabilities capabilities() const = 0;
+  // Hard limit on used_bytes().
+  virtual uint64_t capacity_bytes() const = 0;
+  // Bytes allocated to objects (rounded to the tier's allocation unit) and to
+  // reserved slots. Never above capacity_bytes().
+  virtual uint64_t used_bytes() const = 0;
+  virtual Bandwidth bandwidth() const = 0;
+
+  // Stores `bytes` as object `id`, replacing an existing object of that id.
+  // OK once the object is readable (for NVMe: data synced, index committed).
+  // ResourceExhausted if there is no room; other codes from the device.
+  virtual absl::Status Put(const ObjectKey& id, std::span<const uint8_t> bytes) = 0;
+  // Length of object `id`. NotFound if absent.
+  virtual absl::StatusOr<uint64_t> Size(const ObjectKey& id) = 0;
+  // Copies object `id` into `out`, which must be exactly Size() bytes
+  // (InvalidArgument otherwise). NotFound if absent. DataLoss if the tier
+  // detects corruption; the object is then dropped.
+  virtual absl::Status Read(const ObjectKey& id, std::span<uint8_t> out) = 0;
+  // Removes object `id`; its space is reused once no reader holds it.
+  // NotFound if absent.
+  virtual absl::Status Erase(const ObjectKey& id) = 0;
+  // Every object with its length (the engine rebuilds its map of a durable
+  // tier from this at startup).
+  virtual std::vector<std::pair<ObjectKey, uint64_t>> List() = 0;
+};
+
+}  // namespace kvtier::tiering
+
+#endif  // KVTIER_TIERING_TIER_H_
