@@ -1,0 +1,217 @@
+// Gather+encode and decode+scatter throughput against the physical baselines
+// measured in the same run on the same GPU:
+//   device to device: kernel time vs cudaMemcpyAsync D2D of the same number
+//     of bytes moved (bytes read + bytes written, a memcpy of N bytes moves 2N);
+//   into pinned host memory: kernel time vs cudaMemcpyAsync D2H of the
+//     encoded bytes into pinned memory.
+// Usage: kernel_codec_bench OUT.json
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "codec/chunk.h"
+#include "kernels/gpu_test_util.h"
+#include "kernels/paged_codec.h"
+
+namespace kvtier::kernels {
+namespace {
+
+using codec::DType;
+
+#define CHECK_CUDA(x)                                                              \
+  do {                                                                             \
+    cudaError_t e_ = (x);                                                          \
+    if (e_ != cudaSuccess) {                                                       \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                \
+    }                                                                              \
+  } while (0)
+#define CHECK_OK(x)                                                                \
+  do {                                                                             \
+    absl::Status s_ = (x);                                                         \
+    if (!s_.ok()) {                                                                \
+      std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, s_.ToString().c_str()); \
+      std::exit(1);                                                                \
+    }                                                                              \
+  } while (0)
+
+constexpr int kRotate = 8;   // distinct buffers, so repeats do not hit L2
+constexpr int kIters = 40;   // launches per timed batch
+constexpr int kTrials = 7;   // batches; the median is reported
+
+// Median over trials of the time per call of fn(i), in seconds.
+template <typename F>
+double TimeIt(F fn) {
+  cudaEvent_t a, b;
+  CHECK_CUDA(cudaEventCreate(&a));
+  CHECK_CUDA(cudaEventCreate(&b));
+  for (int i = 0; i < 2 * kRotate; ++i) fn(i);
+  CHECK_CUDA(cudaDeviceSynchronize());
+  std::vector<double> t;
+  for (int trial = 0; trial < kTrials; ++trial) {
+    CHECK_CUDA(cudaEventRecord(a));
+    for (int i = 0; i < kIters; ++i) fn(i);
+    CHECK_CUDA(cudaEventRecord(b));
+    CHECK_CUDA(cudaEventSynchronize(b));
+    float ms = 0;
+    CHECK_CUDA(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(ms * 1e-3 / kIters);
+  }
+  std::sort(t.begin(), t.end());
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return t[t.size() / 2];
+}
+
+struct Model {
+  const char* name;
+  uint32_t layers, heads, head_dim;
+};
+
+std::string RunModel(const Model& m, const char* codec_name) {
+  const uint32_t T = 256, BS = 16, blocks_per_chunk = T / BS;
+  const uint32_t num_blocks = blocks_per_chunk * kRotate + 5;
+  auto layout = MakePagedKvLayout(CacheLayout::kVllmFlashAttnNHD, m.layers, num_blocks, BS,
+                                  m.heads, m.head_dim, DType::kBF16, DType::kBF16);
+  CHECK_OK(layout.status());
+  testing::HostCache host;
+  host.Init(CacheLayout::kVllmFlashAttnNHD, *layout);
+  host.FillValues(testing::Fill::kNormal, 42);
+  testing::DeviceCache dev;
+  CHECK_CUDA(dev.Upload(host));
+
+  auto fmt = codec::ParseCodec(codec_name, DType::kBF16);
+  CHECK_OK(fmt.status());
+  codec::ChunkSpec spec;
+  spec.geometry = {m.layers, m.heads, m.head_dim, T, BS};
+  spec.dtype = DType::kBF16;
+  spec.k = fmt->k;
+  spec.v = fmt->v;
+  auto cl = codec::ValidateSpec(spec);
+  CHECK_OK(cl.status());
+  const size_t chunk_bytes = cl->total_bytes;
+  const size_t kv16_bytes = size_t{2} * m.layers * T * m.heads * m.head_dim * 2;
+
+  // kRotate disjoint, shuffled block lists.
+  std::vector<int32_t> all = testing::ShuffledBlocks(num_blocks, blocks_per_chunk * kRotate, 9);
+  int32_t* d_ids = nullptr;
+  CHECK_CUDA(cudaMalloc(&d_ids, all.size() * 4));
+  CHECK_CUDA(cudaMemcpy(d_ids, all.data(), all.size() * 4, cudaMemcpyHostToDevice));
+  auto span = [&](int r) {
+    return BlockSpan{d_ids + r * blocks_per_chunk, all.data() + r * blocks_per_chunk,
+                     blocks_per_chunk, 0};
+  };
+  uint32_t* ws = nullptr;
+  CHECK_CUDA(cudaMalloc(&ws, kGatherEncodeWorkspaceBytes));
+  CHECK_CUDA(cudaMemset(ws, 0, kGatherEncodeWorkspaceBytes));
+  std::vector<uint8_t*> d_chunks(kRotate), h_chunks(kRotate), hd_chunks(kRotate);
+  for (int r = 0; r < kRotate; ++r) {
+    CHECK_CUDA(cudaMalloc(&d_chunks[r], chunk_bytes));
+    CHECK_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&h_chunks[r]), chunk_bytes,
+                             cudaHostAllocMapped));
+    CHECK_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&hd_chunks[r]), h_chunks[r], 0));
+  }
+  // Baseline buffers: memcpy of N = (read + write) / 2 bytes moves the same bytes.
+  const size_t moved = kv16_bytes + chunk_bytes;
+  const size_t n_equiv = moved / 2;
+  std::vector<uint8_t*> src(kRotate), dst(kRotate);
+  for (int r = 0; r < kRotate; ++r) {
+    CHECK_CUDA(cudaMalloc(&src[r], n_equiv));
+    CHECK_CUDA(cudaMalloc(&dst[r], n_equiv));
+    CHECK_CUDA(cudaMemset(src[r], r + 1, n_equiv));
+  }
+
+  const double t_encode = TimeIt([&](int i) {
+    CHECK_OK(GatherEncode(spec, dev.layout, span(i % kRotate), d_chunks[i % kRotate], ws, nullptr));
+  });
+  // The encoded chunks become the decode inputs.
+  CHECK_CUDA(cudaDeviceSynchronize());
+  std::vector<uint8_t> first(chunk_bytes);
+  CHECK_CUDA(cudaMemcpy(first.data(), d_chunks[0], chunk_bytes, cudaMemcpyDeviceToHost));
+  CHECK_OK(codec::SealChunk(first));
+  auto header = codec::VerifyChunk(first);
+  CHECK_OK(header.status());
+  const double t_decode = TimeIt([&](int i) {
+    CHECK_OK(DecodeScatter(*header, d_chunks[i % kRotate], dev.layout, span((i + 3) % kRotate),
+                           nullptr));
+  });
+  const double t_d2d = TimeIt([&](int i) {
+    CHECK_CUDA(cudaMemcpyAsync(dst[i % kRotate], src[i % kRotate], n_equiv,
+                               cudaMemcpyDeviceToDevice));
+  });
+  const double t_encode_pinned = TimeIt([&](int i) {
+    CHECK_OK(GatherEncode(spec, dev.layout, span(i % kRotate), hd_chunks[i % kRotate], ws, nullptr));
+  });
+  const double t_d2h = TimeIt([&](int i) {
+    CHECK_CUDA(cudaMemcpyAsync(h_chunks[i % kRotate], d_chunks[i % kRotate], chunk_bytes,
+                               cudaMemcpyDeviceToHost));
+  });
+  CHECK_CUDA(cudaDeviceSynchronize());
+
+  const double enc_ratio = t_d2d / t_encode;
+  const double dec_ratio = t_d2d / t_decode;
+  const double pin_ratio = t_d2h / t_encode_pinned;
+  std::printf(
+      "%-12s %-7s chunk %8zu B (fp16-equiv %8zu B) | D2D memcpy %6.1f GB/s moved | encode %6.1f "
+      "GB/s moved = %.3f x memcpy | decode %6.1f GB/s = %.3f x | pinned D2H memcpy %5.1f GB/s, "
+      "encode->pinned %5.1f GB/s = %.3f x (fp16-equivalent %5.1f GB/s)\n",
+      m.name, codec_name, chunk_bytes, kv16_bytes, 2.0 * n_equiv / t_d2d / 1e9,
+      moved / t_encode / 1e9, enc_ratio, moved / t_decode / 1e9, dec_ratio,
+      chunk_bytes / t_d2h / 1e9, chunk_bytes / t_encode_pinned / 1e9, pin_ratio,
+      kv16_bytes / t_encode_pinned / 1e9);
+
+  for (int r = 0; r < kRotate; ++r) {
+    cudaFree(d_chunks[r]);
+    cudaFreeHost(h_chunks[r]);
+    cudaFree(src[r]);
+    cudaFree(dst[r]);
+  }
+  cudaFree(d_ids);
+  cudaFree(ws);
+  return absl::StrCat(
+      "{\"model\": \"", m.name, "\", \"codec\": \"", codec_name, "\", \"layers\": ", m.layers,
+      ", \"kv_heads\": ", m.heads, ", \"head_dim\": ", m.head_dim,
+      ", \"chunk_tokens\": 256, \"block_size\": 16, \"cache_layout\": \"vllm-flashattn-nhd\", "
+      "\"dtype\": \"bf16\", \"chunk_bytes\": ", chunk_bytes, ", \"kv16_bytes\": ", kv16_bytes,
+      ", \"bytes_moved_encode\": ", moved, ", \"t_d2d_memcpy_same_bytes_s\": ", t_d2d,
+      ", \"t_gather_encode_d2d_s\": ", t_encode, ", \"t_decode_scatter_d2d_s\": ", t_decode,
+      ", \"gather_encode_d2d_vs_memcpy\": ", enc_ratio,
+      ", \"decode_scatter_d2d_vs_memcpy\": ", dec_ratio,
+      ", \"t_pinned_d2h_memcpy_encoded_bytes_s\": ", t_d2h,
+      ", \"t_gather_encode_to_pinned_s\": ", t_encode_pinned,
+      ", \"gather_encode_pinned_vs_pinned_memcpy\": ", pin_ratio,
+      ", \"fp16_equivalent_offload_gbps\": ", kv16_bytes / t_encode_pinned / 1e9,
+      ", \"pinned_d2h_memcpy_gbps\": ", chunk_bytes / t_d2h / 1e9, "}");
+}
+
+}  // namespace
+}  // namespace kvtier::kernels
+
+int main(int argc, char** argv) {
+  using namespace kvtier::kernels;
+  cudaDeviceProp prop;
+  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device: %s, %d SMs, L2 %d MiB\n", prop.name, prop.multiProcessorCount,
+              prop.l2CacheSize >> 20);
+  const Model models[] = {{"llama3.1-8b", 32, 8, 128}, {"qwen2.5-7b", 28, 4, 128}};
+  std::string json = absl::StrCat("{\"device\": \"", prop.name, "\", \"codec_kernels\": [");
+  bool first = true;
+  for (const Model& m : models) {
+    for (const char* c : {"k16v8", "k16v16"}) {
+      json += (first ? "" : ", ") + RunModel(m, c);
+      first = false;
+    }
+  }
+  json += "]}\n";
+  if (argc > 1) {
+    FILE* f = std::fopen(argv[1], "w");
+    if (f == nullptr) return 1;
+    std::fputs(json.c_str(), f);
+    std::fclose(f);
+  }
+  return 0;
+}

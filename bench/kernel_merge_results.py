@@ -1,0 +1,52 @@
+"""Combines the kernel benchmark JSON files of one GPU run into kernels.json,
+with the ratios the issue asks for (all against baselines of the same run).
+Usage: python3 kernel_merge_results.py OUT_DIR"""
+import json
+import os
+import sys
+
+
+def load(path):
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def main():
+    out = sys.argv[1]
+    codec = load(os.path.join(out, "codec.json"))
+    attn = load(os.path.join(out, "attention.json"))
+    sdpa = load(os.path.join(out, "sdpa.json"))
+    merged = {"codec": codec, "attention": attn, "sdpa": sdpa, "summary": {}}
+    s = merged["summary"]
+    if codec:
+        for r in codec["codec_kernels"]:
+            key = f"{r['model']}/{r['codec']}"
+            s[key] = {k: r[k] for k in ("gather_encode_d2d_vs_memcpy",
+                                        "decode_scatter_d2d_vs_memcpy",
+                                        "gather_encode_pinned_vs_pinned_memcpy",
+                                        "fp16_equivalent_offload_gbps", "pinned_d2h_memcpy_gbps")}
+    if attn:
+        def find(fmt, b, ctx):
+            for r in attn["attention"]:
+                if r["format"] == fmt and r["batch"] == b and r["context"] == ctx:
+                    return r
+        k16v8, bf16 = find("k16v8", 32, 8192), find("bf16", 32, 8192)
+        fp8 = find("fp8", 32, 8192)
+        if k16v8 and bf16:
+            s["attention_b32_ctx8k_k16v8_vs_bf16_same_kernel"] = bf16["t_s"] / k16v8["t_s"]
+        if k16v8 and fp8:
+            s["attention_b32_ctx8k_fp8sym_vs_bf16_same_kernel"] = bf16["t_s"] / fp8["t_s"]
+        if sdpa and k16v8:
+            for r in sdpa["sdpa_bf16"]:
+                if r["batch"] == 32 and r["context"] == 8192:
+                    s["attention_b32_ctx8k_k16v8_vs_torch_sdpa_bf16"] = r["t_s"] / k16v8["t_s"]
+                    s["attention_b32_ctx8k_bf16_vs_torch_sdpa_bf16"] = r["t_s"] / bf16["t_s"]
+    with open(os.path.join(out, "kernels.json"), "w") as f:
+        json.dump(merged, f, indent=1)
+    print(json.dumps(s, indent=1))
+
+
+if __name__ == "__main__":
+    main()

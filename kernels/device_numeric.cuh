@@ -1,0 +1,51 @@
+// Device-side conversions that must give the codec's exact bits
+// (codec/numeric.h). They use the hardware conversions where those are
+// proven equal to the codec's integer rules by numeric_gpu_test, and keep
+// the codec's rules where the hardware differs (the sign of a NaN).
+#ifndef KVTIER_KERNELS_DEVICE_NUMERIC_CUH_
+#define KVTIER_KERNELS_DEVICE_NUMERIC_CUH_
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <cstdint>
+
+#include "codec/format.h"
+#include "codec/numeric.h"
+#include "codec/quant.h"
+
+namespace kvtier::kernels {
+
+// codec::QuantizeFp8(x, scale) == FloatToFp8E4M3(x / scale). The division is
+// IEEE (nvcc's default -prec-div=true; never build with --use_fast_math).
+// A NaN input keeps its sign, as on the host: the GPU's division would
+// return the canonical (positive) NaN.
+__device__ __forceinline__ uint8_t QuantizeFp8Device(float x, float scale) {
+  const uint32_t u = __float_as_uint(x);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) {
+    return static_cast<uint8_t>(((u >> 24) & 0x80u) | codec::kFp8NaNCode);
+  }
+  const float q = __fdiv_rn(x, scale);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(q, __NV_SATFINITE, __NV_E4M3));
+#else
+  return codec::FloatToFp8E4M3(q);
+#endif
+}
+
+// codec::Store16(codec::DequantizeFp8(code, scale), dtype).
+__device__ __forceinline__ uint16_t DequantizeFp8To16(uint8_t code, float scale, bool bf16) {
+  const float x = __fmul_rn(codec::Fp8E4M3ToFloat(code), scale);
+  if (bf16) return __bfloat16_as_ushort(__float2bfloat16_rn(x));
+  return __half_as_ushort(__float2half_rn(x));
+}
+
+// Whether a 16-bit element of dtype bf16 / fp16 is NaN or infinite.
+__device__ __forceinline__ bool NonFinite16(uint32_t bits, bool bf16) {
+  return bf16 ? (bits & 0x7F80u) == 0x7F80u : (bits & 0x7C00u) == 0x7C00u;
+}
+
+}  // namespace kvtier::kernels
+
+#endif  // KVTIER_KERNELS_DEVICE_NUMERIC_CUH_

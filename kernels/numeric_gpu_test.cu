@@ -1,0 +1,126 @@
+// The codec's integer conversion rules (codec/numeric.h) against the
+// hardware conversions, on every float bit pattern (2^32 of them, on the
+// device), plus a host-side check of a dense sample with every FP8 rounding
+// boundary, so the host-compiled functions are covered too.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "codec/numeric.h"
+#include "codec/quant.h"
+#include "gtest/gtest.h"
+#include "kernels/device_numeric.cuh"
+#include "kernels/gpu_test_util.h"
+
+namespace kvtier::kernels {
+namespace {
+
+struct Mismatches {
+  unsigned long long fp8;          // non-NaN inputs
+  unsigned long long fp8_nan;      // NaN inputs (sign of the NaN code)
+  unsigned long long bf16;
+  unsigned long long fp16;
+  unsigned long long quant;        // QuantizeFp8Device vs codec::QuantizeFp8
+  uint32_t first_fp8, first_bf16, first_fp16, first_quant;
+};
+
+__global__ void SweepAll(uint64_t begin, uint64_t end, Mismatches* m) {
+  for (uint64_t i = begin + blockIdx.x * uint64_t{blockDim.x} + threadIdx.x; i < end;
+       i += uint64_t{gridDim.x} * blockDim.x) {
+    const uint32_t bits = static_cast<uint32_t>(i);
+    const float f = __uint_as_float(bits);
+    const bool nan = (bits & 0x7FFFFFFFu) > 0x7F800000u;
+    const uint8_t hw8 = __nv_cvt_float_to_fp8(f, __NV_SATFINITE, __NV_E4M3);
+    if (hw8 != codec::FloatToFp8E4M3(f)) {
+      if (nan) {
+        atomicAdd(&m->fp8_nan, 1ull);
+      } else if (atomicAdd(&m->fp8, 1ull) == 0) {
+        m->first_fp8 = bits;
+      }
+    }
+    if (__bfloat16_as_ushort(__float2bfloat16_rn(f)) != codec::FloatToBf16(f)) {
+      if (atomicAdd(&m->bf16, 1ull) == 0) m->first_bf16 = bits;
+    }
+    if (__half_as_ushort(__float2half_rn(f)) != codec::FloatToFp16(f)) {
+      if (atomicAdd(&m->fp16, 1ull) == 0) m->first_fp16 = bits;
+    }
+    // The kernels' quantizer (hardware cvt, explicit NaN sign) against the
+    // codec's rule, for a few scales.
+    const float scale = (bits & 3) == 0 ? 1.0f : (bits & 3) == 1 ? 0.0123f : (bits & 3) == 2 ? 3.5f : 1e-30f;
+    if (QuantizeFp8Device(f, scale) != codec::FloatToFp8E4M3(nan ? f : __fdiv_rn(f, scale)) &&
+        !(nan && QuantizeFp8Device(f, scale) == (((bits >> 24) & 0x80u) | 0x7Fu))) {
+      if (atomicAdd(&m->quant, 1ull) == 0) m->first_quant = bits;
+    }
+  }
+}
+
+__global__ void HardwareFp8(const uint32_t* in, uint8_t* out, size_t n) {
+  size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x;
+  if (i < n) out[i] = __nv_cvt_float_to_fp8(__uint_as_float(in[i]), __NV_SATFINITE, __NV_E4M3);
+}
+
+TEST(NumericGpu, CodecConversionsMatchHardwareOnEveryFloat) {
+  KVTIER_SKIP_WITHOUT_GPU();
+  Mismatches* m = nullptr;
+  KVTIER_ASSERT_CUDA(cudaMallocManaged(&m, sizeof(Mismatches)));
+  *m = Mismatches{};
+  SweepAll<<<4096, 256>>>(0, uint64_t{1} << 32, m);
+  KVTIER_ASSERT_CUDA(cudaGetLastError());
+  KVTIER_ASSERT_CUDA(cudaDeviceSynchronize());
+  EXPECT_EQ(m->fp8, 0u) << "first mismatch at float bits 0x" << std::hex << m->first_fp8;
+  EXPECT_EQ(m->bf16, 0u) << "first mismatch at float bits 0x" << std::hex << m->first_bf16;
+  EXPECT_EQ(m->fp16, 0u) << "first mismatch at float bits 0x" << std::hex << m->first_fp16;
+  EXPECT_EQ(m->quant, 0u) << "first mismatch at float bits 0x" << std::hex << m->first_quant;
+  // The hardware writes NaN as 0x7F whatever its sign; the codec keeps the
+  // sign, and QuantizeFp8Device follows the codec (checked above).
+  RecordProperty("fp8_nan_sign_differences", std::to_string(m->fp8_nan));
+  cudaFree(m);
+}
+
+TEST(NumericGpu, HostCodecMatchesHardwareAtEveryFp8Boundary) {
+  KVTIER_SKIP_WITHOUT_GPU();
+  std::vector<uint32_t> in;
+  // Every e4m3 value, the midpoints between neighbours and one ulp either
+  // side, both signs; plus a dense sweep of every 4099th bit pattern.
+  for (int code = 0; code < 0x7F; ++code) {
+    float a = codec::Fp8E4M3ToFloat(static_cast<uint8_t>(code));
+    float b = code < 0x7E ? codec::Fp8E4M3ToFloat(static_cast<uint8_t>(code + 1)) : 464.0f;
+    float mid = (a + b) / 2;  // exact: neighbours differ by a power of two
+    for (float x : {a, mid, b}) {
+      uint32_t u = codec::FloatBits(x);
+      for (uint32_t v : {u - 1, u, u + 1}) {
+        in.push_back(v);
+        in.push_back(v | 0x80000000u);
+      }
+    }
+  }
+  for (uint64_t u = 0; u < (uint64_t{1} << 32); u += 4099) in.push_back(static_cast<uint32_t>(u));
+  uint32_t* d_in = nullptr;
+  uint8_t* d_out = nullptr;
+  KVTIER_ASSERT_CUDA(cudaMalloc(&d_in, in.size() * 4));
+  KVTIER_ASSERT_CUDA(cudaMalloc(&d_out, in.size()));
+  KVTIER_ASSERT_CUDA(cudaMemcpy(d_in, in.data(), in.size() * 4, cudaMemcpyHostToDevice));
+  HardwareFp8<<<(in.size() + 255) / 256, 256>>>(d_in, d_out, in.size());
+  KVTIER_ASSERT_CUDA(cudaGetLastError());
+  std::vector<uint8_t> hw(in.size());
+  KVTIER_ASSERT_CUDA(cudaMemcpy(hw.data(), d_out, in.size(), cudaMemcpyDeviceToHost));
+  size_t bad = 0;
+  for (size_t i = 0; i < in.size(); ++i) {
+    const bool nan = (in[i] & 0x7FFFFFFFu) > 0x7F800000u;
+    if (nan) continue;  // NaN sign: see CodecConversionsMatchHardwareOnEveryFloat
+    if (hw[i] != codec::FloatToFp8E4M3(codec::BitsToFloat(in[i]))) {
+      if (bad++ < 5) ADD_FAILURE() << "bits 0x" << std::hex << in[i] << ": hw " << int(hw[i])
+                                   << " codec " << int(codec::FloatToFp8E4M3(codec::BitsToFloat(in[i])));
+    }
+  }
+  EXPECT_EQ(bad, 0u) << "of " << in.size();
+  cudaFree(d_in);
+  cudaFree(d_out);
+}
+
+}  // namespace
+}  // namespace kvtier::kernels

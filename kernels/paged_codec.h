@@ -1,0 +1,65 @@
+// GPU gather+encode (paged cache -> one chunk, all layers in one launch) and
+// decode+scatter (chunk -> paged cache). Both produce exactly the bytes and
+// values of the CPU codec (codec/codec.h) and of kernels/reference.h.
+//
+// Supported on the GPU: head_dim 64, 128, 256; block_size 8, 16, 32, 64;
+// chunk sections stored natively (16-bit) or as FP8 e4m3 with per-(block,
+// head) scales (the k16v16, k16v8 and k8v8 codecs); FP8 cache sections pass
+// through to FP8 chunk sections when the chunk starts on a block boundary.
+// Anything else is InvalidArgument before any launch (the CPU codec covers
+// the other formats).
+#ifndef KVTIER_KERNELS_PAGED_CODEC_H_
+#define KVTIER_KERNELS_PAGED_CODEC_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "codec/chunk.h"
+#include "kernels/paged_layout.h"
+
+namespace kvtier::kernels {
+
+// Device scratch of GatherEncode: two u32 words that must be zero before the
+// first launch (cudaMemset once); each launch leaves them zero again. One
+// workspace must not serve two launches that can run at the same time.
+inline constexpr size_t kGatherEncodeWorkspaceBytes = 8;
+
+// Encodes the `spec.geometry.num_tokens` tokens at `blocks` of every layer of
+// `cache` into one chunk at `dst` (spec.geometry.total bytes of
+// codec::ComputeLayout). `dst` is device memory or the device address of
+// mapped pinned host memory (cudaHostAlloc(..., cudaHostAllocMapped) +
+// cudaHostGetDevicePointer); the kernel writes it directly, no staging.
+//
+// The kernel writes every byte of the chunk except the three checksums
+// (k_checksum, v_checksum, header_checksum), which it leaves 0: call
+// codec::SealChunk on the host bytes afterwards. After sealing the chunk is
+// byte-identical to ReferenceGatherEncode (for 16-bit caches:
+// codec::EncodeChunk of the gathered tokens), flags included.
+//
+// REQUIRES: dst 16-byte aligned; per-layer pointers 16-byte aligned.
+// InvalidArgument (before any launch) for an invalid spec or descriptor,
+// geometry that differs from the cache, unsupported head_dim / block size /
+// format pair, out-of-range block ids (when blocks.host_block_ids is set), a
+// null dst or workspace. Errors of the launch itself come back through
+// KVTIER_CUDA_RETURN_IF_ERROR. Asynchronous: returns once enqueued on `stream`.
+absl::Status GatherEncode(const codec::ChunkSpec& spec, const PagedKvLayout& cache,
+                          const BlockSpan& blocks, uint8_t* dst, uint32_t* workspace,
+                          cudaStream_t stream);
+
+// Decodes the chunk at `chunk` (device memory or mapped pinned host memory)
+// whose parsed header is `header` into the cache slots at `blocks`: 16-bit
+// cache sections receive codec::DecodeChunk's values, FP8 cache sections the
+// chunk's codes and scales. The header is taken from the caller, who parsed
+// it on the host (codec::ParseHeader / VerifyChunk: tiers keep headers in
+// host memory and verify checksums where the bytes are); the kernel does not
+// verify checksums. Slots not covered by the chunk are untouched.
+// InvalidArgument as GatherEncode. Asynchronous.
+absl::Status DecodeScatter(const codec::ChunkHeader& header, const uint8_t* chunk,
+                           const PagedKvLayout& cache, const BlockSpan& blocks,
+                           cudaStream_t stream);
+
+}  // namespace kvtier::kernels
+
+#endif  // KVTIER_KERNELS_PAGED_CODEC_H_

@@ -1,0 +1,221 @@
+// GPU gather+encode and decode+scatter against the CPU references: the chunk
+// must be memcmp-equal to the codec's (after codec::SealChunk), and the cache
+// after decode+scatter byte-equal to the reference's, untouched slots included.
+#include <cuda_runtime_api.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "codec/codec.h"
+#include "gtest/gtest.h"
+#include "kernels/gpu_test_util.h"
+#include "kernels/paged_codec.h"
+#include "kernels/reference.h"
+
+namespace kvtier::kernels {
+namespace {
+
+using codec::DType;
+using codec::ScaleGranularity;
+using testing::DeviceCache;
+using testing::Fill;
+using testing::HostCache;
+
+struct Case {
+  CacheLayout kind;
+  DType dtype;        // cache K dtype and chunk dtype
+  DType v_cache;      // cache V dtype (kFP8E4M3 for asymmetric caches)
+  const char* codec;  // k16v16, k16v8, k8v8
+  uint32_t head_dim, block_size, tokens, first_slot, layers, heads;
+  Fill fill;
+  bool pinned_dst;
+};
+
+std::string Name(const Case& c) {
+  return std::string(CacheLayoutName(c.kind)) + "/" + codec::DTypeName(c.dtype) + "/v" +
+         codec::DTypeName(c.v_cache) + "/" + c.codec + "/d" + std::to_string(c.head_dim) + "/bs" +
+         std::to_string(c.block_size) + "/t" + std::to_string(c.tokens) + "/s" +
+         std::to_string(c.first_slot) + (c.pinned_dst ? "/pinned" : "");
+}
+
+// Returns the host chunk produced by the GPU (sealed) and checks decode+scatter.
+void RunCase(const Case& c, bool inject_non_finite = false) {
+  SCOPED_TRACE(Name(c));
+  auto layout = MakePagedKvLayout(c.kind, c.layers, /*num_blocks=*/0, c.block_size, c.heads,
+                                  c.head_dim, c.dtype, c.v_cache);
+  const uint32_t need = (c.first_slot + c.tokens + c.block_size - 1) / c.block_size;
+  const uint32_t num_blocks = 2 * need + 3;
+  layout = MakePagedKvLayout(c.kind, c.layers, num_blocks, c.block_size, c.heads, c.head_dim,
+                             c.dtype, c.v_cache);
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  HostCache host;
+  host.Init(c.kind, *layout);
+  host.FillValues(c.fill, 1234 + c.tokens);
+  if (inject_non_finite && !IsSeparate(c.kind)) {
+    uint16_t* p = static_cast<uint16_t*>(host.layout.v_layers[0]);
+    for (int64_t i = 0; i < static_cast<int64_t>(LayerTensorElements(c.kind, *layout)); ++i) {
+      p[i] = (i % 97 == 3) ? (c.dtype == DType::kBF16 ? 0x7FC0 : 0x7E00) : p[i];
+      if (i % 101 == 5) p[i] = c.dtype == DType::kBF16 ? 0xFF80 : 0xFC00;  // -inf
+    }
+  }
+  std::vector<int32_t> ids = testing::ShuffledBlocks(num_blocks, need, 77 + c.tokens);
+  auto fmt = codec::ParseCodec(c.codec, c.dtype);
+  ASSERT_TRUE(fmt.ok());
+  codec::ChunkSpec spec;
+  spec.geometry = {c.layers, c.heads, c.head_dim, c.tokens, c.block_size};
+  spec.dtype = c.dtype;
+  spec.k = fmt->k;
+  spec.v = fmt->v;
+  spec.fingerprint.bytes[3] = 0x5A;
+
+  BlockSpan host_span{ids.data(), ids.data(), need, c.first_slot};
+  auto want = ReferenceGatherEncode(spec, host.layout, host_span);
+  ASSERT_TRUE(want.ok()) << want.status();
+  if (IsSeparate(c.kind) == false && c.v_cache != DType::kFP8E4M3) {
+    // For 16-bit caches the reference is exactly the codec's EncodeChunk.
+    std::vector<uint16_t> k = GatherSection(host.layout, false, host_span, c.tokens);
+    std::vector<uint16_t> v = GatherSection(host.layout, true, host_span, c.tokens);
+    auto enc = codec::EncodeChunk(spec, codec::KvView{k, v});
+    ASSERT_TRUE(enc.ok());
+    ASSERT_EQ(*enc, *want);
+  }
+  if (inject_non_finite) {
+    auto hdr = codec::ParseHeader(*want);
+    ASSERT_TRUE(hdr.ok());
+    ASSERT_EQ(hdr->spec.flags, codec::kFlagNonFinite);
+  }
+
+  DeviceCache dev;
+  KVTIER_ASSERT_CUDA(dev.Upload(host));
+  int32_t* d_ids = nullptr;
+  uint32_t* ws = nullptr;
+  KVTIER_ASSERT_CUDA(cudaMalloc(&d_ids, ids.size() * 4));
+  KVTIER_ASSERT_CUDA(cudaMemcpy(d_ids, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice));
+  KVTIER_ASSERT_CUDA(cudaMalloc(&ws, kGatherEncodeWorkspaceBytes));
+  KVTIER_ASSERT_CUDA(cudaMemset(ws, 0, kGatherEncodeWorkspaceBytes));
+  const size_t bytes = want->size();
+  uint8_t* d_chunk = nullptr;
+  uint8_t* h_pinned = nullptr;
+  if (c.pinned_dst) {
+    KVTIER_ASSERT_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&h_pinned), bytes, cudaHostAllocMapped));
+    std::memset(h_pinned, 0xCD, bytes);  // poison: every byte must be written
+    KVTIER_ASSERT_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&d_chunk), h_pinned, 0));
+  } else {
+    KVTIER_ASSERT_CUDA(cudaMalloc(&d_chunk, bytes));
+    KVTIER_ASSERT_CUDA(cudaMemset(d_chunk, 0xCD, bytes));
+  }
+  BlockSpan dev_span{d_ids, ids.data(), need, c.first_slot};
+  // Twice: the workspace must be left clean by the first launch.
+  for (int rep = 0; rep < 2; ++rep) {
+    absl::Status st = GatherEncode(spec, dev.layout, dev_span, d_chunk, ws, nullptr);
+    ASSERT_TRUE(st.ok()) << st;
+    KVTIER_ASSERT_CUDA(cudaDeviceSynchronize());
+    std::vector<uint8_t> got(bytes);
+    if (c.pinned_dst) {
+      std::memcpy(got.data(), h_pinned, bytes);
+    } else {
+      KVTIER_ASSERT_CUDA(cudaMemcpy(got.data(), d_chunk, bytes, cudaMemcpyDeviceToHost));
+    }
+    for (size_t off : {codec::kOffKChecksum, codec::kOffVChecksum, codec::kOffHeaderChecksum}) {
+      uint64_t z;
+      std::memcpy(&z, got.data() + off, 8);
+      ASSERT_EQ(z, 0u) << "the kernel leaves the checksums to SealChunk";
+    }
+    ASSERT_TRUE(codec::SealChunk(got).ok());
+    size_t first_diff = bytes;
+    for (size_t i = 0; i < bytes; ++i)
+      if (got[i] != (*want)[i]) {
+        first_diff = i;
+        break;
+      }
+    ASSERT_EQ(std::memcmp(got.data(), want->data(), bytes), 0)
+        << "first differing byte at " << first_diff << " of " << bytes << ": got "
+        << int(got[first_diff]) << " want " << int((*want)[first_diff]);
+  }
+
+  // Decode+scatter into a poisoned cache, on the GPU and on the CPU.
+  HostCache expect, gpu_out;
+  expect.Init(c.kind, *layout);
+  gpu_out.Init(c.kind, *layout);
+  expect.Poison(0x5C);
+  gpu_out.Poison(0x5C);
+  DeviceCache dst;
+  KVTIER_ASSERT_CUDA(dst.Upload(expect));
+  ASSERT_TRUE(ReferenceDecodeScatter(*want, expect.layout, host_span).ok());
+  auto header = codec::VerifyChunk(*want);
+  ASSERT_TRUE(header.ok());
+  uint8_t* d_src = nullptr;
+  KVTIER_ASSERT_CUDA(cudaMalloc(&d_src, bytes));
+  KVTIER_ASSERT_CUDA(cudaMemcpy(d_src, want->data(), bytes, cudaMemcpyHostToDevice));
+  absl::Status st = DecodeScatter(*header, d_src, dst.layout, dev_span, nullptr);
+  ASSERT_TRUE(st.ok()) << st;
+  KVTIER_ASSERT_CUDA(cudaDeviceSynchronize());
+  KVTIER_ASSERT_CUDA(dst.CopyTo(gpu_out));
+  for (uint32_t l = 0; l < c.layers; ++l) {
+    ASSERT_EQ(gpu_out.k_tensors[l], expect.k_tensors[l]) << "layer " << l;
+    if (!gpu_out.v_tensors.empty()) ASSERT_EQ(gpu_out.v_tensors[l], expect.v_tensors[l]);
+    if (!gpu_out.v_scales.empty()) ASSERT_EQ(gpu_out.v_scales[l], expect.v_scales[l]);
+  }
+  cudaFree(d_src);
+  cudaFree(d_ids);
+  cudaFree(ws);
+  if (c.pinned_dst) {
+    cudaFreeHost(h_pinned);
+  } else {
+    cudaFree(d_chunk);
+  }
+}
+
+constexpr CacheLayout kAllLayouts[] = {
+    CacheLayout::kVllmFlashAttnNHD,  CacheLayout::kVllmFlashAttnHND, CacheLayout::kVllmFlashInferNHD,
+    CacheLayout::kVllmFlashInferHND, CacheLayout::kSeparateNHD,      CacheLayout::kSeparateHND};
+
+TEST(PagedCodecGpu, MatchesCodecOnEveryLayoutDtypeAndCodec) {
+  KVTIER_SKIP_WITHOUT_GPU();
+  for (CacheLayout kind : kAllLayouts)
+    for (DType dt : {DType::kBF16, DType::kFP16})
+      for (const char* name : {"k16v16", "k16v8", "k8v8"})
+        for (Fill fill : {Fill::kIntegers, Fill::kNormal}) {
+          RunCase({kind, dt, dt, name, 128, 16, 256, 0, 3, 4, fill, false});
+          if (HasFatalFailure()) return;
+        }
+}
+
+TEST(PagedCodecGpu, AwkwardShapes) {
+  KVTIER_SKIP_WITHOUT_GPU();
+  const Case cases[] = {
+      // odd token count, chunk not aligned to blocks
+      {CacheLayout::kVllmFlashAttnNHD, DType::kBF16, DType::kBF16, "k16v8", 128, 16, 77, 5, 2, 8, Fill::kNormal, false},
+      {CacheLayout::kVllmFlashInferHND, DType::kFP16, DType::kFP16, "k16v8", 64, 32, 33, 31, 2, 3, Fill::kNormal, false},
+      // a single block, largest head_dim
+      {CacheLayout::kSeparateHND, DType::kBF16, DType::kBF16, "k8v8", 256, 64, 40, 0, 2, 2, Fill::kNormal, false},
+      {CacheLayout::kVllmFlashAttnHND, DType::kBF16, DType::kBF16, "k16v8", 256, 16, 1, 0, 1, 1, Fill::kIntegers, false},
+      {CacheLayout::kVllmFlashInferNHD, DType::kBF16, DType::kBF16, "k16v8", 256, 8, 100, 7, 2, 2, Fill::kNormal, false},
+      {CacheLayout::kVllmFlashAttnNHD, DType::kFP16, DType::kFP16, "k16v16", 64, 64, 129, 63, 2, 5, Fill::kIntegers, false},
+      // all-zero groups: scale 1
+      {CacheLayout::kVllmFlashAttnNHD, DType::kBF16, DType::kBF16, "k8v8", 128, 16, 48, 0, 2, 2, Fill::kZero, false},
+      // asymmetric caches: V kept in FP8, passed through
+      {CacheLayout::kSeparateNHD, DType::kBF16, DType::kFP8E4M3, "k16v8", 128, 16, 256, 0, 3, 8, Fill::kNormal, false},
+      {CacheLayout::kSeparateHND, DType::kFP16, DType::kFP8E4M3, "k16v8", 64, 32, 70, 0, 2, 4, Fill::kNormal, false},
+      // into mapped pinned host memory
+      {CacheLayout::kVllmFlashAttnNHD, DType::kBF16, DType::kBF16, "k16v8", 128, 16, 256, 0, 4, 8, Fill::kNormal, true},
+      {CacheLayout::kSeparateNHD, DType::kBF16, DType::kFP8E4M3, "k16v8", 128, 16, 99, 0, 2, 4, Fill::kNormal, true},
+  };
+  for (const Case& c : cases) {
+    RunCase(c);
+    if (HasFatalFailure()) return;
+  }
+}
+
+TEST(PagedCodecGpu, NonFiniteInputSetsFlagAndMatches) {
+  KVTIER_SKIP_WITHOUT_GPU();
+  for (DType dt : {DType::kBF16, DType::kFP16}) {
+    RunCase({CacheLayout::kVllmFlashAttnNHD, dt, dt, "k16v8", 128, 16, 64, 3, 2, 2, Fill::kNormal, false},
+            /*inject_non_finite=*/true);
+    if (HasFatalFailure()) return;
+  }
+}
+
+}  // namespace
+}  // namespace kvtier::kernels
