@@ -1,0 +1,420 @@
+// Placement engine: placement, admission, eviction/demotion/promotion,
+// leases, slots, split K/V, prefetch, watermarks, concurrency, policies.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <set>
+#include <thread>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/tiering_test_util.h"
+#include "tiering/placement_engine.h"
+
+namespace kvtier::tiering {
+namespace {
+
+using ::kvtier::tiering::testing::KeyOf;
+using ::kvtier::tiering::testing::MakeChunk;
+using ::kvtier::tiering::testing::TempDir;
+
+constexpr uint64_t kChunkAlloc = 16384;  // MakeChunk(…,16) rounds to 4 pages
+
+struct Setup {
+  uint64_t dram = 8 * kChunkAlloc;
+  uint64_t nvme = 4 << 20;
+  uint64_t hbm = 0;
+  bool with_nvme = true;
+  PlacementEngineOptions options{.maintenance_interval_ms = 0};
+};
+
+std::unique_ptr<PlacementEngine> MakeEngine(const TempDir& dir, Setup s) {
+  EngineTiers tiers;
+  if (s.dram > 0) tiers.dram = DramTier::Open({.capacity_bytes = s.dram, .populate = false}).value();
+  if (s.with_nvme) tiers.nvme = NvmeTier::Open({.dir = dir.path(), .capacity_bytes = s.nvme}).value();
+  if (s.hbm > 0) {
+    tiers.hbm = HbmTier::Open({.capacity_bytes = s.hbm}, NewFakeDeviceAllocator(s.hbm)).value();
+  }
+  auto e = PlacementEngine::Create(s.options, std::move(tiers));
+  EXPECT_TRUE(e.ok()) << e.status();
+  return std::move(*e);
+}
+
+absl::StatusOr<std::pair<std::vector<uint8_t>, TierKind>> GetAll(PlacementEngine& e, uint64_t seed) {
+  auto n = e.ChunkBytes(KeyOf(seed));
+  if (!n.ok()) return n.status();
+  std::vector<uint8_t> out(*n);
+  auto t = e.Get(KeyOf(seed), out);
+  if (!t.ok()) return t.status();
+  return std::make_pair(std::move(out), *t);
+}
+
+TEST(PlacementEngine, PutThenGetReturnsSameBytesFromDram) {
+  TempDir dir;
+  auto e = MakeEngine(dir, {});
+  auto c = MakeChunk(1);
+  ASSERT_TRUE(e->Put(KeyOf(1), c).ok());
+  auto got = GetAll(*e, 1);
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(got->first, c);
+  EXPECT_EQ(got->second, TierKind::kDram);
+  EXPECT_EQ(e->metric(EngineMetric::kHitsDram), 1u);
+  std::vector<uint8_t> out(c.size());
+  EXPECT_EQ(e->Get(KeyOf(2), out).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(e->metric(EngineMetric::kMisses), 1u);
+}
+
+TEST(PlacementEngine, PutRejectsMalformedChunkWithInvalidArgument) {
+  TempDir dir;
+  auto e = MakeEngine(dir, {});
+  std::vector<uint8_t> garbage(4096, 7);
+  EXPECT_EQ(e->Put(KeyOf(1), garbage).code(), absl::StatusCode::kInvalidArgument);
+  auto c = MakeChunk(1);
+  c.push_back(0);  // one byte too long
+  EXPECT_EQ(e->Put(KeyOf(1), c).code(), absl::StatusCode::kInvalidArgument);
+  c.resize(c.size() - 2);  // one byte short
+  EXPECT_EQ(e->Put(KeyOf(1), c).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_FALSE(e->Contains(KeyOf(1)));
+}
+
+TEST(PlacementEngine, LookupPrefixStopsAtFirstMiss) {
+  TempDir dir;
+  auto e = MakeEngine(dir, {});
+  for (int i : {0, 1, 2, 4}) ASSERT_TRUE(e->Put(KeyOf(i), MakeChunk(i)).ok());
+  std::vector<Hash128> keys;
+  for (int i = 0; i < 6; ++i) keys.push_back(KeyOf(i));
+  auto hits = e->LookupPrefix(keys);
+  EXPECT_THAT(hits, ::testing::ElementsAre(TierKind::kDram, TierKind::kDram, TierKind::kDram));
+}
+
+TEST(PlacementEngine, EvictionDemotesOnlyAdmittedChunksAndHitsPromote) {
+  TempDir dir;
+  auto e = MakeEngine(dir, {});
+  // Chunks 0..11 are used twice (put + get): admitted to NVMe on eviction.
+  // DRAM holds 8, so some of them must be demoted.
+  for (int i = 0; i < 12; ++i) {
+    ASSERT_TRUE(e->Put(KeyOf(i), MakeChunk(i)).ok());
+    ASSERT_TRUE(GetAll(*e, i).ok());
+  }
+  for (int i = 12; i < 48; ++i) ASSERT_TRUE(e->Put(KeyOf(i), MakeChunk(i)).ok());
+  EXPECT_LE(e->dram()->used_bytes(), e->dram()->capacity_bytes());
+  EXPECT_GT(e->metric(EngineMetric::kEvictions), 0u);
+  EXPECT_GT(e->metric(EngineMetric::kAdmissionRejects), 0u);
+  EXPECT_GE(e->metric(EngineMetric::kDemotions), 4u);
+  // Used-twice chunks survive (DRAM or NVMe); a get from NVMe promotes.
+  for (int i = 0; i < 12; ++i) {
+    auto got = GetAll(*e, i);
+    ASSERT_TRUE(got.ok()) << i << got.status();
+    EXPECT_EQ(got->first, MakeChunk(i));
+  }
+  EXPECT_GT(e->metric(EngineMetric::kHitsNvme), 0u);
+  EXPECT_GT(e->metric(EngineMetric::kPromotions), 0u);
+  // Most single-use chunks were dropped, not written to NVMe.
+  EXPECT_LT(e->nvme()->List().size(), 24u);
+}
+
+TEST(PlacementEngine, FullTierWithNothingEvictableReturnsResourceExhausted) {
+  TempDir dir;
+  auto e = MakeEngine(dir, {.dram = 4 * kChunkAlloc, .with_nvme = false});
+  std::vector<Hash128> keys;
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_TRUE(e->Put(KeyOf(i), MakeChunk(i)).ok());
+    keys.push_back(KeyOf(i));
+  }
+  auto lease = e->Pin(keys, 60'000);
+  ASSERT_TRUE(lease.ok());
+  auto t0 = std::chrono::steady_clock::now();
+  absl::Status st = e->Put(KeyOf(9), MakeChunk(9));
+  EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
+  // Releasing the lease makes room.
+  ASSERT_TRUE(e->Release(lease->id).ok());
+  EXPECT_TRUE(e->Put(KeyOf(9), MakeChunk(9)).ok());
+  // A chunk larger than the whole tier fails at once.
+  EXPECT_EQ(e->Put(KeyOf(10), MakeChunk(10, 512)).code(), absl::StatusCode::kResourceExhausted);
+}
+
+TEST(PlacementEngine, LeaseExpiresSoDeadClientNeverLeaksPin) {
+  TempDir dir;
+  FakeClock clock;
+  auto e = MakeEngine(dir, {.options = {.maintenance_interval_ms = 0, .clock = &clock}});
+  ASSERT_TRUE(e->Put(KeyOf(1), MakeChunk(1)).ok());
+  std::vector<Hash128> keys{KeyOf(1)};
+  auto lease = e->Pin(keys, 1000);
+  ASSERT_TRUE(lease.ok());
+  EXPECT_EQ(e->Delete(KeyOf(1)).code(), absl::StatusCode::kFailedPrecondition);
+  clock.AdvanceMicros(900'000);
+  ASSERT_TRUE(e->Renew(lease->id, 1000).ok());
+  clock.AdvanceMicros(900'000);
+  EXPECT_EQ(e->Delete(KeyOf(1)).code(), absl::StatusCode::kFailedPrecondition);
+  clock.AdvanceMicros(200'000);  // the client died: no renew
+  e->RunMaintenance();
+  EXPECT_EQ(e->metric(EngineMetric::kLeasesExpired), 1u);
+  EXPECT_EQ(e->Release(lease->id).code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(e->Delete(KeyOf(1)).ok());
+  std::vector<Hash128> missing{KeyOf(2)};
+  EXPECT_EQ(e->Pin(missing).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(PlacementEngine, DurablePutIsCommittedOnNvmeAndSurvivesRestart) {
+  TempDir dir;
+  auto c = MakeChunk(3);
+  {
+    auto e = MakeEngine(dir, {});
+    ASSERT_TRUE(e->Put(KeyOf(3), c, {.durable = true}).ok());
+    ASSERT_TRUE(e->nvme()->Size({KeyOf(3), Part::kWhole}).ok());
+    ASSERT_TRUE(e->Put(KeyOf(4), MakeChunk(4)).ok());  // DRAM only: volatile
+  }
+  auto e = MakeEngine(dir, {});
+  auto got = GetAll(*e, 3);
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(got->first, c);
+  EXPECT_EQ(got->second, TierKind::kNvme);
+  EXPECT_EQ(GetAll(*e, 4).status().code(), absl::StatusCode::kNotFound);
+  // Durable put without NVMe is a lifecycle error.
+  TempDir dir2;
+  auto dram_only = MakeEngine(dir2, {.with_nvme = false});
+  EXPECT_EQ(dram_only->Put(KeyOf(1), c, {.durable = true}).code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(PlacementEngine, SplitKvPutsKInDramAndVOnNvme) {
+  TempDir dir;
+  auto e = MakeEngine(dir, {.options = {.maintenance_interval_ms = 0, .split_kv = SplitKvPolicy::kAlways}});
+  auto c = MakeChunk(8, 32);
+  ASSERT_TRUE(e->Put(KeyOf(8), c).ok());
+  auto loc = e->Locate(KeyOf(8));
+  ASSERT_TRUE(loc.ok());
+  ASSERT_EQ(loc->parts.size(), 2u);
+  EXPECT_EQ(loc->parts[0].part, Part::kK);
+  EXPECT_EQ(loc->parts[0].tier, TierKind::kDram);
+  EXPECT_TRUE(loc->parts[0].dram_slot.has_value());
+  EXPECT_EQ(loc->parts[1].part, Part::kV);
+  EXPECT_EQ(loc->parts[1].tier, TierKind::kNvme);
+  auto got = GetAll(*e, 8);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->first, c);
+  EXPECT_EQ(got->second, TierKind::kNvme);
+  // Split objects verify alone: the V object on NVMe is header + V section.
+  auto h = codec::ParseHeader(c).value();
+  EXPECT_EQ(e->nvme()->Size({KeyOf(8), Part::kV}).value(),
+            codec::kHeaderSize + c.size() - h.layout.v_offset);
+  // Per-call override stores whole.
+  ASSERT_TRUE(e->Put(KeyOf(9), MakeChunk(9), {.split_kv = SplitKvPolicy::kNever}).ok());
+  EXPECT_EQ(e->Locate(KeyOf(9))->parts.size(), 1u);
+}
+
+TEST(PlacementEngine, PrefetchPromotesNvmeChunksIntoDram) {
+  TempDir dir;
+  auto e = MakeEngine(dir, {});
+  std::vector<Hash128> keys;
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(e->Put(KeyOf(i), MakeChunk(i), {.tier = TierKind::kNvme}).ok());
+    EXPECT_EQ(e->LookupPrefix(std::vector<Hash128>{KeyOf(i)})[0], TierKind::kNvme);
+    keys.push_back(KeyOf(i));
+  }
+  keys.push_back(KeyOf(99));  // missing keys are skipped
+  ASSERT_TRUE(e->Prefetch(keys).get().ok());
+  EXPECT_EQ(e->metric(EngineMetric::kPrefetched), 3u);
+  for (int i = 0; i < 3; ++i) {
+    auto got = GetAll(*e, i);
+    ASSERT_TRUE(got.ok());
+    EXPECT_EQ(got->second, TierKind::kDram);
+    EXPECT_EQ(got->first, MakeChunk(i));
+  }
+}
+
+TEST(PlacementEngine, SlotIsFilledInPlaceAndCommittedWithoutCopy) {
+  TempDir dir;
+  FakeClock clock;
+  auto e = MakeEngine(dir, {.options = {.maintenance_interval_ms = 0, .clock = &clock}});
+  auto c = MakeChunk(5);
+  auto slot = e->AllocateSlot(c.size(), 1000);
+  ASSERT_TRUE(slot.ok());
+  // A client writes through its own mapping of the shared-memory fd.
+  int fd = e->dram()->shm_fd();
+  ASSERT_EQ(pwrite(fd, c.data(), c.size(), slot->extent.offset), static_cast<ssize_t>(c.size()));
+  ASSERT_TRUE(e->CommitSlot(slot->id, KeyOf(5), {.durable = true}).ok());
+  auto loc = e->Locate(KeyOf(5));
+  ASSERT_TRUE(loc.ok());
+  ASSERT_TRUE(loc->parts[0].dram_slot.has_value());
+  EXPECT_EQ(loc->parts[0].dram_slot->offset, slot->extent.offset);
+  EXPECT_TRUE(e->nvme()->Size({KeyOf(5), Part::kWhole}).ok());
+  auto got = GetAll(*e, 5);
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(got->first, c);
+  EXPECT_EQ(e->CommitSlot(slot->id, KeyOf(5)).code(), absl::StatusCode::kNotFound);
+  // Garbage in a slot is refused and the slot freed.
+  auto bad = e->AllocateSlot(c.size());
+  ASSERT_TRUE(bad.ok());
+  uint64_t used = e->dram()->used_bytes();
+  EXPECT_EQ(e->CommitSlot(bad->id, KeyOf(6)).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_LT(e->dram()->used_bytes(), used);
+  // An abandoned slot expires.
+  auto lost = e->AllocateSlot(c.size(), 1000);
+  ASSERT_TRUE(lost.ok());
+  clock.AdvanceMicros(2'000'000);
+  e->RunMaintenance();
+  EXPECT_EQ(e->metric(EngineMetric::kSlotsExpired), 1u);
+  EXPECT_EQ(e->CommitSlot(lost->id, KeyOf(7)).code(), absl::StatusCode::kNotFound);
+}
+
+TEST(PlacementEngine, MaintenanceEvictsDownToLowWatermark) {
+  TempDir dir;
+  auto e = MakeEngine(dir, {.dram = 10 * kChunkAlloc,
+                            .options = {.high_watermark = 0.75, .low_watermark = 0.5,
+                                        .maintenance_interval_ms = 0}});
+  for (int i = 0; i < 9; ++i) ASSERT_TRUE(e->Put(KeyOf(i), MakeChunk(i)).ok());
+  EXPECT_GT(e->dram()->used_bytes(), 0.75 * e->dram()->capacity_bytes());
+  e->RunMaintenance();
+  EXPECT_LE(e->dram()->used_bytes(), 0.5 * e->dram()->capacity_bytes());
+}
+
+TEST(PlacementEngine, BackgroundThreadEnforcesWatermarks) {
+  TempDir dir;
+  auto e = MakeEngine(dir, {.dram = 10 * kChunkAlloc,
+                            .options = {.high_watermark = 0.75, .low_watermark = 0.5,
+                                        .maintenance_interval_ms = 5}});
+  for (int i = 0; i < 9; ++i) ASSERT_TRUE(e->Put(KeyOf(i), MakeChunk(i)).ok());
+  for (int i = 0; i < 200 && e->dram()->used_bytes() > 0.5 * e->dram()->capacity_bytes(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_LE(e->dram()->used_bytes(), 0.5 * e->dram()->capacity_bytes());
+}
+
+TEST(PlacementEngine, CorruptNvmeCopyReturnsDataLossAndEngineKeepsServing) {
+  TempDir dir;
+  auto e = MakeEngine(dir, {});
+  auto c = MakeChunk(1);
+  ASSERT_TRUE(e->Put(KeyOf(1), c, {.tier = TierKind::kNvme}).ok());
+  ASSERT_TRUE(e->Put(KeyOf(2), MakeChunk(2), {.tier = TierKind::kNvme}).ok());
+  uint64_t off = e->nvme()->OffsetOf({KeyOf(1), Part::kWhole}).value();
+  int fd = open(e->nvme()->data_path().c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  uint8_t b;
+  ASSERT_EQ(pread(fd, &b, 1, off + 200), 1);
+  b ^= 1;
+  ASSERT_EQ(pwrite(fd, &b, 1, off + 200), 1);
+  close(fd);
+  std::vector<uint8_t> out(c.size());
+  EXPECT_EQ(e->Get(KeyOf(1), out).status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_FALSE(e->Contains(KeyOf(1)));
+  EXPECT_EQ(e->metric(EngineMetric::kDataLoss), 1u);
+  auto got = GetAll(*e, 2);
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(got->first, MakeChunk(2));
+}
+
+TEST(PlacementEngine, HbmEvictionDemotesToDram) {
+  TempDir dir;
+  auto e = MakeEngine(dir, {.dram = 16 * kChunkAlloc, .hbm = 2 * kChunkAlloc});
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(e->Put(KeyOf(i), MakeChunk(i), {.tier = TierKind::kHbm}).ok());
+  EXPECT_LE(e->hbm()->used_bytes(), 2 * kChunkAlloc);
+  EXPECT_GE(e->metric(EngineMetric::kDemotions), 2u);
+  for (int i = 0; i < 4; ++i) {
+    auto got = GetAll(*e, i);
+    ASSERT_TRUE(got.ok());
+    EXPECT_EQ(got->first, MakeChunk(i));
+  }
+  EXPECT_GT(e->metric(EngineMetric::kHitsHbm), 0u);
+  EXPECT_GT(e->metric(EngineMetric::kHitsDram), 0u);
+}
+
+TEST(PlacementEngine, ConcurrentPutsGetsAndEvictionsReturnExactBytesOrNotFound) {
+  TempDir dir;
+  auto e = MakeEngine(dir, {.dram = 12 * kChunkAlloc, .nvme = 24 * kChunkAlloc,
+                            .options = {.nvme_admit_after_uses = 1, .maintenance_interval_ms = 2}});
+  std::atomic<int> bad{0}, hits{0};
+  std::vector<std::thread> threads;
+  for (int th = 0; th < 4; ++th) {
+    threads.emplace_back([&, th] {
+      for (int i = 0; i < 60; ++i) {
+        int id = (th * 13 + i * 7) % 48;
+        auto c = MakeChunk(id);
+        absl::Status st = e->Put(KeyOf(id), c, {.durable = (i % 10 == 0)});
+        if (!st.ok() && !absl::IsResourceExhausted(st)) ++bad;
+        std::vector<uint8_t> out(c.size());
+        auto got = e->Get(KeyOf(id), out);
+        if (got.ok()) {
+          ++hits;
+          if (out != c) ++bad;
+        } else if (!absl::IsNotFound(got.status()) && !absl::IsUnavailable(got.status())) {
+          ++bad;
+        }
+        if (i % 9 == 8) {
+          absl::Status d = e->Delete(KeyOf(id));
+          if (!d.ok() && !absl::IsNotFound(d) && !absl::IsUnavailable(d)) ++bad;
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(bad.load(), 0);
+  EXPECT_GT(hits.load(), 100);
+  EXPECT_LE(e->dram()->used_bytes(), e->dram()->capacity_bytes());
+  EXPECT_LE(e->nvme()->used_bytes(), e->nvme()->capacity_bytes());
+}
+
+TEST(EvictionPolicy, S3FifoKeepsHotSetThroughScanWhereLruLosesIt) {
+  // 10 hot objects re-read between scans of one-hit objects; capacity 20.
+  auto run = [](EvictionPolicyKind kind) {
+    auto p = NewEvictionPolicy(kind, 20);
+    std::set<int> resident;
+    int hits = 0, next_cold = 1000;
+    auto access = [&](int i) {
+      ObjectKey id{KeyOf(i), Part::kWhole};
+      if (resident.contains(i)) {
+        ++hits;
+        p->OnAccess(id);
+        return;
+      }
+      while (resident.size() >= 20) {
+        auto v = p->PickVictim([](const ObjectKey&) { return true; });
+        EXPECT_TRUE(v.has_value());
+        for (int r : resident) {
+          if (KeyOf(r) == v->key) {
+            resident.erase(r);
+            break;
+          }
+        }
+        p->OnErase(*v);
+      }
+      p->OnInsert(id, 1);
+      resident.insert(i);
+    };
+    for (int round = 0; round < 50; ++round) {
+      for (int h = 0; h < 10; ++h) access(h);
+      for (int s = 0; s < 15; ++s) access(next_cold++);
+    }
+    return hits;
+  };
+  int lru = run(EvictionPolicyKind::kLru), s3 = run(EvictionPolicyKind::kS3Fifo);
+  EXPECT_GT(s3, lru);
+  EXPECT_GT(s3, 400);  // the hot set survives nearly every round
+}
+
+TEST(EvictionPolicy, PickVictimReturnsNulloptWhenEverythingIsPinned) {
+  for (auto kind : {EvictionPolicyKind::kLru, EvictionPolicyKind::kS3Fifo}) {
+    auto p = NewEvictionPolicy(kind, 100);
+    for (int i = 0; i < 10; ++i) p->OnInsert({KeyOf(i), Part::kWhole}, 10);
+    p->OnAccess({KeyOf(3), Part::kWhole});
+    EXPECT_FALSE(p->PickVictim([](const ObjectKey&) { return false; }).has_value());
+    auto v = p->PickVictim([](const ObjectKey& id) { return id.key == KeyOf(7); });
+    ASSERT_TRUE(v.has_value());
+    EXPECT_EQ(v->key, KeyOf(7));
+  }
+}
+
+TEST(EngineMetric, NamesMatchEnum) {
+  std::set<std::string> names;
+  for (int i = 0; i < static_cast<int>(EngineMetric::kCount); ++i) {
+    std::string n = EngineMetricName(static_cast<EngineMetric>(i));
+    EXPECT_NE(n, "unknown");
+    names.insert(n);
+  }
+  EXPECT_EQ(names.size(), static_cast<size_t>(EngineMetric::kCount));
+  EXPECT_STREQ(EngineMetricName(EngineMetric::kHitsNvme), "hits_nvme");
+}
+
+}  // namespace
+}  // namespace kvtier::tiering
