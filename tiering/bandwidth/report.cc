@@ -15,6 +15,12 @@ using Json = nlohmann::json;
 
 std::string Num(double v) { return absl::StrFormat("%.12g", v); }
 
+// `decimals` places, or 4 significant digits below 1 so small values stay visible.
+std::string Fixed(double v, int decimals) {
+  if (v >= 1 || v == 0) return absl::StrFormat("%.*f", decimals, v);
+  return absl::StrFormat("%.4g", v);
+}
+
 std::string CsvField(const std::string& s) {
   if (s.find_first_of(",\"\n\r") == std::string::npos) return s;
   std::string out = "\"";
@@ -48,8 +54,8 @@ std::string FormatTable(std::span<const SweepRow> rows, const SweepOptions& opti
         absl::StrCat(r.batch),
         r.codec,
         absl::StrFormat("%.10g", r.bytes_per_token),
-        absl::StrFormat("%.2f", r.kv_bytes / kBytesPerGB),
-        absl::StrFormat("%.3f", r.required_bytes_per_s / kBytesPerTB),
+        Fixed(r.kv_bytes / kBytesPerGB, 2),
+        Fixed(r.required_bytes_per_s / kBytesPerTB, 3),
         absl::StrFormat("%.3f", r.kv_fraction),
         absl::StrFormat("%.3fx", r.speedup_bound),
         absl::StrFormat("%.3f", r.hill_saturation)};

@@ -143,7 +143,15 @@ absl::StatusOr<std::string> RenderBandwidthSvg(std::span<const ModelSpec> models
         GbpsLabel(l.gb_per_s));
   }
 
-  // Series.
+  // Series, with a legend box in the top-left corner (the lines rise to the right).
+  double legend_w = 0;
+  for (const auto& [model, batch, codec] : order) {
+    legend_w = std::max(legend_w, 7.0 * absl::StrCat(model, " B=", batch, " ", codec).size());
+  }
+  svg += absl::StrFormat(
+      "<rect x=\"%g\" y=\"%g\" width=\"%.1f\" height=\"%.1f\" fill=\"white\" "
+      "fill-opacity=\"0.85\" stroke=\"#ccc\"/>\n",
+      kLeft + 4, kTop + 4, legend_w + 40, 16.0 * static_cast<double>(order.size()) + 6);
   std::set<uint64_t> asked(options.contexts.begin(), options.contexts.end());
   for (size_t s = 0; s < order.size(); ++s) {
     const auto& [model, batch, codec] = order[s];
