@@ -1,0 +1,220 @@
+#include "server/daemon.h"
+
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/status.h"
+#include "grpcpp/grpcpp.h"
+#include "grpcpp/resource_quota.h"
+#include "server/grpc_service.h"
+#include "server/http_metrics.h"
+#include "server/metrics.h"
+#include "server/service.h"
+#include "server/shm_channel.h"
+#include "spdlog/spdlog.h"
+#include "tiering/placement_engine.h"
+
+namespace kvtier::server {
+
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+uint64_t MemAvailableBytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  uint64_t kb = 0;
+  std::string unit;
+  while (in >> key >> kb >> unit) {
+    if (key == "MemAvailable:") return kb * 1024;
+  }
+  return 0;
+}
+
+uint64_t FreeDiskBytes(const std::string& dir) {
+  struct statvfs s;
+  if (::statvfs(dir.c_str(), &s) != 0) return 0;
+  return static_cast<uint64_t>(s.f_bavail) * s.f_frsize;
+}
+
+uint64_t RoundDown(uint64_t v, uint64_t unit) { return v / unit * unit; }
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
+  KVTIER_RETURN_IF_ERROR(ValidateDaemonOptions(options));
+  std::unique_ptr<Daemon> d(new Daemon());
+  d->options_ = options;
+  std::error_code ec;
+  std::filesystem::create_directories(options.data_dir, ec);
+  if (ec) {
+    return absl::FailedPreconditionError(absl::StrCat("cannot create data dir ", options.data_dir,
+                                                      ": ", ec.message()));
+  }
+  ::chmod(options.data_dir.c_str(), 0700);
+  d->socket_path_ = std::filesystem::absolute(options.SocketPath()).string();
+  d->shm_socket_path_ = d->socket_path_ + ".shm";
+
+  tiering::EngineTiers tiers;
+  const uint64_t kUnit = 1 << 20;
+  if (options.dram_gib > 0) {
+    uint64_t want = static_cast<uint64_t>(options.dram_gib * kGiB);
+    uint64_t cap = MemAvailableBytes() / 2;
+    if (cap > 0 && want > cap) {
+      spdlog::warn("DRAM tier: {:.2f} GiB asked, capped at {:.2f} GiB (half the available memory)",
+                   want / kGiB, cap / kGiB);
+      want = cap;
+    }
+    tiering::DramTierOptions o;
+    o.capacity_bytes = std::max<uint64_t>(RoundDown(want, kUnit), kUnit);
+    o.populate = options.dram_populate;
+#ifdef KVTIER_HAVE_CUDA
+    if (options.hbm_gib > 0 && tiering::NewCudaDeviceAllocator(0).ok()) {
+      o.register_memory = tiering::CudaHostRegister;
+    }
+#endif
+    KVTIER_ASSIGN_OR_RETURN(tiers.dram, tiering::DramTier::Open(o));
+  }
+  if (options.nvme_gib > 0) {
+    std::string dir = options.data_dir + "/nvme";
+    std::filesystem::create_directories(dir, ec);
+    uint64_t want = static_cast<uint64_t>(options.nvme_gib * kGiB);
+    // The data file already on disk counts as free: it is reused.
+    uint64_t existing = std::filesystem::exists(dir + "/data.kvt")
+                            ? std::filesystem::file_size(dir + "/data.kvt", ec)
+                            : 0;
+    uint64_t cap = FreeDiskBytes(options.data_dir) / 2 + existing;
+    if (want > cap) {
+      spdlog::warn("NVMe tier: {:.2f} GiB asked, capped at {:.2f} GiB (half the free disk)",
+                   want / kGiB, cap / kGiB);
+      want = cap;
+    }
+    tiering::NvmeTierOptions o;
+    o.dir = dir;
+    o.capacity_bytes = std::max<uint64_t>(RoundDown(want, kUnit), kUnit);
+    KVTIER_ASSIGN_OR_RETURN(tiers.nvme, tiering::NvmeTier::Open(o));
+  }
+#ifdef KVTIER_HAVE_CUDA
+  if (options.hbm_gib > 0) {
+    auto alloc = tiering::NewCudaDeviceAllocator(0);
+    if (alloc.ok()) {
+      tiering::HbmTierOptions o;
+      o.capacity_bytes = RoundDown(static_cast<uint64_t>(options.hbm_gib * kGiB), kUnit);
+      auto hbm = tiering::HbmTier::Open(o, std::move(*alloc));
+      if (hbm.ok()) {
+        tiers.hbm = std::move(*hbm);
+      } else {
+        spdlog::warn("HBM tier not opened: {}", std::string(hbm.status().message()));
+      }
+    }
+  }
+#endif
+  tiering::PlacementEngineOptions eo;
+  eo.default_lease_ms = options.default_lease_ms;
+  eo.nvme_admit_after_uses = options.nvme_admit_after_uses;
+  KVTIER_ASSIGN_OR_RETURN(d->engine_, tiering::PlacementEngine::Create(eo, std::move(tiers)));
+
+  d->metrics_ = std::make_unique<ServerMetrics>();
+  ServiceLimits limits;
+  limits.max_keys_per_request = options.max_keys_per_request;
+  const uint64_t max_msg = uint64_t{options.max_message_mib} << 20;
+  d->service_ = std::make_unique<KvService>(d->engine_.get(), limits);
+
+  AdapterOptions ao;
+  ao.max_message_bytes = max_msg;
+  if (!options.token_file.empty()) {
+    KVTIER_ASSIGN_OR_RETURN(ao.token, ReadTokenFile(options.token_file));
+  }
+  if (d->engine_->dram() != nullptr) {
+    KVTIER_ASSIGN_OR_RETURN(d->shm_, ShmChannel::Start(d->shm_socket_path_,
+                                                      d->engine_->dram()->shm_fd(),
+                                                      d->engine_->dram()->shm_size(),
+                                                      d->metrics_.get()));
+    ao.shm_socket = d->shm_socket_path_;
+  }
+  d->adapter_ = std::make_unique<GrpcAdapter>(d->service_.get(), d->metrics_.get(), ao);
+
+  grpc::ServerBuilder b;
+  ::unlink(d->socket_path_.c_str());
+  b.AddListeningPort("unix:" + d->socket_path_, grpc::InsecureServerCredentials());
+  if (!options.listen_tcp.empty()) {
+    spdlog::warn("TCP listener {} is plaintext; the bearer token travels unencrypted",
+                 options.listen_tcp);
+    b.AddListeningPort(options.listen_tcp, grpc::InsecureServerCredentials(), &d->tcp_port_);
+  }
+  b.SetMaxReceiveMessageSize(static_cast<int>(max_msg));
+  b.SetMaxSendMessageSize(static_cast<int>(max_msg));
+  b.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, static_cast<int>(options.max_concurrent_streams));
+  grpc::ResourceQuota quota("kvtierd");
+  quota.SetMaxThreads(static_cast<int>(4 * options.max_concurrent_streams));
+  b.SetResourceQuota(quota);
+  b.RegisterService(d->adapter_.get());
+  mode_t old = ::umask(0077);  // the socket file is created owner-only
+  d->server_ = b.BuildAndStart();
+  ::umask(old);
+  if (d->server_ == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat("cannot listen on unix:", d->socket_path_,
+                                                      options.listen_tcp.empty() ? "" : " or ",
+                                                      options.listen_tcp));
+  }
+  ::chmod(d->socket_path_.c_str(), 0600);
+  if (!options.metrics_addr.empty()) {
+    Daemon* self = d.get();
+    KVTIER_ASSIGN_OR_RETURN(d->http_, MetricsHttpServer::Start(options.metrics_addr, [self] {
+      return self->metrics_->RenderPrometheus(self->service_->Stats());
+    }));
+  }
+  return d;
+}
+
+int Daemon::metrics_port() const { return http_ ? http_->port() : 0; }
+
+std::string Daemon::Describe() const {
+  std::string s = absl::StrCat("unix:", socket_path_);
+  if (shm_) absl::StrAppend(&s, " (shared memory: ", shm_socket_path_, ")");
+  if (!options_.listen_tcp.empty()) absl::StrAppend(&s, ", tcp port ", tcp_port_, " (token)");
+  if (http_) absl::StrAppend(&s, ", metrics http port ", http_->port(), "/metrics");
+  for (const tiering::TierUsage& u : engine_->Usage()) {
+    absl::StrAppend(&s, "; ", tiering::TierName(u.kind), " ",
+                    absl::StrFormat("%.2f", u.capacity_bytes / kGiB), " GiB");
+  }
+  return s;
+}
+
+absl::Status Daemon::Shutdown() {
+  if (shut_down_) return absl::OkStatus();
+  shut_down_ = true;
+  auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(options_.shutdown_grace_s);
+  if (server_) {
+    server_->Shutdown(deadline);
+    server_->Wait();
+  }
+  shm_.reset();
+  http_.reset();
+  absl::Status st;
+  if (service_) {
+    auto n = service_->FlushDramToNvme();
+    if (n.ok()) {
+      flushed_chunks_ = *n;
+    } else {
+      st = n.status();
+    }
+  }
+  adapter_.reset();
+  service_.reset();
+  engine_.reset();  // closes the NVMe tier: the index is flushed
+  ::unlink(socket_path_.c_str());
+  return st;
+}
+
+Daemon::~Daemon() { (void)Shutdown(); }
+
+}  // namespace kvtier::server

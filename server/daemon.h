@@ -1,0 +1,75 @@
+// Daemon: everything kvtierd runs, assembled from DaemonOptions: the tiers
+// and the placement engine, KvService, the gRPC server (Unix socket, optional
+// TCP), the shared-memory side channel and the metrics endpoint. main.cc
+// wraps it with signal handling; tests run it in-process.
+#ifndef KVTIER_SERVER_DAEMON_H_
+#define KVTIER_SERVER_DAEMON_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "server/options.h"
+
+namespace grpc {
+class Server;
+}
+
+namespace kvtier::tiering {
+class PlacementEngine;
+}
+
+namespace kvtier::server {
+
+class GrpcAdapter;
+class KvService;
+class MetricsHttpServer;
+class ServerMetrics;
+class ShmChannel;
+
+class Daemon {
+ public:
+  // Opens the tiers and starts serving. FailedPrecondition if the data dir
+  // is in use by another daemon or a listener cannot be bound;
+  // InvalidArgument for bad options.
+  static absl::StatusOr<std::unique_ptr<Daemon>> Start(const DaemonOptions& options);
+  // Shuts down if Shutdown was not called.
+  ~Daemon();
+
+  // Stops accepting, lets in-flight requests finish (up to the grace
+  // period), writes DRAM-resident chunks to NVMe (within its capacity) and
+  // closes the tiers (flushing the NVMe index). Idempotent.
+  absl::Status Shutdown();
+
+  const std::string& socket_path() const { return socket_path_; }
+  const std::string& shm_socket_path() const { return shm_socket_path_; }
+  int tcp_port() const { return tcp_port_; }
+  int metrics_port() const;
+  uint64_t flushed_chunks() const { return flushed_chunks_; }
+  KvService* service() const { return service_.get(); }
+  ServerMetrics* metrics() const { return metrics_.get(); }
+  tiering::PlacementEngine* engine() const { return engine_.get(); }
+  // The daemon as a one-line description of its listeners and tiers.
+  std::string Describe() const;
+
+ private:
+  Daemon() = default;
+
+  DaemonOptions options_;
+  std::string socket_path_;
+  std::string shm_socket_path_;
+  int tcp_port_ = 0;
+  uint64_t flushed_chunks_ = 0;
+  bool shut_down_ = false;
+  std::unique_ptr<tiering::PlacementEngine> engine_;
+  std::unique_ptr<ServerMetrics> metrics_;
+  std::unique_ptr<KvService> service_;
+  std::unique_ptr<GrpcAdapter> adapter_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<ShmChannel> shm_;
+  std::unique_ptr<MetricsHttpServer> http_;
+};
+
+}  // namespace kvtier::server
+
+#endif  // KVTIER_SERVER_DAEMON_H_

@@ -1,0 +1,126 @@
+#include "server/metrics.h"
+
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+#include "tiering/tier.h"
+
+namespace kvtier::server {
+
+const char* MethodName(Method m) {
+  static constexpr const char* kNames[] = {
+      "lookup", "allocate_slot", "abort_slot", "put",     "get",   "prefetch",
+      "pin",    "renew",         "release",    "delete",  "stats", "health"};
+  static_assert(sizeof(kNames) / sizeof(kNames[0]) == static_cast<int>(Method::kCount));
+  int i = static_cast<int>(m);
+  return i >= 0 && i < static_cast<int>(Method::kCount) ? kNames[i] : "unknown";
+}
+
+const char* ServerMetricName(ServerMetric m) {
+  static constexpr const char* kNames[] = {"bytes_put_inline", "bytes_put_shm", "bytes_get_inline",
+                                           "bytes_get_shm",    "auth_failures", "shm_maps"};
+  static_assert(sizeof(kNames) / sizeof(kNames[0]) == static_cast<int>(ServerMetric::kCount));
+  int i = static_cast<int>(m);
+  return i >= 0 && i < static_cast<int>(ServerMetric::kCount) ? kNames[i] : "unknown";
+}
+
+const char* GrpcCodeName(int code) {
+  static constexpr const char* kNames[kNumGrpcCodes] = {
+      "OK",           "CANCELLED",          "UNKNOWN",        "INVALID_ARGUMENT",
+      "DEADLINE_EXCEEDED", "NOT_FOUND",     "ALREADY_EXISTS", "PERMISSION_DENIED",
+      "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",
+      "UNIMPLEMENTED", "INTERNAL",          "UNAVAILABLE",    "DATA_LOSS",
+      "UNAUTHENTICATED"};
+  return code >= 0 && code < kNumGrpcCodes ? kNames[code] : "UNKNOWN";
+}
+
+void ServerMetrics::Record(Method m, int grpc_code, double seconds) {
+  PerMethod& p = per_method_[static_cast<int>(m)];
+  p.count.fetch_add(1, std::memory_order_relaxed);
+  p.sum_ns.fetch_add(static_cast<uint64_t>(seconds * 1e9), std::memory_order_relaxed);
+  size_t b = 0;
+  while (b < kLatencyBuckets.size() && seconds > kLatencyBuckets[b]) ++b;
+  p.buckets[b].fetch_add(1, std::memory_order_relaxed);
+  if (grpc_code < 0 || grpc_code >= kNumGrpcCodes) grpc_code = 2;  // UNKNOWN
+  p.codes[grpc_code].fetch_add(1, std::memory_order_relaxed);
+}
+
+namespace {
+std::string Num(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.9g", v);
+  return buf;
+}
+}  // namespace
+
+std::string ServerMetrics::RenderPrometheus(const ServiceStats& stats) const {
+  std::string out;
+  absl::StrAppend(&out, "# HELP kvtier_requests_total Requests served, by method.\n",
+                  "# TYPE kvtier_requests_total counter\n");
+  for (int i = 0; i < kMethods; ++i) {
+    absl::StrAppend(&out, "kvtier_requests_total{method=\"", MethodName(static_cast<Method>(i)),
+                    "\"} ", per_method_[i].count.load(), "\n");
+  }
+  absl::StrAppend(&out, "# HELP kvtier_request_errors_total Failed requests, by method and gRPC code.\n",
+                  "# TYPE kvtier_request_errors_total counter\n");
+  for (int i = 0; i < kMethods; ++i) {
+    for (int c = 1; c < kNumGrpcCodes; ++c) {
+      uint64_t n = per_method_[i].codes[c].load();
+      if (n == 0) continue;
+      absl::StrAppend(&out, "kvtier_request_errors_total{method=\"",
+                      MethodName(static_cast<Method>(i)), "\",code=\"", GrpcCodeName(c), "\"} ", n,
+                      "\n");
+    }
+  }
+  absl::StrAppend(&out, "# HELP kvtier_request_latency_seconds Request latency, by method.\n",
+                  "# TYPE kvtier_request_latency_seconds histogram\n");
+  for (int i = 0; i < kMethods; ++i) {
+    const char* name = MethodName(static_cast<Method>(i));
+    uint64_t cum = 0;
+    for (size_t b = 0; b <= kLatencyBuckets.size(); ++b) {
+      cum += per_method_[i].buckets[b].load();
+      std::string le = b < kLatencyBuckets.size() ? Num(kLatencyBuckets[b]) : "+Inf";
+      absl::StrAppend(&out, "kvtier_request_latency_seconds_bucket{method=\"", name, "\",le=\"", le,
+                      "\"} ", cum, "\n");
+    }
+    absl::StrAppend(&out, "kvtier_request_latency_seconds_sum{method=\"", name, "\"} ",
+                    Num(per_method_[i].sum_ns.load() / 1e9), "\n");
+    absl::StrAppend(&out, "kvtier_request_latency_seconds_count{method=\"", name, "\"} ",
+                    per_method_[i].count.load(), "\n");
+  }
+  for (int i = 0; i < static_cast<int>(ServerMetric::kCount); ++i) {
+    const char* name = ServerMetricName(static_cast<ServerMetric>(i));
+    absl::StrAppend(&out, "# TYPE kvtier_", name, "_total counter\nkvtier_", name, "_total ",
+                    counters_[i].load(), "\n");
+  }
+  for (const auto& [name, value] : stats.counters) {
+    absl::StrAppend(&out, "# TYPE kvtier_engine_", name, "_total counter\nkvtier_engine_", name,
+                    "_total ", value, "\n");
+  }
+  struct Gauge {
+    const char* name;
+    const char* help;
+  };
+  static constexpr Gauge kTierGauges[] = {
+      {"kvtier_tier_capacity_bytes", "Hard capacity of the tier."},
+      {"kvtier_tier_used_bytes", "Bytes allocated in the tier."},
+      {"kvtier_tier_chunks", "Objects stored in the tier."},
+      {"kvtier_tier_read_bytes_per_second", "Measured read bandwidth of the tier."},
+      {"kvtier_tier_write_bytes_per_second", "Measured write bandwidth of the tier."}};
+  for (int g = 0; g < 5; ++g) {
+    absl::StrAppend(&out, "# HELP ", kTierGauges[g].name, " ", kTierGauges[g].help, "\n# TYPE ",
+                    kTierGauges[g].name, " gauge\n");
+    for (const tiering::TierUsage& u : stats.tiers) {
+      double v = g == 0   ? static_cast<double>(u.capacity_bytes)
+                 : g == 1 ? static_cast<double>(u.used_bytes)
+                 : g == 2 ? static_cast<double>(u.objects)
+                 : g == 3 ? u.bandwidth.read_bytes_per_s
+                          : u.bandwidth.write_bytes_per_s;
+      absl::StrAppend(&out, kTierGauges[g].name, "{tier=\"", tiering::TierName(u.kind), "\"} ",
+                      Num(v), "\n");
+    }
+  }
+  return out;
+}
+
+}  // namespace kvtier::server

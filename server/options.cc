@@ -1,0 +1,153 @@
+#include "server/options.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "toml++/toml.h"
+
+namespace kvtier::server {
+
+std::string DaemonOptions::SocketPath() const {
+  return socket.empty() ? data_dir + "/kvtierd.sock" : socket;
+}
+
+void RegisterDaemonFlags(CLI::App& app, DaemonOptions* o) {
+  app.add_option("--config", o->config, "TOML config file; flags override it")->capture_default_str();
+  app.add_option("--data-dir", o->data_dir, "NVMe tier and sockets live here")->capture_default_str();
+  app.add_option("--socket", o->socket, "gRPC Unix socket (0600) [default: <data-dir>/kvtierd.sock]");
+  app.add_option("--dram-gib", o->dram_gib, "DRAM shared-memory pool GiB (capped at half the available memory; 0: none)")
+      ->capture_default_str();
+  app.add_option("--nvme-gib", o->nvme_gib, "NVMe tier GiB (capped at half the free disk; 0: none)")
+      ->capture_default_str();
+  app.add_option("--hbm-gib", o->hbm_gib, "HBM tier GiB, only with a CUDA device (0: none)")
+      ->capture_default_str();
+  app.add_option("--dram-populate", o->dram_populate, "touch every DRAM pool page at startup")
+      ->capture_default_str();
+  app.add_option("--listen-tcp", o->listen_tcp, "also listen on TCP HOST:PORT (needs --token-file)")
+      ->capture_default_str();
+  app.add_option("--token-file", o->token_file, "bearer token TCP clients must send")->capture_default_str();
+  app.add_option("--metrics-addr", o->metrics_addr, "Prometheus metrics at http://HOST:PORT/metrics")
+      ->capture_default_str();
+  app.add_option("--max-message-mib", o->max_message_mib, "largest gRPC message, MiB")->capture_default_str();
+  app.add_option("--max-keys-per-request", o->max_keys_per_request, "most keys per Lookup/Pin/Prefetch")
+      ->capture_default_str();
+  app.add_option("--max-concurrent-streams", o->max_concurrent_streams,
+                 "most concurrent streams per connection")->capture_default_str();
+  app.add_option("--default-lease-ms", o->default_lease_ms, "lease of pins/slots that ask for 0")
+      ->capture_default_str();
+  app.add_option("--nvme-admit-after-uses", o->nvme_admit_after_uses,
+                 "uses before a DRAM-evicted chunk is written to NVMe")->capture_default_str();
+  app.add_option("--shutdown-grace-s", o->shutdown_grace_s, "seconds SIGTERM waits for in-flight requests")
+      ->capture_default_str();
+  app.add_option("--log-level", o->log_level, "trace|debug|info|warn|error|off")->capture_default_str();
+}
+
+namespace {
+
+template <typename T>
+absl::Status Take(const toml::table& t, const char* key, T* out) {
+  const toml::node* n = t.get(key);
+  if (n == nullptr) return absl::OkStatus();
+  if constexpr (std::is_same_v<T, std::string>) {
+    if (auto v = n->value<std::string>()) {
+      *out = *v;
+      return absl::OkStatus();
+    }
+  } else if constexpr (std::is_same_v<T, bool>) {
+    if (auto v = n->value<bool>()) {
+      *out = *v;
+      return absl::OkStatus();
+    }
+  } else if constexpr (std::is_same_v<T, double>) {
+    if (auto v = n->value<double>()) {  // integers convert too
+      *out = *v;
+      return absl::OkStatus();
+    }
+  } else {
+    if (auto v = n->value<int64_t>(); v && *v >= 0 && *v <= 0xffffffffLL) {
+      *out = static_cast<T>(*v);
+      return absl::OkStatus();
+    }
+  }
+  return absl::InvalidArgumentError(absl::StrCat("config key '", key, "' has the wrong type"));
+}
+
+}  // namespace
+
+absl::Status LoadConfigFile(const std::string& path, DaemonOptions* o) {
+  toml::table t;
+  try {
+    t = toml::parse_file(path);
+  } catch (const toml::parse_error& e) {
+    return absl::InvalidArgumentError(absl::StrCat("config ", path, ": ", std::string(e.description())));
+  }
+  static const char* kKeys[] = {"data_dir", "socket", "dram_gib", "nvme_gib", "hbm_gib",
+                                "dram_populate", "listen_tcp", "token_file", "metrics_addr",
+                                "max_message_mib", "max_keys_per_request", "max_concurrent_streams",
+                                "default_lease_ms", "nvme_admit_after_uses", "shutdown_grace_s",
+                                "log_level"};
+  for (const auto& [k, v] : t) {
+    bool known = false;
+    for (const char* name : kKeys) known = known || k.str() == name;
+    if (!known) {
+      return absl::InvalidArgumentError(absl::StrCat("config ", path, ": unknown key '",
+                                                     std::string(k.str()), "'"));
+    }
+  }
+  absl::Status st;
+  auto take = [&](auto key, auto* out) {
+    if (st.ok()) st = Take(t, key, out);
+  };
+  take("data_dir", &o->data_dir);
+  take("socket", &o->socket);
+  take("dram_gib", &o->dram_gib);
+  take("nvme_gib", &o->nvme_gib);
+  take("hbm_gib", &o->hbm_gib);
+  take("dram_populate", &o->dram_populate);
+  take("listen_tcp", &o->listen_tcp);
+  take("token_file", &o->token_file);
+  take("metrics_addr", &o->metrics_addr);
+  take("max_message_mib", &o->max_message_mib);
+  take("max_keys_per_request", &o->max_keys_per_request);
+  take("max_concurrent_streams", &o->max_concurrent_streams);
+  take("default_lease_ms", &o->default_lease_ms);
+  take("nvme_admit_after_uses", &o->nvme_admit_after_uses);
+  take("shutdown_grace_s", &o->shutdown_grace_s);
+  take("log_level", &o->log_level);
+  if (!st.ok()) return absl::InvalidArgumentError(absl::StrCat("config ", path, ": ", st.message()));
+  return absl::OkStatus();
+}
+
+absl::Status ValidateDaemonOptions(const DaemonOptions& o) {
+  if (o.dram_gib < 0 || o.nvme_gib < 0 || o.hbm_gib < 0) {
+    return absl::InvalidArgumentError("tier sizes must be >= 0");
+  }
+  if (o.dram_gib == 0 && o.nvme_gib == 0) {
+    return absl::InvalidArgumentError("need a DRAM or an NVMe tier");
+  }
+  if (o.data_dir.empty()) return absl::InvalidArgumentError("--data-dir is empty");
+  if (!o.listen_tcp.empty() && o.token_file.empty()) {
+    return absl::InvalidArgumentError("--listen-tcp requires --token-file");
+  }
+  if (o.max_message_mib == 0 || o.max_message_mib > 2047) {
+    return absl::InvalidArgumentError("--max-message-mib must be 1..2047");
+  }
+  if (o.max_keys_per_request == 0) return absl::InvalidArgumentError("--max-keys-per-request is 0");
+  if (o.max_concurrent_streams == 0) return absl::InvalidArgumentError("--max-concurrent-streams is 0");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::InvalidArgumentError(absl::StrCat("cannot read token file ", path));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string t = ss.str();
+  size_t b = t.find_first_not_of(" \t\r\n");
+  size_t e = t.find_last_not_of(" \t\r\n");
+  if (b == std::string::npos) return absl::InvalidArgumentError(absl::StrCat("token file ", path, " is empty"));
+  return t.substr(b, e - b + 1);
+}
+
+}  // namespace kvtier::server

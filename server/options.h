@@ -1,0 +1,88 @@
+// kvtierd's per-daemon options: defaults, the TOML config file (toml++) and
+// the command-line flags (CLI11). Flags override the file, the file overrides
+// the defaults. `kvtierd --help` lists every option with its default.
+#ifndef KVTIER_SERVER_OPTIONS_H_
+#define KVTIER_SERVER_OPTIONS_H_
+
+#include <cstdint>
+#include <string>
+
+#include "CLI/CLI.hpp"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace kvtier::server {
+
+struct DaemonOptions {
+  // TOML file read before the flags are applied (keys: the option names with
+  // '_' for '-'). Default: "" (none)
+  std::string config;
+  // Directory of the NVMe tier and of the sockets; created (mode 0700).
+  // Default: "./kvtier-data"
+  std::string data_dir = "./kvtier-data";
+  // Unix socket of the gRPC service (mode 0600). The shared-memory side
+  // channel listens at "<socket>.shm". Default: "" (<data-dir>/kvtierd.sock)
+  std::string socket;
+  // DRAM tier (shared-memory pool) size in GiB, capped at half of the
+  // available memory; 0 disables the tier. Default: 4
+  double dram_gib = 4;
+  // NVMe tier size in GiB (a preallocated file in <data-dir>/nvme), capped
+  // at half of the free space of the data dir's file system; 0 disables it.
+  // Default: 8
+  double nvme_gib = 8;
+  // HBM tier size in GiB, used only when a CUDA device is present; 0
+  // disables it. Default: 2
+  double hbm_gib = 2;
+  // Touch every DRAM pool page at startup (no page faults on first puts).
+  // Default: true
+  bool dram_populate = true;
+  // Optional TCP listener "HOST:PORT" (port 0 picks one); requires
+  // token_file. Default: "" (none)
+  std::string listen_tcp;
+  // File holding the bearer token TCP clients must send; surrounding
+  // whitespace is ignored. Default: ""
+  std::string token_file;
+  // Prometheus metrics over HTTP at "HOST:PORT/metrics". Default: "" (off)
+  std::string metrics_addr;
+  // Largest gRPC message in MiB, each way (an inline chunk must fit).
+  // Default: 64
+  uint32_t max_message_mib = 64;
+  // Most keys in one Lookup, Pin or Prefetch. Default: 4096
+  uint32_t max_keys_per_request = 4096;
+  // Most concurrent streams per connection, and the bound on request
+  // threads (4x this). Default: 64
+  uint32_t max_concurrent_streams = 64;
+  // Lease of a Pin, a slot or a shared-memory get that asks for 0 ms.
+  // Default: 30000
+  uint32_t default_lease_ms = 30000;
+  // A chunk evicted from DRAM goes to NVMe only after this many uses.
+  // Default: 2
+  uint32_t nvme_admit_after_uses = 2;
+  // Seconds SIGTERM waits for in-flight requests before cancelling them.
+  // Default: 10
+  uint32_t shutdown_grace_s = 10;
+  // spdlog level: trace, debug, info, warn, error, off. Default: "info"
+  std::string log_level = "info";
+
+  // Derived paths.
+  std::string SocketPath() const;
+  std::string ShmSocketPath() const { return SocketPath() + ".shm"; }
+};
+
+// Registers every option as a flag bound to `opts` (help text with the
+// default). `--config` is read by ParseDaemonOptions before the rest.
+void RegisterDaemonFlags(CLI::App& app, DaemonOptions* opts);
+
+// Applies the TOML file at `path` to `opts`. InvalidArgument for a syntax
+// error, an unknown key or a value of the wrong type.
+absl::Status LoadConfigFile(const std::string& path, DaemonOptions* opts);
+
+// Sanity checks (sizes >= 0, TCP needs a token file, ...).
+absl::Status ValidateDaemonOptions(const DaemonOptions& opts);
+
+// Reads and trims the token file. InvalidArgument if it is empty.
+absl::StatusOr<std::string> ReadTokenFile(const std::string& path);
+
+}  // namespace kvtier::server
+
+#endif  // KVTIER_SERVER_OPTIONS_H_

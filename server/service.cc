@@ -1,0 +1,236 @@
+#include "server/service.h"
+
+#include <chrono>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "codec/chunk.h"
+#include "common/status.h"
+
+namespace kvtier::server {
+
+using tiering::Part;
+using tiering::TierKind;
+
+KvService::KvService(tiering::PlacementEngine* engine, const ServiceLimits& limits)
+    : engine_(engine), limits_(limits) {}
+
+absl::Status KvService::CheckKeyCount(size_t n) const {
+  if (n > limits_.max_keys_per_request) {
+    return absl::InvalidArgumentError(absl::StrCat(n, " keys in one request; the limit is ",
+                                                   limits_.max_keys_per_request));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<TierKind>> KvService::Lookup(std::span<const Hash128> keys) {
+  KVTIER_RETURN_IF_ERROR(CheckKeyCount(keys.size()));
+  return engine_->LookupPrefix(keys);
+}
+
+absl::Status KvService::Put(const PutArgs& args, std::span<const uint8_t> chunk) {
+  if (chunk.size() > limits_.max_chunk_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk of ", chunk.size(),
+                                                   " bytes; the limit is ", limits_.max_chunk_bytes));
+  }
+  KVTIER_RETURN_IF_ERROR(codec::VerifyChunk(chunk).status());
+  tiering::PutOptions po;
+  po.durable = args.durable;
+  po.tier = args.tier;
+  return engine_->Put(args.key, chunk, po);
+}
+
+absl::StatusOr<tiering::Slot> KvService::AllocateSlot(uint64_t bytes, uint32_t ttl_ms) {
+  if (bytes == 0 || bytes > limits_.max_chunk_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("slot of ", bytes, " bytes; must be 1..",
+                                                   limits_.max_chunk_bytes));
+  }
+  KVTIER_ASSIGN_OR_RETURN(tiering::Slot slot, engine_->AllocateSlot(bytes, ttl_ms));
+  int64_t now = tiering::SystemClock()->NowMicros();
+  absl::MutexLock l(&mu_);
+  // Forget slots the engine has expired (their ids are never reused).
+  for (auto it = slots_.begin(); it != slots_.end();) {
+    if (it->second.expires_at_us < now) {
+      slots_.erase(it++);
+    } else {
+      ++it;
+    }
+  }
+  slots_[slot.id] = SlotInfo{slot.extent, slot.expires_at_us};
+  return slot;
+}
+
+absl::StatusOr<tiering::PoolExtent> KvService::FindSlot(uint64_t slot_id, bool remove) {
+  absl::MutexLock l(&mu_);
+  auto it = slots_.find(slot_id);
+  // A slot about to expire counts as expired: the engine may free it while
+  // bytes are being copied into it.
+  constexpr int64_t kExpiryMarginUs = 100'000;
+  if (it == slots_.end() ||
+      it->second.expires_at_us < tiering::SystemClock()->NowMicros() + kExpiryMarginUs) {
+    if (it != slots_.end()) slots_.erase(it);
+    return absl::NotFoundError(absl::StrCat("slot ", slot_id, " unknown or expired"));
+  }
+  tiering::PoolExtent e = it->second.extent;
+  if (remove) slots_.erase(it);
+  return e;
+}
+
+absl::Status KvService::AbortSlot(uint64_t slot_id) {
+  (void)FindSlot(slot_id, /*remove=*/true);
+  return engine_->AbortSlot(slot_id);
+}
+
+absl::Status KvService::CommitSlot(const PutArgs& args, uint64_t slot_id) {
+  tiering::DramTier* dram = engine_->dram();
+  if (dram == nullptr) return absl::FailedPreconditionError("no DRAM tier: no shared-memory slots");
+  auto ext = FindSlot(slot_id, /*remove=*/true);
+  if (!ext.ok()) return absl::NotFoundError(absl::StrCat("slot ", slot_id, " unknown or expired"));
+  // The checksums are verified on the bytes in the pool, before the engine
+  // makes them an object (it checks the header and the length).
+  absl::Status st =
+      codec::VerifyChunk(std::span<const uint8_t>(dram->base() + ext->offset, ext->length)).status();
+  if (!st.ok()) {
+    absl::Status aborted = engine_->AbortSlot(slot_id);
+    if (absl::IsNotFound(aborted)) {
+      return absl::NotFoundError(absl::StrCat("slot ", slot_id, " unknown or expired"));
+    }
+    return st;
+  }
+  tiering::PutOptions po;
+  po.durable = args.durable;
+  po.tier = args.tier;
+  return engine_->CommitSlot(slot_id, args.key, po);
+}
+
+absl::Status KvService::VerifyStored(const Hash128& key, std::span<const uint8_t> bytes) {
+  absl::Status st = codec::VerifyChunk(bytes).status();
+  if (st.ok()) return st;
+  (void)engine_->Delete(key);
+  return absl::DataLossError(absl::StrCat("stored chunk ", key.ToHex(), " is corrupt (dropped): ",
+                                          st.message()));
+}
+
+absl::StatusOr<GetResult> KvService::Get(const Hash128& key, GetMode mode, uint64_t slot_id,
+                                         uint32_t lease_ms) {
+  GetResult r;
+  tiering::DramTier* dram = engine_->dram();
+  if (mode != GetMode::kCopy && dram == nullptr) {
+    return absl::FailedPreconditionError("no DRAM tier: no shared-memory gets");
+  }
+  if (mode == GetMode::kShm) {
+    auto lease = engine_->Pin(std::span<const Hash128>(&key, 1), lease_ms);
+    if (!lease.ok()) return lease.status();
+    auto loc = engine_->Locate(key);
+    if (!loc.ok()) {
+      (void)engine_->Release(lease->id);
+      return loc.status();
+    }
+    r.chunk_bytes = loc->chunk_bytes;
+    if (loc->parts.size() == 1 && loc->parts[0].dram_slot) {
+      const tiering::PoolExtent& e = *loc->parts[0].dram_slot;
+      absl::Status st = codec::VerifyChunk(std::span<const uint8_t>(dram->base() + e.offset,
+                                                                    loc->chunk_bytes)).status();
+      if (!st.ok()) {
+        (void)engine_->Release(lease->id);
+        return VerifyStored(key, std::span<const uint8_t>(dram->base() + e.offset,
+                                                          loc->chunk_bytes));
+      }
+      r.tier = TierKind::kDram;
+      r.extent = tiering::PoolExtent{e.offset, loc->chunk_bytes};
+      r.lease_id = lease->id;
+      return r;
+    }
+    (void)engine_->Release(lease->id);
+    // Not whole in DRAM: copy into a scratch slot the client frees.
+    KVTIER_ASSIGN_OR_RETURN(tiering::Slot slot, engine_->AllocateSlot(r.chunk_bytes, lease_ms));
+    std::span<uint8_t> out(dram->base() + slot.extent.offset, r.chunk_bytes);
+    auto tier = engine_->Get(key, out);
+    absl::Status st = tier.ok() ? VerifyStored(key, out) : tier.status();
+    if (!st.ok()) {
+      (void)engine_->AbortSlot(slot.id);
+      return st;
+    }
+    r.tier = *tier;
+    r.extent = tiering::PoolExtent{slot.extent.offset, r.chunk_bytes};
+    r.scratch_slot_id = slot.id;
+    return r;
+  }
+  std::span<uint8_t> out;
+  if (mode == GetMode::kSlot) {
+    KVTIER_ASSIGN_OR_RETURN(tiering::PoolExtent e, FindSlot(slot_id, /*remove=*/false));
+    KVTIER_ASSIGN_OR_RETURN(r.chunk_bytes, engine_->ChunkBytes(key));
+    if (e.length < r.chunk_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat("slot ", slot_id, " holds ", e.length,
+                                                     " bytes; the chunk is ", r.chunk_bytes));
+    }
+    r.extent = tiering::PoolExtent{e.offset, r.chunk_bytes};
+    out = std::span<uint8_t>(dram->base() + e.offset, r.chunk_bytes);
+  } else {
+    KVTIER_ASSIGN_OR_RETURN(r.chunk_bytes, engine_->ChunkBytes(key));
+    r.bytes.resize(r.chunk_bytes);
+    out = std::span<uint8_t>(r.bytes);
+  }
+  auto tier = engine_->Get(key, out);
+  if (!tier.ok()) return tier.status();
+  KVTIER_RETURN_IF_ERROR(VerifyStored(key, out));
+  r.tier = *tier;
+  return r;
+}
+
+absl::Status KvService::Delete(const Hash128& key) { return engine_->Delete(key); }
+
+absl::StatusOr<bool> KvService::Prefetch(std::vector<Hash128> keys, uint32_t deadline_ms) {
+  KVTIER_RETURN_IF_ERROR(CheckKeyCount(keys.size()));
+  std::future<absl::Status> done = engine_->Prefetch(std::move(keys));
+  uint32_t wait = std::min(deadline_ms, limits_.max_prefetch_wait_ms);
+  if (wait == 0) return false;
+  if (done.wait_for(std::chrono::milliseconds(wait)) != std::future_status::ready) return false;
+  KVTIER_RETURN_IF_ERROR(done.get());
+  return true;
+}
+
+absl::StatusOr<tiering::Lease> KvService::Pin(std::span<const Hash128> keys, uint32_t ttl_ms) {
+  KVTIER_RETURN_IF_ERROR(CheckKeyCount(keys.size()));
+  if (keys.empty()) return absl::InvalidArgumentError("pin of no keys");
+  return engine_->Pin(keys, ttl_ms);
+}
+
+absl::StatusOr<tiering::Lease> KvService::Renew(uint64_t lease_id, uint32_t ttl_ms) {
+  return engine_->Renew(lease_id, ttl_ms);
+}
+
+absl::Status KvService::Release(uint64_t lease_id) { return engine_->Release(lease_id); }
+
+ServiceStats KvService::Stats() {
+  ServiceStats s;
+  s.tiers = engine_->Usage();
+  for (int i = 0; i < static_cast<int>(tiering::EngineMetric::kCount); ++i) {
+    auto m = static_cast<tiering::EngineMetric>(i);
+    s.counters.emplace_back(tiering::EngineMetricName(m), engine_->metric(m));
+  }
+  return s;
+}
+
+absl::StatusOr<uint64_t> KvService::FlushDramToNvme() {
+  tiering::DramTier* dram = engine_->dram();
+  tiering::NvmeTier* nvme = engine_->nvme();
+  if (dram == nullptr || nvme == nullptr) return 0;
+  uint64_t written = 0;
+  std::vector<uint8_t> buf;
+  for (const auto& [id, len] : dram->List()) {
+    if (id.part != Part::kWhole) continue;
+    // Leave room: a full NVMe tier would evict older chunks to take these.
+    if (nvme->used_bytes() + len + 4096 > nvme->capacity_bytes()) continue;
+    buf.resize(len);
+    if (!dram->Read(id, buf).ok()) continue;  // deleted meanwhile
+    if (!codec::VerifyChunk(buf).ok()) continue;  // never persist corrupt bytes
+    tiering::PutOptions po;
+    po.durable = true;
+    absl::Status st = engine_->Put(id.key, buf, po);
+    if (st.ok()) ++written;
+  }
+  return written;
+}
+
+}  // namespace kvtier::server

@@ -1,0 +1,138 @@
+// KvService: the daemon's request logic over a PlacementEngine, in domain
+// types only (no protobuf). The gRPC adapter (grpc_service.h) translates
+// messages to these calls; tests call it directly.
+//
+// Every input is validated here: key counts against the limits, chunk bytes
+// with codec::VerifyChunk (header, lengths, both section checksums) before
+// anything is stored, and chunk bytes again before a get hands them out (a
+// chunk corrupted in the shared-memory pool is dropped, DataLoss).
+//
+// Thread-safe: the engine is thread-safe; the service's own table of the
+// slots it handed out is guarded by a mutex.
+#ifndef KVTIER_SERVER_SERVICE_H_
+#define KVTIER_SERVER_SERVICE_H_
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "common/hash.h"
+#include "tiering/placement_engine.h"
+
+namespace kvtier::server {
+
+inline constexpr uint32_t kProtocolVersion = 1;
+
+// Per-daemon request limits.
+struct ServiceLimits {
+  // Most keys one Lookup/Pin/Prefetch may carry; more is InvalidArgument.
+  // Default: 4096
+  uint32_t max_keys_per_request = 4096;
+  // Largest chunk a Put or AllocateSlot accepts; larger is InvalidArgument.
+  // Default: 1 GiB
+  uint64_t max_chunk_bytes = uint64_t{1} << 30;
+  // Longest prefetch deadline honoured (longer ones are clamped).
+  // Default: 60000
+  uint32_t max_prefetch_wait_ms = 60000;
+};
+
+struct PutArgs {
+  Hash128 key;
+  bool durable = false;
+  std::optional<tiering::TierKind> tier;
+};
+
+// How a get hands the chunk out.
+enum class GetMode : uint8_t {
+  kCopy = 0,  // copied into a caller buffer (inline bytes)
+  kShm = 1,   // extent in the pool, pinned by a lease or copied into a scratch slot
+  kSlot = 2,  // copied into the caller's slot
+};
+
+struct GetResult {
+  tiering::TierKind tier = tiering::TierKind::kDram;
+  uint64_t chunk_bytes = 0;
+  std::vector<uint8_t> bytes;       // kCopy
+  tiering::PoolExtent extent;       // kShm, kSlot
+  uint64_t lease_id = 0;            // kShm: the chunk is pinned; Release it
+  uint64_t scratch_slot_id = 0;     // kShm: a copy in a slot; AbortSlot it
+};
+
+struct ServiceStats {
+  std::vector<tiering::TierUsage> tiers;
+  std::vector<std::pair<std::string, uint64_t>> counters;  // engine counters
+};
+
+class KvService {
+ public:
+  // `engine` is not owned and must outlive the service.
+  KvService(tiering::PlacementEngine* engine, const ServiceLimits& limits);
+
+  const ServiceLimits& limits() const { return limits_; }
+  tiering::PlacementEngine* engine() const { return engine_; }
+
+  // The fastest tier of each key of the longest stored prefix.
+  // InvalidArgument if there are more keys than the limit.
+  absl::StatusOr<std::vector<tiering::TierKind>> Lookup(std::span<const Hash128> keys);
+
+  // Verifies and stores `chunk`. InvalidArgument for malformed bytes or a
+  // chunk over the size limit, DataLoss for a checksum mismatch, the
+  // engine's codes otherwise.
+  absl::Status Put(const PutArgs& args, std::span<const uint8_t> chunk);
+
+  absl::StatusOr<tiering::Slot> AllocateSlot(uint64_t bytes, uint32_t ttl_ms);
+  absl::Status AbortSlot(uint64_t slot_id);
+  // Verifies the bytes the client wrote into slot `slot_id`, then stores them
+  // as `args.key` without a copy. NotFound for an unknown or expired slot,
+  // DataLoss/InvalidArgument for bad bytes (the slot is then freed).
+  absl::Status CommitSlot(const PutArgs& args, uint64_t slot_id);
+
+  // kCopy: bytes in the result. kShm: the chunk's extent in the pool, valid
+  // until the lease (lease_ms) is released or expires, or a scratch-slot
+  // copy when the chunk is not whole in DRAM. kSlot: copied into `slot_id`
+  // (InvalidArgument if the slot is too small; NotFound if unknown).
+  // NotFound on a miss; DataLoss if the stored bytes are corrupt (the chunk
+  // is dropped).
+  absl::StatusOr<GetResult> Get(const Hash128& key, GetMode mode, uint64_t slot_id = 0,
+                                uint32_t lease_ms = 0);
+
+  absl::Status Delete(const Hash128& key);
+  // Promotes NVMe-only keys to DRAM. Waits up to `deadline_ms` (clamped);
+  // returns true if the prefetch finished within it.
+  absl::StatusOr<bool> Prefetch(std::vector<Hash128> keys, uint32_t deadline_ms);
+  absl::StatusOr<tiering::Lease> Pin(std::span<const Hash128> keys, uint32_t ttl_ms);
+  absl::StatusOr<tiering::Lease> Renew(uint64_t lease_id, uint32_t ttl_ms);
+  absl::Status Release(uint64_t lease_id);
+  ServiceStats Stats();
+
+  // Writes every whole chunk held only in DRAM to NVMe while it has room
+  // (the SIGTERM path). Returns the number of chunks written.
+  absl::StatusOr<uint64_t> FlushDramToNvme();
+
+ private:
+  absl::Status CheckKeyCount(size_t n) const;
+  // The extent of a slot this service allocated and that has not expired.
+  absl::StatusOr<tiering::PoolExtent> FindSlot(uint64_t slot_id, bool remove);
+  // Verifies chunk bytes held in the pool; on corruption drops the key.
+  absl::Status VerifyStored(const Hash128& key, std::span<const uint8_t> bytes);
+
+  tiering::PlacementEngine* const engine_;
+  const ServiceLimits limits_;
+  struct SlotInfo {
+    tiering::PoolExtent extent;
+    int64_t expires_at_us;
+  };
+  absl::Mutex mu_;
+  absl::flat_hash_map<uint64_t, SlotInfo> slots_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace kvtier::server
+
+#endif  // KVTIER_SERVER_SERVICE_H_
