@@ -139,7 +139,13 @@ absl::StatusOr<std::vector<ModelSpec>> ResolveModels(const ShortfallArgs& a) {
     return absl::InvalidArgumentError("give --model NAME or --hf-config FILE");
   }
   if (params_given) {
-    KVTIER_ASSIGN_OR_RETURN(uint64_t p, ParseCount(a.params, "--params"));
+    uint64_t p = 0;
+    if (a.params.find_first_not_of("0123456789") != std::string::npos ||
+        !absl::SimpleAtoi(a.params, &p) || p == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--params wants a positive integer count of weights, got '", a.params,
+                       "'"));
+    }
     for (ModelSpec& m : models) m.param_count = p;
   }
   if (!a.weight_bytes.empty()) {

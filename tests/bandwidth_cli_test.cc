@@ -285,6 +285,8 @@ TEST_F(BandwidthCli, BadInputIsAOneLineErrorWithExitTwo) {
   ExpectOneLineError("shortfall --model Llama-3.1-8B --links-file " + P("missing.json"),
                      "missing.json");
   ExpectOneLineError("probe --size-mb 0 --no-gpu --no-disk", "--size-mb");
+  ExpectOneLineError("shortfall --model Llama-3.1-8B --params 70B", "--params");
+  ExpectOneLineError("shortfall --model Llama-3.1-8B --params -5", "--params");
 }
 
 TEST_F(BandwidthCli, MalformedConfigIsAOneLineError) {
