@@ -6,7 +6,7 @@ if(KVTIER_HAVE_CUDA)
     set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
     set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
   endif()
-  foreach(_kv_bench kernel_codec_bench)
+  foreach(_kv_bench kernel_codec_bench kernel_attention_bench)
     kvtier_add_bench(${_kv_bench} SOURCES ${_kv_bench}.cu DEPS kvtier_kernels)
     target_compile_options(${_kv_bench} PRIVATE
       $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr>)

@@ -1,0 +1,45 @@
+// Paged decode attention (one query token per sequence, grouped-query heads)
+// that reads the cache's blocks directly: BF16/FP16 K and V, K16/V8 (V in FP8
+// e4m3 with per-(block, head) scales, dequantized in registers), or
+// symmetric FP8 K and V. The context is split into partitions of
+// kAttentionPartitionTokens tokens, each handled by one CTA per (sequence,
+// kv head), and a second kernel combines the partitions' softmax states.
+//
+// Tolerance against ReferenceDecodeAttention (FP32/FP64 CPU): see
+// kernels/README.md.
+#ifndef KVTIER_KERNELS_PAGED_ATTENTION_H_
+#define KVTIER_KERNELS_PAGED_ATTENTION_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/paged_layout.h"
+#include "kernels/reference.h"
+
+namespace kvtier::kernels {
+
+inline constexpr uint32_t kAttentionPartitionTokens = 256;
+inline constexpr uint32_t kAttentionMaxGroup = 8;  // q heads per kv head
+
+// Device workspace bytes PagedDecodeAttention needs for `p` (FP32 partial
+// results of every partition). InvalidArgument as PagedDecodeAttention.
+absl::StatusOr<size_t> DecodeAttentionWorkspaceBytes(const PagedKvLayout& cache,
+                                                     const DecodeAttentionParams& p);
+
+// out = softmax(q . K^T * sm_scale) . V for every sequence and q head, over
+// seq_lens[b] tokens at block_table[b]. All pointers of `p` are device
+// pointers. Supported: head_dim 64/128/256; block size a power of two <= 256;
+// 1..8 q heads per kv head; cache dtypes (bf16|fp16, same), (bf16|fp16,
+// fp8e4m3) or (fp8e4m3, fp8e4m3) with q in the cache's 16-bit dtype (bf16 for
+// fp8/fp8 caches, or fp16). InvalidArgument before any launch for anything
+// else, a null pointer, a workspace smaller than DecodeAttentionWorkspaceBytes,
+// or out-of-range ids / lengths in the host copies when given. Asynchronous.
+absl::Status PagedDecodeAttention(const PagedKvLayout& cache, const DecodeAttentionParams& p,
+                                  void* workspace, size_t workspace_bytes, cudaStream_t stream);
+
+}  // namespace kvtier::kernels
+
+#endif  // KVTIER_KERNELS_PAGED_ATTENTION_H_
