@@ -1,7 +1,6 @@
 // Device-side conversions that must give the codec's exact bits
 // (codec/numeric.h). They use the hardware conversions where those are
-// proven equal to the codec's integer rules by numeric_gpu_test, and keep
-// the codec's rules where the hardware differs (the sign of a NaN).
+// proven equal to the codec's integer rules by numeric_gpu_test.
 #ifndef KVTIER_KERNELS_DEVICE_NUMERIC_CUH_
 #define KVTIER_KERNELS_DEVICE_NUMERIC_CUH_
 
@@ -19,13 +18,8 @@ namespace kvtier::kernels {
 
 // codec::QuantizeFp8(x, scale) == FloatToFp8E4M3(x / scale). The division is
 // IEEE (nvcc's default -prec-div=true; never build with --use_fast_math).
-// A NaN input keeps its sign, as on the host: the GPU's division would
-// return the canonical (positive) NaN.
+// Any NaN becomes 0x7F whatever its sign, on the host and on the GPU alike.
 __device__ __forceinline__ uint8_t QuantizeFp8Device(float x, float scale) {
-  const uint32_t u = __float_as_uint(x);
-  if ((u & 0x7FFFFFFFu) > 0x7F800000u) {
-    return static_cast<uint8_t>(((u >> 24) & 0x80u) | codec::kFp8NaNCode);
-  }
   const float q = __fdiv_rn(x, scale);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
   return static_cast<uint8_t>(__nv_cvt_float_to_fp8(q, __NV_SATFINITE, __NV_E4M3));
