@@ -22,9 +22,15 @@ function(kvtier_add_test name)
   if(NOT ARG_TIMEOUT)
     set(ARG_TIMEOUT 300)
   endif()
+  # An empty LABELS value would swallow the next keyword, so pass it only
+  # when there are labels.
+  set(props TIMEOUT ${ARG_TIMEOUT})
+  if(ARG_LABELS)
+    list(APPEND props LABELS "${ARG_LABELS}")
+  endif()
   gtest_discover_tests(${name}
     DISCOVERY_TIMEOUT 60
-    PROPERTIES LABELS "${ARG_LABELS}" TIMEOUT ${ARG_TIMEOUT})
+    PROPERTIES ${props})
 endfunction()
 
 # kvtier_add_bench(NAME SOURCES ... DEPS ...): benchmarks are programs, not tests.
