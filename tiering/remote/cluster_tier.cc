@@ -1,0 +1,202 @@
+#include "tiering/remote/cluster_tier.h"
+
+#include <chrono>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "codec/chunk.h"
+
+namespace kvtier::tiering::remote {
+namespace {
+
+int64_t NowMicros() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+const char* ClusterMetricName(ClusterMetric m) {
+  switch (m) {
+    case ClusterMetric::kPuts: return "remote_puts";
+    case ClusterMetric::kPutReplicaFailures: return "remote_put_replica_failures";
+    case ClusterMetric::kGets: return "remote_gets";
+    case ClusterMetric::kGetRetries: return "remote_get_retries";
+    case ClusterMetric::kCorruptReplicas: return "remote_corrupt_replicas";
+    case ClusterMetric::kMisses: return "remote_misses";
+    case ClusterMetric::kCount: break;
+  }
+  return "unknown";
+}
+
+absl::Status VerifyObject(const ObjectKey& id, std::span<const uint8_t> bytes) {
+  if (id.part == Part::kWhole) return codec::VerifyChunk(bytes).status();
+  auto h = codec::ParseHeader(bytes);
+  if (!h.ok()) return h.status();
+  return codec::VerifySection(*h, id.part == Part::kK ? codec::Section::kK : codec::Section::kV,
+                              bytes.subspan(codec::kHeaderSize));
+}
+
+ClusterTier::ClusterTier(const ClusterTierOptions& options, MemberView* view,
+                         Transport* transport, PeerService* local)
+    : options_(options), view_(view), transport_(transport), local_(local) {}
+
+TierCapabilities ClusterTier::capabilities() const {
+  TierCapabilities c;
+  c.durable = true;  // owners keep objects in their NVMe tiers
+  c.verifies_on_read = true;
+  return c;
+}
+
+uint64_t ClusterTier::capacity_bytes() const {
+  uint64_t sum = 0;
+  for (const Member& m : view_->LiveMembers()) {
+    if (m.id != view_->self_id()) sum += m.capacity_bytes;
+  }
+  return sum;
+}
+
+uint64_t ClusterTier::used_bytes() const {
+  uint64_t sum = 0;
+  for (const Member& m : view_->LiveMembers()) {
+    if (m.id != view_->self_id()) sum += m.used_bytes;
+  }
+  return sum;
+}
+
+std::vector<std::string> ClusterTier::Peers() const {
+  std::vector<std::string> out;
+  for (const Member& m : view_->LiveMembers()) {
+    if (m.id != view_->self_id()) out.push_back(m.address);
+  }
+  return out;
+}
+
+std::vector<Member> ClusterTier::Owners(const Hash128& key) const {
+  return RendezvousOwners(key, view_->LiveMembers(), options_.replicas);
+}
+
+std::vector<Member> ClusterTier::ReadOrder(const Hash128& key) const {
+  std::vector<Member> live = view_->LiveMembers();
+  std::vector<Member> order = RendezvousOwners(key, live, options_.search_non_owners ? live.size()
+                                                                                    : options_.replicas);
+  return order;
+}
+
+absl::Status ClusterTier::Put(const ObjectKey& id, std::span<const uint8_t> bytes) {
+  Count(ClusterMetric::kPuts);
+  std::vector<Member> owners = Owners(id.key);
+  if (owners.empty()) return absl::UnavailableError("the cluster has no live members");
+  int64_t t0 = NowMicros();
+  int stored = 0;
+  absl::Status last;
+  for (const Member& m : owners) {
+    absl::Status s;
+    if (m.id == view_->self_id()) {
+      if (local_ == nullptr) continue;
+      auto sink = local_->BeginPut(id, bytes.size());
+      if (sink.ok()) {
+        std::memcpy((*sink)->buffer().data(), bytes.data(), bytes.size());
+        s = (*sink)->Commit(true);
+      } else {
+        s = sink.status();
+      }
+    } else {
+      for (uint32_t a = 0; a < std::max(1u, options_.attempts_per_peer); ++a) {
+        s = transport_->Put(m.address, id, bytes, options_.timeout);
+        if (s.code() != absl::StatusCode::kUnavailable) break;
+      }
+    }
+    if (s.ok()) {
+      ++stored;
+    } else {
+      Count(ClusterMetric::kPutReplicaFailures);
+      last = absl::Status(s.code(), absl::StrCat("replica on ", m.id, ": ", s.message()));
+    }
+  }
+  if (stored == 0) return last;
+  meter_.Record(true, bytes.size(), NowMicros() - t0);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> ClusterTier::Size(const ObjectKey& id) {
+  bool unavailable = false;
+  for (const Member& m : ReadOrder(id.key)) {
+    auto n = m.id == view_->self_id()
+                 ? (local_ ? local_->Size(id) : absl::StatusOr<uint64_t>(absl::NotFoundError("")))
+                 : transport_->Size(m.address, id, options_.timeout);
+    if (n.ok()) return n;
+    if (n.status().code() == absl::StatusCode::kUnavailable) unavailable = true;
+  }
+  if (unavailable) return absl::UnavailableError("no reachable member has the object");
+  return absl::NotFoundError("no member has the object");
+}
+
+absl::Status ClusterTier::ReadFrom(const Member& m, const ObjectKey& id, std::span<uint8_t> out) {
+  absl::Status s;
+  for (uint32_t a = 0; a < std::max(1u, options_.attempts_per_peer); ++a) {
+    if (a > 0) Count(ClusterMetric::kGetRetries);
+    s = transport_->Get(m.address, id, out, options_.timeout);
+    if (s.ok()) {
+      s = VerifyObject(id, out);
+      if (s.ok()) return s;
+      Count(ClusterMetric::kCorruptReplicas);
+      s = absl::DataLossError(absl::StrCat("replica on ", m.id, " failed verification: ", s.message()));
+      continue;  // a transfer corrupted on the way may succeed the second time
+    }
+    if (s.code() != absl::StatusCode::kUnavailable) return s;
+  }
+  return s;
+}
+
+absl::Status ClusterTier::ReadLocal(const ObjectKey& id, std::span<uint8_t> out) {
+  if (local_ == nullptr) return absl::NotFoundError("no local service");
+  auto src = local_->BeginGet(id);
+  if (!src.ok()) return src.status();
+  auto bytes = (*src)->bytes();
+  if (bytes.size() != out.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("local replica is ", bytes.size(),
+                                                   " bytes, the buffer holds ", out.size()));
+  }
+  std::memcpy(out.data(), bytes.data(), bytes.size());
+  absl::Status s = VerifyObject(id, out);
+  if (!s.ok()) {
+    Count(ClusterMetric::kCorruptReplicas);
+    return absl::DataLossError(absl::StrCat("local replica failed verification: ", s.message()));
+  }
+  return s;
+}
+
+absl::Status ClusterTier::Read(const ObjectKey& id, std::span<uint8_t> out) {
+  Count(ClusterMetric::kGets);
+  int64_t t0 = NowMicros();
+  bool unavailable = false;
+  bool corrupt = false;
+  for (const Member& m : ReadOrder(id.key)) {
+    absl::Status s = m.id == view_->self_id() ? ReadLocal(id, out) : ReadFrom(m, id, out);
+    if (s.ok()) {
+      meter_.Record(false, out.size(), NowMicros() - t0);
+      return s;
+    }
+    if (s.code() == absl::StatusCode::kUnavailable) unavailable = true;
+    if (s.code() == absl::StatusCode::kDataLoss) corrupt = true;
+  }
+  Count(ClusterMetric::kMisses);
+  if (corrupt) return absl::DataLossError("every reachable copy failed verification");
+  if (unavailable) return absl::UnavailableError("no reachable member has the object");
+  return absl::NotFoundError("no member has the object");
+}
+
+absl::Status ClusterTier::Erase(const ObjectKey& id) {
+  bool erased = false;
+  for (const Member& m : ReadOrder(id.key)) {
+    absl::Status s = m.id == view_->self_id()
+                         ? (local_ ? local_->Erase(id) : absl::NotFoundError("no local service"))
+                         : transport_->Erase(m.address, id, options_.timeout);
+    erased |= s.ok();
+  }
+  return erased ? absl::OkStatus() : absl::NotFoundError("no member has the object");
+}
+
+}  // namespace kvtier::tiering::remote

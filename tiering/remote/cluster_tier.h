@@ -1,0 +1,106 @@
+// ClusterTier: the remote tier of the placement engine, over the other
+// kvtier nodes of a cluster.
+//
+// Each object has R owners, chosen by rendezvous hashing over the live
+// members (this node included). Put stores the object on every owner (this
+// node's copy goes to its local PeerService, the others through the
+// Transport) and succeeds when at least one copy is stored; Read tries the
+// owners in order (this node's own replica through its local PeerService),
+// then the other live members (a node that rejoined may still hold what it
+// owned before), skipping peers that are unavailable and
+// copies that fail verification. Every object read is verified with the
+// chunk format's checksums before it is returned, so a transfer cut off or
+// corrupted on the way is DataLoss for that replica, never returned.
+// Thread-safe.
+#ifndef KVTIER_TIERING_REMOTE_CLUSTER_TIER_H_
+#define KVTIER_TIERING_REMOTE_CLUSTER_TIER_H_
+
+#include <atomic>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "tiering/remote/rendezvous.h"
+#include "tiering/remote/transport.h"
+#include "tiering/remote_tier.h"
+
+namespace kvtier::tiering::remote {
+
+struct ClusterTierOptions {
+  // Copies of each object (owners). Default: 2
+  uint32_t replicas = 2;
+  // Bound on each transfer to a peer. Default: 5 s
+  absl::Duration timeout = absl::Seconds(5);
+  // Tries per peer when it answers Unavailable. Default: 2
+  uint32_t attempts_per_peer = 2;
+  // Also look on live members that are not owners when no owner has the
+  // object. Default: true
+  bool search_non_owners = true;
+};
+
+enum class ClusterMetric : int {
+  kPuts = 0,
+  kPutReplicaFailures,
+  kGets,
+  kGetRetries,
+  kCorruptReplicas,
+  kMisses,
+  kCount,
+};
+const char* ClusterMetricName(ClusterMetric m);
+
+class ClusterTier : public RemoteTier {
+ public:
+  // `view`, `transport` and `local` (this node's own PeerService, used for
+  // the replicas it owns; may be null) must outlive the tier.
+  ClusterTier(const ClusterTierOptions& options, MemberView* view, Transport* transport,
+              PeerService* local);
+
+  TierCapabilities capabilities() const override;
+  // Sum over the other live members of what they advertise.
+  uint64_t capacity_bytes() const override;
+  uint64_t used_bytes() const override;
+  Bandwidth bandwidth() const override { return meter_.Get(); }
+
+  // OK when at least one owner stored it; otherwise the last error
+  // (Unavailable when no owner could be reached).
+  absl::Status Put(const ObjectKey& id, std::span<const uint8_t> bytes) override;
+  absl::StatusOr<uint64_t> Size(const ObjectKey& id) override;
+  // NotFound when no reachable member has a verified copy; Unavailable when
+  // some could not be reached and none had it.
+  absl::Status Read(const ObjectKey& id, std::span<uint8_t> out) override;
+  absl::Status Erase(const ObjectKey& id) override;
+  // Remote objects are not enumerated (the engine rebuilds its map from the
+  // durable local tiers only): always empty.
+  std::vector<std::pair<ObjectKey, uint64_t>> List() override { return {}; }
+  std::vector<std::string> Peers() const override;
+
+  // The owners of a key among the live members, highest weight first.
+  std::vector<Member> Owners(const Hash128& key) const;
+  uint64_t metric(ClusterMetric m) const { return metrics_[static_cast<int>(m)].load(); }
+
+ private:
+  // Candidates for a read: owners first, then (optionally) the rest.
+  std::vector<Member> ReadOrder(const Hash128& key) const;
+  absl::Status ReadFrom(const Member& m, const ObjectKey& id, std::span<uint8_t> out);
+  // This node's own replica, through its PeerService (the engine may have
+  // evicted its cached copy while the replica stays).
+  absl::Status ReadLocal(const ObjectKey& id, std::span<uint8_t> out);
+  void Count(ClusterMetric m) { metrics_[static_cast<int>(m)].fetch_add(1); }
+
+  const ClusterTierOptions options_;
+  MemberView* view_;
+  Transport* transport_;
+  PeerService* local_;
+  BandwidthMeter meter_;
+  std::atomic<uint64_t> metrics_[static_cast<int>(ClusterMetric::kCount)] = {};
+};
+
+// Checks an object read from anywhere against the chunk format: a whole
+// chunk with codec::VerifyChunk, a K or V part (header + one section) with
+// codec::ParseHeader + codec::VerifySection. DataLoss / InvalidArgument.
+absl::Status VerifyObject(const ObjectKey& id, std::span<const uint8_t> bytes);
+
+}  // namespace kvtier::tiering::remote
+
+#endif  // KVTIER_TIERING_REMOTE_CLUSTER_TIER_H_

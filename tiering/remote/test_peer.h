@@ -1,0 +1,90 @@
+// An in-memory PeerService for the remote tier's tests: a map from object id
+// to bytes, with knobs to make it slow or refuse puts.
+#ifndef KVTIER_TIERING_REMOTE_TEST_PEER_H_
+#define KVTIER_TIERING_REMOTE_TEST_PEER_H_
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "tiering/remote/transport.h"
+
+namespace kvtier::tiering::remote::testing {
+
+class MapPeerService : public PeerService {
+ public:
+  class Sink : public PutSink {
+   public:
+    Sink(MapPeerService* s, ObjectKey id, uint64_t n) : s_(s), id_(id), buf_(n) {}
+    std::span<uint8_t> buffer() override { return buf_; }
+    absl::Status Commit(bool ok) override {
+      if (!ok) return absl::OkStatus();
+      absl::MutexLock lock(&s_->mu_);
+      s_->objects_[id_] = std::move(buf_);
+      return absl::OkStatus();
+    }
+
+   private:
+    MapPeerService* s_;
+    ObjectKey id_;
+    std::vector<uint8_t> buf_;
+  };
+  class Source : public GetSource {
+   public:
+    explicit Source(std::vector<uint8_t> b) : b_(std::move(b)) {}
+    std::span<const uint8_t> bytes() override { return b_; }
+
+   private:
+    std::vector<uint8_t> b_;
+  };
+
+  absl::StatusOr<std::unique_ptr<PutSink>> BeginPut(const ObjectKey& id, uint64_t bytes) override {
+    if (bytes > capacity_) return absl::ResourceExhaustedError("test peer is full");
+    return std::unique_ptr<PutSink>(new Sink(this, id, bytes));
+  }
+  absl::StatusOr<std::unique_ptr<GetSource>> BeginGet(const ObjectKey& id) override {
+    if (delay_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms_));
+    absl::MutexLock lock(&mu_);
+    auto it = objects_.find(id);
+    if (it == objects_.end()) return absl::NotFoundError("no such object");
+    return std::unique_ptr<GetSource>(new Source(it->second));
+  }
+  absl::StatusOr<uint64_t> Size(const ObjectKey& id) override {
+    absl::MutexLock lock(&mu_);
+    auto it = objects_.find(id);
+    if (it == objects_.end()) return absl::NotFoundError("no such object");
+    return it->second.size();
+  }
+  absl::Status Erase(const ObjectKey& id) override {
+    absl::MutexLock lock(&mu_);
+    return objects_.erase(id) ? absl::OkStatus() : absl::NotFoundError("no such object");
+  }
+  size_t count() {
+    absl::MutexLock lock(&mu_);
+    return objects_.size();
+  }
+  bool Has(const ObjectKey& id) {
+    absl::MutexLock lock(&mu_);
+    return objects_.contains(id);
+  }
+  void Corrupt(const ObjectKey& id) {
+    absl::MutexLock lock(&mu_);
+    auto it = objects_.find(id);
+    if (it != objects_.end() && !it->second.empty()) it->second.back() ^= 0xFF;
+  }
+  void set_delay_ms(int ms) { delay_ms_ = ms; }
+  void set_capacity(uint64_t c) { capacity_ = c; }
+
+ private:
+  absl::Mutex mu_;
+  absl::flat_hash_map<ObjectKey, std::vector<uint8_t>> objects_ ABSL_GUARDED_BY(mu_);
+  std::atomic<int> delay_ms_{0};
+  std::atomic<uint64_t> capacity_{uint64_t{1} << 40};
+};
+
+}  // namespace kvtier::tiering::remote::testing
+
+#endif  // KVTIER_TIERING_REMOTE_TEST_PEER_H_

@@ -1,0 +1,146 @@
+// How kvtier nodes move objects between each other: a Transport (client side)
+// and the PeerService a node exposes to its peers (server side). UCX is the
+// production transport (ucx_transport.h); tests wrap it in
+// FaultInjectingTransport.
+#ifndef KVTIER_TIERING_REMOTE_TRANSPORT_H_
+#define KVTIER_TIERING_REMOTE_TRANSPORT_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "tiering/tier.h"
+
+namespace kvtier::tiering::remote {
+
+// What a node serves to its peers. Implementations are called from the
+// transport's service thread, one request at a time per thread; they may
+// block on I/O. Thread-safe.
+class PeerService {
+ public:
+  virtual ~PeerService() = default;
+
+  // A buffer the transport receives an incoming put of `bytes` bytes into.
+  // Commit(true) stores it, Commit(false) drops it (transfer failed). The
+  // object is released after Commit.
+  class PutSink {
+   public:
+    virtual ~PutSink() = default;
+    virtual std::span<uint8_t> buffer() = 0;
+    virtual absl::Status Commit(bool transfer_ok) = 0;
+  };
+  // The bytes of an object being sent to a peer, valid until destroyed.
+  class GetSource {
+   public:
+    virtual ~GetSource() = default;
+    virtual std::span<const uint8_t> bytes() = 0;
+  };
+
+  // ResourceExhausted if there is no room, InvalidArgument for a bad size.
+  virtual absl::StatusOr<std::unique_ptr<PutSink>> BeginPut(const ObjectKey& id,
+                                                            uint64_t bytes) = 0;
+  // NotFound on a miss, DataLoss if the local copy is corrupt.
+  virtual absl::StatusOr<std::unique_ptr<GetSource>> BeginGet(const ObjectKey& id) = 0;
+  virtual absl::StatusOr<uint64_t> Size(const ObjectKey& id) = 0;
+  virtual absl::Status Erase(const ObjectKey& id) = 0;
+};
+
+// Client side: requests to peers named "host:port". Every call is bounded by
+// `timeout`; a peer that cannot be reached, drops the connection or does not
+// answer in time gives Unavailable (retry another replica). Status codes the
+// peer returns (NotFound, ResourceExhausted, DataLoss, ...) pass through.
+// Thread-safe.
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual absl::Status Put(const std::string& peer, const ObjectKey& id,
+                           std::span<const uint8_t> bytes, absl::Duration timeout) = 0;
+  virtual absl::StatusOr<uint64_t> Size(const std::string& peer, const ObjectKey& id,
+                                        absl::Duration timeout) = 0;
+  // Reads the object into `out`, which must be exactly its size (else the
+  // peer's InvalidArgument). On error `out` may hold partial data: callers
+  // verify what they read (codec checksums) before using it.
+  virtual absl::Status Get(const std::string& peer, const ObjectKey& id, std::span<uint8_t> out,
+                           absl::Duration timeout) = 0;
+  virtual absl::Status Erase(const std::string& peer, const ObjectKey& id,
+                             absl::Duration timeout) = 0;
+  virtual absl::Status Ping(const std::string& peer, absl::Duration timeout) = 0;
+};
+
+// Which faults a FaultInjectingTransport injects; every field defaults to
+// "no fault" (../shared/STYLE.md).
+struct FaultPolicy {
+  // Fail every call after this many have passed. Default: -1 (never)
+  int64_t fail_after_n = -1;
+  // Fail one call in this many, chosen by a seeded generator. Default: 0 (never)
+  uint32_t one_in = 0;
+  // Delay added before each call is forwarded, in microseconds. Default: 0
+  int64_t latency_us = 0;
+  // A failed Get delivers garbage bytes into the caller's buffer first, as a
+  // transfer cut off mid-way would ("dropped unflushed data" of a transfer).
+  // Default: false
+  bool drop_unflushed = false;
+  // Injected failures are Unavailable (retryable); otherwise Internal.
+  // Default: true
+  bool retryable = true;
+  // Seed of the one_in generator. Default: 1
+  uint32_t seed = 1;
+};
+
+// Forwards to another Transport, injecting the faults of its policy. The
+// policy can be changed while calls run. Thread-safe.
+class FaultInjectingTransport : public Transport {
+ public:
+  explicit FaultInjectingTransport(Transport* base, FaultPolicy policy = {});
+  void set_policy(const FaultPolicy& policy);
+  uint64_t injected() const { return injected_.load(); }
+
+  absl::Status Put(const std::string& peer, const ObjectKey& id, std::span<const uint8_t> bytes,
+                   absl::Duration timeout) override;
+  absl::StatusOr<uint64_t> Size(const std::string& peer, const ObjectKey& id,
+                                absl::Duration timeout) override;
+  absl::Status Get(const std::string& peer, const ObjectKey& id, std::span<uint8_t> out,
+                   absl::Duration timeout) override;
+  absl::Status Erase(const std::string& peer, const ObjectKey& id,
+                     absl::Duration timeout) override;
+  absl::Status Ping(const std::string& peer, absl::Duration timeout) override;
+
+ private:
+  // Applies latency and decides whether this call fails; returns the error.
+  absl::Status MaybeFail(const char* op);
+
+  Transport* base_;
+  absl::Mutex mu_;
+  FaultPolicy policy_ ABSL_GUARDED_BY(mu_);
+  uint64_t calls_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t rng_ ABSL_GUARDED_BY(mu_) = 1;
+  std::atomic<uint64_t> injected_{0};
+};
+
+// A PeerService over any Tier (DRAM, NVMe, ...): puts are received into a
+// heap buffer and stored with Tier::Put; gets read the object into a heap
+// buffer. The daemon's engine-backed service receives straight into the
+// DRAM pool instead.
+class TierPeerService : public PeerService {
+ public:
+  explicit TierPeerService(Tier* tier) : tier_(tier) {}
+  absl::StatusOr<std::unique_ptr<PutSink>> BeginPut(const ObjectKey& id, uint64_t bytes) override;
+  absl::StatusOr<std::unique_ptr<GetSource>> BeginGet(const ObjectKey& id) override;
+  absl::StatusOr<uint64_t> Size(const ObjectKey& id) override { return tier_->Size(id); }
+  absl::Status Erase(const ObjectKey& id) override { return tier_->Erase(id); }
+
+ private:
+  Tier* tier_;
+};
+
+}  // namespace kvtier::tiering::remote
+
+#endif  // KVTIER_TIERING_REMOTE_TRANSPORT_H_

@@ -1,0 +1,932 @@
+#include "tiering/remote/ucx_transport.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+#include <ucp/api/ucp.h>
+
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <future>
+#include <optional>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "tiering/remote/wire.h"
+
+namespace kvtier::tiering::remote {
+namespace {
+
+constexpr unsigned kAmRequest = 1;
+constexpr unsigned kAmReply = 2;
+
+absl::Status UcsError(const char* what, ucs_status_t s) {
+  return absl::UnavailableError(absl::StrCat(what, ": ", ucs_status_string(s)));
+}
+
+std::string SockaddrToString(const sockaddr_storage& ss) {
+  char host[INET6_ADDRSTRLEN] = {0};
+  uint16_t port = 0;
+  if (ss.ss_family == AF_INET) {
+    auto* a = reinterpret_cast<const sockaddr_in*>(&ss);
+    inet_ntop(AF_INET, &a->sin_addr, host, sizeof(host));
+    port = ntohs(a->sin_port);
+    return absl::StrCat(host, ":", port);
+  }
+  auto* a = reinterpret_cast<const sockaddr_in6*>(&ss);
+  inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof(host));
+  port = ntohs(a->sin6_port);
+  return absl::StrCat("[", host, "]:", port);
+}
+
+absl::StatusOr<sockaddr_storage> Resolve(const std::string& address) {
+  auto hp = ParseHostPort(address);
+  if (!hp.ok()) return hp.status();
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  int rc = getaddrinfo(hp->first.c_str(), std::to_string(hp->second).c_str(), &hints, &res);
+  if (rc != 0 || res == nullptr) {
+    return absl::UnavailableError(absl::StrCat("cannot resolve ", address, ": ", gai_strerror(rc)));
+  }
+  sockaddr_storage ss{};
+  std::memcpy(&ss, res->ai_addr, res->ai_addrlen);
+  freeaddrinfo(res);
+  return ss;
+}
+
+socklen_t SockLen(const sockaddr_storage& ss) {
+  return ss.ss_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
+}
+
+}  // namespace
+
+absl::StatusOr<std::pair<std::string, uint16_t>> ParseHostPort(const std::string& address) {
+  std::string host;
+  std::string port;
+  if (!address.empty() && address[0] == '[') {
+    size_t close = address.find(']');
+    if (close == std::string::npos || close + 1 >= address.size() || address[close + 1] != ':') {
+      return absl::InvalidArgumentError(absl::StrCat("address '", address, "' is not [host]:port"));
+    }
+    host = address.substr(1, close - 1);
+    port = address.substr(close + 2);
+  } else {
+    size_t colon = address.rfind(':');
+    if (colon == std::string::npos || colon == 0) {
+      return absl::InvalidArgumentError(absl::StrCat("address '", address, "' is not host:port"));
+    }
+    host = address.substr(0, colon);
+    port = address.substr(colon + 1);
+  }
+  if (port.empty() || port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos ||
+      std::stoul(port) > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("address '", address, "' has a bad port"));
+  }
+  return std::make_pair(host, static_cast<uint16_t>(std::stoul(port)));
+}
+
+// A request this node sent and is waiting on.
+struct Pending {
+  enum State { kWaiting, kReceiving, kDone };
+  absl::Mutex mu;
+  State state ABSL_GUARDED_BY(mu) = kWaiting;
+  bool send_done ABSL_GUARDED_BY(mu) = false;
+  absl::Status status ABSL_GUARDED_BY(mu);
+  uint64_t value ABSL_GUARDED_BY(mu) = 0;
+  // Set before the request is sent, read by the progress thread only.
+  Op op = Op::kPing;
+  std::string peer;
+  std::span<uint8_t> out;
+  ucp_ep_h ep = nullptr;
+
+  void Complete(absl::Status s, uint64_t v = 0) {
+    absl::MutexLock lock(&mu);
+    if (state == kDone) return;
+    state = kDone;
+    status = std::move(s);
+    value = v;
+  }
+};
+
+struct UcxTransport::Impl {
+  UcxTransportOptions options;
+  PeerService* service = nullptr;
+
+  ucp_context_h context = nullptr;
+  ucp_worker_h worker = nullptr;
+  ucp_listener_h listener = nullptr;
+  int worker_fd = -1;
+  int event_fd = -1;
+  int epoll_fd = -1;
+  std::string bound;
+
+  std::thread progress_thread;
+  std::atomic<bool> stop_progress{false};
+
+  std::mutex cmd_mu;
+  std::deque<std::function<void()>> commands;  // guarded by cmd_mu
+
+  // Progress-thread state.
+  absl::flat_hash_map<std::string, ucp_ep_h> peers;      // client endpoints by address
+  absl::flat_hash_map<ucp_ep_h, std::string> ep_names;   // every live endpoint
+  std::vector<void*> closing;                            // ep close requests in flight
+
+  absl::Mutex pending_mu;
+  absl::flat_hash_map<uint64_t, std::shared_ptr<Pending>> pending ABSL_GUARDED_BY(pending_mu);
+  std::atomic<uint64_t> next_request_id{1};
+
+  // Service pool.
+  std::mutex svc_mu;
+  std::condition_variable svc_cv;
+  std::deque<std::function<void()>> svc_jobs;  // guarded by svc_mu
+  bool svc_stop = false;                      // guarded by svc_mu
+  std::vector<std::thread> svc_threads;
+
+  struct Region {
+    uintptr_t base;
+    size_t bytes;
+    ucp_mem_h memh;
+  };
+  std::mutex region_mu;
+  std::vector<Region> regions;  // guarded by region_mu
+
+  // --- plumbing ---
+  void Post(std::function<void()> fn) {
+    {
+      std::lock_guard<std::mutex> lock(cmd_mu);
+      commands.push_back(std::move(fn));
+    }
+    uint64_t one = 1;
+    ssize_t n = ::write(event_fd, &one, sizeof(one));
+    (void)n;
+  }
+  void Submit(std::function<void()> fn) {
+    {
+      std::lock_guard<std::mutex> lock(svc_mu);
+      svc_jobs.push_back(std::move(fn));
+    }
+    svc_cv.notify_one();
+  }
+  ucp_mem_h FindMemh(const void* p, size_t n) {
+    std::lock_guard<std::mutex> lock(region_mu);
+    auto a = reinterpret_cast<uintptr_t>(p);
+    for (const Region& r : regions) {
+      if (a >= r.base && a + n <= r.base + r.bytes) return r.memh;
+    }
+    return nullptr;
+  }
+
+  void RunCommands() {
+    std::deque<std::function<void()>> batch;
+    {
+      std::lock_guard<std::mutex> lock(cmd_mu);
+      batch.swap(commands);
+    }
+    for (auto& fn : batch) fn();
+  }
+
+  void ProgressLoop() {
+    epoll_event evs[4];
+    while (true) {
+      RunCommands();
+      while (ucp_worker_progress(worker) != 0) {
+      }
+      if (stop_progress.load()) {
+        std::lock_guard<std::mutex> lock(cmd_mu);
+        if (commands.empty()) break;
+        continue;
+      }
+      ucs_status_t s = ucp_worker_arm(worker);
+      if (s == UCS_ERR_BUSY) continue;
+      int n = epoll_wait(epoll_fd, evs, 4, 50);
+      for (int i = 0; i < n; ++i) {
+        if (evs[i].data.fd == event_fd) {
+          uint64_t v;
+          ssize_t r = ::read(event_fd, &v, sizeof(v));
+          (void)r;
+        }
+      }
+    }
+  }
+
+  void ServiceLoop() {
+    while (true) {
+      std::function<void()> job;
+      {
+        std::unique_lock<std::mutex> lock(svc_mu);
+        svc_cv.wait(lock, [&] { return svc_stop || !svc_jobs.empty(); });
+        if (svc_jobs.empty()) return;
+        job = std::move(svc_jobs.front());
+        svc_jobs.pop_front();
+      }
+      job();
+    }
+  }
+
+  // --- endpoints (progress thread) ---
+  static void OnEpError(void* arg, ucp_ep_h ep, ucs_status_t status) {
+    static_cast<Impl*>(arg)->DropEndpoint(ep, status);
+  }
+
+  void DropEndpoint(ucp_ep_h ep, ucs_status_t status) {
+    auto it = ep_names.find(ep);
+    if (it == ep_names.end()) return;
+    std::string name = it->second;
+    ep_names.erase(it);
+    auto pit = peers.find(name);
+    if (pit != peers.end() && pit->second == ep) peers.erase(pit);
+    // Requests still waiting for a reply on this endpoint will get none.
+    std::vector<std::shared_ptr<Pending>> failed;
+    {
+      absl::MutexLock lock(&pending_mu);
+      for (auto pit2 = pending.begin(); pit2 != pending.end();) {
+        if (pit2->second->ep == ep) {
+          failed.push_back(pit2->second);
+          pending.erase(pit2++);
+        } else {
+          ++pit2;
+        }
+      }
+    }
+    for (auto& p : failed) {
+      p->Complete(absl::UnavailableError(absl::StrCat("peer ", name, " closed the connection: ",
+                                                      ucs_status_string(status))));
+    }
+    ucp_request_param_t prm{};
+    prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    prm.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    void* req = ucp_ep_close_nbx(ep, &prm);
+    if (UCS_PTR_IS_PTR(req)) closing.push_back(req);
+  }
+
+  absl::StatusOr<ucp_ep_h> Connect(const std::string& peer) {
+    auto it = peers.find(peer);
+    if (it != peers.end()) return it->second;
+    auto addr = Resolve(peer);
+    if (!addr.ok()) return addr.status();
+    ucp_ep_params_t ep{};
+    ep.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
+                    UCP_EP_PARAM_FIELD_ERR_HANDLER | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+    ep.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
+    ep.sockaddr.addr = reinterpret_cast<const sockaddr*>(&*addr);
+    ep.sockaddr.addrlen = SockLen(*addr);
+    ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    ep.err_handler.cb = &Impl::OnEpError;
+    ep.err_handler.arg = this;
+    ucp_ep_h h = nullptr;
+    ucs_status_t s = ucp_ep_create(worker, &ep, &h);
+    if (s != UCS_OK) return UcsError(absl::StrCat("connect to ", peer).c_str(), s);
+    peers[peer] = h;
+    ep_names[h] = peer;
+    return h;
+  }
+
+  static void OnConnRequest(ucp_conn_request_h req, void* arg) {
+    auto* self = static_cast<Impl*>(arg);
+    ucp_ep_params_t ep{};
+    ep.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLER |
+                    UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+    ep.conn_request = req;
+    ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    ep.err_handler.cb = &Impl::OnEpError;
+    ep.err_handler.arg = self;
+    ucp_ep_h h = nullptr;
+    if (ucp_ep_create(self->worker, &ep, &h) == UCS_OK) self->ep_names[h] = "incoming";
+  }
+
+  // --- sending (progress thread) ---
+  struct SendCtx {
+    Impl* impl;
+    std::array<uint8_t, kWireHeaderSize> header;
+    std::shared_ptr<Pending> pending;                   // requests
+    std::unique_ptr<PeerService::GetSource> keepalive;  // replies carrying an object
+    std::string text;                                   // replies carrying an error
+  };
+
+  static void OnSendDone(void* request, ucs_status_t status, void* user_data) {
+    auto* ctx = static_cast<SendCtx*>(user_data);
+    ctx->impl->FinishSend(ctx, status);
+    ucp_request_free(request);
+  }
+
+  void FinishSend(SendCtx* ctx, ucs_status_t status) {
+    if (ctx->pending) {
+      {
+        absl::MutexLock lock(&ctx->pending->mu);
+        ctx->pending->send_done = true;
+      }
+      if (status != UCS_OK) {
+        FailPending(ctx->pending, UcsError(absl::StrCat("send to ", ctx->pending->peer).c_str(), status));
+      }
+    }
+    delete ctx;
+  }
+
+  void FailPending(const std::shared_ptr<Pending>& p, absl::Status s) {
+    {
+      absl::MutexLock lock(&pending_mu);
+      for (auto it = pending.begin(); it != pending.end(); ++it) {
+        if (it->second == p) {
+          pending.erase(it);
+          break;
+        }
+      }
+    }
+    p->Complete(std::move(s));
+  }
+
+  // Sends one active message; `ctx` is consumed.
+  void Send(ucp_ep_h ep, unsigned am_id, SendCtx* ctx, const void* payload, size_t len,
+            bool want_reply) {
+    ucp_request_param_t prm{};
+    prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    prm.cb.send = &Impl::OnSendDone;
+    prm.user_data = ctx;
+    if (want_reply) {
+      prm.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
+      prm.flags = UCP_AM_SEND_FLAG_REPLY;
+    }
+    if (len > 0) {
+      if (ucp_mem_h memh = FindMemh(payload, len)) {
+        prm.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
+        prm.memh = memh;
+      }
+    }
+    ucs_status_ptr_t r = ucp_am_send_nbx(ep, am_id, ctx->header.data(), kWireHeaderSize, payload,
+                                         len, &prm);
+    if (r == nullptr) {
+      FinishSend(ctx, UCS_OK);
+    } else if (UCS_PTR_IS_ERR(r)) {
+      FinishSend(ctx, UCS_PTR_STATUS(r));
+    }
+  }
+
+  void StartRequest(std::shared_ptr<Pending> p, uint64_t id, WireHeader h,
+                    std::span<const uint8_t> payload) {
+    auto ep = Connect(p->peer);
+    if (!ep.ok()) {
+      {
+        absl::MutexLock lock(&pending_mu);
+        pending.erase(id);
+      }
+      {
+        absl::MutexLock lock(&p->mu);
+        p->send_done = true;
+      }
+      p->Complete(ep.status());
+      return;
+    }
+    p->ep = *ep;
+    auto* ctx = new SendCtx{this, {}, p, nullptr, {}};
+    EncodeHeader(h, ctx->header);
+    Send(*ep, kAmRequest, ctx, payload.data(), payload.size(), /*want_reply=*/true);
+  }
+
+  void SendReply(ucp_ep_h ep, const WireHeader& req, absl::Status status, uint64_t length,
+                 std::unique_ptr<PeerService::GetSource> src) {
+    if (!ep_names.contains(ep)) return;  // the requester is gone
+    WireHeader h;
+    h.op = req.op;
+    h.reply = true;
+    h.request_id = req.request_id;
+    h.id = req.id;
+    h.status = status.code();
+    h.length = length;
+    auto* ctx = new SendCtx{this, {}, nullptr, std::move(src), {}};
+    const void* payload = nullptr;
+    size_t len = 0;
+    if (!status.ok()) {
+      ctx->text = std::string(status.message().substr(0, kMaxErrorMessage));
+      payload = ctx->text.data();
+      len = ctx->text.size();
+      h.length = 0;
+    } else if (ctx->keepalive) {
+      payload = ctx->keepalive->bytes().data();
+      len = ctx->keepalive->bytes().size();
+    }
+    EncodeHeader(h, ctx->header);
+    Send(ep, kAmReply, ctx, payload, len, /*want_reply=*/false);
+  }
+
+  // --- receiving replies (progress thread) ---
+  static ucs_status_t OnReply(void* arg, const void* header, size_t header_length, void* data,
+                              size_t length, const ucp_am_recv_param_t* param) {
+    return static_cast<Impl*>(arg)->HandleReply(header, header_length, data, length, param);
+  }
+
+  struct RecvCtx {
+    Impl* impl;
+    std::shared_ptr<Pending> pending;
+  };
+  static void OnRecvDone(void* request, ucs_status_t status, size_t length, void* user_data) {
+    auto* ctx = static_cast<RecvCtx*>(user_data);
+    if (status == UCS_OK) {
+      ctx->pending->Complete(absl::OkStatus(), length);
+    } else {
+      ctx->pending->Complete(UcsError(absl::StrCat("receive from ", ctx->pending->peer).c_str(), status));
+    }
+    delete ctx;
+    ucp_request_free(request);
+  }
+
+  ucs_status_t HandleReply(const void* header, size_t header_length, void* data, size_t length,
+                           const ucp_am_recv_param_t* param) {
+    const bool rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+    std::span<const uint8_t> hb(static_cast<const uint8_t*>(header), header_length);
+    auto h = DecodeHeader(hb);
+    uint64_t id = h.ok() ? h->request_id : PeekRequestId(hb);
+    std::shared_ptr<Pending> p;
+    {
+      absl::MutexLock lock(&pending_mu);
+      auto it = pending.find(id);
+      if (it != pending.end()) {
+        p = it->second;
+        pending.erase(it);
+      }
+    }
+    if (!p) {  // a reply to a request that timed out
+      if (!rndv) return UCS_OK;
+      Post([this, data] { ucp_am_data_release(worker, data); });
+      return UCS_INPROGRESS;
+    }
+    auto release = [&] {
+      if (rndv) Post([this, data] { ucp_am_data_release(worker, data); });
+      return rndv ? UCS_INPROGRESS : UCS_OK;
+    };
+    if (!h.ok()) {
+      p->Complete(absl::Status(h.status().code(), absl::StrCat("peer ", p->peer, ": ", h.status().message())));
+      return release();
+    }
+    if (!h->reply || h->op != p->op) {
+      p->Complete(absl::UnavailableError(absl::StrCat("peer ", p->peer, " sent a malformed reply")));
+      return release();
+    }
+    if (h->status != absl::StatusCode::kOk) {
+      std::string msg;
+      if (!rndv) msg.assign(static_cast<const char*>(data), std::min(length, kMaxErrorMessage));
+      p->Complete(absl::Status(h->status, absl::StrCat("peer ", p->peer, ": ", msg)));
+      return release();
+    }
+    if (h->op == Op::kSize) {
+      p->Complete(absl::OkStatus(), h->length);
+      return release();
+    }
+    if (h->op != Op::kGet) {
+      p->Complete(absl::OkStatus());
+      return release();
+    }
+    if (length != p->out.size()) {
+      p->Complete(absl::InvalidArgumentError(absl::StrCat(
+          "peer ", p->peer, " returned ", length, " bytes, the buffer holds ", p->out.size())));
+      return release();
+    }
+    if (!rndv) {
+      std::memcpy(p->out.data(), data, length);
+      p->Complete(absl::OkStatus(), length);
+      return UCS_OK;
+    }
+    {
+      absl::MutexLock lock(&p->mu);
+      p->state = Pending::kReceiving;
+    }
+    Post([this, p, data, length] {
+      ucp_request_param_t prm{};
+      prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+      prm.cb.recv_am = &Impl::OnRecvDone;
+      auto* ctx = new RecvCtx{this, p};
+      prm.user_data = ctx;
+      if (ucp_mem_h memh = FindMemh(p->out.data(), length)) {
+        prm.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
+        prm.memh = memh;
+      }
+      ucs_status_ptr_t r = ucp_am_recv_data_nbx(worker, data, p->out.data(), length, &prm);
+      if (r == nullptr) {
+        p->Complete(absl::OkStatus(), length);
+        delete ctx;
+      } else if (UCS_PTR_IS_ERR(r)) {
+        p->Complete(UcsError("receive", UCS_PTR_STATUS(r)));
+        delete ctx;
+      }
+    });
+    return UCS_INPROGRESS;
+  }
+
+  // --- serving requests ---
+  static ucs_status_t OnRequest(void* arg, const void* header, size_t header_length, void* data,
+                                size_t length, const ucp_am_recv_param_t* param) {
+    return static_cast<Impl*>(arg)->HandleRequest(header, header_length, data, length, param);
+  }
+
+  struct PutRecv {
+    Impl* impl;
+    ucp_ep_h ep;
+    WireHeader req;
+    std::shared_ptr<PeerService::PutSink> sink;
+  };
+  static void OnPutRecvDone(void* request, ucs_status_t status, size_t, void* user_data) {
+    auto* ctx = static_cast<PutRecv*>(user_data);
+    ctx->impl->FinishPutRecv(ctx, status == UCS_OK);
+    ucp_request_free(request);
+  }
+  void FinishPutRecv(PutRecv* ctx, bool ok) {
+    Submit([this, ctx, ok] {
+      absl::Status s = ctx->sink->Commit(ok);
+      if (!ok) s = absl::UnavailableError("transfer failed");
+      ucp_ep_h ep = ctx->ep;
+      WireHeader req = ctx->req;
+      delete ctx;
+      Post([this, ep, req, s] { SendReply(ep, req, s, 0, nullptr); });
+    });
+  }
+
+  ucs_status_t HandleRequest(const void* header, size_t header_length, void* data, size_t length,
+                             const ucp_am_recv_param_t* param) {
+    const bool rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+    auto release = [&] {
+      if (rndv) Post([this, data] { ucp_am_data_release(worker, data); });
+      return rndv ? UCS_INPROGRESS : UCS_OK;
+    };
+    if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) return release();
+    ucp_ep_h ep = param->reply_ep;
+    std::span<const uint8_t> hb(static_cast<const uint8_t*>(header), header_length);
+    auto h = DecodeHeader(hb);
+    if (!h.ok()) {
+      WireHeader bad;
+      bad.request_id = PeekRequestId(hb);
+      bad.op = header_length > kWireOffOp ? static_cast<Op>(static_cast<const uint8_t*>(header)[kWireOffOp]) : Op::kPing;
+      SendReply(ep, bad, h.status(), 0, nullptr);
+      return release();
+    }
+    WireHeader req = *h;
+    if (req.reply) {
+      SendReply(ep, req, absl::InvalidArgumentError("a reply was sent as a request"), 0, nullptr);
+      return release();
+    }
+    if (req.op == Op::kPing) {
+      SendReply(ep, req, absl::OkStatus(), 0, nullptr);
+      return release();
+    }
+    if (service == nullptr) {
+      SendReply(ep, req, absl::UnavailableError("this node serves no objects"), 0, nullptr);
+      return release();
+    }
+    switch (req.op) {
+      case Op::kPut: {
+        if (length > options.max_object_bytes || length != req.length) {
+          SendReply(ep, req,
+                    absl::InvalidArgumentError(absl::StrCat("put of ", length, " bytes (header says ",
+                                                            req.length, ", limit ",
+                                                            options.max_object_bytes, ")")),
+                    0, nullptr);
+          return release();
+        }
+        if (rndv) {
+          Submit([this, ep, req, data, length] {
+            auto sink = service->BeginPut(req.id, length);
+            if (!sink.ok()) {
+              absl::Status s = sink.status();
+              Post([this, ep, req, data, s] {
+                ucp_am_data_release(worker, data);
+                SendReply(ep, req, s, 0, nullptr);
+              });
+              return;
+            }
+            auto* ctx = new PutRecv{this, ep, req, std::shared_ptr<PeerService::PutSink>(std::move(*sink))};
+            Post([this, ctx, data, length] {
+              ucp_request_param_t prm{};
+              prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+              prm.cb.recv_am = &Impl::OnPutRecvDone;
+              prm.user_data = ctx;
+              auto buf = ctx->sink->buffer();
+              if (ucp_mem_h memh = FindMemh(buf.data(), length)) {
+                prm.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
+                prm.memh = memh;
+              }
+              ucs_status_ptr_t r = ucp_am_recv_data_nbx(worker, data, buf.data(), length, &prm);
+              if (r == nullptr) {
+                FinishPutRecv(ctx, true);
+              } else if (UCS_PTR_IS_ERR(r)) {
+                FinishPutRecv(ctx, false);
+              }
+            });
+          });
+          return UCS_INPROGRESS;
+        }
+        auto copy = std::make_shared<std::vector<uint8_t>>(static_cast<const uint8_t*>(data),
+                                                           static_cast<const uint8_t*>(data) + length);
+        Submit([this, ep, req, copy] {
+          absl::Status s;
+          auto sink = service->BeginPut(req.id, copy->size());
+          if (!sink.ok()) {
+            s = sink.status();
+          } else {
+            std::memcpy((*sink)->buffer().data(), copy->data(), copy->size());
+            s = (*sink)->Commit(true);
+          }
+          Post([this, ep, req, s] { SendReply(ep, req, s, 0, nullptr); });
+        });
+        return UCS_OK;
+      }
+      case Op::kGet:
+        Submit([this, ep, req] {
+          auto src = service->BeginGet(req.id);
+          if (!src.ok()) {
+            absl::Status s = src.status();
+            Post([this, ep, req, s] { SendReply(ep, req, s, 0, nullptr); });
+            return;
+          }
+          auto holder = std::make_shared<std::unique_ptr<PeerService::GetSource>>(std::move(*src));
+          Post([this, ep, req, holder] {
+            uint64_t n = (*holder)->bytes().size();
+            SendReply(ep, req, absl::OkStatus(), n, std::move(*holder));
+          });
+        });
+        return release();
+      case Op::kSize:
+        Submit([this, ep, req] {
+          auto n = service->Size(req.id);
+          absl::Status s = n.status();
+          uint64_t v = n.ok() ? *n : 0;
+          Post([this, ep, req, s, v] { SendReply(ep, req, s, v, nullptr); });
+        });
+        return release();
+      case Op::kErase:
+        Submit([this, ep, req] {
+          absl::Status s = service->Erase(req.id);
+          Post([this, ep, req, s] { SendReply(ep, req, s, 0, nullptr); });
+        });
+        return release();
+      default:
+        return release();
+    }
+  }
+
+  // --- a whole request from a caller thread ---
+  absl::StatusOr<uint64_t> Call(const std::string& peer, Op op, const ObjectKey& id,
+                                std::span<const uint8_t> payload, std::span<uint8_t> out,
+                                absl::Duration timeout, uint16_t version = kWireVersion) {
+    if (stop_progress.load()) return absl::UnavailableError("transport is shutting down");
+    auto p = std::make_shared<Pending>();
+    p->op = op;
+    p->peer = peer;
+    p->out = out;
+    uint64_t rid = next_request_id.fetch_add(1);
+    WireHeader h;
+    h.version = version;
+    h.op = op;
+    h.request_id = rid;
+    h.id = id;
+    h.length = op == Op::kPut ? payload.size() : out.size();
+    {
+      absl::MutexLock lock(&pending_mu);
+      pending[rid] = p;
+    }
+    Post([this, p, rid, h, payload] { StartRequest(p, rid, h, payload); });
+    absl::Time deadline = absl::Now() + timeout;
+    bool done;
+    {
+      absl::MutexLock lock(&p->mu);
+      done = p->mu.AwaitWithDeadline(
+          absl::Condition(+[](Pending* q) ABSL_NO_THREAD_SAFETY_ANALYSIS { return q->state == Pending::kDone; }, p.get()),
+          deadline);
+    }
+    if (!done) {
+      // Give up on the reply. A receive already writing into `out` must end
+      // before we return, and so must a send still reading `payload`: close
+      // the endpoint so UCX cancels both.
+      bool need_close;
+      {
+        absl::MutexLock lock(&pending_mu);
+        pending.erase(rid);
+      }
+      {
+        absl::MutexLock lock(&p->mu);
+        need_close = p->state == Pending::kReceiving || !p->send_done;
+      }
+      if (need_close) {
+        Post([this, p] {
+          if (p->ep != nullptr) DropEndpoint(p->ep, UCS_ERR_TIMED_OUT);
+        });
+      }
+      absl::MutexLock lock(&p->mu);
+      if (p->state == Pending::kReceiving || !p->send_done) {
+        p->mu.Await(absl::Condition(+[](Pending* q) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+          return (q->state != Pending::kReceiving) && q->send_done;
+        }, p.get()));
+      }
+      if (p->state != Pending::kDone) {
+        p->state = Pending::kDone;
+        p->status = absl::UnavailableError(absl::StrCat("peer ", peer, " did not answer within ",
+                                                        absl::FormatDuration(timeout)));
+      }
+      if (p->status.ok()) return p->value;  // it finished while we closed
+      return p->status;
+    }
+    // A put's payload may still be in flight even after the reply (it cannot
+    // in practice: the peer replies after receiving it), so wait for the send.
+    absl::MutexLock lock(&p->mu);
+    p->mu.Await(absl::Condition(+[](Pending* q) ABSL_NO_THREAD_SAFETY_ANALYSIS { return q->send_done; }, p.get()));
+    if (!p->status.ok()) return p->status;
+    return p->value;
+  }
+};
+
+UcxTransport::UcxTransport(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+absl::StatusOr<std::unique_ptr<UcxTransport>> UcxTransport::Create(
+    const UcxTransportOptions& options, PeerService* service) {
+  auto impl = std::make_unique<Impl>();
+  impl->options = options;
+  impl->service = service;
+  std::optional<sockaddr_storage> listen_addr;
+  if (!options.listen.empty()) {
+    auto hp = ParseHostPort(options.listen);
+    if (!hp.ok()) return hp.status();
+    auto a = Resolve(options.listen);
+    if (!a.ok()) return a.status();
+    listen_addr = *a;
+  }
+  ucp_config_t* config = nullptr;
+  ucs_status_t s = ucp_config_read(nullptr, nullptr, &config);
+  if (s != UCS_OK) return UcsError("ucp_config_read", s);
+  ucp_params_t params{};
+  params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
+  params.features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
+  params.name = "kvtier";
+  s = ucp_init(&params, config, &impl->context);
+  ucp_config_release(config);
+  if (s != UCS_OK) return UcsError("ucp_init", s);
+  ucp_worker_params_t wp{};
+  wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  wp.thread_mode = UCS_THREAD_MODE_SINGLE;
+  s = ucp_worker_create(impl->context, &wp, &impl->worker);
+  if (s != UCS_OK) {
+    ucp_cleanup(impl->context);
+    return UcsError("ucp_worker_create", s);
+  }
+  // From here on the destructor of UcxTransport releases what exists.
+  std::unique_ptr<UcxTransport> t(new UcxTransport(std::move(impl)));
+  Impl* m = t->impl_.get();
+  for (auto [id, cb] : {std::pair{kAmRequest, &Impl::OnRequest}, std::pair{kAmReply, &Impl::OnReply}}) {
+    ucp_am_handler_param_t hp{};
+    hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                    UCP_AM_HANDLER_PARAM_FIELD_ARG | UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
+    hp.id = id;
+    hp.cb = cb;
+    hp.arg = m;
+    hp.flags = UCP_AM_FLAG_WHOLE_MSG;
+    s = ucp_worker_set_am_recv_handler(m->worker, &hp);
+    if (s != UCS_OK) return UcsError("ucp_worker_set_am_recv_handler", s);
+  }
+  s = ucp_worker_get_efd(m->worker, &m->worker_fd);
+  if (s != UCS_OK) return UcsError("ucp_worker_get_efd", s);
+  m->event_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  m->epoll_fd = epoll_create1(EPOLL_CLOEXEC);
+  if (m->event_fd < 0 || m->epoll_fd < 0) return absl::UnavailableError("eventfd/epoll failed");
+  for (int fd : {m->worker_fd, m->event_fd}) {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = fd;
+    epoll_ctl(m->epoll_fd, EPOLL_CTL_ADD, fd, &ev);
+  }
+  if (listen_addr) {
+    ucp_listener_params_t lp{};
+    lp.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
+    lp.sockaddr.addr = reinterpret_cast<const sockaddr*>(&*listen_addr);
+    lp.sockaddr.addrlen = SockLen(*listen_addr);
+    lp.conn_handler.cb = &Impl::OnConnRequest;
+    lp.conn_handler.arg = m;
+    s = ucp_listener_create(m->worker, &lp, &m->listener);
+    if (s != UCS_OK) return UcsError(absl::StrCat("listen on ", options.listen).c_str(), s);
+    ucp_listener_attr_t attr{};
+    attr.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
+    s = ucp_listener_query(m->listener, &attr);
+    if (s != UCS_OK) return UcsError("ucp_listener_query", s);
+    m->bound = SockaddrToString(attr.sockaddr);
+    // Report the host the caller asked for (a bound wildcard says nothing).
+    auto asked = ParseHostPort(options.listen);
+    auto got = ParseHostPort(m->bound);
+    if (asked.ok() && got.ok()) {
+      m->bound = absl::StrCat(asked->first.find(':') != std::string::npos ? "[" + asked->first + "]"
+                                                                          : asked->first,
+                              ":", got->second);
+    }
+  }
+  for (int i = 0; i < std::max(1, options.service_threads); ++i) {
+    m->svc_threads.emplace_back([m] { m->ServiceLoop(); });
+  }
+  m->progress_thread = std::thread([m] { m->ProgressLoop(); });
+  return t;
+}
+
+UcxTransport::~UcxTransport() {
+  Impl* m = impl_.get();
+  if (m->progress_thread.joinable()) {
+    {
+      std::lock_guard<std::mutex> lock(m->svc_mu);
+      m->svc_stop = true;
+    }
+    m->svc_cv.notify_all();
+    for (auto& t : m->svc_threads) t.join();
+    std::promise<void> closed;
+    m->Post([m, &closed] {
+      if (m->listener) {
+        ucp_listener_destroy(m->listener);
+        m->listener = nullptr;
+      }
+      std::vector<ucp_ep_h> eps;
+      for (auto& [ep, name] : m->ep_names) eps.push_back(ep);
+      for (ucp_ep_h ep : eps) m->DropEndpoint(ep, UCS_ERR_CANCELED);
+      // Wait for the close requests (and the sends/receives they cancel).
+      while (!m->closing.empty()) {
+        ucp_worker_progress(m->worker);
+        for (auto it = m->closing.begin(); it != m->closing.end();) {
+          if (ucp_request_check_status(*it) != UCS_INPROGRESS) {
+            ucp_request_free(*it);
+            it = m->closing.erase(it);
+          } else {
+            ++it;
+          }
+        }
+      }
+      closed.set_value();
+    });
+    closed.get_future().wait();
+    m->stop_progress = true;
+    m->Post([] {});
+    m->progress_thread.join();
+    std::vector<std::shared_ptr<Pending>> left;
+    {
+      absl::MutexLock lock(&m->pending_mu);
+      for (auto& [id, p] : m->pending) left.push_back(p);
+      m->pending.clear();
+    }
+    for (auto& p : left) p->Complete(absl::UnavailableError("transport shut down"));
+  }
+  {
+    std::lock_guard<std::mutex> lock(m->region_mu);
+    for (auto& r : m->regions) ucp_mem_unmap(m->context, r.memh);
+  }
+  if (m->epoll_fd >= 0) ::close(m->epoll_fd);
+  if (m->event_fd >= 0) ::close(m->event_fd);
+  if (m->listener) ucp_listener_destroy(m->listener);
+  if (m->worker) ucp_worker_destroy(m->worker);
+  if (m->context) ucp_cleanup(m->context);
+}
+
+std::string UcxTransport::listen_address() const { return impl_->bound; }
+
+absl::Status UcxTransport::RegisterMemory(void* data, size_t bytes) {
+  ucp_mem_map_params_t mp{};
+  mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+  mp.address = data;
+  mp.length = bytes;
+  ucp_mem_h memh = nullptr;
+  ucs_status_t s = ucp_mem_map(impl_->context, &mp, &memh);
+  if (s != UCS_OK) return UcsError("ucp_mem_map", s);
+  std::lock_guard<std::mutex> lock(impl_->region_mu);
+  impl_->regions.push_back({reinterpret_cast<uintptr_t>(data), bytes, memh});
+  return absl::OkStatus();
+}
+
+absl::Status UcxTransport::Put(const std::string& peer, const ObjectKey& id,
+                               std::span<const uint8_t> bytes, absl::Duration timeout) {
+  return impl_->Call(peer, Op::kPut, id, bytes, {}, timeout).status();
+}
+
+absl::StatusOr<uint64_t> UcxTransport::Size(const std::string& peer, const ObjectKey& id,
+                                            absl::Duration timeout) {
+  return impl_->Call(peer, Op::kSize, id, {}, {}, timeout);
+}
+
+absl::Status UcxTransport::Get(const std::string& peer, const ObjectKey& id,
+                               std::span<uint8_t> out, absl::Duration timeout) {
+  return impl_->Call(peer, Op::kGet, id, {}, out, timeout).status();
+}
+
+absl::Status UcxTransport::Erase(const std::string& peer, const ObjectKey& id,
+                                 absl::Duration timeout) {
+  return impl_->Call(peer, Op::kErase, id, {}, {}, timeout).status();
+}
+
+absl::Status UcxTransport::Ping(const std::string& peer, absl::Duration timeout) {
+  return impl_->Call(peer, Op::kPing, ObjectKey{}, {}, {}, timeout).status();
+}
+
+absl::Status UcxTransport::PingWithVersion(const std::string& peer, uint16_t version,
+                                           absl::Duration timeout) {
+  return impl_->Call(peer, Op::kPing, ObjectKey{}, {}, {}, timeout, version).status();
+}
+
+}  // namespace kvtier::tiering::remote
