@@ -3,9 +3,13 @@
 //   nvme  engine Put/Get on the NVMe tier vs raw io_uring O_DIRECT writes
 //         (+ fdatasync per chunk, the same durability) and reads of the same
 //         bytes, same directory, same request size and queue depth
-//   trace hit ratio of S3-FIFO vs LRU on a multi-turn chat / shared-document
-//         trace with DRAM = 10% and NVMe = 50% of the working set
-// Usage: tiering_bench [--dir DIR] [--json FILE]. Prints JSON.
+//   trace hit ratio of LRU (baseline), S3-FIFO (the engine's default) and
+//         ARC on a multi-turn chat / shared-document trace with DRAM = 10%
+//         and NVMe = 50% of the working set, plus four more trace seeds
+// Usage: tiering_bench [--dir DIR] [--json FILE] [--only dram|nvme|trace]
+//   experiment knobs (defaults = the engine's): --s3fifo-small F
+//   --admission-history N --admit-after N --dram-fraction F --nvme-fraction F
+//   --trace-seed S. Prints JSON.
 #include <unistd.h>
 
 #include <chrono>
@@ -179,11 +183,21 @@ std::string Nvme(const std::string& base) {
 // by Zipf(1.0) over 200 documents; each turn reads the document's chunks and
 // the conversation's history, then appends 1-2 chunks to the history.
 struct TraceResult {
-  uint64_t gets, hits_dram, hits_nvme;
+  uint64_t gets, hits_dram, hits_nvme, evictions, demotions, admission_rejects;
 };
 
+// Trace knobs (command-line flags, for experiments; defaults = the engine's).
+struct TraceKnobs {
+  PlacementEngineOptions engine;
+  double dram_fraction = 0.1, nvme_fraction = 0.5;
+  uint64_t trace_seed = 20240601;
+  std::vector<EvictionPolicyKind> kinds = {EvictionPolicyKind::kLru, EvictionPolicyKind::kS3Fifo,
+                                           EvictionPolicyKind::kArc};
+};
+TraceKnobs g_knobs;
+
 std::vector<std::pair<uint64_t, bool>> MakeTrace(uint64_t* working_set) {
-  std::mt19937_64 rng(20240601);
+  std::mt19937_64 rng(g_knobs.trace_seed);
   const int docs = 200;
   std::vector<double> cdf(docs);
   double z = 0;
@@ -222,16 +236,20 @@ TraceResult RunTrace(EvictionPolicyKind kind, const std::vector<std::pair<uint64
   MemIoEnv mem;
   std::filesystem::remove_all(index_dir);
   EngineTiers tiers;
-  tiers.dram = DramTier::Open({.capacity_bytes = ws * alloc / 10, .populate = false}).value();
-  tiers.nvme = NvmeTier::Open({.dir = index_dir, .capacity_bytes = ws * alloc / 2, .env = &mem}).value();
-  auto e = PlacementEngine::Create({.eviction = kind, .maintenance_interval_ms = 0}, std::move(tiers)).value();
+  tiers.dram = DramTier::Open({.capacity_bytes = uint64_t(ws * g_knobs.dram_fraction) * alloc, .populate = false}).value();
+  tiers.nvme = NvmeTier::Open({.dir = index_dir, .capacity_bytes = uint64_t(ws * g_knobs.nvme_fraction) * alloc, .env = &mem}).value();
+  PlacementEngineOptions eo = g_knobs.engine;
+  eo.eviction = kind;
+  eo.maintenance_interval_ms = 0;
+  auto e = PlacementEngine::Create(eo, std::move(tiers)).value();
   std::vector<uint8_t> out(chunk.size());
   for (auto& [id, is_new] : trace) {
     Hash128 k = Key(id);
     if (is_new || !e->Get(k, out).ok()) (void)e->Put(k, chunk);
   }
-  TraceResult r{e->metric(EngineMetric::kGets), e->metric(EngineMetric::kHitsDram),
-                e->metric(EngineMetric::kHitsNvme)};
+  TraceResult r{e->metric(EngineMetric::kGets),      e->metric(EngineMetric::kHitsDram),
+                e->metric(EngineMetric::kHitsNvme),  e->metric(EngineMetric::kEvictions),
+                e->metric(EngineMetric::kDemotions), e->metric(EngineMetric::kAdmissionRejects)};
   e.reset();
   std::filesystem::remove_all(index_dir);
   return r;
@@ -242,15 +260,40 @@ std::string Trace() {
   auto trace = MakeTrace(&ws);
   auto chunk = Chunk(2, 2, 64, 16, 3);
   std::ostringstream js;
+  const PlacementEngineOptions& o = g_knobs.engine;
   js << "{\"requests\": " << trace.size() << ", \"working_set_chunks\": " << ws
-     << ", \"dram_fraction\": 0.1, \"nvme_fraction\": 0.5, \"nvme_admit_after_uses\": 2";
-  for (auto kind : {EvictionPolicyKind::kLru, EvictionPolicyKind::kS3Fifo}) {
+     << ", \"dram_fraction\": " << g_knobs.dram_fraction
+     << ", \"nvme_fraction\": " << g_knobs.nvme_fraction << ", \"nvme_admit_after_uses\": "
+     << o.nvme_admit_after_uses << ", \"admission_history\": " << o.admission_history
+     << ", \"s3fifo_small_fraction\": " << o.eviction_options.s3fifo_small_fraction
+     << ", \"default_policy\": \"" << EvictionPolicyName(PlacementEngineOptions{}.eviction) << "\"";
+  for (auto kind : g_knobs.kinds) {
     TraceResult r = RunTrace(kind, trace, ws, chunk, "/dev/shm/kvtier-bench-trace-index");
-    js << ", \"" << EvictionPolicyName(kind) << "\": {\"gets\": " << r.gets
+    js << ",\n    \"" << EvictionPolicyName(kind) << "\": {\"gets\": " << r.gets
        << ", \"dram_hit_ratio\": " << double(r.hits_dram) / r.gets
-       << ", \"total_hit_ratio\": " << double(r.hits_dram + r.hits_nvme) / r.gets << "}";
+       << ", \"total_hit_ratio\": " << double(r.hits_dram + r.hits_nvme) / r.gets
+       << ", \"hits_dram\": " << r.hits_dram << ", \"hits_nvme\": " << r.hits_nvme
+       << ", \"misses\": " << r.gets - r.hits_dram - r.hits_nvme << ", \"evictions\": " << r.evictions
+       << ", \"demotions\": " << r.demotions << ", \"admission_rejects\": " << r.admission_rejects
+       << "}";
   }
-  js << "}";
+  // The same trace generator with other seeds: is the winner robust?
+  js << ",\n    \"other_seeds\": [";
+  const uint64_t main_seed = g_knobs.trace_seed;
+  for (uint64_t seed = 1; seed <= 4; ++seed) {
+    g_knobs.trace_seed = seed;
+    uint64_t sws = 0;
+    auto st = MakeTrace(&sws);
+    js << (seed == 1 ? "" : ",") << "\n      {\"seed\": " << seed;
+    for (auto kind : g_knobs.kinds) {
+      TraceResult r = RunTrace(kind, st, sws, chunk, "/dev/shm/kvtier-bench-trace-index");
+      js << ", \"" << EvictionPolicyName(kind) << "\": [" << double(r.hits_dram) / r.gets << ", "
+         << double(r.hits_dram + r.hits_nvme) / r.gets << "]";
+    }
+    js << "}";
+  }
+  g_knobs.trace_seed = main_seed;
+  js << "]}";
   return js.str();
 }
 
@@ -258,18 +301,29 @@ std::string Trace() {
 }  // namespace kvtier::tiering
 
 int main(int argc, char** argv) {
-  std::string dir = "/tmp", json;
+  using kvtier::tiering::g_knobs;
+  std::string dir = "/tmp", json, only;
   for (int i = 1; i + 1 < argc; i += 2) {
-    if (std::string(argv[i]) == "--dir") dir = argv[i + 1];
-    if (std::string(argv[i]) == "--json") json = argv[i + 1];
+    std::string a = argv[i], v = argv[i + 1];
+    if (a == "--dir") dir = v;
+    if (a == "--json") json = v;
+    if (a == "--only") only = v;  // dram, nvme or trace
+    if (a == "--s3fifo-small") g_knobs.engine.eviction_options.s3fifo_small_fraction = std::stod(v);
+    if (a == "--admission-history") g_knobs.engine.admission_history = std::stoul(v);
+    if (a == "--trace-seed") g_knobs.trace_seed = std::stoull(v);
+    if (a == "--dram-fraction") g_knobs.dram_fraction = std::stod(v);
+    if (a == "--nvme-fraction") g_knobs.nvme_fraction = std::stod(v);
+    if (a == "--admit-after") g_knobs.engine.nvme_admit_after_uses = std::stoul(v);
   }
   char host[256] = {};
   gethostname(host, sizeof(host) - 1);
   std::ostringstream out;
   out << "{\n  \"bench\": \"tiering\",\n  \"host\": \"" << host << "\",\n  \"cpus\": "
-      << sysconf(_SC_NPROCESSORS_ONLN) << ",\n  \"dram\": " << kvtier::tiering::Dram()
-      << ",\n  \"nvme\": " << kvtier::tiering::Nvme(dir) << ",\n  \"trace\": "
-      << kvtier::tiering::Trace() << "\n}\n";
+      << sysconf(_SC_NPROCESSORS_ONLN);
+  if (only.empty() || only == "dram") out << ",\n  \"dram\": " << kvtier::tiering::Dram();
+  if (only.empty() || only == "nvme") out << ",\n  \"nvme\": " << kvtier::tiering::Nvme(dir);
+  if (only.empty() || only == "trace") out << ",\n  \"trace\": " << kvtier::tiering::Trace();
+  out << "\n}\n";
   std::fputs(out.str().c_str(), stdout);
   if (!json.empty()) std::ofstream(json) << out.str();
   return 0;

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "gmock/gmock.h"
+#include "absl/container/flat_hash_set.h"
 #include "gtest/gtest.h"
 #include "tests/tiering_test_util.h"
 #include "tiering/placement_engine.h"
@@ -111,6 +112,29 @@ TEST(PlacementEngine, EvictionDemotesOnlyAdmittedChunksAndHitsPromote) {
   EXPECT_GT(e->metric(EngineMetric::kPromotions), 0u);
   // Most single-use chunks were dropped, not written to NVMe.
   EXPECT_LT(e->nvme()->List().size(), 24u);
+}
+
+TEST(PlacementEngine, UseBeforeADropCountsTowardsNvmeAdmission) {
+  // Each chunk is put once, dropped from DRAM (one use: not admitted), then
+  // put again: that is its second use, so its next eviction demotes it,
+  // unless the engine forgets dropped chunks (admission_history = 0).
+  for (uint32_t history : {0u, 1024u}) {
+    TempDir dir;
+    auto e = MakeEngine(dir, {.options = {.admission_history = history, .maintenance_interval_ms = 0}});
+    for (int round = 0; round < 2; ++round) {
+      for (int i = 0; i < 32; ++i) ASSERT_TRUE(e->Put(KeyOf(i), MakeChunk(i)).ok());
+    }
+    for (int i = 100; i < 116; ++i) ASSERT_TRUE(e->Put(KeyOf(i), MakeChunk(i)).ok());
+    size_t on_nvme = 0;
+    for (int i = 0; i < 32; ++i) on_nvme += e->nvme()->Size({KeyOf(i), Part::kWhole}).ok();
+    if (history == 0) {
+      EXPECT_EQ(on_nvme, 0u);
+      EXPECT_EQ(e->metric(EngineMetric::kDemotions), 0u);
+    } else {
+      EXPECT_GE(on_nvme, 16u);  // at least every chunk of round 2 that DRAM evicted
+      EXPECT_EQ(e->metric(EngineMetric::kDemotions), on_nvme);
+    }
+  }
 }
 
 TEST(PlacementEngine, FullTierWithNothingEvictableReturnsResourceExhausted) {
@@ -393,8 +417,75 @@ TEST(EvictionPolicy, S3FifoKeepsHotSetThroughScanWhereLruLosesIt) {
   EXPECT_GT(s3, 400);  // the hot set survives nearly every round
 }
 
+TEST(EvictionPolicy, ReusedObjectsSurviveALongScanUnderS3FifoAndArcNotLru) {
+  // Capacity 20: 8 objects used twice, then a scan of 100 one-hit objects,
+  // then the 8 again. (ARC, unlike S3-FIFO, keeps no ghosts of a recency
+  // list that fills the whole capacity, so the reuse must happen in cache.)
+  auto hot_hits_after_scan = [](EvictionPolicyKind kind) {
+    auto p = NewEvictionPolicy(kind, 20);
+    absl::flat_hash_set<ObjectKey> resident;
+    auto access = [&](int i) {
+      ObjectKey id{KeyOf(i), Part::kWhole};
+      if (resident.contains(id)) {
+        p->OnAccess(id);
+        return true;
+      }
+      while (resident.size() >= 20) {
+        auto v = p->PickVictim([](const ObjectKey&) { return true; });
+        resident.erase(*v);
+        p->OnErase(*v);
+      }
+      p->OnInsert(id, 1);
+      resident.insert(id);
+      return false;
+    };
+    for (int i = 0; i < 8; ++i) access(i);
+    for (int i = 0; i < 8; ++i) access(i);
+    for (int i = 1000; i < 1100; ++i) access(i);
+    int hits = 0;
+    for (int i = 0; i < 8; ++i) hits += access(i);
+    return hits;
+  };
+  EXPECT_EQ(hot_hits_after_scan(EvictionPolicyKind::kLru), 0);
+  EXPECT_EQ(hot_hits_after_scan(EvictionPolicyKind::kS3Fifo), 8);
+  EXPECT_EQ(hot_hits_after_scan(EvictionPolicyKind::kArc), 8);
+}
+
+TEST(EvictionPolicy, S3FifoSmallQueueFractionSetsHowLongANewObjectWaitsForReuse) {
+  // Capacity 100 unit objects; object 0 is inserted, then `gap` new objects,
+  // then object 0 is accessed. It must still be resident when the gap fits
+  // in the small queue (fraction * capacity), and gone (a ghost) when not.
+  auto resident_after = [](double fraction, int gap) {
+    auto p = NewEvictionPolicy(EvictionPolicyKind::kS3Fifo, 100, {.s3fifo_small_fraction = fraction});
+    // Fill main with 100 reused objects so new ones go through the small queue.
+    absl::flat_hash_set<ObjectKey> resident;
+    auto insert = [&](int i) {
+      ObjectKey id{KeyOf(i), Part::kWhole};
+      while (resident.size() >= 100) {
+        auto v = p->PickVictim([](const ObjectKey&) { return true; });
+        resident.erase(*v);
+        p->OnErase(*v);
+      }
+      p->OnInsert(id, 1);
+      resident.insert(id);
+    };
+    for (int i = 1000; i < 1100; ++i) {
+      insert(i);
+      p->OnAccess({KeyOf(i), Part::kWhole});
+    }
+    insert(0);
+    for (int i = 0; i < gap; ++i) insert(2000 + i);
+    bool in = resident.contains({KeyOf(0), Part::kWhole});
+    EXPECT_EQ(p->IsGhost({KeyOf(0), Part::kWhole}), !in);
+    return in;
+  };
+  EXPECT_TRUE(resident_after(0.3, 25));
+  EXPECT_FALSE(resident_after(0.1, 25));
+  EXPECT_FALSE(resident_after(0.3, 40));
+}
+
 TEST(EvictionPolicy, PickVictimReturnsNulloptWhenEverythingIsPinned) {
-  for (auto kind : {EvictionPolicyKind::kLru, EvictionPolicyKind::kS3Fifo}) {
+  for (auto kind : {EvictionPolicyKind::kLru, EvictionPolicyKind::kS3Fifo, EvictionPolicyKind::kArc}) {
     auto p = NewEvictionPolicy(kind, 100);
     for (int i = 0; i < 10; ++i) p->OnInsert({KeyOf(i), Part::kWhole}, 10);
     p->OnAccess({KeyOf(3), Part::kWhole});

@@ -1,5 +1,7 @@
 #include "tiering/eviction.h"
 
+#include <algorithm>
+#include <array>
 #include <deque>
 
 #include "absl/container/flat_hash_set.h"
@@ -7,7 +9,15 @@
 namespace kvtier::tiering {
 
 const char* EvictionPolicyName(EvictionPolicyKind k) {
-  return k == EvictionPolicyKind::kLru ? "lru" : "s3fifo";
+  switch (k) {
+    case EvictionPolicyKind::kLru:
+      return "lru";
+    case EvictionPolicyKind::kS3Fifo:
+      return "s3fifo";
+    case EvictionPolicyKind::kArc:
+      return "arc";
+  }
+  return "unknown";
 }
 
 namespace {
@@ -32,6 +42,7 @@ class LruPolicy : public EvictionPolicy {
     return std::nullopt;
   }
   size_t size() const override { return pos_.size(); }
+  bool IsGhost(const ObjectKey&) const override { return false; }
 
  private:
   void Touch(const ObjectKey& id) {
@@ -46,8 +57,9 @@ class LruPolicy : public EvictionPolicy {
 
 class S3FifoPolicy : public EvictionPolicy {
  public:
-  explicit S3FifoPolicy(uint64_t capacity)
-      : small_target_(capacity / 10), ghost_max_(1 << 20) {}
+  S3FifoPolicy(uint64_t capacity, double small_fraction)
+      : small_target_(static_cast<uint64_t>(static_cast<double>(capacity) * small_fraction)),
+        ghost_max_(1 << 20) {}
 
   void OnInsert(const ObjectKey& id, uint64_t bytes) override {
     auto it = meta_.find(id);
@@ -117,6 +129,7 @@ class S3FifoPolicy : public EvictionPolicy {
     return std::nullopt;
   }
   size_t size() const override { return meta_.size(); }
+  bool IsGhost(const ObjectKey& id) const override { return ghost_set_.contains(id); }
 
  private:
   struct Meta {
@@ -143,11 +156,131 @@ class S3FifoPolicy : public EvictionPolicy {
   absl::flat_hash_set<ObjectKey> ghost_set_;
 };
 
+
+// ARC over bytes. T1/T2 hold resident objects (most recent at the front),
+// B1/B2 the ghosts of objects evicted from T1/T2. `p_` is the target size
+// of T1 in bytes.
+class ArcPolicy : public EvictionPolicy {
+ public:
+  explicit ArcPolicy(uint64_t capacity) : c_(capacity) {}
+
+  void OnInsert(const ObjectKey& id, uint64_t bytes) override {
+    auto it = pos_.find(id);
+    if (it != pos_.end()) {
+      if (it->second.list == kT1 || it->second.list == kT2) {
+        MoveTo(it->second, kT2);
+        return;
+      }
+      // A ghost hit: adapt the target towards the list that lost it.
+      const int g = it->second.list;
+      const uint64_t b1 = std::max<uint64_t>(bytes_[kB1], 1), b2 = std::max<uint64_t>(bytes_[kB2], 1);
+      if (g == kB1) {
+        p_ = std::min(c_, p_ + std::max<uint64_t>(bytes, bytes * b2 / b1));
+      } else {
+        const uint64_t d = std::max<uint64_t>(bytes, bytes * b1 / b2);
+        p_ = p_ > d ? p_ - d : 0;
+      }
+      MoveTo(it->second, kT2);
+      bytes_[kT2] = bytes_[kT2] - it->second.bytes + bytes;
+      it->second.bytes = bytes;
+      TrimGhosts();
+      return;
+    }
+    lists_[kT1].push_front(id);
+    pos_[id] = Pos{kT1, lists_[kT1].begin(), bytes};
+    bytes_[kT1] += bytes;
+    TrimGhosts();
+  }
+  void OnAccess(const ObjectKey& id) override {
+    auto it = pos_.find(id);
+    if (it != pos_.end() && (it->second.list == kT1 || it->second.list == kT2)) MoveTo(it->second, kT2);
+  }
+  void OnErase(const ObjectKey& id) override {
+    auto it = pos_.find(id);
+    if (it == pos_.end() || !(it->second.list == kT1 || it->second.list == kT2)) return;
+    if (victim_ && *victim_ == id) {
+      // Evicted: keep a ghost in B1 or B2.
+      MoveTo(it->second, it->second.list == kT1 ? kB1 : kB2);
+      victim_.reset();
+      TrimGhosts();
+      return;
+    }
+    Remove(it);
+  }
+  std::optional<ObjectKey> PickVictim(
+      const std::function<bool(const ObjectKey&)>& evictable) override {
+    // REPLACE: evict from T1 while it is above its target, else from T2;
+    // fall back to the other list if every object in the first is pinned.
+    const bool t1_first = bytes_[kT1] > 0 && (bytes_[kT1] > p_ || bytes_[kT2] == 0);
+    for (int l : {t1_first ? kT1 : kT2, t1_first ? kT2 : kT1}) {
+      for (auto it = lists_[l].rbegin(); it != lists_[l].rend(); ++it) {
+        if (evictable(*it)) {
+          victim_ = *it;
+          return *it;
+        }
+      }
+    }
+    return std::nullopt;
+  }
+  size_t size() const override { return lists_[kT1].size() + lists_[kT2].size(); }
+  bool IsGhost(const ObjectKey& id) const override {
+    auto it = pos_.find(id);
+    return it != pos_.end() && (it->second.list == kB1 || it->second.list == kB2);
+  }
+
+ private:
+  enum : int { kT1 = 0, kT2 = 1, kB1 = 2, kB2 = 3 };
+  struct Pos {
+    int list;
+    std::list<ObjectKey>::iterator it;
+    uint64_t bytes;
+  };
+  // Moves an entry to the front of list `to`.
+  void MoveTo(Pos& p, int to) {
+    bytes_[p.list] -= std::min(bytes_[p.list], p.bytes);
+    lists_[to].splice(lists_[to].begin(), lists_[p.list], p.it);
+    p.list = to;
+    p.it = lists_[to].begin();
+    bytes_[to] += p.bytes;
+  }
+  void Remove(absl::flat_hash_map<ObjectKey, Pos>::iterator it) {
+    bytes_[it->second.list] -= std::min(bytes_[it->second.list], it->second.bytes);
+    lists_[it->second.list].erase(it->second.it);
+    pos_.erase(it);
+  }
+  void DropOldest(int l) {
+    auto it = pos_.find(lists_[l].back());
+    Remove(it);
+  }
+  // |T1| + |B1| <= c and |T1| + |T2| + |B1| + |B2| <= 2c (in bytes).
+  void TrimGhosts() {
+    while (!lists_[kB1].empty() && bytes_[kT1] + bytes_[kB1] > c_) DropOldest(kB1);
+    while (!lists_[kB2].empty() && bytes_[kT1] + bytes_[kT2] + bytes_[kB1] + bytes_[kB2] > 2 * c_) {
+      DropOldest(kB2);
+    }
+  }
+
+  const uint64_t c_;
+  uint64_t p_ = 0;
+  std::array<std::list<ObjectKey>, 4> lists_;
+  std::array<uint64_t, 4> bytes_{};
+  absl::flat_hash_map<ObjectKey, Pos> pos_;
+  std::optional<ObjectKey> victim_;
+};
+
 }  // namespace
 
-std::unique_ptr<EvictionPolicy> NewEvictionPolicy(EvictionPolicyKind kind, uint64_t capacity) {
-  if (kind == EvictionPolicyKind::kLru) return std::make_unique<LruPolicy>();
-  return std::make_unique<S3FifoPolicy>(capacity);
+std::unique_ptr<EvictionPolicy> NewEvictionPolicy(EvictionPolicyKind kind, uint64_t capacity,
+                                                  const EvictionOptions& options) {
+  switch (kind) {
+    case EvictionPolicyKind::kLru:
+      return std::make_unique<LruPolicy>();
+    case EvictionPolicyKind::kS3Fifo:
+      return std::make_unique<S3FifoPolicy>(capacity, options.s3fifo_small_fraction);
+    case EvictionPolicyKind::kArc:
+      return std::make_unique<ArcPolicy>(capacity);
+  }
+  return std::make_unique<LruPolicy>();
 }
 
 }  // namespace kvtier::tiering

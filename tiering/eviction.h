@@ -4,10 +4,15 @@
 //
 //   LruPolicy     the baseline: evicts the least recently used object.
 //   S3FifoPolicy  S3-FIFO (Yang et al., SOSP'23): a small probationary FIFO
-//                 (10% of capacity), a main FIFO with 2-bit frequencies and
+//                 (30% of capacity by default), a main FIFO with 2-bit frequencies and
 //                 a ghost FIFO of recently evicted keys. One-hit wonders
 //                 (scans) leave through the small queue without disturbing
 //                 the main one.
+//   ArcPolicy     ARC (Megiddo & Modha, FAST'03), weighted by bytes: a
+//                 recency list T1 and a frequency list T2 with ghost lists
+//                 B1/B2; a ghost hit moves the T1 target towards the list
+//                 that would have kept the object, so the recency/frequency
+//                 split adapts to the workload instead of being fixed.
 #ifndef KVTIER_TIERING_EVICTION_H_
 #define KVTIER_TIERING_EVICTION_H_
 
@@ -22,8 +27,19 @@
 
 namespace kvtier::tiering {
 
-enum class EvictionPolicyKind : uint8_t { kLru = 0, kS3Fifo = 1 };
-const char* EvictionPolicyName(EvictionPolicyKind k);  // "lru", "s3fifo"
+enum class EvictionPolicyKind : uint8_t { kLru = 0, kS3Fifo = 1, kArc = 2 };
+const char* EvictionPolicyName(EvictionPolicyKind k);  // "lru", "s3fifo", "arc"
+
+struct EvictionOptions {
+  // S3-FIFO: the small (probationary) queue's share of the capacity. A new
+  // object must be reused before this many bytes of newer objects enter the
+  // tier, or it leaves as a one-hit wonder. The paper's 10% is too short for
+  // a KV cache: a conversation's new chunks are next read one turn later,
+  // after the other active conversations' turns, and at 10% they leave DRAM
+  // before that (bench/tiering_bench.cc trace; docs/tiering.md has numbers).
+  // Ignored by other policies. Default: 0.3
+  double s3fifo_small_fraction = 0.3;
+};
 
 class EvictionPolicy {
  public:
@@ -41,11 +57,16 @@ class EvictionPolicy {
   virtual std::optional<ObjectKey> PickVictim(
       const std::function<bool(const ObjectKey&)>& evictable) = 0;
   virtual size_t size() const = 0;
+  // True if `id` is untracked but was evicted recently (the policy keeps a
+  // ghost of it): a re-insert would be a ghost hit.
+  virtual bool IsGhost(const ObjectKey& id) const = 0;
 };
 
-// `capacity_bytes`: the tier's capacity (S3-FIFO sizes its queues from it).
+// `capacity_bytes`: the tier's capacity (S3-FIFO sizes its queues and ARC
+// its target and ghost lists from it).
 std::unique_ptr<EvictionPolicy> NewEvictionPolicy(EvictionPolicyKind kind,
-                                                  uint64_t capacity_bytes);
+                                                  uint64_t capacity_bytes,
+                                                  const EvictionOptions& options = {});
 
 }  // namespace kvtier::tiering
 

@@ -73,7 +73,7 @@ PlacementEngine::PlacementEngine(const PlacementEngineOptions& o, EngineTiers ti
   tiers_[static_cast<int>(TierKind::kRemote)] = owned_.remote.get();
   absl::MutexLock l(&mu_);
   for (int k = 0; k < kNumTierKinds; ++k) {
-    if (tiers_[k]) policies_[k] = NewEvictionPolicy(o.eviction, tiers_[k]->capacity_bytes());
+    if (tiers_[k]) policies_[k] = NewEvictionPolicy(o.eviction, tiers_[k]->capacity_bytes(), o.eviction_options);
   }
 }
 
@@ -155,11 +155,35 @@ void PlacementEngine::NoteStored(TierKind kind, const ObjectKey& id, uint64_t ch
   if (inserted) {
     st.bytes = chunk_bytes;
     st.split = split;
-    st.uses = 1;
+    st.uses = 1 + RecallUsesLocked(id.key);
   }
   st.where[PartIndex(id.part)] |= Bit(kind);
   if (id.part == Part::kK) st.k_object_bytes = object_bytes;
   policies_[static_cast<int>(kind)]->OnInsert(id, object_bytes);
+}
+
+void PlacementEngine::RememberDroppedLocked(const Hash128& key, uint32_t uses) {
+  if (options_.admission_history == 0) return;
+  auto [it, inserted] = dropped_uses_.try_emplace(key, uses);
+  if (!inserted) {
+    it->second = std::max(it->second, uses);
+    return;
+  }
+  dropped_order_.push_back(key);
+  while (dropped_order_.size() > options_.admission_history) {
+    dropped_uses_.erase(dropped_order_.front());
+    dropped_order_.pop_front();
+  }
+}
+
+uint32_t PlacementEngine::RecallUsesLocked(const Hash128& key) {
+  auto it = dropped_uses_.find(key);
+  if (it == dropped_uses_.end()) return 0;
+  uint32_t uses = it->second;
+  // The order entry stays behind; if the key is dropped again, the stale
+  // entry makes it leave the history a little early (the history is a hint).
+  dropped_uses_.erase(it);
+  return uses;
 }
 
 void PlacementEngine::Forget(const ObjectKey& id, TierKind kind) {
@@ -262,6 +286,7 @@ bool PlacementEngine::EvictOne(TierKind kind) {
             }
           }
         }
+        RememberDroppedLocked(victim.key, st.uses);
         chunks_.erase(it);
       }
     }

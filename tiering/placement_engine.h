@@ -44,10 +44,19 @@ enum class SplitKvPolicy : uint8_t {
 struct PlacementEngineOptions {
   // Eviction policy of every tier. Default: kS3Fifo
   EvictionPolicyKind eviction = EvictionPolicyKind::kS3Fifo;
+  // Tuning of the eviction policies (e.g. S3-FIFO's small-queue share).
+  // Default: EvictionOptions{}
+  EvictionOptions eviction_options;
   // A chunk evicted from DRAM is written to NVMe only if it was used (put or
   // get) at least this many times; otherwise it is dropped. 1 admits every
   // chunk. Default: 2
   uint32_t nvme_admit_after_uses = 2;
+  // Uses of chunks that eviction dropped are remembered (the most recent
+  // this many chunks), so a chunk put again after being dropped counts its
+  // earlier uses towards nvme_admit_after_uses: its second use is a second
+  // use even if the two fell into different DRAM residencies. 0 forgets.
+  // Default: 65536 (about 3 MiB)
+  uint32_t admission_history = 65536;
   // A get served from NVMe copies the chunk into DRAM (the NVMe copy stays,
   // so evicting the promoted copy later costs no write). Default: true
   bool promote_on_hit = true;
@@ -271,6 +280,10 @@ class PlacementEngine {
   absl::Status Promote(const Hash128& key);
   void PrefetchLoop();
   void MaintenanceLoop();
+  // Admission history: remembers the uses of a chunk that eviction dropped,
+  // and takes them back when the chunk is stored again.
+  void RememberDroppedLocked(const Hash128& key, uint32_t uses) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  uint32_t RecallUsesLocked(const Hash128& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const PlacementEngineOptions options_;
   Clock* const clock_;
@@ -287,6 +300,8 @@ class PlacementEngine {
   absl::flat_hash_map<uint64_t, LeaseState> leases_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, SlotState> slots_ ABSL_GUARDED_BY(mu_);
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  absl::flat_hash_map<Hash128, uint32_t> dropped_uses_ ABSL_GUARDED_BY(mu_);
+  std::deque<Hash128> dropped_order_ ABSL_GUARDED_BY(mu_);  // oldest first
 
   // Prefetch queue and the background threads.
   struct PrefetchJob {
