@@ -1,0 +1,204 @@
+// `kvtier put|get|delete|lookup|stats`: talk to a running kvtierd through
+// libkvtier (client/kvtier_client.h).
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "client/cli.h"
+#include "client/kvtier_client.h"
+#include "common/status.h"
+#include "common/strings.h"
+
+namespace kvtier::cli {
+
+namespace {
+
+struct ConnFlags {
+  std::string socket = client::kDefaultSocket;
+  std::string addr;
+  std::string token_file;
+};
+
+void AddConnFlags(CLI::App* cmd, ConnFlags* f) {
+  cmd->add_option("--socket", f->socket, "kvtierd Unix socket")->capture_default_str();
+  cmd->add_option("--addr", f->addr, "kvtierd TCP HOST:PORT (instead of the socket)");
+  cmd->add_option("--token-file", f->token_file, "bearer token file for --addr");
+}
+
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+absl::StatusOr<std::unique_ptr<client::KvtierClient>> Connect(const ConnFlags& f) {
+  client::ClientOptions o;
+  o.socket_path = f.socket;
+  o.tcp_addr = f.addr;
+  if (!f.token_file.empty()) {
+    auto t = ReadFile(f.token_file);
+    if (!t.ok()) return absl::InvalidArgumentError(absl::StrCat("token file: ", t.status().message()));
+    std::string tok = *t;
+    while (!tok.empty() && (tok.back() == '\n' || tok.back() == '\r' || tok.back() == ' ')) tok.pop_back();
+    size_t b = tok.find_first_not_of(" \t\r\n");
+    o.token = b == std::string::npos ? "" : tok.substr(b);
+  }
+  return client::KvtierClient::Connect(o);
+}
+
+absl::StatusOr<Hash128> ParseKey(const std::string& hex) {
+  auto k = Hash128::FromHex(hex);
+  if (!k.ok()) return absl::InvalidArgumentError(absl::StrCat("key '", hex, "': ", k.status().message()));
+  return *k;
+}
+
+// "not found" is the whole message for a miss, as the CLI contract says.
+absl::Status Miss(const absl::Status& st, const std::string& key) {
+  if (absl::IsNotFound(st)) return absl::NotFoundError(absl::StrCat("not found: ", key));
+  return st;
+}
+
+std::string JsonEscape(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    if (c == '"' || c == '\\') o.push_back('\\');
+    o.push_back(c);
+  }
+  return o;
+}
+
+}  // namespace
+
+void RegisterDaemonCommands(CLI::App& app, CommandResult& result) {
+  {
+    auto* cmd = app.add_subcommand("put", "store a chunk file (from `kvtier codec encode`) in kvtierd");
+    auto f = std::make_shared<ConnFlags>();
+    auto key = std::make_shared<std::string>();
+    auto file = std::make_shared<std::string>();
+    auto durable = std::make_shared<bool>(false);
+    AddConnFlags(cmd, f.get());
+    cmd->add_option("--key", *key, "chunk key, 32 hex digits")->required();
+    cmd->add_flag("--durable", *durable, "return only after the NVMe commit");
+    cmd->add_option("FILE", *file, "chunk file")->required();
+    cmd->callback(Action(result, [=]() -> absl::Status {
+      KVTIER_ASSIGN_OR_RETURN(Hash128 k, ParseKey(*key));
+      auto bytes = ReadFile(*file);
+      if (!bytes.ok()) return absl::InvalidArgumentError(std::string(bytes.status().message()));
+      KVTIER_ASSIGN_OR_RETURN(auto c, Connect(*f));
+      client::PutOptions po;
+      po.durable = *durable;
+      KVTIER_RETURN_IF_ERROR(c->Put(
+          k, std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(bytes->data()), bytes->size()), po));
+      std::printf("stored %s (%zu bytes%s)\n", k.ToHex().c_str(), bytes->size(),
+                  *durable ? ", durable" : "");
+      return absl::OkStatus();
+    }));
+  }
+  {
+    auto* cmd = app.add_subcommand("get", "fetch a chunk from kvtierd into a file");
+    auto f = std::make_shared<ConnFlags>();
+    auto key = std::make_shared<std::string>();
+    auto out = std::make_shared<std::string>();
+    AddConnFlags(cmd, f.get());
+    cmd->add_option("--key", *key, "chunk key, 32 hex digits")->required();
+    cmd->add_option("-o,--output", *out, "output file")->required();
+    cmd->callback(Action(result, [=]() -> absl::Status {
+      KVTIER_ASSIGN_OR_RETURN(Hash128 k, ParseKey(*key));
+      KVTIER_ASSIGN_OR_RETURN(auto c, Connect(*f));
+      auto bytes = c->Get(k);
+      if (!bytes.ok()) return Miss(bytes.status(), *key);
+      std::ofstream o(*out, std::ios::binary | std::ios::trunc);
+      o.write(reinterpret_cast<const char*>(bytes->data()), static_cast<std::streamsize>(bytes->size()));
+      if (!o) return absl::InternalError(absl::StrCat("cannot write ", *out));
+      std::printf("wrote %zu bytes to %s\n", bytes->size(), out->c_str());
+      return absl::OkStatus();
+    }));
+  }
+  {
+    auto* cmd = app.add_subcommand("delete", "remove a chunk from every tier of kvtierd");
+    auto f = std::make_shared<ConnFlags>();
+    auto key = std::make_shared<std::string>();
+    AddConnFlags(cmd, f.get());
+    cmd->add_option("--key", *key, "chunk key, 32 hex digits")->required();
+    cmd->callback(Action(result, [=]() -> absl::Status {
+      KVTIER_ASSIGN_OR_RETURN(Hash128 k, ParseKey(*key));
+      KVTIER_ASSIGN_OR_RETURN(auto c, Connect(*f));
+      KVTIER_RETURN_IF_ERROR(Miss(c->Delete(k), *key));
+      std::printf("deleted %s\n", k.ToHex().c_str());
+      return absl::OkStatus();
+    }));
+  }
+  {
+    auto* cmd = app.add_subcommand("lookup", "longest cached prefix of a key list, with the tier of each hit");
+    auto f = std::make_shared<ConnFlags>();
+    auto keys = std::make_shared<std::string>();
+    AddConnFlags(cmd, f.get());
+    cmd->add_option("--keys", *keys, "comma-separated chunk keys, in prefix order")->required();
+    cmd->callback(Action(result, [=]() -> absl::Status {
+      std::vector<Hash128> ks;
+      for (absl::string_view part : absl::StrSplit(AsAbsl(*keys), ',', absl::SkipEmpty())) {
+        KVTIER_ASSIGN_OR_RETURN(Hash128 k, ParseKey(std::string(part)));
+        ks.push_back(k);
+      }
+      if (ks.empty()) return absl::InvalidArgumentError("--keys is empty");
+      KVTIER_ASSIGN_OR_RETURN(auto c, Connect(*f));
+      KVTIER_ASSIGN_OR_RETURN(auto tiers, c->Lookup(ks));
+      std::printf("cached prefix: %zu of %zu chunks\n", tiers.size(), ks.size());
+      for (size_t i = 0; i < tiers.size(); ++i) {
+        std::printf("%s %s\n", ks[i].ToHex().c_str(), client::TierName(tiers[i]));
+      }
+      if (tiers.empty()) return absl::NotFoundError("not found: no cached prefix");
+      return absl::OkStatus();
+    }));
+  }
+  {
+    auto* cmd = app.add_subcommand("stats", "tier usage and counters of kvtierd");
+    auto f = std::make_shared<ConnFlags>();
+    auto json = std::make_shared<bool>(false);
+    AddConnFlags(cmd, f.get());
+    cmd->add_flag("--json", *json, "print JSON");
+    cmd->callback(Action(result, [=]() -> absl::Status {
+      KVTIER_ASSIGN_OR_RETURN(auto c, Connect(*f));
+      KVTIER_ASSIGN_OR_RETURN(client::DaemonStats s, c->Stats());
+      if (*json) {
+        std::string o = "{\"tiers\":[";
+        for (size_t i = 0; i < s.tiers.size(); ++i) {
+          const auto& t = s.tiers[i];
+          absl::StrAppend(&o, i ? "," : "", "{\"tier\":\"", client::TierName(t.tier),
+                          "\",\"capacity_bytes\":", t.capacity_bytes, ",\"used_bytes\":", t.used_bytes,
+                          ",\"chunks\":", t.chunks, ",\"read_bytes_per_s\":", t.read_bytes_per_s,
+                          ",\"write_bytes_per_s\":", t.write_bytes_per_s, "}");
+        }
+        absl::StrAppend(&o, "],\"counters\":{");
+        for (size_t i = 0; i < s.counters.size(); ++i) {
+          absl::StrAppend(&o, i ? "," : "", "\"", JsonEscape(s.counters[i].first), "\":",
+                          s.counters[i].second);
+        }
+        absl::StrAppend(&o, "}}");
+        std::printf("%s\n", o.c_str());
+        return absl::OkStatus();
+      }
+      std::printf("%-8s %16s %16s %10s\n", "tier", "capacity_bytes", "used_bytes", "chunks");
+      for (const auto& t : s.tiers) {
+        std::printf("%-8s %16llu %16llu %10llu\n", client::TierName(t.tier),
+                    static_cast<unsigned long long>(t.capacity_bytes),
+                    static_cast<unsigned long long>(t.used_bytes),
+                    static_cast<unsigned long long>(t.chunks));
+      }
+      std::printf("\n%-24s %12s\n", "counter", "value");
+      for (const auto& [name, v] : s.counters) {
+        std::printf("%-24s %12llu\n", name.c_str(), static_cast<unsigned long long>(v));
+      }
+      return absl::OkStatus();
+    }));
+  }
+}
+
+}  // namespace kvtier::cli

@@ -1,0 +1,149 @@
+// libkvtier: the client of kvtierd. Connects over the daemon's Unix socket
+// (and then moves chunk bytes through the daemon's shared-memory pool) or over
+// TCP with a bearer token (bytes inline). Computes chunk keys from token ids,
+// finds the longest cached prefix, stores and loads chunks from/to host
+// buffers, synchronously, asynchronously (std::future completion handles) or
+// in batches.
+//
+// Thread-safe: one client may be used from many threads at once. The pool
+// mapping lives as long as the client.
+#ifndef KVTIER_CLIENT_KVTIER_CLIENT_H_
+#define KVTIER_CLIENT_KVTIER_CLIENT_H_
+
+#include <cstdint>
+#include <future>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/hash.h"
+
+namespace kvtier::client {
+
+enum class Tier : uint8_t { kUnknown = 0, kHbm, kDram, kNvme, kRemote };
+const char* TierName(Tier t);  // "hbm", "dram", "nvme", "remote", "unknown"
+
+// The daemon's default socket, relative to the working directory.
+inline constexpr char kDefaultSocket[] = "./kvtier-data/kvtierd.sock";
+
+struct ClientOptions {
+  // Unix socket of the daemon. Default: kDefaultSocket
+  std::string socket_path = kDefaultSocket;
+  // TCP "HOST:PORT"; when set it is used instead of the socket and chunk
+  // bytes travel inline. Default: "" (Unix socket)
+  std::string tcp_addr;
+  // Bearer token sent on every call (required by the daemon on TCP).
+  // Default: ""
+  std::string token;
+  // Map the daemon's pool and move chunk bytes through it (Unix socket
+  // only; falls back to inline bytes if the daemon has no pool).
+  // Default: true
+  bool shared_memory = true;
+  // Deadline of each call. Default: 60000
+  int64_t timeout_ms = 60000;
+  // Largest message each way, MiB. Default: 64
+  int max_message_mib = 64;
+};
+
+struct PutOptions {
+  // Return only once the chunk is committed on the daemon's NVMe tier.
+  // Default: false
+  bool durable = false;
+};
+
+struct PrefixHit {
+  std::vector<Hash128> keys;  // key of every full chunk of the tokens
+  std::vector<Tier> tiers;    // fastest tier of each cached chunk of the prefix
+  size_t cached_chunks() const { return tiers.size(); }
+};
+
+struct TierStats {
+  Tier tier = Tier::kUnknown;
+  uint64_t capacity_bytes = 0;
+  uint64_t used_bytes = 0;
+  uint64_t chunks = 0;
+  double read_bytes_per_s = 0;
+  double write_bytes_per_s = 0;
+};
+struct DaemonStats {
+  std::vector<TierStats> tiers;
+  std::vector<std::pair<std::string, uint64_t>> counters;
+};
+
+// A slot of the daemon's pool reserved for one chunk; write the chunk into
+// `data` (e.g. from a GPU kernel through the mapping), then CommitSlot.
+struct WritableSlot {
+  uint64_t id = 0;
+  std::span<uint8_t> data;
+};
+
+class KvtierClient {
+ public:
+  // Connects and checks the daemon answers (Health). Unavailable if it does
+  // not; with shared memory on a Unix socket, maps the pool
+  // (FailedPrecondition if that fails).
+  static absl::StatusOr<std::unique_ptr<KvtierClient>> Connect(const ClientOptions& options);
+  virtual ~KvtierClient() = default;
+
+  // True if chunk bytes move through the mapped pool.
+  virtual bool uses_shared_memory() const = 0;
+
+  // Chunk keys of `tokens` (codec::ChunkKeys over full chunks).
+  static absl::StatusOr<std::vector<Hash128>> ChunkKeys(const Hash128& fingerprint,
+                                                        std::span<const uint32_t> tokens,
+                                                        uint32_t chunk_tokens = 256);
+
+  // Fastest tier of each key of the longest cached prefix of `keys`.
+  virtual absl::StatusOr<std::vector<Tier>> Lookup(std::span<const Hash128> keys) = 0;
+  // Keys of the tokens and how many leading chunks are cached.
+  absl::StatusOr<PrefixHit> LongestCachedPrefix(const Hash128& fingerprint,
+                                                std::span<const uint32_t> tokens,
+                                                uint32_t chunk_tokens = 256);
+
+  // Stores a chunk (the daemon verifies it: InvalidArgument / DataLoss for
+  // bad bytes). Through a slot with shared memory, inline otherwise.
+  virtual absl::Status Put(const Hash128& key, std::span<const uint8_t> chunk,
+                           const PutOptions& options = {}) = 0;
+  // Shared memory only (FailedPrecondition otherwise).
+  virtual absl::StatusOr<WritableSlot> AllocateSlot(uint64_t bytes) = 0;
+  virtual absl::Status CommitSlot(const WritableSlot& slot, const Hash128& key,
+                                  const PutOptions& options = {}) = 0;
+  virtual absl::Status AbortSlot(const WritableSlot& slot) = 0;
+
+  // The chunk's bytes. NotFound on a miss, DataLoss if the daemon found it
+  // corrupt.
+  virtual absl::StatusOr<std::vector<uint8_t>> Get(const Hash128& key) = 0;
+  // Copies the chunk into `out` and returns its length and tier.
+  // InvalidArgument if `out` is too small.
+  virtual absl::StatusOr<std::pair<uint64_t, Tier>> GetInto(const Hash128& key,
+                                                            std::span<uint8_t> out) = 0;
+
+  virtual absl::Status Delete(const Hash128& key) = 0;
+  // True if every present key reached DRAM within `deadline_ms`.
+  virtual absl::StatusOr<bool> Prefetch(std::span<const Hash128> keys, uint32_t deadline_ms) = 0;
+  // Returns the lease id; the pins end at Release or after `ttl_ms`.
+  virtual absl::StatusOr<uint64_t> Pin(std::span<const Hash128> keys, uint32_t ttl_ms) = 0;
+  virtual absl::Status Release(uint64_t lease_id) = 0;
+  virtual absl::StatusOr<DaemonStats> Stats() = 0;
+
+  // Asynchronous forms; the future is the completion handle. REQUIRES: the
+  // memory behind `chunk` stays valid until the future is ready.
+  std::future<absl::Status> PutAsync(const Hash128& key, std::span<const uint8_t> chunk,
+                                     const PutOptions& options = {});
+  std::future<absl::StatusOr<std::vector<uint8_t>>> GetAsync(const Hash128& key);
+  std::future<absl::StatusOr<std::vector<Tier>>> LookupAsync(std::vector<Hash128> keys);
+
+  // Batches: every key in flight at once; one status per key, in order.
+  std::vector<absl::Status> PutBatch(std::span<const Hash128> keys,
+                                     std::span<const std::span<const uint8_t>> chunks,
+                                     const PutOptions& options = {});
+  std::vector<absl::StatusOr<std::vector<uint8_t>>> GetBatch(std::span<const Hash128> keys);
+};
+
+}  // namespace kvtier::client
+
+#endif  // KVTIER_CLIENT_KVTIER_CLIENT_H_

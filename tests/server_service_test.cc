@@ -1,0 +1,288 @@
+// KvService called directly (no gRPC), plus the daemon's small pure parts:
+// metric name tables, status mapping, token comparison, options.
+#include <fstream>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/grpc_service.h"
+#include "server/http_metrics.h"
+#include "server/metrics.h"
+#include "server/options.h"
+#include "server/service.h"
+#include "tests/cli_runner.h"
+#include "tests/server_test_util.h"
+#include "tiering/placement_engine.h"
+
+namespace kvtier::server {
+namespace {
+
+using kvtier::testing::MakeChunk;
+using kvtier::testing::TempDir;
+using kvtier::testing::TestKey;
+using tiering::TierKind;
+
+class ServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    tiering::EngineTiers tiers;
+    tiering::DramTierOptions d;
+    d.capacity_bytes = 8 << 20;
+    d.populate = false;
+    tiers.dram = tiering::DramTier::Open(d).value();
+    tiering::NvmeTierOptions n;
+    n.dir = dir_.path() + "/nvme";
+    n.capacity_bytes = 16 << 20;
+    tiers.nvme = tiering::NvmeTier::Open(n).value();
+    tiering::PlacementEngineOptions eo;
+    eo.maintenance_interval_ms = 10;
+    engine_ = tiering::PlacementEngine::Create(eo, std::move(tiers)).value();
+    ServiceLimits limits;
+    limits.max_keys_per_request = 8;
+    service_ = std::make_unique<KvService>(engine_.get(), limits);
+  }
+  std::span<uint8_t> Pool(const tiering::PoolExtent& e) {
+    return {engine_->dram()->base() + e.offset, e.length};
+  }
+
+  TempDir dir_;
+  std::unique_ptr<tiering::PlacementEngine> engine_;
+  std::unique_ptr<KvService> service_;
+};
+
+TEST_F(ServiceTest, PutThenGetReturnsSameBytes) {
+  auto chunk = MakeChunk(1);
+  ASSERT_TRUE(service_->Put({TestKey(1)}, chunk).ok());
+  auto r = service_->Get(TestKey(1), GetMode::kCopy);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->bytes, chunk);
+  EXPECT_EQ(r->tier, TierKind::kDram);
+}
+
+TEST_F(ServiceTest, GetOfUnknownKeyReturnsNotFound) {
+  EXPECT_EQ(service_->Get(TestKey(99), GetMode::kCopy).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(service_->Get(TestKey(99), GetMode::kShm).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(service_->Delete(TestKey(99)).code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(ServiceTest, PutOfCorruptPayloadReturnsDataLossAndStoresNothing) {
+  auto chunk = MakeChunk(2);
+  chunk[chunk.size() - 3] ^= 0x40;  // in the V section: the V checksum fails
+  EXPECT_EQ(service_->Put({TestKey(2)}, chunk).code(), absl::StatusCode::kDataLoss);
+  EXPECT_FALSE(engine_->Contains(TestKey(2)));
+}
+
+TEST_F(ServiceTest, PutOfMalformedBytesReturnsInvalidArgument) {
+  std::vector<uint8_t> junk(300, 0xab);
+  EXPECT_EQ(service_->Put({TestKey(3)}, junk).code(), absl::StatusCode::kInvalidArgument);
+  auto chunk = MakeChunk(3);
+  chunk.resize(chunk.size() - 10);  // truncated
+  EXPECT_EQ(service_->Put({TestKey(3)}, chunk).code(), absl::StatusCode::kDataLoss);
+}
+
+TEST_F(ServiceTest, LookupReturnsLongestPrefixAndRejectsTooManyKeys) {
+  ASSERT_TRUE(service_->Put({TestKey(10)}, MakeChunk(10)).ok());
+  ASSERT_TRUE(service_->Put({TestKey(11)}, MakeChunk(11)).ok());
+  std::vector<Hash128> keys = {TestKey(10), TestKey(11), TestKey(12), TestKey(13)};
+  ASSERT_TRUE(service_->Put({TestKey(13)}, MakeChunk(13)).ok());  // after the gap: not in the prefix
+  auto r = service_->Lookup(keys);
+  ASSERT_TRUE(r.ok());
+  EXPECT_THAT(*r, ::testing::ElementsAre(TierKind::kDram, TierKind::kDram));
+  std::vector<Hash128> many(9, TestKey(10));
+  EXPECT_EQ(service_->Lookup(many).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(service_->Pin(many, 0).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(ServiceTest, SlotCommitStoresBytesWrittenInPlace) {
+  auto chunk = MakeChunk(20);
+  auto slot = service_->AllocateSlot(chunk.size(), 0);
+  ASSERT_TRUE(slot.ok()) << slot.status();
+  std::copy(chunk.begin(), chunk.end(), Pool(slot->extent).begin());
+  ASSERT_TRUE(service_->CommitSlot({TestKey(20)}, slot->id).ok());
+  auto r = service_->Get(TestKey(20), GetMode::kCopy);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->bytes, chunk);
+  // The slot is consumed: committing it again is NotFound.
+  EXPECT_EQ(service_->CommitSlot({TestKey(21)}, slot->id).code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(ServiceTest, CommitOfUnknownSlotReturnsNotFound) {
+  EXPECT_EQ(service_->CommitSlot({TestKey(22)}, 424242).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(service_->AbortSlot(424242).code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(ServiceTest, CommitOfCorruptSlotReturnsDataLossAndFreesIt) {
+  auto chunk = MakeChunk(23);
+  auto slot = service_->AllocateSlot(chunk.size(), 0);
+  ASSERT_TRUE(slot.ok());
+  chunk[200] ^= 1;
+  std::copy(chunk.begin(), chunk.end(), Pool(slot->extent).begin());
+  EXPECT_EQ(service_->CommitSlot({TestKey(23)}, slot->id).code(), absl::StatusCode::kDataLoss);
+  EXPECT_FALSE(engine_->Contains(TestKey(23)));
+  EXPECT_EQ(service_->AbortSlot(slot->id).code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(ServiceTest, ShmGetPinsTheChunkUntilReleased) {
+  auto chunk = MakeChunk(30);
+  ASSERT_TRUE(service_->Put({TestKey(30)}, chunk).ok());
+  auto r = service_->Get(TestKey(30), GetMode::kShm, 0, 10000);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_NE(r->lease_id, 0u);
+  auto view = Pool(r->extent);
+  EXPECT_TRUE(std::equal(view.begin(), view.end(), chunk.begin(), chunk.end()));
+  EXPECT_EQ(service_->Delete(TestKey(30)).code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(service_->Release(r->lease_id).ok());
+  EXPECT_TRUE(service_->Delete(TestKey(30)).ok());
+}
+
+TEST_F(ServiceTest, BytesCorruptedInThePoolAfterCommitAreDataLossOnGet) {
+  auto chunk = MakeChunk(31);
+  auto slot = service_->AllocateSlot(chunk.size(), 0);
+  ASSERT_TRUE(slot.ok());
+  std::copy(chunk.begin(), chunk.end(), Pool(slot->extent).begin());
+  ASSERT_TRUE(service_->CommitSlot({TestKey(31)}, slot->id).ok());
+  Pool(slot->extent)[500] ^= 0xff;  // a client writing into a slot it no longer owns
+  EXPECT_EQ(service_->Get(TestKey(31), GetMode::kShm).status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(service_->Get(TestKey(31), GetMode::kCopy).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(ServiceTest, GetIntoClientSlotCopiesAndChecksItsSize) {
+  auto chunk = MakeChunk(32);
+  ASSERT_TRUE(service_->Put({TestKey(32)}, chunk).ok());
+  auto small = service_->AllocateSlot(chunk.size() / 2, 0);
+  ASSERT_TRUE(small.ok());
+  EXPECT_EQ(service_->Get(TestKey(32), GetMode::kSlot, small->id).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  auto slot = service_->AllocateSlot(chunk.size(), 0);
+  ASSERT_TRUE(slot.ok());
+  auto r = service_->Get(TestKey(32), GetMode::kSlot, slot->id);
+  ASSERT_TRUE(r.ok()) << r.status();
+  auto view = Pool(r->extent);
+  EXPECT_TRUE(std::equal(view.begin(), view.end(), chunk.begin(), chunk.end()));
+  EXPECT_EQ(service_->Get(TestKey(32), GetMode::kSlot, 999999).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST_F(ServiceTest, FlushWritesDramChunksToNvme) {
+  ASSERT_TRUE(service_->Put({TestKey(40)}, MakeChunk(40)).ok());
+  ASSERT_TRUE(service_->Put({TestKey(41)}, MakeChunk(41)).ok());
+  auto n = service_->FlushDramToNvme();
+  ASSERT_TRUE(n.ok());
+  EXPECT_EQ(*n, 2u);
+  EXPECT_EQ(engine_->nvme()->List().size(), 2u);
+}
+
+TEST_F(ServiceTest, StatsListsTiersAndEveryEngineCounter) {
+  ASSERT_TRUE(service_->Put({TestKey(50)}, MakeChunk(50)).ok());
+  ServiceStats s = service_->Stats();
+  ASSERT_EQ(s.tiers.size(), 2u);
+  EXPECT_EQ(s.counters.size(), static_cast<size_t>(tiering::EngineMetric::kCount));
+  EXPECT_EQ(s.counters[0].first, "puts");
+  EXPECT_EQ(s.counters[0].second, 1u);
+}
+
+TEST(ServerMetrics, NameTablesAgreeWithTheEnums) {
+  std::set<std::string> names;
+  for (int i = 0; i < static_cast<int>(Method::kCount); ++i) {
+    std::string n = MethodName(static_cast<Method>(i));
+    EXPECT_NE(n, "unknown");
+    EXPECT_TRUE(names.insert(n).second) << n;
+  }
+  EXPECT_STREQ(MethodName(Method::kLookup), "lookup");
+  EXPECT_STREQ(MethodName(Method::kHealth), "health");
+  for (int i = 0; i < static_cast<int>(ServerMetric::kCount); ++i) {
+    std::string n = ServerMetricName(static_cast<ServerMetric>(i));
+    EXPECT_NE(n, "unknown");
+    EXPECT_TRUE(names.insert(n).second) << n;
+  }
+  EXPECT_STREQ(ServerMetricName(ServerMetric::kShmMaps), "shm_maps");
+  EXPECT_STREQ(GrpcCodeName(5), "NOT_FOUND");
+  EXPECT_STREQ(GrpcCodeName(16), "UNAUTHENTICATED");
+}
+
+TEST(ServerMetrics, RenderCountsRequestsErrorsAndBuckets) {
+  ServerMetrics m;
+  m.Record(Method::kGet, 0, 20e-6);
+  m.Record(Method::kGet, 5, 3e-3);
+  m.Add(ServerMetric::kBytesGetInline, 77);
+  std::string text = m.RenderPrometheus(ServiceStats{});
+  EXPECT_THAT(text, ::testing::HasSubstr("kvtier_requests_total{method=\"get\"} 2\n"));
+  EXPECT_THAT(text, ::testing::HasSubstr(
+                        "kvtier_request_errors_total{method=\"get\",code=\"NOT_FOUND\"} 1\n"));
+  EXPECT_THAT(text, ::testing::HasSubstr(
+                        "kvtier_request_latency_seconds_bucket{method=\"get\",le=\"2.5e-05\"} 1\n"));
+  EXPECT_THAT(text, ::testing::HasSubstr(
+                        "kvtier_request_latency_seconds_bucket{method=\"get\",le=\"+Inf\"} 2\n"));
+  EXPECT_THAT(text, ::testing::HasSubstr("kvtier_bytes_get_inline_total 77\n"));
+}
+
+TEST(GrpcAdapter, StatusMappingKeepsCodeAndMessage) {
+  grpc::Status s = ToGrpcStatus(absl::DataLossError("bad sum"));
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::DATA_LOSS);
+  EXPECT_EQ(s.error_message(), "bad sum");
+  EXPECT_EQ(ToGrpcStatus(absl::NotFoundError("x")).error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_TRUE(ToGrpcStatus(absl::OkStatus()).ok());
+}
+
+TEST(GrpcAdapter, ConstantTimeEqualsComparesWholeSecrets) {
+  EXPECT_TRUE(ConstantTimeEquals("s3cret-token", "s3cret-token"));
+  EXPECT_FALSE(ConstantTimeEquals("s3cret-token", "s3cret-tokeN"));
+  EXPECT_FALSE(ConstantTimeEquals("s3cret", "s3cret-token"));
+  EXPECT_FALSE(ConstantTimeEquals("", "x"));
+}
+
+TEST(DaemonOptions, ConfigFileSetsValuesAndRejectsUnknownKeys) {
+  TempDir dir;
+  std::string path = dir.path() + "/kvtierd.toml";
+  {
+    std::ofstream f(path);
+    f << "data_dir = \"/tmp/x\"\ndram_gib = 0.25\nmax_keys_per_request = 17\ndram_populate = false\n";
+  }
+  DaemonOptions o;
+  ASSERT_TRUE(LoadConfigFile(path, &o).ok());
+  EXPECT_EQ(o.data_dir, "/tmp/x");
+  EXPECT_DOUBLE_EQ(o.dram_gib, 0.25);
+  EXPECT_EQ(o.max_keys_per_request, 17u);
+  EXPECT_FALSE(o.dram_populate);
+  EXPECT_EQ(o.SocketPath(), "/tmp/x/kvtierd.sock");
+  {
+    std::ofstream f(path);
+    f << "dram_gibs = 1\n";
+  }
+  EXPECT_EQ(LoadConfigFile(path, &o).code(), absl::StatusCode::kInvalidArgument);
+  {
+    std::ofstream f(path);
+    f << "dram_gib = \"lots\"\n";
+  }
+  EXPECT_EQ(LoadConfigFile(path, &o).code(), absl::StatusCode::kInvalidArgument);
+  {
+    std::ofstream f(path);
+    f << "dram_gib = [\n";
+  }
+  EXPECT_EQ(LoadConfigFile(path, &o).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(DaemonOptions, ValidationRequiresATokenForTcp) {
+  DaemonOptions o;
+  EXPECT_TRUE(ValidateDaemonOptions(o).ok());
+  o.listen_tcp = "127.0.0.1:0";
+  EXPECT_EQ(ValidateDaemonOptions(o).code(), absl::StatusCode::kInvalidArgument);
+  o.token_file = "/dev/null";
+  EXPECT_TRUE(ValidateDaemonOptions(o).ok());
+  o.dram_gib = -1;
+  EXPECT_EQ(ValidateDaemonOptions(o).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(MetricsHttpServer, SplitHostPortParsesAndRejects) {
+  auto a = SplitHostPort("127.0.0.1:9400");
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a->first, "127.0.0.1");
+  EXPECT_EQ(a->second, 9400);
+  auto b = SplitHostPort("[::1]:0");
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(b->first, "::1");
+  EXPECT_EQ(SplitHostPort("nohost").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(SplitHostPort("h:99999").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace kvtier::server
