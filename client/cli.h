@@ -31,6 +31,7 @@ int ReportError(const absl::Status& status);
 std::function<void()> Action(CommandResult& result, std::function<absl::Status()> body);
 
 void RegisterCodecCommands(CLI::App& app, CommandResult& result);
+void RegisterDaemonCommands(CLI::App& app, CommandResult& result);
 void RegisterBandwidthCommands(CLI::App& app, CommandResult& result);
 
 }  // namespace kvtier::cli

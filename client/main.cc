@@ -10,6 +10,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   CommandResult result;
   RegisterCodecCommands(app, result);
+  RegisterDaemonCommands(app, result);
   RegisterBandwidthCommands(app, result);
   try {
     app.parse(argc, argv);
