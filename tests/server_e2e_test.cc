@@ -1,0 +1,429 @@
+// kvtierd end to end, in-process: the Daemon on a temp Unix socket (and
+// 127.0.0.1:0 for TCP), libkvtier and raw gRPC stubs as clients.
+#include <arpa/inet.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <fstream>
+#include <random>
+#include <thread>
+
+#include "client/kvtier_client.h"
+#include "gmock/gmock.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "proto/kvtier.grpc.pb.h"
+#include "server/daemon.h"
+#include "tests/cli_runner.h"
+#include "tests/server_test_util.h"
+
+namespace kvtier::server {
+namespace {
+
+namespace pb = kvtier::proto::v1;
+using kvtier::testing::MakeChunk;
+using kvtier::testing::SmallDaemonOptions;
+using kvtier::testing::TempDir;
+using kvtier::testing::TestKey;
+
+class E2eTest : public ::testing::Test {
+ protected:
+  void StartDaemon(DaemonOptions o) {
+    auto d = Daemon::Start(o);
+    ASSERT_TRUE(d.ok()) << d.status();
+    daemon_ = std::move(*d);
+  }
+  void SetUp() override { StartDaemon(SmallDaemonOptions(dir_.path())); }
+
+  std::unique_ptr<client::KvtierClient> Client(bool shm = true) {
+    client::ClientOptions o;
+    o.socket_path = daemon_->socket_path();
+    o.shared_memory = shm;
+    o.timeout_ms = 10000;
+    auto c = client::KvtierClient::Connect(o);
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? std::move(*c) : nullptr;
+  }
+  std::unique_ptr<pb::Kvtier::Stub> RawStub() {
+    return pb::Kvtier::NewStub(
+        grpc::CreateChannel("unix:" + daemon_->socket_path(), grpc::InsecureChannelCredentials()));
+  }
+  static void Deadline(grpc::ClientContext& ctx) {
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  }
+
+  TempDir dir_;
+  std::unique_ptr<Daemon> daemon_;
+};
+
+TEST_F(E2eTest, SocketsAreOwnerOnly) {
+  struct stat st;
+  ASSERT_EQ(::stat(daemon_->socket_path().c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  ASSERT_EQ(::stat(daemon_->shm_socket_path().c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+}
+
+TEST_F(E2eTest, SharedMemoryAndInlineClientsSeeTheSameChunks) {
+  auto shm = Client(true);
+  auto inl = Client(false);
+  ASSERT_TRUE(shm && inl);
+  EXPECT_TRUE(shm->uses_shared_memory());
+  EXPECT_FALSE(inl->uses_shared_memory());
+  auto a = MakeChunk(1), b = MakeChunk(2);
+  ASSERT_TRUE(shm->Put(TestKey(1), a).ok());
+  ASSERT_TRUE(inl->Put(TestKey(2), b).ok());
+  EXPECT_EQ(inl->Get(TestKey(1)).value(), a);
+  EXPECT_EQ(shm->Get(TestKey(2)).value(), b);
+  std::vector<uint8_t> buf(a.size() + 100);
+  auto got = shm->GetInto(TestKey(1), buf);
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(got->first, a.size());
+  EXPECT_EQ(got->second, client::Tier::kDram);
+  EXPECT_TRUE(std::equal(a.begin(), a.end(), buf.begin()));
+  std::vector<uint8_t> small(10);
+  EXPECT_EQ(shm->GetInto(TestKey(1), small).status().code(), absl::StatusCode::kInvalidArgument);
+  std::vector<Hash128> keys = {TestKey(1), TestKey(2), TestKey(3)};
+  EXPECT_THAT(shm->Lookup(keys).value(),
+              ::testing::ElementsAre(client::Tier::kDram, client::Tier::kDram));
+  ASSERT_TRUE(inl->Delete(TestKey(1)).ok());
+  EXPECT_EQ(shm->Get(TestKey(1)).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(inl->Delete(TestKey(1)).code(), absl::StatusCode::kNotFound);
+  // Every shared-memory get released its hold: the chunk can be deleted.
+  EXPECT_TRUE(shm->Delete(TestKey(2)).ok());
+}
+
+TEST_F(E2eTest, DurablePutReachesNvmeAndStatsCountIt) {
+  auto c = Client();
+  ASSERT_TRUE(c);
+  client::PutOptions po;
+  po.durable = true;
+  ASSERT_TRUE(c->Put(TestKey(5), MakeChunk(5), po).ok());
+  auto s = c->Stats();
+  ASSERT_TRUE(s.ok());
+  uint64_t nvme_chunks = 0, puts = 0, shm_bytes = 0;
+  for (const auto& t : s->tiers) {
+    if (t.tier == client::Tier::kNvme) nvme_chunks = t.chunks;
+  }
+  for (const auto& [n, v] : s->counters) {
+    if (n == "puts") puts = v;
+    if (n == "bytes_put_shm") shm_bytes = v;
+  }
+  EXPECT_EQ(nvme_chunks, 1u);
+  EXPECT_EQ(puts, 1u);
+  EXPECT_EQ(shm_bytes, MakeChunk(5).size());
+}
+
+TEST_F(E2eTest, LongestCachedPrefixFromTokens) {
+  auto c = Client();
+  ASSERT_TRUE(c);
+  Hash128 fp = Hash128::Of(std::string_view("model"), 1);
+  std::vector<uint32_t> tokens(3 * 16 + 5);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint32_t>(i * 7);
+  auto keys = client::KvtierClient::ChunkKeys(fp, tokens, 16).value();
+  ASSERT_EQ(keys.size(), 3u);
+  ASSERT_TRUE(c->Put(keys[0], MakeChunk(60)).ok());
+  ASSERT_TRUE(c->Put(keys[1], MakeChunk(61)).ok());
+  auto hit = c->LongestCachedPrefix(fp, tokens, 16);
+  ASSERT_TRUE(hit.ok());
+  EXPECT_EQ(hit->cached_chunks(), 2u);
+  EXPECT_EQ(hit->keys, keys);
+}
+
+TEST_F(E2eTest, AsyncAndBatchedCalls) {
+  auto c = Client();
+  ASSERT_TRUE(c);
+  std::vector<std::vector<uint8_t>> chunks;
+  std::vector<Hash128> keys;
+  for (uint32_t i = 0; i < 6; ++i) {
+    chunks.push_back(MakeChunk(100 + i));
+    keys.push_back(TestKey(100 + i));
+  }
+  std::vector<std::span<const uint8_t>> spans(chunks.begin(), chunks.end());
+  for (const absl::Status& s : c->PutBatch(keys, spans)) EXPECT_TRUE(s.ok()) << s;
+  auto got = c->GetBatch(keys);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    ASSERT_TRUE(got[i].ok());
+    EXPECT_EQ(*got[i], chunks[i]);
+  }
+  auto f = c->GetAsync(TestKey(100));
+  auto l = c->LookupAsync(keys);
+  EXPECT_EQ(f.get().value(), chunks[0]);
+  EXPECT_EQ(l.get().value().size(), keys.size());
+  auto miss = c->GetAsync(TestKey(999));
+  EXPECT_EQ(miss.get().status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(E2eTest, BadRequestsGetTheirExactCodes) {
+  auto stub = RawStub();
+  {
+    grpc::ClientContext ctx;
+    Deadline(ctx);
+    pb::LookupRequest req;  // version 0
+    req.add_keys(std::string(16, 'a'));
+    pb::LookupResponse resp;
+    EXPECT_EQ(stub->Lookup(&ctx, req, &resp).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  }
+  {
+    grpc::ClientContext ctx;
+    Deadline(ctx);
+    pb::GetRequest req;
+    req.set_version(1);
+    req.set_key("short");
+    pb::GetResponse resp;
+    EXPECT_EQ(stub->Get(&ctx, req, &resp).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  }
+  {
+    grpc::ClientContext ctx;
+    Deadline(ctx);
+    pb::PutRequest req;  // neither bytes nor slot
+    req.set_version(1);
+    req.set_key(std::string(16, 'k'));
+    pb::PutResponse resp;
+    EXPECT_EQ(stub->Put(&ctx, req, &resp).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  }
+  {
+    grpc::ClientContext ctx;
+    Deadline(ctx);
+    pb::PutRequest req;  // a slot id the daemon never handed out
+    req.set_version(1);
+    req.set_key(std::string(16, 'k'));
+    req.set_slot_id(123456789);
+    pb::PutResponse resp;
+    EXPECT_EQ(stub->Put(&ctx, req, &resp).error_code(), grpc::StatusCode::NOT_FOUND);
+  }
+  {
+    grpc::ClientContext ctx;
+    Deadline(ctx);
+    pb::PutRequest req;  // corrupted chunk bytes
+    req.set_version(1);
+    req.set_key(std::string(16, 'k'));
+    auto chunk = MakeChunk(7);
+    chunk[300] ^= 4;
+    req.set_inline_chunk(std::string(chunk.begin(), chunk.end()));
+    pb::PutResponse resp;
+    EXPECT_EQ(stub->Put(&ctx, req, &resp).error_code(), grpc::StatusCode::DATA_LOSS);
+  }
+  {
+    grpc::ClientContext ctx;
+    Deadline(ctx);
+    pb::LookupRequest req;  // more keys than the limit
+    req.set_version(1);
+    for (int i = 0; i < 4097; ++i) req.add_keys(std::string(16, 'a'));
+    pb::LookupResponse resp;
+    EXPECT_EQ(stub->Lookup(&ctx, req, &resp).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  }
+  {
+    grpc::ClientContext ctx;
+    Deadline(ctx);
+    pb::GetRequest req;
+    req.set_version(1);
+    req.set_key(std::string(16, 'u'));  // unknown key
+    pb::GetResponse resp;
+    EXPECT_EQ(stub->Get(&ctx, req, &resp).error_code(), grpc::StatusCode::NOT_FOUND);
+  }
+  // The daemon still serves.
+  auto c = Client();
+  ASSERT_TRUE(c);
+  EXPECT_TRUE(c->Put(TestKey(8), MakeChunk(8)).ok());
+}
+
+TEST_F(E2eTest, MalformedProtobufIsRefusedAndTheDaemonKeepsServing) {
+  auto channel = grpc::CreateChannel("unix:" + daemon_->socket_path(), grpc::InsecureChannelCredentials());
+  grpc::GenericStub generic(channel);
+  grpc::ClientContext ctx;
+  Deadline(ctx);
+  // Field 2 (key) as a length-delimited field claiming 100 bytes with 3 present.
+  const char junk[] = {0x12, 0x64, 'a', 'b', 'c'};
+  grpc::Slice slice(junk, sizeof(junk));
+  grpc::ByteBuffer req(&slice, 1), resp;
+  grpc::Status got;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  generic.UnaryCall(&ctx, "/kvtier.proto.v1.Kvtier/Get", grpc::StubOptions(), &req, &resp,
+                    [&](grpc::Status s) {
+                      std::lock_guard<std::mutex> l(mu);
+                      got = s;
+                      done = true;
+                      cv.notify_one();
+                    });
+  std::unique_lock<std::mutex> l(mu);
+  ASSERT_TRUE(cv.wait_for(l, std::chrono::seconds(10), [&] { return done; }));
+  EXPECT_EQ(got.error_code(), grpc::StatusCode::INTERNAL) << got.error_message();
+  auto c = Client();
+  ASSERT_TRUE(c);
+  EXPECT_TRUE(c->Put(TestKey(9), MakeChunk(9)).ok());
+}
+
+TEST_F(E2eTest, OversizedMessageIsResourceExhausted) {
+  daemon_.reset();
+  DaemonOptions o = SmallDaemonOptions(dir_.path());
+  o.max_message_mib = 1;
+  StartDaemon(o);
+  auto c = Client(false);
+  ASSERT_TRUE(c);
+  auto big = MakeChunk(11, 256, 8, 4, 128);  // ~1.5 MiB
+  ASSERT_GT(big.size(), 1u << 20);
+  EXPECT_EQ(c->Put(TestKey(11), big).code(), absl::StatusCode::kResourceExhausted);
+  // Through shared memory the chunk never travels in a message.
+  auto shm = Client(true);
+  ASSERT_TRUE(shm);
+  EXPECT_TRUE(shm->Put(TestKey(11), big).ok());
+}
+
+TEST_F(E2eTest, SlotWrittenAfterCommitIsDataLossOnGet) {
+  auto c = Client();
+  ASSERT_TRUE(c);
+  auto chunk = MakeChunk(12);
+  auto slot = c->AllocateSlot(chunk.size());
+  ASSERT_TRUE(slot.ok());
+  std::copy(chunk.begin(), chunk.end(), slot->data.begin());
+  ASSERT_TRUE(c->CommitSlot(*slot, TestKey(12)).ok());
+  slot->data[1000] ^= 0x55;  // the slot is no longer the client's
+  EXPECT_EQ(c->Get(TestKey(12)).status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(c->Get(TestKey(12)).status().code(), absl::StatusCode::kNotFound);
+  // A committed slot cannot be committed or aborted again.
+  EXPECT_EQ(c->CommitSlot(*slot, TestKey(13)).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(c->AbortSlot(*slot).code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(E2eTest, PinsOfADisconnectedClientExpire) {
+  auto a = Client();
+  ASSERT_TRUE(a);
+  ASSERT_TRUE(a->Put(TestKey(14), MakeChunk(14)).ok());
+  std::vector<Hash128> keys = {TestKey(14)};
+  ASSERT_TRUE(a->Pin(keys, 300).ok());
+  a.reset();  // the client goes away without releasing
+  auto b = Client();
+  ASSERT_TRUE(b);
+  EXPECT_EQ(b->Delete(TestKey(14)).code(), absl::StatusCode::kFailedPrecondition);
+  absl::Status st;
+  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  do {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    st = b->Delete(TestKey(14));
+  } while (absl::IsFailedPrecondition(st) && std::chrono::steady_clock::now() < until);
+  EXPECT_TRUE(st.ok()) << st;
+}
+
+TEST_F(E2eTest, ConcurrentClientsOnOverlappingKeysGetExactBytesOrNotFound) {
+  constexpr int kThreads = 8, kOps = 60, kKeys = 12;
+  std::vector<std::vector<uint8_t>> chunks;
+  for (int k = 0; k < kKeys; ++k) chunks.push_back(MakeChunk(200 + k));
+  std::atomic<int> bad{0}, hits{0};
+  std::vector<std::thread> ts;
+  for (int t = 0; t < kThreads; ++t) {
+    ts.emplace_back([&, t] {
+      auto c = Client(t % 2 == 0);
+      if (!c) {
+        ++bad;
+        return;
+      }
+      std::mt19937 rng(t);
+      for (int i = 0; i < kOps; ++i) {
+        int k = static_cast<int>(rng() % kKeys);
+        int op = static_cast<int>(rng() % 4);
+        if (op == 0 || op == 1) {
+          absl::Status s = c->Put(TestKey(200 + k), chunks[k]);
+          if (!s.ok()) ++bad;
+        } else if (op == 2) {
+          auto g = c->Get(TestKey(200 + k));
+          if (g.ok()) {
+            ++hits;
+            if (*g != chunks[k]) ++bad;
+          } else if (!absl::IsNotFound(g.status())) {
+            ++bad;
+          }
+        } else {
+          absl::Status s = c->Delete(TestKey(200 + k));
+          // Another client may hold a get's lease, or the chunk may be gone.
+          if (!s.ok() && !absl::IsNotFound(s) && !absl::IsFailedPrecondition(s) &&
+              !absl::IsUnavailable(s)) {
+            ++bad;
+          }
+        }
+      }
+    });
+  }
+  for (auto& t : ts) t.join();
+  EXPECT_EQ(bad.load(), 0);
+  EXPECT_GT(hits.load(), 0);
+}
+
+TEST_F(E2eTest, TcpRequiresTheBearerToken) {
+  daemon_.reset();
+  std::string token_path = dir_.path() + "/token";
+  std::ofstream(token_path) << "  tok-123456\n";
+  DaemonOptions o = SmallDaemonOptions(dir_.path());
+  o.listen_tcp = "127.0.0.1:0";
+  o.token_file = token_path;
+  o.metrics_addr = "127.0.0.1:0";
+  StartDaemon(o);
+  ASSERT_GT(daemon_->tcp_port(), 0);
+  client::ClientOptions co;
+  co.tcp_addr = "127.0.0.1:" + std::to_string(daemon_->tcp_port());
+  co.timeout_ms = 5000;
+  co.token = "tok-123456";
+  auto good = client::KvtierClient::Connect(co);
+  ASSERT_TRUE(good.ok()) << good.status();
+  EXPECT_FALSE((*good)->uses_shared_memory());
+  ASSERT_TRUE((*good)->Put(TestKey(15), MakeChunk(15)).ok());
+  EXPECT_EQ((*good)->Get(TestKey(15)).value(), MakeChunk(15));
+  // Wrong and missing tokens are refused.
+  auto stub = pb::Kvtier::NewStub(grpc::CreateChannel(co.tcp_addr, grpc::InsecureChannelCredentials()));
+  for (const char* header : {"", "Bearer tok-123457", "tok-123456"}) {
+    grpc::ClientContext ctx;
+    Deadline(ctx);
+    if (*header) ctx.AddMetadata("authorization", header);
+    pb::LookupRequest req;
+    req.set_version(1);
+    pb::LookupResponse resp;
+    EXPECT_EQ(stub->Lookup(&ctx, req, &resp).error_code(), grpc::StatusCode::UNAUTHENTICATED)
+        << header;
+  }
+  // The metrics endpoint counts the refusals.
+  int s = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(daemon_->metrics_port()));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::connect(s, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  std::string rq = "GET /metrics HTTP/1.0\r\n\r\n";
+  ASSERT_EQ(::send(s, rq.data(), rq.size(), 0), static_cast<ssize_t>(rq.size()));
+  std::string body;
+  char buf[4096];
+  ssize_t n;
+  while ((n = ::recv(s, buf, sizeof(buf), 0)) > 0) body.append(buf, static_cast<size_t>(n));
+  ::close(s);
+  EXPECT_THAT(body, ::testing::StartsWith("HTTP/1.0 200 OK"));
+  EXPECT_THAT(body, ::testing::HasSubstr("kvtier_auth_failures_total 3\n"));
+  EXPECT_THAT(body, ::testing::HasSubstr("kvtier_requests_total{method=\"put\"} 1\n"));
+  EXPECT_THAT(body, ::testing::HasSubstr(
+                        "kvtier_request_errors_total{method=\"lookup\",code=\"UNAUTHENTICATED\"} 3\n"));
+  EXPECT_THAT(body, ::testing::HasSubstr("kvtier_tier_chunks{tier=\"dram\"} 1\n"));
+  EXPECT_THAT(body, ::testing::HasSubstr("kvtier_engine_puts_total 1\n"));
+}
+
+TEST_F(E2eTest, ShutdownWritesDramChunksToNvmeAndRestartServesThem) {
+  auto c = Client();
+  ASSERT_TRUE(c);
+  auto chunk = MakeChunk(16);
+  ASSERT_TRUE(c->Put(TestKey(16), chunk).ok());
+  c.reset();
+  ASSERT_TRUE(daemon_->Shutdown().ok());
+  EXPECT_EQ(daemon_->flushed_chunks(), 1u);
+  daemon_.reset();
+  StartDaemon(SmallDaemonOptions(dir_.path()));
+  auto c2 = Client();
+  ASSERT_TRUE(c2);
+  std::vector<Hash128> keys = {TestKey(16)};
+  EXPECT_THAT(c2->Lookup(keys).value(), ::testing::ElementsAre(client::Tier::kNvme));
+  EXPECT_EQ(c2->Get(TestKey(16)).value(), chunk);
+}
+
+}  // namespace
+}  // namespace kvtier::server
