@@ -220,6 +220,7 @@ absl::StatusOr<uint64_t> KvService::FlushDramToNvme() {
   std::vector<uint8_t> buf;
   for (const auto& [id, len] : dram->List()) {
     if (id.part != Part::kWhole) continue;
+    if (nvme->Size(id).ok()) continue;  // already durable
     // Leave room: a full NVMe tier would evict older chunks to take these.
     if (nvme->used_bytes() + len + 4096 > nvme->capacity_bytes()) continue;
     buf.resize(len);

@@ -13,3 +13,10 @@ kvtier_add_test(server_e2e_test
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/server_e2e_test.cc
   DEPS kvtier_server kvtier_client
   TIMEOUT 120)
+kvtier_add_test(server_cli_test
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/server_cli_test.cc
+  DEPS kvtier_codec
+  TIMEOUT 120)
+target_compile_definitions(server_cli_test PRIVATE
+  KVTIER_CLI_PATH="$<TARGET_FILE:kvtier>" KVTIERD_PATH="$<TARGET_FILE:kvtierd>")
+add_dependencies(server_cli_test kvtier kvtierd)

@@ -1,0 +1,175 @@
+// The real binaries: kvtierd spawned in a temp data dir, driven with the
+// `kvtier` CLI; SIGTERM, then a restart that serves the same bytes from NVMe.
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <thread>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/cli_runner.h"
+#include "tests/server_test_util.h"
+
+namespace kvtier::testing {
+namespace {
+
+// A kvtierd child process; killed (SIGKILL) if still running at the end.
+class DaemonProcess {
+ public:
+  explicit DaemonProcess(const std::string& dir) : dir_(dir) {
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      std::string log = dir + "/kvtierd.log";
+      FILE* f = std::freopen(log.c_str(), "a", stderr);
+      (void)f;
+      std::freopen(log.c_str(), "a", stdout);
+      ::execl(KVTIERD_PATH, KVTIERD_PATH, "--data-dir", (dir + "/data").c_str(), "--dram-gib",
+              "0.03125", "--nvme-gib", "0.0625", "--hbm-gib", "0", "--dram-populate", "false",
+              static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+  }
+  ~DaemonProcess() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+  }
+  std::string socket() const { return dir_ + "/data/kvtierd.sock"; }
+  // Waits until the socket answers `kvtier stats`.
+  bool WaitReady() {
+    for (int i = 0; i < 100; ++i) {
+      struct stat st;
+      if (::stat(socket().c_str(), &st) == 0 &&
+          RunCommand(std::string(KVTIER_CLI_PATH) + " stats --socket " + socket(), dir_).exit_code == 0) {
+        return true;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return false;
+  }
+  // SIGTERM and the exit status (-1 if it did not exit within 20 s).
+  int Terminate() {
+    ::kill(pid_, SIGTERM);
+    for (int i = 0; i < 400; ++i) {
+      int status = 0;
+      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return -1;
+  }
+
+ private:
+  std::string dir_;
+  pid_t pid_ = -1;
+};
+
+class CliTest : public ::testing::Test {
+ protected:
+  CliResult Kvtier(const std::string& args) {
+    return RunCommand(std::string(KVTIER_CLI_PATH) + " " + args, dir_.path());
+  }
+  std::string P(const std::string& name) { return dir_.path() + "/" + name; }
+  void WriteChunk(const std::string& name, uint32_t seed) {
+    auto c = MakeChunk(seed);
+    std::ofstream(P(name), std::ios::binary).write(reinterpret_cast<const char*>(c.data()),
+                                                   static_cast<std::streamsize>(c.size()));
+  }
+  TempDir dir_;
+};
+
+TEST_F(CliTest, PutGetLookupDeleteStatsAgainstTheRealDaemon) {
+  DaemonProcess d(dir_.path());
+  ASSERT_TRUE(d.WaitReady());
+  const std::string sock = " --socket " + d.socket();
+  const std::string k1 = TestKey(1).ToHex(), k2 = TestKey(2).ToHex(), k3 = TestKey(3).ToHex();
+  WriteChunk("a.kvc", 1);
+  auto put = Kvtier("put --key " + k1 + sock + " " + P("a.kvc"));
+  ASSERT_EQ(put.exit_code, 0) << put.err;
+  EXPECT_THAT(put.out, ::testing::HasSubstr("stored " + k1));
+  auto get = Kvtier("get --key " + k1 + sock + " -o " + P("out.kvc"));
+  ASSERT_EQ(get.exit_code, 0) << get.err;
+  EXPECT_EQ(ReadAll(P("out.kvc")), ReadAll(P("a.kvc")));
+  auto lookup = Kvtier("lookup --keys " + k1 + "," + k2 + "," + k3 + sock);
+  EXPECT_EQ(lookup.exit_code, 0) << lookup.err;
+  EXPECT_THAT(lookup.out, ::testing::HasSubstr("cached prefix: 1 of 3 chunks"));
+  EXPECT_THAT(lookup.out, ::testing::HasSubstr(k1 + " dram"));
+  auto stats = Kvtier("stats --json" + sock);
+  EXPECT_EQ(stats.exit_code, 0);
+  EXPECT_THAT(stats.out, ::testing::HasSubstr("\"tier\":\"dram\""));
+  EXPECT_THAT(stats.out, ::testing::HasSubstr("\"puts\":1"));
+  auto table = Kvtier("stats" + sock);
+  EXPECT_THAT(table.out, ::testing::HasSubstr("nvme"));
+  EXPECT_EQ(Kvtier("delete --key " + k1 + sock).exit_code, 0);
+
+  // A miss exits 1 with "not found"; other failures exit 2 with one line.
+  auto miss = Kvtier("get --key " + k1 + sock + " -o " + P("x"));
+  EXPECT_EQ(miss.exit_code, 1);
+  EXPECT_EQ(miss.err, "kvtier: not found: " + k1 + "\n");
+  EXPECT_EQ(Kvtier("delete --key " + k1 + sock).exit_code, 1);
+  EXPECT_EQ(Kvtier("lookup --keys " + k2 + sock).exit_code, 1);
+  auto badkey = Kvtier("get --key xyz" + sock + " -o " + P("x"));
+  EXPECT_EQ(badkey.exit_code, 2);
+  EXPECT_THAT(badkey.err, ::testing::StartsWith("kvtier: key 'xyz'"));
+  std::ofstream(P("junk.kvc")) << "not a chunk";
+  auto junk = Kvtier("put --key " + k2 + sock + " " + P("junk.kvc"));
+  EXPECT_EQ(junk.exit_code, 2);
+  EXPECT_EQ(std::count(junk.err.begin(), junk.err.end(), '\n'), 1);
+  auto nodaemon = Kvtier("stats --socket " + P("nope.sock"));
+  EXPECT_EQ(nodaemon.exit_code, 2);
+  EXPECT_THAT(nodaemon.err, ::testing::HasSubstr("not reachable"));
+  EXPECT_EQ(d.Terminate(), 0);
+}
+
+TEST_F(CliTest, SigtermKeepsTheCacheWarmAcrossARestart) {
+  const std::string k = TestKey(7).ToHex(), kd = TestKey(8).ToHex();
+  WriteChunk("c.kvc", 7);
+  WriteChunk("d.kvc", 8);
+  {
+    DaemonProcess d(dir_.path());
+    ASSERT_TRUE(d.WaitReady());
+    const std::string sock = " --socket " + d.socket();
+    ASSERT_EQ(Kvtier("put --key " + k + sock + " " + P("c.kvc")).exit_code, 0);
+    ASSERT_EQ(Kvtier("put --durable --key " + kd + sock + " " + P("d.kvc")).exit_code, 0);
+    ASSERT_EQ(d.Terminate(), 0);
+    EXPECT_THAT(ReadAll(P("kvtierd.log")), ::testing::HasSubstr("wrote 1 DRAM chunks to NVMe"));
+  }
+  DaemonProcess d(dir_.path());
+  ASSERT_TRUE(d.WaitReady());
+  const std::string sock = " --socket " + d.socket();
+  auto lookup = Kvtier("lookup --keys " + k + "," + kd + sock);
+  EXPECT_EQ(lookup.exit_code, 0) << lookup.err;
+  EXPECT_THAT(lookup.out, ::testing::HasSubstr(k + " nvme"));
+  EXPECT_THAT(lookup.out, ::testing::HasSubstr(kd + " nvme"));
+  ASSERT_EQ(Kvtier("get --key " + k + sock + " -o " + P("c.out")).exit_code, 0);
+  EXPECT_EQ(ReadAll(P("c.out")), ReadAll(P("c.kvc")));
+  ASSERT_EQ(Kvtier("get --key " + kd + sock + " -o " + P("d.out")).exit_code, 0);
+  EXPECT_EQ(ReadAll(P("d.out")), ReadAll(P("d.kvc")));
+  EXPECT_EQ(d.Terminate(), 0);
+}
+
+TEST_F(CliTest, DaemonHelpDocumentsEveryOptionWithItsDefault) {
+  auto r = RunCommand(std::string(KVTIERD_PATH) + " --help", dir_.path());
+  EXPECT_EQ(r.exit_code, 0);
+  for (const char* s : {"--data-dir TEXT=./kvtier-data", "--dram-gib FLOAT=4", "--nvme-gib FLOAT=8",
+                        "--hbm-gib FLOAT=2", "--listen-tcp", "--token-file", "--metrics-addr",
+                        "--max-message-mib UINT=64", "--max-keys-per-request UINT=4096",
+                        "--max-concurrent-streams UINT=64", "<data-dir>/kvtierd.sock", "--config"}) {
+    EXPECT_THAT(r.out, ::testing::HasSubstr(s));
+  }
+  auto bad = RunCommand(std::string(KVTIERD_PATH) + " --listen-tcp 127.0.0.1:0 --data-dir " +
+                            dir_.path() + "/d",
+                        dir_.path());
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_THAT(bad.err, ::testing::HasSubstr("--listen-tcp requires --token-file"));
+}
+
+}  // namespace
+}  // namespace kvtier::testing
