@@ -2,6 +2,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -31,6 +32,9 @@ constexpr size_t kValHeaderCk = 24;    // u64: the object's header_checksum fiel
 constexpr size_t kValChecksum = 32;    // u64: XXH3-64 of bytes [0, 32)
 constexpr size_t kValSize = 40;
 constexpr uint32_t kEntryVersion = 1;
+
+// Bounce buffers kept for reuse (one per concurrent unaligned I/O).
+constexpr size_t kMaxPooledBounceBuffers = 4;
 
 int64_t NowUs() {
   return std::chrono::duration_cast<std::chrono::microseconds>(
@@ -214,8 +218,9 @@ absl::Status NvmeTier::DoIo(IoRequest::Op op, uint64_t offset, uint8_t* data, ui
   const uint64_t rounded = (len + block_ - 1) / block_ * block_;
   uint64_t direct = 0;
   if (reinterpret_cast<uintptr_t>(data) % block_ == 0) direct = len / block_ * block_;
-  AlignedBuffer bounce(rounded - direct, block_);
+  AlignedBuffer bounce;
   if (rounded > direct) {
+    bounce = TakeBounce(rounded - direct);
     if (bounce.data() == nullptr) return absl::ResourceExhaustedError("bounce buffer");
     if (op == IoRequest::Op::kWrite) {
       std::memcpy(bounce.data(), data + direct, len - direct);
@@ -231,11 +236,75 @@ absl::Status NvmeTier::DoIo(IoRequest::Op op, uint64_t offset, uint8_t* data, ui
   };
   if (direct > 0) add(data, offset, direct);
   if (rounded > direct) add(bounce.data(), offset + direct, rounded - direct);
-  KVTIER_RETURN_IF_ERROR(dev_->Submit(reqs));
-  if (op == IoRequest::Op::kRead && rounded > direct) {
+  absl::Status st = dev_->Submit(reqs);
+  if (st.ok() && op == IoRequest::Op::kRead && rounded > direct) {
     std::memcpy(data + direct, bounce.data(), len - direct);
   }
-  return absl::OkStatus();
+  if (bounce.data() != nullptr) ReturnBounce(std::move(bounce));
+  return st;
+}
+
+AlignedBuffer NvmeTier::TakeBounce(uint64_t bytes) {
+  {
+    absl::MutexLock l(&bounce_mu_);
+    for (size_t i = 0; i < bounce_pool_.size(); ++i) {
+      if (bounce_pool_[i].size() >= bytes) {
+        AlignedBuffer b = std::move(bounce_pool_[i]);
+        bounce_pool_.erase(bounce_pool_.begin() + static_cast<ptrdiff_t>(i));
+        return b;
+      }
+    }
+  }
+  return AlignedBuffer(bytes, block_);
+}
+
+void NvmeTier::ReturnBounce(AlignedBuffer buf) {
+  absl::MutexLock l(&bounce_mu_);
+  if (bounce_pool_.size() < kMaxPooledBounceBuffers) {
+    bounce_pool_.push_back(std::move(buf));
+    return;
+  }
+  // Keep the larger buffers: replace the smallest if this one is bigger.
+  auto smallest = std::min_element(bounce_pool_.begin(), bounce_pool_.end(),
+                                   [](const AlignedBuffer& a, const AlignedBuffer& b) {
+                                     return a.size() < b.size();
+                                   });
+  if (smallest->size() < buf.size()) *smallest = std::move(buf);
+}
+
+absl::Status NvmeTier::CommitEntry(std::string key, std::string value) {
+  PendingCommit me{std::move(key), std::move(value)};
+  absl::MutexLock l(&commit_mu_);
+  commit_queue_.push_back(&me);
+  while (!me.done) {
+    if (committing_) {
+      commit_done_.Wait(&commit_mu_);
+      continue;
+    }
+    // Leader: commit everything queued so far (this Put included).
+    committing_ = true;
+    std::vector<PendingCommit*> batch;
+    batch.swap(commit_queue_);
+    commit_mu_.Unlock();
+    // Every queued Put's data write completed before it queued, so one
+    // fdatasync makes all of it durable before any of their entries commit.
+    absl::Status st = dev_->Sync();
+    if (st.ok()) {
+      rocksdb::WriteBatch wb;
+      for (PendingCommit* p : batch) wb.Put(p->key, p->value);
+      rocksdb::WriteOptions wo;
+      wo.sync = true;
+      st = RocksStatus(db_->Write(wo, &wb), "put");
+    }
+    commit_mu_.Lock();
+    for (PendingCommit* p : batch) {
+      p->result = st;
+      p->done = true;
+    }
+    committing_ = false;
+    commit_done_.SignalAll();
+  }
+  return me.result;
 }
 
 absl::Status NvmeTier::Put(const ObjectKey& id, std::span<const uint8_t> bytes) {
@@ -267,11 +336,9 @@ absl::Status NvmeTier::Put(const ObjectKey& id, std::span<const uint8_t> bytes) 
   // The write path only reads from `bytes`; BlockDevice takes a mutable
   // pointer because the same request type serves reads.
   absl::Status st = DoIo(IoRequest::Op::kWrite, offset, const_cast<uint8_t*>(bytes.data()), len);
-  if (st.ok()) st = dev_->Sync();  // data durable before its index entry
   if (!st.ok()) return fail(st);
-  rocksdb::WriteOptions wo;
-  wo.sync = true;
-  st = RocksStatus(db_->Put(wo, IndexKey(id), EncodeEntry(id.part, offset, len, hdr_ck)), "put");
+  // Data durable before its index entry (both inside the group commit).
+  st = CommitEntry(IndexKey(id), EncodeEntry(id.part, offset, len, hdr_ck));
   if (!st.ok()) return fail(st);
   meter_.Record(true, len, NowUs() - t0);
   absl::MutexLock l(&mu_);

@@ -4,6 +4,9 @@
 //
 // Durability contract: Put returns OK only after the data was synced
 // (fdatasync) and then the index entry was committed (RocksDB, sync=true).
+// Concurrent Puts share both: a group commit syncs the data of every Put
+// whose write has completed with one fdatasync, then commits all their
+// index entries in one synced RocksDB write batch.
 // After a crash, every object whose Put returned OK is readable; an object
 // whose index entry did not commit is invisible and its space is free.
 // Reads verify the chunk checksums; a mismatch returns DataLoss and drops
@@ -97,6 +100,14 @@ class NvmeTier : public Tier {
            std::unique_ptr<BlockDevice> dev, rocksdb::DB* db, uint64_t capacity);
   absl::Status Recover();
   absl::Status DoIo(IoRequest::Op op, uint64_t offset, uint8_t* data, uint64_t len);
+  // Group commit: syncs the data file, then commits `value` under `key` in
+  // one synced batch with the entries of every other Put waiting meanwhile.
+  // REQUIRES: this Put's data write has completed.
+  absl::Status CommitEntry(std::string key, std::string value);
+  // Bounce buffers for the unaligned parts of caller buffers, reused so that
+  // an unaligned Put does not map and fault in fresh pages every time.
+  AlignedBuffer TakeBounce(uint64_t bytes);
+  void ReturnBounce(AlignedBuffer buf);
   absl::Status DropEntry(const ObjectKey& id, uint64_t offset);
   void Unref(uint64_t offset) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -123,6 +134,21 @@ class NvmeTier : public Tier {
   absl::flat_hash_map<uint64_t, Extent> extents_ ABSL_GUARDED_BY(mu_);
   // Objects with a Put in progress (a second Put of the same id waits).
   absl::flat_hash_set<ObjectKey> writing_ ABSL_GUARDED_BY(mu_);
+
+  // Group commit: Puts whose data is written queue here; the first becomes
+  // the leader and commits the whole queue (never holding mu_).
+  struct PendingCommit {
+    std::string key, value;
+    absl::Status result;
+    bool done = false;
+  };
+  absl::Mutex commit_mu_;
+  absl::CondVar commit_done_;
+  std::vector<PendingCommit*> commit_queue_ ABSL_GUARDED_BY(commit_mu_);
+  bool committing_ ABSL_GUARDED_BY(commit_mu_) = false;
+
+  absl::Mutex bounce_mu_;
+  std::vector<AlignedBuffer> bounce_pool_ ABSL_GUARDED_BY(bounce_mu_);
 };
 
 }  // namespace kvtier::tiering
