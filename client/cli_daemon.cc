@@ -42,6 +42,7 @@ absl::StatusOr<std::unique_ptr<client::KvtierClient>> Connect(const ConnFlags& f
   client::ClientOptions o;
   o.socket_path = f.socket;
   o.tcp_addr = f.addr;
+  o.populate_mapping = false;  // one chunk per invocation: fault in only its pages
   if (!f.token_file.empty()) {
     auto t = ReadFile(f.token_file);
     if (!t.ok()) return absl::InvalidArgumentError(absl::StrCat("token file: ", t.status().message()));

@@ -54,7 +54,7 @@ std::string KeyBytes(const Hash128& k) {
 // Receives the pool memfd from the daemon's side channel and maps it.
 class PoolMapping {
  public:
-  static absl::StatusOr<std::unique_ptr<PoolMapping>> Map(const std::string& path) {
+  static absl::StatusOr<std::unique_ptr<PoolMapping>> Map(const std::string& path, bool populate) {
     sockaddr_un addr{};
     if (path.size() >= sizeof(addr.sun_path)) return absl::InvalidArgumentError("shm socket path too long");
     addr.sun_family = AF_UNIX;
@@ -85,7 +85,8 @@ class PoolMapping {
     }
     int fd;
     std::memcpy(&fd, CMSG_DATA(cm), sizeof(int));
-    void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | (populate ? MAP_POPULATE : 0),
+                     fd, 0);
     ::close(fd);
     if (p == MAP_FAILED) {
       return absl::FailedPreconditionError(absl::StrCat("mmap of the pool: ", std::strerror(errno)));
@@ -126,7 +127,7 @@ class ClientImpl final : public KvtierClient {
                                                  s.error_message()));
     }
     if (options_.shared_memory && options_.tcp_addr.empty() && !resp.shm_socket().empty()) {
-      KVTIER_ASSIGN_OR_RETURN(pool_, PoolMapping::Map(resp.shm_socket()));
+      KVTIER_ASSIGN_OR_RETURN(pool_, PoolMapping::Map(resp.shm_socket(), options_.populate_mapping));
     }
     return absl::OkStatus();
   }

@@ -43,6 +43,10 @@ struct ClientOptions {
   // only; falls back to inline bytes if the daemon has no pool).
   // Default: true
   bool shared_memory = true;
+  // Pre-fault the whole pool mapping at Connect (MAP_POPULATE), so chunk
+  // copies do not page-fault; costs time at Connect for a large pool.
+  // Default: true
+  bool populate_mapping = true;
   // Deadline of each call. Default: 60000
   int64_t timeout_ms = 60000;
   // Largest message each way, MiB. Default: 64

@@ -1,0 +1,270 @@
+// kvtierd benchmark over the Unix socket, against an in-process daemon:
+//  1. Lookup latency (p50/p99) and lookups/s at 1 and 16 concurrent clients
+//     (each its own connection), 8 keys per lookup, 4 of them cached.
+//  2. Put and get throughput of one 256-token Llama-3.1-8B K16/V8 chunk
+//     (~24 MiB, codec::EncodeChunk) through shared memory, as a fraction of
+//     memcpy of the same bytes between two pre-faulted buffers measured in
+//     the same run. Inline gRPC bytes (the remote path) are shown too.
+//
+// Usage: server_bench [--json FILE] [--reps N] [--seconds S]
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bench/bench_util.h"
+#include "client/kvtier_client.h"
+#include "codec/chunk.h"
+#include "codec/codec.h"
+#include "codec/test_util.h"
+#include "server/daemon.h"
+
+using namespace kvtier;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double Percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, static_cast<size_t>(p * v.size()))];
+}
+double Median(std::vector<double> v) { return Percentile(std::move(v), 0.5); }
+
+std::unique_ptr<client::KvtierClient> Connect(const std::string& sock, bool shm) {
+  client::ClientOptions o;
+  o.socket_path = sock;
+  o.shared_memory = shm;
+  return client::KvtierClient::Connect(o).value();
+}
+
+struct LookupResult {
+  int clients;
+  uint64_t lookups;
+  double seconds, p50_us, p99_us;
+};
+
+LookupResult BenchLookups(const std::string& sock, const std::vector<Hash128>& keys, int clients,
+                          double seconds) {
+  std::vector<std::vector<double>> lat(clients);
+  std::vector<std::thread> ts;
+  std::atomic<int> ready{0};
+  std::atomic<bool> go{false};
+  for (int c = 0; c < clients; ++c) {
+    ts.emplace_back([&, c] {
+      auto cl = Connect(sock, false);
+      for (int i = 0; i < 50; ++i) (void)cl->Lookup(keys);  // warm the connection
+      ++ready;
+      while (!go.load()) std::this_thread::yield();
+      auto end = Clock::now() + std::chrono::duration<double>(seconds);
+      while (Clock::now() < end) {
+        auto t0 = Clock::now();
+        auto r = cl->Lookup(keys);
+        auto t1 = Clock::now();
+        if (!r.ok() || r->size() != 4) std::abort();
+        lat[c].push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+      }
+    });
+  }
+  while (ready.load() < clients) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  auto t0 = Clock::now();
+  go = true;
+  for (auto& t : ts) t.join();
+  double s = std::chrono::duration<double>(Clock::now() - t0).count();
+  std::vector<double> all;
+  for (auto& v : lat) all.insert(all.end(), v.begin(), v.end());
+  return {clients, all.size(), s, Percentile(all, 0.5), Percentile(all, 0.99)};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string json_path;
+  int reps = 15;
+  double seconds = 2.0;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
+    else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--seconds") && i + 1 < argc) seconds = std::atof(argv[++i]);
+  }
+  std::string dir = (std::filesystem::temp_directory_path() /
+                     ("kvtier-server-bench-" + std::to_string(::getpid()))).string();
+  server::DaemonOptions o;
+  o.data_dir = dir;
+  o.dram_gib = 1.0;
+  o.nvme_gib = 0.5;
+  o.hbm_gib = 0;
+  o.log_level = "off";
+  auto daemon = server::Daemon::Start(o).value();
+  const std::string sock = daemon->socket_path();
+
+  // Llama-3.1-8B: 32 layers, 8 KV heads, head_dim 128; 256 tokens; K16/V8.
+  codec::Geometry g{32, 8, 128, 256, 16};
+  codec::ChunkSpec spec = codec::testing::MakeSpec(
+      g, codec::DType::kBF16, {codec::DType::kBF16, codec::ScaleGranularity::kNone},
+      {codec::DType::kFP8E4M3, codec::ScaleGranularity::kPerBlockHead});
+  auto k = codec::testing::MakeKv(g, codec::DType::kBF16, {.seed = 1});
+  auto v = codec::testing::MakeKv(g, codec::DType::kBF16, {.seed = 2});
+  std::vector<uint8_t> chunk = codec::EncodeChunk(spec, codec::KvView{k, v}).value();
+  const size_t bytes = chunk.size();
+
+  std::printf("machine: %s\n", bench::CpuName().c_str());
+  std::printf("chunk: Llama-3.1-8B, 256 tokens, K16/V8: %zu bytes (%.2f MiB)\n", bytes,
+              bytes / 1048576.0);
+
+  // --- Lookups.
+  auto c0 = Connect(sock, true);
+  std::vector<Hash128> keys;
+  for (int i = 0; i < 8; ++i) keys.push_back(Hash128::Of("bench-lookup-" + std::to_string(i), 3));
+  auto small = codec::EncodeChunk(codec::testing::MakeSpec({2, 2, 64, 16, 16}, codec::DType::kBF16,
+                                                           {codec::DType::kBF16, codec::ScaleGranularity::kNone},
+                                                           {codec::DType::kFP8E4M3, codec::ScaleGranularity::kPerBlockHead}),
+                                   codec::KvView{std::vector<uint16_t>(2 * 16 * 2 * 64, 0x3f80),
+                                                 std::vector<uint16_t>(2 * 16 * 2 * 64, 0x3f80)})
+                   .value();
+  for (int i = 0; i < 4; ++i) (void)c0->Put(keys[i], small);
+  std::vector<LookupResult> lookups = {BenchLookups(sock, keys, 1, seconds),
+                                       BenchLookups(sock, keys, 16, seconds)};
+  std::printf("\n%-8s %10s %10s %10s %12s\n", "clients", "lookups", "p50 us", "p99 us", "lookups/s");
+  for (const auto& r : lookups) {
+    std::printf("%-8d %10llu %10.1f %10.1f %12.0f\n", r.clients,
+                static_cast<unsigned long long>(r.lookups), r.p50_us, r.p99_us, r.lookups / r.seconds);
+  }
+
+  // --- Baseline: memcpy of the chunk between two pre-faulted buffers.
+  std::vector<uint8_t> dst(bytes, 0);
+  std::vector<double> memcpy_s;
+  for (int i = 0; i < reps; ++i) {
+    auto t0 = Clock::now();
+    std::memcpy(dst.data(), chunk.data(), bytes);
+    asm volatile("" : : "r"(dst.data()) : "memory");
+    memcpy_s.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+
+  // --- Put through shared memory: allocate slot + copy into it + commit
+  // (the daemon verifies both section checksums). A fresh key each time;
+  // the previous one is deleted outside the timed region.
+  auto timed = [&](auto&& fn) {
+    auto t0 = Clock::now();
+    fn();
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+  };
+  // The floor of a verified transfer: one copy plus one checksum pass
+  // (codec::VerifyChunk), both of which every shared-memory put/get does.
+  std::vector<double> verify_s;
+  for (int i = 0; i < reps; ++i) {
+    verify_s.push_back(timed([&] {
+      if (!codec::VerifyChunk(chunk).ok()) std::abort();
+    }));
+  }
+  // memcpy into the pool's own pages (a slot in the client's mapping): the
+  // same copy without the RPCs and the checksum, on the same memory.
+  std::vector<double> pool_memcpy_s;
+  {
+    auto slot = c0->AllocateSlot(bytes).value();
+    for (int i = 0; i < reps + 1; ++i) {
+      double s = timed([&] {
+        std::memcpy(slot.data.data(), chunk.data(), bytes);
+        asm volatile("" : : "r"(slot.data.data()) : "memory");
+      });
+      if (i > 0) pool_memcpy_s.push_back(s);
+    }
+    (void)c0->AbortSlot(slot);
+  }
+  std::vector<double> put_s, get_s, put_inline_s, get_inline_s;
+  for (int i = 0; i < reps + 1; ++i) {
+    Hash128 key = Hash128::Of("bench-put-" + std::to_string(i), 5);
+    double s = timed([&] {
+      if (!c0->Put(key, chunk).ok()) std::abort();
+    });
+    double gs = timed([&] {
+      auto r = c0->GetInto(key, dst);
+      if (!r.ok() || r->first != bytes) std::abort();
+    });
+    if (i > 0) {  // the first round faults the pool pages in
+      put_s.push_back(s);
+      get_s.push_back(gs);
+    }
+    if (dst != chunk) std::abort();
+    (void)c0->Delete(key);
+  }
+  auto ci = Connect(sock, false);
+  for (int i = 0; i < std::min(reps, 5) + 1; ++i) {
+    Hash128 key = Hash128::Of("bench-inline-" + std::to_string(i), 5);
+    double s = timed([&] {
+      if (!ci->Put(key, chunk).ok()) std::abort();
+    });
+    double gs = timed([&] {
+      auto r = ci->GetInto(key, dst);
+      if (!r.ok()) std::abort();
+    });
+    if (i > 0) {
+      put_inline_s.push_back(s);
+      get_inline_s.push_back(gs);
+    }
+    (void)ci->Delete(key);
+  }
+  auto gbps = [&](double s) { return bytes / s / 1e9; };
+  const double m = Median(memcpy_s);
+  struct Row {
+    const char* name;
+    double s;
+  } rows[] = {{"memcpy (baseline)", m},
+              {"memcpy + verify", m + Median(verify_s)},
+              {"memcpy into pool", Median(pool_memcpy_s)},
+              {"put shm", Median(put_s)},
+              {"get shm", Median(get_s)},
+              {"put inline", Median(put_inline_s)},
+              {"get inline", Median(get_inline_s)}};
+  std::printf("\nmedian of %d; ratio = op GB/s / memcpy GB/s (target >= 0.8 for shm)\n", reps);
+  std::printf("%-18s %10s %10s %8s\n", "op", "ms", "GB/s", "ratio");
+  for (const Row& r : rows) {
+    std::printf("%-18s %10.3f %10.2f %8.3f\n", r.name, r.s * 1e3, gbps(r.s), m / r.s);
+  }
+
+  char buf[4096];
+  std::string json = "{\"benchmark\":\"server\",\"machine\":\"" + bench::CpuName() +
+                     "\",\"transport\":\"unix socket, in-process kvtierd\",\"lookup_keys\":8,"
+                     "\"lookup_hits\":4,\"lookups\":[";
+  for (size_t i = 0; i < lookups.size(); ++i) {
+    const auto& r = lookups[i];
+    std::snprintf(buf, sizeof(buf),
+                  "%s{\"clients\":%d,\"lookups\":%llu,\"seconds\":%.3f,\"p50_us\":%.2f,"
+                  "\"p99_us\":%.2f,\"lookups_per_s\":%.0f}",
+                  i ? "," : "", r.clients, static_cast<unsigned long long>(r.lookups), r.seconds,
+                  r.p50_us, r.p99_us, r.lookups / r.seconds);
+    json += buf;
+  }
+  std::snprintf(buf, sizeof(buf),
+                "],\"chunk\":{\"shape\":\"llama-3.1-8b 32x8x128, 256 tokens, k16v8\",\"bytes\":%zu},"
+                "\"reps\":%d,\"statistic\":\"median\",\"memcpy_gbps\":%.3f,"
+                "\"memcpy_plus_verify_gbps\":%.3f,\"memcpy_plus_verify_vs_memcpy\":%.3f,"
+                "\"memcpy_into_pool_gbps\":%.3f,\"memcpy_into_pool_vs_memcpy\":%.3f,"
+                "\"put_shm_gbps\":%.3f,\"put_shm_vs_memcpy\":%.3f,"
+                "\"get_shm_gbps\":%.3f,\"get_shm_vs_memcpy\":%.3f,"
+                "\"put_inline_gbps\":%.3f,\"put_inline_vs_memcpy\":%.3f,"
+                "\"get_inline_gbps\":%.3f,\"get_inline_vs_memcpy\":%.3f}\n",
+                bytes, reps, gbps(m), gbps(rows[1].s), m / rows[1].s, gbps(rows[2].s), m / rows[2].s,
+                gbps(rows[3].s), m / rows[3].s, gbps(rows[4].s), m / rows[4].s, gbps(rows[5].s),
+                m / rows[5].s, gbps(rows[6].s), m / rows[6].s);
+  json += buf;
+  if (!json_path.empty()) {
+    FILE* f = std::fopen(json_path.c_str(), "w");
+    if (f) {
+      std::fputs(json.c_str(), f);
+      std::fclose(f);
+    }
+  }
+  c0.reset();
+  ci.reset();
+  (void)daemon->Shutdown();
+  daemon.reset();
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+  return 0;
+}
