@@ -16,7 +16,8 @@ struct DramTierOptions {
   uint64_t capacity_bytes = uint64_t{1} << 30;
   // Allocation unit and alignment of every chunk in the pool. Default: 4096
   uint64_t alignment = 4096;
-  // Touch every page at startup so the first puts do not page-fault.
+  // Allocate and map every page writable at startup (MADV_POPULATE_WRITE,
+  // or a write per page on older kernels) so puts do not page-fault.
   // Default: true
   bool populate = true;
   // Called once with the pool's address and size, e.g. to register it with
