@@ -75,7 +75,7 @@ struct Format {
   DType k, v;
 };
 
-std::string Run(const Format& f, uint32_t batch, uint32_t ctx) {
+std::string Run(const Format& f, uint32_t batch, uint32_t ctx, uint32_t partition_tokens = 0) {
   const uint64_t tokens = uint64_t{batch} * ctx;
   const uint64_t elems = tokens * HKV * D;
   const double bytes_k = f.k == DType::kFP8E4M3 ? 1 : 2, bytes_v = f.v == DType::kFP8E4M3 ? 1 : 2;
@@ -147,6 +147,9 @@ std::string Run(const Format& f, uint32_t batch, uint32_t ctx) {
   p.seq_lens = d_lens;
   p.sm_scale = 0.08838834764f;
   p.out = d_out;
+  p.partition_tokens = partition_tokens;
+  const uint32_t part =
+      partition_tokens != 0 ? partition_tokens : DecodeAttentionPartitionTokens(batch, HKV, ctx);
   auto wsb = DecodeAttentionWorkspaceBytes(c, p);
   CHECK_OK(wsb.status());
   void* ws = nullptr;
@@ -186,8 +189,8 @@ std::string Run(const Format& f, uint32_t batch, uint32_t ctx) {
   }
   std::sort(t.begin(), t.end());
   const double ts = t[t.size() / 2];
-  std::printf("attention %-6s batch %3u ctx %6u: %9.1f us  %9.0f tokens/s  %7.1f GB/s\n", f.name,
-              batch, ctx, ts * 1e6, batch / ts, kv_bytes / ts / 1e9);
+  std::printf("attention %-6s batch %3u ctx %6u part %3u: %9.1f us  %9.0f tokens/s  %7.1f GB/s\n",
+              f.name, batch, ctx, part, ts * 1e6, batch / ts, kv_bytes / ts / 1e9);
   cudaFree(k);
   if (vb) cudaFree(v);
   cudaFree(ks);
@@ -201,6 +204,7 @@ std::string Run(const Format& f, uint32_t batch, uint32_t ctx) {
   cudaEventDestroy(a);
   cudaEventDestroy(b);
   return absl::StrCat("{\"format\": \"", f.name, "\", \"batch\": ", batch, ", \"context\": ", ctx,
+                      ", \"partition_tokens\": ", part,
                       ", \"t_s\": ", ts, ", \"tokens_per_s\": ", batch / ts,
                       ", \"kv_bytes\": ", kv_bytes, ", \"hbm_gbps\": ", kv_bytes / ts / 1e9, "}");
 }
@@ -225,6 +229,15 @@ int main(int argc, char** argv) {
         json += (first ? "" : ", ") + Run(f, batch, ctx);
         first = false;
       }
+  // Partition-length sweep at the target shape (the main table uses the
+  // launcher's choice).
+  json += "], \"partition_sweep\": [";
+  first = true;
+  for (uint32_t part : {64u, 128u, 256u, 512u})
+    for (const Format& f : formats) {
+      json += (first ? "" : ", ") + Run(f, 32, 8192, part);
+      first = false;
+    }
   json += "]}\n";
   if (argc > 1) {
     FILE* out = std::fopen(argv[1], "w");

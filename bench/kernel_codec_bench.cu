@@ -4,11 +4,14 @@
 //     of bytes moved (bytes read + bytes written, a memcpy of N bytes moves 2N);
 //   into pinned host memory: kernel time vs cudaMemcpyAsync D2H of the
 //     encoded bytes into pinned memory.
+// Each ratio is the median over kTrials interleaved batches of (baseline
+// time / kernel time) of the same batch, with its 10th-90th percentiles.
 // Usage: kernel_codec_bench OUT.json
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -40,31 +43,51 @@ using codec::DType;
   } while (0)
 
 constexpr int kRotate = 8;   // distinct buffers, so repeats do not hit L2
-constexpr int kIters = 40;   // launches per timed batch
-constexpr int kTrials = 7;   // batches; the median is reported
+constexpr int kIters = 50;   // launches per timed batch
+constexpr int kTrials = 31;  // batches per function, interleaved across functions
 
-// Median over trials of the time per call of fn(i), in seconds.
-template <typename F>
-double TimeIt(F fn) {
+// Times each fns[k](i) in batches of kIters calls, interleaved (batch t of
+// every function, then batch t + 1, ...) so that clock or thermal drift hits
+// all of them alike. Returns per function the time per call of every batch.
+std::vector<std::vector<double>> TimeInterleaved(
+    const std::vector<std::function<void(int)>>& fns) {
   cudaEvent_t a, b;
   CHECK_CUDA(cudaEventCreate(&a));
   CHECK_CUDA(cudaEventCreate(&b));
-  for (int i = 0; i < 2 * kRotate; ++i) fn(i);
+  for (const auto& fn : fns)
+    for (int i = 0; i < 2 * kRotate; ++i) fn(i);
   CHECK_CUDA(cudaDeviceSynchronize());
-  std::vector<double> t;
+  std::vector<std::vector<double>> t(fns.size());
   for (int trial = 0; trial < kTrials; ++trial) {
-    CHECK_CUDA(cudaEventRecord(a));
-    for (int i = 0; i < kIters; ++i) fn(i);
-    CHECK_CUDA(cudaEventRecord(b));
-    CHECK_CUDA(cudaEventSynchronize(b));
-    float ms = 0;
-    CHECK_CUDA(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms * 1e-3 / kIters);
+    for (size_t k = 0; k < fns.size(); ++k) {
+      CHECK_CUDA(cudaEventRecord(a));
+      for (int i = 0; i < kIters; ++i) fns[k](i);
+      CHECK_CUDA(cudaEventRecord(b));
+      CHECK_CUDA(cudaEventSynchronize(b));
+      float ms = 0;
+      CHECK_CUDA(cudaEventElapsedTime(&ms, a, b));
+      t[k].push_back(ms * 1e-3 / kIters);
+    }
   }
-  std::sort(t.begin(), t.end());
   cudaEventDestroy(a);
   cudaEventDestroy(b);
-  return t[t.size() / 2];
+  return t;
+}
+
+double Quantile(std::vector<double> v, double q) {
+  std::sort(v.begin(), v.end());
+  return v[static_cast<size_t>(q * (v.size() - 1) + 0.5)];
+}
+
+// Baseline time over kernel time, batch by batch (same trial), summarized
+// by the median and the 10th / 90th percentiles.
+struct Ratio {
+  double median, p10, p90;
+};
+Ratio PairedRatio(const std::vector<double>& baseline, const std::vector<double>& kernel) {
+  std::vector<double> r;
+  for (size_t i = 0; i < baseline.size(); ++i) r.push_back(baseline[i] / kernel[i]);
+  return {Quantile(r, 0.5), Quantile(r, 0.1), Quantile(r, 0.9)};
 }
 
 struct Model {
@@ -125,36 +148,53 @@ std::string RunModel(const Model& m, const char* codec_name) {
     CHECK_CUDA(cudaMemset(src[r], r + 1, n_equiv));
   }
 
-  const double t_encode = TimeIt([&](int i) {
-    CHECK_OK(GatherEncode(spec, dev.layout, span(i % kRotate), d_chunks[i % kRotate], ws, nullptr));
-  });
-  // The encoded chunks become the decode inputs.
+  // The decode inputs: chunks encoded once, before timing.
+  for (int r = 0; r < kRotate; ++r) {
+    CHECK_OK(GatherEncode(spec, dev.layout, span(r), d_chunks[r], ws, nullptr));
+  }
   CHECK_CUDA(cudaDeviceSynchronize());
   std::vector<uint8_t> first(chunk_bytes);
   CHECK_CUDA(cudaMemcpy(first.data(), d_chunks[0], chunk_bytes, cudaMemcpyDeviceToHost));
   CHECK_OK(codec::SealChunk(first));
   auto header = codec::VerifyChunk(first);
   CHECK_OK(header.status());
-  const double t_decode = TimeIt([&](int i) {
-    CHECK_OK(DecodeScatter(*header, d_chunks[i % kRotate], dev.layout, span((i + 3) % kRotate),
-                           nullptr));
+  // Device to device: encode, decode and the memcpy baseline, interleaved.
+  // Encode writes into scratch chunks so the decode inputs stay intact.
+  std::vector<uint8_t*> d_scratch(kRotate);
+  for (int r = 0; r < kRotate; ++r) CHECK_CUDA(cudaMalloc(&d_scratch[r], chunk_bytes));
+  const auto d2d = TimeInterleaved({
+      [&](int i) {
+        CHECK_OK(GatherEncode(spec, dev.layout, span(i % kRotate), d_scratch[i % kRotate], ws,
+                              nullptr));
+      },
+      [&](int i) {
+        CHECK_OK(DecodeScatter(*header, d_chunks[i % kRotate], dev.layout,
+                               span((i + 3) % kRotate), nullptr));
+      },
+      [&](int i) {
+        CHECK_CUDA(cudaMemcpyAsync(dst[i % kRotate], src[i % kRotate], n_equiv,
+                                   cudaMemcpyDeviceToDevice));
+      },
   });
-  const double t_d2d = TimeIt([&](int i) {
-    CHECK_CUDA(cudaMemcpyAsync(dst[i % kRotate], src[i % kRotate], n_equiv,
-                               cudaMemcpyDeviceToDevice));
-  });
-  const double t_encode_pinned = TimeIt([&](int i) {
-    CHECK_OK(GatherEncode(spec, dev.layout, span(i % kRotate), hd_chunks[i % kRotate], ws, nullptr));
-  });
-  const double t_d2h = TimeIt([&](int i) {
-    CHECK_CUDA(cudaMemcpyAsync(h_chunks[i % kRotate], d_chunks[i % kRotate], chunk_bytes,
-                               cudaMemcpyDeviceToHost));
+  const auto pinned = TimeInterleaved({
+      [&](int i) {
+        CHECK_OK(GatherEncode(spec, dev.layout, span(i % kRotate), hd_chunks[i % kRotate], ws,
+                              nullptr));
+      },
+      [&](int i) {
+        CHECK_CUDA(cudaMemcpyAsync(h_chunks[i % kRotate], d_chunks[i % kRotate], chunk_bytes,
+                                   cudaMemcpyDeviceToHost));
+      },
   });
   CHECK_CUDA(cudaDeviceSynchronize());
+  for (int r = 0; r < kRotate; ++r) cudaFree(d_scratch[r]);
+  const double t_encode = Quantile(d2d[0], 0.5), t_decode = Quantile(d2d[1], 0.5);
+  const double t_d2d = Quantile(d2d[2], 0.5);
+  const double t_encode_pinned = Quantile(pinned[0], 0.5), t_d2h = Quantile(pinned[1], 0.5);
+  const Ratio enc = PairedRatio(d2d[2], d2d[0]), dec = PairedRatio(d2d[2], d2d[1]);
+  const Ratio pin = PairedRatio(pinned[1], pinned[0]);
 
-  const double enc_ratio = t_d2d / t_encode;
-  const double dec_ratio = t_d2d / t_decode;
-  const double pin_ratio = t_d2h / t_encode_pinned;
+  const double enc_ratio = enc.median, dec_ratio = dec.median, pin_ratio = pin.median;
   std::printf(
       "%-12s %-7s chunk %8zu B (fp16-equiv %8zu B) | D2D memcpy %6.1f GB/s moved | encode %6.1f "
       "GB/s moved = %.3f x memcpy | decode %6.1f GB/s = %.3f x | pinned D2H memcpy %5.1f GB/s, "
@@ -185,7 +225,11 @@ std::string RunModel(const Model& m, const char* codec_name) {
       ", \"t_gather_encode_to_pinned_s\": ", t_encode_pinned,
       ", \"gather_encode_pinned_vs_pinned_memcpy\": ", pin_ratio,
       ", \"fp16_equivalent_offload_gbps\": ", kv16_bytes / t_encode_pinned / 1e9,
-      ", \"pinned_d2h_memcpy_gbps\": ", chunk_bytes / t_d2h / 1e9, "}");
+      ", \"pinned_d2h_memcpy_gbps\": ", chunk_bytes / t_d2h / 1e9,
+      ", \"ratio_p10_p90\": {\"gather_encode_d2d\": [", enc.p10, ", ", enc.p90,
+      "], \"decode_scatter_d2d\": [", dec.p10, ", ", dec.p90, "], \"gather_encode_pinned\": [",
+      pin.p10, ", ", pin.p90, "]}, \"trials\": ", kTrials, ", \"iters_per_trial\": ", kIters,
+      "}");
 }
 
 }  // namespace

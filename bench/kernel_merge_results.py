@@ -26,7 +26,10 @@ def main():
             s[key] = {k: r[k] for k in ("gather_encode_d2d_vs_memcpy",
                                         "decode_scatter_d2d_vs_memcpy",
                                         "gather_encode_pinned_vs_pinned_memcpy",
-                                        "fp16_equivalent_offload_gbps", "pinned_d2h_memcpy_gbps")}
+                                        "fp16_equivalent_offload_gbps", "pinned_d2h_memcpy_gbps")
+                      if k in r}
+            if "ratio_p10_p90" in r:
+                s[key]["ratio_p10_p90"] = r["ratio_p10_p90"]
     if attn:
         def find(fmt, b, ctx):
             for r in attn["attention"]:
@@ -43,6 +46,16 @@ def main():
                 if r["batch"] == 32 and r["context"] == 8192:
                     s["attention_b32_ctx8k_k16v8_vs_torch_sdpa_bf16"] = r["t_s"] / k16v8["t_s"]
                     s["attention_b32_ctx8k_bf16_vs_torch_sdpa_bf16"] = r["t_s"] / bf16["t_s"]
+        for r in attn.get("partition_sweep", []):
+            s.setdefault("attention_b32_ctx8k_partition_sweep_hbm_gbps", {})[
+                f"{r['format']}/part{r['partition_tokens']}"] = r["hbm_gbps"]
+        for key, r in (("bf16", bf16), ("k16v8", k16v8), ("fp8", fp8)):
+            if r:
+                s[f"attention_b32_ctx8k_{key}_hbm_gbps"] = r["hbm_gbps"]
+        if sdpa:
+            for r in sdpa["sdpa_bf16"]:
+                if r["batch"] == 32 and r["context"] == 8192:
+                    s["sdpa_b32_ctx8k_hbm_gbps"] = r["hbm_gbps"]
     with open(os.path.join(out, "kernels.json"), "w") as f:
         json.dump(merged, f, indent=1)
     print(json.dumps(s, indent=1))

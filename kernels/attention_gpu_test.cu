@@ -29,13 +29,14 @@ struct AttnCase {
   DType q_dtype, k_dtype, v_dtype;
   uint32_t head_dim, block_size, kv_heads, group;
   std::vector<int32_t> lens;
+  uint32_t partition_tokens = 0;  // 0: the launcher's choice
 };
 
 void RunAttention(const AttnCase& c) {
   SCOPED_TRACE(std::string(CacheLayoutName(c.kind)) + " k=" + codec::DTypeName(c.k_dtype) +
                " v=" + codec::DTypeName(c.v_dtype) + " q=" + codec::DTypeName(c.q_dtype) +
                " d=" + std::to_string(c.head_dim) + " bs=" + std::to_string(c.block_size) +
-               " g=" + std::to_string(c.group));
+               " g=" + std::to_string(c.group) + " part=" + std::to_string(c.partition_tokens));
   const uint32_t batch = static_cast<uint32_t>(c.lens.size());
   uint32_t max_len = 0;
   for (int32_t l : c.lens) max_len = std::max<uint32_t>(max_len, l);
@@ -90,6 +91,7 @@ void RunAttention(const AttnCase& c) {
   dp.seq_lens = d_lens;
   dp.host_block_table = all.data();
   dp.host_seq_lens = c.lens.data();
+  dp.partition_tokens = c.partition_tokens;
   auto ws_bytes = DecodeAttentionWorkspaceBytes(dev.layout, dp);
   ASSERT_TRUE(ws_bytes.ok()) << ws_bytes.status();
   KVTIER_ASSERT_CUDA(cudaMalloc(&d_ws, *ws_bytes));
@@ -135,6 +137,16 @@ TEST(PagedAttentionGpu, MatchesReferenceForEveryFormat) {
       {CacheLayout::kSeparateNHD, DType::kBF16, DType::kFP8E4M3, DType::kFP8E4M3, 128, 16, 2, 4, lens},
       {CacheLayout::kSeparateNHD, DType::kBF16, DType::kBF16, DType::kFP8E4M3, 256, 64, 1, 8, {513, 2}},
       {CacheLayout::kVllmFlashAttnHND, DType::kBF16, DType::kBF16, DType::kBF16, 64, 8, 3, 1, {1000, 5, 257}},
+      // Group sizes that pad to the 4- or 8-head kernel, a block size of 1 and 2.
+      {CacheLayout::kVllmFlashInferNHD, DType::kFP16, DType::kFP16, DType::kFP16, 128, 2, 2, 3, {70, 1, 33}},
+      {CacheLayout::kSeparateNHD, DType::kBF16, DType::kFP8E4M3, DType::kFP8E4M3, 64, 1, 2, 5, {200, 31}},
+      {CacheLayout::kSeparateHND, DType::kBF16, DType::kBF16, DType::kFP8E4M3, 256, 16, 2, 2, {95, 640}},
+      // Long sequences: many partitions of the launcher's choice, partial last ones.
+      {CacheLayout::kSeparateNHD, DType::kBF16, DType::kBF16, DType::kFP8E4M3, 128, 16, 8, 4, {8192, 1, 3001, 511}},
+      {CacheLayout::kVllmFlashAttnNHD, DType::kBF16, DType::kBF16, DType::kBF16, 128, 16, 8, 4, {4100, 2049}},
+      // Forced partition lengths: the smallest (one tile) and the largest.
+      {CacheLayout::kSeparateNHD, DType::kBF16, DType::kBF16, DType::kFP8E4M3, 128, 16, 2, 4, {1000, 33, 7}, 32},
+      {CacheLayout::kSeparateNHD, DType::kBF16, DType::kFP8E4M3, DType::kFP8E4M3, 128, 32, 2, 8, {1500, 513}, 512},
   };
   for (const AttnCase& c : cases) {
     RunAttention(c);
@@ -181,6 +193,13 @@ TEST(PagedAttentionGpu, InvalidInputIsRejectedBeforeLaunch) {
   EXPECT_EQ(PagedDecodeAttention(h2.layout, p, ws, sizeof(ws), nullptr).code(),
             absl::StatusCode::kInvalidArgument);
   p.num_q_heads = 4;
+  p.partition_tokens = 48;  // not a multiple of 32
+  EXPECT_EQ(PagedDecodeAttention(h2.layout, p, ws, sizeof(ws), nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+  p.partition_tokens = 1024;  // above kAttentionMaxPartitionTokens
+  EXPECT_EQ(PagedDecodeAttention(h2.layout, p, ws, sizeof(ws), nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+  p.partition_tokens = 0;
   EXPECT_EQ(PagedDecodeAttention(h2.layout, p, ws, 16, nullptr).code(),
             absl::StatusCode::kInvalidArgument);  // workspace too small
   p.q = nullptr;

@@ -4,9 +4,34 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
+#include <atomic>
+#include <cmath>
+
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "kernels/cuda_status.h"
+
+// Design (FlashDecoding / FlashInfer style; numbers for Llama-3.1-8B shapes):
+// - CTA = (partition, kv head, sequence), 4 warps. It holds the q vectors of
+//   the whole GQA group in registers, so K and V rows are read once per kv
+//   head, not once per q head.
+// - The partition is walked in tiles of kTile tokens. A kStages-deep
+//   cp.async pipeline copies each tile's K and V rows (and FP8 scales) into
+//   shared memory with 16-byte copies, so about two tiles (32 KB for BF16)
+//   per CTA are in flight while the previous one is computed.
+// - Within a warp, a token row is split over TG = head_dim / 8 lanes (8
+//   elements each). A lane computes partial q.k dots for its U tokens and GP
+//   q heads; a reduce-scatter over the TG lanes (TG-1 shuffles for all U*GP
+//   dots, instead of log2(TG) shuffles per dot) leaves each lane with the
+//   full dot of one (token, head) pair, so the exponentials are computed
+//   once per logit, not once per lane.
+// - Online softmax per warp (base-2, sm_scale * log2 e folded into q); the
+//   probabilities go to the warp through shared memory; V rows are
+//   dequantized in registers (FP8 codes -> half2 -> float, the per-(block,
+//   head) scale folded into the probability) and accumulated per lane over
+//   its 8 dims. At the end the warps' states are merged in shared memory and
+//   the partition's (max, sum, unnormalized output) goes to the workspace.
+// - A combine kernel merges the partitions of each (sequence, q head).
 
 namespace kvtier::kernels {
 namespace {
@@ -15,10 +40,15 @@ using codec::DType;
 
 constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / 32;
-constexpr int kPart = static_cast<int>(kAttentionPartitionTokens);
-constexpr int kMaxG = static_cast<int>(kAttentionMaxGroup);
-constexpr int kUnroll = 4;  // tokens in flight per thread group
-constexpr int kVec = 8;     // elements per lane per token
+constexpr int kTile = 32;   // tokens per pipeline stage
+constexpr int kStages = 3;  // pipeline depth
+constexpr int kVec = 8;     // elements of a row per lane
+constexpr int kMaxPart = static_cast<int>(kAttentionMaxPartitionTokens);
+constexpr int kMinPart = static_cast<int>(kAttentionMinPartitionTokens);
+constexpr int kTargetParts = 2048;
+constexpr float kLog2e = 1.4426950408889634f;
+static_assert(kMinPart % kTile == 0 && kMaxPart % kTile == 0,
+              "partitions are whole pipeline tiles");
 
 struct AttnParams {
   PagedKvLayout cache;
@@ -26,230 +56,365 @@ struct AttnParams {
   void* out;
   const int32_t* block_table;
   const int32_t* seq_lens;
-  float* ws_acc;  // [batch][q_heads][parts][head_dim]
-  float* ws_ml;   // [batch][q_heads][parts][2]: max, sum
-  uint32_t max_blocks_per_seq, num_q_heads, group, parts, layer, bs_shift;
-  float sm_scale;
+  float* ws_acc;  // [batch][q_heads][parts][head_dim]: unnormalized output
+  float* ws_ml;   // [batch][q_heads][parts][2]: max (base 2), sum
+  uint32_t max_blocks_per_seq, num_q_heads, group, parts, part_tokens, layer, bs_shift;
+  float q_scale;  // sm_scale * log2(e)
 };
+
+// Compile-time geometry of one instantiation.
+template <int HD, int GP, bool K8, bool V8>
+struct Geometry {
+  static constexpr int TG = HD / kVec;                 // lanes per token row
+  static constexpr int NG = 32 / TG;                   // token groups per warp
+  static constexpr int U = kTile / (kWarps * NG);      // tokens per group per tile
+  static constexpr int N = U * GP;                     // partial dots per lane per tile
+  static constexpr int CF = N / TG;                    // full dots per lane after the reduce
+  static constexpr int KB = K8 ? 1 : 2, VB = V8 ? 1 : 2;  // bytes per element
+  static constexpr int KROW = HD * KB, VROW = HD * VB;    // bytes per row
+  static constexpr int KCH = KROW / 16, VCH = VROW / 16;  // 16-byte chunks per row
+  static constexpr int STAGE_K = kTile * KROW;
+  static constexpr int STAGE_V = kTile * VROW;
+  static constexpr int STAGE = STAGE_K + STAGE_V + 2 * kTile * 4;  // rows + K, V scales
+  static constexpr int PIPE = kStages * STAGE;
+  static constexpr int MERGE = kWarps * GP * (HD + 2) * 4;  // per-warp states at the end
+  static constexpr int SMEM = PIPE > MERGE ? PIPE : MERGE;
+
+  static_assert(32 % TG == 0 || TG == 32, "a token row is split over the lanes of one warp");
+  static_assert(TG <= 32 && NG >= 1 && U >= 1, "tile must cover every token group");
+  static_assert(N % TG == 0 && CF >= 1, "reduce-scatter leaves whole dots per lane");
+  static_assert(TG / U == 4 && GP / CF == 4,
+                "lanes l and l^4, l^8, l^16 hold the same q heads (see kernel)");
+  static_assert((kTile * KCH) % kThreads == 0 && (kTile * VCH) % kThreads == 0,
+                "every thread issues the same number of 16-byte copies per tile");
+  static_assert(STAGE_K % 16 == 0 && STAGE % 16 == 0, "16-byte aligned stages");
+};
+
+__device__ __forceinline__ void CpAsync16(void* dst, const void* src, bool valid) {
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  // src-size 0 fills the 16 bytes with zeros (rows past the sequence end).
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void CpAsync4(void* dst, const void* src, bool valid) {
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(src),
+               "r"(valid ? 4 : 0));
+}
+__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
 
 template <bool BF16>
-__device__ __forceinline__ float Half(uint32_t bits) {
-  if constexpr (BF16) return __uint_as_float(bits << 16);
-  return __half2float(__ushort_as_half(static_cast<unsigned short>(bits)));
+__device__ __forceinline__ float2 Unpack16x2(uint32_t w) {
+  if constexpr (BF16) {
+    return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xFFFF0000u));
+  } else {
+    return __half22float2(*reinterpret_cast<const __half2*>(&w));
+  }
 }
 
-// Loads 8 elements of a row (16 bytes of 16-bit elements or 8 FP8 codes).
-template <bool FP8>
-struct RowVec {
-  using Raw = typename std::conditional<FP8, uint2, uint4>::type;
-};
+__device__ __forceinline__ float2 UnpackFp8x2(uint32_t two_codes) {
+  __half2_raw h2 = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two_codes),
+                                              __NV_E4M3);
+  return __half22float2(*reinterpret_cast<__half2*>(&h2));
+}
 
+// 8 elements of a row in shared memory (16 bytes of 16-bit elements or 8 FP8
+// codes) as floats.
 template <bool FP8, bool BF16>
-__device__ __forceinline__ void ToFloat(const uint4& r, float (&f)[kVec]) {
+__device__ __forceinline__ void LoadRow8(const uint8_t* p, float (&f)[kVec]) {
   if constexpr (FP8) {
-    const uint32_t w[2] = {r.x, r.y};
+    const uint2 w = *reinterpret_cast<const uint2*>(p);
+    const uint32_t ws[2] = {w.x, w.y};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      __half2_raw h2 = __nv_cvt_fp8x2_to_halfraw2(
-          static_cast<__nv_fp8x2_storage_t>(w[i / 2] >> (16 * (i % 2))), __NV_E4M3);
-      float2 ff = __half22float2(*reinterpret_cast<__half2*>(&h2));
-      f[2 * i] = ff.x;
-      f[2 * i + 1] = ff.y;
+      const float2 v = UnpackFp8x2(ws[i / 2] >> (16 * (i % 2)));
+      f[2 * i] = v.x;
+      f[2 * i + 1] = v.y;
     }
   } else {
-    const uint32_t w[4] = {r.x, r.y, r.z, r.w};
+    const uint4 w = *reinterpret_cast<const uint4*>(p);
+    const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      f[2 * i] = Half<BF16>(w[i] & 0xFFFFu);
-      f[2 * i + 1] = Half<BF16>(w[i] >> 16);
+      const float2 v = Unpack16x2<BF16>(ws[i]);
+      f[2 * i] = v.x;
+      f[2 * i + 1] = v.y;
     }
   }
 }
 
-template <bool FP8>
-__device__ __forceinline__ uint4 LoadRow(const void* p) {
-  if constexpr (FP8) {
-    const uint2 w = __ldg(static_cast<const uint2*>(p));
-    return make_uint4(w.x, w.y, 0, 0);
-  } else {
-    return __ldg(static_cast<const uint4*>(p));
+// Reduce-scatter of N partial sums over the TG lanes of a token group: after
+// it, v[j] (j < N / TG) holds the group-wide sum of entry (lane % TG) * (N /
+// TG) + j. Each halving step sends the half the lane gives away and keeps the
+// other; TG - 1 shuffles in all when N >= TG.
+template <int C, int O, int N>
+__device__ __forceinline__ void ReduceScatterStep(float (&v)[N], int lane) {
+  if constexpr (O >= 1) {
+    constexpr int kHalf = C / 2;
+    const bool upper = (lane & O) != 0;
+#pragma unroll
+    for (int i = 0; i < kHalf; ++i) {
+      const float send = upper ? v[i] : v[i + kHalf];
+      const float keep = upper ? v[i + kHalf] : v[i];
+      v[i] = keep + __shfl_xor_sync(0xffffffffu, send, O);
+    }
+    ReduceScatterStep<kHalf, O / 2>(v, lane);
   }
 }
+template <int N, int TG>
+__device__ __forceinline__ void ReduceScatter(float (&v)[N], int lane) {
+  static_assert((TG & (TG - 1)) == 0 && N % TG == 0, "TG a power of two dividing N");
+  ReduceScatterStep<N, TG / 2>(v, lane);
+}
 
-template <int HD, bool K8, bool V8, bool BF16>
-__global__ void __launch_bounds__(kThreads) AttnPartialKernel(const __grid_constant__ AttnParams p) {
-  static_assert(HD % kVec == 0 && 32 % (HD / kVec) == 0 || HD / kVec == 32,
-                "a token's row is split over HD/8 lanes of one warp");
-  constexpr int TG = HD / kVec;       // lanes per token
-  constexpr int NTG = kThreads / TG;  // tokens in parallel per CTA
-  __shared__ float s_logit[kMaxG][kPart];
-  __shared__ float s_red[kWarps][kMaxG * HD > 2048 ? 2048 : kMaxG * HD];
-  __shared__ int32_t s_block[kPart];
-  __shared__ float s_max[kMaxG], s_sum[kMaxG];
-  static_assert(kMaxG * HD <= 2048, "reduction buffer sized for G*HD <= 2048");
+template <int HD, int GP, bool K8, bool V8, bool BF16>
+__global__ void __launch_bounds__(kThreads, GP <= 4 ? 4 : 2)
+    AttnPartialKernel(const __grid_constant__ AttnParams p) {
+  using G_ = Geometry<HD, GP, K8, V8>;
+  constexpr int TG = G_::TG, NG = G_::NG, U = G_::U, N = G_::N, CF = G_::CF;
+  extern __shared__ __align__(16) uint8_t smem[];
+  __shared__ int32_t s_block[kMaxPart + 1];
+  __shared__ __align__(16) float s_p[kWarps][NG * N];  // probabilities (x V scale)
+  __shared__ __align__(16) float s_alpha[kWarps][GP];  // per-head rescale of this tile
 
   const PagedKvLayout& c = p.cache;
   const uint32_t b = blockIdx.z, kvh = blockIdx.y, part = blockIdx.x;
   const int len = __ldg(p.seq_lens + b);
-  const int t_begin = part * kPart;
+  const int t_begin = static_cast<int>(part * p.part_tokens);
   if (t_begin >= len) return;
-  const int n = min(kPart, len - t_begin);
+  const int n = min(static_cast<int>(p.part_tokens), len - t_begin);
   const int G = static_cast<int>(p.group);
-  const int BS = 1 << p.bs_shift;
-  const int lane_tg = threadIdx.x % TG, tg = threadIdx.x / TG;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const uint32_t shift = p.bs_shift;
+  const uint32_t bs_mask = (1u << shift) - 1;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int grp = lane / TG, lt = lane % TG;
 
-  const int nblk = (n + BS - 1) >> p.bs_shift;
-  for (int i = threadIdx.x; i < nblk; i += kThreads) {
-    s_block[i] = __ldg(p.block_table + uint64_t{b} * p.max_blocks_per_seq + (t_begin >> p.bs_shift) + i);
-  }
-  float q[kMaxG][kVec];
-  const uint16_t* qbase = static_cast<const uint16_t*>(p.q) +
-                          (uint64_t{b} * p.num_q_heads + uint64_t{kvh} * G) * HD + lane_tg * kVec;
+  const int first_blk = t_begin >> shift;
+  const int nblk = ((t_begin + n - 1) >> shift) - first_blk + 1;
+  const int32_t* table = p.block_table + uint64_t{b} * p.max_blocks_per_seq + first_blk;
+  for (int i = tid; i < nblk; i += kThreads) s_block[i] = __ldg(table + i);
+
+  float q[GP][kVec];
+  {
+    const uint16_t* qbase = static_cast<const uint16_t*>(p.q) +
+                            (uint64_t{b} * p.num_q_heads + uint64_t{kvh} * G) * HD + lt * kVec;
 #pragma unroll
-  for (int g = 0; g < kMaxG; ++g) {
-    if (g < G) {
-      float f[kVec];
-      ToFloat<false, BF16>(__ldg(reinterpret_cast<const uint4*>(qbase + g * HD)), f);
+    for (int g = 0; g < GP; ++g) {
+      if (g < G) {
+        const uint4 w = __ldg(reinterpret_cast<const uint4*>(qbase + g * HD));
+        const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
-      for (int e = 0; e < kVec; ++e) q[g][e] = f[e] * p.sm_scale;
+        for (int i = 0; i < 4; ++i) {
+          const float2 v = Unpack16x2<BF16>(ws[i]);
+          q[g][2 * i] = v.x * p.q_scale;
+          q[g][2 * i + 1] = v.y * p.q_scale;
+        }
+      } else {
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) q[g][e] = 0.0f;
+      }
     }
   }
-  __syncthreads();
+  __syncthreads();  // s_block
 
   const uint8_t* kbase = static_cast<const uint8_t*>(c.k_layers[p.layer]);
   const uint8_t* vbase = static_cast<const uint8_t*>(c.v_layers[p.layer]);
   const float* kscale = K8 ? c.k_scale_layers[p.layer] : nullptr;
   const float* vscale = V8 ? c.v_scale_layers[p.layer] : nullptr;
-  constexpr int KB = K8 ? 1 : 2, VB = V8 ? 1 : 2;
 
-  // Phase 1: logits.
-  // Loop bounds are uniform over the CTA (every lane reaches the shuffles);
-  // a token past the end is computed on zeros and not stored.
-  for (int base = 0; base < n; base += NTG * kUnroll) {
-    const int t0 = base + tg;
-    uint4 raw[kUnroll];
-    float ks[kUnroll];
+  // Producer: every thread issues the same number of 16-byte copies.
+  auto load_tile = [&](int tile, int stage) {
+    uint8_t* st = smem + stage * G_::STAGE;
+    const int t0 = tile * kTile;
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int t = t0 + u * NTG;
-      raw[u] = make_uint4(0, 0, 0, 0);
-      ks[u] = 0.0f;
-      if (t < n) {
-        const uint32_t blk = s_block[t >> p.bs_shift];
-        const uint32_t slot = t & (BS - 1);
-        raw[u] = LoadRow<K8>(kbase + KB * c.k_elem(blk, slot, kvh, lane_tg * kVec));
-        ks[u] = K8 ? __ldg(kscale + c.scale_index(blk, kvh)) : 1.0f;
+    for (int k = 0; k < kTile * G_::KCH / kThreads; ++k) {
+      const int i = tid + k * kThreads;
+      const int r = i / G_::KCH, col = i % G_::KCH;
+      const bool ok = t0 + r < n;
+      const int abs_t = t_begin + (ok ? t0 + r : 0);
+      const uint32_t blk = s_block[(abs_t >> shift) - first_blk];
+      const uint8_t* src = kbase + int64_t{G_::KB} * c.k_elem(blk, abs_t & bs_mask, kvh, 0);
+      CpAsync16(st + r * G_::KROW + col * 16, src + col * 16, ok);
+    }
+#pragma unroll
+    for (int k = 0; k < kTile * G_::VCH / kThreads; ++k) {
+      const int i = tid + k * kThreads;
+      const int r = i / G_::VCH, col = i % G_::VCH;
+      const bool ok = t0 + r < n;
+      const int abs_t = t_begin + (ok ? t0 + r : 0);
+      const uint32_t blk = s_block[(abs_t >> shift) - first_blk];
+      const uint8_t* src = vbase + int64_t{G_::VB} * c.v_elem(blk, abs_t & bs_mask, kvh, 0);
+      CpAsync16(st + G_::STAGE_K + r * G_::VROW + col * 16, src + col * 16, ok);
+    }
+    if constexpr (K8 || V8) {
+      // Threads [0, kTile) copy K scales, [kTile, 2 kTile) V scales.
+      const int r = tid % kTile;
+      const bool is_v = tid >= kTile;
+      if (tid < 2 * kTile && (is_v ? V8 : K8)) {
+        const bool ok = t0 + r < n;
+        const int abs_t = t_begin + (ok ? t0 + r : 0);
+        const uint32_t blk = s_block[(abs_t >> shift) - first_blk];
+        const float* src = (is_v ? vscale : kscale) + c.scale_index(blk, kvh);
+        CpAsync4(st + G_::STAGE_K + G_::STAGE_V + (is_v ? kTile : 0) * 4 + r * 4, src, ok);
       }
     }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int t = t0 + u * NTG;
-      float k[kVec];
-      ToFloat<K8, BF16>(raw[u], k);
-#pragma unroll
-      for (int g = 0; g < kMaxG; ++g) {
-        if (g < G) {
-          float dot = 0.0f;
-#pragma unroll
-          for (int e = 0; e < kVec; ++e) dot = fmaf(q[g][e], k[e], dot);
-#pragma unroll
-          for (int o = TG / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o, TG);
-          if (lane_tg == 0 && t < n) s_logit[g][t] = dot * ks[u];
-        }
-      }
-    }
-  }
-  __syncthreads();
+  };
 
-  // Softmax state of the partition, per q head.
-  for (int g = warp; g < G; g += kWarps) {
-    float m = -INFINITY;
-    for (int i = lane; i < n; i += 32) m = fmaxf(m, s_logit[g][i]);
-    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    float s = 0.0f;
-    for (int i = lane; i < n; i += 32) {
-      const float e = __expf(s_logit[g][i] - m);
-      s_logit[g][i] = e;
-      s += e;
-    }
-    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    if (lane == 0) {
-      s_max[g] = m;
-      s_sum[g] = s;
-    }
-  }
-  __syncthreads();
-
-  // Phase 2: weighted V, dequantized in registers.
-  float acc[kMaxG][kVec];
+  const int ntiles = (n + kTile - 1) / kTile;
 #pragma unroll
-  for (int g = 0; g < kMaxG; ++g)
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < ntiles) load_tile(s, s);
+    CpAsyncCommit();
+  }
+
+  // This lane's share after the reduce-scatter: token u_l of its group and
+  // q heads (lane % 4) * CF + j, j < CF (Geometry's static_assert).
+  const int tok0 = (warp * NG + grp) * U;  // tile-local index of the group's first token
+  const int u_l = lt / 4;
+  float m[CF], l[CF];
+#pragma unroll
+  for (int j = 0; j < CF; ++j) {
+    m[j] = -INFINITY;
+    l[j] = 0.0f;
+  }
+  float acc[GP][kVec];
+#pragma unroll
+  for (int g = 0; g < GP; ++g)
 #pragma unroll
     for (int e = 0; e < kVec; ++e) acc[g][e] = 0.0f;
-  for (int base = 0; base < n; base += NTG * kUnroll) {
-    const int t0 = base + tg;
-    uint4 raw[kUnroll];
-    float vs[kUnroll];
+
+  for (int it = 0; it < ntiles; ++it) {
+    CpAsyncWait<kStages - 2>();
+    __syncthreads();  // tile `it` landed for all; tile it-1's stage is free
+    if (it + kStages - 1 < ntiles) load_tile(it + kStages - 1, (it + kStages - 1) % kStages);
+    CpAsyncCommit();
+
+    const uint8_t* st = smem + (it % kStages) * G_::STAGE;
+    const float* s_ks = reinterpret_cast<const float*>(st + G_::STAGE_K + G_::STAGE_V);
+    const float* s_vs = s_ks + kTile;
+
+    // Logits of the group's U tokens for every q head.
+    float dot[N];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int t = t0 + u * NTG;
-      if (t < n) {
-        const uint32_t blk = s_block[t >> p.bs_shift];
-        const uint32_t slot = t & (BS - 1);
-        raw[u] = LoadRow<V8>(vbase + VB * c.v_elem(blk, slot, kvh, lane_tg * kVec));
-        vs[u] = V8 ? __ldg(vscale + c.scale_index(blk, kvh)) : 1.0f;
+    for (int u = 0; u < U; ++u) {
+      float k[kVec];
+      LoadRow8<K8, BF16>(st + (tok0 + u) * G_::KROW + lt * kVec * G_::KB, k);
+#pragma unroll
+      for (int g = 0; g < GP; ++g) {
+        float d = 0.0f;
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) d = fmaf(q[g][e], k[e], d);
+        dot[u * GP + g] = d;
       }
     }
+    ReduceScatter<N, TG>(dot, lane);
+
+    const bool valid = it * kTile + tok0 + u_l < n;
+    const float ks = K8 ? s_ks[tok0 + u_l] : 1.0f;
+    const float vs = V8 ? s_vs[tok0 + u_l] : 1.0f;
+    bool grew = false;
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int t = t0 + u * NTG;
-      if (t >= n) continue;  // no shuffles in this loop
+    for (int j = 0; j < CF; ++j) {
+      const float s = valid ? dot[j] * ks : -INFINITY;
+      float mt = s;
+#pragma unroll
+      for (int o = 4; o < 32; o <<= 1) mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, o));
+      const float m_new = fmaxf(m[j], mt);
+      grew |= m_new > m[j];
+      const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+      const float alpha = exp2f(m[j] - m_use);
+      const float pr = exp2f(s - m_use);
+      l[j] = l[j] * alpha + pr;
+      m[j] = m_new;
+      s_p[warp][lane * CF + j] = pr * vs;
+      if (lane < 4) s_alpha[warp][lane * CF + j] = alpha;
+    }
+    __syncwarp();
+    if (__any_sync(0xffffffffu, grew)) {
+#pragma unroll
+      for (int g = 0; g < GP; ++g) {
+        const float a = s_alpha[warp][g];
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) acc[g][e] *= a;
+      }
+    }
+    float w[N];
+#pragma unroll
+    for (int i = 0; i < N / 4; ++i) {
+      const float4 x = *reinterpret_cast<const float4*>(&s_p[warp][grp * N + 4 * i]);
+      w[4 * i] = x.x;
+      w[4 * i + 1] = x.y;
+      w[4 * i + 2] = x.z;
+      w[4 * i + 3] = x.w;
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
       float v[kVec];
-      ToFloat<V8, BF16>(raw[u], v);
+      LoadRow8<V8, BF16>(st + G_::STAGE_K + (tok0 + u) * G_::VROW + lt * kVec * G_::VB, v);
 #pragma unroll
-      for (int g = 0; g < kMaxG; ++g) {
-        if (g < G) {
-          const float w = s_logit[g][t] * vs[u];
+      for (int g = 0; g < GP; ++g)
 #pragma unroll
-          for (int e = 0; e < kVec; ++e) acc[g][e] = fmaf(w, v[e], acc[g][e]);
-        }
-      }
+        for (int e = 0; e < kVec; ++e) acc[g][e] = fmaf(w[u * GP + g], v[e], acc[g][e]);
+    }
+    __syncwarp();  // s_p / s_alpha are rewritten next tile
+  }
+  CpAsyncWait<0>();
+  __syncthreads();  // the pipeline's shared memory is reused below
+
+  // Warp state: sums over the lanes that hold the same heads, outputs over
+  // the token groups.
+#pragma unroll
+  for (int j = 0; j < CF; ++j)
+#pragma unroll
+    for (int o = 4; o < 32; o <<= 1) l[j] += __shfl_xor_sync(0xffffffffu, l[j], o);
+#pragma unroll
+  for (int o = TG; o < 32; o <<= 1)
+#pragma unroll
+    for (int g = 0; g < GP; ++g)
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) acc[g][e] += __shfl_xor_sync(0xffffffffu, acc[g][e], o);
+  float* s_acc = reinterpret_cast<float*>(smem);  // [kWarps][GP][HD]
+  float* s_ml = s_acc + kWarps * GP * HD;         // [kWarps][GP][2]
+  if (grp == 0) {
+#pragma unroll
+    for (int g = 0; g < GP; ++g) {
+      float4* d = reinterpret_cast<float4*>(s_acc + (warp * GP + g) * HD + lt * kVec);
+      d[0] = make_float4(acc[g][0], acc[g][1], acc[g][2], acc[g][3]);
+      d[1] = make_float4(acc[g][4], acc[g][5], acc[g][6], acc[g][7]);
     }
   }
-  // Reduce over the thread groups of a warp, then over warps.
+  if (lane < 4) {
 #pragma unroll
-  for (int g = 0; g < kMaxG; ++g) {
-    if (g < G) {
-#pragma unroll
-      for (int e = 0; e < kVec; ++e) {
-#pragma unroll
-        for (int o = TG; o < 32; o <<= 1) acc[g][e] += __shfl_xor_sync(0xffffffffu, acc[g][e], o);
-      }
-    }
-  }
-  if (lane < TG) {
-#pragma unroll
-    for (int g = 0; g < kMaxG; ++g) {
-      if (g < G) {
-#pragma unroll
-        for (int e = 0; e < kVec; ++e) s_red[warp][g * HD + lane_tg * kVec + e] = acc[g][e];
-      }
+    for (int j = 0; j < CF; ++j) {
+      s_ml[(warp * GP + lane * CF + j) * 2] = m[j];
+      s_ml[(warp * GP + lane * CF + j) * 2 + 1] = l[j];
     }
   }
   __syncthreads();
   const uint64_t row0 = (uint64_t{b} * p.num_q_heads + uint64_t{kvh} * G) * p.parts + part;
-  for (int i = threadIdx.x; i < G * HD; i += kThreads) {
-    float s = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) s += s_red[w][i];
+  for (int i = tid; i < G * HD; i += kThreads) {
     const int g = i / HD, d = i % HD;
-    p.ws_acc[(row0 + uint64_t{g} * p.parts) * HD + d] = s;
-  }
-  if (threadIdx.x < G) {
-    const uint64_t r = row0 + uint64_t{threadIdx.x} * p.parts;
-    p.ws_ml[2 * r] = s_max[threadIdx.x];
-    p.ws_ml[2 * r + 1] = s_sum[threadIdx.x];
+    float mx = -INFINITY;
+#pragma unroll
+    for (int w2 = 0; w2 < kWarps; ++w2) mx = fmaxf(mx, s_ml[(w2 * GP + g) * 2]);
+    const float m_use = mx == -INFINITY ? 0.0f : mx;
+    float o = 0.0f, sum = 0.0f;
+#pragma unroll
+    for (int w2 = 0; w2 < kWarps; ++w2) {
+      const float f = exp2f(s_ml[(w2 * GP + g) * 2] - m_use);
+      o += f * s_acc[(w2 * GP + g) * HD + d];
+      sum += f * s_ml[(w2 * GP + g) * 2 + 1];
+    }
+    const uint64_t r = row0 + uint64_t{static_cast<uint32_t>(g)} * p.parts;
+    p.ws_acc[r * HD + d] = o;
+    if (d == 0) {
+      p.ws_ml[2 * r] = mx;
+      p.ws_ml[2 * r + 1] = sum;
+    }
   }
 }
 
@@ -257,13 +422,14 @@ template <int HD, bool BF16>
 __global__ void __launch_bounds__(HD) AttnCombineKernel(const __grid_constant__ AttnParams p) {
   const uint32_t qh = blockIdx.x, b = blockIdx.y, d = threadIdx.x;
   const int len = __ldg(p.seq_lens + b);
-  const int parts = (len + kPart - 1) / kPart;
+  const int parts = (len + static_cast<int>(p.part_tokens) - 1) / static_cast<int>(p.part_tokens);
   const uint64_t row0 = (uint64_t{b} * p.num_q_heads + qh) * p.parts;
   float m = -INFINITY;
   for (int i = 0; i < parts; ++i) m = fmaxf(m, p.ws_ml[2 * (row0 + i)]);
+  const float m_use = m == -INFINITY ? 0.0f : m;
   float l = 0.0f, acc = 0.0f;
   for (int i = 0; i < parts; ++i) {
-    const float w = __expf(p.ws_ml[2 * (row0 + i)] - m);
+    const float w = exp2f(p.ws_ml[2 * (row0 + i)] - m_use);
     l += w * p.ws_ml[2 * (row0 + i) + 1];
     acc += w * p.ws_acc[(row0 + i) * HD + d];
   }
@@ -276,26 +442,52 @@ __global__ void __launch_bounds__(HD) AttnCombineKernel(const __grid_constant__ 
   }
 }
 
-template <int HD, bool K8, bool V8, bool BF16>
+// Raises a kernel's dynamic shared-memory limit, once per device; `done` is
+// the kernel's own bit set of devices already raised.
+absl::Status AllowSharedMemory(const void* kernel, int bytes, std::atomic<uint64_t>& done) {
+  int dev = 0;
+  KVTIER_CUDA_RETURN_IF_ERROR(cudaGetDevice(&dev));
+  const uint64_t bit = dev < 64 ? uint64_t{1} << dev : 0;
+  if (bit != 0 && (done.load(std::memory_order_acquire) & bit) != 0) return absl::OkStatus();
+  KVTIER_CUDA_RETURN_IF_ERROR(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  done.fetch_or(bit, std::memory_order_acq_rel);
+  return absl::OkStatus();
+}
+
+template <int HD, int GP, bool K8, bool V8, bool BF16>
 absl::Status LaunchTyped(const AttnParams& a, uint32_t batch, cudaStream_t stream) {
+  constexpr int kSmem = Geometry<HD, GP, K8, V8>::SMEM;
+  auto* kernel = &AttnPartialKernel<HD, GP, K8, V8, BF16>;
+  static std::atomic<uint64_t> raised{0};  // one per instantiation
+  KVTIER_RETURN_IF_ERROR(AllowSharedMemory(reinterpret_cast<const void*>(kernel), kSmem, raised));
   const dim3 grid(a.parts, a.cache.num_kv_heads, batch);
-  AttnPartialKernel<HD, K8, V8, BF16><<<grid, kThreads, 0, stream>>>(a);
+  kernel<<<grid, kThreads, kSmem, stream>>>(a);
   KVTIER_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   AttnCombineKernel<HD, BF16><<<dim3(a.num_q_heads, batch), HD, 0, stream>>>(a);
   KVTIER_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();
 }
 
+template <int HD, int GP>
+absl::Status LaunchGp(const AttnParams& a, uint32_t batch, bool k8, bool v8, bool bf16,
+                      cudaStream_t stream) {
+  if (!k8 && !v8) return bf16 ? LaunchTyped<HD, GP, false, false, true>(a, batch, stream)
+                              : LaunchTyped<HD, GP, false, false, false>(a, batch, stream);
+  if (!k8 && v8) return bf16 ? LaunchTyped<HD, GP, false, true, true>(a, batch, stream)
+                             : LaunchTyped<HD, GP, false, true, false>(a, batch, stream);
+  if (k8 && v8) return bf16 ? LaunchTyped<HD, GP, true, true, true>(a, batch, stream)
+                            : LaunchTyped<HD, GP, true, true, false>(a, batch, stream);
+  return absl::InvalidArgumentError("attention: fp8 K with 16-bit V is not supported");
+}
+
+// Groups of up to 4 q heads run the GP = 4 kernel (smaller groups compute
+// padding heads with zero q, which costs arithmetic, not memory traffic).
 template <int HD>
 absl::Status LaunchHd(const AttnParams& a, uint32_t batch, bool k8, bool v8, bool bf16,
                       cudaStream_t stream) {
-  if (!k8 && !v8) return bf16 ? LaunchTyped<HD, false, false, true>(a, batch, stream)
-                              : LaunchTyped<HD, false, false, false>(a, batch, stream);
-  if (!k8 && v8) return bf16 ? LaunchTyped<HD, false, true, true>(a, batch, stream)
-                             : LaunchTyped<HD, false, true, false>(a, batch, stream);
-  if (k8 && v8) return bf16 ? LaunchTyped<HD, true, true, true>(a, batch, stream)
-                            : LaunchTyped<HD, true, true, false>(a, batch, stream);
-  return absl::InvalidArgumentError("attention: fp8 K with 16-bit V is not supported");
+  if (a.group <= 4) return LaunchGp<HD, 4>(a, batch, k8, v8, bf16, stream);
+  return LaunchGp<HD, 8>(a, batch, k8, v8, bf16, stream);
 }
 
 absl::StatusOr<AttnParams> PrepareAttention(const PagedKvLayout& cache,
@@ -306,9 +498,9 @@ absl::StatusOr<AttnParams> PrepareAttention(const PagedKvLayout& cache,
         absl::StrCat("attention: head_dim = ", cache.head_dim, " is not supported (64, 128, 256)"));
   }
   const uint32_t bs = cache.block_size;
-  if ((bs & (bs - 1)) != 0 || bs > kAttentionPartitionTokens) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "attention: block_size = ", bs, " must be a power of two <= ", kAttentionPartitionTokens));
+  if ((bs & (bs - 1)) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("attention: block_size = ", bs, " must be a power of two"));
   }
   const uint32_t group = p.num_q_heads / cache.num_kv_heads;
   if (group > kAttentionMaxGroup) {
@@ -320,6 +512,9 @@ absl::StatusOr<AttnParams> PrepareAttention(const PagedKvLayout& cache,
     return absl::InvalidArgumentError("attention: fp8 K with 16-bit V is not supported");
   }
   if (p.batch > 65535) return absl::InvalidArgumentError("attention: batch > 65535");
+  if (cache.num_kv_heads > 65535) {
+    return absl::InvalidArgumentError("attention: num_kv_heads > 65535");
+  }
   AttnParams a{};
   a.cache = cache;
   a.q = p.q;
@@ -330,10 +525,22 @@ absl::StatusOr<AttnParams> PrepareAttention(const PagedKvLayout& cache,
   a.num_q_heads = p.num_q_heads;
   a.group = group;
   const uint64_t max_tokens = uint64_t{p.max_blocks_per_seq} * bs;
-  a.parts = static_cast<uint32_t>((max_tokens + kPart - 1) / kPart);
+  if (max_tokens > (uint64_t{1} << 30)) {
+    return absl::InvalidArgumentError("attention: max_blocks_per_seq * block_size > 2^30");
+  }
+  if (p.partition_tokens != 0 &&
+      (p.partition_tokens % kTile != 0 || p.partition_tokens > kAttentionMaxPartitionTokens)) {
+    return absl::InvalidArgumentError(absl::StrCat("attention: partition_tokens = ",
+                                                   p.partition_tokens, " is not 0 or a multiple of ",
+                                                   kTile, " up to ", kAttentionMaxPartitionTokens));
+  }
+  a.part_tokens = p.partition_tokens != 0
+                      ? p.partition_tokens
+                      : DecodeAttentionPartitionTokens(p.batch, cache.num_kv_heads, max_tokens);
+  a.parts = static_cast<uint32_t>((max_tokens + a.part_tokens - 1) / a.part_tokens);
   a.layer = p.layer;
   a.bs_shift = static_cast<uint32_t>(__builtin_ctz(bs));
-  a.sm_scale = p.sm_scale;
+  a.q_scale = p.sm_scale * kLog2e;
   return a;
 }
 
@@ -343,6 +550,14 @@ size_t WorkspaceFor(const AttnParams& a, uint32_t batch) {
 }
 
 }  // namespace
+
+uint32_t DecodeAttentionPartitionTokens(uint32_t batch, uint32_t num_kv_heads,
+                                        uint64_t max_tokens) {
+  const uint64_t work = uint64_t{batch} * num_kv_heads * max_tokens;
+  uint32_t part = kAttentionMinPartitionTokens;
+  while (part < kAttentionMaxPartitionTokens && work / part > kTargetParts) part *= 2;
+  return part;
+}
 
 absl::StatusOr<size_t> DecodeAttentionWorkspaceBytes(const PagedKvLayout& cache,
                                                      const DecodeAttentionParams& p) {

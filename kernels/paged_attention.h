@@ -1,9 +1,12 @@
 // Paged decode attention (one query token per sequence, grouped-query heads)
 // that reads the cache's blocks directly: BF16/FP16 K and V, K16/V8 (V in FP8
 // e4m3 with per-(block, head) scales, dequantized in registers), or
-// symmetric FP8 K and V. The context is split into partitions of
-// kAttentionPartitionTokens tokens, each handled by one CTA per (sequence,
-// kv head), and a second kernel combines the partitions' softmax states.
+// symmetric FP8 K and V. One CTA per (sequence, kv head, context partition)
+// serves the whole group of q heads of its kv head, so every K/V row is read
+// from device memory once; a multi-stage cp.async pipeline keeps several
+// tiles of rows in flight. The partition length is chosen from the shape
+// (DecodeAttentionPartitionTokens) so that there are enough CTAs to fill the
+// GPU, and a second kernel combines the partitions' softmax states.
 //
 // Tolerance against ReferenceDecodeAttention (FP32/FP64 CPU): see
 // kernels/README.md.
@@ -21,8 +24,18 @@
 
 namespace kvtier::kernels {
 
-inline constexpr uint32_t kAttentionPartitionTokens = 256;
+inline constexpr uint32_t kAttentionMinPartitionTokens = 64;
+inline constexpr uint32_t kAttentionMaxPartitionTokens = 512;
 inline constexpr uint32_t kAttentionMaxGroup = 8;  // q heads per kv head
+
+// Tokens per context partition for `batch` sequences of up to `max_tokens`
+// tokens over `num_kv_heads` kv heads: the smallest power of two in
+// [kAttentionMinPartitionTokens, kAttentionMaxPartitionTokens] that leaves at
+// most about 2048 partitions in all (enough CTAs for any current GPU, few
+// enough that combining them costs little). Depends on the shape only, so
+// DecodeAttentionWorkspaceBytes and PagedDecodeAttention agree.
+uint32_t DecodeAttentionPartitionTokens(uint32_t batch, uint32_t num_kv_heads,
+                                        uint64_t max_tokens);
 
 // Device workspace bytes PagedDecodeAttention needs for `p` (FP32 partial
 // results of every partition). InvalidArgument as PagedDecodeAttention.
@@ -31,7 +44,7 @@ absl::StatusOr<size_t> DecodeAttentionWorkspaceBytes(const PagedKvLayout& cache,
 
 // out = softmax(q . K^T * sm_scale) . V for every sequence and q head, over
 // seq_lens[b] tokens at block_table[b]. All pointers of `p` are device
-// pointers. Supported: head_dim 64/128/256; block size a power of two <= 256;
+// pointers. Supported: head_dim 64/128/256; block size a power of two;
 // 1..8 q heads per kv head; cache dtypes (bf16|fp16, same), (bf16|fp16,
 // fp8e4m3) or (fp8e4m3, fp8e4m3) with q in the cache's 16-bit dtype (bf16 for
 // fp8/fp8 caches, or fp16). InvalidArgument before any launch for anything

@@ -69,6 +69,11 @@ struct DecodeAttentionParams {
   uint32_t layer = 0;
   float sm_scale = 0.0f;  // softmax scale, usually 1/sqrt(head_dim)
   void* out = nullptr;    // [batch][num_q_heads][head_dim], q_dtype
+  // GPU kernel only: tokens per context partition (a multiple of 32, at most
+  // kAttentionMaxPartitionTokens), or 0 to let the launcher choose from the
+  // shape (DecodeAttentionPartitionTokens). The result does not depend on it
+  // beyond rounding. Default: 0.
+  uint32_t partition_tokens = 0;
 };
 
 // Host-side validation shared by the kernel launcher and the reference.
