@@ -30,9 +30,9 @@ class HostMemory : public PoolMemory {
 };
 
 // Allocates every page of the pool and maps it writable now, so puts do not
-// take page faults. MAP_POPULATE is not enough: on a shared mapping it
-// prefaults for reading only, and the first write to each page still
-// faults.
+// take page faults. MAP_POPULATE is weaker: on a shared mapping the kernel
+// prefaults for reading only (mm/gup.c, populate_vma_page_range), which
+// leaves any write-fault work to the first put.
 void PrefaultForWrite(uint8_t* base, uint64_t size) {
 #ifdef MADV_POPULATE_WRITE
   if (madvise(base, size, MADV_POPULATE_WRITE) == 0) return;
