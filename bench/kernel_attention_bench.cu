@@ -75,7 +75,8 @@ struct Format {
   DType k, v;
 };
 
-std::string Run(const Format& f, uint32_t batch, uint32_t ctx, uint32_t partition_tokens = 0) {
+std::string Run(const Format& f, uint32_t batch, uint32_t ctx, uint32_t partition_tokens = 0,
+                bool hnd = false) {
   const uint64_t tokens = uint64_t{batch} * ctx;
   const uint64_t elems = tokens * HKV * D;
   const double bytes_k = f.k == DType::kFP8E4M3 ? 1 : 2, bytes_v = f.v == DType::kFP8E4M3 ? 1 : 2;
@@ -86,8 +87,12 @@ std::string Run(const Format& f, uint32_t batch, uint32_t ctx, uint32_t partitio
   // Enough distinct block tables to keep repeats out of the 50 MB L2.
   const int rotate = static_cast<int>(std::clamp<double>(1.0e9 / kv_bytes, 1, 64));
   const uint32_t num_blocks = static_cast<uint32_t>(blocks_needed * rotate);
+  // vLLM's default NHD layouts ([.., block, token, head, dim]: a head's row
+  // of one token is 256 contiguous bytes); HND ([.., block, head, token,
+  // dim]) in the layout sweep.
   const CacheLayout kind =
-      f.k == f.v ? CacheLayout::kVllmFlashAttnNHD : CacheLayout::kSeparateNHD;
+      f.k == f.v ? (hnd ? CacheLayout::kVllmFlashAttnHND : CacheLayout::kVllmFlashAttnNHD)
+                 : (hnd ? CacheLayout::kSeparateHND : CacheLayout::kSeparateNHD);
   auto layout = MakePagedKvLayout(kind, 1, num_blocks, BS, HKV, D, f.k == DType::kFP8E4M3
                                                                        ? DType::kFP8E4M3
                                                                        : DType::kBF16,
@@ -189,8 +194,9 @@ std::string Run(const Format& f, uint32_t batch, uint32_t ctx, uint32_t partitio
   }
   std::sort(t.begin(), t.end());
   const double ts = t[t.size() / 2];
-  std::printf("attention %-6s batch %3u ctx %6u part %3u: %9.1f us  %9.0f tokens/s  %7.1f GB/s\n",
-              f.name, batch, ctx, part, ts * 1e6, batch / ts, kv_bytes / ts / 1e9);
+  std::printf("attention %-6s %s batch %3u ctx %6u part %4u: %9.1f us  %9.0f tokens/s  %7.1f GB/s\n",
+              f.name, hnd ? "HND" : "NHD", batch, ctx, part, ts * 1e6, batch / ts,
+              kv_bytes / ts / 1e9);
   cudaFree(k);
   if (vb) cudaFree(v);
   cudaFree(ks);
@@ -204,7 +210,8 @@ std::string Run(const Format& f, uint32_t batch, uint32_t ctx, uint32_t partitio
   cudaEventDestroy(a);
   cudaEventDestroy(b);
   return absl::StrCat("{\"format\": \"", f.name, "\", \"batch\": ", batch, ", \"context\": ", ctx,
-                      ", \"partition_tokens\": ", part,
+                      ", \"partition_tokens\": ", part, ", \"layout\": \"",
+                      CacheLayoutName(kind), "\"",
                       ", \"t_s\": ", ts, ", \"tokens_per_s\": ", batch / ts,
                       ", \"kv_bytes\": ", kv_bytes, ", \"hbm_gbps\": ", kv_bytes / ts / 1e9, "}");
 }
@@ -233,11 +240,18 @@ int main(int argc, char** argv) {
   // launcher's choice).
   json += "], \"partition_sweep\": [";
   first = true;
-  for (uint32_t part : {64u, 128u, 256u, 512u})
+  for (uint32_t part : {128u, 256u, 512u, 1024u})
     for (const Format& f : formats) {
       json += (first ? "" : ", ") + Run(f, 32, 8192, part);
       first = false;
     }
+  // The same shape with HND blocks (a head's 16 rows of a block contiguous).
+  json += "], \"layout_sweep\": [";
+  first = true;
+  for (const Format& f : formats) {
+    json += (first ? "" : ", ") + Run(f, 32, 8192, 0, /*hnd=*/true);
+    first = false;
+  }
   json += "]}\n";
   if (argc > 1) {
     FILE* out = std::fopen(argv[1], "w");

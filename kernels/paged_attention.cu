@@ -17,8 +17,9 @@
 //   head, not once per q head.
 // - The partition is walked in tiles of kTile tokens. A kStages-deep
 //   cp.async pipeline copies each tile's K and V rows (and FP8 scales) into
-//   shared memory with 16-byte copies, so about two tiles (32 KB for BF16)
-//   per CTA are in flight while the previous one is computed.
+//   shared memory with 16-byte copies; the depth is chosen so that about
+//   32 KB of rows per CTA are in flight (2 BF16 tiles, 3 K16/V8, 4 FP8) while
+//   the oldest tile is computed.
 // - Within a warp, a token row is split over TG = head_dim / 8 lanes (8
 //   elements each). A lane computes partial q.k dots for its U tokens and GP
 //   q heads; a reduce-scatter over the TG lanes (TG-1 shuffles for all U*GP
@@ -40,8 +41,10 @@ using codec::DType;
 
 constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / 32;
-constexpr int kTile = 32;   // tokens per pipeline stage
-constexpr int kStages = 3;  // pipeline depth
+constexpr int kTile = 32;  // tokens per pipeline stage
+// Bytes of K/V rows a CTA keeps in flight: the pipeline depth is chosen per
+// format so that FP8 rows (half the bytes) get as much in flight as BF16.
+constexpr int kInFlightBytes = 32 * 1024;
 constexpr int kVec = 8;     // elements of a row per lane
 constexpr int kMaxPart = static_cast<int>(kAttentionMaxPartitionTokens);
 constexpr int kMinPart = static_cast<int>(kAttentionMinPartitionTokens);
@@ -76,7 +79,9 @@ struct Geometry {
   static constexpr int STAGE_K = kTile * KROW;
   static constexpr int STAGE_V = kTile * VROW;
   static constexpr int STAGE = STAGE_K + STAGE_V + 2 * kTile * 4;  // rows + K, V scales
-  static constexpr int PIPE = kStages * STAGE;
+  // One stage being computed, the others in flight.
+  static constexpr int STAGES = 1 + (kInFlightBytes + STAGE_K + STAGE_V - 1) / (STAGE_K + STAGE_V);
+  static constexpr int PIPE = STAGES * STAGE;
   static constexpr int MERGE = kWarps * GP * (HD + 2) * 4;  // per-warp states at the end
   static constexpr int SMEM = PIPE > MERGE ? PIPE : MERGE;
 
@@ -176,13 +181,16 @@ __global__ void __launch_bounds__(kThreads, GP <= 4 ? 4 : 2)
     AttnPartialKernel(const __grid_constant__ AttnParams p) {
   using G_ = Geometry<HD, GP, K8, V8>;
   constexpr int TG = G_::TG, NG = G_::NG, U = G_::U, N = G_::N, CF = G_::CF;
+  constexpr int kStages = G_::STAGES;
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ int32_t s_block[kMaxPart + 1];
   __shared__ __align__(16) float s_p[kWarps][NG * N];  // probabilities (x V scale)
   __shared__ __align__(16) float s_alpha[kWarps][GP];  // per-head rescale of this tile
 
   const PagedKvLayout& c = p.cache;
-  const uint32_t b = blockIdx.z, kvh = blockIdx.y, part = blockIdx.x;
+  // kv head fastest: the CTAs of all kv heads of one (sequence, partition)
+  // run side by side and read neighbouring rows of the same cache blocks.
+  const uint32_t b = blockIdx.z, kvh = blockIdx.x, part = blockIdx.y;
   const int len = __ldg(p.seq_lens + b);
   const int t_begin = static_cast<int>(part * p.part_tokens);
   if (t_begin >= len) return;
@@ -461,7 +469,7 @@ absl::Status LaunchTyped(const AttnParams& a, uint32_t batch, cudaStream_t strea
   auto* kernel = &AttnPartialKernel<HD, GP, K8, V8, BF16>;
   static std::atomic<uint64_t> raised{0};  // one per instantiation
   KVTIER_RETURN_IF_ERROR(AllowSharedMemory(reinterpret_cast<const void*>(kernel), kSmem, raised));
-  const dim3 grid(a.parts, a.cache.num_kv_heads, batch);
+  const dim3 grid(a.cache.num_kv_heads, a.parts, batch);
   kernel<<<grid, kThreads, kSmem, stream>>>(a);
   KVTIER_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   AttnCombineKernel<HD, BF16><<<dim3(a.num_q_heads, batch), HD, 0, stream>>>(a);
@@ -512,8 +520,8 @@ absl::StatusOr<AttnParams> PrepareAttention(const PagedKvLayout& cache,
     return absl::InvalidArgumentError("attention: fp8 K with 16-bit V is not supported");
   }
   if (p.batch > 65535) return absl::InvalidArgumentError("attention: batch > 65535");
-  if (cache.num_kv_heads > 65535) {
-    return absl::InvalidArgumentError("attention: num_kv_heads > 65535");
+  if (cache.num_kv_heads > 2147483647u) {
+    return absl::InvalidArgumentError("attention: num_kv_heads too large");
   }
   AttnParams a{};
   a.cache = cache;
@@ -538,6 +546,10 @@ absl::StatusOr<AttnParams> PrepareAttention(const PagedKvLayout& cache,
                       ? p.partition_tokens
                       : DecodeAttentionPartitionTokens(p.batch, cache.num_kv_heads, max_tokens);
   a.parts = static_cast<uint32_t>((max_tokens + a.part_tokens - 1) / a.part_tokens);
+  if (a.parts > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("attention: ", a.parts, " partitions of ",
+                                                   a.part_tokens, " tokens; at most 65535"));
+  }
   a.layer = p.layer;
   a.bs_shift = static_cast<uint32_t>(__builtin_ctz(bs));
   a.q_scale = p.sm_scale * kLog2e;

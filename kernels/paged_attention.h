@@ -25,7 +25,7 @@
 namespace kvtier::kernels {
 
 inline constexpr uint32_t kAttentionMinPartitionTokens = 64;
-inline constexpr uint32_t kAttentionMaxPartitionTokens = 512;
+inline constexpr uint32_t kAttentionMaxPartitionTokens = 1024;
 inline constexpr uint32_t kAttentionMaxGroup = 8;  // q heads per kv head
 
 // Tokens per context partition for `batch` sequences of up to `max_tokens`
