@@ -196,7 +196,7 @@ TEST(PagedAttentionGpu, InvalidInputIsRejectedBeforeLaunch) {
   p.partition_tokens = 48;  // not a multiple of 32
   EXPECT_EQ(PagedDecodeAttention(h2.layout, p, ws, sizeof(ws), nullptr).code(),
             absl::StatusCode::kInvalidArgument);
-  p.partition_tokens = 1024;  // above kAttentionMaxPartitionTokens
+  p.partition_tokens = 2 * kAttentionMaxPartitionTokens;  // above the largest
   EXPECT_EQ(PagedDecodeAttention(h2.layout, p, ws, sizeof(ws), nullptr).code(),
             absl::StatusCode::kInvalidArgument);
   p.partition_tokens = 0;
