@@ -28,6 +28,7 @@ absl::Status ValidateClusterName(const std::string& cluster) {
 std::string EncodeMemberRecord(const MemberRecord& r) {
   nlohmann::json j = {{"id", r.member.id},
                       {"address", r.member.address},
+                      {"worker", r.member.worker},
                       {"capacity_bytes", r.member.capacity_bytes},
                       {"used_bytes", r.member.used_bytes},
                       {"protocol", r.protocol}};
@@ -59,6 +60,13 @@ absl::StatusOr<MemberRecord> DecodeMemberRecord(const std::string& text) {
   };
   if (auto s = str("id", r.member.id); !s.ok()) return s;
   if (auto s = str("address", r.member.address); !s.ok()) return s;
+  if (auto it = j.find("worker"); it != j.end()) {
+    if (!it->is_string() || it->get<std::string>().size() > 8192 ||
+        (!it->get<std::string>().empty() && it->get<std::string>().rfind("ucx:", 0) != 0)) {
+      return absl::InvalidArgumentError("member record: 'worker' must be a ucx:<hex> string");
+    }
+    r.member.worker = it->get<std::string>();
+  }
   if (auto s = num("capacity_bytes", r.member.capacity_bytes); !s.ok()) return s;
   if (auto s = num("used_bytes", r.member.used_bytes); !s.ok()) return s;
   uint64_t proto = 0;
@@ -107,7 +115,7 @@ absl::Status Membership::Register() {
   auto lease = etcd_->LeaseGrant(options_.lease_ttl_s);
   if (!lease.ok()) return lease.status();
   MemberRecord r;
-  r.member = {node_id_, options_.advertise, options_.capacity_bytes,
+  r.member = {node_id_, options_.advertise, options_.worker_address, options_.capacity_bytes,
               options_.used_bytes ? options_.used_bytes() : 0};
   r.protocol = tiering::remote::kWireVersion;
   auto put = etcd_->Put(key_, EncodeMemberRecord(r), *lease);
@@ -183,7 +191,8 @@ void Membership::KeepAliveLoop() {
       (void)Register();  // the lease expired (a long pause, or etcd lost it)
     } else if (ttl.ok() && options_.used_bytes && ++tick % 5 == 0) {
       MemberRecord r;
-      r.member = {node_id_, options_.advertise, options_.capacity_bytes, options_.used_bytes()};
+      r.member = {node_id_, options_.advertise, options_.worker_address, options_.capacity_bytes,
+                  options_.used_bytes()};
       r.protocol = tiering::remote::kWireVersion;
       (void)etcd_->Put(key_, EncodeMemberRecord(r), lease);
     }

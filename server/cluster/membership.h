@@ -28,6 +28,10 @@ struct MembershipOptions {
   std::string node_id;
   // Address peers reach this node's data path on ("host:port"). Required.
   std::string advertise;
+  // This node's UCX worker address ("ucx:<hex>", UcxTransport::worker_address),
+  // published so peers connect over every transport the hosts share.
+  // Default: "" (peers use `advertise`)
+  std::string worker_address;
   // Lease TTL in seconds: how long a dead node stays listed. Default: 5
   int64_t lease_ttl_s = 5;
   // Capacity this node offers to the cluster, in bytes. Default: 0

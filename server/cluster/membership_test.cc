@@ -69,7 +69,7 @@ TEST(EtcdEndpoints, ParsesListsAndRejectsBadOnes) {
 
 TEST(MemberRecord, RoundTripsAndRejectsHostileValues) {
   MemberRecord r;
-  r.member = {"node-1", "10.0.0.1:7000", 123, 45};
+  r.member = {"node-1", "10.0.0.1:7000", "ucx:00ff", 123, 45};
   r.protocol = 1;
   auto back = DecodeMemberRecord(EncodeMemberRecord(r));
   ASSERT_TRUE(back.ok()) << back.status();
@@ -148,7 +148,7 @@ TEST_F(EtcdTest, AMemberWhoseLeaseExpiresIsDroppedAndCanRejoin) {
   auto lease = c->LeaseGrant(2);
   ASSERT_TRUE(lease.ok());
   MemberRecord r;
-  r.member = {"node-2", "127.0.0.1:7002", 1, 0};
+  r.member = {"node-2", "127.0.0.1:7002", "", 1, 0};
   r.protocol = 1;
   ASSERT_TRUE(c->Put(MembersPrefix(cluster_) + "node-2", EncodeMemberRecord(r), *lease).ok());
   EXPECT_TRUE(Eventually([&] { return a->LiveMembers().size() == 2; }));

@@ -104,7 +104,7 @@ absl::Status ClusterTier::Put(const ObjectKey& id, std::span<const uint8_t> byte
       }
     } else {
       for (uint32_t a = 0; a < std::max(1u, options_.attempts_per_peer); ++a) {
-        s = transport_->Put(m.address, id, bytes, options_.timeout);
+        s = transport_->Put(DataPath(m), id, bytes, options_.timeout);
         if (s.code() != absl::StatusCode::kUnavailable) break;
       }
     }
@@ -125,7 +125,7 @@ absl::StatusOr<uint64_t> ClusterTier::Size(const ObjectKey& id) {
   for (const Member& m : ReadOrder(id.key)) {
     auto n = m.id == view_->self_id()
                  ? (local_ ? local_->Size(id) : absl::StatusOr<uint64_t>(absl::NotFoundError("")))
-                 : transport_->Size(m.address, id, options_.timeout);
+                 : transport_->Size(DataPath(m), id, options_.timeout);
     if (n.ok()) return n;
     if (n.status().code() == absl::StatusCode::kUnavailable) unavailable = true;
   }
@@ -137,7 +137,7 @@ absl::Status ClusterTier::ReadFrom(const Member& m, const ObjectKey& id, std::sp
   absl::Status s;
   for (uint32_t a = 0; a < std::max(1u, options_.attempts_per_peer); ++a) {
     if (a > 0) Count(ClusterMetric::kGetRetries);
-    s = transport_->Get(m.address, id, out, options_.timeout);
+    s = transport_->Get(DataPath(m), id, out, options_.timeout);
     if (s.ok()) {
       s = VerifyObject(id, out);
       if (s.ok()) return s;
@@ -193,7 +193,7 @@ absl::Status ClusterTier::Erase(const ObjectKey& id) {
   for (const Member& m : ReadOrder(id.key)) {
     absl::Status s = m.id == view_->self_id()
                          ? (local_ ? local_->Erase(id) : absl::NotFoundError("no local service"))
-                         : transport_->Erase(m.address, id, options_.timeout);
+                         : transport_->Erase(DataPath(m), id, options_.timeout);
     erased |= s.ok();
   }
   return erased ? absl::OkStatus() : absl::NotFoundError("no member has the object");

@@ -58,7 +58,7 @@ class Cluster : public ::testing::Test {
   void Publish() {
     std::vector<Member> live;
     for (auto& n : nodes_) {
-      if (n) live.push_back({n->id, n->transport->listen_address(), 1 << 30, 0});
+      if (n) live.push_back({n->id, n->transport->listen_address(), "", 1 << 30, 0});
     }
     for (auto& n : nodes_) {
       if (n) n->view->Set(live);

@@ -18,10 +18,15 @@ namespace kvtier::tiering::remote {
 struct Member {
   std::string id;        // stable node id (unique in the cluster)
   std::string address;   // "host:port" of its data path (UcxTransport listener)
+  std::string worker;    // "ucx:<hex>" UCX worker address; "" if not published
   uint64_t capacity_bytes = 0;
   uint64_t used_bytes = 0;
   friend bool operator==(const Member&, const Member&) = default;
 };
+
+// What the transport connects to: the worker address when published (all
+// transports the hosts share), else the socket address.
+inline const std::string& DataPath(const Member& m) { return m.worker.empty() ? m.address : m.worker; }
 
 // Seed of the weight hash; part of the cluster protocol, never change it.
 inline constexpr uint64_t kRendezvousSeed = 0x6b76746965725257ull;  // "kvtierRW"

@@ -9,7 +9,7 @@ namespace {
 
 std::vector<Member> Members(int n) {
   std::vector<Member> m;
-  for (int i = 0; i < n; ++i) m.push_back({"node-" + std::to_string(i), "127.0.0.1:" + std::to_string(7000 + i)});
+  for (int i = 0; i < n; ++i) m.push_back({"node-" + std::to_string(i), "127.0.0.1:" + std::to_string(7000 + i), "", 0, 0});
   return m;
 }
 

@@ -8,6 +8,7 @@
 #include <unistd.h>
 #include <ucp/api/ucp.h>
 
+#include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -130,6 +131,7 @@ struct UcxTransport::Impl {
   int event_fd = -1;
   int epoll_fd = -1;
   std::string bound;
+  std::string worker_addr;  // "ucx:<hex>", set once at Create
 
   std::thread progress_thread;
   std::atomic<bool> stop_progress{false};
@@ -196,17 +198,26 @@ struct UcxTransport::Impl {
     for (auto& fn : batch) fn();
   }
 
+  bool HaveCommands() {
+    std::lock_guard<std::mutex> lock(cmd_mu);
+    return !commands.empty();
+  }
+
   void ProgressLoop() {
     epoll_event evs[4];
+    auto last_event = std::chrono::steady_clock::now();
+    const auto spin = std::chrono::microseconds(options.spin_us);
     while (true) {
+      bool busy = HaveCommands();
       RunCommands();
-      while (ucp_worker_progress(worker) != 0) {
-      }
+      while (ucp_worker_progress(worker) != 0) busy = true;
       if (stop_progress.load()) {
-        std::lock_guard<std::mutex> lock(cmd_mu);
-        if (commands.empty()) break;
+        if (!HaveCommands()) break;
         continue;
       }
+      auto now = std::chrono::steady_clock::now();
+      if (busy) last_event = now;
+      if (now - last_event < spin) continue;
       ucs_status_t s = ucp_worker_arm(worker);
       if (s == UCS_ERR_BUSY) continue;
       int n = epoll_wait(epoll_fd, evs, 4, 50);
@@ -273,6 +284,7 @@ struct UcxTransport::Impl {
   absl::StatusOr<ucp_ep_h> Connect(const std::string& peer) {
     auto it = peers.find(peer);
     if (it != peers.end()) return it->second;
+    if (peer.rfind("ucx:", 0) == 0) return ConnectWorker(peer);
     auto addr = Resolve(peer);
     if (!addr.ok()) return addr.status();
     ucp_ep_params_t ep{};
@@ -289,6 +301,32 @@ struct UcxTransport::Impl {
     if (s != UCS_OK) return UcsError(absl::StrCat("connect to ", peer).c_str(), s);
     peers[peer] = h;
     ep_names[h] = peer;
+    return h;
+  }
+
+  absl::StatusOr<ucp_ep_h> ConnectWorker(const std::string& peer) {
+    std::string hex = peer.substr(4);
+    if (hex.empty() || hex.size() % 2 != 0 || hex.size() > 65536 ||
+        hex.find_first_not_of("0123456789abcdef") != std::string::npos) {
+      return absl::InvalidArgumentError(absl::StrCat("peer '", peer.substr(0, 40),
+                                                     "...' is not a ucx:<hex> worker address"));
+    }
+    std::vector<uint8_t> bytes(hex.size() / 2);
+    for (size_t i = 0; i < bytes.size(); ++i) {
+      bytes[i] = static_cast<uint8_t>(std::stoi(hex.substr(2 * i, 2), nullptr, 16));
+    }
+    ucp_ep_params_t ep{};
+    ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLER |
+                    UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+    ep.address = reinterpret_cast<const ucp_address_t*>(bytes.data());
+    ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    ep.err_handler.cb = &Impl::OnEpError;
+    ep.err_handler.arg = this;
+    ucp_ep_h h = nullptr;
+    ucs_status_t s = ucp_ep_create(worker, &ep, &h);
+    if (s != UCS_OK) return UcsError("connect to a worker address", s);
+    peers[peer] = h;
+    ep_names[h] = peer.substr(0, 24) + "...";
     return h;
   }
 
@@ -559,6 +597,9 @@ struct UcxTransport::Impl {
     };
     if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) return release();
     ucp_ep_h ep = param->reply_ep;
+    // A peer that connected by worker address reaches us on an endpoint UCX
+    // created itself; remember it so replies go out on it.
+    if (!ep_names.contains(ep)) ep_names[ep] = "worker-peer";
     std::span<const uint8_t> hb(static_cast<const uint8_t*>(header), header_length);
     auto h = DecodeHeader(hb);
     if (!h.ok()) {
@@ -789,6 +830,20 @@ absl::StatusOr<std::unique_ptr<UcxTransport>> UcxTransport::Create(
     s = ucp_worker_set_am_recv_handler(m->worker, &hp);
     if (s != UCS_OK) return UcsError("ucp_worker_set_am_recv_handler", s);
   }
+  {
+    ucp_address_t* addr = nullptr;
+    size_t len = 0;
+    s = ucp_worker_get_address(m->worker, &addr, &len);
+    if (s != UCS_OK) return UcsError("ucp_worker_get_address", s);
+    static constexpr char kHex[] = "0123456789abcdef";
+    m->worker_addr = "ucx:";
+    const auto* p = reinterpret_cast<const uint8_t*>(addr);
+    for (size_t i = 0; i < len; ++i) {
+      m->worker_addr.push_back(kHex[p[i] >> 4]);
+      m->worker_addr.push_back(kHex[p[i] & 0xF]);
+    }
+    ucp_worker_release_address(m->worker, addr);
+  }
   s = ucp_worker_get_efd(m->worker, &m->worker_fd);
   if (s != UCS_OK) return UcsError("ucp_worker_get_efd", s);
   m->event_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -886,6 +941,8 @@ UcxTransport::~UcxTransport() {
 }
 
 std::string UcxTransport::listen_address() const { return impl_->bound; }
+
+std::string UcxTransport::worker_address() const { return impl_->worker_addr; }
 
 absl::Status UcxTransport::RegisterMemory(void* data, size_t bytes) {
   ucp_mem_map_params_t mp{};

@@ -1,6 +1,7 @@
 // UcxTransport: the remote tier's transport over UCX (ucp active messages).
 //
-// One object is both a client (requests to peers "host:port") and, when given
+// One object is both a client (requests to peers "host:port", or "ucx:<hex>"
+// worker addresses, see worker_address()) and, when given
 // a PeerService and a listen address, a server. A single progress thread owns
 // the UCX worker; callers hand it commands and wait on their request with a
 // timeout. Large objects go by UCX's rendezvous protocol straight from the
@@ -29,6 +30,10 @@ struct UcxTransportOptions {
   // Threads that run PeerService calls (which may block on NVMe reads).
   // Default: 2
   int service_threads = 2;
+  // After the last event, the progress thread keeps polling UCX this long
+  // before it sleeps on the worker's event fd: transfers in flight progress
+  // without a wake-up per step, an idle node costs no CPU. Default: 200
+  int64_t spin_us = 200;
   // Largest object a peer may put or a get may return, in bytes; bigger
   // requests are refused with InvalidArgument. Default: 1 GiB
   uint64_t max_object_bytes = uint64_t{1} << 30;
@@ -47,6 +52,12 @@ class UcxTransport : public Transport {
 
   // The bound "host:port" ("" for a client-only transport).
   std::string listen_address() const;
+  // This node's UCX worker address as "ucx:<hex>". A peer named this way is
+  // reached through the worker address rather than a socket connection, which
+  // lets UCX pick every transport the two hosts share (shared memory and CMA
+  // on one host, RDMA between hosts) instead of the socket's TCP path. Cluster
+  // members publish it in etcd.
+  std::string worker_address() const;
 
   // Registers [data, data + bytes) with UCX once, so transfers from or into
   // it skip per-transfer registration (the daemon registers its DRAM pool).

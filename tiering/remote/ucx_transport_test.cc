@@ -79,6 +79,22 @@ TEST(UcxTransport, PutGetSizeEraseRoundTrip) {
   EXPECT_EQ(server->service.count(), 4u);
 }
 
+TEST(UcxTransport, PeersReachedByWorkerAddressWork) {
+  auto server = StartNode();
+  ASSERT_TRUE(server);
+  std::string wa = server->transport->worker_address();
+  ASSERT_EQ(wa.rfind("ucx:", 0), 0u);
+  auto client = UcxTransport::Create({}, nullptr);
+  ASSERT_TRUE(client.ok());
+  auto data = Bytes(8 << 20, 5);
+  ASSERT_TRUE((*client)->Put(wa, Id(1), data, kTimeout).ok());
+  std::vector<uint8_t> out(data.size());
+  ASSERT_TRUE((*client)->Get(wa, Id(1), out, kTimeout).ok());
+  EXPECT_EQ(out, data);
+  EXPECT_EQ((*client)->Ping("ucx:zz", kTimeout).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*client)->Ping("ucx:abc", kTimeout).code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(UcxTransport, PeerErrorsPassThroughWithTheirCode) {
   auto server = StartNode();
   ASSERT_TRUE(server);

@@ -1,0 +1,217 @@
+// Remote-tier benchmark: put/get GB/s of 24 MiB chunks between two kvtier
+// transports in two processes on loopback, as a fraction of ucx_perftest's
+// active-message bandwidth with the same transport selection and message
+// size, measured in the same run.
+//
+// Usage: remote_bench [--json FILE] [--iters N] [--tls LIST ...]
+//   --tls takes a UCX_TLS value (e.g. "tcp" or "posix,cma,tcp"); each is
+//   benchmarked in turn (default: "tcp" and UCX's automatic choice).
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "bench/bench_util.h"
+#include "tiering/remote/ucx_transport.h"
+
+using namespace kvtier;
+using namespace kvtier::tiering;
+using namespace kvtier::tiering::remote;
+
+namespace {
+
+constexpr size_t kChunk = 24u << 20;  // a 256-token Llama-3.1-8B K16/V8 chunk is 24.0 MiB
+
+// The receiving side of the benchmark: objects land in one pre-faulted,
+// registered buffer, as they land in the daemon's DRAM pool (a fresh heap
+// buffer per put would measure page faults, not the transport).
+class PoolPeerService : public PeerService {
+ public:
+  explicit PoolPeerService(size_t bytes) : pool_(bytes, 1) {}
+  std::span<uint8_t> pool() { return pool_; }
+  class Sink : public PutSink {
+   public:
+    Sink(PoolPeerService* s, uint64_t n) : s_(s), n_(n) {}
+    std::span<uint8_t> buffer() override { return {s_->pool_.data(), n_}; }
+    absl::Status Commit(bool ok) override {
+      if (ok) s_->size_ = n_;
+      return absl::OkStatus();
+    }
+
+   private:
+    PoolPeerService* s_;
+    uint64_t n_;
+  };
+  class Source : public GetSource {
+   public:
+    explicit Source(std::span<const uint8_t> b) : b_(b) {}
+    std::span<const uint8_t> bytes() override { return b_; }
+
+   private:
+    std::span<const uint8_t> b_;
+  };
+  absl::StatusOr<std::unique_ptr<PutSink>> BeginPut(const ObjectKey&, uint64_t bytes) override {
+    if (bytes > pool_.size()) return absl::ResourceExhaustedError("pool too small");
+    return std::unique_ptr<PutSink>(new Sink(this, bytes));
+  }
+  absl::StatusOr<std::unique_ptr<GetSource>> BeginGet(const ObjectKey&) override {
+    return std::unique_ptr<GetSource>(new Source({pool_.data(), size_}));
+  }
+  absl::StatusOr<uint64_t> Size(const ObjectKey&) override { return size_; }
+  absl::Status Erase(const ObjectKey&) override { return absl::OkStatus(); }
+
+ private:
+  std::vector<uint8_t> pool_;
+  std::atomic<uint64_t> size_{0};
+};
+
+// Runs the server side in a child process; returns its pid and its UCX
+// worker address (what cluster members publish in etcd).
+pid_t StartServer(std::string* address) {
+  int fds[2];
+  if (pipe(fds) != 0) return -1;
+  fflush(stdout);
+  pid_t pid = fork();
+  if (pid == 0) {
+    close(fds[0]);
+    PoolPeerService service(kChunk);
+    auto t = UcxTransport::Create({.listen = "127.0.0.1:0"}, &service);
+    if (t.ok() && !(*t)->RegisterMemory(service.pool().data(), service.pool().size()).ok()) _exit(1);
+    std::string a = t.ok() ? (*t)->worker_address() : "";
+    a.push_back('\n');
+    if (write(fds[1], a.data(), a.size()) < 0) _exit(1);
+    close(fds[1]);
+    pause();  // until the parent kills it
+    _exit(0);
+  }
+  close(fds[1]);
+  std::string a;
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(fds[0], buf, sizeof(buf))) > 0) a.append(buf, n);
+  close(fds[0]);
+  while (!a.empty() && a.back() == '\n') a.pop_back();
+  *address = a;
+  return pid;
+}
+
+// ucx_perftest ucp_am_bw with `bytes` messages; returns decimal GB/s or -1.
+double PerftestGBps(size_t bytes, int iters, const std::string& tls) {
+  int port = 20000 + (getpid() % 20000);
+  std::string env = tls.empty() ? "" : "UCX_TLS=" + tls + " ";
+  std::string server = env + "timeout 120 ucx_perftest -p " + std::to_string(port) +
+                       " >/dev/null 2>&1 &";
+  if (std::system(server.c_str()) != 0) return -1;
+  usleep(500000);
+  std::string client = env + "timeout 120 ucx_perftest 127.0.0.1 -p " + std::to_string(port) +
+                       " -t ucp_am_bw -s " + std::to_string(bytes) + " -n " +
+                       std::to_string(iters) + " -w 3 2>&1";
+  FILE* p = popen(client.c_str(), "r");
+  if (!p) return -1;
+  char line[1024];
+  double mbps = -1;
+  while (fgets(line, sizeof(line), p)) {
+    if (std::strncmp(line, "Final:", 6) == 0) {
+      // Final: iters  lat50 lat_avg lat_overall  bw_avg bw_overall  rate_avg rate_overall
+      double v[8];
+      if (std::sscanf(line + 6, "%lf %lf %lf %lf %lf %lf %lf %lf", &v[0], &v[1], &v[2], &v[3],
+                      &v[4], &v[5], &v[6], &v[7]) == 8) {
+        mbps = v[5];
+      }
+    }
+  }
+  pclose(p);
+  // ucx_perftest reports MB/s as 2^20 bytes per second.
+  return mbps < 0 ? -1 : mbps * 1048576.0 / 1e9;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string json_path;
+  int iters = 30;
+  std::vector<std::string> tls_list;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
+    else if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) iters = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--tls") && i + 1 < argc) tls_list.push_back(argv[++i]);
+  }
+  if (tls_list.empty()) tls_list = {"tcp", ""};
+  std::printf("machine: %s\n", bench::CpuName().c_str());
+  std::printf("object: %zu bytes (24 MiB), %d iterations, best-of-3 runs\n\n", kChunk, iters);
+  std::printf("%-18s %10s %10s %10s %10s %10s\n", "UCX_TLS", "perftest", "put GB/s", "put/pt",
+              "get GB/s", "get/pt");
+  std::string json = "{\"benchmark\":\"remote_tier\",\"machine\":\"" + bench::CpuName() +
+                     "\",\"object_bytes\":" + std::to_string(kChunk) + ",\"results\":[";
+  bool first = true;
+  for (const std::string& tls : tls_list) {
+    if (tls.empty()) {
+      unsetenv("UCX_TLS");
+    } else {
+      setenv("UCX_TLS", tls.c_str(), 1);
+    }
+    double pt = PerftestGBps(kChunk, iters, tls);
+    std::string addr;
+    pid_t server = StartServer(&addr);
+    if (server < 0 || addr.empty()) {
+      std::fprintf(stderr, "could not start the server transport\n");
+      return 2;
+    }
+    auto client = UcxTransport::Create({}, nullptr);
+    if (!client.ok()) {
+      std::fprintf(stderr, "client: %s\n", std::string(client.status().message()).c_str());
+      return 2;
+    }
+    std::vector<uint8_t> buf(kChunk, 7), out(kChunk);
+    if (!(*client)->RegisterMemory(buf.data(), buf.size()).ok() ||
+        !(*client)->RegisterMemory(out.data(), out.size()).ok()) {
+      return 2;
+    }
+    ObjectKey id{Hash128::Of(std::string_view("bench"), 0), Part::kWhole};
+    for (int w = 0; w < 3; ++w) {
+      absl::Status s = (*client)->Put(addr, id, buf, absl::Seconds(30));
+      if (s.ok()) s = (*client)->Get(addr, id, out, absl::Seconds(30));
+      if (!s.ok()) {
+        std::fprintf(stderr, "warm-up transfer failed: %s\n", std::string(s.message()).c_str());
+        return 2;
+      }
+    }
+    double put_s = bench::BestSeconds(3, [&] {
+      for (int i = 0; i < iters; ++i) {
+        if (!(*client)->Put(addr, id, buf, absl::Seconds(30)).ok()) std::abort();
+      }
+    });
+    double get_s = bench::BestSeconds(3, [&] {
+      for (int i = 0; i < iters; ++i) {
+        if (!(*client)->Get(addr, id, out, absl::Seconds(30)).ok()) std::abort();
+      }
+    });
+    client->reset();
+    kill(server, SIGKILL);
+    waitpid(server, nullptr, 0);
+    double put = kChunk * double(iters) / put_s / 1e9, get = kChunk * double(iters) / get_s / 1e9;
+    std::string name = tls.empty() ? "auto" : tls;
+    std::printf("%-18s %10.2f %10.2f %10.3f %10.2f %10.3f\n", name.c_str(), pt, put, pt > 0 ? put / pt : 0,
+                get, pt > 0 ? get / pt : 0);
+    json += std::string(first ? "" : ",") + "{\"ucx_tls\":\"" + name + "\",\"perftest_am_bw_gbps\":" +
+            std::to_string(pt) + ",\"put_gbps\":" + std::to_string(put) + ",\"get_gbps\":" +
+            std::to_string(get) + ",\"put_vs_perftest\":" + std::to_string(pt > 0 ? put / pt : 0) +
+            ",\"get_vs_perftest\":" + std::to_string(pt > 0 ? get / pt : 0) + "}";
+    first = false;
+  }
+  json += "]}\n";
+  std::printf("\nGB/s are decimal (1e9 bytes/s). Baseline: ucx_perftest -t ucp_am_bw, same UCX_TLS and size.\n");
+  if (!json_path.empty()) {
+    FILE* f = std::fopen(json_path.c_str(), "w");
+    if (!f) return 2;
+    std::fputs(json.c_str(), f);
+    std::fclose(f);
+  }
+  return 0;
+}
