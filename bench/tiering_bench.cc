@@ -3,11 +3,11 @@
 //         between the same addresses (caller buffer <-> the pool slots the
 //         engine used); also memcpy into a private anonymous buffer, the
 //         first version's baseline
-//   nvme  engine Put/Get on the NVMe tier vs raw io_uring O_DIRECT writes
-//         (+ fdatasync per chunk, the same durability) and reads of the same
-//         bytes, same directory, same request size and queue depth; puts
-//         from an aligned and an unaligned source, and from 4 writers
-//         against 4 raw writers
+//   nvme  engine Put/Get on the NVMe tier vs raw io_uring O_DIRECT writes and
+//         reads of the same bytes, same directory, request size and queue
+//         depth: non-durable puts (aligned and unaligned source; timing ends
+//         after a Flush) vs raw writes; durable puts (1 and 4 writers) vs raw
+//         writes + fdatasync per chunk
 //   trace hit ratio of LRU (baseline), S3-FIFO (the engine's default) and
 //         ARC on a multi-turn chat / shared-document trace with DRAM = 10%
 //         and NVMe = 50% of the working set, plus four more trace seeds
@@ -17,6 +17,7 @@
 //   --trace-seed S. Prints JSON.
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -141,9 +142,9 @@ std::string Nvme(const std::string& base) {
   const uint64_t io = 1 << 20;
   auto chunk = Chunk(8, 8, 128, 256, 7);  // 6 MiB
   const uint64_t alloc = (chunk.size() + 4095) / 4096 * 4096;
-  const uint64_t n = 48;
-  const int writers = 4;  // concurrent putters in the "concurrent" runs
-  const int reps = 3;
+  const uint64_t n = 16;    // chunks per measurement
+  const int writers = 4;    // concurrent putters in the "concurrent" runs
+  const int reps = 9;
   const uint64_t cap = (n + 2) * alloc;
   EngineTiers tiers;
   tiers.nvme = NvmeTier::Open({.dir = dir, .capacity_bytes = cap, .max_io_bytes = io, .queue_depth = qd}).value();
@@ -161,12 +162,17 @@ std::string Nvme(const std::string& base) {
     for (uint64_t d = 0; d < alloc; d += io) r.push_back({op, off + d, buf + d, std::min(io, alloc - d)});
     return r;
   };
-  auto engine_put = [&](int threads, std::span<const uint8_t> src) {
+  // Engine puts to the NVMe tier. Non-durable: acknowledged once the data is
+  // written, the index committed in the background; the timing includes a
+  // final Flush, so every put is durable when the clock stops. Durable:
+  // each put waits for its commit (data fdatasync, then index).
+  auto engine_put = [&](int threads, std::span<const uint8_t> src, bool durable) {
     return Timed(threads, [&](int t) {
       for (uint64_t i = t; i < n; i += threads) {
-        absl::Status st = e->Put(Key(i), src, {.tier = TierKind::kNvme});
+        absl::Status st = e->Put(Key(i), src, {.tier = TierKind::kNvme, .durable = durable});
         if (!st.ok()) { fprintf(stderr, "%s\n", st.ToString().c_str()); std::abort(); }
       }
+      if (!durable && t == 0 && !e->nvme()->Flush().ok()) std::abort();
     });
   };
   auto engine_clear = [&] {
@@ -175,36 +181,68 @@ std::string Nvme(const std::string& base) {
     }
   };
   // Raw baseline: the same bytes, request size and queue depth on the same
-  // filesystem, each chunk made durable (fdatasync) before the next.
-  auto raw_put = [&](int threads) {
+  // filesystem; with `sync`, each chunk made durable (fdatasync) before the
+  // writer's next one, like a durable put.
+  auto raw_put = [&](int threads, bool sync) {
     return Timed(threads, [&](int t) {
       for (uint64_t i = t; i < n; i += threads) {
         if (!dev->Submit(raw_reqs(IoRequest::Op::kWrite, asrc.data(), i * alloc)).ok()) std::abort();
-        if (!dev->Sync().ok()) std::abort();
+        if (sync && !dev->Sync().ok()) std::abort();
       }
     });
   };
-  double put_s = 0, uput_s = 0, cput_s = 0, get_s = 0;
-  double rput_s = 0, rcput_s = 0, rget_s = 0;
-  // Alternate engine and raw runs so that background load hits both alike.
-  for (int r = 0; r < reps; ++r) {
-    rput_s += raw_put(1);
-    put_s += engine_put(1, aligned);
+  // Each rep runs every engine measurement next to its raw baseline, in
+  // alternating order, so that the (noisy, shared) disk's state drifts
+  // alike for both; ratios are per-rep medians, GB/s are over all reps.
+  struct Series {
+    double eng_s = 0, raw_s = 0;
+    std::vector<double> ratios;
+    void Add(double eng, double raw) {
+      eng_s += eng;
+      raw_s += raw;
+      ratios.push_back(raw / eng);
+    }
+    double Median() {
+      std::sort(ratios.begin(), ratios.end());
+      return ratios[ratios.size() / 2];
+    }
+  };
+  Series put, uput, dput, cput, get;
+  auto engine_get = [&] {
     double t0 = Now();
     for (uint64_t i = 0; i < n; ++i) {
       if (!e->Get(Key(i), {dst.data(), chunk.size()}, {.promote = false}).ok()) std::abort();
     }
-    get_s += Now() - t0;
-    t0 = Now();
+    return Now() - t0;
+  };
+  auto raw_get = [&] {
+    double t0 = Now();
     for (uint64_t i = 0; i < n; ++i) {
       if (!dev->Submit(raw_reqs(IoRequest::Op::kRead, rdst.data(), i * alloc)).ok()) std::abort();
     }
-    rget_s += Now() - t0;
+    return Now() - t0;
+  };
+  for (int r = 0; r < reps; ++r) {
+    const bool raw_first = r % 2 == 0;
+    double eng, raw;
+    auto pair = [&](auto eng_fn, auto raw_fn) {
+      if (raw_first) raw = raw_fn();
+      eng = eng_fn();
+      if (!raw_first) raw = raw_fn();
+    };
+    pair([&] { return engine_put(1, aligned, false); }, [&] { return raw_put(1, false); });
+    put.Add(eng, raw);
+    pair(engine_get, raw_get);
+    get.Add(eng, raw);
     engine_clear();
-    uput_s += engine_put(1, chunk);
+    pair([&] { return engine_put(1, chunk, false); }, [&] { return raw_put(1, false); });
+    uput.Add(eng, raw);
     engine_clear();
-    rcput_s += raw_put(writers);
-    cput_s += engine_put(writers, aligned);
+    pair([&] { return engine_put(1, aligned, true); }, [&] { return raw_put(1, true); });
+    dput.Add(eng, raw);
+    engine_clear();
+    pair([&] { return engine_put(writers, aligned, true); }, [&] { return raw_put(writers, true); });
+    cput.Add(eng, raw);
     engine_clear();
   }
   e.reset();
@@ -215,15 +253,19 @@ std::string Nvme(const std::string& base) {
   std::ostringstream js;
   js << "{\"dir\": \"" << base << "\", \"chunk_bytes\": " << chunk.size() << ", \"chunks\": " << n
      << ", \"reps\": " << reps << ", \"queue_depth\": " << qd << ", \"request_bytes\": " << io
-     << ",\n    \"put_gbps\": " << gb / put_s << ", \"raw_write_sync_gbps\": " << gb / rput_s
-     << ", \"put_ratio\": " << rput_s / put_s
-     << ",\n    \"put_unaligned_src_gbps\": " << gb / uput_s
-     << ", \"put_unaligned_src_ratio\": " << rput_s / uput_s
-     << ",\n    \"writers\": " << writers << ", \"put_concurrent_gbps\": " << gb / cput_s
-     << ", \"raw_write_sync_concurrent_gbps\": " << gb / rcput_s
-     << ", \"put_concurrent_ratio\": " << rcput_s / cput_s
-     << ",\n    \"get_gbps\": " << gb / get_s << ", \"raw_read_gbps\": " << gb / rget_s
-     << ", \"get_ratio\": " << rget_s / get_s << "}";
+     << ",\n    \"put_gbps\": " << gb / put.eng_s << ", \"raw_write_gbps\": " << gb / put.raw_s
+     << ", \"put_ratio\": " << put.Median()
+     << ",\n    \"put_unaligned_src_gbps\": " << gb / uput.eng_s
+     << ", \"raw_write_gbps_2\": " << gb / uput.raw_s
+     << ", \"put_unaligned_src_ratio\": " << uput.Median()
+     << ",\n    \"durable_put_gbps\": " << gb / dput.eng_s
+     << ", \"raw_write_sync_gbps\": " << gb / dput.raw_s
+     << ", \"durable_put_ratio\": " << dput.Median()
+     << ",\n    \"writers\": " << writers << ", \"durable_put_concurrent_gbps\": " << gb / cput.eng_s
+     << ", \"raw_write_sync_concurrent_gbps\": " << gb / cput.raw_s
+     << ", \"durable_put_concurrent_ratio\": " << cput.Median()
+     << ",\n    \"get_gbps\": " << gb / get.eng_s << ", \"raw_read_gbps\": " << gb / get.raw_s
+     << ", \"get_ratio\": " << get.Median() << "}";
   return js.str();
 }
 

@@ -308,6 +308,60 @@ TEST(NvmeTier, ConcurrentPutsShareGroupCommitsButEachAckFollowsItsDataSync) {
   }
 }
 
+TEST(NvmeTier, UnsyncedPutIsReadableAtOnceAndSurvivesPowerLossAfterFlush) {
+  TempDir dir;
+  MemIoEnv mem;
+  auto t = OpenOrDie({.dir = dir.path(), .capacity_bytes = 4 << 20, .env = &mem});
+  for (int i = 0; i < 8; ++i) ASSERT_TRUE(t->Put(Obj(i), MakeChunk(i), {.sync = false}).ok());
+  for (int i = 0; i < 8; ++i) {
+    auto got = ReadAll(*t, Obj(i));
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(*got, MakeChunk(i));
+  }
+  ASSERT_TRUE(t->Flush().ok());
+  t.reset();
+  mem.SimulateCrash();
+  t = OpenOrDie({.dir = dir.path(), .capacity_bytes = 4 << 20, .env = &mem});
+  for (int i = 0; i < 8; ++i) {
+    auto got = ReadAll(*t, Obj(i));
+    ASSERT_TRUE(got.ok()) << i << ": " << got.status();
+    EXPECT_EQ(*got, MakeChunk(i));
+  }
+}
+
+TEST(NvmeTier, EraseRightAfterUnsyncedPutIsNeverUndoneByItsCommit) {
+  TempDir dir;
+  MemIoEnv mem;
+  auto t = OpenOrDie({.dir = dir.path(), .capacity_bytes = 4 << 20, .env = &mem});
+  for (int i = 0; i < 16; ++i) {
+    ASSERT_TRUE(t->Put(Obj(i), MakeChunk(i), {.sync = false}).ok());
+    ASSERT_TRUE(t->Erase(Obj(i)).ok());
+  }
+  ASSERT_TRUE(t->Flush().ok());
+  EXPECT_EQ(t->used_bytes(), 0u);
+  t.reset();
+  t = OpenOrDie({.dir = dir.path(), .capacity_bytes = 4 << 20, .env = &mem});
+  EXPECT_TRUE(t->List().empty());
+  EXPECT_EQ(t->used_bytes(), 0u);
+}
+
+TEST(NvmeTier, FailedCommitDropsTheUnsyncedPutAndFlushReportsIt) {
+  TempDir dir;
+  MemIoEnv mem;
+  FaultInjectionIoEnv faulty(&mem);
+  auto t = OpenOrDie({.dir = dir.path(), .capacity_bytes = 4 << 20, .env = &faulty});
+  ASSERT_TRUE(t->Put(Obj(1), MakeChunk(1)).ok());
+  // The data write (operation 1) succeeds; the commit's fdatasync fails.
+  faulty.SetPolicy(FaultPolicy{.fail_after_n = 1});
+  ASSERT_TRUE(t->Put(Obj(2), MakeChunk(2), {.sync = false}).ok());
+  EXPECT_EQ(t->Flush().code(), absl::StatusCode::kInternal);
+  faulty.SetPolicy({});
+  EXPECT_EQ(t->Size(Obj(2)).status().code(), absl::StatusCode::kNotFound);
+  auto got = ReadAll(*t, Obj(1));
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(*got, MakeChunk(1));
+}
+
 TEST(NvmeTier, InjectedIoErrorsFailPutsWithoutCorruptingOthers) {
   for (bool retryable : {false, true}) {
     TempDir dir;

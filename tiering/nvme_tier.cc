@@ -140,9 +140,16 @@ NvmeTier::NvmeTier(const NvmeTierOptions& o, std::unique_ptr<IoEnv> owned_env,
       capacity_(capacity),
       block_(dev_->block_size()),
       data_path_(o.dir + "/data.kvt"),
-      alloc_(capacity, dev_->block_size()) {}
+      alloc_(capacity, dev_->block_size()) {
+  commit_thread_ = std::thread([this] { CommitLoop(); });
+}
 
 NvmeTier::~NvmeTier() {
+  {
+    absl::MutexLock l(&commit_mu_);
+    stopping_ = true;
+  }
+  commit_thread_.join();  // commits what is queued first
   dev_.reset();
   delete db_;
 }
@@ -272,42 +279,88 @@ void NvmeTier::ReturnBounce(AlignedBuffer buf) {
   if (smallest->size() < buf.size()) *smallest = std::move(buf);
 }
 
-absl::Status NvmeTier::CommitEntry(std::string key, std::string value) {
-  PendingCommit me{std::move(key), std::move(value)};
+void NvmeTier::Enqueue(std::shared_ptr<PendingCommit> c) {
   absl::MutexLock l(&commit_mu_);
-  commit_queue_.push_back(&me);
-  while (!me.done) {
-    if (committing_) {
-      commit_done_.Wait(&commit_mu_);
-      continue;
-    }
-    // Leader: commit everything queued so far (this Put included).
-    committing_ = true;
-    std::vector<PendingCommit*> batch;
-    batch.swap(commit_queue_);
-    commit_mu_.Unlock();
-    // Every queued Put's data write completed before it queued, so one
-    // fdatasync makes all of it durable before any of their entries commit.
-    absl::Status st = dev_->Sync();
-    if (st.ok()) {
-      rocksdb::WriteBatch wb;
-      for (PendingCommit* p : batch) wb.Put(p->key, p->value);
-      rocksdb::WriteOptions wo;
-      wo.sync = true;
-      st = RocksStatus(db_->Write(wo, &wb), "put");
-    }
-    commit_mu_.Lock();
-    for (PendingCommit* p : batch) {
-      p->result = st;
-      p->done = true;
-    }
-    committing_ = false;
-    commit_done_.SignalAll();
-  }
-  return me.result;
+  commit_queue_.push_back(std::move(c));
 }
 
-absl::Status NvmeTier::Put(const ObjectKey& id, std::span<const uint8_t> bytes) {
+absl::Status NvmeTier::EnqueueAndWait(std::shared_ptr<PendingCommit> c) {
+  Enqueue(c);
+  absl::MutexLock l(&commit_mu_);
+  commit_mu_.Await(absl::Condition(+[](PendingCommit* p) { return p->done; }, c.get()));
+  return c->result;
+}
+
+void NvmeTier::CommitLoop() {
+  for (;;) {
+    std::vector<std::shared_ptr<PendingCommit>> batch;
+    {
+      absl::MutexLock l(&commit_mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(commit_mu_) {
+        return stopping_ || !commit_queue_.empty();
+      };
+      commit_mu_.Await(absl::Condition(&ready));
+      if (commit_queue_.empty()) return;  // stopping, nothing left
+      batch.swap(commit_queue_);
+    }
+    // Every queued Put's data write completed before it queued, so one
+    // fdatasync makes all of it durable before any of their entries commit.
+    rocksdb::WriteBatch wb;
+    bool has_put = false;
+    for (const auto& c : batch) {
+      if (c->op == PendingCommit::Op::kPut) {
+        wb.Put(c->key, c->value);
+        has_put = true;
+      } else if (c->op == PendingCommit::Op::kDelete) {
+        wb.Delete(c->key);
+      }
+    }
+    absl::Status st;
+    if (has_put) st = dev_->Sync();
+    if (st.ok() && wb.Count() > 0) {
+      rocksdb::WriteOptions wo;
+      wo.sync = true;
+      st = RocksStatus(db_->Write(wo, &wb), "commit");
+    }
+    {
+      // Finish unsynced Puts: free the extent each one replaced once the new
+      // entry is durable; on failure drop the entry (its replaced extent
+      // stays allocated: the durable index may still name it).
+      absl::MutexLock l(&mu_);
+      for (const auto& c : batch) {
+        if (!c->async) continue;
+        if (st.ok()) {
+          if (c->replaced) Unref(*c->replaced);
+          continue;
+        }
+        auto it = entries_.find(c->id);
+        if (it != entries_.end() && it->second.offset == c->offset) {
+          entries_.erase(it);
+          Unref(c->offset);
+        }
+      }
+    }
+    absl::MutexLock l(&commit_mu_);
+    for (const auto& c : batch) {
+      if (!st.ok() && c->async && unsynced_commit_error_.ok()) unsynced_commit_error_ = st;
+      c->result = st;
+      c->done = true;
+    }
+  }
+}
+
+absl::Status NvmeTier::Flush() {
+  auto marker = std::make_shared<PendingCommit>();
+  marker->op = PendingCommit::Op::kMarker;
+  (void)EnqueueAndWait(std::move(marker));  // a marker alone commits nothing
+  absl::MutexLock l(&commit_mu_);
+  absl::Status st = unsynced_commit_error_;
+  unsynced_commit_error_ = absl::OkStatus();
+  return st;
+}
+
+absl::Status NvmeTier::Put(const ObjectKey& id, std::span<const uint8_t> bytes,
+                           const NvmePutOptions& options) {
   auto hdr = codec::ParseHeader(bytes);
   if (!hdr.ok()) return absl::InvalidArgumentError(hdr.status().message());
   const uint64_t hdr_ck = Load<uint64_t>(bytes.data() + codec::kOffHeaderChecksum);
@@ -337,8 +390,30 @@ absl::Status NvmeTier::Put(const ObjectKey& id, std::span<const uint8_t> bytes) 
   // pointer because the same request type serves reads.
   absl::Status st = DoIo(IoRequest::Op::kWrite, offset, const_cast<uint8_t*>(bytes.data()), len);
   if (!st.ok()) return fail(st);
+  auto commit = std::make_shared<PendingCommit>();
+  commit->op = PendingCommit::Op::kPut;
+  commit->key = IndexKey(id);
+  commit->value = EncodeEntry(id.part, offset, len, hdr_ck);
+  if (!options.sync) {
+    // Publish now and queue the commit under mu_, so that an Erase of this
+    // object queues its delete after this put.
+    meter_.Record(true, len, NowUs() - t0);
+    absl::MutexLock l(&mu_);
+    writing_.erase(id);
+    writing_done_.SignalAll();
+    commit->async = true;
+    commit->id = id;
+    commit->offset = offset;
+    auto [eit, inserted] = entries_.try_emplace(id, Entry{offset, len, hdr_ck});
+    if (!inserted) {
+      commit->replaced = eit->second.offset;
+      eit->second = Entry{offset, len, hdr_ck};
+    }
+    Enqueue(std::move(commit));
+    return absl::OkStatus();
+  }
   // Data durable before its index entry (both inside the group commit).
-  st = CommitEntry(IndexKey(id), EncodeEntry(id.part, offset, len, hdr_ck));
+  st = EnqueueAndWait(std::move(commit));
   if (!st.ok()) return fail(st);
   meter_.Record(true, len, NowUs() - t0);
   absl::MutexLock l(&mu_);
@@ -368,16 +443,26 @@ absl::StatusOr<uint64_t> NvmeTier::OffsetOf(const ObjectKey& id) {
 }
 
 absl::Status NvmeTier::DropEntry(const ObjectKey& id, uint64_t offset) {
+  auto del = std::make_shared<PendingCommit>();
+  del->op = PendingCommit::Op::kDelete;
+  del->key = IndexKey(id);
   {
     absl::MutexLock l(&mu_);
     auto it = entries_.find(id);
     // Another Put may have replaced the entry meanwhile; that one is fine.
     if (it == entries_.end() || it->second.offset != offset) return absl::OkStatus();
     entries_.erase(it);
+    // Queued under mu_: after the commit of the Put that created the entry.
+    Enqueue(del);
   }
-  rocksdb::WriteOptions wo;
-  wo.sync = true;
-  absl::Status st = RocksStatus(db_->Delete(wo, IndexKey(id)), "delete");
+  // Synced before the extent is reused, so the index never names another
+  // object's bytes.
+  absl::Status st;
+  {
+    absl::MutexLock l(&commit_mu_);
+    commit_mu_.Await(absl::Condition(+[](PendingCommit* p) { return p->done; }, del.get()));
+    st = del->result;
+  }
   if (!st.ok()) return st;  // the extent stays allocated: the index still names it
   absl::MutexLock l(&mu_);
   Unref(offset);

@@ -2,11 +2,15 @@
 // read through a BlockDevice (io_uring in production), with a RocksDB index
 // mapping object -> extent. See docs/tiering.md "NVMe on-disk layout".
 //
-// Durability contract: Put returns OK only after the data was synced
-// (fdatasync) and then the index entry was committed (RocksDB, sync=true).
-// Concurrent Puts share both: a group commit syncs the data of every Put
-// whose write has completed with one fdatasync, then commits all their
-// index entries in one synced RocksDB write batch.
+// Durability contract: a synced Put (the default, and Tier::Put) returns OK
+// only after the data was synced (fdatasync) and then the index entry was
+// committed (RocksDB, sync=true). Index changes go through one commit
+// thread that batches them: one fdatasync covers the data of every queued
+// Put (all written before they queued), then one synced RocksDB write
+// batch commits all their entries, so concurrent Puts share both syncs.
+// An unsynced Put (NvmePutOptions::sync = false) returns once its data is
+// written: it is readable at once and the next batch commits it the same
+// way; a crash before that commit loses it, never corrupts anything.
 // After a crash, every object whose Put returned OK is readable; an object
 // whose index entry did not commit is invisible and its space is free.
 // Reads verify the chunk checksums; a mismatch returns DataLoss and drops
@@ -15,7 +19,10 @@
 #define KVTIER_TIERING_NVME_TIER_H_
 
 #include <memory>
+#include <optional>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -59,6 +66,14 @@ struct NvmeTierOptions {
   uint32_t queue_depth = 32;
 };
 
+// Per-call options of NvmeTier::Put.
+struct NvmePutOptions {
+  // Return only after the object is durable (data synced, then its index
+  // entry committed). false: return once the data is written; the commit
+  // follows in the background (Flush waits for it). Default: true
+  bool sync = true;
+};
+
 class NvmeTier : public Tier {
  public:
   // Opens or creates the tier and rebuilds the free-space map from the
@@ -76,8 +91,16 @@ class NvmeTier : public Tier {
   uint64_t used_bytes() const override;
   Bandwidth bandwidth() const override { return meter_.Get(); }
 
-  // `bytes` must start with a valid chunk header (InvalidArgument).
-  absl::Status Put(const ObjectKey& id, std::span<const uint8_t> bytes) override;
+  // `bytes` must start with a valid chunk header (InvalidArgument). A
+  // synced Put (see NvmePutOptions).
+  absl::Status Put(const ObjectKey& id, std::span<const uint8_t> bytes) override {
+    return Put(id, bytes, NvmePutOptions{});
+  }
+  absl::Status Put(const ObjectKey& id, std::span<const uint8_t> bytes, const NvmePutOptions& options);
+  // Waits until every Put that returned before the call is committed.
+  // Returns the first error of a commit of unsynced Puts since the previous
+  // Flush (those Puts were dropped: not readable, not on disk), if any.
+  absl::Status Flush();
   absl::StatusOr<uint64_t> Size(const ObjectKey& id) override;
   absl::Status Read(const ObjectKey& id, std::span<uint8_t> out) override;
   absl::Status Erase(const ObjectKey& id) override;
@@ -100,10 +123,25 @@ class NvmeTier : public Tier {
            std::unique_ptr<BlockDevice> dev, rocksdb::DB* db, uint64_t capacity);
   absl::Status Recover();
   absl::Status DoIo(IoRequest::Op op, uint64_t offset, uint8_t* data, uint64_t len);
-  // Group commit: syncs the data file, then commits `value` under `key` in
-  // one synced batch with the entries of every other Put waiting meanwhile.
-  // REQUIRES: this Put's data write has completed.
-  absl::Status CommitEntry(std::string key, std::string value);
+  // One index change queued for the commit thread.
+  struct PendingCommit {
+    enum class Op : uint8_t { kPut, kDelete, kMarker } op;
+    std::string key, value;
+    // Unsynced Puts: the object, its extent and the extent it replaced,
+    // finished by the commit thread (a synced Put finishes itself).
+    bool async = false;
+    ObjectKey id;
+    uint64_t offset = 0;
+    std::optional<uint64_t> replaced;
+    absl::Status result;
+    bool done = false;
+  };
+  // Queues `c` for the commit thread. REQUIRES: a Put's data write has
+  // completed. Lock order: mu_ may be held, then commit_mu_.
+  void Enqueue(std::shared_ptr<PendingCommit> c);
+  // Queues `c` and waits for its batch; returns the batch's status.
+  absl::Status EnqueueAndWait(std::shared_ptr<PendingCommit> c);
+  void CommitLoop();
   // Bounce buffers for the unaligned parts of caller buffers, reused so that
   // an unaligned Put does not map and fault in fresh pages every time.
   AlignedBuffer TakeBounce(uint64_t bytes);
@@ -135,17 +173,13 @@ class NvmeTier : public Tier {
   // Objects with a Put in progress (a second Put of the same id waits).
   absl::flat_hash_set<ObjectKey> writing_ ABSL_GUARDED_BY(mu_);
 
-  // Group commit: Puts whose data is written queue here; the first becomes
-  // the leader and commits the whole queue (never holding mu_).
-  struct PendingCommit {
-    std::string key, value;
-    absl::Status result;
-    bool done = false;
-  };
+  // Index changes waiting for the commit thread, in the order they must
+  // apply (a Delete queued after a Put of the same key wins).
   absl::Mutex commit_mu_;
-  absl::CondVar commit_done_;
-  std::vector<PendingCommit*> commit_queue_ ABSL_GUARDED_BY(commit_mu_);
-  bool committing_ ABSL_GUARDED_BY(commit_mu_) = false;
+  std::vector<std::shared_ptr<PendingCommit>> commit_queue_ ABSL_GUARDED_BY(commit_mu_);
+  bool stopping_ ABSL_GUARDED_BY(commit_mu_) = false;
+  absl::Status unsynced_commit_error_ ABSL_GUARDED_BY(commit_mu_);  // for Flush
+  std::thread commit_thread_;
 
   absl::Mutex bounce_mu_;
   std::vector<AlignedBuffer> bounce_pool_ ABSL_GUARDED_BY(bounce_mu_);

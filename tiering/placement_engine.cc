@@ -193,12 +193,13 @@ void PlacementEngine::Forget(const ObjectKey& id, TierKind kind) {
 }
 
 absl::Status PlacementEngine::StoreWithEviction(TierKind kind, const ObjectKey& id,
-                                                std::span<const uint8_t> bytes) {
+                                                std::span<const uint8_t> bytes, bool durable) {
   Tier* t = tiers_[static_cast<int>(kind)];
   if (t == nullptr) return absl::FailedPreconditionError(absl::StrCat("no ", TierName(kind), " tier"));
   int idle = 0;
   for (int i = 0; i < kMaxEvictionsPerStore; ++i) {
-    absl::Status st = t->Put(id, bytes);
+    absl::Status st = kind == TierKind::kNvme ? nvme_->Put(id, bytes, {.sync = durable})
+                                              : t->Put(id, bytes);
     if (!IsTierFull(st)) return st;
     if (bytes.size() > t->capacity_bytes()) return st;
     if (!EvictOne(kind)) {
@@ -334,7 +335,7 @@ absl::Status PlacementEngine::Put(const Hash128& key, std::span<const uint8_t> c
     return absl::InvalidArgumentError(absl::StrCat("no ", TierName(fast), " tier"));
   }
   bool split = opts.split_kv.value_or(options_.split_kv) == SplitKvPolicy::kAlways && dram_ && nvme_;
-  bool existed = false;
+  bool existed = false, already_on_nvme = false;
   {
     absl::MutexLock l(&mu_);
     auto it = chunks_.find(key);
@@ -346,10 +347,26 @@ absl::Status PlacementEngine::Put(const Hash128& key, std::span<const uint8_t> c
       }
       bool on_nvme = st.split ? (st.where[1] & st.where[2] & Bit(TierKind::kNvme))
                               : (st.where[0] & Bit(TierKind::kNvme));
-      if (!opts.durable || on_nvme) return absl::OkStatus();
+      if (!opts.durable) return absl::OkStatus();
       existed = true;
       split = st.split;
+      already_on_nvme = on_nvme;
     }
+  }
+  if (already_on_nvme) {
+    // The NVMe copy may have been stored without waiting for its commit
+    // (a demotion, a non-durable put): wait for it. If that commit failed
+    // (Flush reports it), the tier dropped the copy: store it again below.
+    (void)nvme_->Flush();
+    bool complete = true;
+    for (Part p : split ? std::vector<Part>{Part::kK, Part::kV} : std::vector<Part>{Part::kWhole}) {
+      if (!nvme_->Size({key, p}).ok()) {
+        complete = false;
+        absl::MutexLock l(&mu_);
+        Forget({key, p}, TierKind::kNvme);
+      }
+    }
+    if (complete) return absl::OkStatus();
   }
   // Objects and the tiers each goes to; NVMe first so a durable put is
   // acknowledged by its commit, and faster copies follow.
@@ -380,7 +397,7 @@ absl::Status PlacementEngine::Put(const Hash128& key, std::span<const uint8_t> c
   std::vector<Target> stored;
   for (const Target& t : targets) {
     if (existed && t.tier != TierKind::kNvme) continue;  // only the durable copy was missing
-    absl::Status st = StoreWithEviction(t.tier, t.id, t.bytes);
+    absl::Status st = StoreWithEviction(t.tier, t.id, t.bytes, opts.durable);
     if (st.ok()) {
       NoteStored(t.tier, t.id, chunk.size(), split, t.bytes.size());
       stored.push_back(t);
@@ -685,7 +702,7 @@ absl::Status PlacementEngine::CommitSlot(uint64_t slot_id, const Hash128& key,
       (void)dram_->AbortSlot(ext);
       return absl::FailedPreconditionError("durable put without an NVMe tier");
     }
-    absl::Status st = StoreWithEviction(TierKind::kNvme, w, bytes);
+    absl::Status st = StoreWithEviction(TierKind::kNvme, w, bytes, /*durable=*/true);
     if (!st.ok()) {
       (void)dram_->AbortSlot(ext);
       return st;

@@ -264,9 +264,11 @@ class PlacementEngine {
   int64_t LeaseUs(int64_t ttl_ms) const;
   TierKind DefaultTier() const;
 
-  // Stores `bytes` as `id` in tier `kind`, evicting from it as needed.
+  // Stores `bytes` as `id` in tier `kind`, evicting from it as needed. On
+  // NVMe, `durable` waits for the index commit; otherwise the commit
+  // follows in the background (a crash before it loses the copy).
   absl::Status StoreWithEviction(TierKind kind, const ObjectKey& id,
-                                 std::span<const uint8_t> bytes);
+                                 std::span<const uint8_t> bytes, bool durable = false);
   // Records that `id` now lives in `kind`.
   void NoteStored(TierKind kind, const ObjectKey& id, uint64_t chunk_bytes, bool split,
                   uint64_t object_bytes);
