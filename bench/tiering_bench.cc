@@ -15,6 +15,7 @@
 //   experiment knobs (defaults = the engine's): --s3fifo-small F
 //   --admission-history N --admit-after N --dram-fraction F --nvme-fraction F
 //   --trace-seed S. Prints JSON.
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -122,6 +123,27 @@ std::string Dram() {
   return js.str();
 }
 
+// Median latency in microseconds of a small durable write on `dir`: a 4 KiB
+// pwrite + fdatasync, what an index commit costs the device (RocksDB's WAL
+// write is one), beyond what a raw data write pays.
+double SmallSyncLatencyUs(const std::string& dir) {
+  std::string path = dir + "/sync-probe";
+  int fd = open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return -1;
+  std::vector<char> page(4096, 1);
+  std::vector<double> us;
+  for (int i = 0; i < 21; ++i) {
+    double t0 = Now();
+    if (pwrite(fd, page.data(), page.size(), 0) != 4096 || fdatasync(fd) != 0) break;
+    us.push_back((Now() - t0) * 1e6);
+  }
+  close(fd);
+  unlink(path.c_str());
+  if (us.empty()) return -1;
+  std::sort(us.begin(), us.end());
+  return us[us.size() / 2];
+}
+
 // Runs fn(t) on `threads` threads and returns the wall time.
 template <typename F>
 double Timed(int threads, F fn) {
@@ -207,6 +229,7 @@ std::string Nvme(const std::string& base) {
       return ratios[ratios.size() / 2];
     }
   };
+  const double sync_us_before = SmallSyncLatencyUs(raw_dir);
   Series put, uput, dput, cput, get;
   auto engine_get = [&] {
     double t0 = Now();
@@ -245,6 +268,7 @@ std::string Nvme(const std::string& base) {
     cput.Add(eng, raw);
     engine_clear();
   }
+  const double sync_us_after = SmallSyncLatencyUs(raw_dir);
   e.reset();
   dev.reset();
   std::filesystem::remove_all(dir);
@@ -253,6 +277,8 @@ std::string Nvme(const std::string& base) {
   std::ostringstream js;
   js << "{\"dir\": \"" << base << "\", \"chunk_bytes\": " << chunk.size() << ", \"chunks\": " << n
      << ", \"reps\": " << reps << ", \"queue_depth\": " << qd << ", \"request_bytes\": " << io
+     << ",\n    \"small_write_fdatasync_us_before\": " << sync_us_before
+     << ", \"small_write_fdatasync_us_after\": " << sync_us_after
      << ",\n    \"put_gbps\": " << gb / put.eng_s << ", \"raw_write_gbps\": " << gb / put.raw_s
      << ", \"put_ratio\": " << put.Median()
      << ",\n    \"put_unaligned_src_gbps\": " << gb / uput.eng_s

@@ -281,10 +281,12 @@ void NvmeTier::ReturnBounce(AlignedBuffer buf) {
 
 void NvmeTier::Enqueue(std::shared_ptr<PendingCommit> c) {
   absl::MutexLock l(&commit_mu_);
+  if (c->waited) ++waiters_;
   commit_queue_.push_back(std::move(c));
 }
 
 absl::Status NvmeTier::EnqueueAndWait(std::shared_ptr<PendingCommit> c) {
+  c->waited = true;
   Enqueue(c);
   absl::MutexLock l(&commit_mu_);
   commit_mu_.Await(absl::Condition(+[](PendingCommit* p) { return p->done; }, c.get()));
@@ -301,6 +303,12 @@ void NvmeTier::CommitLoop() {
       };
       commit_mu_.Await(absl::Condition(&ready));
       if (commit_queue_.empty()) return;  // stopping, nothing left
+      // Only unsynced Puts queued: let more join this commit for a while.
+      auto urgent = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(commit_mu_) {
+        return stopping_ || waiters_ > 0;
+      };
+      commit_mu_.AwaitWithTimeout(absl::Condition(&urgent),
+                                  absl::Microseconds(options_.unsynced_commit_delay_us));
       batch.swap(commit_queue_);
     }
     // Every queued Put's data write completed before it queued, so one
@@ -342,6 +350,7 @@ void NvmeTier::CommitLoop() {
     }
     absl::MutexLock l(&commit_mu_);
     for (const auto& c : batch) {
+      if (c->waited) --waiters_;
       if (!st.ok() && c->async && unsynced_commit_error_.ok()) unsynced_commit_error_ = st;
       c->result = st;
       c->done = true;
@@ -446,6 +455,7 @@ absl::Status NvmeTier::DropEntry(const ObjectKey& id, uint64_t offset) {
   auto del = std::make_shared<PendingCommit>();
   del->op = PendingCommit::Op::kDelete;
   del->key = IndexKey(id);
+  del->waited = true;
   {
     absl::MutexLock l(&mu_);
     auto it = entries_.find(id);
