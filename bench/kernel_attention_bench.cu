@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -75,8 +76,22 @@ struct Format {
   DType k, v;
 };
 
+const char* KernelName(AttentionKernel k) {
+  switch (k) {
+    case AttentionKernel::kAuto:
+      return "auto";
+    case AttentionKernel::kCtaPipeline:
+      return "cta_cp_async";
+    case AttentionKernel::kWarpPipeline:
+      return "warp_cp_async";
+    case AttentionKernel::kWarpBulk:
+      return "warp_bulk";
+  }
+  return "?";
+}
+
 std::string Run(const Format& f, uint32_t batch, uint32_t ctx, uint32_t partition_tokens = 0,
-                bool hnd = false) {
+                bool hnd = false, AttentionKernel kernel = AttentionKernel::kAuto) {
   const uint64_t tokens = uint64_t{batch} * ctx;
   const uint64_t elems = tokens * HKV * D;
   const double bytes_k = f.k == DType::kFP8E4M3 ? 1 : 2, bytes_v = f.v == DType::kFP8E4M3 ? 1 : 2;
@@ -153,6 +168,7 @@ std::string Run(const Format& f, uint32_t batch, uint32_t ctx, uint32_t partitio
   p.sm_scale = 0.08838834764f;
   p.out = d_out;
   p.partition_tokens = partition_tokens;
+  p.kernel = kernel;
   const uint32_t part =
       partition_tokens != 0 ? partition_tokens : DecodeAttentionPartitionTokens(batch, HKV, ctx);
   auto wsb = DecodeAttentionWorkspaceBytes(c, p);
@@ -194,9 +210,10 @@ std::string Run(const Format& f, uint32_t batch, uint32_t ctx, uint32_t partitio
   }
   std::sort(t.begin(), t.end());
   const double ts = t[t.size() / 2];
-  std::printf("attention %-6s %s batch %3u ctx %6u part %4u: %9.1f us  %9.0f tokens/s  %7.1f GB/s\n",
-              f.name, hnd ? "HND" : "NHD", batch, ctx, part, ts * 1e6, batch / ts,
-              kv_bytes / ts / 1e9);
+  std::printf(
+      "attention %-6s %s %-13s batch %3u ctx %6u part %4u: %9.1f us  %9.0f tokens/s  %7.1f GB/s\n",
+      f.name, hnd ? "HND" : "NHD", KernelName(kernel), batch, ctx, part, ts * 1e6, batch / ts,
+      kv_bytes / ts / 1e9);
   cudaFree(k);
   if (vb) cudaFree(v);
   cudaFree(ks);
@@ -210,7 +227,8 @@ std::string Run(const Format& f, uint32_t batch, uint32_t ctx, uint32_t partitio
   cudaEventDestroy(a);
   cudaEventDestroy(b);
   return absl::StrCat("{\"format\": \"", f.name, "\", \"batch\": ", batch, ", \"context\": ", ctx,
-                      ", \"partition_tokens\": ", part, ", \"layout\": \"",
+                      ", \"partition_tokens\": ", part, ", \"kernel\": \"", KernelName(kernel),
+                      "\", \"layout\": \"",
                       CacheLayoutName(kind), "\"",
                       ", \"t_s\": ", ts, ", \"tokens_per_s\": ", batch / ts,
                       ", \"kv_bytes\": ", kv_bytes, ", \"hbm_gbps\": ", kv_bytes / ts / 1e9, "}");
@@ -236,22 +254,21 @@ int main(int argc, char** argv) {
         json += (first ? "" : ", ") + Run(f, batch, ctx);
         first = false;
       }
-  // Partition-length sweep at the target shape (the main table uses the
-  // launcher's choice).
-  json += "], \"partition_sweep\": [";
+  // Every kernel choice at the target shape, NHD and HND blocks (HND: a
+  // head's rows of a block are contiguous, one bulk copy per warp tile), and
+  // at batch 64 ctx 32K; the main table uses kAuto.
+  json += "], \"kernel_sweep\": [";
   first = true;
-  for (uint32_t part : {128u, 256u, 512u, 1024u})
-    for (const Format& f : formats) {
-      json += (first ? "" : ", ") + Run(f, 32, 8192, part);
-      first = false;
+  for (const auto& [batch, ctx] : {std::pair{32u, 8192u}, std::pair{64u, 32768u}})
+    for (bool hnd : {false, true}) {
+      if (hnd && batch != 32) continue;
+      for (AttentionKernel k : {AttentionKernel::kCtaPipeline, AttentionKernel::kWarpPipeline,
+                                AttentionKernel::kWarpBulk})
+        for (const Format& f : formats) {
+          json += (first ? "" : ", ") + Run(f, batch, ctx, 0, hnd, k);
+          first = false;
+        }
     }
-  // The same shape with HND blocks (a head's 16 rows of a block contiguous).
-  json += "], \"layout_sweep\": [";
-  first = true;
-  for (const Format& f : formats) {
-    json += (first ? "" : ", ") + Run(f, 32, 8192, 0, /*hnd=*/true);
-    first = false;
-  }
   json += "]}\n";
   if (argc > 1) {
     FILE* out = std::fopen(argv[1], "w");

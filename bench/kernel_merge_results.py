@@ -46,6 +46,10 @@ def main():
                 if r["batch"] == 32 and r["context"] == 8192:
                     s["attention_b32_ctx8k_k16v8_vs_torch_sdpa_bf16"] = r["t_s"] / k16v8["t_s"]
                     s["attention_b32_ctx8k_bf16_vs_torch_sdpa_bf16"] = r["t_s"] / bf16["t_s"]
+        for r in attn.get("kernel_sweep", []):
+            layout = "hnd" if r["layout"].endswith("hnd") else "nhd"
+            s.setdefault(f"attention_b{r['batch']}_ctx{r['context'] // 1024}k_kernel_sweep_hbm_gbps",
+                         {})[f"{r['format']}/{layout}/{r['kernel']}"] = r["hbm_gbps"]
         for r in attn.get("partition_sweep", []):
             s.setdefault("attention_b32_ctx8k_partition_sweep_hbm_gbps", {})[
                 f"{r['format']}/part{r['partition_tokens']}"] = r["hbm_gbps"]

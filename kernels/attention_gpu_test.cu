@@ -78,7 +78,6 @@ void RunAttention(const AttnCase& c) {
   int32_t *d_table, *d_lens;
   KVTIER_ASSERT_CUDA(cudaMalloc(&d_q, q.size() * 2));
   KVTIER_ASSERT_CUDA(cudaMalloc(&d_out, q.size() * 2));
-  KVTIER_ASSERT_CUDA(cudaMemset(d_out, 0xFF, q.size() * 2));  // NaN poison
   KVTIER_ASSERT_CUDA(cudaMalloc(&d_table, all.size() * 4));
   KVTIER_ASSERT_CUDA(cudaMalloc(&d_lens, batch * 4));
   KVTIER_ASSERT_CUDA(cudaMemcpy(d_q, q.data(), q.size() * 2, cudaMemcpyHostToDevice));
@@ -95,30 +94,45 @@ void RunAttention(const AttnCase& c) {
   auto ws_bytes = DecodeAttentionWorkspaceBytes(dev.layout, dp);
   ASSERT_TRUE(ws_bytes.ok()) << ws_bytes.status();
   KVTIER_ASSERT_CUDA(cudaMalloc(&d_ws, *ws_bytes));
-  absl::Status st = PagedDecodeAttention(dev.layout, dp, d_ws, *ws_bytes, nullptr);
-  ASSERT_TRUE(st.ok()) << st;
-  KVTIER_ASSERT_CUDA(cudaDeviceSynchronize());
-  KVTIER_ASSERT_CUDA(cudaMemcpy(out.data(), d_out, out.size() * 2, cudaMemcpyDeviceToHost));
-
-  const bool bf16 = c.q_dtype == DType::kBF16;
-  double num = 0, den = 0, ref_max = 0;
-  for (float r : *ref) ref_max = std::max(ref_max, std::fabs(double{r}));
-  size_t nonzero = 0, bad = 0;
-  for (size_t i = 0; i < out.size(); ++i) {
-    const float o = codec::Load16(out[i], c.q_dtype);
-    ASSERT_FALSE(std::isnan(o)) << "NaN at " << i;
-    nonzero += o != 0.0f;
-    const double d = o - (*ref)[i];
-    num += d * d;
-    den += double{(*ref)[i]} * (*ref)[i];
-    if (std::fabs(d) > (bf16 ? 3e-2 : 5e-3) * ref_max && bad++ < 5) {
-      ADD_FAILURE() << "element " << i << ": gpu " << o << " ref " << (*ref)[i];
+  int dev_id = 0, cc_major = 0;
+  KVTIER_ASSERT_CUDA(cudaGetDevice(&dev_id));
+  KVTIER_ASSERT_CUDA(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, dev_id));
+  // Every kernel choice computes the same function.
+  for (AttentionKernel kernel : {AttentionKernel::kAuto, AttentionKernel::kCtaPipeline,
+                                 AttentionKernel::kWarpPipeline, AttentionKernel::kWarpBulk}) {
+    SCOPED_TRACE("kernel " + std::to_string(static_cast<int>(kernel)));
+    dp.kernel = kernel;
+    KVTIER_ASSERT_CUDA(cudaMemset(d_out, 0xFF, q.size() * 2));  // NaN poison
+    absl::Status st = PagedDecodeAttention(dev.layout, dp, d_ws, *ws_bytes, nullptr);
+    if (kernel == AttentionKernel::kWarpBulk && cc_major != 9) {
+      // sm_90a code only; elsewhere the launcher refuses it.
+      ASSERT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
+      continue;
     }
+    ASSERT_TRUE(st.ok()) << st;
+    KVTIER_ASSERT_CUDA(cudaDeviceSynchronize());
+    KVTIER_ASSERT_CUDA(cudaMemcpy(out.data(), d_out, out.size() * 2, cudaMemcpyDeviceToHost));
+
+    const bool bf16 = c.q_dtype == DType::kBF16;
+    double num = 0, den = 0, ref_max = 0;
+    for (float r : *ref) ref_max = std::max(ref_max, std::fabs(double{r}));
+    size_t nonzero = 0, bad = 0;
+    for (size_t i = 0; i < out.size(); ++i) {
+      const float o = codec::Load16(out[i], c.q_dtype);
+      ASSERT_FALSE(std::isnan(o)) << "NaN at " << i;
+      nonzero += o != 0.0f;
+      const double d = o - (*ref)[i];
+      num += d * d;
+      den += double{(*ref)[i]} * (*ref)[i];
+      if (std::fabs(d) > (bf16 ? 3e-2 : 5e-3) * ref_max && bad++ < 5) {
+        ADD_FAILURE() << "element " << i << ": gpu " << o << " ref " << (*ref)[i];
+      }
+    }
+    EXPECT_GT(nonzero, out.size() / 2);
+    const double rel = std::sqrt(num / den);
+    EXPECT_LT(rel, bf16 ? 1e-2 : 2e-3);
+    ::testing::Test::RecordProperty("rel_l2", std::to_string(rel));
   }
-  EXPECT_GT(nonzero, out.size() / 2);
-  const double rel = std::sqrt(num / den);
-  EXPECT_LT(rel, bf16 ? 1e-2 : 2e-3);
-  ::testing::Test::RecordProperty("rel_l2", std::to_string(rel));
   cudaFree(d_q);
   cudaFree(d_out);
   cudaFree(d_ws);
@@ -200,6 +214,10 @@ TEST(PagedAttentionGpu, InvalidInputIsRejectedBeforeLaunch) {
   EXPECT_EQ(PagedDecodeAttention(h2.layout, p, ws, sizeof(ws), nullptr).code(),
             absl::StatusCode::kInvalidArgument);
   p.partition_tokens = 0;
+  p.kernel = static_cast<AttentionKernel>(9);  // no such kernel
+  EXPECT_EQ(PagedDecodeAttention(h2.layout, p, ws, sizeof(ws), nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+  p.kernel = AttentionKernel::kAuto;
   EXPECT_EQ(PagedDecodeAttention(h2.layout, p, ws, 16, nullptr).code(),
             absl::StatusCode::kInvalidArgument);  // workspace too small
   p.q = nullptr;

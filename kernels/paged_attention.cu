@@ -63,6 +63,7 @@ struct AttnParams {
   float* ws_ml;   // [batch][q_heads][parts][2]: max (base 2), sum
   uint32_t max_blocks_per_seq, num_q_heads, group, parts, part_tokens, layer, bs_shift;
   float q_scale;  // sm_scale * log2(e)
+  AttentionKernel kernel;  // host side only
 };
 
 // Compile-time geometry of one instantiation.
@@ -84,6 +85,17 @@ struct Geometry {
   static constexpr int PIPE = STAGES * STAGE;
   static constexpr int MERGE = kWarps * GP * (HD + 2) * 4;  // per-warp states at the end
   static constexpr int SMEM = PIPE > MERGE ? PIPE : MERGE;
+  // Warp pipelines: a warp's tile is its WT rows of a CTA tile; each warp
+  // keeps kInFlightBytes / kWarps of rows in flight in its own stages.
+  static constexpr int WT = NG * U;
+  static constexpr int WSTAGE = WT * (KROW + VROW);
+  static constexpr int WSTAGES = 1 + (kInFlightBytes / kWarps + WSTAGE - 1) / WSTAGE;
+  static constexpr int WPIPE = kWarps * WSTAGES * WSTAGE;
+  static constexpr int WSMEM = WPIPE > MERGE ? WPIPE : MERGE;
+  static_assert(WT * kWarps == kTile && 2 * WT <= 32, "a lane per K and V row of a warp tile");
+  static_assert((WT * KCH) % 32 == 0 && (WT * VCH) % 32 == 0,
+                "every lane issues the same number of 16-byte copies per warp tile");
+  static_assert(WSTAGE % 16 == 0 && WSTAGES <= 32, "16-byte aligned warp stages");
 
   static_assert(32 % TG == 0 || TG == 32, "a token row is split over the lanes of one warp");
   static_assert(TG <= 32 && NG >= 1 && U >= 1, "tile must cover every token group");
@@ -176,17 +188,76 @@ __device__ __forceinline__ void ReduceScatter(float (&v)[N], int lane) {
   ReduceScatterStep<N, TG / 2>(v, lane);
 }
 
-template <int HD, int GP, bool K8, bool V8, bool BF16>
+// How K/V rows reach shared memory (AttentionKernel minus kAuto).
+enum Mode : int {
+  kModeCta = 0,   // CTA tiles of kTile rows, cp.async by all threads, __syncthreads per tile
+  kModeWarp = 1,  // warp tiles of WT rows, each warp its own cp.async pipeline
+  kModeBulk = 2,  // warp tiles, cp.async.bulk per contiguous run of rows + one mbarrier per stage
+};
+
+__device__ __forceinline__ void MbarInit(uint64_t* bar, uint32_t count) {
+#if __CUDA_ARCH__ >= 900
+  const uint32_t b = static_cast<uint32_t>(__cvta_generic_to_shared(bar));
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(b), "r"(count) : "memory");
+  // Makes the initialized barrier visible to the copy engine (async proxy).
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void MbarArriveExpectTx(uint64_t* bar, uint32_t bytes) {
+#if __CUDA_ARCH__ >= 900
+  const uint32_t b = static_cast<uint32_t>(__cvta_generic_to_shared(bar));
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(b), "r"(bytes)
+               : "memory");
+#endif
+}
+__device__ __forceinline__ void MbarWait(uint64_t* bar, uint32_t parity) {
+#if __CUDA_ARCH__ >= 900
+  const uint32_t b = static_cast<uint32_t>(__cvta_generic_to_shared(bar));
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        " selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(b), "r"(parity)
+        : "memory");
+  } while (!done);
+#endif
+}
+// One bulk copy (the Hopper copy engine) of `bytes` (a multiple of 16, both
+// addresses 16-byte aligned) that completes `bytes` of the mbarrier's
+// transaction count.
+__device__ __forceinline__ void BulkCopy(void* dst, const void* src, uint32_t bytes,
+                                         uint64_t* bar) {
+#if __CUDA_ARCH__ >= 900
+  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  const uint32_t b = static_cast<uint32_t>(__cvta_generic_to_shared(bar));
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
+          "r"(d),
+      "l"(src), "r"(bytes), "r"(b)
+      : "memory");
+#endif
+}
+
+template <int HD, int GP, bool K8, bool V8, bool BF16, int MODE>
 __global__ void __launch_bounds__(kThreads, GP <= 4 ? 4 : 2)
     AttnPartialKernel(const __grid_constant__ AttnParams p) {
   using G_ = Geometry<HD, GP, K8, V8>;
   constexpr int TG = G_::TG, NG = G_::NG, U = G_::U, N = G_::N, CF = G_::CF;
-  constexpr int kStages = G_::STAGES;
+  constexpr int WT = G_::WT, WS = G_::WSTAGES;
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ int32_t s_block[kMaxPart + 1];
   __shared__ __align__(16) float s_p[kWarps][NG * N];  // probabilities (x V scale)
   __shared__ __align__(16) float s_alpha[kWarps][GP];  // per-head rescale of this tile
+  __shared__ __align__(8) uint64_t s_bar[MODE == kModeBulk ? kWarps * WS : 1];
 
+#if __CUDA_ARCH__ < 900
+  if constexpr (MODE == kModeBulk) {
+    __trap();  // never launched: the launcher checks the code's architecture
+  } else
+#endif
+  {
   const PagedKvLayout& c = p.cache;
   // kv head fastest: the CTAs of all kv heads of one (sequence, partition)
   // run side by side and read neighbouring rows of the same cache blocks.
@@ -205,6 +276,10 @@ __global__ void __launch_bounds__(kThreads, GP <= 4 ? 4 : 2)
   const int nblk = ((t_begin + n - 1) >> shift) - first_blk + 1;
   const int32_t* table = p.block_table + uint64_t{b} * p.max_blocks_per_seq + first_blk;
   for (int i = tid; i < nblk; i += kThreads) s_block[i] = __ldg(table + i);
+  uint64_t* bar = s_bar + (MODE == kModeBulk ? warp * WS : 0);
+  if constexpr (MODE == kModeBulk) {
+    if (lane < WS) MbarInit(bar + lane, 1);
+  }
 
   float q[GP][kVec];
   {
@@ -227,61 +302,25 @@ __global__ void __launch_bounds__(kThreads, GP <= 4 ? 4 : 2)
       }
     }
   }
-  __syncthreads();  // s_block
+  __syncthreads();  // s_block, mbarrier initialization
 
   const uint8_t* kbase = static_cast<const uint8_t*>(c.k_layers[p.layer]);
   const uint8_t* vbase = static_cast<const uint8_t*>(c.v_layers[p.layer]);
   const float* kscale = K8 ? c.k_scale_layers[p.layer] : nullptr;
   const float* vscale = V8 ? c.v_scale_layers[p.layer] : nullptr;
-
-  // Producer: every thread issues the same number of 16-byte copies.
-  auto load_tile = [&](int tile, int stage) {
-    uint8_t* st = smem + stage * G_::STAGE;
-    const int t0 = tile * kTile;
-#pragma unroll
-    for (int k = 0; k < kTile * G_::KCH / kThreads; ++k) {
-      const int i = tid + k * kThreads;
-      const int r = i / G_::KCH, col = i % G_::KCH;
-      const bool ok = t0 + r < n;
-      const int abs_t = t_begin + (ok ? t0 + r : 0);
-      const uint32_t blk = s_block[(abs_t >> shift) - first_blk];
-      const uint8_t* src = kbase + int64_t{G_::KB} * c.k_elem(blk, abs_t & bs_mask, kvh, 0);
-      CpAsync16(st + r * G_::KROW + col * 16, src + col * 16, ok);
-    }
-#pragma unroll
-    for (int k = 0; k < kTile * G_::VCH / kThreads; ++k) {
-      const int i = tid + k * kThreads;
-      const int r = i / G_::VCH, col = i % G_::VCH;
-      const bool ok = t0 + r < n;
-      const int abs_t = t_begin + (ok ? t0 + r : 0);
-      const uint32_t blk = s_block[(abs_t >> shift) - first_blk];
-      const uint8_t* src = vbase + int64_t{G_::VB} * c.v_elem(blk, abs_t & bs_mask, kvh, 0);
-      CpAsync16(st + G_::STAGE_K + r * G_::VROW + col * 16, src + col * 16, ok);
-    }
-    if constexpr (K8 || V8) {
-      // Threads [0, kTile) copy K scales, [kTile, 2 kTile) V scales.
-      const int r = tid % kTile;
-      const bool is_v = tid >= kTile;
-      if (tid < 2 * kTile && (is_v ? V8 : K8)) {
-        const bool ok = t0 + r < n;
-        const int abs_t = t_begin + (ok ? t0 + r : 0);
-        const uint32_t blk = s_block[(abs_t >> shift) - first_blk];
-        const float* src = (is_v ? vscale : kscale) + c.scale_index(blk, kvh);
-        CpAsync4(st + G_::STAGE_K + G_::STAGE_V + (is_v ? kTile : 0) * 4 + r * 4, src, ok);
-      }
-    }
+  auto k_src = [&](int t) {  // partition-local token -> its K row
+    const int abs_t = t_begin + t;
+    const uint32_t blk = s_block[(abs_t >> shift) - first_blk];
+    return kbase + int64_t{G_::KB} * c.k_elem(blk, abs_t & bs_mask, kvh, 0);
   };
-
-  const int ntiles = (n + kTile - 1) / kTile;
-#pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < ntiles) load_tile(s, s);
-    CpAsyncCommit();
-  }
+  auto v_src = [&](int t) {
+    const int abs_t = t_begin + t;
+    const uint32_t blk = s_block[(abs_t >> shift) - first_blk];
+    return vbase + int64_t{G_::VB} * c.v_elem(blk, abs_t & bs_mask, kvh, 0);
+  };
 
   // This lane's share after the reduce-scatter: token u_l of its group and
   // q heads (lane % 4) * CF + j, j < CF (Geometry's static_assert).
-  const int tok0 = (warp * NG + grp) * U;  // tile-local index of the group's first token
   const int u_l = lt / 4;
   float m[CF], l[CF];
 #pragma unroll
@@ -295,22 +334,17 @@ __global__ void __launch_bounds__(kThreads, GP <= 4 ? 4 : 2)
 #pragma unroll
     for (int e = 0; e < kVec; ++e) acc[g][e] = 0.0f;
 
-  for (int it = 0; it < ntiles; ++it) {
-    CpAsyncWait<kStages - 2>();
-    __syncthreads();  // tile `it` landed for all; tile it-1's stage is free
-    if (it + kStages - 1 < ntiles) load_tile(it + kStages - 1, (it + kStages - 1) % kStages);
-    CpAsyncCommit();
-
-    const uint8_t* st = smem + (it % kStages) * G_::STAGE;
-    const float* s_ks = reinterpret_cast<const float*>(st + G_::STAGE_K + G_::STAGE_V);
-    const float* s_vs = s_ks + kTile;
-
+  // One tile of this warp: rows tok0 + u (u < U) of the K rows at `ks_rows`
+  // and V rows at `vs_rows` in shared memory; `valid`: whether this lane's
+  // token u_l exists; ks / vs: its FP8 scales (1 for 16-bit sections).
+  auto compute = [&](const uint8_t* k_rows, const uint8_t* v_rows, int tok0, bool valid, float ks,
+                     float vs) {
     // Logits of the group's U tokens for every q head.
     float dot[N];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       float k[kVec];
-      LoadRow8<K8, BF16>(st + (tok0 + u) * G_::KROW + lt * kVec * G_::KB, k);
+      LoadRow8<K8, BF16>(k_rows + (tok0 + u) * G_::KROW + lt * kVec * G_::KB, k);
 #pragma unroll
       for (int g = 0; g < GP; ++g) {
         float d = 0.0f;
@@ -321,9 +355,6 @@ __global__ void __launch_bounds__(kThreads, GP <= 4 ? 4 : 2)
     }
     ReduceScatter<N, TG>(dot, lane);
 
-    const bool valid = it * kTile + tok0 + u_l < n;
-    const float ks = K8 ? s_ks[tok0 + u_l] : 1.0f;
-    const float vs = V8 ? s_vs[tok0 + u_l] : 1.0f;
     bool grew = false;
 #pragma unroll
     for (int j = 0; j < CF; ++j) {
@@ -362,15 +393,175 @@ __global__ void __launch_bounds__(kThreads, GP <= 4 ? 4 : 2)
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       float v[kVec];
-      LoadRow8<V8, BF16>(st + G_::STAGE_K + (tok0 + u) * G_::VROW + lt * kVec * G_::VB, v);
+      LoadRow8<V8, BF16>(v_rows + (tok0 + u) * G_::VROW + lt * kVec * G_::VB, v);
 #pragma unroll
       for (int g = 0; g < GP; ++g)
 #pragma unroll
         for (int e = 0; e < kVec; ++e) acc[g][e] = fmaf(w[u * GP + g], v[e], acc[g][e]);
     }
     __syncwarp();  // s_p / s_alpha are rewritten next tile
+  };
+
+  if constexpr (MODE == kModeCta) {
+    // Producer: every thread issues the same number of 16-byte copies.
+    auto load_tile = [&](int tile, int stage) {
+      uint8_t* st = smem + stage * G_::STAGE;
+      const int t0 = tile * kTile;
+#pragma unroll
+      for (int k = 0; k < kTile * G_::KCH / kThreads; ++k) {
+        const int i = tid + k * kThreads;
+        const int r = i / G_::KCH, col = i % G_::KCH;
+        const bool ok = t0 + r < n;
+        CpAsync16(st + r * G_::KROW + col * 16, k_src(ok ? t0 + r : 0) + col * 16, ok);
+      }
+#pragma unroll
+      for (int k = 0; k < kTile * G_::VCH / kThreads; ++k) {
+        const int i = tid + k * kThreads;
+        const int r = i / G_::VCH, col = i % G_::VCH;
+        const bool ok = t0 + r < n;
+        CpAsync16(st + G_::STAGE_K + r * G_::VROW + col * 16, v_src(ok ? t0 + r : 0) + col * 16,
+                  ok);
+      }
+      if constexpr (K8 || V8) {
+        // Threads [0, kTile) copy K scales, [kTile, 2 kTile) V scales.
+        const int r = tid % kTile;
+        const bool is_v = tid >= kTile;
+        if (tid < 2 * kTile && (is_v ? V8 : K8)) {
+          const bool ok = t0 + r < n;
+          const int abs_t = t_begin + (ok ? t0 + r : 0);
+          const uint32_t blk = s_block[(abs_t >> shift) - first_blk];
+          const float* src = (is_v ? vscale : kscale) + c.scale_index(blk, kvh);
+          CpAsync4(st + G_::STAGE_K + G_::STAGE_V + (is_v ? kTile : 0) * 4 + r * 4, src, ok);
+        }
+      }
+    };
+    constexpr int kStages = G_::STAGES;
+    const int ntiles = (n + kTile - 1) / kTile;
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+      if (s < ntiles) load_tile(s, s);
+      CpAsyncCommit();
+    }
+    const int tok0 = (warp * NG + grp) * U;  // tile-local index of the group's first token
+    for (int it = 0; it < ntiles; ++it) {
+      CpAsyncWait<kStages - 2>();
+      __syncthreads();  // tile `it` landed for all; tile it-1's stage is free
+      if (it + kStages - 1 < ntiles) load_tile(it + kStages - 1, (it + kStages - 1) % kStages);
+      CpAsyncCommit();
+      const uint8_t* st = smem + (it % kStages) * G_::STAGE;
+      const float* s_ks = reinterpret_cast<const float*>(st + G_::STAGE_K + G_::STAGE_V);
+      const float* s_vs = s_ks + kTile;
+      compute(st, st + G_::STAGE_K, tok0, it * kTile + tok0 + u_l < n,
+              K8 ? s_ks[tok0 + u_l] : 1.0f, V8 ? s_vs[tok0 + u_l] : 1.0f);
+    }
+    CpAsyncWait<0>();
+  } else {
+    // Warp w owns rows [(j * kWarps + w) * WT, +WT) of the partition (its
+    // tile j) and runs its own WS-deep pipeline in its slice of `smem`:
+    // no barrier between warps until the merge.
+    uint8_t* wst = smem + warp * WS * G_::WSTAGE;
+    const int nrows = (n + WT - 1) / WT;
+    const int ntw = nrows > warp ? (nrows - warp + kWarps - 1) / kWarps : 0;
+    auto issue = [&](int j, int stage) {
+      const int t0 = (j * kWarps + warp) * WT;
+      uint8_t* st = wst + stage * G_::WSTAGE;
+      if constexpr (MODE == kModeBulk) {
+        // Lanes [0, WT) take K rows, [WT, 2 WT) V rows. A row that directly
+        // follows the previous lane's row in device memory (HND blocks) joins
+        // its run; the lane that starts a run copies all of it in one go.
+        const int r = lane % WT;
+        const bool is_v = lane >= WT;
+        const bool ok = lane < 2 * WT && t0 + r < n;
+        const int rowb = is_v ? G_::VROW : G_::KROW;
+        const uint8_t* src = ok ? (is_v ? v_src(t0 + r) : k_src(t0 + r)) : nullptr;
+        const uint8_t* prev = reinterpret_cast<const uint8_t*>(
+            __shfl_up_sync(0xffffffffu, reinterpret_cast<uint64_t>(src), 1));
+        const bool joins = ok && r > 0 && src == prev + rowb;
+        const uint32_t okm = __ballot_sync(0xffffffffu, ok);
+        const uint32_t jm = __ballot_sync(0xffffffffu, joins);
+        if (lane == 0) {
+          MbarArriveExpectTx(bar + stage, __popc(okm & ((1u << WT) - 1)) * G_::KROW +
+                                              __popc(okm >> WT) * G_::VROW);
+        }
+        __syncwarp();
+        if (ok && !joins) {
+          const uint32_t rows = __ffs(~(jm >> (lane + 1)));  // 1 + rows that join
+          BulkCopy(st + (is_v ? WT * G_::KROW + r * G_::VROW : r * G_::KROW), src, rows * rowb,
+                   bar + stage);
+        }
+      } else {
+#pragma unroll
+        for (int k = 0; k < WT * G_::KCH / 32; ++k) {
+          const int i = lane + k * 32;
+          const int r = i / G_::KCH, col = i % G_::KCH;
+          const bool ok = t0 + r < n;
+          CpAsync16(st + r * G_::KROW + col * 16, k_src(ok ? t0 + r : 0) + col * 16, ok);
+        }
+#pragma unroll
+        for (int k = 0; k < WT * G_::VCH / 32; ++k) {
+          const int i = lane + k * 32;
+          const int r = i / G_::VCH, col = i % G_::VCH;
+          const bool ok = t0 + r < n;
+          CpAsync16(st + WT * G_::KROW + r * G_::VROW + col * 16, v_src(ok ? t0 + r : 0) + col * 16,
+                    ok);
+        }
+      }
+    };
+    // This lane's scales for tile j, loaded a tile ahead (they are not in the pipeline).
+    auto load_scales = [&](int j, float& ks, float& vs) {
+      ks = 1.0f;
+      vs = 1.0f;
+      if constexpr (K8 || V8) {
+        const int t = (j * kWarps + warp) * WT + grp * U + u_l;
+        if (t < n) {
+          const int abs_t = t_begin + t;
+          const int64_t idx = c.scale_index(s_block[(abs_t >> shift) - first_blk], kvh);
+          if constexpr (K8) ks = __ldg(kscale + idx);
+          if constexpr (V8) vs = __ldg(vscale + idx);
+        }
+      }
+    };
+#pragma unroll
+    for (int s = 0; s < WS - 1; ++s) {
+      if (s < ntw) issue(s, s);
+      if constexpr (MODE == kModeWarp) CpAsyncCommit();
+    }
+    float ks_next, vs_next;
+    load_scales(0, ks_next, vs_next);
+    for (int j = 0; j < ntw; ++j) {
+      // Stage (j - 1) % WS was read by tile j - 1, which ended with __syncwarp.
+      if (j + WS - 1 < ntw) issue(j + WS - 1, (j + WS - 1) % WS);
+      const float ks = ks_next, vs = vs_next;
+      if (j + 1 < ntw) load_scales(j + 1, ks_next, vs_next);
+      const int stage = j % WS;
+      uint8_t* st = wst + stage * G_::WSTAGE;
+      const int t0 = (j * kWarps + warp) * WT;
+      if constexpr (MODE == kModeBulk) {
+        MbarWait(bar + stage, (j / WS) & 1);
+        if (t0 + WT > n) {
+          // Rows past the end were not copied: zero them (0 x stale NaN would
+          // poison the sum). Only the warp's last tile; its stage is not reused.
+          constexpr int kChunks = WT * (G_::KCH + G_::VCH);
+          for (int i = lane; i < kChunks; i += 32) {
+            const bool is_v = i >= WT * G_::KCH;
+            const int ii = is_v ? i - WT * G_::KCH : i;
+            const int r = ii / (is_v ? G_::VCH : G_::KCH), col = ii % (is_v ? G_::VCH : G_::KCH);
+            if (t0 + r >= n) {
+              *reinterpret_cast<uint4*>(st + (is_v ? WT * G_::KROW + r * G_::VROW : r * G_::KROW) +
+                                        col * 16) = make_uint4(0, 0, 0, 0);
+            }
+          }
+          __syncwarp();
+        }
+      } else {
+        CpAsyncCommit();
+        CpAsyncWait<WS - 1>();
+        __syncwarp();  // every lane's copies of tile j landed
+      }
+      compute(st, st + WT * G_::KROW, grp * U, t0 + grp * U + u_l < n, ks, vs);
+    }
+    if constexpr (MODE == kModeWarp) CpAsyncWait<0>();
   }
-  CpAsyncWait<0>();
   __syncthreads();  // the pipeline's shared memory is reused below
 
   // Warp state: sums over the lanes that hold the same heads, outputs over
@@ -424,6 +615,7 @@ __global__ void __launch_bounds__(kThreads, GP <= 4 ? 4 : 2)
       p.ws_ml[2 * r + 1] = sum;
     }
   }
+  }
 }
 
 template <int HD, bool BF16>
@@ -463,10 +655,11 @@ absl::Status AllowSharedMemory(const void* kernel, int bytes, std::atomic<uint64
   return absl::OkStatus();
 }
 
-template <int HD, int GP, bool K8, bool V8, bool BF16>
-absl::Status LaunchTyped(const AttnParams& a, uint32_t batch, cudaStream_t stream) {
-  constexpr int kSmem = Geometry<HD, GP, K8, V8>::SMEM;
-  auto* kernel = &AttnPartialKernel<HD, GP, K8, V8, BF16>;
+template <int HD, int GP, bool K8, bool V8, bool BF16, int MODE>
+absl::Status LaunchMode(const AttnParams& a, uint32_t batch, cudaStream_t stream) {
+  using G_ = Geometry<HD, GP, K8, V8>;
+  constexpr int kSmem = MODE == kModeCta ? G_::SMEM : G_::WSMEM;
+  auto* kernel = &AttnPartialKernel<HD, GP, K8, V8, BF16, MODE>;
   static std::atomic<uint64_t> raised{0};  // one per instantiation
   KVTIER_RETURN_IF_ERROR(AllowSharedMemory(reinterpret_cast<const void*>(kernel), kSmem, raised));
   const dim3 grid(a.cache.num_kv_heads, a.parts, batch);
@@ -475,6 +668,51 @@ absl::Status LaunchTyped(const AttnParams& a, uint32_t batch, cudaStream_t strea
   AttnCombineKernel<HD, BF16><<<dim3(a.num_q_heads, batch), HD, 0, stream>>>(a);
   KVTIER_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();
+}
+
+// Whether the current device runs `kernel`'s sm_90 (or later) code, i.e. code
+// with bulk copies, rather than the sm_80 code of the same template (a device
+// without a matching cubin JIT-compiles the compute_80 PTX).
+absl::StatusOr<bool> RunsBulkCode(const void* kernel, std::atomic<uint64_t>& checked,
+                                  std::atomic<uint64_t>& yes) {
+  int dev = 0;
+  KVTIER_CUDA_RETURN_IF_ERROR(cudaGetDevice(&dev));
+  const uint64_t bit = dev < 64 ? uint64_t{1} << dev : 0;
+  if (bit != 0 && (checked.load(std::memory_order_acquire) & bit) != 0) {
+    return (yes.load(std::memory_order_acquire) & bit) != 0;
+  }
+  cudaFuncAttributes attr{};
+  KVTIER_CUDA_RETURN_IF_ERROR(cudaFuncGetAttributes(&attr, kernel));
+  const bool ok = attr.ptxVersion >= 90;
+  if (ok) yes.fetch_or(bit, std::memory_order_acq_rel);
+  checked.fetch_or(bit, std::memory_order_acq_rel);
+  return ok;
+}
+
+// kAuto: the kernel measured fastest on an H100 (kernels/README.md), where
+// the device runs its code; otherwise the warp cp.async pipeline.
+constexpr AttentionKernel kAutoKernel = AttentionKernel::kWarpBulk;
+
+template <int HD, int GP, bool K8, bool V8, bool BF16>
+absl::Status LaunchTyped(const AttnParams& a, uint32_t batch, cudaStream_t stream) {
+  AttentionKernel k = a.kernel == AttentionKernel::kAuto ? kAutoKernel : a.kernel;
+  if (k == AttentionKernel::kWarpBulk) {
+    static std::atomic<uint64_t> checked{0}, yes{0};
+    KVTIER_ASSIGN_OR_RETURN(
+        const bool bulk,
+        RunsBulkCode(reinterpret_cast<const void*>(&AttnPartialKernel<HD, GP, K8, V8, BF16, kModeBulk>),
+                     checked, yes));
+    if (bulk) return LaunchMode<HD, GP, K8, V8, BF16, kModeBulk>(a, batch, stream);
+    if (a.kernel == AttentionKernel::kWarpBulk) {
+      return absl::FailedPreconditionError(
+          "attention: the bulk-copy kernel needs sm_90a code for this device");
+    }
+    k = AttentionKernel::kWarpPipeline;
+  }
+  if (k == AttentionKernel::kCtaPipeline) {
+    return LaunchMode<HD, GP, K8, V8, BF16, kModeCta>(a, batch, stream);
+  }
+  return LaunchMode<HD, GP, K8, V8, BF16, kModeWarp>(a, batch, stream);
 }
 
 template <int HD, int GP>
@@ -553,6 +791,11 @@ absl::StatusOr<AttnParams> PrepareAttention(const PagedKvLayout& cache,
   a.layer = p.layer;
   a.bs_shift = static_cast<uint32_t>(__builtin_ctz(bs));
   a.q_scale = p.sm_scale * kLog2e;
+  if (p.kernel != AttentionKernel::kAuto && p.kernel != AttentionKernel::kCtaPipeline &&
+      p.kernel != AttentionKernel::kWarpPipeline && p.kernel != AttentionKernel::kWarpBulk) {
+    return absl::InvalidArgumentError("attention: unknown kernel choice");
+  }
+  a.kernel = p.kernel;
   return a;
 }
 

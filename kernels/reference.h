@@ -54,6 +54,17 @@ absl::Status ReferenceDecodeScatter(std::span<const uint8_t> chunk, const PagedK
 // block_table [batch][max_blocks_per_seq]; seq_lens [batch]; output the same
 // shape as q. num_q_heads is a multiple of the cache's num_kv_heads (GQA:
 // q head h reads kv head h / (num_q_heads / num_kv_heads)).
+// GPU kernel only: which partial-attention kernel PagedDecodeAttention runs.
+// All compute the same function (same arithmetic, same rounding); they differ
+// in how K/V rows reach shared memory. For benchmarks and tests.
+enum class AttentionKernel : uint8_t {
+  kAuto = 0,      // the fastest measured on the device (kernels/README.md)
+  kCtaPipeline,   // cp.async tiles shared by the CTA's warps, a CTA barrier per tile
+  kWarpPipeline,  // each warp its own cp.async pipeline over its own rows, no CTA barrier
+  kWarpBulk,      // as kWarpPipeline with bulk copies completing on mbarriers (sm_90a
+                  // code only; FailedPrecondition where the device runs other code)
+};
+
 struct DecodeAttentionParams {
   const void* q = nullptr;               // device (kernel) / host (reference)
   codec::DType q_dtype = codec::DType::kBF16;  // also the output dtype
@@ -74,6 +85,8 @@ struct DecodeAttentionParams {
   // shape (DecodeAttentionPartitionTokens). The result does not depend on it
   // beyond rounding. Default: 0.
   uint32_t partition_tokens = 0;
+  // GPU kernel only: see AttentionKernel. Default: kAuto.
+  AttentionKernel kernel = AttentionKernel::kAuto;
 };
 
 // Host-side validation shared by the kernel launcher and the reference.
