@@ -9,12 +9,13 @@ export LD_LIBRARY_PATH=$PWD${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv >"$OUT/gpu.txt" 2>&1
 rc=0
 for t in kernels_ref_test kernels_launch_test kernels_gpu_test; do
-  ./$t --gtest_output=json:"$OUT/$t.json" >"$OUT/$t.log" 2>&1 || rc=1
+  # A hung kernel (e.g. a barrier never completing) fails its step, not the run.
+  timeout 300 ./$t --gtest_output=json:"$OUT/$t.json" >"$OUT/$t.log" 2>&1 || rc=1
   tail -n 3 "$OUT/$t.log"
 done
-./kernel_codec_bench "$OUT/codec.json" 2>&1 | tee "$OUT/bench.log" || rc=1
+timeout 300 ./kernel_codec_bench "$OUT/codec.json" 2>&1 | tee "$OUT/bench.log" || rc=1
 if [[ -x ./kernel_attention_bench ]]; then
-  ./kernel_attention_bench "$OUT/attention.json" 2>&1 | tee -a "$OUT/bench.log" || rc=1
+  timeout 420 ./kernel_attention_bench "$OUT/attention.json" 2>&1 | tee -a "$OUT/bench.log" || rc=1
 fi
 PYTHONUNBUFFERED=1 python3 kernel_sdpa_bench.py "$OUT/sdpa.json" 2>&1 | tee -a "$OUT/bench.log" || rc=1
 python3 kernel_merge_results.py "$OUT" || rc=1
