@@ -12,6 +12,7 @@
 #include "client/kvtier_client_internal.h"
 #include "codec/prefix_key.h"
 #include "common/status.h"
+#include "server/chunk_check.h"
 
 namespace kvtier::client {
 
@@ -95,6 +96,8 @@ class PoolMapping {
   }
   ~PoolMapping() { ::munmap(base_, size_); }
 
+  std::span<uint8_t> all() const { return std::span<uint8_t>(base_, size_); }
+
   // The mapped range of an extent the daemon named; never trusted blindly.
   absl::StatusOr<std::span<uint8_t>> Range(const pb::ShmExtent& e) const {
     if (e.offset() > size_ || e.length() > size_ - e.offset()) {
@@ -153,7 +156,8 @@ class ClientImpl final : public KvtierClient {
                    const PutOptions& options) override {
     if (pool_) {
       KVTIER_ASSIGN_OR_RETURN(WritableSlot slot, AllocateSlot(chunk.size()));
-      std::memcpy(slot.data.data(), chunk.data(), chunk.size());
+      // In pieces, so the bytes are still in cache when the daemon checks them.
+      server::CopyInPieces(slot.data, chunk);
       return CommitSlot(slot, key, options);
     }
     pb::PutRequest req;
@@ -275,48 +279,88 @@ class ClientImpl final : public KvtierClient {
   // Into `out` (span) or `vec` (resized).
   absl::StatusOr<std::pair<uint64_t, Tier>> GetImpl(const Hash128& key, std::span<uint8_t>* out,
                                                     std::vector<uint8_t>* vec) {
+    if (!pool_) {
+      pb::GetRequest req;
+      req.set_version(kProtocolVersion);
+      req.set_key(KeyBytes(key));
+      req.set_mode(pb::GET_MODE_INLINE);
+      pb::GetResponse resp;
+      KVTIER_RETURN_IF_ERROR(Call(&pb::Kvtier::StubInterface::Get, req, &resp));
+      const std::string& b = resp.inline_chunk();
+      if (out != nullptr) {
+        if (out->size() < b.size()) return TooSmall(out->size(), b.size());
+        std::memcpy(out->data(), b.data(), b.size());
+      } else {
+        vec->assign(b.begin(), b.end());
+      }
+      return std::make_pair(static_cast<uint64_t>(b.size()), FromProto(resp.tier()));
+    }
+    // Shared memory: copy out of the pool and check the copy in one pass. On
+    // a mismatch the daemon verifies the stored chunk (and drops it if it is
+    // corrupt); if it finds it whole (the bytes changed under the copy), one
+    // more try.
+    bool verify = false;
+    for (int attempt = 0;; ++attempt) {
+      KVTIER_ASSIGN_OR_RETURN(HeldChunk held, Hold(key, verify));
+      std::span<uint8_t> dst;
+      absl::Status st;
+      if (out != nullptr) {
+        if (out->size() < held.data.size()) st = TooSmall(out->size(), held.data.size());
+        dst = *out;
+      } else {
+        vec->resize(held.data.size());
+        dst = std::span<uint8_t>(*vec);
+      }
+      absl::Status check;
+      if (st.ok()) check = server::CopyVerified(dst, held.data).status();
+      absl::Status u = Unhold(held);
+      if (!st.ok()) return st;
+      if (check.ok()) {
+        if (!u.ok()) return u;
+        return std::make_pair(static_cast<uint64_t>(held.data.size()), held.tier);
+      }
+      if (attempt == 1) {
+        return absl::DataLossError(absl::StrCat("chunk ", key.ToHex(), " changed while read: ",
+                                                check.message()));
+      }
+      verify = true;
+    }
+  }
+
+  static absl::Status TooSmall(size_t have, size_t need) {
+    return absl::InvalidArgumentError(absl::StrCat("buffer of ", have, " bytes; the chunk is ", need));
+  }
+
+  absl::StatusOr<HeldChunk> Hold(const Hash128& key, bool verify) override {
+    if (!pool_) return absl::FailedPreconditionError("no shared-memory pool mapped");
     pb::GetRequest req;
     req.set_version(kProtocolVersion);
     req.set_key(KeyBytes(key));
-    req.set_mode(pool_ ? pb::GET_MODE_SHM : pb::GET_MODE_INLINE);
+    req.set_mode(pb::GET_MODE_SHM);
+    req.set_verify(verify);
     pb::GetResponse resp;
     KVTIER_RETURN_IF_ERROR(Call(&pb::Kvtier::StubInterface::Get, req, &resp));
-    std::span<const uint8_t> src;
-    if (pool_) {
-      auto r = pool_->Range(resp.extent());
-      if (!r.ok()) {
-        (void)Unhold(resp);
-        return r.status();
-      }
-      src = *r;
-    } else {
-      src = std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(resp.inline_chunk().data()),
-                                     resp.inline_chunk().size());
+    HeldChunk h;
+    h.tier = FromProto(resp.tier());
+    h.lease_id = resp.lease_id();
+    h.scratch_slot_id = resp.scratch_slot_id();
+    auto r = pool_->Range(resp.extent());
+    if (!r.ok()) {
+      (void)Unhold(h);
+      return r.status();
     }
-    absl::Status st;
-    if (out != nullptr) {
-      if (out->size() < src.size()) {
-        st = absl::InvalidArgumentError(absl::StrCat("buffer of ", out->size(),
-                                                     " bytes; the chunk is ", src.size()));
-      } else {
-        std::memcpy(out->data(), src.data(), src.size());
-      }
-    } else {
-      vec->assign(src.begin(), src.end());
-    }
-    if (pool_) {
-      absl::Status u = Unhold(resp);
-      if (st.ok()) st = u;
-    }
-    if (!st.ok()) return st;
-    return std::make_pair(static_cast<uint64_t>(src.size()), FromProto(resp.tier()));
+    h.data = *r;
+    return h;
   }
 
-  // Ends the hold a shared-memory get took (lease or scratch slot).
-  absl::Status Unhold(const pb::GetResponse& resp) {
-    if (resp.lease_id() != 0) return Release(resp.lease_id());
-    if (resp.scratch_slot_id() != 0) return AbortSlot(WritableSlot{resp.scratch_slot_id(), {}});
+  absl::Status Unhold(const HeldChunk& h) override {
+    if (h.lease_id != 0) return Release(h.lease_id);
+    if (h.scratch_slot_id != 0) return AbortSlot(WritableSlot{h.scratch_slot_id, {}});
     return absl::OkStatus();
+  }
+
+  std::span<uint8_t> mapped_pool() const override {
+    return pool_ ? pool_->all() : std::span<uint8_t>();
   }
 
   std::shared_ptr<grpc::Channel> channel_;

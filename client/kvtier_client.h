@@ -79,10 +79,24 @@ struct DaemonStats {
 };
 
 // A slot of the daemon's pool reserved for one chunk; write the chunk into
-// `data` (e.g. from a GPU kernel through the mapping), then CommitSlot.
+// `data` (e.g. from a GPU kernel through the mapping), then CommitSlot. The
+// daemon verifies the bytes once, at commit. After CommitSlot or AbortSlot
+// the slot is no longer the client's: a later write through `data` corrupts
+// a stored chunk, which the next reader detects (DataLoss, chunk dropped).
 struct WritableSlot {
   uint64_t id = 0;
   std::span<uint8_t> data;
+};
+
+// A chunk read in place in the daemon's pool (zero-copy), held until Unhold:
+// either the chunk itself is pinned (lease_id) or the daemon copied it into a
+// scratch slot (scratch_slot_id). The daemon verified the bytes at put; Hold
+// with `verify` makes it check them again before answering.
+struct HeldChunk {
+  std::span<const uint8_t> data;
+  Tier tier = Tier::kUnknown;
+  uint64_t lease_id = 0;
+  uint64_t scratch_slot_id = 0;
 };
 
 class KvtierClient {
@@ -118,13 +132,24 @@ class KvtierClient {
                                   const PutOptions& options = {}) = 0;
   virtual absl::Status AbortSlot(const WritableSlot& slot) = 0;
 
-  // The chunk's bytes. NotFound on a miss, DataLoss if the daemon found it
-  // corrupt.
+  // The chunk's bytes. NotFound on a miss, DataLoss if the chunk is corrupt.
+  // Through shared memory the client checks the checksums of the bytes it
+  // copies, in the same pass as the copy; on a mismatch it asks the daemon to
+  // verify the stored chunk, which drops it (DataLoss).
   virtual absl::StatusOr<std::vector<uint8_t>> Get(const Hash128& key) = 0;
   // Copies the chunk into `out` and returns its length and tier.
   // InvalidArgument if `out` is too small.
   virtual absl::StatusOr<std::pair<uint64_t, Tier>> GetInto(const Hash128& key,
                                                             std::span<uint8_t> out) = 0;
+
+  // Shared memory only (FailedPrecondition otherwise): the chunk's bytes in
+  // the pool, valid until Unhold (or until the hold's lease expires).
+  // NotFound on a miss; DataLoss when `verify` finds the chunk corrupt.
+  virtual absl::StatusOr<HeldChunk> Hold(const Hash128& key, bool verify = false) = 0;
+  virtual absl::Status Unhold(const HeldChunk& chunk) = 0;
+  // The client's read-write mapping of the whole pool (empty without shared
+  // memory): for registering it with a device (cudaHostRegister).
+  virtual std::span<uint8_t> mapped_pool() const = 0;
 
   virtual absl::Status Delete(const Hash128& key) = 0;
   // True if every present key reached DRAM within `deadline_ms`.

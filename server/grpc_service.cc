@@ -185,7 +185,7 @@ grpc::Status GrpcAdapter::Get(grpc::ServerContext* ctx, const pb::GetRequest* re
       default: return absl::InvalidArgumentError(absl::StrCat("unknown get mode ", req->mode()));
     }
     KVTIER_ASSIGN_OR_RETURN(GetResult r,
-                            service_->Get(key, mode, req->slot_id(), req->lease_ms()));
+                            service_->Get(key, mode, req->slot_id(), req->lease_ms(), req->verify()));
     resp->set_tier(ToProto(r.tier));
     resp->set_chunk_bytes(r.chunk_bytes);
     if (mode == GetMode::kCopy) {

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "codec/chunk.h"
 #include "common/status.h"
+#include "server/chunk_check.h"
 
 namespace kvtier::server {
 
@@ -33,7 +34,7 @@ absl::Status KvService::Put(const PutArgs& args, std::span<const uint8_t> chunk)
     return absl::InvalidArgumentError(absl::StrCat("chunk of ", chunk.size(),
                                                    " bytes; the limit is ", limits_.max_chunk_bytes));
   }
-  KVTIER_RETURN_IF_ERROR(codec::VerifyChunk(chunk).status());
+  KVTIER_RETURN_IF_ERROR(VerifyChunkParallel(chunk).status());
   tiering::PutOptions po;
   po.durable = args.durable;
   po.tier = args.tier;
@@ -86,10 +87,11 @@ absl::Status KvService::CommitSlot(const PutArgs& args, uint64_t slot_id) {
   if (dram == nullptr) return absl::FailedPreconditionError("no DRAM tier: no shared-memory slots");
   auto ext = FindSlot(slot_id, /*remove=*/true);
   if (!ext.ok()) return absl::NotFoundError(absl::StrCat("slot ", slot_id, " unknown or expired"));
-  // The checksums are verified on the bytes in the pool, before the engine
-  // makes them an object (it checks the header and the length).
+  // The one check of these bytes: on the pool, before the engine makes them
+  // an object (it checks the header and the length). Later shared-memory gets
+  // do not read them again (the reader checks what it copies).
   absl::Status st =
-      codec::VerifyChunk(std::span<const uint8_t>(dram->base() + ext->offset, ext->length)).status();
+      VerifyChunkParallel(std::span<const uint8_t>(dram->base() + ext->offset, ext->length)).status();
   if (!st.ok()) {
     absl::Status aborted = engine_->AbortSlot(slot_id);
     if (absl::IsNotFound(aborted)) {
@@ -104,7 +106,7 @@ absl::Status KvService::CommitSlot(const PutArgs& args, uint64_t slot_id) {
 }
 
 absl::Status KvService::VerifyStored(const Hash128& key, std::span<const uint8_t> bytes) {
-  absl::Status st = codec::VerifyChunk(bytes).status();
+  absl::Status st = VerifyChunkParallel(bytes).status();
   if (st.ok()) return st;
   (void)engine_->Delete(key);
   return absl::DataLossError(absl::StrCat("stored chunk ", key.ToHex(), " is corrupt (dropped): ",
@@ -112,7 +114,7 @@ absl::Status KvService::VerifyStored(const Hash128& key, std::span<const uint8_t
 }
 
 absl::StatusOr<GetResult> KvService::Get(const Hash128& key, GetMode mode, uint64_t slot_id,
-                                         uint32_t lease_ms) {
+                                         uint32_t lease_ms, bool verify) {
   GetResult r;
   tiering::DramTier* dram = engine_->dram();
   if (mode != GetMode::kCopy && dram == nullptr) {
@@ -129,12 +131,14 @@ absl::StatusOr<GetResult> KvService::Get(const Hash128& key, GetMode mode, uint6
     r.chunk_bytes = loc->chunk_bytes;
     if (loc->parts.size() == 1 && loc->parts[0].dram_slot) {
       const tiering::PoolExtent& e = *loc->parts[0].dram_slot;
-      absl::Status st = codec::VerifyChunk(std::span<const uint8_t>(dram->base() + e.offset,
-                                                                    loc->chunk_bytes)).status();
-      if (!st.ok()) {
-        (void)engine_->Release(lease->id);
-        return VerifyStored(key, std::span<const uint8_t>(dram->base() + e.offset,
-                                                          loc->chunk_bytes));
+      // Zero-copy: the bytes were verified at put. On request (a reader
+      // found a mismatch) they are checked here and a corrupt chunk dropped.
+      if (verify) {
+        std::span<const uint8_t> bytes(dram->base() + e.offset, loc->chunk_bytes);
+        if (!VerifyChunkParallel(bytes).ok()) {
+          (void)engine_->Release(lease->id);
+          return VerifyStored(key, bytes);
+        }
       }
       r.tier = TierKind::kDram;
       r.extent = tiering::PoolExtent{e.offset, loc->chunk_bytes};
@@ -225,7 +229,7 @@ absl::StatusOr<uint64_t> KvService::FlushDramToNvme() {
     if (nvme->used_bytes() + len + 4096 > nvme->capacity_bytes()) continue;
     buf.resize(len);
     if (!dram->Read(id, buf).ok()) continue;  // deleted meanwhile
-    if (!codec::VerifyChunk(buf).ok()) continue;  // never persist corrupt bytes
+    if (!VerifyChunkParallel(buf).ok()) continue;  // never persist corrupt bytes
     tiering::PutOptions po;
     po.durable = true;
     absl::Status st = engine_->Put(id.key, buf, po);

@@ -3,9 +3,13 @@
 // messages to these calls; tests call it directly.
 //
 // Every input is validated here: key counts against the limits, chunk bytes
-// with codec::VerifyChunk (header, lengths, both section checksums) before
-// anything is stored, and chunk bytes again before a get hands them out (a
-// chunk corrupted in the shared-memory pool is dropped, DataLoss).
+// with VerifyChunkParallel (header, lengths, both section checksums) before
+// anything is stored. A chunk is verified once, when it is stored; gets that
+// copy bytes out of a tier (inline, into a slot, NVMe into a scratch slot)
+// verify what they copied. A shared-memory get of a chunk whole in DRAM hands
+// out the extent without reading it: the reader (libkvtier) checks the bytes
+// as it copies them, and asks again with `verify` on a mismatch, which makes
+// the daemon check the stored bytes and drop a corrupt chunk (DataLoss).
 //
 // Thread-safe: the engine is thread-safe; the service's own table of the
 // slots it handed out is guarded by a mutex.
@@ -99,9 +103,10 @@ class KvService {
   // copy when the chunk is not whole in DRAM. kSlot: copied into `slot_id`
   // (InvalidArgument if the slot is too small; NotFound if unknown).
   // NotFound on a miss; DataLoss if the stored bytes are corrupt (the chunk
-  // is dropped).
+  // is dropped). kShm of a chunk whole in DRAM reads no chunk bytes unless
+  // `verify` is set.
   absl::StatusOr<GetResult> Get(const Hash128& key, GetMode mode, uint64_t slot_id = 0,
-                                uint32_t lease_ms = 0);
+                                uint32_t lease_ms = 0, bool verify = false);
 
   absl::Status Delete(const Hash128& key);
   // Promotes NVMe-only keys to DRAM. Waits up to `deadline_ms` (clamped);

@@ -4,6 +4,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/chunk_check.h"
 #include "server/grpc_service.h"
 #include "server/http_metrics.h"
 #include "server/metrics.h"
@@ -134,15 +135,55 @@ TEST_F(ServiceTest, ShmGetPinsTheChunkUntilReleased) {
   EXPECT_TRUE(service_->Delete(TestKey(30)).ok());
 }
 
-TEST_F(ServiceTest, BytesCorruptedInThePoolAfterCommitAreDataLossOnGet) {
+TEST_F(ServiceTest, BytesCorruptedInThePoolAfterCommitAreDataLossOnVerifiedGet) {
   auto chunk = MakeChunk(31);
   auto slot = service_->AllocateSlot(chunk.size(), 0);
   ASSERT_TRUE(slot.ok());
   std::copy(chunk.begin(), chunk.end(), Pool(slot->extent).begin());
   ASSERT_TRUE(service_->CommitSlot({TestKey(31)}, slot->id).ok());
   Pool(slot->extent)[500] ^= 0xff;  // a client writing into a slot it no longer owns
-  EXPECT_EQ(service_->Get(TestKey(31), GetMode::kShm).status().code(), absl::StatusCode::kDataLoss);
+  // A plain shared-memory get hands out the extent without reading it (the
+  // reader checks what it copies)...
+  auto r = service_->Get(TestKey(31), GetMode::kShm, 0, 10000);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE(service_->Release(r->lease_id).ok());
+  // ...and the reader's follow-up with verify finds the damage and drops it.
+  EXPECT_EQ(service_->Get(TestKey(31), GetMode::kShm, 0, 0, /*verify=*/true).status().code(),
+            absl::StatusCode::kDataLoss);
   EXPECT_EQ(service_->Get(TestKey(31), GetMode::kCopy).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(ServiceTest, CopyOutOfThePoolVerifiesWhatItCopies) {
+  auto chunk = MakeChunk(33);
+  ASSERT_TRUE(service_->Put({TestKey(33)}, chunk).ok());
+  Pool(*engine_->Locate(TestKey(33))->parts[0].dram_slot)[700] ^= 1;
+  EXPECT_EQ(service_->Get(TestKey(33), GetMode::kCopy).status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(service_->Get(TestKey(33), GetMode::kCopy).status().code(), absl::StatusCode::kNotFound);
+}
+
+// The data-plane checks agree with the codec's on every byte (chunks large
+// enough for the two-thread path, and small ones).
+TEST(ChunkCheck, AgreesWithTheCodecAndFindsEveryCorruption) {
+  for (uint32_t tokens : {16u, 256u}) {
+    auto chunk = MakeChunk(40 + tokens, tokens, 4, 8, 128);
+    EXPECT_EQ(FastChecksum64(chunk), Checksum64(chunk));
+    ASSERT_TRUE(VerifyChunkParallel(chunk).ok());
+    std::vector<uint8_t> dst(chunk.size() + 8);
+    auto h = CopyVerified(dst, chunk);
+    ASSERT_TRUE(h.ok()) << h.status();
+    EXPECT_TRUE(std::equal(chunk.begin(), chunk.end(), dst.begin()));
+    for (size_t at : {size_t{0}, size_t{130}, chunk.size() / 2, chunk.size() - 1}) {
+      auto bad = chunk;
+      bad[at] ^= 0x10;
+      absl::StatusCode want = codec::VerifyChunk(bad).status().code();
+      ASSERT_NE(want, absl::StatusCode::kOk);
+      EXPECT_EQ(VerifyChunkParallel(bad).status().code(), want) << at;
+      EXPECT_EQ(CopyVerified(dst, bad).status().code(), want) << at;
+    }
+    auto shortc = std::span<const uint8_t>(chunk).first(chunk.size() - 1);
+    EXPECT_EQ(VerifyChunkParallel(shortc).status().code(), absl::StatusCode::kDataLoss);
+    EXPECT_EQ(CopyVerified(dst, shortc).status().code(), absl::StatusCode::kDataLoss);
+  }
 }
 
 TEST_F(ServiceTest, GetIntoClientSlotCopiesAndChecksItsSize) {

@@ -1,0 +1,96 @@
+#include "server/chunk_check.h"
+
+#include <algorithm>
+#include <cstring>
+#include <future>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+
+#define XXH_STATIC_LINKING_ONLY
+#include "xxh_x86dispatch.h"
+#include "xxhash.h"
+
+namespace kvtier::server {
+
+namespace {
+
+// Pieces small enough to stay in L2 between the copy and the hash.
+constexpr size_t kPieceBytes = size_t{256} << 10;
+// Below this a second thread costs more than it saves.
+constexpr size_t kParallelMinBytes = size_t{2} << 20;
+
+absl::Status Mismatch(const char* name, uint64_t want, uint64_t got) {
+  return absl::DataLossError(absl::StrCat(name, "_checksum: stored 0x", absl::Hex(want),
+                                          ", computed 0x", absl::Hex(got)));
+}
+
+absl::Status CheckLength(const codec::ChunkHeader& h, size_t size) {
+  if (size != h.layout.total_bytes) {
+    return absl::DataLossError(absl::StrCat("length: chunk is ", size, " bytes, header says ",
+                                            h.layout.total_bytes));
+  }
+  return absl::OkStatus();
+}
+
+// The part of [lo, hi) inside [begin, begin + len), as (offset, length).
+std::pair<size_t, size_t> Overlap(size_t lo, size_t hi, size_t begin, size_t len) {
+  size_t a = std::max(lo, begin), b = std::min(hi, begin + len);
+  return a < b ? std::make_pair(a, b - a) : std::make_pair(a, size_t{0});
+}
+
+}  // namespace
+
+uint64_t FastChecksum64(std::span<const uint8_t> data) {
+  return XXH3_64bits_dispatch(data.data(), data.size());
+}
+
+absl::StatusOr<codec::ChunkHeader> VerifyChunkParallel(std::span<const uint8_t> chunk) {
+  KVTIER_ASSIGN_OR_RETURN(codec::ChunkHeader h, codec::ParseHeader(chunk));
+  KVTIER_RETURN_IF_ERROR(CheckLength(h, chunk.size()));
+  auto k = chunk.subspan(h.layout.k_offset, h.layout.k.bytes);
+  auto v = chunk.subspan(h.layout.v_offset, h.layout.v.bytes);
+  uint64_t vsum = 0;
+  std::future<uint64_t> vf;
+  if (k.size() >= kParallelMinBytes && v.size() >= kParallelMinBytes) {
+    vf = std::async(std::launch::async, [v] { return FastChecksum64(v); });
+  }
+  uint64_t ksum = FastChecksum64(k);
+  vsum = vf.valid() ? vf.get() : FastChecksum64(v);
+  if (ksum != h.k_checksum) return Mismatch("k", h.k_checksum, ksum);
+  if (vsum != h.v_checksum) return Mismatch("v", h.v_checksum, vsum);
+  return h;
+}
+
+void CopyInPieces(std::span<uint8_t> dst, std::span<const uint8_t> src) {
+  for (size_t o = 0; o < src.size(); o += kPieceBytes) {
+    std::memcpy(dst.data() + o, src.data() + o, std::min(kPieceBytes, src.size() - o));
+  }
+}
+
+absl::StatusOr<codec::ChunkHeader> CopyVerified(std::span<uint8_t> dst,
+                                                std::span<const uint8_t> src) {
+  const size_t head = std::min<size_t>(src.size(), codec::kHeaderSize);
+  std::memcpy(dst.data(), src.data(), head);
+  // Parsed from the copy: the header that is checked is the one delivered.
+  KVTIER_ASSIGN_OR_RETURN(codec::ChunkHeader h,
+                          codec::ParseHeader(std::span<const uint8_t>(dst.data(), head)));
+  KVTIER_RETURN_IF_ERROR(CheckLength(h, src.size()));
+  XXH3_state_t ks, vs;
+  XXH3_64bits_reset(&ks);
+  XXH3_64bits_reset(&vs);
+  for (size_t o = head; o < src.size(); o += kPieceBytes) {
+    const size_t n = std::min(kPieceBytes, src.size() - o);
+    std::memcpy(dst.data() + o, src.data() + o, n);
+    auto [ko, kn] = Overlap(o, o + n, h.layout.k_offset, h.layout.k.bytes);
+    if (kn) XXH3_64bits_update_dispatch(&ks, dst.data() + ko, kn);
+    auto [vo, vn] = Overlap(o, o + n, h.layout.v_offset, h.layout.v.bytes);
+    if (vn) XXH3_64bits_update_dispatch(&vs, dst.data() + vo, vn);
+  }
+  uint64_t ksum = XXH3_64bits_digest(&ks), vsum = XXH3_64bits_digest(&vs);
+  if (ksum != h.k_checksum) return Mismatch("k", h.k_checksum, ksum);
+  if (vsum != h.v_checksum) return Mismatch("v", h.v_checksum, vsum);
+  return h;
+}
+
+}  // namespace kvtier::server

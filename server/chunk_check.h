@@ -1,0 +1,46 @@
+// Chunk checks of the shared-memory data plane, shared by kvtierd and
+// libkvtier: the chunk checksum (XXH3-64, codec::VerifyChunk's) computed with
+// libxxhash's run-time dispatch (AVX2 / AVX-512 where the CPU has them; the
+// values are those of common/hash.h Checksum64, only faster), a VerifyChunk
+// that hashes the K and V sections on two threads, and a copy that verifies
+// the bytes it delivers in the same pass.
+//
+// Every function treats its input bytes as hostile, like codec/chunk.h, and
+// answers with VerifyChunk's codes: InvalidArgument for a malformed header,
+// DataLoss for a checksum or length mismatch.
+#ifndef KVTIER_SERVER_CHUNK_CHECK_H_
+#define KVTIER_SERVER_CHUNK_CHECK_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "absl/status/statusor.h"
+#include "codec/chunk.h"
+
+namespace kvtier::server {
+
+// XXH3-64 with seed 0 of `data`; equal to kvtier::Checksum64(data).
+uint64_t FastChecksum64(std::span<const uint8_t> data);
+
+// codec::VerifyChunk, with the V section hashed on a second thread when both
+// sections are large enough to pay for it (the daemon's one pass over a
+// chunk, at commit).
+absl::StatusOr<codec::ChunkHeader> VerifyChunkParallel(std::span<const uint8_t> chunk);
+
+// Copies `src` into `dst` in pieces of a few hundred KiB with plain stores,
+// so that the bytes are still in cache for whoever reads them next (the
+// daemon's check at commit). REQUIRES: dst.size() >= src.size().
+void CopyInPieces(std::span<uint8_t> dst, std::span<const uint8_t> src);
+
+// Copies the chunk `src` into `dst` and checks the copy: the header is
+// parsed from the copied bytes and each piece is hashed right after it is
+// copied, while it is in cache, so the check costs little beyond the copy and
+// covers exactly the bytes delivered. REQUIRES: dst.size() >= src.size().
+// On an error the contents of `dst` are unspecified.
+absl::StatusOr<codec::ChunkHeader> CopyVerified(std::span<uint8_t> dst,
+                                                std::span<const uint8_t> src);
+
+}  // namespace kvtier::server
+
+#endif  // KVTIER_SERVER_CHUNK_CHECK_H_
