@@ -689,9 +689,12 @@ absl::StatusOr<bool> RunsBulkCode(const void* kernel, std::atomic<uint64_t>& che
   return ok;
 }
 
-// kAuto: the kernel measured fastest on an H100 (kernels/README.md), where
-// the device runs its code; otherwise the warp cp.async pipeline.
-constexpr AttentionKernel kAutoKernel = AttentionKernel::kWarpBulk;
+// kAuto: the kernel measured fastest on an H100 (run 4a, kernels/README.md):
+// the CTA pipeline. The warp pipelines (cp.async or bulk copies) removed the
+// per-tile CTA barrier and the consumers' copy issue, and were no faster
+// (bulk copies of single 128-256 B NHD rows were slower), so neither was the
+// bottleneck.
+constexpr AttentionKernel kAutoKernel = AttentionKernel::kCtaPipeline;
 
 template <int HD, int GP, bool K8, bool V8, bool BF16>
 absl::Status LaunchTyped(const AttnParams& a, uint32_t batch, cudaStream_t stream) {

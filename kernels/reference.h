@@ -58,7 +58,7 @@ absl::Status ReferenceDecodeScatter(std::span<const uint8_t> chunk, const PagedK
 // All compute the same function (same arithmetic, same rounding); they differ
 // in how K/V rows reach shared memory. For benchmarks and tests.
 enum class AttentionKernel : uint8_t {
-  kAuto = 0,      // the fastest measured on the device (kernels/README.md)
+  kAuto = 0,      // the fastest measured on an H100 (kernels/README.md): kCtaPipeline
   kCtaPipeline,   // cp.async tiles shared by the CTA's warps, a CTA barrier per tile
   kWarpPipeline,  // each warp its own cp.async pipeline over its own rows, no CTA barrier
   kWarpBulk,      // as kWarpPipeline with bulk copies completing on mbarriers (sm_90a
