@@ -33,6 +33,10 @@
 //   its 8 dims. At the end the warps' states are merged in shared memory and
 //   the partition's (max, sum, unnormalized output) goes to the workspace.
 // - A combine kernel merges the partitions of each (sequence, q head).
+// - MODE (AttentionKernel) only changes how rows reach shared memory: the
+//   CTA pipeline above, or per-warp pipelines (cp.async, or bulk copies on
+//   mbarriers) with no CTA barrier in the loop. Measured equal or slower on
+//   an H100 (kernels/README.md, run 4), so kAuto is the CTA pipeline.
 
 namespace kvtier::kernels {
 namespace {
