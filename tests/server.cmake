@@ -20,3 +20,12 @@ kvtier_add_test(server_cli_test
 target_compile_definitions(server_cli_test PRIVATE
   KVTIER_CLI_PATH="$<TARGET_FILE:kvtier>" KVTIERD_PATH="$<TARGET_FILE:kvtierd>")
 add_dependencies(server_cli_test kvtier kvtierd)
+# The GPU paged-cache path of libkvtier (client/kvtier_gpu.h) against an
+# in-process daemon; skips without a CUDA device.
+if(KVTIER_HAVE_CUDA)
+  kvtier_add_test(server_gpu_test
+    SOURCES ${CMAKE_CURRENT_LIST_DIR}/server_gpu_test.cc
+    DEPS kvtier_server kvtier_client_gpu
+    LABELS gpu
+    TIMEOUT 120)
+endif()
