@@ -33,6 +33,7 @@ std::function<void()> Action(CommandResult& result, std::function<absl::Status()
 void RegisterCodecCommands(CLI::App& app, CommandResult& result);
 void RegisterDaemonCommands(CLI::App& app, CommandResult& result);
 void RegisterBandwidthCommands(CLI::App& app, CommandResult& result);
+void RegisterClusterCommands(CLI::App& app, CommandResult& result);
 
 }  // namespace kvtier::cli
 

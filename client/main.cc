@@ -12,6 +12,7 @@ int main(int argc, char** argv) {
   RegisterCodecCommands(app, result);
   RegisterDaemonCommands(app, result);
   RegisterBandwidthCommands(app, result);
+  RegisterClusterCommands(app, result);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

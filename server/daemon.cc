@@ -20,7 +20,11 @@
 #include "server/service.h"
 #include "server/shm_channel.h"
 #include "spdlog/spdlog.h"
+#include "server/cluster/engine_peer_service.h"
+#include "server/cluster/membership.h"
 #include "tiering/placement_engine.h"
+#include "tiering/remote/cluster_tier.h"
+#include "tiering/remote/ucx_transport.h"
 
 namespace kvtier::server {
 
@@ -48,6 +52,51 @@ uint64_t FreeDiskBytes(const std::string& dir) {
 uint64_t RoundDown(uint64_t v, uint64_t unit) { return v / unit * unit; }
 
 }  // namespace
+
+Daemon::Daemon() = default;
+
+absl::Status Daemon::JoinCluster(tiering::EngineTiers& tiers) {
+  const DaemonOptions& o = options_;
+  peer_service_ = std::make_unique<cluster::EnginePeerService>();
+  tiering::remote::UcxTransportOptions to;
+  to.listen = o.advertise;
+  to.max_object_bytes = uint64_t{o.max_message_mib} << 20;
+  KVTIER_ASSIGN_OR_RETURN(transport_, tiering::remote::UcxTransport::Create(to, peer_service_.get()));
+  if (tiers.dram != nullptr) {
+    KVTIER_RETURN_IF_ERROR(transport_->RegisterMemory(tiers.dram->base(), tiers.dram->shm_size()));
+  }
+  KVTIER_ASSIGN_OR_RETURN(auto endpoints, cluster::ParseEtcdEndpoints(o.etcd));
+  KVTIER_ASSIGN_OR_RETURN(auto etcd, cluster::EtcdClient::Connect(endpoints));
+  cluster::MembershipOptions mo;
+  mo.cluster = o.cluster;
+  mo.node_id = o.node_id;
+  // With port 0 the bound port is only known now.
+  mo.advertise = transport_->listen_address();
+  mo.worker_address = transport_->worker_address();
+  mo.lease_ttl_s = o.cluster_lease_s;
+  uint64_t capacity = 0;
+  if (tiers.dram) capacity += tiers.dram->capacity_bytes();
+  if (tiers.nvme) capacity += tiers.nvme->capacity_bytes();
+  mo.capacity_bytes = capacity;
+  Daemon* self = this;
+  mo.used_bytes = [self]() -> uint64_t {
+    tiering::PlacementEngine* e = self->engine_.get();
+    if (e == nullptr) return 0;
+    uint64_t used = 0;
+    for (const auto& u : e->Usage()) {
+      if (u.kind == tiering::TierKind::kDram || u.kind == tiering::TierKind::kNvme) used += u.used_bytes;
+    }
+    return used;
+  };
+  KVTIER_ASSIGN_OR_RETURN(membership_, cluster::Membership::Join(mo, std::move(etcd)));
+  tiering::remote::ClusterTierOptions co;
+  co.replicas = o.replicas;
+  tiers.remote = std::make_unique<tiering::remote::ClusterTier>(co, membership_.get(), transport_.get(),
+                                                                peer_service_.get());
+  spdlog::info("joined cluster '{}' as {} (data path {}), {} member(s) live", o.cluster,
+               membership_->self_id(), mo.advertise, membership_->LiveMembers().size());
+  return absl::OkStatus();
+}
 
 absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
   KVTIER_RETURN_IF_ERROR(ValidateDaemonOptions(options));
@@ -117,10 +166,12 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     }
   }
 #endif
+  if (!options.cluster.empty()) KVTIER_RETURN_IF_ERROR(d->JoinCluster(tiers));
   tiering::PlacementEngineOptions eo;
   eo.default_lease_ms = options.default_lease_ms;
   eo.nvme_admit_after_uses = options.nvme_admit_after_uses;
   KVTIER_ASSIGN_OR_RETURN(d->engine_, tiering::PlacementEngine::Create(eo, std::move(tiers)));
+  if (d->peer_service_) d->peer_service_->set_engine(d->engine_.get());
 
   d->metrics_ = std::make_unique<ServerMetrics>();
   ServiceLimits limits;
@@ -182,6 +233,10 @@ std::string Daemon::Describe() const {
   if (shm_) absl::StrAppend(&s, " (shared memory: ", shm_socket_path_, ")");
   if (!options_.listen_tcp.empty()) absl::StrAppend(&s, ", tcp port ", tcp_port_, " (token)");
   if (http_) absl::StrAppend(&s, ", metrics http port ", http_->port(), "/metrics");
+  if (membership_) {
+    absl::StrAppend(&s, ", cluster '", options_.cluster, "' as ", membership_->self_id(), " (data path ",
+                    transport_->listen_address(), ", ", options_.replicas, " replicas)");
+  }
   for (const tiering::TierUsage& u : engine_->Usage()) {
     absl::StrAppend(&s, "; ", tiering::TierName(u.kind), " ",
                     absl::StrFormat("%.2f", u.capacity_bytes / kGiB), " GiB");
@@ -210,7 +265,10 @@ absl::Status Daemon::Shutdown() {
   }
   adapter_.reset();
   service_.reset();
+  if (peer_service_) peer_service_->set_engine(nullptr);  // peers now get Unavailable
   engine_.reset();  // closes the NVMe tier: the index is flushed
+  membership_.reset();  // leaves the cluster: the lease is revoked
+  transport_.reset();
   ::unlink(socket_path_.c_str());
   return st;
 }

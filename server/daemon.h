@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "server/options.h"
+#include "tiering/placement_engine.h"
 
 namespace grpc {
 class Server;
@@ -17,6 +18,14 @@ class Server;
 
 namespace kvtier::tiering {
 class PlacementEngine;
+namespace remote {
+class UcxTransport;
+}
+}
+
+namespace kvtier::cluster {
+class EnginePeerService;
+class Membership;
 }
 
 namespace kvtier::server {
@@ -49,11 +58,16 @@ class Daemon {
   KvService* service() const { return service_.get(); }
   ServerMetrics* metrics() const { return metrics_.get(); }
   tiering::PlacementEngine* engine() const { return engine_.get(); }
+  // Cluster parts; null for a standalone node.
+  cluster::Membership* membership() const { return membership_.get(); }
+  tiering::remote::UcxTransport* transport() const { return transport_.get(); }
   // The daemon as a one-line description of its listeners and tiers.
   std::string Describe() const;
 
  private:
-  Daemon() = default;
+  Daemon();
+  // Builds the cluster parts and the remote tier; called before the engine.
+  absl::Status JoinCluster(tiering::EngineTiers& tiers);
 
   DaemonOptions options_;
   std::string socket_path_;
@@ -61,6 +75,10 @@ class Daemon {
   int tcp_port_ = 0;
   uint64_t flushed_chunks_ = 0;
   bool shut_down_ = false;
+  // Cluster parts outlive the engine, whose remote tier uses them.
+  std::unique_ptr<cluster::EnginePeerService> peer_service_;
+  std::unique_ptr<tiering::remote::UcxTransport> transport_;
+  std::unique_ptr<cluster::Membership> membership_;
   std::unique_ptr<tiering::PlacementEngine> engine_;
   std::unique_ptr<ServerMetrics> metrics_;
   std::unique_ptr<KvService> service_;

@@ -41,6 +41,13 @@ void RegisterDaemonFlags(CLI::App& app, DaemonOptions* o) {
   app.add_option("--shutdown-grace-s", o->shutdown_grace_s, "seconds SIGTERM waits for in-flight requests")
       ->capture_default_str();
   app.add_option("--log-level", o->log_level, "trace|debug|info|warn|error|off")->capture_default_str();
+  app.add_option("--cluster", o->cluster, "join this cluster (needs --etcd and --advertise) [default: standalone]");
+  app.add_option("--etcd", o->etcd, "etcd endpoints http://HOST:PORT[,...]");
+  app.add_option("--advertise", o->advertise, "HOST:PORT peers reach this node's UCX data path on");
+  app.add_option("--replicas", o->replicas, "copies of each chunk in the cluster")->capture_default_str();
+  app.add_option("--node-id", o->node_id, "node id in the cluster [default: the advertise address]");
+  app.add_option("--cluster-lease-s", o->cluster_lease_s, "etcd lease TTL: how long a dead node stays listed")
+      ->capture_default_str();
 }
 
 namespace {
@@ -86,7 +93,8 @@ absl::Status LoadConfigFile(const std::string& path, DaemonOptions* o) {
                                 "dram_populate", "listen_tcp", "token_file", "metrics_addr",
                                 "max_message_mib", "max_keys_per_request", "max_concurrent_streams",
                                 "default_lease_ms", "nvme_admit_after_uses", "shutdown_grace_s",
-                                "log_level"};
+                                "log_level", "cluster", "etcd", "advertise", "replicas", "node_id",
+                                "cluster_lease_s"};
   for (const auto& [k, v] : t) {
     bool known = false;
     for (const char* name : kKeys) known = known || k.str() == name;
@@ -115,6 +123,12 @@ absl::Status LoadConfigFile(const std::string& path, DaemonOptions* o) {
   take("nvme_admit_after_uses", &o->nvme_admit_after_uses);
   take("shutdown_grace_s", &o->shutdown_grace_s);
   take("log_level", &o->log_level);
+  take("cluster", &o->cluster);
+  take("etcd", &o->etcd);
+  take("advertise", &o->advertise);
+  take("replicas", &o->replicas);
+  take("node_id", &o->node_id);
+  take("cluster_lease_s", &o->cluster_lease_s);
   if (!st.ok()) return absl::InvalidArgumentError(absl::StrCat("config ", path, ": ", st.message()));
   return absl::OkStatus();
 }
@@ -135,6 +149,16 @@ absl::Status ValidateDaemonOptions(const DaemonOptions& o) {
   }
   if (o.max_keys_per_request == 0) return absl::InvalidArgumentError("--max-keys-per-request is 0");
   if (o.max_concurrent_streams == 0) return absl::InvalidArgumentError("--max-concurrent-streams is 0");
+  if (!o.cluster.empty()) {
+    if (o.etcd.empty()) return absl::InvalidArgumentError("--cluster requires --etcd");
+    if (o.advertise.empty()) return absl::InvalidArgumentError("--cluster requires --advertise");
+    if (o.replicas == 0 || o.replicas > 16) return absl::InvalidArgumentError("--replicas must be 1..16");
+    if (o.cluster_lease_s < 2 || o.cluster_lease_s > 3600) {
+      return absl::InvalidArgumentError("--cluster-lease-s must be 2..3600");
+    }
+  } else if (!o.etcd.empty() || !o.advertise.empty()) {
+    return absl::InvalidArgumentError("--etcd and --advertise need --cluster");
+  }
   return absl::OkStatus();
 }
 

@@ -64,6 +64,25 @@ struct DaemonOptions {
   // spdlog level: trace, debug, info, warn, error, off. Default: "info"
   std::string log_level = "info";
 
+  // --- Cluster (docs/cluster.md). Without `cluster` the node runs alone.
+  // Cluster to join: nodes of one cluster find each other in etcd and share
+  // chunks through the remote tier. Default: "" (standalone)
+  std::string cluster;
+  // etcd endpoints, "http://HOST:PORT[,...]". Required with `cluster`.
+  // Default: ""
+  std::string etcd;
+  // Address peers reach this node's data path (UCX) on, "HOST:PORT"; the
+  // node listens there. Required with `cluster`. Default: ""
+  std::string advertise;
+  // Copies of each chunk in the cluster (rendezvous-hash owners). Default: 2
+  uint32_t replicas = 2;
+  // This node's id in the cluster, unique and stable across restarts.
+  // Default: "" (the advertise address)
+  std::string node_id;
+  // Seconds the etcd lease lives without keep-alives: how long a dead node
+  // stays listed. Default: 5
+  uint32_t cluster_lease_s = 5;
+
   // Derived paths.
   std::string SocketPath() const;
   std::string ShmSocketPath() const { return SocketPath() + ".shm"; }

@@ -14,7 +14,8 @@ namespace {
 constexpr const char* kMetricNames[] = {
     "puts",      "gets",       "hits_hbm",          "hits_dram",      "hits_nvme",
     "misses",    "evictions",  "demotions",         "promotions",     "admission_rejects",
-    "data_loss", "leases_expired", "slots_expired", "prefetched",
+    "data_loss", "leases_expired", "slots_expired", "prefetched", "hits_remote",
+    "remote_errors",
 };
 static_assert(sizeof(kMetricNames) / sizeof(kMetricNames[0]) ==
                   static_cast<size_t>(EngineMetric::kCount),
@@ -70,7 +71,8 @@ PlacementEngine::PlacementEngine(const PlacementEngineOptions& o, EngineTiers ti
   tiers_[static_cast<int>(TierKind::kHbm)] = hbm_;
   tiers_[static_cast<int>(TierKind::kDram)] = dram_;
   tiers_[static_cast<int>(TierKind::kNvme)] = nvme_;
-  tiers_[static_cast<int>(TierKind::kRemote)] = owned_.remote.get();
+  remote_ = owned_.remote.get();
+  tiers_[static_cast<int>(TierKind::kRemote)] = remote_;
   absl::MutexLock l(&mu_);
   for (int k = 0; k < kNumTierKinds; ++k) {
     if (tiers_[k]) policies_[k] = NewEvictionPolicy(o.eviction, tiers_[k]->capacity_bytes(), o.eviction_options);
@@ -320,8 +322,21 @@ void PlacementEngine::ExpireLocked(int64_t now) {
   }
 }
 
+void PlacementEngine::Replicate(const Hash128& key, std::span<const uint8_t> chunk,
+                                const PutOptions& opts) {
+  if (remote_ == nullptr || !opts.replicate) return;
+  if (!remote_->Put({key, Part::kWhole}, chunk).ok()) Count(EngineMetric::kRemoteErrors);
+}
+
 absl::Status PlacementEngine::Put(const Hash128& key, std::span<const uint8_t> chunk,
                                   const PutOptions& opts) {
+  KVTIER_RETURN_IF_ERROR(PutLocal(key, chunk, opts));
+  Replicate(key, chunk, opts);
+  return absl::OkStatus();
+}
+
+absl::Status PlacementEngine::PutLocal(const Hash128& key, std::span<const uint8_t> chunk,
+                                       const PutOptions& opts) {
   Count(EngineMetric::kPuts);
   auto h = codec::ParseHeader(chunk);
   if (!h.ok()) return absl::InvalidArgumentError(absl::StrCat("chunk: ", h.status().message()));
@@ -466,6 +481,17 @@ absl::StatusOr<TierKind> PlacementEngine::ReadObject(const ObjectKey& id, std::s
 
 absl::StatusOr<TierKind> PlacementEngine::Get(const Hash128& key, std::span<uint8_t> out,
                                               const GetOptions& opts) {
+  if (remote_ != nullptr && opts.allow_remote && !Contains(key)) {
+    absl::Status st = FetchRemote(key);
+    if (!st.ok() && !absl::IsNotFound(st)) return st;
+    if (st.ok()) {
+      GetOptions local = opts;
+      local.allow_remote = false;
+      auto got = Get(key, out, local);
+      if (got.ok()) return TierKind::kRemote;
+      return got;
+    }
+  }
   Count(EngineMetric::kGets);
   uint64_t bytes, kobj;
   bool split;
@@ -519,14 +545,39 @@ absl::StatusOr<TierKind> PlacementEngine::Get(const Hash128& key, std::span<uint
 
 namespace kvtier::tiering {
 
-absl::StatusOr<uint64_t> PlacementEngine::ChunkBytes(const Hash128& key) {
+absl::StatusOr<uint64_t> PlacementEngine::ChunkBytes(const Hash128& key, bool allow_remote) {
+  if (allow_remote && remote_ != nullptr && !Contains(key)) {
+    absl::Status st = FetchRemote(key);
+    if (!st.ok() && !absl::IsNotFound(st)) return st;
+  }
   absl::MutexLock l(&mu_);
   auto it = chunks_.find(key);
   if (it == chunks_.end()) return absl::NotFoundError("chunk not stored");
   return it->second.bytes;
 }
 
-absl::StatusOr<ChunkLocation> PlacementEngine::Locate(const Hash128& key) {
+absl::Status PlacementEngine::FetchRemote(const Hash128& key) {
+  if (remote_ == nullptr) return absl::FailedPreconditionError("no remote tier");
+  if (Contains(key)) return absl::OkStatus();
+  const ObjectKey w{key, Part::kWhole};
+  KVTIER_ASSIGN_OR_RETURN(uint64_t bytes, remote_->Size(w));
+  if (bytes > codec::kMaxChunkBytes) return absl::DataLossError("remote chunk size is impossible");
+  std::vector<uint8_t> buf(bytes);
+  // The remote tier verifies what it reads (chunk checksums) before it
+  // returns it, so nothing corrupt is stored here.
+  KVTIER_RETURN_IF_ERROR(remote_->Read(w, buf));
+  PutOptions o;
+  o.replicate = false;
+  absl::Status st = PutLocal(key, buf, o);
+  if (st.ok()) Count(EngineMetric::kHitsRemote);
+  return st;
+}
+
+absl::StatusOr<ChunkLocation> PlacementEngine::Locate(const Hash128& key, bool allow_remote) {
+  if (allow_remote && remote_ != nullptr && !Contains(key)) {
+    absl::Status st = FetchRemote(key);
+    if (!st.ok() && !absl::IsNotFound(st)) return st;
+  }
   ChunkLocation loc;
   {
     absl::MutexLock l(&mu_);
@@ -555,6 +606,16 @@ bool PlacementEngine::Contains(const Hash128& key) {
 }
 
 std::vector<TierKind> PlacementEngine::LookupPrefix(std::span<const Hash128> keys) {
+  std::vector<TierKind> out = LookupLocalPrefix(keys);
+  // Past what is stored here, keys the cluster has still save a prefill.
+  while (remote_ != nullptr && out.size() < keys.size()) {
+    if (!remote_->Size({keys[out.size()], Part::kWhole}).ok()) break;
+    out.push_back(TierKind::kRemote);
+  }
+  return out;
+}
+
+std::vector<TierKind> PlacementEngine::LookupLocalPrefix(std::span<const Hash128> keys) {
   std::vector<TierKind> out;
   absl::MutexLock l(&mu_);
   for (const Hash128& k : keys) {
@@ -572,7 +633,16 @@ std::vector<TierKind> PlacementEngine::LookupPrefix(std::span<const Hash128> key
   return out;
 }
 
-absl::Status PlacementEngine::Delete(const Hash128& key) {
+absl::Status PlacementEngine::Delete(const Hash128& key, const DeleteOptions& options) {
+  absl::Status local = DeleteLocal(key);
+  if (remote_ == nullptr || options.local_only) return local;
+  if (!local.ok() && !absl::IsNotFound(local)) return local;
+  absl::Status remote = remote_->Erase({key, Part::kWhole});
+  if (local.ok() || remote.ok()) return absl::OkStatus();
+  return local;
+}
+
+absl::Status PlacementEngine::DeleteLocal(const Hash128& key) {
   std::vector<std::pair<ObjectKey, TierKind>> objs;
   {
     absl::MutexLock l(&mu_);
@@ -600,7 +670,15 @@ absl::Status PlacementEngine::Delete(const Hash128& key) {
   return first;
 }
 
-absl::StatusOr<Lease> PlacementEngine::Pin(std::span<const Hash128> keys, int64_t ttl_ms) {
+absl::StatusOr<Lease> PlacementEngine::Pin(std::span<const Hash128> keys, int64_t ttl_ms,
+                                           bool allow_remote) {
+  if (allow_remote && remote_ != nullptr) {
+    for (const Hash128& k : keys) {
+      if (Contains(k)) continue;
+      absl::Status st = FetchRemote(k);
+      if (!st.ok() && !absl::IsNotFound(st)) return st;
+    }
+  }
   absl::MutexLock l(&mu_);
   int64_t now = Now();
   ExpireLocked(now);
@@ -691,7 +769,7 @@ absl::Status PlacementEngine::CommitSlot(uint64_t slot_id, const Hash128& key,
     return bad;
   }
   if (Contains(key)) {
-    absl::Status st = opts.durable ? Put(key, bytes, opts) : absl::OkStatus();
+    absl::Status st = opts.durable ? PutLocal(key, bytes, opts) : absl::OkStatus();
     (void)dram_->AbortSlot(ext);
     return st;
   }
@@ -709,6 +787,8 @@ absl::Status PlacementEngine::CommitSlot(uint64_t slot_id, const Hash128& key,
     }
     NoteStored(TierKind::kNvme, w, ext.length, false, ext.length);
   }
+  // Write-through while the slot is still ours (nothing can evict it yet).
+  Replicate(key, bytes, opts);
   KVTIER_RETURN_IF_ERROR(dram_->CommitSlot(w, ext));
   NoteStored(TierKind::kDram, w, ext.length, false, ext.length);
   return absl::OkStatus();

@@ -91,12 +91,26 @@ struct PutOptions {
   bool durable = false;
   // Overrides PlacementEngineOptions::split_kv for this chunk. Default: unset
   std::optional<SplitKvPolicy> split_kv;
+  // With a remote tier (a cluster), also store the chunk on its owners once
+  // it is stored here (write-through), so other nodes find it. A replica
+  // that cannot be stored is counted (kRemoteErrors), not an error of the
+  // put: the chunk is stored locally. Default: true
+  bool replicate = true;
 };
 
 // Per-call options of Get.
 struct GetOptions {
   // Overrides PlacementEngineOptions::promote_on_hit. Default: unset
   std::optional<bool> promote;
+  // On a local miss, fetch the chunk from the remote tier (and keep a local
+  // copy). Default: true
+  bool allow_remote = true;
+};
+
+// Per-call options of Delete.
+struct DeleteOptions {
+  // Remove only this node's copies, not the remote tier's. Default: false
+  bool local_only = false;
 };
 
 // Where one stored part of a chunk is.
@@ -140,6 +154,8 @@ enum class EngineMetric : int {
   kLeasesExpired,
   kSlotsExpired,
   kPrefetched,
+  kHitsRemote,
+  kRemoteErrors,
   kCount,
 };
 const char* EngineMetricName(EngineMetric m);
@@ -183,25 +199,38 @@ class PlacementEngine {
   // corrupt (the chunk is then dropped).
   absl::StatusOr<TierKind> Get(const Hash128& key, std::span<uint8_t> out,
                                const GetOptions& options = {});
-  // Chunk length. NotFound on a miss.
-  absl::StatusOr<uint64_t> ChunkBytes(const Hash128& key);
-  // Where the chunk's parts are. NotFound on a miss.
-  absl::StatusOr<ChunkLocation> Locate(const Hash128& key);
+  // Chunk length. NotFound on a miss. With `allow_remote` and a remote
+  // tier, a local miss fetches the chunk from the remote tier first (so the
+  // Get or Locate that follows is local).
+  absl::StatusOr<uint64_t> ChunkBytes(const Hash128& key, bool allow_remote = true);
+  // Where the chunk's parts are. NotFound on a miss. A local miss fetches
+  // from the remote tier as ChunkBytes does.
+  absl::StatusOr<ChunkLocation> Locate(const Hash128& key, bool allow_remote = true);
+  // Copies a chunk from the remote tier into this node's tiers (DRAM when
+  // there is one). NotFound if no member has it; FailedPrecondition without
+  // a remote tier; OK at once if it is stored here already.
+  absl::Status FetchRemote(const Hash128& key);
 
+  // Whether this node stores the chunk (the remote tier is not asked).
   bool Contains(const Hash128& key);
   // The fastest tier of each key of the longest stored prefix of `keys`
-  // (its size is the prefix length).
+  // (its size is the prefix length). Past the locally stored prefix, keys
+  // the remote tier has count as TierKind::kRemote (not fetched).
   std::vector<TierKind> LookupPrefix(std::span<const Hash128> keys);
 
   // Removes a chunk from every tier. NotFound on a miss, FailedPrecondition
   // if pinned, Unavailable if it is being moved (retry).
-  absl::Status Delete(const Hash128& key);
+  // Also erases the remote tier's copies unless options.local_only; OK if
+  // only the remote tier had it.
+  absl::Status Delete(const Hash128& key, const DeleteOptions& options = {});
 
   // Pins every key for `ttl_ms` (0: the default): pinned chunks are neither
   // evicted nor moved nor deleted. NotFound (nothing pinned) if a key is
   // missing. A lease that is not released expires, so a dead client never
-  // leaks a pin.
-  absl::StatusOr<Lease> Pin(std::span<const Hash128> keys, int64_t ttl_ms = 0);
+  // leaks a pin. With `allow_remote` and a remote tier, keys stored only in
+  // the cluster are fetched here first.
+  absl::StatusOr<Lease> Pin(std::span<const Hash128> keys, int64_t ttl_ms = 0,
+                            bool allow_remote = true);
   // Extends a lease. NotFound if unknown or expired.
   absl::StatusOr<Lease> Renew(uint64_t lease_id, int64_t ttl_ms = 0);
   // Ends a lease. NotFound if unknown or expired.
@@ -256,6 +285,12 @@ class PlacementEngine {
   };
 
   PlacementEngine(const PlacementEngineOptions& o, EngineTiers tiers);
+  // Write-through of a stored chunk to the remote tier (counts failures).
+  void Replicate(const Hash128& key, std::span<const uint8_t> chunk, const PutOptions& opts);
+  // The local halves of Put, LookupPrefix and Delete.
+  absl::Status PutLocal(const Hash128& key, std::span<const uint8_t> chunk, const PutOptions& opts);
+  std::vector<TierKind> LookupLocalPrefix(std::span<const Hash128> keys);
+  absl::Status DeleteLocal(const Hash128& key);
   void Bootstrap();
   void Count(EngineMetric m, uint64_t n = 1) {
     metrics_[static_cast<int>(m)].fetch_add(n, std::memory_order_relaxed);
@@ -294,6 +329,7 @@ class PlacementEngine {
   HbmTier* hbm_ = nullptr;
   DramTier* dram_ = nullptr;
   NvmeTier* nvme_ = nullptr;
+  Tier* remote_ = nullptr;
   std::array<std::atomic<uint64_t>, static_cast<int>(EngineMetric::kCount)> metrics_{};
 
   absl::Mutex mu_;

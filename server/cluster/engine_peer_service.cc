@@ -1,0 +1,158 @@
+#include "server/cluster/engine_peer_service.h"
+
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+
+namespace kvtier::cluster {
+
+using tiering::ObjectKey;
+using tiering::Part;
+using tiering::PlacementEngine;
+
+namespace {
+
+absl::Status OnlyWholeChunks(const ObjectKey& id) {
+  if (id.part != Part::kWhole) {
+    return absl::InvalidArgumentError("cluster peers exchange whole chunks only");
+  }
+  return absl::OkStatus();
+}
+
+tiering::PutOptions ReplicaPutOptions(PlacementEngine* e) {
+  tiering::PutOptions o;
+  o.durable = e->nvme() != nullptr;  // a replica survives a restart of its owner
+  o.replicate = false;               // it is already where it belongs
+  return o;
+}
+
+// Receives into a DRAM-pool slot; commits it to the engine.
+class SlotSink : public tiering::remote::PeerService::PutSink {
+ public:
+  SlotSink(PlacementEngine* e, tiering::Slot slot, tiering::ObjectKey id)
+      : e_(e), slot_(slot), id_(id) {}
+  ~SlotSink() override {
+    if (!done_) (void)e_->AbortSlot(slot_.id);
+  }
+  std::span<uint8_t> buffer() override {
+    return {e_->dram()->base() + slot_.extent.offset, slot_.extent.length};
+  }
+  absl::Status Commit(bool ok) override {
+    done_ = true;
+    if (!ok) return e_->AbortSlot(slot_.id);
+    return e_->CommitSlot(slot_.id, id_.key, ReplicaPutOptions(e_));
+  }
+
+ private:
+  PlacementEngine* e_;
+  tiering::Slot slot_;
+  tiering::ObjectKey id_;
+  bool done_ = false;
+};
+
+// Without a DRAM tier: a heap buffer, stored with Put.
+class HeapSink : public tiering::remote::PeerService::PutSink {
+ public:
+  HeapSink(PlacementEngine* e, ObjectKey id, uint64_t n) : e_(e), id_(id), buf_(n) {}
+  std::span<uint8_t> buffer() override { return buf_; }
+  absl::Status Commit(bool ok) override {
+    if (!ok) return absl::OkStatus();
+    return e_->Put(id_.key, buf_, ReplicaPutOptions(e_));
+  }
+
+ private:
+  PlacementEngine* e_;
+  ObjectKey id_;
+  std::vector<uint8_t> buf_;
+};
+
+// A pinned DRAM extent, released when the transfer is done.
+class PinnedSource : public tiering::remote::PeerService::GetSource {
+ public:
+  PinnedSource(PlacementEngine* e, uint64_t lease, std::span<const uint8_t> bytes)
+      : e_(e), lease_(lease), bytes_(bytes) {}
+  ~PinnedSource() override { (void)e_->Release(lease_); }
+  std::span<const uint8_t> bytes() override { return bytes_; }
+
+ private:
+  PlacementEngine* e_;
+  uint64_t lease_;
+  std::span<const uint8_t> bytes_;
+};
+
+class HeapSource : public tiering::remote::PeerService::GetSource {
+ public:
+  explicit HeapSource(std::vector<uint8_t> b) : b_(std::move(b)) {}
+  std::span<const uint8_t> bytes() override { return b_; }
+
+ private:
+  std::vector<uint8_t> b_;
+};
+
+}  // namespace
+
+absl::StatusOr<PlacementEngine*> EnginePeerService::Engine() const {
+  PlacementEngine* e = engine_.load();
+  if (e == nullptr) return absl::UnavailableError("node is starting");
+  return e;
+}
+
+absl::StatusOr<std::unique_ptr<tiering::remote::PeerService::PutSink>> EnginePeerService::BeginPut(
+    const ObjectKey& id, uint64_t bytes) {
+  if (auto s = OnlyWholeChunks(id); !s.ok()) return s;
+  auto e = Engine();
+  if (!e.ok()) return e.status();
+  if ((*e)->dram() != nullptr) {
+    auto slot = (*e)->AllocateSlot(bytes);
+    if (!slot.ok()) return slot.status();
+    return std::unique_ptr<PutSink>(new SlotSink(*e, *slot, id));
+  }
+  return std::unique_ptr<PutSink>(new HeapSink(*e, id, bytes));
+}
+
+absl::StatusOr<std::unique_ptr<tiering::remote::PeerService::GetSource>> EnginePeerService::BeginGet(
+    const ObjectKey& id) {
+  if (auto s = OnlyWholeChunks(id); !s.ok()) return s;
+  auto e = Engine();
+  if (!e.ok()) return e.status();
+  PlacementEngine* eng = *e;
+  // Zero copy when the chunk is whole in DRAM: pin it, send from the pool.
+  const Hash128 keys[1] = {id.key};
+  auto lease = eng->Pin(keys, /*ttl_ms=*/0, /*allow_remote=*/false);
+  if (lease.ok()) {
+    auto where = eng->Locate(id.key, /*allow_remote=*/false);
+    if (where.ok() && where->parts.size() == 1 && where->parts[0].dram_slot.has_value() &&
+        eng->dram() != nullptr) {
+      const auto& ext = *where->parts[0].dram_slot;
+      return std::unique_ptr<GetSource>(new PinnedSource(
+          eng, lease->id, {eng->dram()->base() + ext.offset, where->chunk_bytes}));
+    }
+    (void)eng->Release(lease->id);
+  }
+  auto n = eng->ChunkBytes(id.key, /*allow_remote=*/false);
+  if (!n.ok()) return n.status();
+  std::vector<uint8_t> buf(*n);
+  tiering::GetOptions go;
+  go.allow_remote = false;
+  auto got = eng->Get(id.key, buf, go);
+  if (!got.ok()) return got.status();
+  return std::unique_ptr<GetSource>(new HeapSource(std::move(buf)));
+}
+
+absl::StatusOr<uint64_t> EnginePeerService::Size(const ObjectKey& id) {
+  if (auto s = OnlyWholeChunks(id); !s.ok()) return s;
+  auto e = Engine();
+  if (!e.ok()) return e.status();
+  return (*e)->ChunkBytes(id.key, /*allow_remote=*/false);
+}
+
+absl::Status EnginePeerService::Erase(const ObjectKey& id) {
+  if (auto s = OnlyWholeChunks(id); !s.ok()) return s;
+  auto e = Engine();
+  if (!e.ok()) return e.status();
+  tiering::DeleteOptions d;
+  d.local_only = true;
+  return (*e)->Delete(id.key, d);
+}
+
+}  // namespace kvtier::cluster
