@@ -156,9 +156,7 @@ class ClientImpl final : public KvtierClient {
                    const PutOptions& options) override {
     if (pool_) {
       KVTIER_ASSIGN_OR_RETURN(WritableSlot slot, AllocateSlot(chunk.size()));
-      // In pieces, so the bytes are still in cache when the daemon checks them.
-      server::CopyInPieces(slot.data, chunk);
-      return CommitSlot(slot, key, options);
+      return StreamIntoSlot(slot, key, chunk, options);
     }
     pb::PutRequest req;
     req.set_version(kProtocolVersion);
@@ -167,6 +165,35 @@ class ClientImpl final : public KvtierClient {
     req.set_durable(options.durable);
     pb::PutResponse resp;
     return Call(&pb::Kvtier::StubInterface::Put, req, &resp);
+  }
+
+  // Copies `chunk` into `slot` piece by piece, telling the daemon after each
+  // piece, so that the daemon checks piece i while this thread copies piece
+  // i + 1; the last message commits.
+  absl::Status StreamIntoSlot(const WritableSlot& slot, const Hash128& key,
+                              std::span<const uint8_t> chunk, const PutOptions& options) {
+    constexpr size_t kStreamPieceBytes = size_t{2} << 20;
+    grpc::ClientContext ctx;
+    Prepare(ctx, options_.timeout_ms);
+    pb::PutResponse resp;
+    std::unique_ptr<grpc::ClientWriterInterface<pb::PutStreamRequest>> w =
+        stub_->PutStream(&ctx, &resp);
+    pb::PutStreamRequest m;
+    m.set_version(kProtocolVersion);
+    m.set_key(KeyBytes(key));
+    m.set_slot_id(slot.id);
+    m.set_durable(options.durable);
+    for (size_t o = 0; o < chunk.size();) {
+      const size_t n = std::min(kStreamPieceBytes, chunk.size() - o);
+      // Plain stores in cache-sized pieces: the daemon reads them from cache.
+      server::CopyInPieces(slot.data.subspan(o, n), chunk.subspan(o, n));
+      o += n;
+      m.set_written_bytes(o);
+      m.set_commit(o == chunk.size());
+      if (!w->Write(m)) break;  // the daemon ended the call; Finish says why
+    }
+    w->WritesDone();
+    return FromGrpcStatus(w->Finish());
   }
 
   absl::StatusOr<WritableSlot> AllocateSlot(uint64_t bytes) override {

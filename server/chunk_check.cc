@@ -93,4 +93,51 @@ absl::StatusOr<codec::ChunkHeader> CopyVerified(std::span<uint8_t> dst,
   return h;
 }
 
+struct IncrementalChunkCheck::State {
+  XXH3_state_t k, v;
+};
+
+IncrementalChunkCheck::IncrementalChunkCheck(std::span<const uint8_t> region)
+    : region_(region), state_(new State) {
+  XXH3_64bits_reset(&state_->k);
+  XXH3_64bits_reset(&state_->v);
+}
+
+IncrementalChunkCheck::~IncrementalChunkCheck() { delete state_; }
+
+absl::Status IncrementalChunkCheck::Advance(uint64_t n) {
+  if (n > region_.size() || n < done_) {
+    return absl::InvalidArgumentError(absl::StrCat("written_bytes ", n, " after ", done_,
+                                                   " in a slot of ", region_.size()));
+  }
+  done_ = n;
+  if (!have_header_) {
+    if (done_ < codec::kHeaderSize) return absl::OkStatus();
+    KVTIER_ASSIGN_OR_RETURN(header_, codec::ParseHeader(region_.first(codec::kHeaderSize)));
+    KVTIER_RETURN_IF_ERROR(CheckLength(header_, region_.size()));
+    have_header_ = true;
+    hashed_ = 0;
+  }
+  for (; hashed_ < done_;) {
+    const size_t len = std::min<uint64_t>(kPieceBytes, done_ - hashed_);
+    auto [ko, kn] = Overlap(hashed_, hashed_ + len, header_.layout.k_offset, header_.layout.k.bytes);
+    if (kn) XXH3_64bits_update_dispatch(&state_->k, region_.data() + ko, kn);
+    auto [vo, vn] = Overlap(hashed_, hashed_ + len, header_.layout.v_offset, header_.layout.v.bytes);
+    if (vn) XXH3_64bits_update_dispatch(&state_->v, region_.data() + vo, vn);
+    hashed_ += len;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<codec::ChunkHeader> IncrementalChunkCheck::Finish() {
+  if (!have_header_ || done_ != region_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("put committed after ", done_, " of ",
+                                                   region_.size(), " bytes"));
+  }
+  uint64_t ksum = XXH3_64bits_digest(&state_->k), vsum = XXH3_64bits_digest(&state_->v);
+  if (ksum != header_.k_checksum) return Mismatch("k", header_.k_checksum, ksum);
+  if (vsum != header_.v_checksum) return Mismatch("v", header_.v_checksum, vsum);
+  return header_;
+}
+
 }  // namespace kvtier::server

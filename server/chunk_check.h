@@ -41,6 +41,36 @@ void CopyInPieces(std::span<uint8_t> dst, std::span<const uint8_t> src);
 absl::StatusOr<codec::ChunkHeader> CopyVerified(std::span<uint8_t> dst,
                                                 std::span<const uint8_t> src);
 
+// Checks a chunk while it is being written front to back (a streamed put):
+// Advance(n) says the first n bytes of `region` are final and hashes what is
+// new, so the check runs while the writer copies the next piece; Finish
+// checks the checksums once the whole region is written. The chunk must fill
+// `region` exactly. Not thread-safe (one stream).
+class IncrementalChunkCheck {
+ public:
+  explicit IncrementalChunkCheck(std::span<const uint8_t> region);
+  ~IncrementalChunkCheck();
+  IncrementalChunkCheck(const IncrementalChunkCheck&) = delete;
+  IncrementalChunkCheck& operator=(const IncrementalChunkCheck&) = delete;
+
+  // InvalidArgument if n is beyond the region or below an earlier n, or for
+  // a malformed header (checked once 128 bytes are final); DataLoss if the
+  // header's length differs from the region's.
+  absl::Status Advance(uint64_t n);
+  // InvalidArgument if the region is not all final; DataLoss on a checksum
+  // mismatch.
+  absl::StatusOr<codec::ChunkHeader> Finish();
+
+ private:
+  struct State;
+  std::span<const uint8_t> region_;
+  uint64_t done_ = 0;    // bytes final so far
+  uint64_t hashed_ = 0;  // bytes passed to the section hashes
+  bool have_header_ = false;
+  codec::ChunkHeader header_;
+  State* state_;
+};
+
 }  // namespace kvtier::server
 
 #endif  // KVTIER_SERVER_CHUNK_CHECK_H_

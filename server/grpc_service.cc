@@ -173,6 +173,47 @@ grpc::Status GrpcAdapter::Put(grpc::ServerContext* ctx, const pb::PutRequest* re
   });
 }
 
+grpc::Status GrpcAdapter::PutStream(grpc::ServerContext* ctx,
+                                    grpc::ServerReader<pb::PutStreamRequest>* reader,
+                                    pb::PutResponse*) {
+  pb::PutStreamRequest m;
+  bool got = reader->Read(&m);
+  return Serve(Method::kPut, ctx, m.version(), [&]() -> absl::Status {
+    if (!got) return absl::InvalidArgumentError("empty put stream");
+    const uint64_t slot_id = m.slot_id();
+    KVTIER_ASSIGN_OR_RETURN(auto check, service_->BeginStreamedCommit(slot_id));
+    PutArgs args;
+    args.durable = m.durable();
+    auto key = KeyFromBytes(m.key());
+    auto tier = FromProto(m.tier());
+    absl::Status st = key.ok() ? tier.status() : key.status();
+    if (st.ok()) {
+      args.key = *key;
+      args.tier = *tier;
+    }
+    while (st.ok()) {
+      if (m.slot_id() != slot_id) {
+        st = absl::InvalidArgumentError(absl::StrCat("put stream of slot ", slot_id,
+                                                     " names slot ", m.slot_id()));
+        break;
+      }
+      st = check->Advance(m.written_bytes());
+      if (!st.ok() || m.commit()) break;
+      if (!reader->Read(&m)) {
+        st = absl::InvalidArgumentError("put stream ended without its commit message");
+        break;
+      }
+    }
+    if (!st.ok()) {
+      (void)service_->AbortSlot(slot_id);
+      return st;
+    }
+    KVTIER_RETURN_IF_ERROR(service_->FinishStreamedCommit(args, slot_id, *check));
+    metrics_->Add(ServerMetric::kBytesPutShm, m.written_bytes());
+    return absl::OkStatus();
+  });
+}
+
 grpc::Status GrpcAdapter::Get(grpc::ServerContext* ctx, const pb::GetRequest* req,
                               pb::GetResponse* resp) {
   return Serve(Method::kGet, ctx, req->version(), [&]() -> absl::Status {

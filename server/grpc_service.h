@@ -46,6 +46,9 @@ class GrpcAdapter final : public kvtier::proto::v1::Kvtier::Service {
                       kvtier::proto::v1::AbortSlotResponse* resp) override;
   grpc::Status Put(grpc::ServerContext* ctx, const kvtier::proto::v1::PutRequest* req,
                       kvtier::proto::v1::PutResponse* resp) override;
+  grpc::Status PutStream(grpc::ServerContext* ctx,
+                         grpc::ServerReader<kvtier::proto::v1::PutStreamRequest>* reader,
+                         kvtier::proto::v1::PutResponse* resp) override;
   grpc::Status Get(grpc::ServerContext* ctx, const kvtier::proto::v1::GetRequest* req,
                       kvtier::proto::v1::GetResponse* resp) override;
   grpc::Status Prefetch(grpc::ServerContext* ctx, const kvtier::proto::v1::PrefetchRequest* req,

@@ -105,6 +105,32 @@ absl::Status KvService::CommitSlot(const PutArgs& args, uint64_t slot_id) {
   return engine_->CommitSlot(slot_id, args.key, po);
 }
 
+absl::StatusOr<std::unique_ptr<IncrementalChunkCheck>> KvService::BeginStreamedCommit(
+    uint64_t slot_id) {
+  tiering::DramTier* dram = engine_->dram();
+  if (dram == nullptr) return absl::FailedPreconditionError("no DRAM tier: no shared-memory slots");
+  KVTIER_ASSIGN_OR_RETURN(tiering::PoolExtent e, FindSlot(slot_id, /*remove=*/false));
+  return std::make_unique<IncrementalChunkCheck>(
+      std::span<const uint8_t>(dram->base() + e.offset, e.length));
+}
+
+absl::Status KvService::FinishStreamedCommit(const PutArgs& args, uint64_t slot_id,
+                                             IncrementalChunkCheck& check) {
+  auto ext = FindSlot(slot_id, /*remove=*/true);
+  if (!ext.ok()) return absl::NotFoundError(absl::StrCat("slot ", slot_id, " unknown or expired"));
+  absl::Status st = check.Finish().status();
+  if (!st.ok()) {
+    if (absl::IsNotFound(engine_->AbortSlot(slot_id))) {
+      return absl::NotFoundError(absl::StrCat("slot ", slot_id, " unknown or expired"));
+    }
+    return st;
+  }
+  tiering::PutOptions po;
+  po.durable = args.durable;
+  po.tier = args.tier;
+  return engine_->CommitSlot(slot_id, args.key, po);
+}
+
 absl::Status KvService::VerifyStored(const Hash128& key, std::span<const uint8_t> bytes) {
   absl::Status st = VerifyChunkParallel(bytes).status();
   if (st.ok()) return st;

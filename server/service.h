@@ -17,6 +17,7 @@
 #define KVTIER_SERVER_SERVICE_H_
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -28,6 +29,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/hash.h"
+#include "server/chunk_check.h"
 #include "tiering/placement_engine.h"
 
 namespace kvtier::server {
@@ -97,6 +99,17 @@ class KvService {
   // as `args.key` without a copy. NotFound for an unknown or expired slot,
   // DataLoss/InvalidArgument for bad bytes (the slot is then freed).
   absl::Status CommitSlot(const PutArgs& args, uint64_t slot_id);
+
+  // A streamed commit of slot `slot_id`: the returned check is advanced as
+  // the client reports bytes written (overlapping the check with the copy),
+  // then FinishStreamedCommit stores the slot as `args.key` without a copy.
+  // NotFound for an unknown or expired slot. On any error of the check the
+  // caller aborts the slot (AbortSlot).
+  absl::StatusOr<std::unique_ptr<IncrementalChunkCheck>> BeginStreamedCommit(uint64_t slot_id);
+  // Finishes `check` (DataLoss/InvalidArgument: the slot is freed) and
+  // commits. NotFound if the slot expired meanwhile.
+  absl::Status FinishStreamedCommit(const PutArgs& args, uint64_t slot_id,
+                                    IncrementalChunkCheck& check);
 
   // kCopy: bytes in the result. kShm: the chunk's extent in the pool, valid
   // until the lease (lease_ms) is released or expires, or a scratch-slot

@@ -294,6 +294,57 @@ TEST_F(E2eTest, SlotWrittenAfterCommitIsDataLossOnGet) {
   EXPECT_EQ(c->AbortSlot(*slot).code(), absl::StatusCode::kNotFound);
 }
 
+// The streamed put (what libkvtier's Put uses with shared memory) through a
+// raw stub: a corrupt chunk, a stream without its commit message, a length
+// beyond the slot and a changed slot id each get their code and free the slot.
+TEST_F(E2eTest, StreamedPutChecksBytesAndStreamRules) {
+  auto c = Client();
+  ASSERT_TRUE(c);
+  auto stub = RawStub();
+  auto chunk = MakeChunk(18);
+  auto run = [&](std::vector<uint8_t> bytes, const std::vector<std::pair<uint64_t, bool>>& msgs,
+                 int64_t slot_delta = 0) {
+    auto slot = c->AllocateSlot(bytes.size());
+    EXPECT_TRUE(slot.ok());
+    if (!slot.ok()) return grpc::StatusCode::UNKNOWN;
+    std::copy(bytes.begin(), bytes.end(), slot->data.begin());
+    grpc::ClientContext ctx;
+    Deadline(ctx);
+    pb::PutResponse resp;
+    auto w = stub->PutStream(&ctx, &resp);
+    for (size_t i = 0; i < msgs.size(); ++i) {
+      pb::PutStreamRequest m;
+      m.set_version(1);
+      m.set_key(std::string(16, 's'));
+      m.set_slot_id(slot->id + (i > 0 ? slot_delta : 0));
+      m.set_written_bytes(msgs[i].first);
+      m.set_commit(msgs[i].second);
+      if (!w->Write(m)) break;
+    }
+    w->WritesDone();
+    grpc::StatusCode code = w->Finish().error_code();
+    // Whatever happened, the slot is no longer open.
+    EXPECT_EQ(c->AbortSlot(*slot).code(), absl::StatusCode::kNotFound);
+    return code;
+  };
+  const uint64_t n = chunk.size();
+  auto bad = chunk;
+  bad[n / 2] ^= 8;
+  EXPECT_EQ(run(bad, {{n / 3, false}, {n, true}}), grpc::StatusCode::DATA_LOSS);
+  EXPECT_EQ(run(chunk, {{n / 3, false}, {n / 2, false}}), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(run(chunk, {{n + 1, true}}), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(run(chunk, {{n / 2, false}, {n / 3, true}}), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(run(chunk, {{n / 3, false}, {n, true}}, 1), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(run(chunk, {{n / 3, false}, {n / 2, true}}), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(run(chunk, {{n / 3, false}, {n, true}}), grpc::StatusCode::OK);
+  EXPECT_EQ(c->Get(Hash128::Of(std::string_view("x"), 0)).status().code(),
+            absl::StatusCode::kNotFound);
+  // The daemon still serves, and the committed chunk reads back.
+  Hash128 k;
+  std::memset(k.bytes.data(), 's', k.bytes.size());
+  EXPECT_EQ(c->Get(k).value(), chunk);
+}
+
 TEST_F(E2eTest, HoldReadsTheChunkInPlaceUntilUnhold) {
   auto c = Client();
   ASSERT_TRUE(c);
