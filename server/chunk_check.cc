@@ -4,6 +4,8 @@
 #include <cstring>
 #include <future>
 
+#include <immintrin.h>
+
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 
@@ -19,6 +21,35 @@ namespace {
 constexpr size_t kPieceBytes = size_t{256} << 10;
 // Below this a second thread costs more than it saves.
 constexpr size_t kParallelMinBytes = size_t{2} << 20;
+
+// glibc's memcpy of a few hundred KiB uses `rep movsb`, which on AMD Zen runs
+// at half speed when source and destination are not equally aligned (a pool
+// slot is page aligned, a malloc'ed buffer is 16 bytes past a page): 4.4 ms
+// instead of 2.1 ms for 24 MiB on the benchmark VM. Unaligned AVX2 loads and
+// stores do not care.
+__attribute__((target("avx2"))) void CopyAvx2(uint8_t* d, const uint8_t* s, size_t n) {
+  size_t i = 0;
+  for (; i + 128 <= n; i += 128) {
+    __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i));
+    __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i + 32));
+    __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i + 64));
+    __m256i e = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i + 96));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + i), a);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + i + 32), b);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + i + 64), c);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + i + 96), e);
+  }
+  std::memcpy(d + i, s + i, n - i);
+}
+
+void CopyPiece(uint8_t* d, const uint8_t* s, size_t n) {
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  if (avx2) {
+    CopyAvx2(d, s, n);
+  } else {
+    std::memcpy(d, s, n);
+  }
+}
 
 absl::Status Mismatch(const char* name, uint64_t want, uint64_t got) {
   return absl::DataLossError(absl::StrCat(name, "_checksum: stored 0x", absl::Hex(want),
@@ -64,7 +95,7 @@ absl::StatusOr<codec::ChunkHeader> VerifyChunkParallel(std::span<const uint8_t> 
 
 void CopyInPieces(std::span<uint8_t> dst, std::span<const uint8_t> src) {
   for (size_t o = 0; o < src.size(); o += kPieceBytes) {
-    std::memcpy(dst.data() + o, src.data() + o, std::min(kPieceBytes, src.size() - o));
+    CopyPiece(dst.data() + o, src.data() + o, std::min(kPieceBytes, src.size() - o));
   }
 }
 
@@ -81,7 +112,7 @@ absl::StatusOr<codec::ChunkHeader> CopyVerified(std::span<uint8_t> dst,
   XXH3_64bits_reset(&vs);
   for (size_t o = head; o < src.size(); o += kPieceBytes) {
     const size_t n = std::min(kPieceBytes, src.size() - o);
-    std::memcpy(dst.data() + o, src.data() + o, n);
+    CopyPiece(dst.data() + o, src.data() + o, n);
     auto [ko, kn] = Overlap(o, o + n, h.layout.k_offset, h.layout.k.bytes);
     if (kn) XXH3_64bits_update_dispatch(&ks, dst.data() + ko, kn);
     auto [vo, vn] = Overlap(o, o + n, h.layout.v_offset, h.layout.v.bytes);
