@@ -80,12 +80,10 @@ const char* KernelName(AttentionKernel k) {
   switch (k) {
     case AttentionKernel::kAuto:
       return "auto";
-    case AttentionKernel::kCtaPipeline:
-      return "cta_cp_async";
-    case AttentionKernel::kWarpPipeline:
-      return "warp_cp_async";
-    case AttentionKernel::kWarpBulk:
-      return "warp_bulk";
+    case AttentionKernel::kCudaCore:
+      return "cuda_core";
+    case AttentionKernel::kTensorCore:
+      return "tensor_core";
   }
   return "?";
 }
@@ -254,16 +252,16 @@ int main(int argc, char** argv) {
         json += (first ? "" : ", ") + Run(f, batch, ctx);
         first = false;
       }
-  // Every kernel choice at the target shape, NHD and HND blocks (HND: a
-  // head's rows of a block are contiguous, one bulk copy per warp tile), and
-  // at batch 64 ctx 32K; the main table uses kAuto.
+  // Both kernels (CUDA-core FP32 FMAs, tensor-core mma) at the target shape
+  // with NHD and HND blocks, and NHD at a few other shapes; the main table
+  // uses kAuto (tensor cores for this group of 4).
   json += "], \"kernel_sweep\": [";
   first = true;
-  for (const auto& [batch, ctx] : {std::pair{32u, 8192u}, std::pair{64u, 32768u}})
+  for (const auto& [batch, ctx] : {std::pair{32u, 8192u}, std::pair{1u, 8192u}, std::pair{8u, 8192u},
+                                   std::pair{32u, 2048u}, std::pair{64u, 32768u}})
     for (bool hnd : {false, true}) {
-      if (hnd && batch != 32) continue;
-      for (AttentionKernel k : {AttentionKernel::kCtaPipeline, AttentionKernel::kWarpPipeline,
-                                AttentionKernel::kWarpBulk})
+      if (hnd && batch != 32 || hnd && ctx != 8192) continue;
+      for (AttentionKernel k : {AttentionKernel::kCudaCore, AttentionKernel::kTensorCore})
         for (const Format& f : formats) {
           json += (first ? "" : ", ") + Run(f, batch, ctx, 0, hnd, k);
           first = false;

@@ -33,10 +33,12 @@
 //   its 8 dims. At the end the warps' states are merged in shared memory and
 //   the partition's (max, sum, unnormalized output) goes to the workspace.
 // - A combine kernel merges the partitions of each (sequence, q head).
-// - MODE (AttentionKernel) only changes how rows reach shared memory: the
-//   CTA pipeline above, or per-warp pipelines (cp.async, or bulk copies on
-//   mbarriers) with no CTA barrier in the loop. Measured equal or slower on
-//   an H100 (kernels/README.md, run 4), so kAuto is the CTA pipeline.
+// - The above is the CUDA-core kernel (AttentionKernel::kCudaCore). The
+//   tensor-core kernel (kTensorCore, AttnPartialTcKernel below) keeps the
+//   CTA, pipeline and combine and does q.K^T and P.V with mma.sync; kAuto
+//   picks it for groups >= kTensorCoreMinGroup. (Per-warp cp.async and
+//   bulk-copy pipelines were measured in run 4, no faster, and removed:
+//   kernels/README.md.)
 
 namespace kvtier::kernels {
 namespace {
@@ -54,6 +56,9 @@ constexpr int kMaxPart = static_cast<int>(kAttentionMaxPartitionTokens);
 constexpr int kMinPart = static_cast<int>(kAttentionMinPartitionTokens);
 constexpr int kTargetParts = 2048;
 constexpr float kLog2e = 1.4426950408889634f;
+// kAuto runs the tensor-core kernel from this many q heads per kv head up
+// (FlashInfer's choice too; smaller groups waste most of the 16 mma rows).
+constexpr uint32_t kTensorCoreMinGroup = 4;
 static_assert(kMinPart % kTile == 0 && kMaxPart % kTile == 0,
               "partitions are whole pipeline tiles");
 
@@ -89,17 +94,6 @@ struct Geometry {
   static constexpr int PIPE = STAGES * STAGE;
   static constexpr int MERGE = kWarps * GP * (HD + 2) * 4;  // per-warp states at the end
   static constexpr int SMEM = PIPE > MERGE ? PIPE : MERGE;
-  // Warp pipelines: a warp's tile is its WT rows of a CTA tile; each warp
-  // keeps kInFlightBytes / kWarps of rows in flight in its own stages.
-  static constexpr int WT = NG * U;
-  static constexpr int WSTAGE = WT * (KROW + VROW);
-  static constexpr int WSTAGES = 1 + (kInFlightBytes / kWarps + WSTAGE - 1) / WSTAGE;
-  static constexpr int WPIPE = kWarps * WSTAGES * WSTAGE;
-  static constexpr int WSMEM = WPIPE > MERGE ? WPIPE : MERGE;
-  static_assert(WT * kWarps == kTile && 2 * WT <= 32, "a lane per K and V row of a warp tile");
-  static_assert((WT * KCH) % 32 == 0 && (WT * VCH) % 32 == 0,
-                "every lane issues the same number of 16-byte copies per warp tile");
-  static_assert(WSTAGE % 16 == 0 && WSTAGES <= 32, "16-byte aligned warp stages");
 
   static_assert(32 % TG == 0 || TG == 32, "a token row is split over the lanes of one warp");
   static_assert(TG <= 32 && NG >= 1 && U >= 1, "tile must cover every token group");
@@ -192,76 +186,16 @@ __device__ __forceinline__ void ReduceScatter(float (&v)[N], int lane) {
   ReduceScatterStep<N, TG / 2>(v, lane);
 }
 
-// How K/V rows reach shared memory (AttentionKernel minus kAuto).
-enum Mode : int {
-  kModeCta = 0,   // CTA tiles of kTile rows, cp.async by all threads, __syncthreads per tile
-  kModeWarp = 1,  // warp tiles of WT rows, each warp its own cp.async pipeline
-  kModeBulk = 2,  // warp tiles, cp.async.bulk per contiguous run of rows + one mbarrier per stage
-};
-
-__device__ __forceinline__ void MbarInit(uint64_t* bar, uint32_t count) {
-#if __CUDA_ARCH__ >= 900
-  const uint32_t b = static_cast<uint32_t>(__cvta_generic_to_shared(bar));
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(b), "r"(count) : "memory");
-  // Makes the initialized barrier visible to the copy engine (async proxy).
-  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void MbarArriveExpectTx(uint64_t* bar, uint32_t bytes) {
-#if __CUDA_ARCH__ >= 900
-  const uint32_t b = static_cast<uint32_t>(__cvta_generic_to_shared(bar));
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(b), "r"(bytes)
-               : "memory");
-#endif
-}
-__device__ __forceinline__ void MbarWait(uint64_t* bar, uint32_t parity) {
-#if __CUDA_ARCH__ >= 900
-  const uint32_t b = static_cast<uint32_t>(__cvta_generic_to_shared(bar));
-  uint32_t done = 0;
-  do {
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        " selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(b), "r"(parity)
-        : "memory");
-  } while (!done);
-#endif
-}
-// One bulk copy (the Hopper copy engine) of `bytes` (a multiple of 16, both
-// addresses 16-byte aligned) that completes `bytes` of the mbarrier's
-// transaction count.
-__device__ __forceinline__ void BulkCopy(void* dst, const void* src, uint32_t bytes,
-                                         uint64_t* bar) {
-#if __CUDA_ARCH__ >= 900
-  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
-  const uint32_t b = static_cast<uint32_t>(__cvta_generic_to_shared(bar));
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
-          "r"(d),
-      "l"(src), "r"(bytes), "r"(b)
-      : "memory");
-#endif
-}
-
-template <int HD, int GP, bool K8, bool V8, bool BF16, int MODE>
+template <int HD, int GP, bool K8, bool V8, bool BF16>
 __global__ void __launch_bounds__(kThreads, GP <= 4 ? 4 : 2)
     AttnPartialKernel(const __grid_constant__ AttnParams p) {
   using G_ = Geometry<HD, GP, K8, V8>;
   constexpr int TG = G_::TG, NG = G_::NG, U = G_::U, N = G_::N, CF = G_::CF;
-  constexpr int WT = G_::WT, WS = G_::WSTAGES;
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ int32_t s_block[kMaxPart + 1];
   __shared__ __align__(16) float s_p[kWarps][NG * N];  // probabilities (x V scale)
   __shared__ __align__(16) float s_alpha[kWarps][GP];  // per-head rescale of this tile
-  __shared__ __align__(8) uint64_t s_bar[MODE == kModeBulk ? kWarps * WS : 1];
 
-#if __CUDA_ARCH__ < 900
-  if constexpr (MODE == kModeBulk) {
-    __trap();  // never launched: the launcher checks the code's architecture
-  } else
-#endif
-  {
   const PagedKvLayout& c = p.cache;
   // kv head fastest: the CTAs of all kv heads of one (sequence, partition)
   // run side by side and read neighbouring rows of the same cache blocks.
@@ -280,10 +214,6 @@ __global__ void __launch_bounds__(kThreads, GP <= 4 ? 4 : 2)
   const int nblk = ((t_begin + n - 1) >> shift) - first_blk + 1;
   const int32_t* table = p.block_table + uint64_t{b} * p.max_blocks_per_seq + first_blk;
   for (int i = tid; i < nblk; i += kThreads) s_block[i] = __ldg(table + i);
-  uint64_t* bar = s_bar + (MODE == kModeBulk ? warp * WS : 0);
-  if constexpr (MODE == kModeBulk) {
-    if (lane < WS) MbarInit(bar + lane, 1);
-  }
 
   float q[GP][kVec];
   {
@@ -406,7 +336,7 @@ __global__ void __launch_bounds__(kThreads, GP <= 4 ? 4 : 2)
     __syncwarp();  // s_p / s_alpha are rewritten next tile
   };
 
-  if constexpr (MODE == kModeCta) {
+  {
     // Producer: every thread issues the same number of 16-byte copies.
     auto load_tile = [&](int tile, int stage) {
       uint8_t* st = smem + stage * G_::STAGE;
@@ -459,112 +389,6 @@ __global__ void __launch_bounds__(kThreads, GP <= 4 ? 4 : 2)
               K8 ? s_ks[tok0 + u_l] : 1.0f, V8 ? s_vs[tok0 + u_l] : 1.0f);
     }
     CpAsyncWait<0>();
-  } else {
-    // Warp w owns rows [(j * kWarps + w) * WT, +WT) of the partition (its
-    // tile j) and runs its own WS-deep pipeline in its slice of `smem`:
-    // no barrier between warps until the merge.
-    uint8_t* wst = smem + warp * WS * G_::WSTAGE;
-    const int nrows = (n + WT - 1) / WT;
-    const int ntw = nrows > warp ? (nrows - warp + kWarps - 1) / kWarps : 0;
-    auto issue = [&](int j, int stage) {
-      const int t0 = (j * kWarps + warp) * WT;
-      uint8_t* st = wst + stage * G_::WSTAGE;
-      if constexpr (MODE == kModeBulk) {
-        // Lanes [0, WT) take K rows, [WT, 2 WT) V rows. A row that directly
-        // follows the previous lane's row in device memory (HND blocks) joins
-        // its run; the lane that starts a run copies all of it in one go.
-        const int r = lane % WT;
-        const bool is_v = lane >= WT;
-        const bool ok = lane < 2 * WT && t0 + r < n;
-        const int rowb = is_v ? G_::VROW : G_::KROW;
-        const uint8_t* src = ok ? (is_v ? v_src(t0 + r) : k_src(t0 + r)) : nullptr;
-        const uint8_t* prev = reinterpret_cast<const uint8_t*>(
-            __shfl_up_sync(0xffffffffu, reinterpret_cast<uint64_t>(src), 1));
-        const bool joins = ok && r > 0 && src == prev + rowb;
-        const uint32_t okm = __ballot_sync(0xffffffffu, ok);
-        const uint32_t jm = __ballot_sync(0xffffffffu, joins);
-        if (lane == 0) {
-          MbarArriveExpectTx(bar + stage, __popc(okm & ((1u << WT) - 1)) * G_::KROW +
-                                              __popc(okm >> WT) * G_::VROW);
-        }
-        __syncwarp();
-        if (ok && !joins) {
-          const uint32_t rows = __ffs(~(jm >> (lane + 1)));  // 1 + rows that join
-          BulkCopy(st + (is_v ? WT * G_::KROW + r * G_::VROW : r * G_::KROW), src, rows * rowb,
-                   bar + stage);
-        }
-      } else {
-#pragma unroll
-        for (int k = 0; k < WT * G_::KCH / 32; ++k) {
-          const int i = lane + k * 32;
-          const int r = i / G_::KCH, col = i % G_::KCH;
-          const bool ok = t0 + r < n;
-          CpAsync16(st + r * G_::KROW + col * 16, k_src(ok ? t0 + r : 0) + col * 16, ok);
-        }
-#pragma unroll
-        for (int k = 0; k < WT * G_::VCH / 32; ++k) {
-          const int i = lane + k * 32;
-          const int r = i / G_::VCH, col = i % G_::VCH;
-          const bool ok = t0 + r < n;
-          CpAsync16(st + WT * G_::KROW + r * G_::VROW + col * 16, v_src(ok ? t0 + r : 0) + col * 16,
-                    ok);
-        }
-      }
-    };
-    // This lane's scales for tile j, loaded a tile ahead (they are not in the pipeline).
-    auto load_scales = [&](int j, float& ks, float& vs) {
-      ks = 1.0f;
-      vs = 1.0f;
-      if constexpr (K8 || V8) {
-        const int t = (j * kWarps + warp) * WT + grp * U + u_l;
-        if (t < n) {
-          const int abs_t = t_begin + t;
-          const int64_t idx = c.scale_index(s_block[(abs_t >> shift) - first_blk], kvh);
-          if constexpr (K8) ks = __ldg(kscale + idx);
-          if constexpr (V8) vs = __ldg(vscale + idx);
-        }
-      }
-    };
-#pragma unroll
-    for (int s = 0; s < WS - 1; ++s) {
-      if (s < ntw) issue(s, s);
-      if constexpr (MODE == kModeWarp) CpAsyncCommit();
-    }
-    float ks_next, vs_next;
-    load_scales(0, ks_next, vs_next);
-    for (int j = 0; j < ntw; ++j) {
-      // Stage (j - 1) % WS was read by tile j - 1, which ended with __syncwarp.
-      if (j + WS - 1 < ntw) issue(j + WS - 1, (j + WS - 1) % WS);
-      const float ks = ks_next, vs = vs_next;
-      if (j + 1 < ntw) load_scales(j + 1, ks_next, vs_next);
-      const int stage = j % WS;
-      uint8_t* st = wst + stage * G_::WSTAGE;
-      const int t0 = (j * kWarps + warp) * WT;
-      if constexpr (MODE == kModeBulk) {
-        MbarWait(bar + stage, (j / WS) & 1);
-        if (t0 + WT > n) {
-          // Rows past the end were not copied: zero them (0 x stale NaN would
-          // poison the sum). Only the warp's last tile; its stage is not reused.
-          constexpr int kChunks = WT * (G_::KCH + G_::VCH);
-          for (int i = lane; i < kChunks; i += 32) {
-            const bool is_v = i >= WT * G_::KCH;
-            const int ii = is_v ? i - WT * G_::KCH : i;
-            const int r = ii / (is_v ? G_::VCH : G_::KCH), col = ii % (is_v ? G_::VCH : G_::KCH);
-            if (t0 + r >= n) {
-              *reinterpret_cast<uint4*>(st + (is_v ? WT * G_::KROW + r * G_::VROW : r * G_::KROW) +
-                                        col * 16) = make_uint4(0, 0, 0, 0);
-            }
-          }
-          __syncwarp();
-        }
-      } else {
-        CpAsyncCommit();
-        CpAsyncWait<WS - 1>();
-        __syncwarp();  // every lane's copies of tile j landed
-      }
-      compute(st, st + WT * G_::KROW, grp * U, t0 + grp * U + u_l < n, ks, vs);
-    }
-    if constexpr (MODE == kModeWarp) CpAsyncWait<0>();
   }
   __syncthreads();  // the pipeline's shared memory is reused below
 
@@ -619,6 +443,407 @@ __global__ void __launch_bounds__(kThreads, GP <= 4 ? 4 : 2)
       p.ws_ml[2 * r + 1] = sum;
     }
   }
+}
+
+// ---------------------------------------------------------------------------
+// Tensor-core kernel (AttentionKernel::kTensorCore). Same CTA, pipeline,
+// partitions and combine as above; per tile of kTcTile tokens each warp takes
+// 16 tokens and computes, with mma.sync m16n8k16 (FP32 accumulate):
+//   S[16 x 16] = Q[16 x HD] . K^T   (rows 0..7: the group's q heads, padded
+//                                    with zero rows; rows 8..15 are zero too)
+//   O[16 x HD] += P[16 x 16] . V
+// Only rows 0..7 are kept (group <= 8): the accumulator registers of rows
+// 8..15 are scratch, so S costs 4 and O HD/4 registers per thread.
+// - K: each lane reads 16-byte chunks of a K row (lane (g, t) of the
+//   fragment layout: row g of the n-tile, chunk 4s + t of span s), and the
+//   head dimension is permuted within the chunk so that a chunk's words are
+//   directly the B fragments (b0 = dims 4j..4j+1, b1 = 4j+2..4j+3 of the
+//   chunk's 4j-th dims); q's A fragments use the same permutation (q.k is a
+//   sum over dims, so any common order gives the same dot). FP8 K codes are
+//   converted to FP16 pairs (cvt e4m3x2 -> f16x2); q.k then runs in FP16
+//   (q converted from BF16 when needed; exact for |q| < 65504) and the K
+//   scale multiplies the logit.
+// - V 16-bit: ldmatrix.x4.trans of swizzled 16-byte chunks gives the B
+//   fragments. FP8 V: lane (g, t) reads 4 codes (dims 4g..4g+3 of a 32-dim
+//   span) of tokens 2t, 2t+1, 2t+8, 2t+9, byte-permutes them into
+//   token pairs and converts to f16x2, so n-tile 4s + j holds dims
+//   32s + 4n + j (un-permuted when the result is written). P.V then runs in
+//   FP16 with P' = p * v_scale / w, where w is the running max of the V
+//   scales seen by the warp (rescaled like the softmax max), so P' <= 1
+//   keeps FP16's precision whatever the scales; O is multiplied by w at the
+//   end.
+// - Online softmax (base 2) on the accumulator fragments: a row's 16 logits
+//   are spread over the 4 lanes of a quad (2 shuffles for the max; the sum
+//   is kept per lane and reduced once at the end).
+// - Shared memory rows are XOR-swizzled by 16-byte chunk (SwzK / SwzV) so
+//   that these reads are free of bank conflicts.
+constexpr int kTcTile = 64;  // tokens per pipeline stage: 16 per warp
+constexpr int kTcInFlightBytes = 48 * 1024;
+constexpr int kTcRows = 8;  // q-head rows kept (kAttentionMaxGroup)
+static_assert(kMinPart % 32 == 0 && kTcRows >= static_cast<int>(kAttentionMaxGroup),
+              "tensor-core rows cover every group");
+
+template <int HD, bool K8, bool V8>
+struct TcGeometry {
+  static constexpr int KB = K8 ? 1 : 2, VB = V8 ? 1 : 2;
+  static constexpr int KROW = HD * KB, VROW = HD * VB;
+  static constexpr int KCH = KROW / 16, VCH = VROW / 16;
+  static constexpr int KE = 16 / KB;       // dims per 16-byte K chunk
+  static constexpr int KSPANS = KCH / 4;   // chunk groups read by the 4 lanes of a quad
+  static constexpr int KSTEPS = HD / 16;   // mma k-steps of q.k
+  static constexpr int NT = HD / 8;        // mma n-tiles of p.v
+  static constexpr int STAGE_K = kTcTile * KROW, STAGE_V = kTcTile * VROW;
+  static constexpr int STAGE = STAGE_K + STAGE_V + 2 * kTcTile * 4;  // rows + K, V scales
+  static constexpr int STAGES =
+      1 + (kTcInFlightBytes + STAGE_K + STAGE_V - 1) / (STAGE_K + STAGE_V);
+  static constexpr int PIPE = STAGES * STAGE;
+  static constexpr int MERGE = kWarps * kTcRows * (HD + 2) * 4;
+  static constexpr int SMEM = PIPE > MERGE ? PIPE : MERGE;
+  static_assert(KCH % 4 == 0 && KSPANS * KE * 4 == HD, "a quad covers whole K rows");
+  static_assert((kTcTile * KCH) % kThreads == 0 && (kTcTile * VCH) % kThreads == 0,
+                "every thread issues the same number of 16-byte copies per tile");
+  static_assert(2 * kTcTile == kThreads, "one thread per K scale and per V scale");
+  static_assert(V8 || VCH >= 8, "ldmatrix swizzle needs 8 chunks per row");
+  static_assert(STAGE % 16 == 0 && STAGE_K % 16 == 0, "16-byte aligned stages");
+};
+
+// Physical 16-byte chunk of logical chunk c of tile row r.
+template <int KCH>
+__device__ __forceinline__ int SwzK(int r, int c) {
+  // A quarter-warp's 16-byte reads touch rows 2i, 2i+1 at the same 4 chunks.
+  return KCH >= 8 ? c ^ ((r & 1) << 2) : c;
+}
+template <bool V8, int VCH>
+__device__ __forceinline__ int SwzV(int r, int c) {
+  if constexpr (!V8) return c ^ (r & 7);  // ldmatrix: 8 rows, same chunk
+  // FP8: a warp reads 32 bytes of rows 2t (+1, +8, +9), t = 0..3.
+  if constexpr (VCH >= 8) return c ^ (((r >> 1) & 3) << 1);
+  return c ^ (((r >> 1) & 1) << 1);
+}
+
+// d[0..1] (row g, cols 2t, 2t+1) += A . B with A rows 8..15 zero.
+template <bool BF16>
+__device__ __forceinline__ void MmaRows8(float (&d)[2], uint32_t a0, uint32_t a2, uint32_t b0,
+                                         uint32_t b1) {
+  float j2, j3;
+  if constexpr (BF16) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%10,%11,%12,%13};\n"
+        : "=f"(d[0]), "=f"(d[1]), "=f"(j2), "=f"(j3)
+        : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1), "f"(d[0]), "f"(d[1]), "f"(0.0f),
+          "f"(0.0f));
+  } else {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%10,%11,%12,%13};\n"
+        : "=f"(d[0]), "=f"(d[1]), "=f"(j2), "=f"(j3)
+        : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1), "f"(d[0]), "f"(d[1]), "f"(0.0f),
+          "f"(0.0f));
+  }
+}
+
+__device__ __forceinline__ void LdsmX4T(uint32_t (&r)[4], const void* p) {
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(s));
+}
+
+// Two FP8 e4m3 codes (low 16 bits) -> f16x2, low code in the low half.
+__device__ __forceinline__ uint32_t Fp8x2ToH2(uint32_t two) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(
+      static_cast<__nv_fp8x2_storage_t>(two & 0xFFFFu), __NV_E4M3);
+  return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
+}
+
+template <bool BF16>
+__device__ __forceinline__ uint32_t Pack2(float lo, float hi) {
+  if constexpr (BF16) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  } else {
+    const __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  }
+}
+
+// 3 CTAs per SM up to head_dim 128 (<= 168 registers; shared memory allows 3).
+template <int HD>
+inline constexpr int kTcMinBlocks = HD <= 128 ? 3 : 2;
+
+template <int HD, bool K8, bool V8, bool BF16>
+__global__ void __launch_bounds__(kThreads, kTcMinBlocks<HD>)
+    AttnPartialTcKernel(const __grid_constant__ AttnParams p) {
+  using G_ = TcGeometry<HD, K8, V8>;
+  constexpr bool kQkBf16 = BF16 && !K8;  // mma input type of q.k
+  constexpr bool kPvBf16 = BF16 && !V8;  // and of p.v
+  extern __shared__ __align__(16) uint8_t smem[];
+  __shared__ int32_t s_block[kMaxPart + 1];
+
+  const PagedKvLayout& c = p.cache;
+  const uint32_t b = blockIdx.z, kvh = blockIdx.x, part = blockIdx.y;
+  const int len = __ldg(p.seq_lens + b);
+  const int t_begin = static_cast<int>(part * p.part_tokens);
+  if (t_begin >= len) return;
+  const int n = min(static_cast<int>(p.part_tokens), len - t_begin);
+  const int G = static_cast<int>(p.group);
+  const uint32_t shift = p.bs_shift;
+  const uint32_t bs_mask = (1u << shift) - 1;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int g = lane >> 2, t = lane & 3;  // mma fragment row / column pair
+
+  const int first_blk = t_begin >> shift;
+  const int nblk = ((t_begin + n - 1) >> shift) - first_blk + 1;
+  const int32_t* table = p.block_table + uint64_t{b} * p.max_blocks_per_seq + first_blk;
+  for (int i = tid; i < nblk; i += kThreads) s_block[i] = __ldg(table + i);
+
+  // q A fragments (rows g < G), in the permuted dim order of the K chunks.
+  uint32_t qa[G_::KSTEPS][2];
+  {
+    const uint16_t* qrow = static_cast<const uint16_t*>(p.q) +
+                           (uint64_t{b} * p.num_q_heads + uint64_t{kvh} * G + g) * HD;
+#pragma unroll
+    for (int s = 0; s < G_::KSPANS; ++s) {
+      const uint16_t* src = qrow + s * 4 * G_::KE + t * G_::KE;
+      constexpr int kWords = G_::KE / 2;  // 4 (16-bit K) or 8 (FP8 K)
+      uint32_t w[kWords];
+#pragma unroll
+      for (int i = 0; i < kWords / 4; ++i) {
+        uint4 x = make_uint4(0, 0, 0, 0);
+        if (g < G) x = __ldg(reinterpret_cast<const uint4*>(src) + i);
+        w[4 * i] = x.x;
+        w[4 * i + 1] = x.y;
+        w[4 * i + 2] = x.z;
+        w[4 * i + 3] = x.w;
+      }
+#pragma unroll
+      for (int i = 0; i < kWords; ++i) {
+        uint32_t v = w[i];
+        if constexpr (K8 && BF16) {
+          const float2 f = Unpack16x2<true>(v);
+          v = Pack2<false>(f.x, f.y);
+        }
+        qa[s * (kWords / 2) + i / 2][i % 2] = v;
+      }
+    }
+  }
+  __syncthreads();  // s_block
+
+  const uint8_t* kbase = static_cast<const uint8_t*>(c.k_layers[p.layer]);
+  const uint8_t* vbase = static_cast<const uint8_t*>(c.v_layers[p.layer]);
+  const float* kscale = K8 ? c.k_scale_layers[p.layer] : nullptr;
+  const float* vscale = V8 ? c.v_scale_layers[p.layer] : nullptr;
+  auto load_tile = [&](int tile, int stage) {
+    uint8_t* st = smem + stage * G_::STAGE;
+    const int t0 = tile * kTcTile;
+#pragma unroll
+    for (int k = 0; k < kTcTile * G_::KCH / kThreads; ++k) {
+      const int i = tid + k * kThreads;
+      const int r = i / G_::KCH, col = i % G_::KCH;
+      const bool ok = t0 + r < n;
+      const int abs_t = t_begin + (ok ? t0 + r : 0);
+      const uint32_t blk = s_block[(abs_t >> shift) - first_blk];
+      CpAsync16(st + r * G_::KROW + SwzK<G_::KCH>(r, col) * 16,
+                kbase + int64_t{G_::KB} * c.k_elem(blk, abs_t & bs_mask, kvh, 0) + col * 16, ok);
+    }
+#pragma unroll
+    for (int k = 0; k < kTcTile * G_::VCH / kThreads; ++k) {
+      const int i = tid + k * kThreads;
+      const int r = i / G_::VCH, col = i % G_::VCH;
+      const bool ok = t0 + r < n;
+      const int abs_t = t_begin + (ok ? t0 + r : 0);
+      const uint32_t blk = s_block[(abs_t >> shift) - first_blk];
+      CpAsync16(st + G_::STAGE_K + r * G_::VROW + SwzV<V8, G_::VCH>(r, col) * 16,
+                vbase + int64_t{G_::VB} * c.v_elem(blk, abs_t & bs_mask, kvh, 0) + col * 16, ok);
+    }
+    if constexpr (K8 || V8) {
+      const int r = tid % kTcTile;
+      const bool is_v = tid >= kTcTile;
+      if (is_v ? V8 : K8) {
+        const bool ok = t0 + r < n;
+        const int abs_t = t_begin + (ok ? t0 + r : 0);
+        const uint32_t blk = s_block[(abs_t >> shift) - first_blk];
+        const float* src = (is_v ? vscale : kscale) + c.scale_index(blk, kvh);
+        CpAsync4(st + G_::STAGE_K + G_::STAGE_V + (is_v ? kTcTile : 0) * 4 + r * 4, src, ok);
+      }
+    }
+  };
+
+  float o[G_::NT][2];
+#pragma unroll
+  for (int i = 0; i < G_::NT; ++i) o[i][0] = o[i][1] = 0.0f;
+  float m_run = -INFINITY, l_run = 0.0f;  // row g; l_run: this lane's share
+  float w_run = 0.0f;                     // FP8 V: running max of the V scales
+
+  constexpr int kStages = G_::STAGES;
+  const int ntiles = (n + kTcTile - 1) / kTcTile;
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < ntiles) load_tile(s, s);
+    CpAsyncCommit();
+  }
+  const int wr = 16 * warp;  // the warp's first tile row
+  for (int it = 0; it < ntiles; ++it) {
+    CpAsyncWait<kStages - 2>();
+    __syncthreads();
+    if (it + kStages - 1 < ntiles) load_tile(it + kStages - 1, (it + kStages - 1) % kStages);
+    CpAsyncCommit();
+    const int tok0 = it * kTcTile + wr;  // partition-local token of tile row wr
+    if (tok0 >= n) continue;             // warp-uniform: nothing of this warp's here
+    const uint8_t* st = smem + (it % kStages) * G_::STAGE;
+    const float* s_ks = reinterpret_cast<const float*>(st + G_::STAGE_K + G_::STAGE_V);
+    const float* s_vs = s_ks + kTcTile;
+
+    // S = Q . K^T for tokens wr + 8 nt + 2t + e (nt, e in {0, 1}).
+    float s[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      const int r = wr + 8 * nt + g;
+      const uint8_t* row = st + r * G_::KROW;
+#pragma unroll
+      for (int sp = 0; sp < G_::KSPANS; ++sp) {
+        const uint4 x = *reinterpret_cast<const uint4*>(row + SwzK<G_::KCH>(r, 4 * sp + t) * 16);
+        if constexpr (!K8) {
+          MmaRows8<kQkBf16>(s[nt], qa[2 * sp][0], qa[2 * sp][1], x.x, x.y);
+          MmaRows8<kQkBf16>(s[nt], qa[2 * sp + 1][0], qa[2 * sp + 1][1], x.z, x.w);
+        } else {
+          const uint32_t ws[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            MmaRows8<false>(s[nt], qa[4 * sp + j][0], qa[4 * sp + j][1], Fp8x2ToH2(ws[j]),
+                            Fp8x2ToH2(ws[j] >> 16));
+          }
+        }
+      }
+    }
+
+    // Online softmax on the fragments: row g, this lane's 4 tokens.
+    float x[4];
+    float mt = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int tr = wr + 8 * (i / 2) + 2 * t + (i % 2);  // tile row
+      float sc = p.q_scale;
+      if constexpr (K8) sc *= s_ks[tr];
+      x[i] = it * kTcTile + tr < n ? s[i / 2][i % 2] * sc : -INFINITY;
+      mt = fmaxf(mt, x[i]);
+    }
+    mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 1));
+    mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 2));
+    const float m_new = fmaxf(m_run, mt);
+    const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+    float alpha = exp2f(m_run - m_use);
+    m_run = m_new;
+    float pr[4];
+    float sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      pr[i] = exp2f(x[i] - m_use);
+      sum += pr[i];
+    }
+    l_run = l_run * alpha + sum;
+    if constexpr (V8) {
+      float vs[4];
+      float vt = 0.0f;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        vs[i] = s_vs[wr + 8 * (i / 2) + 2 * t + (i % 2)];  // 0 past the end (zero-filled)
+        vt = fmaxf(vt, vs[i]);
+      }
+      vt = fmaxf(vt, __shfl_xor_sync(0xffffffffu, vt, 1));
+      vt = fmaxf(vt, __shfl_xor_sync(0xffffffffu, vt, 2));
+      const float w_new = fmaxf(w_run, vt);  // the same in every lane
+      if (w_new > w_run) {
+        alpha *= w_run / w_new;  // O is kept in units of w
+        w_run = w_new;
+      }
+      const float rw = w_run > 0.0f ? 1.0f / w_run : 0.0f;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) pr[i] *= vs[i] * rw;
+    }
+    if (__any_sync(0xffffffffu, alpha != 1.0f)) {
+#pragma unroll
+      for (int i = 0; i < G_::NT; ++i) {
+        o[i][0] *= alpha;
+        o[i][1] *= alpha;
+      }
+    }
+    const uint32_t a0 = Pack2<kPvBf16>(pr[0], pr[1]);  // tokens 2t, 2t+1
+    const uint32_t a2 = Pack2<kPvBf16>(pr[2], pr[3]);  // tokens 8+2t, 9+2t
+
+    // O += P . V
+    const uint8_t* vrows = st + G_::STAGE_K;
+    if constexpr (!V8) {
+      const int mi = lane >> 3, ri = lane & 7;
+      const int r = wr + (mi & 1) * 8 + ri;
+#pragma unroll
+      for (int cp = 0; cp < G_::NT / 2; ++cp) {
+        uint32_t bf[4];
+        LdsmX4T(bf, vrows + r * G_::VROW + SwzV<false, G_::VCH>(r, 2 * cp + (mi >> 1)) * 16);
+        MmaRows8<kPvBf16>(o[2 * cp], a0, a2, bf[0], bf[1]);
+        MmaRows8<kPvBf16>(o[2 * cp + 1], a0, a2, bf[2], bf[3]);
+      }
+    } else {
+      const int r0 = wr + 2 * t;
+      const int rows[4] = {r0, r0 + 1, r0 + 8, r0 + 9};
+#pragma unroll
+      for (int sp = 0; sp < HD / 32; ++sp) {
+        uint32_t w[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          w[i] = *reinterpret_cast<const uint32_t*>(
+              vrows + rows[i] * G_::VROW + SwzV<true, G_::VCH>(rows[i], 2 * sp + (g >> 2)) * 16 +
+              (g & 3) * 4);
+        }
+        const uint32_t lo01 = __byte_perm(w[0], w[1], 0x5140), hi01 = __byte_perm(w[0], w[1], 0x7362);
+        const uint32_t lo23 = __byte_perm(w[2], w[3], 0x5140), hi23 = __byte_perm(w[2], w[3], 0x7362);
+        MmaRows8<false>(o[4 * sp + 0], a0, a2, Fp8x2ToH2(lo01), Fp8x2ToH2(lo23));
+        MmaRows8<false>(o[4 * sp + 1], a0, a2, Fp8x2ToH2(lo01 >> 16), Fp8x2ToH2(lo23 >> 16));
+        MmaRows8<false>(o[4 * sp + 2], a0, a2, Fp8x2ToH2(hi01), Fp8x2ToH2(hi23));
+        MmaRows8<false>(o[4 * sp + 3], a0, a2, Fp8x2ToH2(hi01 >> 16), Fp8x2ToH2(hi23 >> 16));
+      }
+    }
+  }
+  CpAsyncWait<0>();
+  __syncthreads();  // the pipeline's shared memory is reused below
+
+  l_run += __shfl_xor_sync(0xffffffffu, l_run, 1);
+  l_run += __shfl_xor_sync(0xffffffffu, l_run, 2);
+  float* s_acc = reinterpret_cast<float*>(smem);  // [kWarps][kTcRows][HD]
+  float* s_ml = s_acc + kWarps * kTcRows * HD;    // [kWarps][kTcRows][2]
+  const float wscale = V8 ? w_run : 1.0f;
+#pragma unroll
+  for (int i = 0; i < G_::NT; ++i) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int d = V8 ? (i / 4) * 32 + 4 * (2 * t + e) + (i % 4) : 8 * i + 2 * t + e;
+      s_acc[(warp * kTcRows + g) * HD + d] = o[i][e] * wscale;
+    }
+  }
+  if (t == 0) {
+    s_ml[(warp * kTcRows + g) * 2] = m_run;
+    s_ml[(warp * kTcRows + g) * 2 + 1] = l_run;
+  }
+  __syncthreads();
+  const uint64_t row0 = (uint64_t{b} * p.num_q_heads + uint64_t{kvh} * G) * p.parts + part;
+  for (int i = tid; i < G * HD; i += kThreads) {
+    const int gg = i / HD, d = i % HD;
+    float mx = -INFINITY;
+#pragma unroll
+    for (int w2 = 0; w2 < kWarps; ++w2) mx = fmaxf(mx, s_ml[(w2 * kTcRows + gg) * 2]);
+    const float mu = mx == -INFINITY ? 0.0f : mx;
+    float acc = 0.0f, sum = 0.0f;
+#pragma unroll
+    for (int w2 = 0; w2 < kWarps; ++w2) {
+      const float f = exp2f(s_ml[(w2 * kTcRows + gg) * 2] - mu);
+      acc += f * s_acc[(w2 * kTcRows + gg) * HD + d];
+      sum += f * s_ml[(w2 * kTcRows + gg) * 2 + 1];
+    }
+    const uint64_t r = row0 + uint64_t{static_cast<uint32_t>(gg)} * p.parts;
+    p.ws_acc[r * HD + d] = acc;
+    if (d == 0) {
+      p.ws_ml[2 * r] = mx;
+      p.ws_ml[2 * r + 1] = sum;
+    }
   }
 }
 
@@ -659,88 +884,53 @@ absl::Status AllowSharedMemory(const void* kernel, int bytes, std::atomic<uint64
   return absl::OkStatus();
 }
 
-template <int HD, int GP, bool K8, bool V8, bool BF16, int MODE>
-absl::Status LaunchMode(const AttnParams& a, uint32_t batch, cudaStream_t stream) {
-  using G_ = Geometry<HD, GP, K8, V8>;
-  constexpr int kSmem = MODE == kModeCta ? G_::SMEM : G_::WSMEM;
-  auto* kernel = &AttnPartialKernel<HD, GP, K8, V8, BF16, MODE>;
-  static std::atomic<uint64_t> raised{0};  // one per instantiation
-  KVTIER_RETURN_IF_ERROR(AllowSharedMemory(reinterpret_cast<const void*>(kernel), kSmem, raised));
+template <typename Kernel>
+absl::Status LaunchPartial(Kernel* kernel, int smem_bytes, std::atomic<uint64_t>& raised,
+                           const AttnParams& a, uint32_t batch, cudaStream_t stream) {
+  KVTIER_RETURN_IF_ERROR(
+      AllowSharedMemory(reinterpret_cast<const void*>(kernel), smem_bytes, raised));
   const dim3 grid(a.cache.num_kv_heads, a.parts, batch);
-  kernel<<<grid, kThreads, kSmem, stream>>>(a);
+  kernel<<<grid, kThreads, smem_bytes, stream>>>(a);
   KVTIER_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
+}
+
+// Groups of up to 4 q heads run the GP = 4 CUDA-core kernel (smaller groups
+// compute padding heads with zero q, which costs arithmetic, not memory
+// traffic). The tensor-core kernel serves every group (rows padded to 16).
+template <int HD, bool K8, bool V8, bool BF16>
+absl::Status LaunchTyped(const AttnParams& a, uint32_t batch, cudaStream_t stream) {
+  const AttentionKernel k =
+      a.kernel != AttentionKernel::kAuto
+          ? a.kernel
+          : (a.group >= kTensorCoreMinGroup ? AttentionKernel::kTensorCore
+                                            : AttentionKernel::kCudaCore);
+  static std::atomic<uint64_t> raised_tc{0}, raised4{0}, raised8{0};  // per instantiation
+  const absl::Status st =
+      k == AttentionKernel::kTensorCore
+          ? LaunchPartial(&AttnPartialTcKernel<HD, K8, V8, BF16>, TcGeometry<HD, K8, V8>::SMEM,
+                          raised_tc, a, batch, stream)
+      : a.group <= 4 ? LaunchPartial(&AttnPartialKernel<HD, 4, K8, V8, BF16>,
+                                     Geometry<HD, 4, K8, V8>::SMEM, raised4, a, batch, stream)
+                     : LaunchPartial(&AttnPartialKernel<HD, 8, K8, V8, BF16>,
+                                     Geometry<HD, 8, K8, V8>::SMEM, raised8, a, batch, stream);
+  KVTIER_RETURN_IF_ERROR(st);
   AttnCombineKernel<HD, BF16><<<dim3(a.num_q_heads, batch), HD, 0, stream>>>(a);
   KVTIER_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();
 }
 
-// Whether the current device runs `kernel`'s sm_90 (or later) code, i.e. code
-// with bulk copies, rather than the sm_80 code of the same template (a device
-// without a matching cubin JIT-compiles the compute_80 PTX).
-absl::StatusOr<bool> RunsBulkCode(const void* kernel, std::atomic<uint64_t>& checked,
-                                  std::atomic<uint64_t>& yes) {
-  int dev = 0;
-  KVTIER_CUDA_RETURN_IF_ERROR(cudaGetDevice(&dev));
-  const uint64_t bit = dev < 64 ? uint64_t{1} << dev : 0;
-  if (bit != 0 && (checked.load(std::memory_order_acquire) & bit) != 0) {
-    return (yes.load(std::memory_order_acquire) & bit) != 0;
-  }
-  cudaFuncAttributes attr{};
-  KVTIER_CUDA_RETURN_IF_ERROR(cudaFuncGetAttributes(&attr, kernel));
-  const bool ok = attr.ptxVersion >= 90;
-  if (ok) yes.fetch_or(bit, std::memory_order_acq_rel);
-  checked.fetch_or(bit, std::memory_order_acq_rel);
-  return ok;
-}
-
-// kAuto: the kernel measured fastest on an H100 (run 4a, kernels/README.md):
-// the CTA pipeline. The warp pipelines (cp.async or bulk copies) removed the
-// per-tile CTA barrier and the consumers' copy issue, and were no faster
-// (bulk copies of single 128-256 B NHD rows were slower), so neither was the
-// bottleneck.
-constexpr AttentionKernel kAutoKernel = AttentionKernel::kCtaPipeline;
-
-template <int HD, int GP, bool K8, bool V8, bool BF16>
-absl::Status LaunchTyped(const AttnParams& a, uint32_t batch, cudaStream_t stream) {
-  AttentionKernel k = a.kernel == AttentionKernel::kAuto ? kAutoKernel : a.kernel;
-  if (k == AttentionKernel::kWarpBulk) {
-    static std::atomic<uint64_t> checked{0}, yes{0};
-    KVTIER_ASSIGN_OR_RETURN(
-        const bool bulk,
-        RunsBulkCode(reinterpret_cast<const void*>(&AttnPartialKernel<HD, GP, K8, V8, BF16, kModeBulk>),
-                     checked, yes));
-    if (bulk) return LaunchMode<HD, GP, K8, V8, BF16, kModeBulk>(a, batch, stream);
-    if (a.kernel == AttentionKernel::kWarpBulk) {
-      return absl::FailedPreconditionError(
-          "attention: the bulk-copy kernel needs sm_90a code for this device");
-    }
-    k = AttentionKernel::kWarpPipeline;
-  }
-  if (k == AttentionKernel::kCtaPipeline) {
-    return LaunchMode<HD, GP, K8, V8, BF16, kModeCta>(a, batch, stream);
-  }
-  return LaunchMode<HD, GP, K8, V8, BF16, kModeWarp>(a, batch, stream);
-}
-
-template <int HD, int GP>
-absl::Status LaunchGp(const AttnParams& a, uint32_t batch, bool k8, bool v8, bool bf16,
-                      cudaStream_t stream) {
-  if (!k8 && !v8) return bf16 ? LaunchTyped<HD, GP, false, false, true>(a, batch, stream)
-                              : LaunchTyped<HD, GP, false, false, false>(a, batch, stream);
-  if (!k8 && v8) return bf16 ? LaunchTyped<HD, GP, false, true, true>(a, batch, stream)
-                             : LaunchTyped<HD, GP, false, true, false>(a, batch, stream);
-  if (k8 && v8) return bf16 ? LaunchTyped<HD, GP, true, true, true>(a, batch, stream)
-                            : LaunchTyped<HD, GP, true, true, false>(a, batch, stream);
-  return absl::InvalidArgumentError("attention: fp8 K with 16-bit V is not supported");
-}
-
-// Groups of up to 4 q heads run the GP = 4 kernel (smaller groups compute
-// padding heads with zero q, which costs arithmetic, not memory traffic).
+// The one dispatch point from runtime dtypes to template arguments.
 template <int HD>
 absl::Status LaunchHd(const AttnParams& a, uint32_t batch, bool k8, bool v8, bool bf16,
                       cudaStream_t stream) {
-  if (a.group <= 4) return LaunchGp<HD, 4>(a, batch, k8, v8, bf16, stream);
-  return LaunchGp<HD, 8>(a, batch, k8, v8, bf16, stream);
+  if (!k8 && !v8) return bf16 ? LaunchTyped<HD, false, false, true>(a, batch, stream)
+                              : LaunchTyped<HD, false, false, false>(a, batch, stream);
+  if (!k8 && v8) return bf16 ? LaunchTyped<HD, false, true, true>(a, batch, stream)
+                             : LaunchTyped<HD, false, true, false>(a, batch, stream);
+  if (k8 && v8) return bf16 ? LaunchTyped<HD, true, true, true>(a, batch, stream)
+                            : LaunchTyped<HD, true, true, false>(a, batch, stream);
+  return absl::InvalidArgumentError("attention: fp8 K with 16-bit V is not supported");
 }
 
 absl::StatusOr<AttnParams> PrepareAttention(const PagedKvLayout& cache,
@@ -798,8 +988,8 @@ absl::StatusOr<AttnParams> PrepareAttention(const PagedKvLayout& cache,
   a.layer = p.layer;
   a.bs_shift = static_cast<uint32_t>(__builtin_ctz(bs));
   a.q_scale = p.sm_scale * kLog2e;
-  if (p.kernel != AttentionKernel::kAuto && p.kernel != AttentionKernel::kCtaPipeline &&
-      p.kernel != AttentionKernel::kWarpPipeline && p.kernel != AttentionKernel::kWarpBulk) {
+  if (p.kernel != AttentionKernel::kAuto && p.kernel != AttentionKernel::kCudaCore &&
+      p.kernel != AttentionKernel::kTensorCore) {
     return absl::InvalidArgumentError("attention: unknown kernel choice");
   }
   a.kernel = p.kernel;

@@ -55,14 +55,13 @@ absl::Status ReferenceDecodeScatter(std::span<const uint8_t> chunk, const PagedK
 // shape as q. num_q_heads is a multiple of the cache's num_kv_heads (GQA:
 // q head h reads kv head h / (num_q_heads / num_kv_heads)).
 // GPU kernel only: which partial-attention kernel PagedDecodeAttention runs.
-// All compute the same function (same arithmetic, same rounding); they differ
-// in how K/V rows reach shared memory. For benchmarks and tests.
+// Both compute the same function within the documented tolerance (they
+// differ in rounding: the tensor-core kernel rounds probabilities to 16 bits
+// before P.V). For benchmarks and tests.
 enum class AttentionKernel : uint8_t {
-  kAuto = 0,      // the fastest measured on an H100 (kernels/README.md): kCtaPipeline
-  kCtaPipeline,   // cp.async tiles shared by the CTA's warps, a CTA barrier per tile
-  kWarpPipeline,  // each warp its own cp.async pipeline over its own rows, no CTA barrier
-  kWarpBulk,      // as kWarpPipeline with bulk copies completing on mbarriers (sm_90a
-                  // code only; FailedPrecondition where the device runs other code)
+  kAuto = 0,    // kTensorCore for >= 4 q heads per kv head, else kCudaCore
+  kCudaCore,    // FP32 FMAs on CUDA cores (one cp.async CTA pipeline)
+  kTensorCore,  // mma.sync m16n8k16 (16-bit inputs, FP32 accumulate), same pipeline
 };
 
 struct DecodeAttentionParams {
