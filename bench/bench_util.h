@@ -52,6 +52,14 @@ inline std::string CpuName() {
   return name + ", " + std::to_string(sysconf(_SC_NPROCESSORS_ONLN)) + " cores";
 }
 
+// The 1/5/15-minute load averages: other work on the machine during a run.
+inline std::string LoadAverage() {
+  std::ifstream in("/proc/loadavg");
+  std::string a, b, c;
+  in >> a >> b >> c;
+  return a + " " + b + " " + c;
+}
+
 }  // namespace kvtier::bench
 
 #endif  // KVTIER_BENCH_BENCH_UTIL_H_
