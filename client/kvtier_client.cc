@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "client/kvtier_client_internal.h"
 #include "codec/prefix_key.h"
 #include "common/status.h"
@@ -117,6 +118,7 @@ class ClientImpl final : public KvtierClient {
   ClientImpl(std::shared_ptr<grpc::Channel> channel, std::unique_ptr<pb::Kvtier::StubInterface> owned,
              pb::Kvtier::StubInterface* stub, const ClientOptions& options)
       : channel_(std::move(channel)), owned_(std::move(owned)), stub_(stub), options_(options) {}
+  ~ClientImpl() override { WaitForReleases(); }
 
   absl::Status Init() {
     grpc::ClientContext ctx;
@@ -154,6 +156,7 @@ class ClientImpl final : public KvtierClient {
 
   absl::Status Put(const Hash128& key, std::span<const uint8_t> chunk,
                    const PutOptions& options) override {
+    WaitForReleases();
     if (pool_) {
       KVTIER_ASSIGN_OR_RETURN(WritableSlot slot, AllocateSlot(chunk.size()));
       return StreamIntoSlot(slot, key, chunk, options);
@@ -210,6 +213,7 @@ class ClientImpl final : public KvtierClient {
 
   absl::Status CommitSlot(const WritableSlot& slot, const Hash128& key,
                           const PutOptions& options) override {
+    WaitForReleases();
     pb::PutRequest req;
     req.set_version(kProtocolVersion);
     req.set_key(KeyBytes(key));
@@ -220,6 +224,7 @@ class ClientImpl final : public KvtierClient {
   }
 
   absl::Status AbortSlot(const WritableSlot& slot) override {
+    WaitForReleases();
     pb::AbortSlotRequest req;
     req.set_version(kProtocolVersion);
     req.set_slot_id(slot.id);
@@ -239,6 +244,7 @@ class ClientImpl final : public KvtierClient {
   }
 
   absl::Status Delete(const Hash128& key) override {
+    WaitForReleases();
     pb::DeleteRequest req;
     req.set_version(kProtocolVersion);
     req.set_key(KeyBytes(key));
@@ -247,6 +253,7 @@ class ClientImpl final : public KvtierClient {
   }
 
   absl::StatusOr<bool> Prefetch(std::span<const Hash128> keys, uint32_t deadline_ms) override {
+    WaitForReleases();
     pb::PrefetchRequest req;
     req.set_version(kProtocolVersion);
     for (const Hash128& k : keys) req.add_keys(KeyBytes(k));
@@ -257,6 +264,7 @@ class ClientImpl final : public KvtierClient {
   }
 
   absl::StatusOr<uint64_t> Pin(std::span<const Hash128> keys, uint32_t ttl_ms) override {
+    WaitForReleases();
     pb::PinRequest req;
     req.set_version(kProtocolVersion);
     for (const Hash128& k : keys) req.add_keys(KeyBytes(k));
@@ -267,6 +275,7 @@ class ClientImpl final : public KvtierClient {
   }
 
   absl::Status Release(uint64_t lease_id) override {
+    WaitForReleases();
     pb::ReleaseRequest req;
     req.set_version(kProtocolVersion);
     req.set_lease_id(lease_id);
@@ -275,6 +284,7 @@ class ClientImpl final : public KvtierClient {
   }
 
   absl::StatusOr<DaemonStats> Stats() override {
+    WaitForReleases();
     pb::StatsRequest req;
     req.set_version(kProtocolVersion);
     pb::StatsResponse resp;
@@ -340,7 +350,9 @@ class ClientImpl final : public KvtierClient {
       }
       absl::Status check;
       if (st.ok()) check = server::CopyVerified(dst, held.data).status();
-      absl::Status u = Unhold(held);
+      // The bytes are in the caller's buffer: the lease goes back without
+      // waiting for the answer.
+      absl::Status u = held.lease_id != 0 ? ReleaseAsync(held.lease_id) : Unhold(held);
       if (!st.ok()) return st;
       if (check.ok()) {
         if (!u.ok()) return u;
@@ -386,6 +398,40 @@ class ClientImpl final : public KvtierClient {
     return absl::OkStatus();
   }
 
+  // Sends Release and returns; the answer is only counted (an error there
+  // means the lease had expired, which frees the chunk just the same). Calls
+  // that could see the pin (Delete, Pin, Put, ...) and the destructor wait
+  // for outstanding ones, so this client always sees its own gets released.
+  absl::Status ReleaseAsync(uint64_t lease_id) {
+    auto* async = stub_->async();
+    if (async == nullptr) return Release(lease_id);
+    struct Pending {
+      grpc::ClientContext ctx;
+      pb::ReleaseRequest req;
+      pb::ReleaseResponse resp;
+    };
+    auto* p = new Pending;
+    Prepare(p->ctx, options_.timeout_ms);
+    p->req.set_version(kProtocolVersion);
+    p->req.set_lease_id(lease_id);
+    {
+      absl::MutexLock l(&releases_->mu);
+      ++releases_->pending;
+    }
+    async->Release(&p->ctx, &p->req, &p->resp, [p, r = releases_](grpc::Status) {
+      delete p;
+      absl::MutexLock l(&r->mu);
+      --r->pending;
+    });
+    return absl::OkStatus();
+  }
+
+  void WaitForReleases() {
+    absl::MutexLock l(&releases_->mu);
+    releases_->mu.Await(absl::Condition(
+        +[](int* n) { return *n == 0; }, &releases_->pending));
+  }
+
   std::span<uint8_t> mapped_pool() const override {
     return pool_ ? pool_->all() : std::span<uint8_t>();
   }
@@ -395,6 +441,12 @@ class ClientImpl final : public KvtierClient {
   pb::Kvtier::StubInterface* stub_;
   const ClientOptions options_;
   std::unique_ptr<PoolMapping> pool_;
+  // Outstanding asynchronous Releases; shared with their callbacks.
+  struct Releases {
+    absl::Mutex mu;
+    int pending ABSL_GUARDED_BY(mu) = 0;
+  };
+  std::shared_ptr<Releases> releases_ = std::make_shared<Releases>();
 };
 
 }  // namespace

@@ -135,7 +135,11 @@ class KvtierClient {
   // The chunk's bytes. NotFound on a miss, DataLoss if the chunk is corrupt.
   // Through shared memory the client checks the checksums of the bytes it
   // copies, in the same pass as the copy; on a mismatch it asks the daemon to
-  // verify the stored chunk, which drops it (DataLoss).
+  // verify the stored chunk, which drops it (DataLoss). The lease the get
+  // held is released without waiting for the daemon's answer: until it
+  // arrives (an RPC's time) another client may find the chunk pinned; this
+  // client's own calls that could see the pin (Put, Delete, Pin, Release,
+  // Prefetch, Stats, slot calls) wait for it first.
   virtual absl::StatusOr<std::vector<uint8_t>> Get(const Hash128& key) = 0;
   // Copies the chunk into `out` and returns its length and tier.
   // InvalidArgument if `out` is too small.
