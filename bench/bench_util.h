@@ -52,6 +52,15 @@ inline std::string CpuName() {
   return name + ", " + std::to_string(sysconf(_SC_NPROCESSORS_ONLN)) + " cores";
 }
 
+// Writes a benchmark's JSON result to `path` ("" writes nothing). Returns
+// false if the file cannot be written.
+inline bool WriteJson(const std::string& path, const std::string& json) {
+  if (path.empty()) return true;
+  std::ofstream out(path);
+  out << json;
+  return static_cast<bool>(out);
+}
+
 // The 1/5/15-minute load averages: other work on the machine during a run.
 inline std::string LoadAverage() {
   std::ifstream in("/proc/loadavg");

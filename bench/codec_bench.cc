@@ -65,11 +65,5 @@ int main(int argc, char** argv) {
   }
   json += "]}\n";
   std::printf("\nGB/s are bytes of 16-bit K+V per second (encode input, decode output).\n");
-  if (!json_path.empty()) {
-    FILE* f = std::fopen(json_path.c_str(), "w");
-    if (!f) return 2;
-    std::fputs(json.c_str(), f);
-    std::fclose(f);
-  }
-  return 0;
+  return bench::WriteJson(json_path, json) ? 0 : 2;
 }

@@ -212,11 +212,5 @@ int main(int argc, char** argv) {
   }
   json += "]}\n";
   std::printf("\nGB/s are decimal (1e9 bytes/s). Baseline: ucx_perftest -t ucp_am_bw, same UCX_TLS and size.\n");
-  if (!json_path.empty()) {
-    FILE* f = std::fopen(json_path.c_str(), "w");
-    if (!f) return 2;
-    std::fputs(json.c_str(), f);
-    std::fclose(f);
-  }
-  return 0;
+  return bench::WriteJson(json_path, json) ? 0 : 2;
 }
