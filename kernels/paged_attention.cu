@@ -478,7 +478,8 @@ __global__ void __launch_bounds__(kThreads, GP <= 4 ? 4 : 2)
 // - Shared memory rows are XOR-swizzled by 16-byte chunk (SwzK / SwzV) so
 //   that these reads are free of bank conflicts.
 constexpr int kTcTile = 64;  // tokens per pipeline stage: 16 per warp
-constexpr int kTcInFlightBytes = 48 * 1024;
+constexpr int kTcSmemPerSm = 220 * 1024;  // H100: 228 KB per SM, some kept for the runtime
+constexpr int kTcStaticSmem = 5 * 1024;   // s_block and the per-CTA reserve
 constexpr int kTcRows = 8;  // q-head rows kept (kAttentionMaxGroup)
 static_assert(kMinPart % 32 == 0 && kTcRows >= static_cast<int>(kAttentionMaxGroup),
               "tensor-core rows cover every group");
@@ -494,8 +495,14 @@ struct TcGeometry {
   static constexpr int NT = HD / 8;        // mma n-tiles of p.v
   static constexpr int STAGE_K = kTcTile * KROW, STAGE_V = kTcTile * VROW;
   static constexpr int STAGE = STAGE_K + STAGE_V + 2 * kTcTile * 4;  // rows + K, V scales
-  static constexpr int STAGES =
-      1 + (kTcInFlightBytes + STAGE_K + STAGE_V - 1) / (STAGE_K + STAGE_V);
+  // CTAs per SM and pipeline depth from the shared memory of an SM: 3 CTAs
+  // when 3 stages each fit (FP8, head_dim 64), else 2 CTAs with as many
+  // stages as fit (at least 2). Run 5a (kTcInFlightBytes = 48 KB: 3 stages,
+  // K16/V8 limited to 2 CTAs by shared memory anyway) had K16/V8 behind FP8.
+  static constexpr int STAGES3 = (kTcSmemPerSm / 3 - kTcStaticSmem) / STAGE;
+  static constexpr int CTAS = STAGES3 >= 3 ? 3 : 2;
+  static constexpr int STAGES2 = (kTcSmemPerSm / 2 - kTcStaticSmem) / STAGE;
+  static constexpr int STAGES = CTAS == 3 ? STAGES3 : (STAGES2 >= 2 ? STAGES2 : 2);
   static constexpr int PIPE = STAGES * STAGE;
   static constexpr int MERGE = kWarps * kTcRows * (HD + 2) * 4;
   static constexpr int SMEM = PIPE > MERGE ? PIPE : MERGE;
@@ -566,12 +573,9 @@ __device__ __forceinline__ uint32_t Pack2(float lo, float hi) {
   }
 }
 
-// 3 CTAs per SM up to head_dim 128 (<= 168 registers; shared memory allows 3).
-template <int HD>
-inline constexpr int kTcMinBlocks = HD <= 128 ? 3 : 2;
-
+// Registers for as many CTAs per SM as shared memory allows (TcGeometry::CTAS).
 template <int HD, bool K8, bool V8, bool BF16>
-__global__ void __launch_bounds__(kThreads, kTcMinBlocks<HD>)
+__global__ void __launch_bounds__(kThreads, (TcGeometry<HD, K8, V8>::CTAS))
     AttnPartialTcKernel(const __grid_constant__ AttnParams p) {
   using G_ = TcGeometry<HD, K8, V8>;
   constexpr bool kQkBf16 = BF16 && !K8;  // mma input type of q.k
