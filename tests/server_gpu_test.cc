@@ -87,6 +87,10 @@ TEST_F(ServerGpuTest, PagedCacheStoreAndLoadMatchTheCpuCodec) {
       std::vector<uint16_t> v = kernels::GatherSection(host.layout, true, host_span, kTokens);
       auto want = codec::EncodeChunk(spec, codec::KvView{k, v});
       ASSERT_TRUE(want.ok()) << want.status();
+      // The kernels' CPU reference agrees (its contract for 16-bit caches).
+      auto ref = kernels::ReferenceGatherEncode(spec, host.layout, host_span);
+      ASSERT_TRUE(ref.ok()) << ref.status();
+      ASSERT_TRUE(*ref == *want);
 
       DeviceCache dev;
       KVTIER_ASSERT_CUDA(dev.Upload(host));
