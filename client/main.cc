@@ -15,8 +15,16 @@ int main(int argc, char** argv) {
   RegisterClusterCommands(app, result);
   try {
     app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? kExitOk : kExitError;
+    // One line, like every other failure (CLI11's own report adds a second).
+    std::fprintf(stderr, "kvtier: %s (see --help)\n", e.what());
+    return kExitError;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "kvtier: %s\n", e.what());
     return kExitError;
