@@ -78,6 +78,9 @@ class ClusterE2E : public ::testing::Test {
       nodes_.back()->Start();
     }
     ASSERT_TRUE(WaitMembers(3)) << Status();
+    // etcd lists all three; give each node's watch time to deliver the
+    // others' registrations too, so every node computes the same owners.
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
   }
   void TearDown() override {
     for (auto& n : nodes_) n->Kill();
@@ -151,6 +154,7 @@ TEST_F(ClusterE2E, PutOnOneNodeGetOnAnotherSurviveAKillAndRejoin) {
   //    (on NVMe) are served by it again.
   nodes_[1]->Start();
   ASSERT_TRUE(WaitMembers(3)) << Status();
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
   std::vector<tiering::remote::Member> members = {{"node-1", "", "", 0, 0}, {"node-2", "", "", 0, 0},
                                                   {"node-3", "", "", 0, 0}};
   int owned = 0;
