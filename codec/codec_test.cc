@@ -169,8 +169,12 @@ TEST(Codec, NonFiniteInputIsFlaggedAndNeverSpreadsToFiniteValues) {
         continue;
       }
       ASSERT_TRUE(std::isfinite(x)) << i << " " << DTypeName(q);
-      if (i == 5) EXPECT_EQ(x, amax);
-      if (i == 6) EXPECT_EQ(x, -amax);
+      if (i == 5) {
+        EXPECT_EQ(x, amax);
+      }
+      if (i == 6) {
+        EXPECT_EQ(x, -amax);
+      }
     }
   }
 }
