@@ -123,7 +123,9 @@ TEST_F(Cluster, RejoinedNodeServesWhatItStillHolds) {
   Publish();
   // Only the rejoined node has it now (the other owner loses its copy).
   for (int i = 0; i < 3; ++i) {
-    if (i != victim && nodes_[i]->store.Has(Id(7))) ASSERT_TRUE(nodes_[i]->store.Erase(Id(7)).ok());
+    if (i != victim && nodes_[i]->store.Has(Id(7))) {
+      ASSERT_TRUE(nodes_[i]->store.Erase(Id(7)).ok());
+    }
   }
   int reader = (victim + 1) % 3;
   std::vector<uint8_t> out(c.size());
