@@ -13,29 +13,13 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "bench/kernel_bench_util.h"
 #include "kernels/paged_attention.h"
 
 namespace kvtier::kernels {
 namespace {
 
 using codec::DType;
-
-#define CHECK_CUDA(x)                                                                         \
-  do {                                                                                        \
-    cudaError_t e_ = (x);                                                                     \
-    if (e_ != cudaSuccess) {                                                                  \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                           \
-    }                                                                                         \
-  } while (0)
-#define CHECK_OK(x)                                                                  \
-  do {                                                                               \
-    absl::Status s_ = (x);                                                           \
-    if (!s_.ok()) {                                                                  \
-      std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, s_.ToString().c_str()); \
-      std::exit(1);                                                                  \
-    }                                                                                \
-  } while (0)
 
 constexpr uint32_t HQ = 32, HKV = 8, D = 128, BS = 16;
 

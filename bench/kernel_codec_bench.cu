@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "bench/kernel_bench_util.h"
 #include "codec/chunk.h"
 #include "kernels/gpu_test_util.h"
 #include "kernels/paged_codec.h"
@@ -24,23 +25,6 @@ namespace kvtier::kernels {
 namespace {
 
 using codec::DType;
-
-#define CHECK_CUDA(x)                                                              \
-  do {                                                                             \
-    cudaError_t e_ = (x);                                                          \
-    if (e_ != cudaSuccess) {                                                       \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                \
-    }                                                                              \
-  } while (0)
-#define CHECK_OK(x)                                                                \
-  do {                                                                             \
-    absl::Status s_ = (x);                                                         \
-    if (!s_.ok()) {                                                                \
-      std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, s_.ToString().c_str()); \
-      std::exit(1);                                                                \
-    }                                                                              \
-  } while (0)
 
 constexpr int kRotate = 8;   // distinct buffers, so repeats do not hit L2
 constexpr int kIters = 50;   // launches per timed batch
