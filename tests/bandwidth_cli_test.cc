@@ -297,6 +297,11 @@ TEST_F(BandwidthCli, MalformedConfigIsAOneLineError) {
   ASSERT_TRUE(WriteCfg(R"({"num_hidden_layers": -1, "num_attention_heads": 32,
       "hidden_size": 4096})"));
   ExpectOneLineError("shortfall --hf-config " + P("cfg/config.json"), "must be positive");
+  ASSERT_TRUE(WriteCfg(""));
+  ExpectOneLineError("shortfall --hf-config " + P("cfg/config.json"), "not valid JSON");
+  // One byte over the 16 MiB limit: refused before it is read.
+  ASSERT_TRUE(WriteCfg(std::string((16 << 20) + 1, ' ')));
+  ExpectOneLineError("shortfall --hf-config " + P("cfg/config.json"), "more than the limit");
 }
 
 }  // namespace
