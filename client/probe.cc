@@ -202,8 +202,7 @@ absl::StatusOr<std::vector<bandwidth::Link>> MeasureGpu(uint64_t bytes, int repe
 }
 #endif  // KVTIER_PROBE_CUDA
 
-}  // namespace
-
+// memcpy between two touched host buffers of `bytes`: GB/s.
 absl::StatusOr<double> MeasureDramCopy(uint64_t bytes, int repeats) {
   KVTIER_ASSIGN_OR_RETURN(AlignedBuffer src, Allocate(bytes));
   KVTIER_ASSIGN_OR_RETURN(AlignedBuffer dst, Allocate(bytes));
@@ -221,6 +220,9 @@ absl::StatusOr<double> MeasureDramCopy(uint64_t bytes, int repeats) {
   return best;
 }
 
+// Writes a temporary file of `bytes` in `dir`, then reads it back with
+// O_DIRECT (bypassing the page cache) in kIoBytes requests from kReadThreads
+// threads: GB/s. FailedPrecondition when the filesystem refuses O_DIRECT.
 absl::StatusOr<double> MeasureDirectRead(const std::string& dir, uint64_t bytes, int repeats) {
   TempFile file;
   KVTIER_RETURN_IF_ERROR(file.Create(dir));
@@ -258,6 +260,8 @@ absl::StatusOr<double> MeasureDirectRead(const std::string& dir, uint64_t bytes,
   }
   return best;
 }
+
+}  // namespace
 
 absl::StatusOr<ProbeReport> RunProbe(const ProbeOptions& options) {
   if (options.bytes == 0) return absl::InvalidArgumentError("probe size must be positive");

@@ -42,14 +42,6 @@ struct ProbeReport {
 // InvalidArgument for bad options; the error of creating data_dir otherwise.
 absl::StatusOr<ProbeReport> RunProbe(const ProbeOptions& options);
 
-// memcpy between two touched host buffers of `bytes`: GB/s.
-absl::StatusOr<double> MeasureDramCopy(uint64_t bytes, int repeats);
-
-// Writes a temporary file of `bytes` in `dir`, then reads it back with
-// O_DIRECT (bypassing the page cache) in 4 MiB requests from 4 threads: GB/s.
-// FailedPrecondition when the filesystem refuses O_DIRECT.
-absl::StatusOr<double> MeasureDirectRead(const std::string& dir, uint64_t bytes, int repeats);
-
 }  // namespace kvtier::cli
 
 #endif  // KVTIER_CLIENT_PROBE_H_
