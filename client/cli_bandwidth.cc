@@ -11,7 +11,6 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "client/cli.h"
 #include "client/probe.h"
@@ -244,16 +243,17 @@ absl::Status RunModels(const std::string& format) {
   const codec::DType bf16 = codec::DType::kBF16;
   KVTIER_ASSIGN_OR_RETURN(codec::CodecFormat k16v16, codec::ParseCodec("k16v16", bf16));
   KVTIER_ASSIGN_OR_RETURN(codec::CodecFormat k16v8, codec::ParseCodec("k16v8", bf16));
+  const bandwidth::ChunkingOptions chunking;  // the defaults KvBytesPerToken uses below
   nlohmann::json arr = nlohmann::json::array();
   std::string table = absl::StrFormat(
-      "# bytes/token: KV of one token in a 256-token chunk, block size 16 (scales included)\n"
+      "# bytes/token: KV of one token in a %u-token chunk, block size %u (scales included)\n"
       "%-18s %-38s %6s %8s %8s %15s %8s %12s %12s\n",
-      "model", "hugging face repo", "layers", "kv_heads", "head_dim", "params", "dtype",
-      "k16v16 B/tok", "k16v8 B/tok");
+      chunking.chunk_tokens, chunking.block_size, "model", "hugging face repo", "layers",
+      "kv_heads", "head_dim", "params", "dtype", "k16v16 B/tok", "k16v8 B/tok");
   for (const bandwidth::ModelPreset& p : bandwidth::ModelPresets()) {
     const ModelSpec& m = p.spec;
-    KVTIER_ASSIGN_OR_RETURN(double native, bandwidth::KvBytesPerToken(m, k16v16));
-    KVTIER_ASSIGN_OR_RETURN(double v8, bandwidth::KvBytesPerToken(m, k16v8));
+    KVTIER_ASSIGN_OR_RETURN(double native, bandwidth::KvBytesPerToken(m, k16v16, chunking));
+    KVTIER_ASSIGN_OR_RETURN(double v8, bandwidth::KvBytesPerToken(m, k16v8, chunking));
     absl::StrAppendFormat(&table, "%-18s %-38s %6u %8u %8u %15u %8s %12.10g %12.10g\n", m.name,
                           p.hf_repo, m.num_layers, m.num_kv_heads, m.head_dim, m.param_count,
                           m.weight_dtype, native, v8);
