@@ -481,16 +481,13 @@ absl::StatusOr<TierKind> PlacementEngine::ReadObject(const ObjectKey& id, std::s
 
 absl::StatusOr<TierKind> PlacementEngine::Get(const Hash128& key, std::span<uint8_t> out,
                                               const GetOptions& opts) {
-  if (remote_ != nullptr && opts.allow_remote && !Contains(key)) {
-    absl::Status st = FetchRemote(key);
-    if (!st.ok() && !absl::IsNotFound(st)) return st;
-    if (st.ok()) {
-      GetOptions local = opts;
-      local.allow_remote = false;
-      auto got = Get(key, out, local);
-      if (got.ok()) return TierKind::kRemote;
-      return got;
-    }
+  KVTIER_ASSIGN_OR_RETURN(bool fetched, FetchIfMissing(key, opts.allow_remote));
+  if (fetched) {
+    GetOptions local = opts;
+    local.allow_remote = false;
+    auto got = Get(key, out, local);
+    if (got.ok()) return TierKind::kRemote;
+    return got;
   }
   Count(EngineMetric::kGets);
   uint64_t bytes, kobj;
@@ -546,14 +543,19 @@ absl::StatusOr<TierKind> PlacementEngine::Get(const Hash128& key, std::span<uint
 namespace kvtier::tiering {
 
 absl::StatusOr<uint64_t> PlacementEngine::ChunkBytes(const Hash128& key, bool allow_remote) {
-  if (allow_remote && remote_ != nullptr && !Contains(key)) {
-    absl::Status st = FetchRemote(key);
-    if (!st.ok() && !absl::IsNotFound(st)) return st;
-  }
+  KVTIER_RETURN_IF_ERROR(FetchIfMissing(key, allow_remote).status());
   absl::MutexLock l(&mu_);
   auto it = chunks_.find(key);
   if (it == chunks_.end()) return absl::NotFoundError("chunk not stored");
   return it->second.bytes;
+}
+
+absl::StatusOr<bool> PlacementEngine::FetchIfMissing(const Hash128& key, bool allow_remote) {
+  if (!allow_remote || remote_ == nullptr || Contains(key)) return false;
+  absl::Status st = FetchRemote(key);
+  if (absl::IsNotFound(st)) return false;
+  KVTIER_RETURN_IF_ERROR(st);
+  return true;
 }
 
 absl::Status PlacementEngine::FetchRemote(const Hash128& key) {
@@ -574,10 +576,7 @@ absl::Status PlacementEngine::FetchRemote(const Hash128& key) {
 }
 
 absl::StatusOr<ChunkLocation> PlacementEngine::Locate(const Hash128& key, bool allow_remote) {
-  if (allow_remote && remote_ != nullptr && !Contains(key)) {
-    absl::Status st = FetchRemote(key);
-    if (!st.ok() && !absl::IsNotFound(st)) return st;
-  }
+  KVTIER_RETURN_IF_ERROR(FetchIfMissing(key, allow_remote).status());
   ChunkLocation loc;
   {
     absl::MutexLock l(&mu_);
@@ -672,12 +671,8 @@ absl::Status PlacementEngine::DeleteLocal(const Hash128& key) {
 
 absl::StatusOr<Lease> PlacementEngine::Pin(std::span<const Hash128> keys, int64_t ttl_ms,
                                            bool allow_remote) {
-  if (allow_remote && remote_ != nullptr) {
-    for (const Hash128& k : keys) {
-      if (Contains(k)) continue;
-      absl::Status st = FetchRemote(k);
-      if (!st.ok() && !absl::IsNotFound(st)) return st;
-    }
+  for (const Hash128& k : keys) {
+    KVTIER_RETURN_IF_ERROR(FetchIfMissing(k, allow_remote).status());
   }
   absl::MutexLock l(&mu_);
   int64_t now = Now();

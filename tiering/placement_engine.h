@@ -289,6 +289,12 @@ class PlacementEngine {
   void Replicate(const Hash128& key, std::span<const uint8_t> chunk, const PutOptions& opts);
   // The local halves of Put, LookupPrefix and Delete.
   absl::Status PutLocal(const Hash128& key, std::span<const uint8_t> chunk, const PutOptions& opts);
+  // The remote leg of a lookup: when `allow_remote`, a remote tier exists and
+  // `key` is not stored here, fetches it (FetchRemote). True if it was
+  // fetched; false if nothing was asked or the cluster lacks it too (the
+  // local lookup that follows reports the miss); other fetch errors returned.
+  // Holds no lock across the remote I/O.
+  absl::StatusOr<bool> FetchIfMissing(const Hash128& key, bool allow_remote);
   std::vector<TierKind> LookupLocalPrefix(std::span<const Hash128> keys);
   absl::Status DeleteLocal(const Hash128& key);
   void Bootstrap();
