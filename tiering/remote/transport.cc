@@ -2,7 +2,6 @@
 
 #include <chrono>
 #include <thread>
-#include <vector>
 
 #include "absl/strings/str_cat.h"
 
@@ -83,52 +82,6 @@ absl::Status FaultInjectingTransport::Erase(const std::string& peer, const Objec
 absl::Status FaultInjectingTransport::Ping(const std::string& peer, absl::Duration timeout) {
   if (auto s = MaybeFail("ping"); !s.ok()) return s;
   return base_->Ping(peer, timeout);
-}
-
-namespace {
-
-class HeapSink : public PeerService::PutSink {
- public:
-  HeapSink(Tier* tier, ObjectKey id, uint64_t bytes) : tier_(tier), id_(id), buf_(bytes) {}
-  std::span<uint8_t> buffer() override { return buf_; }
-  absl::Status Commit(bool ok) override {
-    if (!ok) return absl::OkStatus();
-    return tier_->Put(id_, buf_);
-  }
-
- private:
-  Tier* tier_;
-  ObjectKey id_;
-  std::vector<uint8_t> buf_;
-};
-
-class HeapSource : public PeerService::GetSource {
- public:
-  explicit HeapSource(std::vector<uint8_t> b) : buf_(std::move(b)) {}
-  std::span<const uint8_t> bytes() override { return buf_; }
-
- private:
-  std::vector<uint8_t> buf_;
-};
-
-}  // namespace
-
-absl::StatusOr<std::unique_ptr<PeerService::PutSink>> TierPeerService::BeginPut(
-    const ObjectKey& id, uint64_t bytes) {
-  if (bytes > tier_->capacity_bytes()) {
-    return absl::ResourceExhaustedError(absl::StrCat("object of ", bytes,
-                                                     " bytes is larger than the tier"));
-  }
-  return std::unique_ptr<PutSink>(new HeapSink(tier_, id, bytes));
-}
-
-absl::StatusOr<std::unique_ptr<PeerService::GetSource>> TierPeerService::BeginGet(
-    const ObjectKey& id) {
-  auto size = tier_->Size(id);
-  if (!size.ok()) return size.status();
-  std::vector<uint8_t> buf(*size);
-  if (auto s = tier_->Read(id, buf); !s.ok()) return s;
-  return std::unique_ptr<GetSource>(new HeapSource(std::move(buf)));
 }
 
 }  // namespace kvtier::tiering::remote

@@ -125,22 +125,6 @@ class FaultInjectingTransport : public Transport {
   std::atomic<uint64_t> injected_{0};
 };
 
-// A PeerService over any Tier (DRAM, NVMe, ...): puts are received into a
-// heap buffer and stored with Tier::Put; gets read the object into a heap
-// buffer. The daemon's engine-backed service receives straight into the
-// DRAM pool instead.
-class TierPeerService : public PeerService {
- public:
-  explicit TierPeerService(Tier* tier) : tier_(tier) {}
-  absl::StatusOr<std::unique_ptr<PutSink>> BeginPut(const ObjectKey& id, uint64_t bytes) override;
-  absl::StatusOr<std::unique_ptr<GetSource>> BeginGet(const ObjectKey& id) override;
-  absl::StatusOr<uint64_t> Size(const ObjectKey& id) override { return tier_->Size(id); }
-  absl::Status Erase(const ObjectKey& id) override { return tier_->Erase(id); }
-
- private:
-  Tier* tier_;
-};
-
 }  // namespace kvtier::tiering::remote
 
 #endif  // KVTIER_TIERING_REMOTE_TRANSPORT_H_
