@@ -111,14 +111,18 @@ Membership::~Membership() {
   if (lease != 0) (void)etcd_->LeaseRevoke(lease);
 }
 
-absl::Status Membership::Register() {
-  auto lease = etcd_->LeaseGrant(options_.lease_ttl_s);
-  if (!lease.ok()) return lease.status();
+MemberRecord Membership::SelfRecord() const {
   MemberRecord r;
   r.member = {node_id_, options_.advertise, options_.worker_address, options_.capacity_bytes,
               options_.used_bytes ? options_.used_bytes() : 0};
   r.protocol = tiering::remote::kWireVersion;
-  auto put = etcd_->Put(key_, EncodeMemberRecord(r), *lease);
+  return r;
+}
+
+absl::Status Membership::Register() {
+  auto lease = etcd_->LeaseGrant(options_.lease_ttl_s);
+  if (!lease.ok()) return lease.status();
+  auto put = etcd_->Put(key_, EncodeMemberRecord(SelfRecord()), *lease);
   if (!put.ok()) return put.status();
   absl::MutexLock lock(&mu_);
   lease_ = *lease;
@@ -190,11 +194,7 @@ void Membership::KeepAliveLoop() {
     if (absl::IsNotFound(ttl.status())) {
       (void)Register();  // the lease expired (a long pause, or etcd lost it)
     } else if (ttl.ok() && options_.used_bytes && ++tick % 5 == 0) {
-      MemberRecord r;
-      r.member = {node_id_, options_.advertise, options_.worker_address, options_.capacity_bytes,
-                  options_.used_bytes()};
-      r.protocol = tiering::remote::kWireVersion;
-      (void)etcd_->Put(key_, EncodeMemberRecord(r), lease);
+      (void)etcd_->Put(key_, EncodeMemberRecord(SelfRecord()), lease);
     }
     if (broken) (void)Resync();
   }

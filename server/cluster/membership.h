@@ -72,6 +72,8 @@ class Membership : public tiering::remote::MemberView {
 
  private:
   Membership(const MembershipOptions& options, std::unique_ptr<EtcdClient> etcd);
+  // What this node publishes: its addresses, capacity and current use.
+  MemberRecord SelfRecord() const;
   absl::Status Register();
   absl::Status Resync();  // reloads the member list, restarts the watch
   void KeepAliveLoop();
