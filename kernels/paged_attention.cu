@@ -191,6 +191,37 @@ __device__ __forceinline__ void ReduceScatter(float (&v)[N], int lane) {
   ReduceScatterStep<N, TG / 2>(v, lane);
 }
 
+// The end of both partial kernels: merges the kWarps warps' states in shared
+// memory (s_acc [kWarps][ROWS][HD] unnormalized outputs, s_ml [kWarps][ROWS][2]
+// base-2 max and sum; rows >= G unused) into the workspace rows of the G q
+// heads of kv head `kvh` in partition `part` of sequence `b`.
+template <int HD, int ROWS>
+__device__ __forceinline__ void MergeWarpsToWorkspace(const AttnParams& p, const float* s_acc,
+                                                      const float* s_ml, int G, uint32_t b,
+                                                      uint32_t kvh, uint32_t part, int tid) {
+  const uint64_t row0 = (uint64_t{b} * p.num_q_heads + uint64_t{kvh} * G) * p.parts + part;
+  for (int i = tid; i < G * HD; i += kThreads) {
+    const int g = i / HD, d = i % HD;
+    float mx = -INFINITY;
+#pragma unroll
+    for (int w2 = 0; w2 < kWarps; ++w2) mx = fmaxf(mx, s_ml[(w2 * ROWS + g) * 2]);
+    const float m_use = mx == -INFINITY ? 0.0f : mx;
+    float o = 0.0f, sum = 0.0f;
+#pragma unroll
+    for (int w2 = 0; w2 < kWarps; ++w2) {
+      const float f = exp2f(s_ml[(w2 * ROWS + g) * 2] - m_use);
+      o += f * s_acc[(w2 * ROWS + g) * HD + d];
+      sum += f * s_ml[(w2 * ROWS + g) * 2 + 1];
+    }
+    const uint64_t r = row0 + uint64_t{static_cast<uint32_t>(g)} * p.parts;
+    p.ws_acc[r * HD + d] = o;
+    if (d == 0) {
+      p.ws_ml[2 * r] = mx;
+      p.ws_ml[2 * r + 1] = sum;
+    }
+  }
+}
+
 template <int HD, int GP, bool K8, bool V8, bool BF16>
 __global__ void __launch_bounds__(kThreads, GP <= 4 ? 4 : 2)
     AttnPartialKernel(const __grid_constant__ AttnParams p) {
@@ -427,27 +458,7 @@ __global__ void __launch_bounds__(kThreads, GP <= 4 ? 4 : 2)
     }
   }
   __syncthreads();
-  const uint64_t row0 = (uint64_t{b} * p.num_q_heads + uint64_t{kvh} * G) * p.parts + part;
-  for (int i = tid; i < G * HD; i += kThreads) {
-    const int g = i / HD, d = i % HD;
-    float mx = -INFINITY;
-#pragma unroll
-    for (int w2 = 0; w2 < kWarps; ++w2) mx = fmaxf(mx, s_ml[(w2 * GP + g) * 2]);
-    const float m_use = mx == -INFINITY ? 0.0f : mx;
-    float o = 0.0f, sum = 0.0f;
-#pragma unroll
-    for (int w2 = 0; w2 < kWarps; ++w2) {
-      const float f = exp2f(s_ml[(w2 * GP + g) * 2] - m_use);
-      o += f * s_acc[(w2 * GP + g) * HD + d];
-      sum += f * s_ml[(w2 * GP + g) * 2 + 1];
-    }
-    const uint64_t r = row0 + uint64_t{static_cast<uint32_t>(g)} * p.parts;
-    p.ws_acc[r * HD + d] = o;
-    if (d == 0) {
-      p.ws_ml[2 * r] = mx;
-      p.ws_ml[2 * r + 1] = sum;
-    }
-  }
+  MergeWarpsToWorkspace<HD, GP>(p, s_acc, s_ml, G, b, kvh, part, tid);
 }
 
 // ---------------------------------------------------------------------------
@@ -833,27 +844,7 @@ __global__ void __launch_bounds__(kThreads, (TcGeometry<HD, K8, V8>::CTAS))
     s_ml[(warp * kTcRows + g) * 2 + 1] = l_run;
   }
   __syncthreads();
-  const uint64_t row0 = (uint64_t{b} * p.num_q_heads + uint64_t{kvh} * G) * p.parts + part;
-  for (int i = tid; i < G * HD; i += kThreads) {
-    const int gg = i / HD, d = i % HD;
-    float mx = -INFINITY;
-#pragma unroll
-    for (int w2 = 0; w2 < kWarps; ++w2) mx = fmaxf(mx, s_ml[(w2 * kTcRows + gg) * 2]);
-    const float mu = mx == -INFINITY ? 0.0f : mx;
-    float acc = 0.0f, sum = 0.0f;
-#pragma unroll
-    for (int w2 = 0; w2 < kWarps; ++w2) {
-      const float f = exp2f(s_ml[(w2 * kTcRows + gg) * 2] - mu);
-      acc += f * s_acc[(w2 * kTcRows + gg) * HD + d];
-      sum += f * s_ml[(w2 * kTcRows + gg) * 2 + 1];
-    }
-    const uint64_t r = row0 + uint64_t{static_cast<uint32_t>(gg)} * p.parts;
-    p.ws_acc[r * HD + d] = acc;
-    if (d == 0) {
-      p.ws_ml[2 * r] = mx;
-      p.ws_ml[2 * r + 1] = sum;
-    }
-  }
+  MergeWarpsToWorkspace<HD, kTcRows>(p, s_acc, s_ml, G, b, kvh, part, tid);
 }
 
 template <int HD, bool BF16>
