@@ -59,6 +59,18 @@ struct Tile {
   static constexpr int kVecsPerRow = HD / kVecElems;
   static constexpr int kVecs = BS * kVecsPerRow;
   static constexpr int kPerThread = (kVecs + kThreads - 1) / kThreads;
+  // Element index, within a layer of a chunk section ([token][kv_head][dim],
+  // codec::SectionLayout::element_index), of vector v of the tile at t0.
+  static __device__ __forceinline__ uint64_t ChunkIndex(uint32_t t0, int v, uint32_t H,
+                                                        uint32_t head) {
+    return (uint64_t{t0 + v / kVecsPerRow} * H + head) * HD + (v % kVecsPerRow) * kVecElems;
+  }
+  // Cache block (x) and slot (y) of chunk token `token` (BlockSpan's map).
+  static __device__ __forceinline__ uint2 CacheSlot(const int32_t* block_ids, uint32_t first_slot,
+                                                    uint32_t token) {
+    return make_uint2(static_cast<uint32_t>(__ldg(block_ids + (first_slot + token) / BS)),
+                      (first_slot + token) % BS);
+  }
 };
 
 __device__ __forceinline__ float BlockMax(float v, float* smem) {
@@ -135,10 +147,8 @@ __global__ void __launch_bounds__(kThreads)
     data[0][i] = data[1][i] = make_uint4(0, 0, 0, 0);
     if (v < T::kVecs && t < nt) {
       valid_mask |= 1u << i;
-      const uint32_t token = t0 + t;
-      const uint32_t list = (p.first_slot + token) / BS;
-      const uint32_t slot = (p.first_slot + token) % BS;
-      const uint32_t block = static_cast<uint32_t>(__ldg(p.block_ids + list));
+      const uint2 bs = T::CacheSlot(p.block_ids, p.first_slot, t0 + t);
+      const uint32_t block = bs.x, slot = bs.y;
 #pragma unroll
       for (int s = 0; s < 2; ++s) {
         const void* base = s == 0 ? c.k_layers[layer] : c.v_layers[layer];
@@ -163,8 +173,7 @@ __global__ void __launch_bounds__(kThreads)
       for (int i = 0; i < T::kPerThread; ++i) {
         if (!(valid_mask >> i & 1u)) continue;
         const int v = threadIdx.x + i * kThreads;
-        const uint64_t idx = (uint64_t{t0 + v / T::kVecsPerRow} * H + head) * HD +
-                             (v % T::kVecsPerRow) * kVecElems;
+        const uint64_t idx = T::ChunkIndex(t0, v, H, head);
         non_finite |= AnyNonFinite(data[s][i], p.bf16);
         *reinterpret_cast<uint4*>(layer_base + idx * 2) = data[s][i];
       }
@@ -183,8 +192,7 @@ __global__ void __launch_bounds__(kThreads)
       for (int i = 0; i < T::kPerThread; ++i) {
         if (!(valid_mask >> i & 1u)) continue;
         const int v = threadIdx.x + i * kThreads;
-        const uint64_t idx = (uint64_t{t0 + v / T::kVecsPerRow} * H + head) * HD +
-                             (v % T::kVecsPerRow) * kVecElems;
+        const uint64_t idx = T::ChunkIndex(t0, v, H, head);
         const uint32_t w[4] = {data[s][i].x, data[s][i].y, data[s][i].z, data[s][i].w};
         uint32_t out[2] = {0, 0};
 #pragma unroll
@@ -203,8 +211,7 @@ __global__ void __launch_bounds__(kThreads)
       for (int i = 0; i < T::kPerThread; ++i) {
         if (!(valid_mask >> i & 1u)) continue;
         const int v = threadIdx.x + i * kThreads;
-        const uint64_t idx = (uint64_t{t0 + v / T::kVecsPerRow} * H + head) * HD +
-                             (v % T::kVecsPerRow) * kVecElems;
+        const uint64_t idx = T::ChunkIndex(t0, v, H, head);
         const uint2 w = make_uint2(data[s][i].x, data[s][i].y);
         non_finite |= AnyNaN8(w);
         *reinterpret_cast<uint2*>(layer_base + idx) = w;
@@ -267,7 +274,7 @@ __global__ void __launch_bounds__(kThreads)
       const uint32_t t = v / T::kVecsPerRow;
       data[s][i] = make_uint4(0, 0, 0, 0);
       if (v < T::kVecs && t < nt) {
-        const uint64_t idx = (uint64_t{t0 + t} * H + head) * HD + (v % T::kVecsPerRow) * kVecElems;
+        const uint64_t idx = T::ChunkIndex(t0, v, H, head);
         if (sa.mode == Mode::kCopy16) {
           data[s][i] = __ldg(reinterpret_cast<const uint4*>(layer_base + idx * 2));
         } else {
@@ -284,10 +291,8 @@ __global__ void __launch_bounds__(kThreads)
     const uint32_t t = v / T::kVecsPerRow;
     if (!(v < T::kVecs && t < nt)) continue;
     const uint32_t d = (v % T::kVecsPerRow) * kVecElems;
-    const uint32_t token = t0 + t;
-    const uint32_t list = (p.first_slot + token) / BS;
-    const uint32_t slot = (p.first_slot + token) % BS;
-    const uint32_t block = static_cast<uint32_t>(__ldg(p.block_ids + list));
+    const uint2 bs = T::CacheSlot(p.block_ids, p.first_slot, t0 + t);
+    const uint32_t block = bs.x, slot = bs.y;
 #pragma unroll
     for (int s = 0; s < 2; ++s) {
       void* base = s == 0 ? c.k_layers[layer] : c.v_layers[layer];
