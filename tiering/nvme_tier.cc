@@ -83,18 +83,6 @@ std::string EncodeEntry(Part part, uint64_t offset, uint64_t length, uint64_t hd
   return std::string(reinterpret_cast<char*>(v), kValSize);
 }
 
-// Verifies an object's bytes with the codec: the whole chunk, or header +
-// one section for split parts.
-absl::Status VerifyObject(Part part, std::span<const uint8_t> bytes) {
-  if (part == Part::kWhole) return codec::VerifyChunk(bytes).status();
-  auto h = codec::ParseHeader(bytes);
-  if (!h.ok()) {
-    return absl::DataLossError(absl::StrCat("stored header is invalid: ", h.status().message()));
-  }
-  return codec::VerifySection(*h, part == Part::kK ? codec::Section::kK : codec::Section::kV,
-                              bytes.subspan(codec::kHeaderSize));
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<NvmeTier>> NvmeTier::Open(const NvmeTierOptions& o) {
@@ -504,7 +492,7 @@ absl::Status NvmeTier::Read(const ObjectKey& id, std::span<uint8_t> out) {
     if (Load<uint64_t>(out.data() + codec::kOffHeaderChecksum) != e.header_checksum) {
       st = absl::DataLossError("stored header does not match the index entry");
     } else {
-      st = VerifyObject(id.part, out);
+      st = VerifyObject(id, out);
       if (!st.ok()) st = absl::DataLossError(absl::StrCat("nvme: ", st.message()));
     }
     if (!st.ok()) {

@@ -1,6 +1,7 @@
 #include "tiering/tier.h"
 
 #include "absl/strings/cord.h"
+#include "codec/chunk.h"
 #include "common/strings.h"
 
 namespace kvtier::tiering {
@@ -13,6 +14,14 @@ absl::Status TierFullError(std::string_view message) {
 
 bool IsTierFull(const absl::Status& status) {
   return absl::IsResourceExhausted(status) && status.GetPayload(kTierFullPayload).has_value();
+}
+
+absl::Status VerifyObject(const ObjectKey& id, std::span<const uint8_t> bytes) {
+  if (id.part == Part::kWhole) return codec::VerifyChunk(bytes).status();
+  auto h = codec::ParseHeader(bytes);
+  if (!h.ok()) return h.status();
+  return codec::VerifySection(*h, id.part == Part::kK ? codec::Section::kK : codec::Section::kV,
+                              bytes.subspan(codec::kHeaderSize));
 }
 
 const char* TierName(TierKind kind) {

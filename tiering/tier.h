@@ -79,6 +79,12 @@ inline constexpr char kTierFullPayload[] = "kvtier.tiering/tier-full";
 absl::Status TierFullError(std::string_view message);
 bool IsTierFull(const absl::Status& status);
 
+// Checks a stored object's bytes against the chunk format: a whole chunk with
+// codec::VerifyChunk, a K or V part (header + one section) with
+// codec::ParseHeader + codec::VerifySection. DataLoss on a checksum or length
+// mismatch; InvalidArgument for a malformed header.
+absl::Status VerifyObject(const ObjectKey& id, std::span<const uint8_t> bytes);
+
 // A store of immutable byte objects with a hard capacity. Tiers never evict
 // on their own: when full, Put fails with ResourceExhausted and the placement
 // engine decides what to evict or demote. Thread-safe; implementations hold

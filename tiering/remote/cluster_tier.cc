@@ -30,14 +30,6 @@ const char* ClusterMetricName(ClusterMetric m) {
   return "unknown";
 }
 
-absl::Status VerifyObject(const ObjectKey& id, std::span<const uint8_t> bytes) {
-  if (id.part == Part::kWhole) return codec::VerifyChunk(bytes).status();
-  auto h = codec::ParseHeader(bytes);
-  if (!h.ok()) return h.status();
-  return codec::VerifySection(*h, id.part == Part::kK ? codec::Section::kK : codec::Section::kV,
-                              bytes.subspan(codec::kHeaderSize));
-}
-
 ClusterTier::ClusterTier(const ClusterTierOptions& options, MemberView* view,
                          Transport* transport, PeerService* local)
     : options_(options), view_(view), transport_(transport), local_(local) {}

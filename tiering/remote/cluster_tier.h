@@ -96,10 +96,9 @@ class ClusterTier : public RemoteTier {
   std::atomic<uint64_t> metrics_[static_cast<int>(ClusterMetric::kCount)] = {};
 };
 
-// Checks an object read from anywhere against the chunk format: a whole
-// chunk with codec::VerifyChunk, a K or V part (header + one section) with
-// codec::ParseHeader + codec::VerifySection. DataLoss / InvalidArgument.
-absl::Status VerifyObject(const ObjectKey& id, std::span<const uint8_t> bytes);
+// Checks an object read from anywhere against the chunk format; shared
+// with the NVMe tier (tiering/tier.h).
+using ::kvtier::tiering::VerifyObject;
 
 }  // namespace kvtier::tiering::remote
 
