@@ -155,9 +155,8 @@ int main(int argc, char** argv) {
     fn();
     return std::chrono::duration<double>(Clock::now() - t0).count();
   };
-  // The checksum passes: codec::VerifyChunk (libxxhash's portable XXH3,
-  // one thread; what the daemon ran on every put and get before) and the
-  // daemon's check at commit (dispatched XXH3, K and V on two threads).
+  // The checksum passes: codec::VerifyChunk (one thread) and the daemon's
+  // check at commit (K and V on two threads); both hash with Checksum64.
   std::vector<double> verify_s, fast_verify_s;
   for (int i = 0; i < reps; ++i) {
     verify_s.push_back(timed([&] {

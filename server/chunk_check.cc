@@ -7,6 +7,7 @@
 #include <immintrin.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/hash.h"
 #include "common/status.h"
 
 #define XXH_STATIC_LINKING_ONLY
@@ -72,10 +73,6 @@ std::pair<size_t, size_t> Overlap(size_t lo, size_t hi, size_t begin, size_t len
 
 }  // namespace
 
-uint64_t FastChecksum64(std::span<const uint8_t> data) {
-  return XXH3_64bits_dispatch(data.data(), data.size());
-}
-
 absl::StatusOr<codec::ChunkHeader> VerifyChunkParallel(std::span<const uint8_t> chunk) {
   KVTIER_ASSIGN_OR_RETURN(codec::ChunkHeader h, codec::ParseHeader(chunk));
   KVTIER_RETURN_IF_ERROR(CheckLength(h, chunk.size()));
@@ -84,10 +81,10 @@ absl::StatusOr<codec::ChunkHeader> VerifyChunkParallel(std::span<const uint8_t> 
   uint64_t vsum = 0;
   std::future<uint64_t> vf;
   if (k.size() >= kParallelMinBytes && v.size() >= kParallelMinBytes) {
-    vf = std::async(std::launch::async, [v] { return FastChecksum64(v); });
+    vf = std::async(std::launch::async, [v] { return Checksum64(v); });
   }
-  uint64_t ksum = FastChecksum64(k);
-  vsum = vf.valid() ? vf.get() : FastChecksum64(v);
+  uint64_t ksum = Checksum64(k);
+  vsum = vf.valid() ? vf.get() : Checksum64(v);
   if (ksum != h.k_checksum) return Mismatch("k", h.k_checksum, ksum);
   if (vsum != h.v_checksum) return Mismatch("v", h.v_checksum, vsum);
   return h;

@@ -1,9 +1,8 @@
 // Chunk checks of the shared-memory data plane, shared by kvtierd and
-// libkvtier: the chunk checksum (XXH3-64, codec::VerifyChunk's) computed with
-// libxxhash's run-time dispatch (AVX2 / AVX-512 where the CPU has them; the
-// values are those of common/hash.h Checksum64, only faster), a VerifyChunk
-// that hashes the K and V sections on two threads, and a copy that verifies
-// the bytes it delivers in the same pass.
+// libkvtier: a VerifyChunk that hashes the K and V sections on two threads
+// (with common/hash.h Checksum64, libxxhash's dispatched XXH3-64), a copy that
+// verifies the bytes it delivers in the same pass, and a check that follows a
+// streamed write.
 //
 // Every function treats its input bytes as hostile, like codec/chunk.h, and
 // answers with VerifyChunk's codes: InvalidArgument for a malformed header,
@@ -19,9 +18,6 @@
 #include "codec/chunk.h"
 
 namespace kvtier::server {
-
-// XXH3-64 with seed 0 of `data`; equal to kvtier::Checksum64(data).
-uint64_t FastChecksum64(std::span<const uint8_t> data);
 
 // codec::VerifyChunk, with the V section hashed on a second thread when both
 // sections are large enough to pay for it (the daemon's one pass over a
