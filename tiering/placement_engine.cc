@@ -37,6 +37,18 @@ std::optional<TierKind> Fastest(uint8_t mask) {
 constexpr int kMaxEvictionsPerStore = 100000;
 constexpr int kMaxIdleRounds = 3;
 
+// Put-side check of a chunk (`what`: "chunk" or "slot"): a valid header whose
+// total length is the chunk's. InvalidArgument otherwise.
+absl::StatusOr<codec::ChunkHeader> CheckPutChunk(std::span<const uint8_t> bytes, const char* what) {
+  auto h = codec::ParseHeader(bytes);
+  if (!h.ok()) return absl::InvalidArgumentError(absl::StrCat(what, ": ", h.status().message()));
+  if (bytes.size() != h->layout.total_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " is ", bytes.size(), " bytes, header says ",
+                                                   h->layout.total_bytes));
+  }
+  return h;
+}
+
 }  // namespace
 
 const char* EngineMetricName(EngineMetric m) {
@@ -338,12 +350,8 @@ absl::Status PlacementEngine::Put(const Hash128& key, std::span<const uint8_t> c
 absl::Status PlacementEngine::PutLocal(const Hash128& key, std::span<const uint8_t> chunk,
                                        const PutOptions& opts) {
   Count(EngineMetric::kPuts);
-  auto h = codec::ParseHeader(chunk);
-  if (!h.ok()) return absl::InvalidArgumentError(absl::StrCat("chunk: ", h.status().message()));
-  if (chunk.size() != h->layout.total_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat("chunk is ", chunk.size(), " bytes, header says ",
-                                                   h->layout.total_bytes));
-  }
+  auto h = CheckPutChunk(chunk, "chunk");
+  if (!h.ok()) return h.status();
   if (opts.durable && !nvme_) return absl::FailedPreconditionError("durable put without an NVMe tier");
   TierKind fast = opts.tier.value_or(DefaultTier());
   if (!tiers_[static_cast<int>(fast)]) {
@@ -751,15 +759,7 @@ absl::Status PlacementEngine::CommitSlot(uint64_t slot_id, const Hash128& key,
     slots_.erase(it);
   }
   std::span<const uint8_t> bytes(dram_->base() + ext.offset, ext.length);
-  auto h = codec::ParseHeader(bytes);
-  absl::Status bad;
-  if (!h.ok()) {
-    bad = absl::InvalidArgumentError(absl::StrCat("slot: ", h.status().message()));
-  } else if (h->layout.total_bytes != ext.length) {
-    bad = absl::InvalidArgumentError(absl::StrCat("slot is ", ext.length, " bytes, header says ",
-                                                  h->layout.total_bytes));
-  }
-  if (!bad.ok()) {
+  if (absl::Status bad = CheckPutChunk(bytes, "slot").status(); !bad.ok()) {
     (void)dram_->AbortSlot(ext);
     return bad;
   }
