@@ -229,10 +229,34 @@ TEST_F(E2eTest, BadRequestsGetTheirExactCodes) {
     pb::GetResponse resp;
     EXPECT_EQ(stub->Get(&ctx, req, &resp).error_code(), grpc::StatusCode::NOT_FOUND);
   }
+  {
+    grpc::ClientContext ctx;
+    Deadline(ctx);
+    pb::LookupRequest req;  // a protocol version the daemon does not serve
+    req.set_version(2);
+    req.add_keys(std::string(16, 'a'));
+    pb::LookupResponse resp;
+    EXPECT_EQ(stub->Lookup(&ctx, req, &resp).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  }
+  auto truncated_put = [&](size_t keep) {
+    grpc::ClientContext ctx;
+    Deadline(ctx);
+    pb::PutRequest req;
+    req.set_version(1);
+    req.set_key(std::string(16, 't'));
+    auto chunk = MakeChunk(9);
+    req.set_inline_chunk(std::string(chunk.begin(), chunk.begin() + keep));
+    pb::PutResponse resp;
+    return stub->Put(&ctx, req, &resp).error_code();
+  };
+  // Cut inside the header: malformed; cut after it: the lengths disagree.
+  EXPECT_EQ(truncated_put(100), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(truncated_put(MakeChunk(9).size() - 1), grpc::StatusCode::DATA_LOSS);
   // The daemon still serves.
   auto c = Client();
   ASSERT_TRUE(c);
   EXPECT_TRUE(c->Put(TestKey(8), MakeChunk(8)).ok());
+  EXPECT_EQ(c->Get(TestKey(9)).status().code(), absl::StatusCode::kNotFound);
 }
 
 TEST_F(E2eTest, MalformedProtobufIsRefusedAndTheDaemonKeepsServing) {
@@ -282,6 +306,8 @@ TEST_F(E2eTest, OversizedMessageIsResourceExhausted) {
 TEST_F(E2eTest, SlotWrittenAfterCommitIsDataLossOnGet) {
   auto c = Client();
   ASSERT_TRUE(c);
+  auto other = MakeChunk(15);
+  ASSERT_TRUE(c->Put(TestKey(15), other).ok());
   auto chunk = MakeChunk(12);
   auto slot = c->AllocateSlot(chunk.size());
   ASSERT_TRUE(slot.ok());
@@ -293,6 +319,10 @@ TEST_F(E2eTest, SlotWrittenAfterCommitIsDataLossOnGet) {
   std::vector<uint8_t> buf(chunk.size());
   EXPECT_EQ(c->GetInto(TestKey(12), buf).status().code(), absl::StatusCode::kDataLoss);
   EXPECT_EQ(c->Get(TestKey(12)).status().code(), absl::StatusCode::kNotFound);
+  // Only the corrupt chunk is dropped: the other committed one is intact.
+  auto kept = c->Get(TestKey(15));
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_EQ(*kept, other);
   // A committed slot cannot be committed or aborted again.
   EXPECT_EQ(c->CommitSlot(*slot, TestKey(13)).code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(c->AbortSlot(*slot).code(), absl::StatusCode::kNotFound);

@@ -161,6 +161,21 @@ TEST_F(ServiceTest, CopyOutOfThePoolVerifiesWhatItCopies) {
   EXPECT_EQ(service_->Get(TestKey(33), GetMode::kCopy).status().code(), absl::StatusCode::kNotFound);
 }
 
+// A chunk or a slot over the daemon's chunk limit is refused before any
+// bytes are read or stored.
+TEST_F(ServiceTest, ChunksOverTheSizeLimitAreInvalidArgument) {
+  auto chunk = MakeChunk(34);
+  ServiceLimits limits;
+  limits.max_chunk_bytes = chunk.size() - 1;
+  KvService small(engine_.get(), limits);
+  EXPECT_EQ(small.Put({TestKey(34)}, chunk).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(small.AllocateSlot(chunk.size(), 0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(small.AllocateSlot(0, 0).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(service_->Get(TestKey(34), GetMode::kCopy).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
 // The data-plane checks agree with the codec's on every byte (chunks large
 // enough for the two-thread path, and small ones).
 TEST(ChunkCheck, AgreesWithTheCodecAndFindsEveryCorruption) {
