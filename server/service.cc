@@ -13,6 +13,21 @@ namespace kvtier::server {
 using tiering::Part;
 using tiering::TierKind;
 
+namespace {
+
+tiering::PutOptions PutOptionsOf(const PutArgs& args) {
+  tiering::PutOptions po;
+  po.durable = args.durable;
+  po.tier = args.tier;
+  return po;
+}
+
+absl::Status SlotGone(uint64_t slot_id) {
+  return absl::NotFoundError(absl::StrCat("slot ", slot_id, " unknown or expired"));
+}
+
+}  // namespace
+
 KvService::KvService(tiering::PlacementEngine* engine, const ServiceLimits& limits)
     : engine_(engine), limits_(limits) {}
 
@@ -35,10 +50,7 @@ absl::Status KvService::Put(const PutArgs& args, std::span<const uint8_t> chunk)
                                                    " bytes; the limit is ", limits_.max_chunk_bytes));
   }
   KVTIER_RETURN_IF_ERROR(VerifyChunkParallel(chunk).status());
-  tiering::PutOptions po;
-  po.durable = args.durable;
-  po.tier = args.tier;
-  return engine_->Put(args.key, chunk, po);
+  return engine_->Put(args.key, chunk, PutOptionsOf(args));
 }
 
 absl::StatusOr<tiering::Slot> KvService::AllocateSlot(uint64_t bytes, uint32_t ttl_ms) {
@@ -70,7 +82,7 @@ absl::StatusOr<tiering::PoolExtent> KvService::FindSlot(uint64_t slot_id, bool r
   if (it == slots_.end() ||
       it->second.expires_at_us < tiering::SystemClock()->NowMicros() + kExpiryMarginUs) {
     if (it != slots_.end()) slots_.erase(it);
-    return absl::NotFoundError(absl::StrCat("slot ", slot_id, " unknown or expired"));
+    return SlotGone(slot_id);
   }
   tiering::PoolExtent e = it->second.extent;
   if (remove) slots_.erase(it);
@@ -86,7 +98,7 @@ absl::Status KvService::CommitSlot(const PutArgs& args, uint64_t slot_id) {
   tiering::DramTier* dram = engine_->dram();
   if (dram == nullptr) return absl::FailedPreconditionError("no DRAM tier: no shared-memory slots");
   auto ext = FindSlot(slot_id, /*remove=*/true);
-  if (!ext.ok()) return absl::NotFoundError(absl::StrCat("slot ", slot_id, " unknown or expired"));
+  if (!ext.ok()) return SlotGone(slot_id);
   // The one check of these bytes: on the pool, before the engine makes them
   // an object (it checks the header and the length). Later shared-memory gets
   // do not read them again (the reader checks what it copies).
@@ -95,14 +107,11 @@ absl::Status KvService::CommitSlot(const PutArgs& args, uint64_t slot_id) {
   if (!st.ok()) {
     absl::Status aborted = engine_->AbortSlot(slot_id);
     if (absl::IsNotFound(aborted)) {
-      return absl::NotFoundError(absl::StrCat("slot ", slot_id, " unknown or expired"));
+      return SlotGone(slot_id);
     }
     return st;
   }
-  tiering::PutOptions po;
-  po.durable = args.durable;
-  po.tier = args.tier;
-  return engine_->CommitSlot(slot_id, args.key, po);
+  return engine_->CommitSlot(slot_id, args.key, PutOptionsOf(args));
 }
 
 absl::StatusOr<std::unique_ptr<IncrementalChunkCheck>> KvService::BeginStreamedCommit(
@@ -117,18 +126,15 @@ absl::StatusOr<std::unique_ptr<IncrementalChunkCheck>> KvService::BeginStreamedC
 absl::Status KvService::FinishStreamedCommit(const PutArgs& args, uint64_t slot_id,
                                              IncrementalChunkCheck& check) {
   auto ext = FindSlot(slot_id, /*remove=*/true);
-  if (!ext.ok()) return absl::NotFoundError(absl::StrCat("slot ", slot_id, " unknown or expired"));
+  if (!ext.ok()) return SlotGone(slot_id);
   absl::Status st = check.Finish().status();
   if (!st.ok()) {
     if (absl::IsNotFound(engine_->AbortSlot(slot_id))) {
-      return absl::NotFoundError(absl::StrCat("slot ", slot_id, " unknown or expired"));
+      return SlotGone(slot_id);
     }
     return st;
   }
-  tiering::PutOptions po;
-  po.durable = args.durable;
-  po.tier = args.tier;
-  return engine_->CommitSlot(slot_id, args.key, po);
+  return engine_->CommitSlot(slot_id, args.key, PutOptionsOf(args));
 }
 
 absl::Status KvService::VerifyStored(const Hash128& key, std::span<const uint8_t> bytes) {
