@@ -1,11 +1,9 @@
 #include "codec/prefix_key.h"
 
-#include <cstring>
+#include <bit>
 
 #include "absl/strings/str_cat.h"
 #include "common/strings.h"
-#define XXH_STATIC_LINKING_ONLY  // XXH3_state_t on the stack
-#include "xxhash.h"
 
 namespace kvtier::codec {
 
@@ -36,17 +34,11 @@ absl::StatusOr<Hash128> ModelFingerprint(const ModelIdentity& id) {
 }
 
 Hash128 NextKey(const Hash128& parent, std::span<const uint32_t> chunk_tokens) {
-  XXH3_state_t state;
-  XXH3_128bits_reset_withSeed(&state, kPrefixSeed);
-  XXH3_128bits_update(&state, parent.bytes.data(), Hash128::kSize);
   static_assert(std::endian::native == std::endian::little,
                 "token ids are hashed as little-endian u32");
-  XXH3_128bits_update(&state, chunk_tokens.data(), chunk_tokens.size_bytes());
-  XXH128_canonical_t canonical;
-  XXH128_canonicalFromHash(&canonical, XXH3_128bits_digest(&state));
-  Hash128 out;
-  std::memcpy(out.bytes.data(), canonical.digest, Hash128::kSize);
-  return out;
+  std::span<const uint8_t> tokens(reinterpret_cast<const uint8_t*>(chunk_tokens.data()),
+                                  chunk_tokens.size_bytes());
+  return Hash128::OfParts({parent.bytes, tokens}, kPrefixSeed);
 }
 
 absl::StatusOr<std::vector<Hash128>> ChunkKeys(const Hash128& fingerprint,

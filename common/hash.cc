@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/strings.h"
+#define XXH_STATIC_LINKING_ONLY  // XXH3_state_t on the stack
 #include "xxhash.h"
 #if defined(__x86_64__)
 // libxxhash's run-time dispatch picks the AVX2/AVX-512 kernel where the CPU
@@ -30,14 +31,28 @@ uint64_t LoadBigEndian64(const uint8_t* p) {
 
 }  // namespace
 
-Hash128 Hash128::Of(std::span<const uint8_t> data, uint64_t seed) {
-  XXH128_hash_t h = XXH3_128bits_withSeed(data.data(), data.size(), seed);
+namespace {
+
+Hash128 Canonical(XXH128_hash_t h) {
   XXH128_canonical_t canonical;
   XXH128_canonicalFromHash(&canonical, h);
   Hash128 out;
-  static_assert(sizeof(canonical.digest) == kSize, "XXH128 canonical form is 16 bytes");
-  std::memcpy(out.bytes.data(), canonical.digest, kSize);
+  static_assert(sizeof(canonical.digest) == Hash128::kSize, "XXH128 canonical form is 16 bytes");
+  std::memcpy(out.bytes.data(), canonical.digest, Hash128::kSize);
   return out;
+}
+
+}  // namespace
+
+Hash128 Hash128::Of(std::span<const uint8_t> data, uint64_t seed) {
+  return Canonical(XXH3_128bits_withSeed(data.data(), data.size(), seed));
+}
+
+Hash128 Hash128::OfParts(std::initializer_list<std::span<const uint8_t>> parts, uint64_t seed) {
+  XXH3_state_t state;
+  XXH3_128bits_reset_withSeed(&state, seed);
+  for (std::span<const uint8_t> p : parts) XXH3_128bits_update(&state, p.data(), p.size());
+  return Canonical(XXH3_128bits_digest(&state));
 }
 
 Hash128 Hash128::Of(std::string_view data, uint64_t seed) {

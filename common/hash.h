@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <span>
 #include <string>
 #include <string_view>
@@ -27,6 +28,8 @@ struct Hash128 {
   // XXH3-128 of `data` with `seed`, in canonical form.
   static Hash128 Of(std::span<const uint8_t> data, uint64_t seed);
   static Hash128 Of(std::string_view data, uint64_t seed);
+  // XXH3-128 of the concatenation of `parts`, without concatenating them.
+  static Hash128 OfParts(std::initializer_list<std::span<const uint8_t>> parts, uint64_t seed);
 
   // Parses exactly 32 hex digits (either case). InvalidArgument otherwise.
   static absl::StatusOr<Hash128> FromHex(std::string_view hex);
