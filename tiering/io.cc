@@ -35,6 +35,13 @@ AlignedBuffer& AlignedBuffer::operator=(AlignedBuffer&& o) noexcept {
 }
 AlignedBuffer::~AlignedBuffer() { std::free(data_); }
 
+absl::Status BlockDevice::SubmitWithCompletions(std::span<const IoRequest> requests,
+                                                CompletionFn on_complete) {
+  KVTIER_RETURN_IF_ERROR_IO(Submit(requests));
+  for (size_t i = 0; i < requests.size(); ++i) on_complete(i);
+  return absl::OkStatus();
+}
+
 namespace {
 absl::Status CheckRequest(const IoRequest& r, uint64_t block, uint64_t size) {
   if ((r.offset % block) || (r.len % block) || r.offset + r.len > size || r.buf == nullptr) {
@@ -149,30 +156,10 @@ class FaultInjectionIoEnv::Device : public BlockDevice {
   uint64_t block_size() const override { return base_->block_size(); }
   uint64_t size() const override { return base_->size(); }
 
-  absl::Status Submit(std::span<const IoRequest> reqs) override {
-    bool any_write = false;
-    for (const IoRequest& r : reqs) any_write |= r.op == IoRequest::Op::kWrite;
-    KVTIER_RETURN_IF_ERROR_IO(env_->MaybeFail(any_write));
-    const FaultPolicy p = env_->policy();
-    std::vector<IoRequest> out(reqs.begin(), reqs.end());
-    for (IoRequest& r : out) {
-      if (r.op != IoRequest::Op::kWrite) continue;
-      if (p.drop_unflushed) {
-        AlignedBuffer old(r.len, base_->block_size());
-        IoRequest rd{IoRequest::Op::kRead, r.offset, old.data(), r.len};
-        KVTIER_RETURN_IF_ERROR_IO(base_->Submit({&rd, 1}));
-        absl::MutexLock l(&mu_);
-        unsynced_.emplace_back(r.offset, std::vector<uint8_t>(old.data(), old.data() + r.len));
-      }
-      if (env_->MaybeTear()) {
-        // Only the first half (block-rounded) reaches the device.
-        uint64_t b = base_->block_size();
-        r.len = (r.len / 2) / b * b;
-      }
-    }
-    std::erase_if(out, [](const IoRequest& r) { return r.len == 0; });
-    if (out.empty()) return absl::OkStatus();
-    return base_->Submit(out);
+  absl::Status Submit(std::span<const IoRequest> reqs) override { return Forward(reqs, nullptr); }
+  absl::Status SubmitWithCompletions(std::span<const IoRequest> reqs,
+                                     CompletionFn on_complete) override {
+    return Forward(reqs, &on_complete);
   }
 
   absl::Status Sync() override {
@@ -199,6 +186,59 @@ class FaultInjectionIoEnv::Device : public BlockDevice {
   }
 
  private:
+  // Submit with the policy's faults; reports completions to `on_complete`
+  // if not null.
+  absl::Status Forward(std::span<const IoRequest> reqs, const CompletionFn* on_complete) {
+    bool any_write = false;
+    for (const IoRequest& r : reqs) any_write |= r.op == IoRequest::Op::kWrite;
+    const absl::Status injected = env_->MaybeFail(any_write);
+    const FaultPolicy p = env_->policy();
+    size_t run = reqs.size();
+    if (!injected.ok()) {
+      if (!p.fail_mid_submit || reqs.size() < 2) return injected;
+      run = reqs.size() / 2;  // the device fails in the middle of the transfer
+    }
+    std::vector<IoRequest> out;
+    std::vector<size_t> index;  // out[j] is reqs[index[j]]
+    std::vector<size_t> vanished;  // torn to nothing, yet reported complete
+    for (size_t i = 0; i < run; ++i) {
+      IoRequest r = reqs[i];
+      if (r.op == IoRequest::Op::kWrite) {
+        if (p.drop_unflushed) {
+          AlignedBuffer old(r.len, base_->block_size());
+          IoRequest rd{IoRequest::Op::kRead, r.offset, old.data(), r.len};
+          KVTIER_RETURN_IF_ERROR_IO(base_->Submit({&rd, 1}));
+          absl::MutexLock l(&mu_);
+          unsynced_.emplace_back(r.offset, std::vector<uint8_t>(old.data(), old.data() + r.len));
+        }
+        if (env_->MaybeTear()) {
+          // Only the first half (block-rounded) reaches the device.
+          uint64_t b = base_->block_size();
+          r.len = (r.len / 2) / b * b;
+        }
+      }
+      if (r.len == 0) {
+        vanished.push_back(i);
+        continue;
+      }
+      out.push_back(r);
+      index.push_back(i);
+    }
+    absl::Status st;
+    if (!out.empty()) {
+      if (on_complete != nullptr) {
+        st = base_->SubmitWithCompletions(out, [&](size_t j) { (*on_complete)(index[j]); });
+      } else {
+        st = base_->Submit(out);
+      }
+    }
+    if (st.ok() && on_complete != nullptr) {
+      for (size_t i : vanished) (*on_complete)(i);
+    }
+    if (!injected.ok()) return injected;
+    return st;
+  }
+
   FaultInjectionIoEnv* const env_;
   std::unique_ptr<BlockDevice> base_;
   absl::Mutex mu_;

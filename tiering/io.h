@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -56,6 +57,19 @@ class BlockDevice {
   // EBUSY), Internal/DataLoss for media errors, InvalidArgument for
   // misaligned or out-of-range requests.
   virtual absl::Status Submit(std::span<const IoRequest> requests) = 0;
+
+  // Called with the index (into `requests`) of a request that completed in
+  // full, on the thread that called SubmitWithCompletions.
+  using CompletionFn = absl::FunctionRef<void(size_t index)>;
+  // Submit, reporting each request that completed in full to `on_complete`,
+  // at most once, in completion order (not necessarily request order), while
+  // later requests may still be in flight, so that the caller can work on
+  // the completed bytes (e.g. hash them) meanwhile. Once a request has
+  // failed, further completions are not reported. On OK every request was
+  // reported. Devices that cannot report early use this default: Submit,
+  // then report every request in order if it succeeded.
+  virtual absl::Status SubmitWithCompletions(std::span<const IoRequest> requests,
+                                             CompletionFn on_complete);
 
   // Makes every completed write durable (fdatasync).
   virtual absl::Status Sync() = 0;
@@ -148,6 +162,11 @@ struct FaultPolicy {
   // half reaches the device, yet the write reports success (a lying device or
   // a power cut). Default: 0 (never)
   uint32_t torn_write_one_in = 0;
+  // An injected failure of a Submit of several requests happens after the
+  // requests in its first half (the first size/2) completed, and were
+  // reported by SubmitWithCompletions, as a device error in the middle of a
+  // transfer would; false: before any of its requests runs. Default: false
+  bool fail_mid_submit = false;
   // Seed of the fault RNG. Default: 301
   uint64_t seed = 301;
 };

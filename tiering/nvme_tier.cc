@@ -13,6 +13,13 @@
 #include "rocksdb/db.h"
 #include "rocksdb/options.h"
 #include "rocksdb/write_batch.h"
+#define XXH_STATIC_LINKING_ONLY  // XXH3_state_t inside StreamingVerifier
+#include "xxhash.h"
+#if defined(__x86_64__)
+// The AVX2/AVX-512 kernels where the CPU has them, as common/hash.cc's
+// Checksum64 uses; same values.
+#include "xxh_x86dispatch.h"
+#endif
 
 namespace kvtier::tiering {
 namespace {
@@ -82,6 +89,100 @@ std::string EncodeEntry(Part part, uint64_t offset, uint64_t length, uint64_t hd
   Store<uint64_t>(v + kValChecksum, Checksum64({v, kValChecksum}));
   return std::string(reinterpret_cast<char*>(v), kValSize);
 }
+
+// Verifies an object while it is read: hashes each codec section (XXH3-64,
+// as codec::VerifySection) as the contiguous prefix of the object that has
+// arrived grows, so that once the last request completes only its own bytes
+// remain to be hashed. Anything out of the ordinary (a malformed header, a
+// length or checksum mismatch) is left to VerifyObject over the whole
+// object, so that the errors are exactly its. Not thread-safe.
+class StreamingVerifier {
+ public:
+  // `object` is the buffer being read into; `index_header_checksum` the
+  // header checksum the index entry recorded.
+  StreamingVerifier(const ObjectKey& id, uint64_t index_header_checksum,
+                    std::span<const uint8_t> object)
+      : id_(id), index_header_checksum_(index_header_checksum), object_(object) {}
+
+  // Bytes [0, prefix) of the object have arrived. `prefix` never shrinks.
+  void Advance(uint64_t prefix) {
+    if (header_mismatch_ || fallback_) return;
+    if (!header_seen_) {
+      if (prefix < codec::kHeaderSize) return;
+      header_seen_ = true;
+      if (!StartSections()) return;
+    }
+    while (current_ < num_sections_) {
+      const Section& sec = sections_[current_];
+      const uint64_t end = std::min(prefix, sec.end);
+      if (end > hashed_) {
+        XXH3_64bits_update(&state_, object_.data() + hashed_, end - hashed_);
+        hashed_ = end;
+      }
+      if (hashed_ < sec.end) return;
+      if (XXH3_64bits_digest(&state_) != sec.checksum) {
+        fallback_ = true;
+        return;
+      }
+      if (++current_ < num_sections_) XXH3_64bits_reset(&state_);
+    }
+  }
+
+  // The verdict once the whole object arrived: OK, or DataLoss (with the
+  // message VerifyObject gives, prefixed "nvme: ").
+  absl::Status Finish() {
+    if (header_mismatch_) return absl::DataLossError("stored header does not match the index entry");
+    if (header_seen_ && !fallback_ && current_ == num_sections_) return absl::OkStatus();
+    absl::Status st = VerifyObject(id_, object_);
+    // The streamed hash and a second look disagree only if the bytes changed
+    // under the read (a caller writing into the buffer): not servable.
+    if (st.ok()) st = absl::DataLossError("checksum mismatch while the object was read");
+    return absl::DataLossError(absl::StrCat("nvme: ", st.message()));
+  }
+
+ private:
+  struct Section {
+    uint64_t end;       // object offset one past the section
+    uint64_t checksum;  // the header's checksum of the section
+  };
+
+  // Checks the header against the index entry, parses it and lays out the
+  // sections of the object (false: nothing more to hash here).
+  bool StartSections() {
+    if (Load<uint64_t>(object_.data() + codec::kOffHeaderChecksum) != index_header_checksum_) {
+      header_mismatch_ = true;
+      return false;
+    }
+    auto h = codec::ParseHeader(object_);
+    if (!h.ok()) {
+      fallback_ = true;
+      return false;
+    }
+    const uint64_t k = h->layout.k.bytes, v = h->layout.v.bytes;
+    uint64_t end = codec::kHeaderSize;
+    if (id_.part != Part::kV) sections_[num_sections_++] = {end += k, h->k_checksum};
+    if (id_.part != Part::kK) sections_[num_sections_++] = {end += v, h->v_checksum};
+    if (end != object_.size()) {
+      fallback_ = true;
+      return false;
+    }
+    hashed_ = codec::kHeaderSize;
+    XXH3_64bits_reset(&state_);
+    return true;
+  }
+
+  const ObjectKey id_;
+  const uint64_t index_header_checksum_;
+  const std::span<const uint8_t> object_;
+  bool header_seen_ = false;
+  bool header_mismatch_ = false;
+  bool fallback_ = false;  // leave the verdict to VerifyObject
+  Section sections_[2] = {};
+  int num_sections_ = 0;
+  int current_ = 0;     // the section being hashed
+  uint64_t hashed_ = 0;  // object bytes hashed so far (from kHeaderSize on)
+  XXH3_state_t state_;
+};
 
 }  // namespace
 
@@ -209,7 +310,8 @@ void NvmeTier::Unref(uint64_t offset) {
 // Moves `len` bytes between `data` and the device at `offset` (a block
 // multiple). Block-aligned parts of an aligned caller buffer are transferred
 // in place; the rest goes through a bounce buffer.
-absl::Status NvmeTier::DoIo(IoRequest::Op op, uint64_t offset, uint8_t* data, uint64_t len) {
+absl::Status NvmeTier::DoIo(IoRequest::Op op, uint64_t offset, uint8_t* data, uint64_t len,
+                            absl::FunctionRef<void(uint64_t)> on_prefix) {
   const uint64_t rounded = (len + block_ - 1) / block_ * block_;
   uint64_t direct = 0;
   if (reinterpret_cast<uintptr_t>(data) % block_ == 0) direct = len / block_ * block_;
@@ -231,9 +333,28 @@ absl::Status NvmeTier::DoIo(IoRequest::Op op, uint64_t offset, uint8_t* data, ui
   };
   if (direct > 0) add(data, offset, direct);
   if (rounded > direct) add(bounce.data(), offset + direct, rounded - direct);
-  absl::Status st = dev_->Submit(reqs);
-  if (st.ok() && op == IoRequest::Op::kRead && rounded > direct) {
-    std::memcpy(data + direct, bounce.data(), len - direct);
+  absl::Status st;
+  if (op == IoRequest::Op::kWrite) {
+    st = dev_->Submit(reqs);
+  } else {
+    // The requests are in object order: report the contiguous prefix that
+    // has arrived (tail bytes count once copied out of the bounce buffer).
+    std::vector<bool> arrived(reqs.size());
+    size_t next = 0;  // first request not yet part of the reported prefix
+    auto start = [&](size_t i) { return reqs[i].offset - offset; };
+    st = dev_->SubmitWithCompletions(reqs, [&](size_t i) {
+      if (start(i) >= direct) {
+        const uint64_t n = std::min(reqs[i].len, len - start(i));
+        std::memcpy(data + start(i), reqs[i].buf, n);
+      }
+      arrived[i] = true;
+      if (i != next) return;
+      while (next < reqs.size() && arrived[next]) ++next;
+      on_prefix(next == reqs.size() ? len : start(next));
+    });
+    if (st.ok() && next != reqs.size()) {
+      st = absl::InternalError("block device reported success without completing every read");
+    }
   }
   if (bounce.data() != nullptr) ReturnBounce(std::move(bounce));
   return st;
@@ -486,15 +607,13 @@ absl::Status NvmeTier::Read(const ObjectKey& id, std::span<uint8_t> out) {
         absl::StrCat("buffer is ", out.size(), " bytes, object is ", e.length));
   }
   int64_t t0 = NowUs();
-  absl::Status st = DoIo(IoRequest::Op::kRead, e.offset, out.data(), e.length);
+  // The checksums are computed while later requests are still in flight.
+  StreamingVerifier verifier(id, e.header_checksum, out);
+  absl::Status st = DoIo(IoRequest::Op::kRead, e.offset, out.data(), e.length,
+                         [&](uint64_t prefix) { verifier.Advance(prefix); });
   if (st.ok()) {
     meter_.Record(false, e.length, NowUs() - t0);
-    if (Load<uint64_t>(out.data() + codec::kOffHeaderChecksum) != e.header_checksum) {
-      st = absl::DataLossError("stored header does not match the index entry");
-    } else {
-      st = VerifyObject(id, out);
-      if (!st.ok()) st = absl::DataLossError(absl::StrCat("nvme: ", st.message()));
-    }
+    st = verifier.Finish();
     if (!st.ok()) {
       unref();
       absl::Status drop = DropEntry(id, e.offset);

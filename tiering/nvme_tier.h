@@ -27,6 +27,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/functional/function_ref.h"
 #include "absl/synchronization/mutex.h"
 #include "tiering/extent_allocator.h"
 #include "tiering/io.h"
@@ -127,7 +128,13 @@ class NvmeTier : public Tier {
   NvmeTier(const NvmeTierOptions& o, std::unique_ptr<IoEnv> owned_env,
            std::unique_ptr<BlockDevice> dev, rocksdb::DB* db, uint64_t capacity);
   absl::Status Recover();
-  absl::Status DoIo(IoRequest::Op op, uint64_t offset, uint8_t* data, uint64_t len);
+  // Moves `len` bytes between `data` and the data file at `offset`, in
+  // requests of max_io_bytes; `data` is used in place where it is
+  // block-aligned, the rest goes through a bounce buffer. For a read,
+  // `on_prefix(n)` is called each time the bytes data[0, n) have all
+  // arrived, n growing to `len`, while later requests may be in flight.
+  absl::Status DoIo(IoRequest::Op op, uint64_t offset, uint8_t* data, uint64_t len,
+                    absl::FunctionRef<void(uint64_t)> on_prefix = [](uint64_t) {});
   // One index change queued for the commit thread.
   struct PendingCommit {
     enum class Op : uint8_t { kPut, kDelete, kMarker } op;

@@ -38,20 +38,10 @@ class UringDevice : public BlockDevice {
   uint64_t block_size() const override { return opt_.block_size; }
   uint64_t size() const override { return size_; }
 
-  absl::Status Submit(std::span<const IoRequest> reqs) override {
-    for (const IoRequest& r : reqs) {
-      const uint64_t m = opt_.block_size - 1;
-      if ((r.offset & m) || (r.len & m) || (reinterpret_cast<uintptr_t>(r.buf) & m) ||
-          r.offset + r.len > size_) {
-        return absl::InvalidArgumentError("misaligned or out-of-range block request");
-      }
-    }
-    auto ring_or = GetRing();
-    if (!ring_or.ok()) return ring_or.status();
-    std::unique_ptr<io_uring> ring = std::move(*ring_or);
-    absl::Status st = Run(ring.get(), reqs);
-    PutRing(std::move(ring));
-    return st;
+  absl::Status Submit(std::span<const IoRequest> reqs) override { return SubmitOn(reqs, nullptr); }
+  absl::Status SubmitWithCompletions(std::span<const IoRequest> reqs,
+                                     CompletionFn on_complete) override {
+    return SubmitOn(reqs, &on_complete);
   }
 
   absl::Status Sync() override {
@@ -65,7 +55,23 @@ class UringDevice : public BlockDevice {
     uint64_t done;
   };
 
-absl::StatusOr<std::unique_ptr<io_uring>> GetRing() {
+  absl::Status SubmitOn(std::span<const IoRequest> reqs, const CompletionFn* on_complete) {
+    for (const IoRequest& r : reqs) {
+      const uint64_t m = opt_.block_size - 1;
+      if ((r.offset & m) || (r.len & m) || (reinterpret_cast<uintptr_t>(r.buf) & m) ||
+          r.offset + r.len > size_) {
+        return absl::InvalidArgumentError("misaligned or out-of-range block request");
+      }
+    }
+    auto ring_or = GetRing();
+    if (!ring_or.ok()) return ring_or.status();
+    std::unique_ptr<io_uring> ring = std::move(*ring_or);
+    absl::Status st = Run(ring.get(), reqs, on_complete);
+    PutRing(std::move(ring));
+    return st;
+  }
+
+  absl::StatusOr<std::unique_ptr<io_uring>> GetRing() {
     {
       absl::MutexLock l(&mu_);
       if (!rings_.empty()) {
@@ -84,7 +90,9 @@ absl::StatusOr<std::unique_ptr<io_uring>> GetRing() {
     rings_.push_back(std::move(r));
   }
 
-  absl::Status Run(io_uring* ring, std::span<const IoRequest> reqs) {
+  // Runs `reqs` on `ring`, reporting full completions to `on_complete` if
+  // not null.
+  absl::Status Run(io_uring* ring, std::span<const IoRequest> reqs, const CompletionFn* on_complete) {
     std::deque<Pending> todo;
     for (const IoRequest& r : reqs) todo.push_back({&r, 0});
     std::vector<Pending> slots(opt_.queue_depth);
@@ -92,7 +100,8 @@ absl::StatusOr<std::unique_ptr<io_uring>> GetRing() {
     for (uint32_t i = 0; i < opt_.queue_depth; ++i) free_slots.push_back(i);
     uint32_t inflight = 0;
     absl::Status first_error;
-    while (!todo.empty() || inflight > 0) {
+    std::vector<size_t> completed;  // reaped, not yet reported
+    while (!todo.empty() || inflight > 0 || !completed.empty()) {
       uint32_t queued = 0;
       while (!todo.empty() && !free_slots.empty() && first_error.ok()) {
         io_uring_sqe* sqe = io_uring_get_sqe(ring);
@@ -111,7 +120,26 @@ absl::StatusOr<std::unique_ptr<io_uring>> GetRing() {
         io_uring_sqe_set_data64(sqe, slot);
         ++queued;
       }
-      if (!first_error.ok()) todo.clear();
+      if (!first_error.ok()) {
+        todo.clear();
+        completed.clear();
+      }
+      if (!completed.empty()) {
+        // Refill the queue first, so that the caller's work on the completed
+        // requests overlaps the I/O still in flight.
+        if (queued > 0) {
+          int rc = io_uring_submit(ring);
+          if (rc < 0 && rc != -EINTR) {
+            first_error = IoErrno(-rc, "io_uring_submit");
+            completed.clear();
+          } else {
+            inflight += queued;
+          }
+          queued = 0;
+        }
+        for (size_t i : completed) (*on_complete)(i);
+        completed.clear();
+      }
       if (queued == 0 && inflight == 0) break;
       int rc = io_uring_submit_and_wait(ring, inflight + queued > 0 ? 1 : 0);
       if (rc < 0 && rc != -EINTR) {
@@ -138,7 +166,11 @@ absl::StatusOr<std::unique_ptr<io_uring>> GetRing() {
           continue;
         }
         p.done += static_cast<uint64_t>(cqe->res);
-        if (p.done < p.req->len) todo.push_front(p);  // resubmit the remainder
+        if (p.done < p.req->len) {
+          todo.push_front(p);  // resubmit the remainder
+        } else if (on_complete != nullptr) {
+          completed.push_back(static_cast<size_t>(p.req - reqs.data()));
+        }
       }
       io_uring_cq_advance(ring, seen);
     }
