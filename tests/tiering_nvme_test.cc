@@ -5,12 +5,17 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <algorithm>
 #include <chrono>
+#include <cstring>
+#include <numeric>
+#include <random>
 #include <thread>
 
 #include "absl/container/flat_hash_set.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "codec/chunk.h"
 #include "tests/tiering_test_util.h"
 #include "tiering/nvme_tier.h"
 
@@ -453,6 +458,222 @@ TEST(NvmeTier, ConcurrentPutsReadsAndErasesStayConsistent) {
   uint64_t sum = 0;
   for (auto& [id, len] : t->List()) sum += (len + 4095) / 4096 * 4096;
   EXPECT_EQ(sum, t->used_bytes());
+}
+
+// Reads verify the section checksums while later requests are in flight
+// (NvmeTier's StreamingVerifier). The cases below cover where the bad bytes
+// are relative to the requests (max_io_bytes = 4 KiB: a 48 KiB chunk is 13
+// requests; the last one, partial, goes through the bounce buffer unless
+// the caller's buffer is unaligned, when they all do).
+struct StreamedReadCase {
+  const char* name;
+  bool io_uring;
+  bool aligned_buffer;
+  friend void PrintTo(const StreamedReadCase& c, std::ostream* os) { *os << c.name; }
+};
+
+class NvmeTierStreamedRead : public ::testing::TestWithParam<StreamedReadCase> {
+ protected:
+  std::unique_ptr<NvmeTier> Open(const std::string& dir) {
+    NvmeTierOptions o{.dir = dir, .capacity_bytes = 1 << 20, .max_io_bytes = 4096, .queue_depth = 4};
+    if (!GetParam().io_uring) o.env = &mem_;
+    auto t = NvmeTier::Open(o);
+    if (GetParam().io_uring && absl::IsFailedPrecondition(t.status())) return nullptr;  // no O_DIRECT
+    EXPECT_TRUE(t.ok()) << t.status();
+    return t.ok() ? std::move(*t) : nullptr;
+  }
+  // Flips one bit of the data file behind the tier's back.
+  void Flip(NvmeTier& t, uint64_t pos) {
+    if (!GetParam().io_uring) {
+      ASSERT_TRUE(mem_.CorruptByte(t.data_path(), pos, 4).ok());
+      return;
+    }
+    int fd = open(t.data_path().c_str(), O_RDWR);
+    ASSERT_GE(fd, 0);
+    uint8_t b;
+    ASSERT_EQ(pread(fd, &b, 1, pos), 1);
+    b ^= 0x10;
+    ASSERT_EQ(pwrite(fd, &b, 1, pos), 1);
+    fsync(fd);
+    close(fd);
+  }
+  absl::Status Read(NvmeTier& t, const ObjectKey& id, std::vector<uint8_t>* out) {
+    auto n = t.Size(id);
+    if (!n.ok()) return n.status();
+    AlignedBuffer buf(*n + 1, 4096);
+    // An unaligned buffer sends every request through the bounce buffer.
+    uint8_t* p = GetParam().aligned_buffer ? buf.data() : buf.data() + 1;
+    absl::Status st = t.Read(id, {p, *n});
+    out->assign(p, p + *n);
+    return st;
+  }
+  MemIoEnv mem_;
+};
+
+TEST_P(NvmeTierStreamedRead, BitFlipInHeaderOrFirstMiddleOrLastRequestIsDataLossAndDropsTheChunk) {
+  const auto chunk = MakeChunk(5, 64);
+  ASSERT_GT(chunk.size(), 12u * 4096);  // 13 requests
+  ASSERT_NE(chunk.size() % 4096, 0u);   // the last one partial
+  const uint64_t positions[] = {
+      10,                        // a header field
+      codec::kOffHeaderChecksum + 1,  // the header checksum the index also holds
+      200,                       // K section, first request
+      chunk.size() / 2,          // middle request
+      chunk.size() - 4096,       // V section, second-to-last request
+      chunk.size() - 1,          // V section, last (partial) request
+  };
+  for (uint64_t pos : positions) {
+    SCOPED_TRACE(pos);
+    TempDir dir;
+    auto t = Open(dir.path());
+    if (t == nullptr && GetParam().io_uring) GTEST_SKIP() << "O_DIRECT not supported under /tmp";
+    ASSERT_NE(t, nullptr);
+    ASSERT_TRUE(t->Put(Obj(5), chunk).ok());
+    ASSERT_TRUE(t->Put(Obj(6), MakeChunk(6, 64)).ok());
+    std::vector<uint8_t> got;
+    ASSERT_TRUE(Read(*t, Obj(5), &got).ok());
+    EXPECT_EQ(got, chunk);
+    Flip(*t, t->OffsetOf(Obj(5)).value() + pos);
+    absl::Status st = Read(*t, Obj(5), &got);
+    EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << st;
+    EXPECT_EQ(t->Size(Obj(5)).status().code(), absl::StatusCode::kNotFound);
+    ASSERT_TRUE(Read(*t, Obj(6), &got).ok());
+    EXPECT_EQ(got, MakeChunk(6, 64));
+  }
+}
+
+TEST_P(NvmeTierStreamedRead, ChunkShorterThanItsHeaderSaysIsDataLoss) {
+  TempDir dir;
+  auto t = Open(dir.path());
+  if (t == nullptr && GetParam().io_uring) GTEST_SKIP() << "O_DIRECT not supported under /tmp";
+  ASSERT_NE(t, nullptr);
+  auto chunk = MakeChunk(7, 64);
+  chunk.resize(chunk.size() - 16);  // Put checks only the header
+  ASSERT_TRUE(t->Put(Obj(7), chunk).ok());
+  std::vector<uint8_t> got;
+  absl::Status st = Read(*t, Obj(7), &got);
+  EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << st;
+  EXPECT_THAT(std::string(st.message()), ::testing::HasSubstr("length"));
+  EXPECT_EQ(t->Size(Obj(7)).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_P(NvmeTierStreamedRead, SplitPartsVerifyAloneAndACorruptPartIsDropped) {
+  TempDir dir;
+  auto t = Open(dir.path());
+  if (t == nullptr && GetParam().io_uring) GTEST_SKIP() << "O_DIRECT not supported under /tmp";
+  ASSERT_NE(t, nullptr);
+  const auto chunk = MakeChunk(8, 64);
+  const auto h = codec::ParseHeader(chunk).value();
+  // K object = the chunk's first v_offset bytes; V object = header + V.
+  std::vector<uint8_t> k(chunk.begin(), chunk.begin() + h.layout.v_offset);
+  std::vector<uint8_t> v(chunk.begin(), chunk.begin() + codec::kHeaderSize);
+  v.insert(v.end(), chunk.begin() + h.layout.v_offset, chunk.end());
+  const ObjectKey kid{KeyOf(8), Part::kK}, vid{KeyOf(8), Part::kV};
+  ASSERT_TRUE(t->Put(kid, k).ok());
+  ASSERT_TRUE(t->Put(vid, v).ok());
+  std::vector<uint8_t> got;
+  ASSERT_TRUE(Read(*t, kid, &got).ok());
+  EXPECT_EQ(got, k);
+  ASSERT_TRUE(Read(*t, vid, &got).ok());
+  EXPECT_EQ(got, v);
+  Flip(*t, t->OffsetOf(vid).value() + v.size() - 1);
+  EXPECT_EQ(Read(*t, vid, &got).code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(t->Size(vid).status().code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(Read(*t, kid, &got).ok());
+  EXPECT_EQ(got, k);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Devices, NvmeTierStreamedRead,
+    ::testing::Values(StreamedReadCase{"MemAligned", false, true},
+                      StreamedReadCase{"MemUnaligned", false, false},
+                      StreamedReadCase{"IoUringAligned", true, true},
+                      StreamedReadCase{"IoUringUnaligned", true, false}),
+    [](const ::testing::TestParamInfo<StreamedReadCase>& info) { return info.param.name; });
+
+TEST(NvmeTier, IoErrorInTheMiddleOfAReadFailsWithItsCodeAndKeepsTheChunk) {
+  TempDir dir;
+  MemIoEnv mem;
+  FaultInjectionIoEnv faulty(&mem);
+  auto t = OpenOrDie({.dir = dir.path(), .capacity_bytes = 1 << 20, .max_io_bytes = 4096, .env = &faulty});
+  const auto chunk = MakeChunk(9, 64);
+  ASSERT_TRUE(t->Put(Obj(9), chunk).ok());
+  AlignedBuffer buf(chunk.size(), 4096);
+  std::span<uint8_t> out(buf.data(), chunk.size());
+  // The first half of the requests arrive (and are hashed), then one fails.
+  faulty.SetPolicy({.fail_after_n = 0, .fail_mid_submit = true});
+  EXPECT_EQ(t->Read(Obj(9), out).code(), absl::StatusCode::kInternal);
+  faulty.SetPolicy({.fail_after_n = 0, .retryable = true, .fail_mid_submit = true});
+  EXPECT_EQ(t->Read(Obj(9), out).code(), absl::StatusCode::kUnavailable);
+  EXPECT_GT(faulty.injected_faults(), 0u);
+  // An I/O error is not corruption: the chunk stays and reads back whole.
+  faulty.SetPolicy({});
+  ASSERT_TRUE(t->Read(Obj(9), out).ok());
+  EXPECT_EQ(0, std::memcmp(buf.data(), chunk.data(), chunk.size()));
+}
+
+// Reports a Submit's completions in a scrambled order (reverse, or a seeded
+// shuffle), after all of them ran, as an io_uring may deliver them.
+class ScrambledCompletionsIoEnv : public IoEnv {
+ public:
+  ScrambledCompletionsIoEnv(IoEnv* base, bool reverse) : base_(base), reverse_(reverse) {}
+  absl::StatusOr<std::unique_ptr<BlockDevice>> OpenDevice(const std::string& path,
+                                                          uint64_t size) override {
+    auto d = base_->OpenDevice(path, size);
+    if (!d.ok()) return d.status();
+    return std::unique_ptr<BlockDevice>(new Device(std::move(*d), reverse_));
+  }
+  absl::Status RemoveFile(const std::string& path) override { return base_->RemoveFile(path); }
+
+ private:
+  class Device : public BlockDevice {
+   public:
+    Device(std::unique_ptr<BlockDevice> base, bool reverse) : base_(std::move(base)), reverse_(reverse) {}
+    uint64_t block_size() const override { return base_->block_size(); }
+    uint64_t size() const override { return base_->size(); }
+    absl::Status Submit(std::span<const IoRequest> reqs) override { return base_->Submit(reqs); }
+    absl::Status SubmitWithCompletions(std::span<const IoRequest> reqs,
+                                       CompletionFn on_complete) override {
+      absl::Status st = base_->Submit(reqs);
+      if (!st.ok()) return st;
+      std::vector<size_t> order(reqs.size());
+      std::iota(order.begin(), order.end(), 0);
+      if (reverse_) {
+        std::reverse(order.begin(), order.end());
+      } else {
+        std::shuffle(order.begin(), order.end(), rng_);
+      }
+      for (size_t i : order) on_complete(i);
+      return st;
+    }
+    absl::Status Sync() override { return base_->Sync(); }
+
+   private:
+    std::unique_ptr<BlockDevice> base_;
+    const bool reverse_;
+    std::mt19937_64 rng_{11};
+  };
+  IoEnv* const base_;
+  const bool reverse_;
+};
+
+TEST(NvmeTier, ReadVerifiesWhateverOrderTheRequestsCompleteIn) {
+  for (bool reverse : {true, false}) {
+    SCOPED_TRACE(reverse ? "reverse" : "shuffled");
+    TempDir dir;
+    MemIoEnv mem;
+    ScrambledCompletionsIoEnv scrambled(&mem, reverse);
+    auto t = OpenOrDie({.dir = dir.path(), .capacity_bytes = 1 << 20, .max_io_bytes = 4096, .env = &scrambled});
+    for (int i = 0; i < 4; ++i) ASSERT_TRUE(t->Put(Obj(i), MakeChunk(i, 64)).ok());
+    for (int i = 0; i < 4; ++i) {
+      auto got = ReadAll(*t, Obj(i));
+      ASSERT_TRUE(got.ok()) << got.status();
+      EXPECT_EQ(*got, MakeChunk(i, 64));
+    }
+    ASSERT_TRUE(mem.CorruptByte(t->data_path(), t->OffsetOf(Obj(2)).value() + 5000, 0).ok());
+    EXPECT_EQ(ReadAll(*t, Obj(2)).status().code(), absl::StatusCode::kDataLoss);
+    EXPECT_EQ(t->Size(Obj(2)).status().code(), absl::StatusCode::kNotFound);
+  }
 }
 
 }  // namespace

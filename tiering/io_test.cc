@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <numeric>
@@ -271,6 +272,83 @@ TEST_F(UringDeviceTest, ReopenWithSmallerSizeShrinksTheFile) {
   EXPECT_EQ(static_cast<uint64_t>(st.st_size), 4 * kBlock);
   EXPECT_TRUE(env_->RemoveFile(path_).ok());
   EXPECT_TRUE(env_->RemoveFile(path_).ok());  // already gone: still OK
+}
+
+TEST_F(UringDeviceTest, SubmitWithCompletionsReportsEachRequestOnceWithItsBytes) {
+  auto d = Open(64 * kBlock, 4);
+  if (!d) GTEST_SKIP() << "O_DIRECT not supported under /tmp";
+  auto a = Filled(64 * kBlock, 29);
+  ASSERT_TRUE(Write(*d, 0, a).ok());
+  AlignedBuffer r(64 * kBlock, kBlock);
+  std::memset(r.data(), 0, 64 * kBlock);
+  std::vector<IoRequest> rd;  // 16 requests of 4 blocks at depth 4
+  for (uint64_t i = 0; i < 16; ++i) {
+    rd.push_back({IoRequest::Op::kRead, i * 4 * kBlock, r.data() + i * 4 * kBlock, 4 * kBlock});
+  }
+  std::vector<int> reported(rd.size(), 0);
+  int bytes_wrong = 0;
+  ASSERT_TRUE(d->SubmitWithCompletions(rd, [&](size_t i) {
+                 ++reported[i];
+                 // A reported request's bytes are in place when it is reported.
+                 if (std::memcmp(rd[i].buf, a.data() + rd[i].offset, rd[i].len) != 0) ++bytes_wrong;
+               }).ok());
+  EXPECT_EQ(reported, std::vector<int>(rd.size(), 1));
+  EXPECT_EQ(bytes_wrong, 0);
+}
+
+TEST_F(UringDeviceTest, SubmitWithCompletionsRejectsABadRequestWithoutReportingIt) {
+  auto d = Open(8 * kBlock, 4);
+  if (!d) GTEST_SKIP() << "O_DIRECT not supported under /tmp";
+  AlignedBuffer b(2 * kBlock, kBlock);
+  IoRequest past_end{IoRequest::Op::kRead, 7 * kBlock, b.data(), 2 * kBlock};
+  int reported = 0;
+  EXPECT_EQ(d->SubmitWithCompletions({&past_end, 1}, [&](size_t) { ++reported; }).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(reported, 0);
+}
+
+TEST(FaultInjectionIoEnv, FailMidSubmitCompletesTheFirstHalfThenFails) {
+  MemIoEnv mem;
+  FaultInjectionIoEnv faulty(&mem);
+  auto d = faulty.OpenDevice("f", 8 * kBlock).value();
+  auto a = Filled(8 * kBlock, 5);
+  ASSERT_TRUE(Write(*d, 0, a).ok());
+  for (bool retryable : {false, true}) {
+    faulty.SetPolicy({.fail_after_n = 0, .retryable = retryable, .fail_mid_submit = true});
+    AlignedBuffer r(8 * kBlock, kBlock);
+    std::memset(r.data(), 0, 8 * kBlock);
+    std::vector<IoRequest> rd;
+    for (uint64_t i = 0; i < 4; ++i) {
+      rd.push_back({IoRequest::Op::kRead, i * 2 * kBlock, r.data() + i * 2 * kBlock, 2 * kBlock});
+    }
+    std::vector<size_t> reported;
+    absl::Status st = d->SubmitWithCompletions(rd, [&](size_t i) { reported.push_back(i); });
+    EXPECT_EQ(st.code(), retryable ? absl::StatusCode::kUnavailable : absl::StatusCode::kInternal);
+    EXPECT_EQ(reported, (std::vector<size_t>{0, 1}));
+    EXPECT_EQ(std::memcmp(r.data(), a.data(), 4 * kBlock), 0);  // the first half ran
+    EXPECT_EQ(r.data()[4 * kBlock], 0);                          // the rest did not
+    // Without fail_mid_submit the failure comes before any request runs.
+    faulty.SetPolicy({.fail_after_n = 0});
+    reported.clear();
+    EXPECT_EQ(d->SubmitWithCompletions(rd, [&](size_t i) { reported.push_back(i); }).code(),
+              absl::StatusCode::kInternal);
+    EXPECT_TRUE(reported.empty());
+    faulty.SetPolicy({});
+  }
+}
+
+TEST(FaultInjectionIoEnv, SubmitWithCompletionsReportsTornWritesAsComplete) {
+  MemIoEnv mem;
+  FaultInjectionIoEnv faulty(&mem, FaultPolicy{.torn_write_one_in = 1});
+  auto d = faulty.OpenDevice("f", 8 * kBlock).value();
+  auto a = Filled(4 * kBlock, 9);
+  // A one-block write torn in half writes nothing, yet reports completion.
+  std::vector<IoRequest> w = {{IoRequest::Op::kWrite, 0, a.data(), kBlock},
+                              {IoRequest::Op::kWrite, kBlock, a.data() + kBlock, 3 * kBlock}};
+  std::vector<size_t> reported;
+  ASSERT_TRUE(d->SubmitWithCompletions(w, [&](size_t i) { reported.push_back(i); }).ok());
+  std::sort(reported.begin(), reported.end());
+  EXPECT_EQ(reported, (std::vector<size_t>{0, 1}));
 }
 
 TEST(FakeClock, MovesOnlyWhenAdvanced) {
