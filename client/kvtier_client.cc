@@ -1,5 +1,6 @@
 #include "client/kvtier_client.h"
 
+#include <poll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -14,6 +15,7 @@
 #include "codec/prefix_key.h"
 #include "common/status.h"
 #include "server/chunk_check.h"
+#include "server/shm_channel.h"
 
 namespace kvtier::client {
 
@@ -53,58 +55,169 @@ std::string KeyBytes(const Hash128& k) {
   return std::string(reinterpret_cast<const char*>(k.bytes.data()), k.bytes.size());
 }
 
-// Receives the pool memfd from the daemon's side channel and maps it.
+// A connection to the daemon's side channel (`<socket>.shm`) after its first
+// message: the socket, the pool's memfd and the pool size.
+struct ShmHandshake {
+  int sock = -1;
+  int memfd = -1;
+  uint64_t size = 0;
+};
+
+absl::StatusOr<ShmHandshake> ConnectShm(const std::string& path) {
+  sockaddr_un addr{};
+  if (path.size() >= sizeof(addr.sun_path)) return absl::InvalidArgumentError("shm socket path too long");
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  int s = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (s < 0) return absl::InternalError("socket");
+  timeval tv{5, 0};
+  ::setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  ::setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  if (::connect(s, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    int e = errno;
+    ::close(s);
+    return absl::FailedPreconditionError(absl::StrCat("connect ", path, ": ", std::strerror(e)));
+  }
+  uint64_t size = 0;
+  iovec iov{&size, sizeof(size)};
+  alignas(cmsghdr) char ctrl[CMSG_SPACE(sizeof(int))] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = ctrl;
+  msg.msg_controllen = sizeof(ctrl);
+  ssize_t n = ::recvmsg(s, &msg, MSG_CMSG_CLOEXEC);
+  cmsghdr* cm = CMSG_FIRSTHDR(&msg);
+  if (n != static_cast<ssize_t>(sizeof(size)) || cm == nullptr || cm->cmsg_type != SCM_RIGHTS ||
+      cm->cmsg_len != CMSG_LEN(sizeof(int))) {
+    ::close(s);
+    return absl::FailedPreconditionError(absl::StrCat("no pool descriptor from ", path));
+  }
+  ShmHandshake h;
+  h.sock = s;
+  h.size = size;
+  std::memcpy(&h.memfd, CMSG_DATA(cm), sizeof(int));
+  return h;
+}
+
+// One data-plane connection (server/shm_channel.h): frames out, answers in.
+// Not thread-safe; the client hands each to one call at a time. Once a
+// transport error or a malformed answer marks it broken it is closed.
+class DataConn {
+ public:
+  using Op = server::shm_wire::Op;
+
+  // Says hello on `sock` (owned from here on); null if the daemon does not
+  // serve the data plane on it (an older daemon, or no room).
+  static std::unique_ptr<DataConn> Open(int sock, int64_t timeout_ms) {
+    auto c = std::unique_ptr<DataConn>(new DataConn(sock));
+    timeval tv{static_cast<time_t>(timeout_ms / 1000), static_cast<suseconds_t>(timeout_ms % 1000 * 1000)};
+    ::setsockopt(sock, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    ::setsockopt(sock, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+    if (!c->Call(Op::kHello, nullptr, 0, nullptr, 0).ok()) return nullptr;
+    return c;
+  }
+  ~DataConn() { ::close(fd_); }
+
+  bool broken() const { return broken_; }
+
+  // Sends one request. Unavailable if the connection failed.
+  absl::Status Send(Op op, const uint8_t* payload, uint32_t n) {
+    if (broken_) return absl::UnavailableError("data-plane connection closed");
+    uint8_t buf[server::shm_wire::kRequestHeaderBytes + server::shm_wire::kMaxRequestPayloadBytes];
+    server::shm_wire::Writer w(buf);
+    w.U16(server::shm_wire::kVersion).U16(static_cast<uint16_t>(op)).U32(n);
+    if (n > 0) w.Raw(payload, n);
+    for (size_t sent = 0; sent < w.size();) {
+      ssize_t k = ::send(fd_, buf + sent, w.size() - sent, MSG_NOSIGNAL);
+      if (k < 0 && errno == EINTR) continue;
+      if (k <= 0) return Broken(absl::StrCat("send: ", std::strerror(errno)));
+      sent += static_cast<size_t>(k);
+    }
+    return absl::OkStatus();
+  }
+
+  // Reads the answer to `op`: the daemon's error, or its payload, which must
+  // be exactly `n` bytes, into `out`.
+  absl::Status Receive(Op op, uint8_t* out, uint32_t n) {
+    using server::shm_wire::kResponseHeaderBytes;
+    uint8_t hdr[kResponseHeaderBytes];
+    KVTIER_RETURN_IF_ERROR(ReadFull(hdr, sizeof(hdr)));
+    server::shm_wire::Reader r(hdr);
+    const uint16_t version = r.U16(), got_op = r.U16();
+    const uint32_t code = r.U32(), len = r.U32();
+    if (version != server::shm_wire::kVersion) {
+      return Broken(absl::StrCat("answer of data-plane protocol version ", version));
+    }
+    if (code != 0) {
+      if (len > server::shm_wire::kMaxErrorMessageBytes) return Broken("oversized error answer");
+      std::string msg(len, '\0');
+      KVTIER_RETURN_IF_ERROR(ReadFull(reinterpret_cast<uint8_t*>(msg.data()), len));
+      // An answer to another op is the daemon refusing a frame; it closes.
+      if (got_op != static_cast<uint16_t>(op)) broken_ = true;
+      const auto c = code <= 16 ? static_cast<absl::StatusCode>(code) : absl::StatusCode::kUnknown;
+      return absl::Status(c, msg);
+    }
+    if (got_op != static_cast<uint16_t>(op) || len != n) {
+      return Broken(absl::StrCat("answer to data-plane op ", got_op, " with ", len,
+                                 " bytes; expected op ", static_cast<int>(op), " with ", n));
+    }
+    return ReadFull(out, n);
+  }
+
+  absl::Status Call(Op op, const uint8_t* payload, uint32_t n, uint8_t* out, uint32_t out_n) {
+    KVTIER_RETURN_IF_ERROR(Send(op, payload, n));
+    return Receive(op, out, out_n);
+  }
+
+ private:
+  explicit DataConn(int fd) : fd_(fd) {}
+
+  absl::Status ReadFull(uint8_t* p, size_t n) {
+    for (size_t got = 0; got < n;) {
+      ssize_t k = ::recv(fd_, p + got, n - got, 0);
+      if (k < 0 && errno == EINTR) continue;
+      if (k == 0) return Broken("the daemon closed the data-plane connection");
+      if (k < 0) return Broken(absl::StrCat("recv: ", std::strerror(errno)));
+      got += static_cast<size_t>(k);
+    }
+    return absl::OkStatus();
+  }
+  absl::Status Broken(std::string what) {
+    broken_ = true;
+    return absl::UnavailableError(std::move(what));
+  }
+
+  const int fd_;
+  bool broken_ = false;
+};
+
+// The daemon's pool, mapped.
 class PoolMapping {
  public:
-  static absl::StatusOr<std::unique_ptr<PoolMapping>> Map(const std::string& path, bool populate) {
-    sockaddr_un addr{};
-    if (path.size() >= sizeof(addr.sun_path)) return absl::InvalidArgumentError("shm socket path too long");
-    addr.sun_family = AF_UNIX;
-    std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-    int s = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (s < 0) return absl::InternalError("socket");
-    timeval tv{5, 0};
-    ::setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    if (::connect(s, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-      int e = errno;
-      ::close(s);
-      return absl::FailedPreconditionError(absl::StrCat("connect ", path, ": ", std::strerror(e)));
-    }
-    uint64_t size = 0;
-    iovec iov{&size, sizeof(size)};
-    alignas(cmsghdr) char ctrl[CMSG_SPACE(sizeof(int))] = {};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = ctrl;
-    msg.msg_controllen = sizeof(ctrl);
-    ssize_t n = ::recvmsg(s, &msg, MSG_CMSG_CLOEXEC);
-    ::close(s);
-    cmsghdr* cm = CMSG_FIRSTHDR(&msg);
-    if (n != static_cast<ssize_t>(sizeof(size)) || cm == nullptr || cm->cmsg_type != SCM_RIGHTS ||
-        cm->cmsg_len != CMSG_LEN(sizeof(int))) {
-      return absl::FailedPreconditionError(absl::StrCat("no pool descriptor from ", path));
-    }
-    int fd;
-    std::memcpy(&fd, CMSG_DATA(cm), sizeof(int));
-    void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | (populate ? MAP_POPULATE : 0),
-                     fd, 0);
-    ::close(fd);
+  // Maps the pool received in `h` (closes its memfd).
+  static absl::StatusOr<std::unique_ptr<PoolMapping>> Map(const ShmHandshake& h, bool populate) {
+    void* p = ::mmap(nullptr, h.size, PROT_READ | PROT_WRITE,
+                     MAP_SHARED | (populate ? MAP_POPULATE : 0), h.memfd, 0);
+    ::close(h.memfd);
     if (p == MAP_FAILED) {
       return absl::FailedPreconditionError(absl::StrCat("mmap of the pool: ", std::strerror(errno)));
     }
-    return std::unique_ptr<PoolMapping>(new PoolMapping(static_cast<uint8_t*>(p), size));
+    return std::unique_ptr<PoolMapping>(new PoolMapping(static_cast<uint8_t*>(p), h.size));
   }
   ~PoolMapping() { ::munmap(base_, size_); }
 
   std::span<uint8_t> all() const { return std::span<uint8_t>(base_, size_); }
 
   // The mapped range of an extent the daemon named; never trusted blindly.
-  absl::StatusOr<std::span<uint8_t>> Range(const pb::ShmExtent& e) const {
-    if (e.offset() > size_ || e.length() > size_ - e.offset()) {
+  absl::StatusOr<std::span<uint8_t>> Range(uint64_t offset, uint64_t length) const {
+    if (offset > size_ || length > size_ - offset) {
       return absl::InternalError("daemon named an extent outside the pool");
     }
-    return std::span<uint8_t>(base_ + e.offset(), e.length());
+    return std::span<uint8_t>(base_ + offset, length);
+  }
+  absl::StatusOr<std::span<uint8_t>> Range(const pb::ShmExtent& e) const {
+    return Range(e.offset(), e.length());
   }
 
  private:
@@ -132,7 +245,27 @@ class ClientImpl final : public KvtierClient {
                                                  s.error_message()));
     }
     if (options_.shared_memory && options_.tcp_addr.empty() && !resp.shm_socket().empty()) {
-      KVTIER_ASSIGN_OR_RETURN(pool_, PoolMapping::Map(resp.shm_socket(), options_.populate_mapping));
+      shm_socket_ = resp.shm_socket();
+      KVTIER_ASSIGN_OR_RETURN(ShmHandshake h, ConnectShm(shm_socket_));
+      auto pool = PoolMapping::Map(h, options_.populate_mapping);
+      if (!pool.ok()) {
+        ::close(h.sock);
+        return pool.status();
+      }
+      pool_ = std::move(*pool);
+      // The same connection carries the data plane, if the daemon serves it.
+      std::unique_ptr<DataConn> c;
+      if (options_.max_data_connections > 0) c = DataConn::Open(h.sock, options_.timeout_ms);
+      else ::close(h.sock);
+      if (c != nullptr) {
+        absl::MutexLock l(&conns_mu_);
+        data_plane_ = true;
+        open_conns_ = 1;
+        idle_conns_.push_back(std::move(c));
+      }
+      if (options_.check_on_helper_thread) {
+        verifier_ = std::make_unique<server::PipelinedCopyVerifier>();
+      }
     }
     return absl::OkStatus();
   }
@@ -158,6 +291,7 @@ class ClientImpl final : public KvtierClient {
                    const PutOptions& options) override {
     WaitForReleases();
     if (pool_) {
+      if (ConnLease c = AcquireConn()) return PutOverDataPlane(*c, key, chunk, options);
       KVTIER_ASSIGN_OR_RETURN(WritableSlot slot, AllocateSlot(chunk.size()));
       return StreamIntoSlot(slot, key, chunk, options);
     }
@@ -197,6 +331,48 @@ class ClientImpl final : public KvtierClient {
     }
     w->WritesDone();
     return FromGrpcStatus(w->Finish());
+  }
+
+  // The streamed put over a data-plane connection: allocate, then copy the
+  // chunk into the slot piece by piece with a progress frame after each (no
+  // answer awaited), so that the daemon checks piece i while this thread
+  // copies piece i + 1; the commit frame's answer says whether it is stored.
+  // A connection that fails midway is closed, and the daemon frees the slot.
+  absl::Status PutOverDataPlane(DataConn& c, const Hash128& key, std::span<const uint8_t> chunk,
+                                const PutOptions& options) {
+    namespace w = server::shm_wire;
+    constexpr size_t kPieceBytes = size_t{1} << 20;
+    uint8_t req[w::kMaxRequestPayloadBytes], rep[w::kSlotReplyBytes];
+    const uint32_t n = w::Writer(req).U64(chunk.size()).U32(0).size();
+    KVTIER_RETURN_IF_ERROR(c.Call(DataConn::Op::kAllocate, req, n, rep, sizeof(rep)));
+    w::Reader r(rep);
+    const uint64_t id = r.U64(), offset = r.U64(), length = r.U64();
+    auto range = pool_->Range(offset, length);
+    absl::Status st = range.status();
+    if (st.ok() && range->size() != chunk.size()) {
+      st = absl::InternalError("daemon returned a slot of another size");
+    }
+    if (!st.ok()) {
+      const uint32_t m = w::Writer(req).U64(id).size();
+      (void)c.Call(DataConn::Op::kAbortSlot, req, m, nullptr, 0);
+      return st;
+    }
+    {
+      w::Writer b(req);
+      b.U64(id).Raw(key.bytes.data(), w::kKeyBytes).U8(options.durable ? 1 : 0).U8(0).U16(0);
+      KVTIER_RETURN_IF_ERROR(c.Send(DataConn::Op::kPutBegin, req, b.size()));
+    }
+    for (size_t o = 0; o < chunk.size();) {
+      const size_t k = std::min(kPieceBytes, chunk.size() - o);
+      // Plain stores in cache-sized pieces: the daemon reads them from cache.
+      server::CopyInPieces(range->subspan(o, k), chunk.subspan(o, k));
+      o += k;
+      const uint32_t m = w::Writer(req).U64(o).size();
+      KVTIER_RETURN_IF_ERROR(c.Send(o < chunk.size() ? DataConn::Op::kPutProgress
+                                                     : DataConn::Op::kPutCommit,
+                                    req, m));
+    }
+    return c.Receive(DataConn::Op::kPutCommit, nullptr, 0);
   }
 
   absl::StatusOr<WritableSlot> AllocateSlot(uint64_t bytes) override {
@@ -337,8 +513,9 @@ class ClientImpl final : public KvtierClient {
     // corrupt); if it finds it whole (the bytes changed under the copy), one
     // more try.
     bool verify = false;
+    ConnLease c = AcquireConn();
     for (int attempt = 0;; ++attempt) {
-      KVTIER_ASSIGN_OR_RETURN(HeldChunk held, Hold(key, verify));
+      KVTIER_ASSIGN_OR_RETURN(HeldChunk held, c ? HoldOver(*c, key, verify) : HoldRpc(key, verify));
       std::span<uint8_t> dst;
       absl::Status st;
       if (out != nullptr) {
@@ -349,10 +526,23 @@ class ClientImpl final : public KvtierClient {
         dst = std::span<uint8_t>(*vec);
       }
       absl::Status check;
-      if (st.ok()) check = server::CopyVerified(dst, held.data).status();
-      // The bytes are in the caller's buffer: the lease goes back without
-      // waiting for the answer.
-      absl::Status u = held.lease_id != 0 ? ReleaseAsync(held.lease_id) : Unhold(held);
+      if (st.ok()) {
+        check = (verifier_ ? verifier_->CopyVerified(dst, held.data)
+                           : server::CopyVerified(dst, held.data))
+                    .status();
+      }
+      absl::Status u;
+      if (c) {
+        // A tens-of-microseconds round trip on the data plane. An error
+        // releasing a lease means it had expired, which freed the chunk just
+        // the same.
+        u = UnholdOver(*c, held);
+        if (held.lease_id != 0) u = absl::OkStatus();
+      } else {
+        // The bytes are in the caller's buffer: the lease goes back without
+        // waiting for the answer.
+        u = held.lease_id != 0 ? ReleaseAsync(held.lease_id) : Unhold(held);
+      }
       if (!st.ok()) return st;
       if (check.ok()) {
         if (!u.ok()) return u;
@@ -372,6 +562,11 @@ class ClientImpl final : public KvtierClient {
 
   absl::StatusOr<HeldChunk> Hold(const Hash128& key, bool verify) override {
     if (!pool_) return absl::FailedPreconditionError("no shared-memory pool mapped");
+    if (ConnLease c = AcquireConn()) return HoldOver(*c, key, verify);
+    return HoldRpc(key, verify);
+  }
+
+  absl::StatusOr<HeldChunk> HoldRpc(const Hash128& key, bool verify) {
     pb::GetRequest req;
     req.set_version(kProtocolVersion);
     req.set_key(KeyBytes(key));
@@ -392,10 +587,103 @@ class ClientImpl final : public KvtierClient {
     return h;
   }
 
+  absl::StatusOr<HeldChunk> HoldOver(DataConn& c, const Hash128& key, bool verify) {
+    namespace w = server::shm_wire;
+    uint8_t req[w::kMaxRequestPayloadBytes], rep[w::kGetReplyBytes];
+    w::Writer b(req);
+    b.Raw(key.bytes.data(), w::kKeyBytes).U32(0).U8(verify ? 1 : 0).U8(0).U16(0);
+    KVTIER_RETURN_IF_ERROR(c.Call(DataConn::Op::kGet, req, b.size(), rep, sizeof(rep)));
+    w::Reader r(rep);
+    HeldChunk h;
+    h.tier = FromProto(r.U8());
+    (void)r.U8();
+    (void)r.U16();
+    (void)r.U32();
+    (void)r.U64();  // chunk bytes: the extent's length
+    const uint64_t offset = r.U64(), length = r.U64();
+    h.lease_id = r.U64();
+    h.scratch_slot_id = r.U64();
+    auto range = pool_->Range(offset, length);
+    if (!range.ok()) {
+      (void)UnholdOver(c, h);
+      return range.status();
+    }
+    h.data = *range;
+    return h;
+  }
+
   absl::Status Unhold(const HeldChunk& h) override {
+    if (h.lease_id == 0 && h.scratch_slot_id == 0) return absl::OkStatus();
+    if (ConnLease c = AcquireConn()) return UnholdOver(*c, h);
     if (h.lease_id != 0) return Release(h.lease_id);
-    if (h.scratch_slot_id != 0) return AbortSlot(WritableSlot{h.scratch_slot_id, {}});
+    return AbortSlot(WritableSlot{h.scratch_slot_id, {}});
+  }
+
+  absl::Status UnholdOver(DataConn& c, const HeldChunk& h) {
+    namespace w = server::shm_wire;
+    uint8_t req[w::kU64Bytes];
+    if (h.lease_id != 0) {
+      w::Writer(req).U64(h.lease_id);
+      return c.Call(DataConn::Op::kRelease, req, sizeof(req), nullptr, 0);
+    }
+    if (h.scratch_slot_id != 0) {
+      w::Writer(req).U64(h.scratch_slot_id);
+      return c.Call(DataConn::Op::kAbortSlot, req, sizeof(req), nullptr, 0);
+    }
     return absl::OkStatus();
+  }
+
+  // A data-plane connection lent to one call; it goes back to the client's
+  // idle list when the call ends (or is closed, if it broke). Empty when the
+  // daemon has no data plane or every connection is busy: use gRPC.
+  class ConnLease {
+   public:
+    ConnLease(ClientImpl* owner, std::unique_ptr<DataConn> c) : owner_(owner), c_(std::move(c)) {}
+    ConnLease(ConnLease&& o) noexcept : owner_(o.owner_), c_(std::move(o.c_)) {}
+    ConnLease& operator=(ConnLease&&) = delete;
+    ~ConnLease() {
+      if (c_) owner_->ReturnConn(std::move(c_));
+    }
+    explicit operator bool() const { return c_ != nullptr; }
+    DataConn& operator*() const { return *c_; }
+
+   private:
+    ClientImpl* owner_;
+    std::unique_ptr<DataConn> c_;
+  };
+
+  ConnLease AcquireConn() {
+    {
+      absl::MutexLock l(&conns_mu_);
+      if (!data_plane_) return ConnLease(this, nullptr);
+      if (!idle_conns_.empty()) {
+        std::unique_ptr<DataConn> c = std::move(idle_conns_.back());
+        idle_conns_.pop_back();
+        return ConnLease(this, std::move(c));
+      }
+      if (open_conns_ >= options_.max_data_connections) return ConnLease(this, nullptr);
+      ++open_conns_;
+    }
+    std::unique_ptr<DataConn> c;
+    auto h = ConnectShm(shm_socket_);
+    if (h.ok()) {
+      ::close(h->memfd);
+      c = DataConn::Open(h->sock, options_.timeout_ms);
+    }
+    if (c == nullptr) {
+      absl::MutexLock l(&conns_mu_);
+      --open_conns_;
+    }
+    return ConnLease(this, std::move(c));
+  }
+
+  void ReturnConn(std::unique_ptr<DataConn> c) {
+    absl::MutexLock l(&conns_mu_);
+    if (c->broken()) {
+      --open_conns_;
+      return;  // closed
+    }
+    idle_conns_.push_back(std::move(c));
   }
 
   // Sends Release and returns; the answer is only counted (an error there
@@ -441,6 +729,14 @@ class ClientImpl final : public KvtierClient {
   pb::Kvtier::StubInterface* stub_;
   const ClientOptions options_;
   std::unique_ptr<PoolMapping> pool_;
+  std::string shm_socket_;
+  // Hashes what a shared-memory get copies (check_on_helper_thread).
+  std::unique_ptr<server::PipelinedCopyVerifier> verifier_;
+  // Data-plane connections (server/shm_channel.h).
+  absl::Mutex conns_mu_;
+  bool data_plane_ ABSL_GUARDED_BY(conns_mu_) = false;
+  int open_conns_ ABSL_GUARDED_BY(conns_mu_) = 0;  // idle and lent
+  std::vector<std::unique_ptr<DataConn>> idle_conns_ ABSL_GUARDED_BY(conns_mu_);
   // Outstanding asynchronous Releases; shared with their callbacks.
   struct Releases {
     absl::Mutex mu;

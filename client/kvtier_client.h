@@ -47,6 +47,17 @@ struct ClientOptions {
   // copies do not page-fault; costs time at Connect for a large pool.
   // Default: true
   bool populate_mapping = true;
+  // Most connections to the daemon's shared-memory data plane (one per
+  // put, get, hold or unhold in flight; allocate, put, get and release go
+  // over them as small binary frames instead of gRPC calls). Calls beyond
+  // them, and every call when the daemon does not serve the data plane, use
+  // gRPC. 0 = gRPC only. Default: 4
+  int max_data_connections = 4;
+  // A get through shared memory hashes the bytes it copies on a helper
+  // thread the client owns, a piece behind the copy, instead of after each
+  // piece on the copying thread; the copy itself stays on the caller's
+  // thread. Default: true
+  bool check_on_helper_thread = true;
   // Deadline of each call. Default: 60000
   int64_t timeout_ms = 60000;
   // Largest message each way, MiB. Default: 64

@@ -12,9 +12,12 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
+#include <thread>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "codec/chunk.h"
 
 namespace kvtier::server {
@@ -36,6 +39,33 @@ void CopyInPieces(std::span<uint8_t> dst, std::span<const uint8_t> src);
 // On an error the contents of `dst` are unspecified.
 absl::StatusOr<codec::ChunkHeader> CopyVerified(std::span<uint8_t> dst,
                                                 std::span<const uint8_t> src);
+
+// CopyVerified with the hashing moved to a helper thread that this object
+// owns: the calling thread copies piece after piece (the same one-thread copy
+// as CopyVerified), and the helper hashes each piece of `dst` as soon as it
+// is copied, so the check overlaps the copy and adds about one piece's hash
+// to it. Same contract and codes as CopyVerified. Thread-safe: one copy runs
+// on the helper at a time; a caller that finds it busy runs CopyVerified on
+// its own thread instead.
+class PipelinedCopyVerifier {
+ public:
+  PipelinedCopyVerifier();
+  ~PipelinedCopyVerifier();
+  PipelinedCopyVerifier(const PipelinedCopyVerifier&) = delete;
+  PipelinedCopyVerifier& operator=(const PipelinedCopyVerifier&) = delete;
+
+  // REQUIRES: dst.size() >= src.size().
+  absl::StatusOr<codec::ChunkHeader> CopyVerified(std::span<uint8_t> dst,
+                                                  std::span<const uint8_t> src);
+
+ private:
+  struct Job;
+  void Loop();
+
+  absl::Mutex call_mu_;  // held by the caller whose copy the helper hashes
+  std::unique_ptr<Job> job_;
+  std::thread thread_;
+};
 
 // Checks a chunk while it is being written front to back (a streamed put):
 // Advance(n) says the first n bytes of `region` are final and hashes what is

@@ -175,6 +175,7 @@ absl::StatusOr<GetResult> KvService::Get(const Hash128& key, GetMode mode, uint6
       r.tier = TierKind::kDram;
       r.extent = tiering::PoolExtent{e.offset, loc->chunk_bytes};
       r.lease_id = lease->id;
+      r.expires_at_us = lease->expires_at_us;
       return r;
     }
     (void)engine_->Release(lease->id);
@@ -190,6 +191,7 @@ absl::StatusOr<GetResult> KvService::Get(const Hash128& key, GetMode mode, uint6
     r.tier = *tier;
     r.extent = tiering::PoolExtent{slot.extent.offset, r.chunk_bytes};
     r.scratch_slot_id = slot.id;
+    r.expires_at_us = slot.expires_at_us;
     return r;
   }
   std::span<uint8_t> out;

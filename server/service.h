@@ -69,6 +69,7 @@ struct GetResult {
   tiering::PoolExtent extent;       // kShm, kSlot
   uint64_t lease_id = 0;            // kShm: the chunk is pinned; Release it
   uint64_t scratch_slot_id = 0;     // kShm: a copy in a slot; AbortSlot it
+  int64_t expires_at_us = 0;        // kShm: when the lease or scratch slot ends
 };
 
 struct ServiceStats {
