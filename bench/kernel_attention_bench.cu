@@ -151,8 +151,9 @@ std::string Run(const Format& f, uint32_t batch, uint32_t ctx, uint32_t partitio
   p.out = d_out;
   p.partition_tokens = partition_tokens;
   p.kernel = kernel;
-  const uint32_t part =
-      partition_tokens != 0 ? partition_tokens : DecodeAttentionPartitionTokens(batch, HKV, ctx);
+  auto part_or = DecodeAttentionPartitionTokensFor(c, p);
+  CHECK_OK(part_or.status());
+  const uint32_t part = *part_or;
   auto wsb = DecodeAttentionWorkspaceBytes(c, p);
   CHECK_OK(wsb.status());
   void* ws = nullptr;
@@ -226,6 +227,17 @@ int main(int argc, char** argv) {
   const Format formats[] = {{"bf16", DType::kBF16, DType::kBF16},
                             {"k16v8", DType::kBF16, DType::kFP8E4M3},
                             {"fp8", DType::kFP8E4M3, DType::kFP8E4M3}};
+  // --only FORMAT BATCH CTX PART: one tensor-core run (for profilers).
+  if (argc == 6 && std::string(argv[1]) == "--only") {
+    for (const Format& f : formats) {
+      if (f.name != std::string(argv[2])) continue;
+      std::printf("%s\n", Run(f, std::atoi(argv[3]), std::atoi(argv[4]), std::atoi(argv[5]), false,
+                              AttentionKernel::kTensorCore)
+                              .c_str());
+      return 0;
+    }
+    return 2;
+  }
   std::string json = absl::StrCat("{\"device\": \"", prop.name,
                                   "\", \"q_heads\": 32, \"kv_heads\": 8, \"head_dim\": 128, "
                                   "\"block_size\": 16, \"attention\": [");
@@ -250,6 +262,19 @@ int main(int argc, char** argv) {
           json += (first ? "" : ", ") + Run(f, batch, ctx, 0, hnd, k);
           first = false;
         }
+    }
+  // Partition size sweep (tensor-core kernel, NHD): the fixed cost of a CTA
+  // (pipeline fill, epilogue, combine rows) against wave quantization.
+  json += "], \"partition_sweep\": [";
+  first = true;
+  for (const auto& [batch, ctx] : {std::pair{32u, 8192u}, std::pair{8u, 8192u}, std::pair{64u, 8192u},
+                                   std::pair{32u, 32768u}, std::pair{32u, 2048u}})
+    for (uint32_t part : {256u, 512u, 1024u, 2048u, 4096u, 8192u}) {
+      if (part > ctx) continue;
+      for (const Format& f : formats) {
+        json += (first ? "" : ", ") + Run(f, batch, ctx, part, false, AttentionKernel::kTensorCore);
+        first = false;
+      }
     }
   json += "]}\n";
   if (argc > 1) {

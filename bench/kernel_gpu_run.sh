@@ -6,6 +6,7 @@ cd "$(dirname "$0")"
 OUT=${OUT:-./out}
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH=$PWD${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+[[ -f bins.tar.gz ]] && tar xzf bins.tar.gz  # scripts/gpu-bundle packs the binaries
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv >"$OUT/gpu.txt" 2>&1
 rc=0
 for t in kernels_ref_test kernels_launch_test kernels_gpu_test; do

@@ -92,16 +92,26 @@ void RunAttention(const AttnCase& c) {
   dp.host_block_table = all.data();
   dp.host_seq_lens = c.lens.data();
   dp.partition_tokens = c.partition_tokens;
-  auto ws_bytes = DecodeAttentionWorkspaceBytes(dev.layout, dp);
-  ASSERT_TRUE(ws_bytes.ok()) << ws_bytes.status();
-  KVTIER_ASSERT_CUDA(cudaMalloc(&d_ws, *ws_bytes));
-  // Every kernel choice computes the same function.
-  for (AttentionKernel kernel :
-       {AttentionKernel::kAuto, AttentionKernel::kCudaCore, AttentionKernel::kTensorCore}) {
-    SCOPED_TRACE("kernel " + std::to_string(static_cast<int>(kernel)));
+  // Every kernel choice computes the same function. The partition length
+  // (so the workspace) depends on the kernel that runs.
+  const AttentionKernel kernels[] = {AttentionKernel::kAuto, AttentionKernel::kCudaCore,
+                                     AttentionKernel::kTensorCore};
+  size_t ws_max = 0;
+  for (AttentionKernel kernel : kernels) {
     dp.kernel = kernel;
+    auto ws_bytes = DecodeAttentionWorkspaceBytes(dev.layout, dp);
+    ASSERT_TRUE(ws_bytes.ok()) << ws_bytes.status();
+    ws_max = std::max(ws_max, *ws_bytes);
+  }
+  KVTIER_ASSERT_CUDA(cudaMalloc(&d_ws, ws_max));
+  for (AttentionKernel kernel : kernels) {
+    dp.kernel = kernel;
+    auto part = DecodeAttentionPartitionTokensFor(dev.layout, dp);
+    ASSERT_TRUE(part.ok()) << part.status();
+    SCOPED_TRACE("kernel " + std::to_string(static_cast<int>(kernel)) + " partition " +
+                 std::to_string(*part));
     KVTIER_ASSERT_CUDA(cudaMemset(d_out, 0xFF, q.size() * 2));  // NaN poison
-    absl::Status st = PagedDecodeAttention(dev.layout, dp, d_ws, *ws_bytes, nullptr);
+    absl::Status st = PagedDecodeAttention(dev.layout, dp, d_ws, ws_max, nullptr);
     ASSERT_TRUE(st.ok()) << st;
     KVTIER_ASSERT_CUDA(cudaDeviceSynchronize());
     KVTIER_ASSERT_CUDA(cudaMemcpy(out.data(), d_out, out.size() * 2, cudaMemcpyDeviceToHost));
@@ -131,6 +141,13 @@ void RunAttention(const AttnCase& c) {
   cudaFree(d_ws);
   cudaFree(d_table);
   cudaFree(d_lens);
+}
+
+// 32 sequences of 1..1000 tokens.
+std::vector<int32_t> Lens32() {
+  std::vector<int32_t> lens;
+  for (int i = 0; i < 32; ++i) lens.push_back(1 + (i * 619) % 1000);
+  return lens;
 }
 
 TEST(PagedAttentionGpu, MatchesReferenceForEveryFormat) {
@@ -163,6 +180,12 @@ TEST(PagedAttentionGpu, MatchesReferenceForEveryFormat) {
       {CacheLayout::kSeparateNHD, DType::kBF16, DType::kFP8E4M3, DType::kFP8E4M3, 64, 16, 4, 1, {999, 1025}},
       {CacheLayout::kVllmFlashInferNHD, DType::kFP16, DType::kFP16, DType::kFP16, 64, 16, 2, 2, {4097, 17}},
       {CacheLayout::kSeparateNHD, DType::kBF16, DType::kBF16, DType::kFP8E4M3, 64, 32, 2, 8, {1999, 1}, 64},
+      // One partition per sequence (the partial kernel writes the output, no
+      // combine): forced, and the tensor-core rule's own choice at batch 32.
+      {CacheLayout::kSeparateNHD, DType::kBF16, DType::kBF16, DType::kFP8E4M3, 128, 16, 8, 4, {8000, 1, 3001, 511}, 8192},
+      {CacheLayout::kVllmFlashAttnHND, DType::kFP16, DType::kFP16, DType::kFP16, 128, 16, 4, 4, {2000, 77}, 4096},
+      {CacheLayout::kSeparateNHD, DType::kBF16, DType::kBF16, DType::kFP8E4M3, 128, 16, 8, 4, Lens32()},
+      {CacheLayout::kSeparateNHD, DType::kBF16, DType::kFP8E4M3, DType::kFP8E4M3, 128, 16, 8, 4, Lens32()},
   };
   for (const AttnCase& c : cases) {
     RunAttention(c);

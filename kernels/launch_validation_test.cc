@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/paged_attention.h"
 #include "kernels/paged_codec.h"
 #include "kernels/test_util.h"
 
@@ -94,6 +95,29 @@ TEST(DecodeScatterLaunch, InvalidInputIsInvalidArgument) {
   header.spec.geometry.head_dim = 64;
   EXPECT_EQ(DecodeScatter(header, g.dst, g.cache.layout, g.span, nullptr).code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// The tensor-core partition rule on an H100 (132 SMs; 2 CTAs per SM for
+// BF16 and K16/V8, 3 for FP8 at head_dim 128) picks the partition lengths
+// that measured fastest in run 8 (bench/results/h100-2026-11-22-run8-*).
+TEST(DecodeAttentionPartition, TensorCoreRuleFillsTheGpuAndItsLastWave) {
+  // batch 32, ctx 8K: one partition, 256 CTAs in one wave.
+  EXPECT_EQ(DecodeAttentionPartitionTokens(32, 8, 8192, 132, 2), 8192u);
+  EXPECT_EQ(DecodeAttentionPartitionTokens(32, 8, 8192, 132, 3), 8192u);
+  // batch 8: 8192 and 4096 leave SMs idle (64, 128 CTAs).
+  EXPECT_EQ(DecodeAttentionPartitionTokens(8, 8, 8192, 132, 2), 2048u);
+  // batch 64, FP8: 512 CTAs fill 1.29 waves of 396, 1024 2.59, 2048 5.17; 4096 is 10.3.
+  EXPECT_EQ(DecodeAttentionPartitionTokens(64, 8, 8192, 132, 3), 1024u);
+  EXPECT_EQ(DecodeAttentionPartitionTokens(64, 8, 8192, 132, 2), 8192u);
+  EXPECT_EQ(DecodeAttentionPartitionTokens(32, 8, 32768, 132, 2), 8192u);
+  EXPECT_EQ(DecodeAttentionPartitionTokens(32, 8, 32768, 132, 3), 2048u);
+  EXPECT_EQ(DecodeAttentionPartitionTokens(32, 8, 2048, 132, 2), 2048u);
+  // Too little work to fill the GPU at all: the most CTAs.
+  EXPECT_EQ(DecodeAttentionPartitionTokens(1, 1, 100, 132, 2), kAttentionMinPartitionTokens);
+  // Degenerate inputs stay in range.
+  EXPECT_EQ(DecodeAttentionPartitionTokens(1, 1, 1, 0, 0), kAttentionMinPartitionTokens);
+  EXPECT_LE(DecodeAttentionPartitionTokens(65535, 64, uint64_t{1} << 30, 132, 2),
+            kAttentionMaxPartitionTokens);
 }
 
 }  // namespace

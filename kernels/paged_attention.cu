@@ -4,6 +4,7 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 
@@ -54,7 +55,8 @@ constexpr int kInFlightBytes = 32 * 1024;
 constexpr int kVec = 8;     // elements of a row per lane
 constexpr int kMaxPart = static_cast<int>(kAttentionMaxPartitionTokens);
 constexpr int kMinPart = static_cast<int>(kAttentionMinPartitionTokens);
-constexpr int kTargetParts = 2048;
+constexpr int kTargetParts = 2048;           // CUDA-core kernel's partition rule
+constexpr uint32_t kCudaCoreMaxPart = 1024;  // ... measured up to here (runs 3a/3b)
 constexpr float kLog2e = 1.4426950408889634f;
 // kAuto runs the tensor-core kernel from this many q heads per kv head up
 // (FlashInfer's choice too; smaller groups waste most of the 16 mma rows).
@@ -191,11 +193,23 @@ __device__ __forceinline__ void ReduceScatter(float (&v)[N], int lane) {
   ReduceScatterStep<N, TG / 2>(v, lane);
 }
 
+// One output element in the output dtype (q's), round to nearest even.
+template <bool BF16>
+__device__ __forceinline__ uint16_t StoreOut(float o) {
+  if constexpr (BF16) {
+    return __bfloat16_as_ushort(__float2bfloat16_rn(o));
+  } else {
+    return __half_as_ushort(__float2half_rn(o));
+  }
+}
+
 // The end of both partial kernels: merges the kWarps warps' states in shared
 // memory (s_acc [kWarps][ROWS][HD] unnormalized outputs, s_ml [kWarps][ROWS][2]
 // base-2 max and sum; rows >= G unused) into the workspace rows of the G q
-// heads of kv head `kvh` in partition `part` of sequence `b`.
-template <int HD, int ROWS>
+// heads of kv head `kvh` in partition `part` of sequence `b`. With a single
+// partition the combine would compute exactly o / sum (its weight is
+// exp2(0) = 1), so the output is written here and the combine is skipped.
+template <int HD, int ROWS, bool BF16>
 __device__ __forceinline__ void MergeWarpsToWorkspace(const AttnParams& p, const float* s_acc,
                                                       const float* s_ml, int G, uint32_t b,
                                                       uint32_t kvh, uint32_t part, int tid) {
@@ -213,6 +227,11 @@ __device__ __forceinline__ void MergeWarpsToWorkspace(const AttnParams& p, const
       o += f * s_acc[(w2 * ROWS + g) * HD + d];
       sum += f * s_ml[(w2 * ROWS + g) * 2 + 1];
     }
+    if (p.parts == 1) {
+      uint16_t* out = static_cast<uint16_t*>(p.out) + (row0 + static_cast<uint32_t>(g)) * HD + d;
+      *out = StoreOut<BF16>(o / sum);
+      continue;
+    }
     const uint64_t r = row0 + uint64_t{static_cast<uint32_t>(g)} * p.parts;
     p.ws_acc[r * HD + d] = o;
     if (d == 0) {
@@ -228,7 +247,6 @@ __global__ void __launch_bounds__(kThreads, GP <= 4 ? 4 : 2)
   using G_ = Geometry<HD, GP, K8, V8>;
   constexpr int TG = G_::TG, NG = G_::NG, U = G_::U, N = G_::N, CF = G_::CF;
   extern __shared__ __align__(16) uint8_t smem[];
-  __shared__ int32_t s_block[kMaxPart + 1];
   __shared__ __align__(16) float s_p[kWarps][NG * N];  // probabilities (x V scale)
   __shared__ __align__(16) float s_alpha[kWarps][GP];  // per-head rescale of this tile
 
@@ -246,10 +264,9 @@ __global__ void __launch_bounds__(kThreads, GP <= 4 ? 4 : 2)
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int grp = lane / TG, lt = lane % TG;
 
-  const int first_blk = t_begin >> shift;
-  const int nblk = ((t_begin + n - 1) >> shift) - first_blk + 1;
-  const int32_t* table = p.block_table + uint64_t{b} * p.max_blocks_per_seq + first_blk;
-  for (int i = tid; i < nblk; i += kThreads) s_block[i] = __ldg(table + i);
+  // Block ids come straight from the table (L1-cached): no shared-memory
+  // copy, so nothing waits on it and the partition size is not bounded by it.
+  const int32_t* table = p.block_table + uint64_t{b} * p.max_blocks_per_seq;
 
   float q[GP][kVec];
   {
@@ -272,7 +289,6 @@ __global__ void __launch_bounds__(kThreads, GP <= 4 ? 4 : 2)
       }
     }
   }
-  __syncthreads();  // s_block, mbarrier initialization
 
   const uint8_t* kbase = static_cast<const uint8_t*>(c.k_layers[p.layer]);
   const uint8_t* vbase = static_cast<const uint8_t*>(c.v_layers[p.layer]);
@@ -280,12 +296,12 @@ __global__ void __launch_bounds__(kThreads, GP <= 4 ? 4 : 2)
   const float* vscale = V8 ? c.v_scale_layers[p.layer] : nullptr;
   auto k_src = [&](int t) {  // partition-local token -> its K row
     const int abs_t = t_begin + t;
-    const uint32_t blk = s_block[(abs_t >> shift) - first_blk];
+    const uint32_t blk = __ldg(table + (abs_t >> shift));
     return kbase + int64_t{G_::KB} * c.k_elem(blk, abs_t & bs_mask, kvh, 0);
   };
   auto v_src = [&](int t) {
     const int abs_t = t_begin + t;
-    const uint32_t blk = s_block[(abs_t >> shift) - first_blk];
+    const uint32_t blk = __ldg(table + (abs_t >> shift));
     return vbase + int64_t{G_::VB} * c.v_elem(blk, abs_t & bs_mask, kvh, 0);
   };
 
@@ -399,7 +415,7 @@ __global__ void __launch_bounds__(kThreads, GP <= 4 ? 4 : 2)
         if (tid < 2 * kTile && (is_v ? V8 : K8)) {
           const bool ok = t0 + r < n;
           const int abs_t = t_begin + (ok ? t0 + r : 0);
-          const uint32_t blk = s_block[(abs_t >> shift) - first_blk];
+          const uint32_t blk = __ldg(table + (abs_t >> shift));
           const float* src = (is_v ? vscale : kscale) + c.scale_index(blk, kvh);
           CpAsync4(st + G_::STAGE_K + G_::STAGE_V + (is_v ? kTile : 0) * 4 + r * 4, src, ok);
         }
@@ -458,7 +474,7 @@ __global__ void __launch_bounds__(kThreads, GP <= 4 ? 4 : 2)
     }
   }
   __syncthreads();
-  MergeWarpsToWorkspace<HD, GP>(p, s_acc, s_ml, G, b, kvh, part, tid);
+  MergeWarpsToWorkspace<HD, GP, BF16>(p, s_acc, s_ml, G, b, kvh, part, tid);
 }
 
 // ---------------------------------------------------------------------------
@@ -495,7 +511,7 @@ __global__ void __launch_bounds__(kThreads, GP <= 4 ? 4 : 2)
 //   that these reads are free of bank conflicts.
 constexpr int kTcTile = 64;  // tokens per pipeline stage: 16 per warp
 constexpr int kTcSmemPerSm = 220 * 1024;  // H100: 228 KB per SM, some kept for the runtime
-constexpr int kTcStaticSmem = 5 * 1024;   // s_block and the per-CTA reserve
+constexpr int kTcStaticSmem = 1024;  // the runtime's per-CTA reserve
 constexpr int kTcRows = 8;  // q-head rows kept (kAttentionMaxGroup)
 static_assert(kMinPart % 32 == 0 && kTcRows >= static_cast<int>(kAttentionMaxGroup),
               "tensor-core rows cover every group");
@@ -597,7 +613,6 @@ __global__ void __launch_bounds__(kThreads, (TcGeometry<HD, K8, V8>::CTAS))
   constexpr bool kQkBf16 = BF16 && !K8;  // mma input type of q.k
   constexpr bool kPvBf16 = BF16 && !V8;  // and of p.v
   extern __shared__ __align__(16) uint8_t smem[];
-  __shared__ int32_t s_block[kMaxPart + 1];
 
   const PagedKvLayout& c = p.cache;
   const uint32_t b = blockIdx.z, kvh = blockIdx.x, part = blockIdx.y;
@@ -611,11 +626,63 @@ __global__ void __launch_bounds__(kThreads, (TcGeometry<HD, K8, V8>::CTAS))
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane >> 2, t = lane & 3;  // mma fragment row / column pair
 
-  const int first_blk = t_begin >> shift;
-  const int nblk = ((t_begin + n - 1) >> shift) - first_blk + 1;
-  const int32_t* table = p.block_table + uint64_t{b} * p.max_blocks_per_seq + first_blk;
-  for (int i = tid; i < nblk; i += kThreads) s_block[i] = __ldg(table + i);
+  // Block ids straight from the table (L1-cached), as in AttnPartialKernel.
+  const int32_t* table = p.block_table + uint64_t{b} * p.max_blocks_per_seq;
 
+  const uint8_t* kbase = static_cast<const uint8_t*>(c.k_layers[p.layer]);
+  const uint8_t* vbase = static_cast<const uint8_t*>(c.v_layers[p.layer]);
+  const float* kscale = K8 ? c.k_scale_layers[p.layer] : nullptr;
+  const float* vscale = V8 ? c.v_scale_layers[p.layer] : nullptr;
+  auto load_tile = [&](int tile, int stage) {
+    uint8_t* st = smem + stage * G_::STAGE;
+    const int t0 = tile * kTcTile;
+#pragma unroll
+    for (int k = 0; k < kTcTile * G_::KCH / kThreads; ++k) {
+      const int i = tid + k * kThreads;
+      const int r = i / G_::KCH, col = i % G_::KCH;
+      const bool ok = t0 + r < n;
+      const int abs_t = t_begin + (ok ? t0 + r : 0);
+      const uint32_t blk = __ldg(table + (abs_t >> shift));
+      CpAsync16(st + r * G_::KROW + SwzK<G_::KCH>(r, col) * 16,
+                kbase + int64_t{G_::KB} * c.k_elem(blk, abs_t & bs_mask, kvh, 0) + col * 16, ok);
+    }
+#pragma unroll
+    for (int k = 0; k < kTcTile * G_::VCH / kThreads; ++k) {
+      const int i = tid + k * kThreads;
+      const int r = i / G_::VCH, col = i % G_::VCH;
+      const bool ok = t0 + r < n;
+      const int abs_t = t_begin + (ok ? t0 + r : 0);
+      const uint32_t blk = __ldg(table + (abs_t >> shift));
+      CpAsync16(st + G_::STAGE_K + r * G_::VROW + SwzV<V8, G_::VCH>(r, col) * 16,
+                vbase + int64_t{G_::VB} * c.v_elem(blk, abs_t & bs_mask, kvh, 0) + col * 16, ok);
+    }
+    if constexpr (K8 || V8) {
+      const int r = tid % kTcTile;
+      const bool is_v = tid >= kTcTile;
+      if (is_v ? V8 : K8) {
+        const bool ok = t0 + r < n;
+        const int abs_t = t_begin + (ok ? t0 + r : 0);
+        const uint32_t blk = __ldg(table + (abs_t >> shift));
+        const float* src = (is_v ? vscale : kscale) + c.scale_index(blk, kvh);
+        CpAsync4(st + G_::STAGE_K + G_::STAGE_V + (is_v ? kTcTile : 0) * 4 + r * 4, src, ok);
+      }
+    }
+  };
+
+  float o[G_::NT][2];
+#pragma unroll
+  for (int i = 0; i < G_::NT; ++i) o[i][0] = o[i][1] = 0.0f;
+  float m_run = -INFINITY, l_run = 0.0f;  // row g; l_run: this lane's share
+  float w_run = 0.0f;                     // FP8 V: running max of the V scales
+
+  constexpr int kStages = G_::STAGES;
+  const int ntiles = (n + kTcTile - 1) / kTcTile;
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < ntiles) load_tile(s, s);
+    CpAsyncCommit();
+  }
+  // The first tiles are on their way; q's loads overlap them.
   // q A fragments (rows g < G), in the permuted dim order of the K chunks.
   uint32_t qa[G_::KSTEPS][2];
   {
@@ -645,61 +712,6 @@ __global__ void __launch_bounds__(kThreads, (TcGeometry<HD, K8, V8>::CTAS))
         qa[s * (kWords / 2) + i / 2][i % 2] = v;
       }
     }
-  }
-  __syncthreads();  // s_block
-
-  const uint8_t* kbase = static_cast<const uint8_t*>(c.k_layers[p.layer]);
-  const uint8_t* vbase = static_cast<const uint8_t*>(c.v_layers[p.layer]);
-  const float* kscale = K8 ? c.k_scale_layers[p.layer] : nullptr;
-  const float* vscale = V8 ? c.v_scale_layers[p.layer] : nullptr;
-  auto load_tile = [&](int tile, int stage) {
-    uint8_t* st = smem + stage * G_::STAGE;
-    const int t0 = tile * kTcTile;
-#pragma unroll
-    for (int k = 0; k < kTcTile * G_::KCH / kThreads; ++k) {
-      const int i = tid + k * kThreads;
-      const int r = i / G_::KCH, col = i % G_::KCH;
-      const bool ok = t0 + r < n;
-      const int abs_t = t_begin + (ok ? t0 + r : 0);
-      const uint32_t blk = s_block[(abs_t >> shift) - first_blk];
-      CpAsync16(st + r * G_::KROW + SwzK<G_::KCH>(r, col) * 16,
-                kbase + int64_t{G_::KB} * c.k_elem(blk, abs_t & bs_mask, kvh, 0) + col * 16, ok);
-    }
-#pragma unroll
-    for (int k = 0; k < kTcTile * G_::VCH / kThreads; ++k) {
-      const int i = tid + k * kThreads;
-      const int r = i / G_::VCH, col = i % G_::VCH;
-      const bool ok = t0 + r < n;
-      const int abs_t = t_begin + (ok ? t0 + r : 0);
-      const uint32_t blk = s_block[(abs_t >> shift) - first_blk];
-      CpAsync16(st + G_::STAGE_K + r * G_::VROW + SwzV<V8, G_::VCH>(r, col) * 16,
-                vbase + int64_t{G_::VB} * c.v_elem(blk, abs_t & bs_mask, kvh, 0) + col * 16, ok);
-    }
-    if constexpr (K8 || V8) {
-      const int r = tid % kTcTile;
-      const bool is_v = tid >= kTcTile;
-      if (is_v ? V8 : K8) {
-        const bool ok = t0 + r < n;
-        const int abs_t = t_begin + (ok ? t0 + r : 0);
-        const uint32_t blk = s_block[(abs_t >> shift) - first_blk];
-        const float* src = (is_v ? vscale : kscale) + c.scale_index(blk, kvh);
-        CpAsync4(st + G_::STAGE_K + G_::STAGE_V + (is_v ? kTcTile : 0) * 4 + r * 4, src, ok);
-      }
-    }
-  };
-
-  float o[G_::NT][2];
-#pragma unroll
-  for (int i = 0; i < G_::NT; ++i) o[i][0] = o[i][1] = 0.0f;
-  float m_run = -INFINITY, l_run = 0.0f;  // row g; l_run: this lane's share
-  float w_run = 0.0f;                     // FP8 V: running max of the V scales
-
-  constexpr int kStages = G_::STAGES;
-  const int ntiles = (n + kTcTile - 1) / kTcTile;
-#pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < ntiles) load_tile(s, s);
-    CpAsyncCommit();
   }
   const int wr = 16 * warp;  // the warp's first tile row
   for (int it = 0; it < ntiles; ++it) {
@@ -844,7 +856,7 @@ __global__ void __launch_bounds__(kThreads, (TcGeometry<HD, K8, V8>::CTAS))
     s_ml[(warp * kTcRows + g) * 2 + 1] = l_run;
   }
   __syncthreads();
-  MergeWarpsToWorkspace<HD, kTcRows>(p, s_acc, s_ml, G, b, kvh, part, tid);
+  MergeWarpsToWorkspace<HD, kTcRows, BF16>(p, s_acc, s_ml, G, b, kvh, part, tid);
 }
 
 template <int HD, bool BF16>
@@ -863,12 +875,7 @@ __global__ void __launch_bounds__(HD) AttnCombineKernel(const __grid_constant__ 
     acc += w * p.ws_acc[(row0 + i) * HD + d];
   }
   const float o = acc / l;
-  uint16_t* out = static_cast<uint16_t*>(p.out) + (uint64_t{b} * p.num_q_heads + qh) * HD + d;
-  if constexpr (BF16) {
-    *out = __bfloat16_as_ushort(__float2bfloat16_rn(o));
-  } else {
-    *out = __half_as_ushort(__float2half_rn(o));
-  }
+  static_cast<uint16_t*>(p.out)[(uint64_t{b} * p.num_q_heads + qh) * HD + d] = StoreOut<BF16>(o);
 }
 
 // Raises a kernel's dynamic shared-memory limit, once per device; `done` is
@@ -900,12 +907,7 @@ absl::Status LaunchPartial(Kernel* kernel, int smem_bytes, std::atomic<uint64_t>
 // traffic). The tensor-core kernel serves every group (rows padded to 16).
 template <int HD, bool K8, bool V8, bool BF16>
 absl::Status LaunchTyped(const AttnParams& a, uint32_t batch, cudaStream_t stream) {
-  const AttentionKernel k =
-      a.kernel != AttentionKernel::kAuto
-          ? a.kernel
-          : (a.group >= kTensorCoreMinGroup && batch >= kTensorCoreMinBatch
-                 ? AttentionKernel::kTensorCore
-                 : AttentionKernel::kCudaCore);
+  const AttentionKernel k = a.kernel;  // resolved by PrepareAttention
   static std::atomic<uint64_t> raised_tc{0}, raised4{0}, raised8{0};  // per instantiation
   const absl::Status st =
       k == AttentionKernel::kTensorCore
@@ -916,6 +918,7 @@ absl::Status LaunchTyped(const AttnParams& a, uint32_t batch, cudaStream_t strea
                      : LaunchPartial(&AttnPartialKernel<HD, 8, K8, V8, BF16>,
                                      Geometry<HD, 8, K8, V8>::SMEM, raised8, a, batch, stream);
   KVTIER_RETURN_IF_ERROR(st);
+  if (a.parts == 1) return absl::OkStatus();  // the partial kernel wrote the output
   AttnCombineKernel<HD, BF16><<<dim3(a.num_q_heads, batch), HD, 0, stream>>>(a);
   KVTIER_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();
@@ -932,6 +935,51 @@ absl::Status LaunchHd(const AttnParams& a, uint32_t batch, bool k8, bool v8, boo
   if (k8 && v8) return bf16 ? LaunchTyped<HD, true, true, true>(a, batch, stream)
                             : LaunchTyped<HD, true, true, false>(a, batch, stream);
   return absl::InvalidArgumentError("attention: fp8 K with 16-bit V is not supported");
+}
+
+// CTAs per SM of the tensor-core instantiation for these dtypes
+// (TcGeometry::CTAS: shared memory and __launch_bounds__ allow that many).
+template <int HD>
+int TcCtasPerSmHd(bool k8, bool v8) {
+  return k8 ? TcGeometry<HD, true, true>::CTAS
+            : (v8 ? TcGeometry<HD, false, true>::CTAS : TcGeometry<HD, false, false>::CTAS);
+}
+int TcCtasPerSm(uint32_t head_dim, bool k8, bool v8) {
+  return head_dim == 64    ? TcCtasPerSmHd<64>(k8, v8)
+         : head_dim == 128 ? TcCtasPerSmHd<128>(k8, v8)
+                           : TcCtasPerSmHd<256>(k8, v8);
+}
+
+// SMs of the current device, looked up once per device. Without a device
+// (CPU-only validation and workspace sizing) an H100's 132: nothing launches
+// then, and DecodeAttentionWorkspaceBytes and PagedDecodeAttention still agree.
+uint32_t CurrentDeviceSms() {
+  constexpr uint32_t kNoDeviceSms = 132;
+  static std::atomic<uint32_t> cached[64] = {};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) {
+    (void)cudaGetLastError();  // not left for a later launch check to find
+    return kNoDeviceSms;
+  }
+  if (dev >= 0 && dev < 64) {
+    if (const uint32_t n = cached[dev].load(std::memory_order_relaxed); n != 0) return n;
+  }
+  int sms = 0;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || sms <= 0) {
+    (void)cudaGetLastError();
+    return kNoDeviceSms;
+  }
+  if (dev >= 0 && dev < 64) cached[dev].store(static_cast<uint32_t>(sms), std::memory_order_relaxed);
+  return static_cast<uint32_t>(sms);
+}
+
+// The CUDA-core kernel's rule (runs 3a/3b): the smallest power of two from
+// kMinPart up to kCudaCoreMaxPart leaving at most kTargetParts partitions.
+uint32_t CudaCorePartitionTokens(uint32_t batch, uint32_t num_kv_heads, uint64_t max_tokens) {
+  const uint64_t work = uint64_t{batch} * num_kv_heads * max_tokens;
+  uint32_t part = kMinPart;
+  while (part < kCudaCoreMaxPart && work / part > kTargetParts) part *= 2;
+  return part;
 }
 
 absl::StatusOr<AttnParams> PrepareAttention(const PagedKvLayout& cache,
@@ -978,9 +1026,24 @@ absl::StatusOr<AttnParams> PrepareAttention(const PagedKvLayout& cache,
                                                    p.partition_tokens, " is not 0 or a multiple of ",
                                                    kTile, " up to ", kAttentionMaxPartitionTokens));
   }
-  a.part_tokens = p.partition_tokens != 0
-                      ? p.partition_tokens
-                      : DecodeAttentionPartitionTokens(p.batch, cache.num_kv_heads, max_tokens);
+  if (p.kernel != AttentionKernel::kAuto && p.kernel != AttentionKernel::kCudaCore &&
+      p.kernel != AttentionKernel::kTensorCore) {
+    return absl::InvalidArgumentError("attention: unknown kernel choice");
+  }
+  a.kernel = p.kernel != AttentionKernel::kAuto ? p.kernel
+             : group >= kTensorCoreMinGroup && p.batch >= kTensorCoreMinBatch
+                 ? AttentionKernel::kTensorCore
+                 : AttentionKernel::kCudaCore;
+  if (p.partition_tokens != 0) {
+    a.part_tokens = p.partition_tokens;
+  } else if (a.kernel == AttentionKernel::kTensorCore) {
+    a.part_tokens = DecodeAttentionPartitionTokens(
+        p.batch, cache.num_kv_heads, max_tokens, CurrentDeviceSms(),
+        TcCtasPerSm(cache.head_dim, cache.k_dtype == DType::kFP8E4M3,
+                    cache.v_dtype == DType::kFP8E4M3));
+  } else {
+    a.part_tokens = CudaCorePartitionTokens(p.batch, cache.num_kv_heads, max_tokens);
+  }
   a.parts = static_cast<uint32_t>((max_tokens + a.part_tokens - 1) / a.part_tokens);
   if (a.parts > 65535) {
     return absl::InvalidArgumentError(absl::StrCat("attention: ", a.parts, " partitions of ",
@@ -989,11 +1052,6 @@ absl::StatusOr<AttnParams> PrepareAttention(const PagedKvLayout& cache,
   a.layer = p.layer;
   a.bs_shift = static_cast<uint32_t>(__builtin_ctz(bs));
   a.q_scale = p.sm_scale * kLog2e;
-  if (p.kernel != AttentionKernel::kAuto && p.kernel != AttentionKernel::kCudaCore &&
-      p.kernel != AttentionKernel::kTensorCore) {
-    return absl::InvalidArgumentError("attention: unknown kernel choice");
-  }
-  a.kernel = p.kernel;
   return a;
 }
 
@@ -1002,26 +1060,48 @@ size_t WorkspaceFor(const AttnParams& a, uint32_t batch) {
   return rows * (a.cache.head_dim + 2) * sizeof(float);
 }
 
-}  // namespace
-
-uint32_t DecodeAttentionPartitionTokens(uint32_t batch, uint32_t num_kv_heads,
-                                        uint64_t max_tokens) {
-  const uint64_t work = uint64_t{batch} * num_kv_heads * max_tokens;
-  uint32_t part = kAttentionMinPartitionTokens;
-  while (part < kAttentionMaxPartitionTokens && work / part > kTargetParts) part *= 2;
-  return part;
-}
-
-absl::StatusOr<size_t> DecodeAttentionWorkspaceBytes(const PagedKvLayout& cache,
-                                                     const DecodeAttentionParams& p) {
+// PrepareAttention for shape-only questions: any non-null placeholder is
+// fine for the pointers.
+absl::StatusOr<AttnParams> PrepareShape(const PagedKvLayout& cache, const DecodeAttentionParams& p) {
   DecodeAttentionParams q = p;
-  // Shape-only check: any non-null placeholder is fine for the pointers.
   static const int kDummy = 0;
   if (q.q == nullptr) q.q = &kDummy;
   if (q.out == nullptr) q.out = const_cast<int*>(&kDummy);
   if (q.block_table == nullptr) q.block_table = &kDummy;
   if (q.seq_lens == nullptr) q.seq_lens = &kDummy;
-  KVTIER_ASSIGN_OR_RETURN(AttnParams a, PrepareAttention(cache, q));
+  return PrepareAttention(cache, q);
+}
+
+}  // namespace
+
+uint32_t DecodeAttentionPartitionTokens(uint32_t batch, uint32_t num_kv_heads,
+                                        uint64_t max_tokens, uint32_t sms, uint32_t ctas_per_sm) {
+  const uint64_t slots = uint64_t{std::max(sms, 1u)} * std::max(ctas_per_sm, 1u);
+  uint32_t best = kAttentionMinPartitionTokens;
+  for (uint32_t part = kAttentionMinPartitionTokens; part <= kAttentionMaxPartitionTokens;
+       part *= 2) {
+    const uint64_t parts = (max_tokens + part - 1) / part;
+    const uint64_t ctas = uint64_t{batch} * num_kv_heads * parts;
+    if (ctas < sms) break;  // an idle SM; larger partitions leave more idle
+    const uint64_t waves = (ctas + slots - 1) / slots;
+    if (ctas <= slots || static_cast<double>(ctas) / static_cast<double>(waves * slots) >=
+                             kAttentionMinLastWaveFill) {
+      best = part;
+    }
+    if (parts == 1) break;  // larger partitions are the same partition
+  }
+  return best;
+}
+
+absl::StatusOr<uint32_t> DecodeAttentionPartitionTokensFor(const PagedKvLayout& cache,
+                                                           const DecodeAttentionParams& p) {
+  KVTIER_ASSIGN_OR_RETURN(AttnParams a, PrepareShape(cache, p));
+  return a.part_tokens;
+}
+
+absl::StatusOr<size_t> DecodeAttentionWorkspaceBytes(const PagedKvLayout& cache,
+                                                     const DecodeAttentionParams& p) {
+  KVTIER_ASSIGN_OR_RETURN(AttnParams a, PrepareShape(cache, p));
   return WorkspaceFor(a, p.batch);
 }
 

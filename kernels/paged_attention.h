@@ -4,9 +4,10 @@
 // symmetric FP8 K and V. One CTA per (sequence, kv head, context partition)
 // serves the whole group of q heads of its kv head, so every K/V row is read
 // from device memory once; a multi-stage cp.async pipeline keeps several
-// tiles of rows in flight. The partition length is chosen from the shape
-// (DecodeAttentionPartitionTokens) so that there are enough CTAs to fill the
-// GPU, and a second kernel combines the partitions' softmax states.
+// tiles of rows in flight. The partition length is chosen from the shape and
+// the GPU (DecodeAttentionPartitionTokensFor) so that the CTAs fill the GPU,
+// and a second kernel combines the partitions' softmax states (skipped when
+// there is one partition: the partial kernel then writes the output).
 //
 // Tolerance against ReferenceDecodeAttention (FP32/FP64 CPU): see
 // kernels/README.md.
@@ -25,17 +26,29 @@
 namespace kvtier::kernels {
 
 inline constexpr uint32_t kAttentionMinPartitionTokens = 64;
-inline constexpr uint32_t kAttentionMaxPartitionTokens = 1024;
+inline constexpr uint32_t kAttentionMaxPartitionTokens = 8192;
 inline constexpr uint32_t kAttentionMaxGroup = 8;  // q heads per kv head
 
-// Tokens per context partition for `batch` sequences of up to `max_tokens`
-// tokens over `num_kv_heads` kv heads: the smallest power of two in
-// [kAttentionMinPartitionTokens, kAttentionMaxPartitionTokens] that leaves at
-// most about 2048 partitions in all (enough CTAs for any current GPU, few
-// enough that combining them costs little). Depends on the shape only, so
-// DecodeAttentionWorkspaceBytes and PagedDecodeAttention agree.
+// Tokens per context partition of the tensor-core kernel for `batch`
+// sequences of up to `max_tokens` tokens over `num_kv_heads` kv heads, on a
+// GPU of `sms` SMs running `ctas_per_sm` CTAs each: the largest power of two
+// in [kAttentionMinPartitionTokens, kAttentionMaxPartitionTokens] that keeps
+// every SM busy (at least `sms` CTAs) and either fits in one wave of CTAs or
+// fills its last wave to at least kAttentionMinLastWaveFill; the smallest if
+// none does. Longer partitions cost fewer pipeline fills, epilogues and
+// combine rows; a last wave of few CTAs leaves HBM idle (run 8 on the H100:
+// bench/results/h100-2026-11-22-run8-*). The CUDA-core kernel keeps its own
+// rule (at most 2048 partitions, at most 1024 tokens each).
+inline constexpr double kAttentionMinLastWaveFill = 0.9;
 uint32_t DecodeAttentionPartitionTokens(uint32_t batch, uint32_t num_kv_heads,
-                                        uint64_t max_tokens);
+                                        uint64_t max_tokens, uint32_t sms, uint32_t ctas_per_sm);
+
+// The partition length PagedDecodeAttention will use for this call: the
+// caller's `partition_tokens`, or the rule of the kernel it runs (the
+// tensor-core rule with the current device's SM count; 132 SMs without a
+// device). InvalidArgument as PagedDecodeAttention.
+absl::StatusOr<uint32_t> DecodeAttentionPartitionTokensFor(const PagedKvLayout& cache,
+                                                           const DecodeAttentionParams& p);
 
 // Device workspace bytes PagedDecodeAttention needs for `p` (FP32 partial
 // results of every partition). InvalidArgument as PagedDecodeAttention.

@@ -81,7 +81,7 @@ struct DecodeAttentionParams {
   void* out = nullptr;    // [batch][num_q_heads][head_dim], q_dtype
   // GPU kernel only: tokens per context partition (a multiple of 32, at most
   // kAttentionMaxPartitionTokens), or 0 to let the launcher choose from the
-  // shape (DecodeAttentionPartitionTokens). The result does not depend on it
+  // shape and the GPU (DecodeAttentionPartitionTokensFor). The result does not depend on it
   // beyond rounding. Default: 0.
   uint32_t partition_tokens = 0;
   // GPU kernel only: see AttentionKernel. Default: kAuto.
