@@ -132,17 +132,10 @@ void PlacementEngine::Bootstrap() {
       }
       // Split parts next to a whole copy, or one part of a split chunk alone,
       // are leftovers of an interrupted put or eviction.
-      for (int p = whole ? 1 : 0; p < 3; ++p) {
-        if (whole || !split_ok) {
-          for (int k = 0; k < kNumTierKinds; ++k) {
-            if (st.where[p] & (1u << k)) {
-              ObjectKey id{it->first, static_cast<Part>(p)};
-              orphans.emplace_back(id, static_cast<TierKind>(k));
-              policies_[k]->OnErase(id);
-            }
-          }
-          st.where[p] = 0;
-        }
+      if (whole || !split_ok) {
+        const int first = whole ? 1 : 0;
+        TakeCopiesLocked(it->first, st, first, &orphans);
+        for (int p = first; p < 3; ++p) st.where[p] = 0;
       }
       if (!whole && !split_ok) {
         chunks_.erase(it++);
@@ -198,6 +191,19 @@ uint32_t PlacementEngine::RecallUsesLocked(const Hash128& key) {
   // entry makes it leave the history a little early (the history is a hint).
   dropped_uses_.erase(it);
   return uses;
+}
+
+void PlacementEngine::TakeCopiesLocked(const Hash128& key, const ChunkState& st, int first_part,
+                                       std::vector<std::pair<ObjectKey, TierKind>>* out) {
+  for (int p = first_part; p < 3; ++p) {
+    for (int k = 0; k < kNumTierKinds; ++k) {
+      if (st.where[p] & (1u << k)) {
+        ObjectKey id{key, static_cast<Part>(p)};
+        out->emplace_back(id, static_cast<TierKind>(k));
+        policies_[k]->OnErase(id);
+      }
+    }
+  }
 }
 
 void PlacementEngine::Forget(const ObjectKey& id, TierKind kind) {
@@ -292,15 +298,7 @@ bool PlacementEngine::EvictOne(TierKind kind) {
       --st.busy;
       bool complete = st.split ? (st.where[1] && st.where[2]) : st.where[0] != 0;
       if (!complete && st.busy == 0) {
-        for (int p = 0; p < 3; ++p) {
-          for (int k = 0; k < kNumTierKinds; ++k) {
-            if (st.where[p] & (1u << k)) {
-              ObjectKey id{victim.key, static_cast<Part>(p)};
-              dead.emplace_back(id, static_cast<TierKind>(k));
-              policies_[k]->OnErase(id);
-            }
-          }
-        }
+        TakeCopiesLocked(victim.key, st, 0, &dead);
         RememberDroppedLocked(victim.key, st.uses);
         chunks_.erase(it);
       }
@@ -467,15 +465,7 @@ absl::StatusOr<TierKind> PlacementEngine::ReadObject(const ObjectKey& id, std::s
         auto it = chunks_.find(id.key);
         if (it != chunks_.end() && it->second.where[PartIndex(id.part)] != 0) continue;
         if (it != chunks_.end()) {
-          for (int p = 0; p < 3; ++p) {
-            for (int k = 0; k < kNumTierKinds; ++k) {
-              if (it->second.where[p] & (1u << k)) {
-                ObjectKey o{id.key, static_cast<Part>(p)};
-                dead.emplace_back(o, static_cast<TierKind>(k));
-                policies_[k]->OnErase(o);
-              }
-            }
-          }
+          TakeCopiesLocked(id.key, it->second, 0, &dead);
           chunks_.erase(it);
         }
       }
@@ -658,15 +648,7 @@ absl::Status PlacementEngine::DeleteLocal(const Hash128& key) {
     if (it == chunks_.end()) return absl::NotFoundError("chunk not stored");
     if (it->second.pins > 0) return absl::FailedPreconditionError("chunk is pinned by a lease");
     if (it->second.busy > 0) return absl::UnavailableError("chunk is being moved; retry");
-    for (int p = 0; p < 3; ++p) {
-      for (int k = 0; k < kNumTierKinds; ++k) {
-        if (it->second.where[p] & (1u << k)) {
-          ObjectKey id{key, static_cast<Part>(p)};
-          objs.emplace_back(id, static_cast<TierKind>(k));
-          policies_[k]->OnErase(id);
-        }
-      }
-    }
+    TakeCopiesLocked(key, it->second, 0, &objs);
     chunks_.erase(it);
   }
   absl::Status first;

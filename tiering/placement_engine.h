@@ -320,6 +320,13 @@ class PlacementEngine {
   // Reads object `id` from the fastest tier holding it; drops corrupt copies.
   absl::StatusOr<TierKind> ReadObject(const ObjectKey& id, std::span<uint8_t> out);
   void Forget(const ObjectKey& id, TierKind kind) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Appends every copy of parts `first_part`..2 of chunk `key` (per
+  // st.where) to `out`, as (object, tier), and takes each out of its tier's
+  // eviction policy. `st` is left as is; the caller erases the copies from
+  // the tiers once mu_ is released.
+  void TakeCopiesLocked(const Hash128& key, const ChunkState& st, int first_part,
+                        std::vector<std::pair<ObjectKey, TierKind>>* out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Promote(const Hash128& key);
   void PrefetchLoop();
   void MaintenanceLoop();
