@@ -263,6 +263,17 @@ int main(int argc, char** argv) {
           first = false;
         }
     }
+  // Small batches, both kernels with their own partition rules: where kAuto
+  // should switch from the CUDA-core to the tensor-core kernel.
+  json += "], \"small_batch_sweep\": [";
+  first = true;
+  for (uint32_t batch : {1u, 2u, 4u})
+    for (uint32_t ctx : {1024u, 4096u, 16384u, 32768u})
+      for (AttentionKernel k : {AttentionKernel::kCudaCore, AttentionKernel::kTensorCore})
+        for (const Format& f : formats) {
+          json += (first ? "" : ", ") + Run(f, batch, ctx, 0, false, k);
+          first = false;
+        }
   // Partition size sweep (tensor-core kernel, NHD): the fixed cost of a CTA
   // (pipeline fill, epilogue, combine rows) against wave quantization.
   json += "], \"partition_sweep\": [";

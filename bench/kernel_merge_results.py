@@ -53,6 +53,9 @@ def main():
         for r in attn.get("partition_sweep", []):
             s.setdefault(f"attention_b{r['batch']}_ctx{r['context'] // 1024}k_partition_sweep_hbm_gbps",
                          {})[f"{r['format']}/part{r['partition_tokens']}"] = r["hbm_gbps"]
+        for r in attn.get("small_batch_sweep", []):
+            s.setdefault(f"attention_b{r['batch']}_small_batch_sweep_hbm_gbps", {})[
+                f"{r['format']}/ctx{r['context'] // 1024}k/{r['kernel']}"] = r["hbm_gbps"]
         for r in attn.get("layout_sweep", []):
             s.setdefault("attention_b32_ctx8k_hnd_layout_hbm_gbps", {})[r["format"]] = r["hbm_gbps"]
         for key, r in (("bf16", bf16), ("k16v8", k16v8), ("fp8", fp8)):

@@ -59,13 +59,11 @@ constexpr int kTargetParts = 2048;           // CUDA-core kernel's partition rul
 constexpr uint32_t kCudaCoreMaxPart = 1024;  // ... measured up to here (runs 3a/3b)
 constexpr float kLog2e = 1.4426950408889634f;
 // kAuto runs the tensor-core kernel from this many q heads per kv head up
-// (FlashInfer's choice too; smaller groups waste most of the 16 mma rows).
+// (FlashInfer's choice too; smaller groups waste most of the 16 mma rows), at
+// every batch size: with its own partition rule it was faster than the
+// CUDA-core kernel from batch 1 up (run 8c, H100: b1 ctx 16K K16/V8 1.66 vs
+// 0.85 TB/s; within 3% either way only at ctx 1K, batch 2-4).
 constexpr uint32_t kTensorCoreMinGroup = 4;
-// ... and from this batch size up: at batch 1 the tensor-core kernel was
-// slower on the H100 (run 5b: 0.65 vs 0.77 TB/s for K16/V8 at ctx 8K), at
-// batch 8 and above faster (+4-8%); sizes in between were not measured, so
-// they keep the CUDA-core kernel.
-constexpr uint32_t kTensorCoreMinBatch = 8;
 static_assert(kMinPart % kTile == 0 && kMaxPart % kTile == 0,
               "partitions are whole pipeline tiles");
 
@@ -1031,7 +1029,7 @@ absl::StatusOr<AttnParams> PrepareAttention(const PagedKvLayout& cache,
     return absl::InvalidArgumentError("attention: unknown kernel choice");
   }
   a.kernel = p.kernel != AttentionKernel::kAuto ? p.kernel
-             : group >= kTensorCoreMinGroup && p.batch >= kTensorCoreMinBatch
+             : group >= kTensorCoreMinGroup
                  ? AttentionKernel::kTensorCore
                  : AttentionKernel::kCudaCore;
   if (p.partition_tokens != 0) {

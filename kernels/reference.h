@@ -59,7 +59,7 @@ absl::Status ReferenceDecodeScatter(std::span<const uint8_t> chunk, const PagedK
 // differ in rounding: the tensor-core kernel rounds probabilities to 16 bits
 // before P.V). For benchmarks and tests.
 enum class AttentionKernel : uint8_t {
-  kAuto = 0,    // kTensorCore for >= 4 q heads per kv head and batch >= 8, else kCudaCore
+  kAuto = 0,    // kTensorCore for >= 4 q heads per kv head, else kCudaCore
   kCudaCore,    // FP32 FMAs on CUDA cores (one cp.async CTA pipeline)
   kTensorCore,  // mma.sync m16n8k16 (16-bit inputs, FP32 accumulate), same pipeline
 };
