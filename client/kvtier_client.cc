@@ -6,8 +6,12 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
+#include <deque>
+#include <optional>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -109,15 +113,29 @@ class DataConn {
 
   // Says hello on `sock` (owned from here on); null if the daemon does not
   // serve the data plane on it (an older daemon, or no room).
-  static std::unique_ptr<DataConn> Open(int sock, int64_t timeout_ms) {
-    auto c = std::unique_ptr<DataConn>(new DataConn(sock));
+  // A slot allocated ahead of the next put (see PutOverDataPlane).
+  struct Spare {
+    uint64_t id = 0, offset = 0, length = 0;
+    std::chrono::steady_clock::time_point use_by;
+  };
+  // The daemon keeps a spare this long; the client uses it for half of it.
+  static constexpr uint32_t kSpareTtlMs = 2000;
+
+  // `owed_releases` (not owned) counts the releases sent on any connection
+  // whose answers are not read yet.
+  static std::unique_ptr<DataConn> Open(int sock, int64_t timeout_ms,
+                                        std::atomic<int>* owed_releases) {
+    auto c = std::unique_ptr<DataConn>(new DataConn(sock, owed_releases));
     timeval tv{static_cast<time_t>(timeout_ms / 1000), static_cast<suseconds_t>(timeout_ms % 1000 * 1000)};
     ::setsockopt(sock, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
     ::setsockopt(sock, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
     if (!c->Call(Op::kHello, nullptr, 0, nullptr, 0).ok()) return nullptr;
     return c;
   }
-  ~DataConn() { ::close(fd_); }
+  ~DataConn() {
+    ::close(fd_);  // the daemon releases what the owed releases named
+    DropOwed();
+  }
 
   bool broken() const { return broken_; }
 
@@ -142,7 +160,7 @@ class DataConn {
   absl::Status Receive(Op op, uint8_t* out, uint32_t n) {
     using server::shm_wire::kResponseHeaderBytes;
     uint8_t hdr[kResponseHeaderBytes];
-    KVTIER_RETURN_IF_ERROR(ReadFull(hdr, sizeof(hdr)));
+    KVTIER_RETURN_IF_ERROR(ReadFull(hdr, sizeof(hdr), kAnswerSpinUs));
     server::shm_wire::Reader r(hdr);
     const uint16_t version = r.U16(), got_op = r.U16();
     const uint32_t code = r.U32(), len = r.U32();
@@ -166,15 +184,80 @@ class DataConn {
   }
 
   absl::Status Call(Op op, const uint8_t* payload, uint32_t n, uint8_t* out, uint32_t out_n) {
+    KVTIER_RETURN_IF_ERROR(Settle());
     KVTIER_RETURN_IF_ERROR(Send(op, payload, n));
     return Receive(op, out, out_n);
   }
 
- private:
-  explicit DataConn(int fd) : fd_(fd) {}
+  // Sends a request whose answer is read later, by Settle (every Call
+  // settles first): the release after a get, a spare slot's allocation or
+  // abort. REQUIRES: op is kRelease, kAllocate or kAbortSlot.
+  absl::Status SendOwed(Op op, const uint8_t* payload, uint32_t n) {
+    KVTIER_RETURN_IF_ERROR(Send(op, payload, n));
+    owed_.push_back(op);
+    if (op == Op::kRelease) owed_releases_->fetch_add(1);
+    return absl::OkStatus();
+  }
 
-  absl::Status ReadFull(uint8_t* p, size_t n) {
-    for (size_t got = 0; got < n;) {
+  // Reads every owed answer: an allocation becomes the spare; errors of a
+  // release or an abort (an expired lease or slot) change nothing. Fails
+  // only if the connection broke.
+  absl::Status Settle() {
+    while (!owed_.empty()) {
+      const Op op = owed_.front();
+      owed_.pop_front();
+      if (op == Op::kRelease) owed_releases_->fetch_sub(1);
+      uint8_t rep[server::shm_wire::kSlotReplyBytes];
+      const uint32_t n = op == Op::kAllocate ? sizeof(rep) : 0;
+      absl::Status st = Receive(op, rep, n);
+      if (broken_) {
+        DropOwed();
+        return st;
+      }
+      if (op == Op::kAllocate && st.ok()) {
+        server::shm_wire::Reader r(rep);
+        spare_ = Spare{r.U64(), r.U64(), r.U64(),
+                       std::chrono::steady_clock::now() + std::chrono::milliseconds(kSpareTtlMs / 2)};
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // The spare slot, if any (it is the caller's from here on).
+  std::optional<Spare> TakeSpare() { return std::exchange(spare_, std::nullopt); }
+
+ private:
+  DataConn(int fd, std::atomic<int>* owed_releases) : fd_(fd), owed_releases_(owed_releases) {}
+
+  void DropOwed() {
+    for (Op op : owed_) {
+      if (op == Op::kRelease) owed_releases_->fetch_sub(1);
+    }
+    owed_.clear();
+  }
+
+  // Answers come within tens of microseconds (a commit: the daemon's check
+  // of the last piece): polling for them costs less than sleeping and being
+  // woken, which on a VM is an inter-processor interrupt and a VM exit.
+  static constexpr int64_t kAnswerSpinUs = 100;
+
+  absl::Status ReadFull(uint8_t* p, size_t n, int64_t spin_us = 0) {
+    size_t got = 0;
+    if (spin_us > 0) {
+      const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(spin_us);
+      do {
+        ssize_t k = ::recv(fd_, p, n, MSG_DONTWAIT);
+        if (k > 0) {
+          got = static_cast<size_t>(k);
+          break;
+        }
+        if (k == 0) return Broken("the daemon closed the data-plane connection");
+        if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+          return Broken(absl::StrCat("recv: ", std::strerror(errno)));
+        }
+      } while (std::chrono::steady_clock::now() < until);
+    }
+    while (got < n) {
       ssize_t k = ::recv(fd_, p + got, n - got, 0);
       if (k < 0 && errno == EINTR) continue;
       if (k == 0) return Broken("the daemon closed the data-plane connection");
@@ -189,7 +272,10 @@ class DataConn {
   }
 
   const int fd_;
+  std::atomic<int>* const owed_releases_;
   bool broken_ = false;
+  std::deque<Op> owed_;  // answers to read, in order
+  std::optional<Spare> spare_;
 };
 
 // The daemon's pool, mapped.
@@ -255,7 +341,7 @@ class ClientImpl final : public KvtierClient {
       pool_ = std::move(*pool);
       // The same connection carries the data plane, if the daemon serves it.
       std::unique_ptr<DataConn> c;
-      if (options_.max_data_connections > 0) c = DataConn::Open(h.sock, options_.timeout_ms);
+      if (options_.max_data_connections > 0) c = DataConn::Open(h.sock, options_.timeout_ms, owed_releases_.get());
       else ::close(h.sock);
       if (c != nullptr) {
         absl::MutexLock l(&conns_mu_);
@@ -343,10 +429,25 @@ class ClientImpl final : public KvtierClient {
     namespace w = server::shm_wire;
     constexpr size_t kPieceBytes = size_t{1} << 20;
     uint8_t req[w::kMaxRequestPayloadBytes], rep[w::kSlotReplyBytes];
-    const uint32_t n = w::Writer(req).U64(chunk.size()).U32(0).size();
-    KVTIER_RETURN_IF_ERROR(c.Call(DataConn::Op::kAllocate, req, n, rep, sizeof(rep)));
-    w::Reader r(rep);
-    const uint64_t id = r.U64(), offset = r.U64(), length = r.U64();
+    KVTIER_RETURN_IF_ERROR(c.Settle());
+    uint64_t id, offset, length;
+    std::optional<DataConn::Spare> spare = c.TakeSpare();
+    if (spare && spare->length == chunk.size() && std::chrono::steady_clock::now() < spare->use_by) {
+      id = spare->id;
+      offset = spare->offset;
+      length = spare->length;
+    } else {
+      if (spare) {
+        const uint32_t m = w::Writer(req).U64(spare->id).size();
+        KVTIER_RETURN_IF_ERROR(c.SendOwed(DataConn::Op::kAbortSlot, req, m));
+      }
+      const uint32_t n = w::Writer(req).U64(chunk.size()).U32(0).size();
+      KVTIER_RETURN_IF_ERROR(c.Call(DataConn::Op::kAllocate, req, n, rep, sizeof(rep)));
+      w::Reader r(rep);
+      id = r.U64();
+      offset = r.U64();
+      length = r.U64();
+    }
     auto range = pool_->Range(offset, length);
     absl::Status st = range.status();
     if (st.ok() && range->size() != chunk.size()) {
@@ -371,6 +472,15 @@ class ClientImpl final : public KvtierClient {
       KVTIER_RETURN_IF_ERROR(c.Send(o < chunk.size() ? DataConn::Op::kPutProgress
                                                      : DataConn::Op::kPutCommit,
                                     req, m));
+    }
+    // The next put's slot, allocated by the daemon right after this commit
+    // (it is awake), so that the next put does not wait for an allocation;
+    // its answer is read at the connection's next use. It costs the pool a
+    // slot of this size for at most kSpareTtlMs, and the daemon frees it
+    // when the connection closes.
+    {
+      const uint32_t m = w::Writer(req).U64(chunk.size()).U32(DataConn::kSpareTtlMs).size();
+      KVTIER_RETURN_IF_ERROR(c.SendOwed(DataConn::Op::kAllocate, req, m));
     }
     return c.Receive(DataConn::Op::kPutCommit, nullptr, 0);
   }
@@ -532,12 +642,15 @@ class ClientImpl final : public KvtierClient {
                     .status();
       }
       absl::Status u;
-      if (c) {
-        // A tens-of-microseconds round trip on the data plane. An error
-        // releasing a lease means it had expired, which freed the chunk just
-        // the same.
+      if (c && held.lease_id != 0) {
+        // The bytes are in the caller's buffer: the release is sent and its
+        // answer read at the connection's next use (an error there means the
+        // lease had expired, which freed the chunk just the same).
+        uint8_t req[server::shm_wire::kU64Bytes];
+        server::shm_wire::Writer(req).U64(held.lease_id);
+        u = (*c).SendOwed(DataConn::Op::kRelease, req, sizeof(req));
+      } else if (c) {
         u = UnholdOver(*c, held);
-        if (held.lease_id != 0) u = absl::OkStatus();
       } else {
         // The bytes are in the caller's buffer: the lease goes back without
         // waiting for the answer.
@@ -668,7 +781,7 @@ class ClientImpl final : public KvtierClient {
     auto h = ConnectShm(shm_socket_);
     if (h.ok()) {
       ::close(h->memfd);
-      c = DataConn::Open(h->sock, options_.timeout_ms);
+      c = DataConn::Open(h->sock, options_.timeout_ms, owed_releases_.get());
     }
     if (c == nullptr) {
       absl::MutexLock l(&conns_mu_);
@@ -715,9 +828,26 @@ class ClientImpl final : public KvtierClient {
   }
 
   void WaitForReleases() {
-    absl::MutexLock l(&releases_->mu);
-    releases_->mu.Await(absl::Condition(
-        +[](int* n) { return *n == 0; }, &releases_->pending));
+    {
+      absl::MutexLock l(&releases_->mu);
+      releases_->mu.Await(absl::Condition(
+          +[](int* n) { return *n == 0; }, &releases_->pending));
+    }
+    if (owed_releases_->load() == 0) return;
+    {
+      absl::MutexLock l(&conns_mu_);
+      for (auto it = idle_conns_.begin(); it != idle_conns_.end();) {
+        (void)(*it)->Settle();
+        if ((*it)->broken()) {
+          it = idle_conns_.erase(it);
+          --open_conns_;
+        } else {
+          ++it;
+        }
+      }
+    }
+    // A lent connection settles before its borrower's first request.
+    while (owed_releases_->load() != 0) std::this_thread::yield();
   }
 
   std::span<uint8_t> mapped_pool() const override {
@@ -730,6 +860,9 @@ class ClientImpl final : public KvtierClient {
   const ClientOptions options_;
   std::unique_ptr<PoolMapping> pool_;
   std::string shm_socket_;
+  // Releases sent on data-plane connections whose answers are unread;
+  // declared before the connections, which hold a pointer to it.
+  std::unique_ptr<std::atomic<int>> owed_releases_ = std::make_unique<std::atomic<int>>(0);
   // Hashes what a shared-memory get copies (check_on_helper_thread).
   std::unique_ptr<server::PipelinedCopyVerifier> verifier_;
   // Data-plane connections (server/shm_channel.h).

@@ -6,6 +6,7 @@
 #include <future>
 
 #include <immintrin.h>
+#include <pthread.h>
 
 #include "absl/strings/str_cat.h"
 #include "common/hash.h"
@@ -156,7 +157,10 @@ void SpinUntil(Ready ready) {
 }  // namespace
 
 PipelinedCopyVerifier::PipelinedCopyVerifier() : job_(std::make_unique<Job>()) {
-  thread_ = std::thread([this] { Loop(); });
+  thread_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "kvtier-check");
+    Loop();
+  });
 }
 
 PipelinedCopyVerifier::~PipelinedCopyVerifier() {
