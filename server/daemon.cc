@@ -228,6 +228,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
 
 int Daemon::metrics_port() const { return http_ ? http_->port() : 0; }
 
+int Daemon::data_plane_connections() const { return shm_ ? shm_->connections() : 0; }
+
 std::string Daemon::Describe() const {
   std::string s = absl::StrCat("unix:", socket_path_);
   if (shm_) absl::StrAppend(&s, " (shared memory: ", shm_socket_path_, ")");

@@ -55,6 +55,9 @@ class Daemon {
   int tcp_port() const { return tcp_port_; }
   int metrics_port() const;
   uint64_t flushed_chunks() const { return flushed_chunks_; }
+  // Shared-memory data-plane connections being served now (each has a
+  // thread); 0 without a DRAM pool or after Shutdown.
+  int data_plane_connections() const;
   KvService* service() const { return service_.get(); }
   ServerMetrics* metrics() const { return metrics_.get(); }
   tiering::PlacementEngine* engine() const { return engine_.get(); }

@@ -1,8 +1,10 @@
 // kvtierd end to end, in-process: the Daemon on a temp Unix socket (and
 // 127.0.0.1:0 for TCP), libkvtier and raw gRPC stubs as clients.
 #include <arpa/inet.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -17,6 +19,7 @@
 #include "gtest/gtest.h"
 #include "proto/kvtier.grpc.pb.h"
 #include "server/daemon.h"
+#include "server/shm_channel.h"
 #include "tests/cli_runner.h"
 #include "tests/server_test_util.h"
 
@@ -457,6 +460,341 @@ TEST_F(E2eTest, ConcurrentClientsOnOverlappingKeysGetExactBytesOrNotFound) {
   for (auto& t : ts) t.join();
   EXPECT_EQ(bad.load(), 0);
   EXPECT_GT(hits.load(), 0);
+}
+
+// A raw client of the shared-memory data plane (server/shm_channel.h), to
+// send it what libkvtier never would.
+class RawDataPlane {
+ public:
+  using Op = shm_wire::Op;
+  struct Answer {
+    uint16_t version = 0, op = 0;
+    uint32_t code = 0;
+    std::vector<uint8_t> payload;
+  };
+
+  // Connects, receives and maps the pool.
+  explicit RawDataPlane(const std::string& path) {
+    fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+    timeval tv{10, 0};
+    ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    if (::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) return;
+    uint64_t size = 0;
+    iovec iov{&size, sizeof(size)};
+    alignas(cmsghdr) char ctrl[CMSG_SPACE(sizeof(int))] = {};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = ctrl;
+    msg.msg_controllen = sizeof(ctrl);
+    if (::recvmsg(fd_, &msg, MSG_CMSG_CLOEXEC) != sizeof(size)) return;
+    int memfd;
+    std::memcpy(&memfd, CMSG_DATA(CMSG_FIRSTHDR(&msg)), sizeof(int));
+    void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
+    ::close(memfd);
+    if (p == MAP_FAILED) return;
+    pool_ = std::span<uint8_t>(static_cast<uint8_t*>(p), size);
+  }
+  ~RawDataPlane() {
+    if (!pool_.empty()) ::munmap(pool_.data(), pool_.size());
+    Close();
+  }
+  void Close() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+  bool ok() const { return !pool_.empty(); }
+  std::span<uint8_t> pool() const { return pool_; }
+
+  void SendBytes(const std::vector<uint8_t>& b) {
+    ASSERT_EQ(::send(fd_, b.data(), b.size(), MSG_NOSIGNAL), static_cast<ssize_t>(b.size()));
+  }
+  static std::vector<uint8_t> Frame(uint16_t version, uint16_t op, const std::vector<uint8_t>& payload,
+                                    int64_t claimed_len = -1) {
+    std::vector<uint8_t> b(shm_wire::kRequestHeaderBytes + payload.size());
+    shm_wire::Writer(b.data()).U16(version).U16(op).U32(
+        claimed_len < 0 ? static_cast<uint32_t>(payload.size()) : static_cast<uint32_t>(claimed_len));
+    std::copy(payload.begin(), payload.end(), b.begin() + shm_wire::kRequestHeaderBytes);
+    return b;
+  }
+  void Send(Op op, const std::vector<uint8_t>& payload) {
+    SendBytes(Frame(shm_wire::kVersion, static_cast<uint16_t>(op), payload));
+  }
+  // The next answer; nullopt at the end of the stream.
+  std::optional<Answer> Read() {
+    uint8_t h[shm_wire::kResponseHeaderBytes];
+    if (!ReadFull(h, sizeof(h))) return std::nullopt;
+    shm_wire::Reader r(h);
+    Answer a;
+    a.version = r.U16();
+    a.op = r.U16();
+    a.code = r.U32();
+    a.payload.resize(r.U32());
+    if (!ReadFull(a.payload.data(), a.payload.size())) return std::nullopt;
+    return a;
+  }
+  // Sends and reads the answer's code (-1 at the end of the stream).
+  int Call(Op op, const std::vector<uint8_t>& payload, std::vector<uint8_t>* out = nullptr) {
+    Send(op, payload);
+    auto a = Read();
+    if (!a) return -1;
+    EXPECT_EQ(a->op, static_cast<uint16_t>(op));
+    if (out) *out = a->payload;
+    return static_cast<int>(a->code);
+  }
+  // True once the daemon closed the connection.
+  bool Closed() {
+    uint8_t b;
+    return ::recv(fd_, &b, 1, 0) == 0;
+  }
+
+  static std::vector<uint8_t> U64(uint64_t v) {
+    std::vector<uint8_t> b(8);
+    shm_wire::Writer(b.data()).U64(v);
+    return b;
+  }
+  static std::vector<uint8_t> Allocate(uint64_t bytes) {
+    std::vector<uint8_t> b(shm_wire::kAllocateBytes);
+    shm_wire::Writer(b.data()).U64(bytes).U32(0);
+    return b;
+  }
+  static std::vector<uint8_t> Begin(uint64_t slot, const Hash128& key, uint8_t tier = 0) {
+    std::vector<uint8_t> b(shm_wire::kPutBeginBytes);
+    shm_wire::Writer(b.data()).U64(slot).Raw(key.bytes.data(), 16).U8(0).U8(tier).U16(0);
+    return b;
+  }
+  static std::vector<uint8_t> Get(const Hash128& key, uint8_t reserved = 0) {
+    std::vector<uint8_t> b(shm_wire::kGetBytes);
+    shm_wire::Writer(b.data()).Raw(key.bytes.data(), 16).U32(0).U8(0).U8(reserved).U16(0);
+    return b;
+  }
+  // Allocates a slot for `chunk` and copies it in; returns the slot id.
+  uint64_t SlotWith(const std::vector<uint8_t>& chunk) {
+    std::vector<uint8_t> out;
+    EXPECT_EQ(Call(Op::kAllocate, Allocate(chunk.size()), &out), 0);
+    if (out.size() != shm_wire::kSlotReplyBytes) return 0;
+    shm_wire::Reader r(out.data());
+    uint64_t id = r.U64(), offset = r.U64(), length = r.U64();
+    EXPECT_EQ(length, chunk.size());
+    std::copy(chunk.begin(), chunk.end(), pool_.begin() + offset);
+    return id;
+  }
+
+ private:
+  bool ReadFull(uint8_t* p, size_t n) {
+    for (size_t got = 0; got < n;) {
+      ssize_t k = ::recv(fd_, p + got, n - got, 0);
+      if (k <= 0) return false;
+      got += static_cast<size_t>(k);
+    }
+    return true;
+  }
+  int fd_ = -1;
+  std::span<uint8_t> pool_;
+};
+
+constexpr int kOk = 0;
+constexpr int kInvalid = static_cast<int>(absl::StatusCode::kInvalidArgument);
+constexpr int kNotFound = static_cast<int>(absl::StatusCode::kNotFound);
+constexpr int kDataLoss = static_cast<int>(absl::StatusCode::kDataLoss);
+constexpr int kPrecondition = static_cast<int>(absl::StatusCode::kFailedPrecondition);
+
+// Waits (bounded) until the daemon has finished the connections that closed.
+void WaitForDataPlaneConnections(Daemon* d, int n) {
+  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (d->data_plane_connections() != n && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(d->data_plane_connections(), n);
+}
+
+TEST_F(E2eTest, DataPlaneServesAStreamedPutAGetAndItsRelease) {
+  RawDataPlane dp(daemon_->shm_socket_path());
+  ASSERT_TRUE(dp.ok());
+  EXPECT_EQ(dp.Call(RawDataPlane::Op::kHello, {}), kOk);
+  auto chunk = MakeChunk(30);
+  uint64_t slot = dp.SlotWith(chunk);
+  dp.Send(RawDataPlane::Op::kPutBegin, RawDataPlane::Begin(slot, TestKey(30)));
+  dp.Send(RawDataPlane::Op::kPutProgress, RawDataPlane::U64(chunk.size() / 2));
+  EXPECT_EQ(dp.Call(RawDataPlane::Op::kPutCommit, RawDataPlane::U64(chunk.size())), kOk);
+  std::vector<uint8_t> g;
+  ASSERT_EQ(dp.Call(RawDataPlane::Op::kGet, RawDataPlane::Get(TestKey(30)), &g), kOk);
+  ASSERT_EQ(g.size(), shm_wire::kGetReplyBytes);
+  shm_wire::Reader r(g.data());
+  EXPECT_EQ(r.U8(), 2);  // TIER_DRAM
+  for (int i = 0; i < 7; ++i) r.U8();
+  EXPECT_EQ(r.U64(), chunk.size());
+  const uint64_t offset = r.U64(), length = r.U64(), lease = r.U64();
+  ASSERT_EQ(length, chunk.size());
+  EXPECT_TRUE(std::equal(chunk.begin(), chunk.end(), dp.pool().begin() + offset));
+  auto c = Client();
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->Delete(TestKey(30)).code(), absl::StatusCode::kFailedPrecondition);  // pinned
+  EXPECT_EQ(dp.Call(RawDataPlane::Op::kRelease, RawDataPlane::U64(lease)), kOk);
+  EXPECT_EQ(dp.Call(RawDataPlane::Op::kRelease, RawDataPlane::U64(lease)), kNotFound);
+  EXPECT_TRUE(c->Delete(TestKey(30)).ok());
+}
+
+// Every malformed frame gets one error answer, then the daemon closes the
+// connection; it goes on serving others.
+TEST_F(E2eTest, DataPlaneRefusesMalformedFramesAndClosesTheConnection) {
+  using Op = RawDataPlane::Op;
+  auto chunk = MakeChunk(31);
+  struct Case {
+    const char* name;
+    std::vector<uint8_t> frame;
+    int code;
+  };
+  const std::vector<Case> cases = {
+      {"wrong version", RawDataPlane::Frame(2, 1, {}), kInvalid},
+      {"unknown op", RawDataPlane::Frame(1, 99, {}), kInvalid},
+      {"op 0", RawDataPlane::Frame(1, 0, {}), kInvalid},
+      {"short payload", RawDataPlane::Frame(1, 2, {1, 2, 3, 4}), kInvalid},
+      {"long payload", RawDataPlane::Frame(1, 7, std::vector<uint8_t>(9)), kInvalid},
+      {"oversized length", RawDataPlane::Frame(1, 6, {}, int64_t{1} << 31), kInvalid},
+      {"progress outside a put", RawDataPlane::Frame(1, 4, RawDataPlane::U64(8)), kPrecondition},
+      {"commit outside a put", RawDataPlane::Frame(1, 5, RawDataPlane::U64(8)), kPrecondition},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    RawDataPlane dp(daemon_->shm_socket_path());
+    ASSERT_TRUE(dp.ok());
+    dp.SendBytes(c.frame);
+    auto a = dp.Read();
+    ASSERT_TRUE(a.has_value());
+    EXPECT_EQ(static_cast<int>(a->code), c.code);
+    EXPECT_LE(a->payload.size(), shm_wire::kMaxErrorMessageBytes);
+    EXPECT_TRUE(dp.Closed());
+  }
+  {
+    SCOPED_TRACE("begin inside a put");
+    RawDataPlane dp(daemon_->shm_socket_path());
+    ASSERT_TRUE(dp.ok());
+    uint64_t slot = dp.SlotWith(chunk);
+    dp.Send(Op::kPutBegin, RawDataPlane::Begin(slot, TestKey(31)));
+    dp.Send(Op::kPutBegin, RawDataPlane::Begin(slot, TestKey(31)));
+    auto a = dp.Read();
+    ASSERT_TRUE(a.has_value());
+    EXPECT_EQ(static_cast<int>(a->code), kPrecondition);
+    EXPECT_TRUE(dp.Closed());
+  }
+  for (size_t cut : {size_t{3}, shm_wire::kRequestHeaderBytes + 5}) {
+    SCOPED_TRACE(absl::StrCat("truncated after ", cut, " bytes, then disconnect"));
+    RawDataPlane dp(daemon_->shm_socket_path());
+    ASSERT_TRUE(dp.ok());
+    auto f = RawDataPlane::Frame(1, 2, RawDataPlane::Allocate(chunk.size()));
+    f.resize(cut);
+    dp.SendBytes(f);
+    dp.Close();
+  }
+  WaitForDataPlaneConnections(daemon_.get(), 0);
+  // The daemon still serves, through the data plane and gRPC.
+  auto c = Client();
+  ASSERT_TRUE(c);
+  ASSERT_TRUE(c->Put(TestKey(31), chunk).ok());
+  EXPECT_EQ(c->Get(TestKey(31)).value(), chunk);
+}
+
+// Bad field values get their codes and leave the connection usable.
+TEST_F(E2eTest, DataPlaneWrongIdsAndBadPutsGetTheirCodes) {
+  using Op = RawDataPlane::Op;
+  RawDataPlane dp(daemon_->shm_socket_path());
+  ASSERT_TRUE(dp.ok());
+  EXPECT_EQ(dp.Call(Op::kRelease, RawDataPlane::U64(12345)), kNotFound);
+  EXPECT_EQ(dp.Call(Op::kAbortSlot, RawDataPlane::U64(12345)), kNotFound);
+  EXPECT_EQ(dp.Call(Op::kGet, RawDataPlane::Get(TestKey(32))), kNotFound);
+  EXPECT_EQ(dp.Call(Op::kGet, RawDataPlane::Get(TestKey(32), 1)), kInvalid);
+  EXPECT_EQ(dp.Call(Op::kAllocate, RawDataPlane::Allocate(0)), kInvalid);
+  auto chunk = MakeChunk(32);
+  // A put of a slot that does not exist: NotFound, answered at the commit.
+  dp.Send(Op::kPutBegin, RawDataPlane::Begin(999999, TestKey(32)));
+  dp.Send(Op::kPutProgress, RawDataPlane::U64(chunk.size() / 2));
+  EXPECT_EQ(dp.Call(Op::kPutCommit, RawDataPlane::U64(chunk.size())), kNotFound);
+  // Corrupt bytes: DataLoss, and the slot is freed.
+  auto bad = chunk;
+  bad[bad.size() / 2] ^= 1;
+  uint64_t slot = dp.SlotWith(bad);
+  dp.Send(Op::kPutBegin, RawDataPlane::Begin(slot, TestKey(32)));
+  EXPECT_EQ(dp.Call(Op::kPutCommit, RawDataPlane::U64(chunk.size())), kDataLoss);
+  EXPECT_EQ(dp.Call(Op::kAbortSlot, RawDataPlane::U64(slot)), kNotFound);
+  // Progress that goes backwards, a commit short of the slot, beyond it, an
+  // unknown tier: InvalidArgument, slot freed.
+  struct Bad {
+    std::vector<uint64_t> progress;
+    uint64_t commit;
+    uint8_t tier;
+  };
+  for (const Bad& b : {Bad{{chunk.size() / 2, chunk.size() / 3}, chunk.size(), 0},
+                       Bad{{}, chunk.size() - 1, 0}, Bad{{}, chunk.size() + 1, 0},
+                       Bad{{}, chunk.size(), 9}}) {
+    slot = dp.SlotWith(chunk);
+    dp.Send(Op::kPutBegin, RawDataPlane::Begin(slot, TestKey(32), b.tier));
+    for (uint64_t p : b.progress) dp.Send(Op::kPutProgress, RawDataPlane::U64(p));
+    EXPECT_EQ(dp.Call(Op::kPutCommit, RawDataPlane::U64(b.commit)), kInvalid);
+    EXPECT_EQ(dp.Call(Op::kAbortSlot, RawDataPlane::U64(slot)), kNotFound);
+  }
+  EXPECT_EQ(dp.Call(Op::kHello, {}), kOk);
+  EXPECT_EQ(dp.Call(Op::kGet, RawDataPlane::Get(TestKey(32))), kNotFound);
+}
+
+// A client that disconnects in the middle of a put, or while it holds a
+// get's lease, leaves nothing behind.
+TEST_F(E2eTest, DataPlaneDisconnectFreesSlotsAndLeases) {
+  using Op = RawDataPlane::Op;
+  auto c = Client();
+  ASSERT_TRUE(c);
+  auto chunk = MakeChunk(33);
+  ASSERT_TRUE(c->Put(TestKey(34), chunk).ok());
+  uint64_t streamed = 0, idle = 0;
+  {
+    RawDataPlane dp(daemon_->shm_socket_path());
+    ASSERT_TRUE(dp.ok());
+    streamed = dp.SlotWith(chunk);
+    idle = dp.SlotWith(chunk);
+    dp.Send(Op::kPutBegin, RawDataPlane::Begin(streamed, TestKey(33)));
+    dp.Send(Op::kPutProgress, RawDataPlane::U64(chunk.size() / 2));
+    EXPECT_EQ(dp.Call(Op::kHello, {}), kOk);  // the daemon has read the put's frames
+  }
+  {
+    RawDataPlane dp(daemon_->shm_socket_path());
+    ASSERT_TRUE(dp.ok());
+    ASSERT_EQ(dp.Call(Op::kGet, RawDataPlane::Get(TestKey(34))), kOk);
+    EXPECT_EQ(c->Delete(TestKey(34)).code(), absl::StatusCode::kFailedPrecondition);
+  }
+  WaitForDataPlaneConnections(daemon_.get(), 1);  // the client's own
+  EXPECT_EQ(c->AbortSlot(client::WritableSlot{streamed, {}}).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(c->AbortSlot(client::WritableSlot{idle, {}}).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(c->Get(TestKey(33)).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(c->Delete(TestKey(34)).ok());
+}
+
+// The daemon serves at most 64 data-plane connections; a client beyond them
+// still works, through gRPC.
+TEST_F(E2eTest, DataPlaneConnectionsAreBoundedAndClientsFallBackToGrpc) {
+  std::vector<std::unique_ptr<RawDataPlane>> conns;
+  for (int i = 0; i < 64; ++i) {
+    conns.push_back(std::make_unique<RawDataPlane>(daemon_->shm_socket_path()));
+    ASSERT_TRUE(conns.back()->ok());
+    ASSERT_EQ(conns.back()->Call(RawDataPlane::Op::kHello, {}), kOk);
+  }
+  RawDataPlane extra(daemon_->shm_socket_path());
+  ASSERT_TRUE(extra.ok());  // it gets the pool
+  EXPECT_EQ(extra.Call(RawDataPlane::Op::kHello, {}), -1);  // but no data plane
+  EXPECT_EQ(daemon_->data_plane_connections(), 64);
+  auto c = Client();
+  ASSERT_TRUE(c);
+  EXPECT_TRUE(c->uses_shared_memory());
+  auto chunk = MakeChunk(35);
+  ASSERT_TRUE(c->Put(TestKey(35), chunk).ok());
+  EXPECT_EQ(c->Get(TestKey(35)).value(), chunk);
+  auto h = c->Hold(TestKey(35));
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_TRUE(c->Unhold(*h).ok());
+  conns.clear();
+  WaitForDataPlaneConnections(daemon_.get(), 0);
 }
 
 TEST_F(E2eTest, TcpRequiresTheBearerToken) {
