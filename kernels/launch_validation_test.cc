@@ -1,5 +1,6 @@
 // The launchers reject invalid input with a Status before touching the
 // device, so these run (and must pass) on machines without a GPU.
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -65,7 +66,7 @@ TEST(GatherEncodeLaunch, UnsupportedSizesAndFormatsAreInvalidArgument) {
   Fixture g(128, 24);  // block size 24
   EXPECT_EQ(g.Encode(), absl::StatusCode::kInvalidArgument);
   Fixture h;
-  h.spec.v = {DType::kINT4, codec::ScaleGranularity::kPerTokenHead};  // CPU codec only
+  h.spec.v = {DType::kINT4, codec::ScaleGranularity::kNone};  // a quantized section needs scales
   EXPECT_EQ(h.Encode(), absl::StatusCode::kInvalidArgument);
   Fixture i;
   i.spec.geometry.num_kv_heads = 4;  // differs from the cache
@@ -118,6 +119,115 @@ TEST(DecodeAttentionPartition, TensorCoreRuleFillsTheGpuAndItsLastWave) {
   EXPECT_EQ(DecodeAttentionPartitionTokens(1, 1, 1, 0, 0), kAttentionMinPartitionTokens);
   EXPECT_LE(DecodeAttentionPartitionTokens(65535, 64, uint64_t{1} << 30, 132, 2),
             kAttentionMaxPartitionTokens);
+}
+
+// Every chunk section format of the codec, for a 16-bit cache section.
+std::vector<codec::SectionFormat> AllSectionFormats(DType native) {
+  std::vector<codec::SectionFormat> out = {{native, codec::ScaleGranularity::kNone}};
+  for (DType q : {DType::kFP8E4M3, DType::kINT8, DType::kINT4}) {
+    for (auto g : {codec::ScaleGranularity::kPerTensor, codec::ScaleGranularity::kPerBlockHead,
+                   codec::ScaleGranularity::kPerTokenHead}) {
+      out.push_back({q, g});
+    }
+  }
+  return out;
+}
+
+codec::ChunkHeader HeaderOf(const codec::ChunkSpec& spec) {
+  codec::ChunkHeader h;
+  h.spec = spec;
+  auto layout = codec::ValidateSpec(spec);
+  if (layout.ok()) h.layout = *layout;
+  return h;
+}
+
+TEST(GatherEncodeLaunch, EveryFormatPairOfA16BitCacheIsAccepted) {
+  for (uint32_t head_dim : {64u, 128u, 256u}) {
+    for (uint32_t first_slot : {0u, 5u}) {
+      for (const auto& k : AllSectionFormats(DType::kBF16)) {
+        for (const auto& v : AllSectionFormats(DType::kBF16)) {
+          Fixture f(head_dim);
+          f.span.first_slot = first_slot;  // 45 slots: still 3 blocks
+          f.spec.k = k;
+          f.spec.v = v;
+          SCOPED_TRACE(codec::CodecName({k, v}));
+          EXPECT_TRUE(ValidateGatherEncode(f.spec, f.cache.layout, f.span, f.dst, f.ws).ok())
+              << ValidateGatherEncode(f.spec, f.cache.layout, f.span, f.dst, f.ws);
+          EXPECT_TRUE(ValidateDecodeScatter(HeaderOf(f.spec), f.dst, f.cache.layout, f.span).ok());
+        }
+      }
+    }
+  }
+}
+
+TEST(GatherEncodeLaunch, ValidateAgreesWithTheLauncherOnRejects) {
+  Fixture f;
+  f.spec.v = {DType::kINT8, codec::ScaleGranularity::kPerTensor};
+  EXPECT_EQ(ValidateGatherEncode(f.spec, f.cache.layout, f.span, f.dst, nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(GatherEncode(f.spec, f.cache.layout, f.span, f.dst, nullptr, nullptr).code(),
+            absl::StatusCode::kInvalidArgument);  // per-tensor needs the workspace too
+  EXPECT_EQ(ValidateGatherEncode(f.spec, f.cache.layout, f.span, f.dst + 8, f.ws).code(),
+            absl::StatusCode::kInvalidArgument);
+  Fixture g;
+  g.spec.dtype = DType::kFP16;  // the cache is bf16; K INT4 still needs the chunk dtype
+  g.spec.k = {DType::kINT4, codec::ScaleGranularity::kPerTokenHead};
+  g.spec.v = {DType::kINT8, codec::ScaleGranularity::kPerBlockHead};
+  absl::Status st = ValidateGatherEncode(g.spec, g.cache.layout, g.span, g.dst, g.ws);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("chunk dtype"), std::string::npos) << st;
+  EXPECT_EQ(ValidateDecodeScatter(HeaderOf(g.spec), g.dst, g.cache.layout, g.span).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// The per-tensor amax words fit every chunk the format allows.
+TEST(GatherEncodeLaunch, WorkspaceHoldsAKAndAVAmaxPerLayer) {
+  EXPECT_GE(kGatherEncodeWorkspaceBytes, 4 * (2 + 2 * size_t{codec::kMaxLayers}));
+}
+
+// An FP8 cache section is never re-quantized: it passes through to FP8
+// per-(block, head) only, and only from a block boundary.
+TEST(GatherEncodeLaunch, Fp8CacheWithAnyOtherChunkFormatIsInvalidArgument) {
+  testing::HostCache cache;
+  auto d = MakePagedKvLayout(CacheLayout::kSeparateNHD, 2, 3, 16, 2, 128, DType::kBF16,
+                             DType::kFP8E4M3);
+  ASSERT_TRUE(d.ok()) << d.status();
+  cache.Init(CacheLayout::kSeparateNHD, *d);
+  std::vector<int32_t> ids = {2, 0, 1};
+  BlockSpan span{ids.data(), ids.data(), 3, 0};
+  alignas(16) uint8_t dst[16];
+  uint32_t ws[2];
+  codec::ChunkSpec spec;
+  spec.geometry = {2, 2, 128, 40, 16};
+  spec.dtype = DType::kBF16;
+  for (const auto& k : AllSectionFormats(DType::kBF16)) {
+    for (const auto& v : AllSectionFormats(DType::kBF16)) {
+      spec.k = k;
+      spec.v = v;
+      SCOPED_TRACE(codec::CodecName({k, v}));
+      const bool pass8 =
+          v.dtype == DType::kFP8E4M3 && v.granularity == codec::ScaleGranularity::kPerBlockHead;
+      absl::Status enc = ValidateGatherEncode(spec, cache.layout, span, dst, ws);
+      absl::Status dec = ValidateDecodeScatter(HeaderOf(spec), dst, cache.layout, span);
+      if (pass8) {
+        EXPECT_TRUE(enc.ok()) << enc;
+        EXPECT_TRUE(dec.ok()) << dec;
+      } else {
+        EXPECT_EQ(enc.code(), absl::StatusCode::kInvalidArgument);
+        EXPECT_NE(enc.message().find("passes through only to fp8e4m3/block-head"),
+                  std::string::npos)
+            << enc;
+        EXPECT_EQ(dec.code(), absl::StatusCode::kInvalidArgument);
+      }
+    }
+  }
+  spec.k = {DType::kINT4, codec::ScaleGranularity::kPerTensor};
+  spec.v = {DType::kFP8E4M3, codec::ScaleGranularity::kPerBlockHead};
+  span.first_slot = 3;  // pass-through needs a block boundary
+  EXPECT_EQ(ValidateGatherEncode(spec, cache.layout, span, dst, ws).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ValidateDecodeScatter(HeaderOf(spec), dst, cache.layout, span).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -11,6 +11,7 @@ namespace kvtier::kernels {
 namespace {
 
 using codec::DType;
+using codec::ScaleGranularity;
 
 constexpr int kThreads = 128;
 constexpr int kVecElems = 8;  // one 16-byte vector of 16-bit elements, 8 bytes of FP8 codes
@@ -20,10 +21,16 @@ enum class Mode : uint32_t {
   kCopy16 = 0,  // 16-bit cache <-> native chunk section, bit for bit
   kFp8 = 1,     // 16-bit cache <-> FP8 chunk section with per-(block, head) scales
   kPass8 = 2,   // FP8 cache <-> FP8 chunk section: codes and scales copied
+  kQuant = 3,   // 16-bit cache <-> FP8 / INT8 / INT4 section, any granularity (general kernels)
 };
 
+// Launches with a kQuant section run the general instantiations of the
+// kernels (kGeneral = true); the others run the fast ones, whose code is that
+// of the three modes above only.
 struct SectionArgs {
   Mode mode;
+  DType qdtype;                 // kQuant: kFP8E4M3, kINT8 or kINT4
+  ScaleGranularity gran;        // kQuant: the section's scale granularity
   uint64_t offset;        // section start, from the chunk start
   uint64_t layer_stride;  // bytes per layer record
   uint64_t data_bytes;    // per layer, padded
@@ -48,6 +55,7 @@ struct CodecParams {
   SectionArgs sec[2];            // K, V
   uint8_t* chunk;                // encode: destination; decode: source
   uint32_t* workspace;           // encode only
+  bool tensor_amax;              // encode: a kQuant per-tensor section (amax pre-pass ran)
   Header128 header;              // encode only: the header with flags and checksums 0
 };
 
@@ -72,6 +80,15 @@ struct Tile {
                       (first_slot + token) % BS);
   }
 };
+
+// Workspace words (kGatherEncodeWorkspaceBytes): the OR of the non-finite
+// flags, the count of finished CTAs, then the amax bits of layer l, section s
+// at kWsAmax + 2 * l + s.
+constexpr int kWsFlags = 0;
+constexpr int kWsCount = 1;
+constexpr int kWsAmax = 2;
+static_assert(kGatherEncodeWorkspaceBytes == 4 * (kWsAmax + 2 * size_t{codec::kMaxLayers}),
+              "the workspace holds the two counters and a K and a V amax per layer");
 
 __device__ __forceinline__ float BlockMax(float v, float* smem) {
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
@@ -115,6 +132,80 @@ __device__ __forceinline__ bool AnyNaN8(const uint2& v) {
   return nf;
 }
 
+// codec::ScaleFromAmax: the same binary32 division, round to nearest even.
+__device__ __forceinline__ float ScaleFromAmaxDevice(DType qt, float amax) {
+  return amax > 0.0f ? __fdiv_rn(amax, codec::QMax(qt)) : 1.0f;
+}
+
+// codec::QuantizeInt, with the division spelled as IEEE round-to-nearest.
+__device__ __forceinline__ int32_t QuantizeIntDevice(float x, float scale, int32_t qmax) {
+  const uint32_t a = __float_as_uint(x) & 0x7FFFFFFFu;
+  if (a > 0x7F800000u) return 0;
+  if (a == 0x7F800000u) return (__float_as_uint(x) >> 31) ? -qmax : qmax;
+  const float q = __fdiv_rn(x, scale);
+  if (q >= static_cast<float>(qmax)) return qmax;
+  if (q <= -static_cast<float>(qmax)) return -qmax;
+  return __float2int_rn(q);
+}
+
+// codec::Store16: nearest even, NaN -> 0x7FFF (the hardware conversions;
+// numeric_gpu_test checks them against the codec's integer rules).
+__device__ __forceinline__ uint16_t Store16Device(float x, bool bf16) {
+  if (bf16) return __bfloat16_as_ushort(__float2bfloat16_rn(x));
+  return __half_as_ushort(__float2half_rn(x));
+}
+
+// Codes of the 8 16-bit elements of `v`, as the chunk stores them: FP8 and
+// INT8 one byte each (x, y), INT4 packed two a byte, element 2i in the low
+// nibble of byte i (x only).
+template <DType QT>
+__device__ __forceinline__ uint2 QuantizeVec(const uint4& v, float scale, bool bf16) {
+  static_assert(QT == DType::kFP8E4M3 || QT == DType::kINT8 || QT == DType::kINT4,
+                "a quantized chunk format");
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+  uint32_t out[2] = {0, 0};
+#pragma unroll
+  for (int e = 0; e < kVecElems; ++e) {
+    const uint32_t bits = (w[e / 2] >> (16 * (e % 2))) & 0xFFFFu;
+    const float x = codec::Load16(bits, bf16 ? DType::kBF16 : DType::kFP16);
+    if constexpr (QT == DType::kFP8E4M3) {
+      out[e / 4] |= uint32_t{QuantizeFp8Device(x, scale)} << (8 * (e % 4));
+    } else if constexpr (QT == DType::kINT8) {
+      out[e / 4] |= (static_cast<uint32_t>(QuantizeIntDevice(x, scale, 127)) & 0xFFu) << (8 * (e % 4));
+    } else {
+      out[0] |= (static_cast<uint32_t>(QuantizeIntDevice(x, scale, 7)) & 0xFu) << (4 * e);
+    }
+  }
+  return make_uint2(out[0], out[1]);
+}
+
+// The 16-bit values of 8 codes (QuantizeVec's packing): codec::Store16 of
+// codec::DequantizeFp8 / DequantizeInt, one binary32 multiply each.
+__device__ __forceinline__ uint4 DequantizeVec(const uint2& c, float scale, DType qt, bool bf16) {
+  uint16_t h[kVecElems];
+  if (qt == DType::kFP8E4M3) {
+#pragma unroll
+    for (int e = 0; e < kVecElems; ++e) {
+      const uint8_t code = static_cast<uint8_t>((e < 4 ? c.x : c.y) >> (8 * (e % 4)));
+      h[e] = DequantizeFp8To16(code, scale, bf16);
+    }
+  } else if (qt == DType::kINT8) {
+#pragma unroll
+    for (int e = 0; e < kVecElems; ++e) {
+      const int8_t code = static_cast<int8_t>(static_cast<uint8_t>((e < 4 ? c.x : c.y) >> (8 * (e % 4))));
+      h[e] = Store16Device(__fmul_rn(static_cast<float>(code), scale), bf16);
+    }
+  } else {  // kINT4
+#pragma unroll
+    for (int e = 0; e < kVecElems; ++e) {
+      const int32_t code = codec::UnpackInt4(static_cast<uint8_t>(c.x >> (8 * (e / 2))), e % 2 != 0);
+      h[e] = Store16Device(__fmul_rn(static_cast<float>(code), scale), bf16);
+    }
+  }
+  return make_uint4(uint32_t{h[0]} | uint32_t{h[1]} << 16, uint32_t{h[2]} | uint32_t{h[3]} << 16,
+                    uint32_t{h[4]} | uint32_t{h[5]} << 16, uint32_t{h[6]} | uint32_t{h[7]} << 16);
+}
+
 // Zeroes the padding of one layer record of one section.
 __device__ void ZeroPadding(uint8_t* layer, const SectionArgs& s) {
   for (uint64_t i = s.payload + threadIdx.x; i < s.data_bytes; i += kThreads) layer[i] = 0;
@@ -123,7 +214,115 @@ __device__ void ZeroPadding(uint8_t* layer, const SectionArgs& s) {
   }
 }
 
+// Encodes one kQuant section of the CTA's tile (general kernels): the scales
+// by the section's granularity, the codes, and the scale slots the CTA owns.
+// `tensor_amax` is the layer's amax (per-tensor sections only).
+// REQUIRES: called by every thread of the CTA (block-wide reductions).
+template <int HD, int BS, DType QT>
+__device__ __forceinline__ void EncodeQuantTile(const uint4 (&data)[Tile<HD, BS>::kPerThread],
+                                                uint32_t valid_mask, const SectionArgs& sa,
+                                                uint8_t* layer_base, float tensor_amax,
+                                                uint32_t t0, uint32_t H, uint32_t head,
+                                                uint32_t cb, bool bf16, float* smem) {
+  using T = Tile<HD, BS>;
+  float scale[T::kPerThread];
+  if (sa.gran == ScaleGranularity::kPerTokenHead) {
+    // The kVecsPerRow vectors of a row (one token, one head) are held by as
+    // many consecutive lanes of one warp: a butterfly over them is the row's amax.
+    static_assert(32 % T::kVecsPerRow == 0 && kThreads % T::kVecsPerRow == 0,
+                  "a token row must lie within one warp");
+#pragma unroll
+    for (int i = 0; i < T::kPerThread; ++i) {
+      float a = (valid_mask >> i & 1u) ? AmaxOf(data[i], bf16) : 0.0f;
+#pragma unroll
+      for (int o = T::kVecsPerRow / 2; o > 0; o >>= 1) {
+        a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+      }
+      scale[i] = ScaleFromAmaxDevice(QT, a);
+    }
+  } else {
+    float a = tensor_amax;
+    if (sa.gran == ScaleGranularity::kPerBlockHead) {
+      a = 0.0f;
+#pragma unroll
+      for (int i = 0; i < T::kPerThread; ++i) {
+        if (valid_mask >> i & 1u) a = fmaxf(a, AmaxOf(data[i], bf16));
+      }
+      a = BlockMax(a, smem);
+    }
+    const float sc = ScaleFromAmaxDevice(QT, a);
+#pragma unroll
+    for (int i = 0; i < T::kPerThread; ++i) scale[i] = sc;
+  }
+  float* scales = reinterpret_cast<float*>(layer_base + sa.data_bytes);
+#pragma unroll
+  for (int i = 0; i < T::kPerThread; ++i) {
+    if (!(valid_mask >> i & 1u)) continue;
+    const int v = threadIdx.x + i * kThreads;
+    const uint64_t idx = T::ChunkIndex(t0, v, H, head);
+    const uint2 q = QuantizeVec<QT>(data[i], scale[i], bf16);
+    if constexpr (QT == DType::kINT4) {
+      static_assert(kVecElems % 8 == 0, "INT4 vectors are whole 4-byte words");
+      *reinterpret_cast<uint32_t*>(layer_base + idx / 2) = q.x;
+    } else {
+      *reinterpret_cast<uint2*>(layer_base + idx) = q;
+    }
+    if (sa.gran == ScaleGranularity::kPerTokenHead && v % T::kVecsPerRow == 0) {
+      scales[uint64_t{t0 + v / T::kVecsPerRow} * H + head] = scale[i];
+    }
+  }
+  if (threadIdx.x == 0) {
+    if (sa.gran == ScaleGranularity::kPerBlockHead) {
+      scales[uint64_t{cb} * H + head] = scale[0];
+    } else if (sa.gran == ScaleGranularity::kPerTensor && blockIdx.x == 0) {
+      scales[0] = scale[0];
+    }
+  }
+}
+
+// Pre-pass of launches with a per-tensor section: each CTA reduces its tile
+// of every such section and folds it into the layer's workspace word with
+// atomicMax on the bits (an amax is >= +0, where the unsigned order of the
+// bits is the float order). Same grid as GatherEncodeKernel.
 template <int HD, int BS>
+__global__ void __launch_bounds__(kThreads)
+    LayerAmaxKernel(const __grid_constant__ CodecParams p) {
+  using T = Tile<HD, BS>;
+  __shared__ float smem[kThreads / 32];
+  const PagedKvLayout& c = p.cache;
+  const uint32_t H = c.num_kv_heads;
+  const uint32_t head = blockIdx.x % H;
+  const uint32_t t0 = blockIdx.x / H * BS;
+  const uint32_t layer = blockIdx.y;
+  const uint32_t nt = min(static_cast<uint32_t>(BS), p.num_tokens - t0);
+#pragma unroll
+  for (int s = 0; s < 2; ++s) {
+    if (p.sec[s].mode != Mode::kQuant || p.sec[s].gran != ScaleGranularity::kPerTensor) continue;
+    const uint16_t* base = static_cast<const uint16_t*>(s == 0 ? c.k_layers[layer] : c.v_layers[layer]);
+    uint4 data[T::kPerThread];
+#pragma unroll
+    for (int i = 0; i < T::kPerThread; ++i) {
+      const int v = threadIdx.x + i * kThreads;
+      const uint32_t t = v / T::kVecsPerRow;
+      const uint32_t d = (v % T::kVecsPerRow) * kVecElems;
+      data[i] = make_uint4(0, 0, 0, 0);
+      if (v < T::kVecs && t < nt) {
+        const uint2 bs = T::CacheSlot(p.block_ids, p.first_slot, t0 + t);
+        const int64_t e = s == 0 ? c.k_elem(bs.x, bs.y, head, d) : c.v_elem(bs.x, bs.y, head, d);
+        data[i] = __ldg(reinterpret_cast<const uint4*>(base + e));
+      }
+    }
+    float a = 0.0f;
+#pragma unroll
+    for (int i = 0; i < T::kPerThread; ++i) a = fmaxf(a, AmaxOf(data[i], p.bf16));
+    a = BlockMax(a, smem);
+    if (threadIdx.x == 0 && a > 0.0f) {
+      atomicMax(p.workspace + kWsAmax + 2 * layer + s, __float_as_uint(a));
+    }
+  }
+}
+
+template <int HD, int BS, bool kGeneral>
 __global__ void __launch_bounds__(kThreads)
     GatherEncodeKernel(const __grid_constant__ CodecParams p) {
   using T = Tile<HD, BS>;
@@ -206,6 +405,29 @@ __global__ void __launch_bounds__(kThreads)
       if (threadIdx.x == 0) {
         reinterpret_cast<float*>(layer_base + sa.data_bytes)[uint64_t{cb} * H + head] = scale;
       }
+    } else if (kGeneral && sa.mode == Mode::kQuant) {
+      if constexpr (kGeneral) {
+#pragma unroll
+        for (int i = 0; i < T::kPerThread; ++i) {
+          if (valid_mask >> i & 1u) non_finite |= AnyNonFinite(data[s][i], p.bf16);
+        }
+        // Written by LayerAmaxKernel earlier on the stream; cleared by this
+        // kernel's last CTA, so read through L2, not the read-only path.
+        const float tensor_amax =
+            sa.gran == ScaleGranularity::kPerTensor
+                ? __uint_as_float(__ldcg(p.workspace + kWsAmax + 2 * layer + s))
+                : 0.0f;
+        if (sa.qdtype == DType::kFP8E4M3) {
+          EncodeQuantTile<HD, BS, DType::kFP8E4M3>(data[s], valid_mask, sa, layer_base,
+                                                   tensor_amax, t0, H, head, cb, p.bf16, smem);
+        } else if (sa.qdtype == DType::kINT8) {
+          EncodeQuantTile<HD, BS, DType::kINT8>(data[s], valid_mask, sa, layer_base, tensor_amax,
+                                                t0, H, head, cb, p.bf16, smem);
+        } else {
+          EncodeQuantTile<HD, BS, DType::kINT4>(data[s], valid_mask, sa, layer_base, tensor_amax,
+                                                t0, H, head, cb, p.bf16, smem);
+        }
+      }
     } else {  // kPass8
 #pragma unroll
       for (int i = 0; i < T::kPerThread; ++i) {
@@ -230,13 +452,15 @@ __global__ void __launch_bounds__(kThreads)
   // The last CTA to finish writes the header with the OR of every CTA's
   // non-finite flag, and leaves the workspace zero for the next launch.
   non_finite = __syncthreads_or(non_finite);
+  bool last = false;
   if (threadIdx.x == 0) {
-    if (non_finite) atomicOr(p.workspace, 1u);
+    if (non_finite) atomicOr(p.workspace + kWsFlags, 1u);
     __threadfence();
     const uint32_t total = gridDim.x * gridDim.y;
-    if (atomicAdd(p.workspace + 1, 1u) == total - 1) {
-      const uint32_t flags = atomicExch(p.workspace, 0u) != 0 ? codec::kFlagNonFinite : 0u;
-      atomicExch(p.workspace + 1, 0u);
+    last = atomicAdd(p.workspace + kWsCount, 1u) == total - 1;
+    if (last) {
+      const uint32_t flags = atomicExch(p.workspace + kWsFlags, 0u) != 0 ? codec::kFlagNonFinite : 0u;
+      atomicExch(p.workspace + kWsCount, 0u);
       Header128 h = p.header;
       h.w[3].x |= flags << 16;
       uint4* dst = reinterpret_cast<uint4*>(p.chunk);
@@ -244,9 +468,17 @@ __global__ void __launch_bounds__(kThreads)
       for (int i = 0; i < 8; ++i) dst[i] = h.w[i];
     }
   }
+  if constexpr (kGeneral) {
+    // The last CTA also clears the per-layer amax words: every other CTA
+    // read them before it counted itself.
+    if (p.tensor_amax && __syncthreads_or(last)) {
+      __threadfence();
+      for (uint32_t i = threadIdx.x; i < 2 * gridDim.y; i += kThreads) p.workspace[kWsAmax + i] = 0;
+    }
+  }
 }
 
-template <int HD, int BS>
+template <int HD, int BS, bool kGeneral>
 __global__ void __launch_bounds__(kThreads)
     DecodeScatterKernel(const __grid_constant__ CodecParams p) {
   using T = Tile<HD, BS>;
@@ -260,10 +492,39 @@ __global__ void __launch_bounds__(kThreads)
 
   uint4 data[2][T::kPerThread];
   float scale[2] = {1.0f, 1.0f};
+  float qscale[2][T::kPerThread];  // kQuant: the scale of each vector (general kernels)
 #pragma unroll
   for (int s = 0; s < 2; ++s) {
     const SectionArgs& sa = p.sec[s];
     const uint8_t* layer_base = p.chunk + sa.offset + sa.layer_stride * layer;
+    if constexpr (kGeneral) {
+      if (sa.mode == Mode::kQuant) {
+        const float* scales = reinterpret_cast<const float*>(layer_base + sa.data_bytes);
+        float group = 1.0f;
+        if (sa.gran == ScaleGranularity::kPerTensor) group = __ldg(scales);
+        if (sa.gran == ScaleGranularity::kPerBlockHead) group = __ldg(scales + uint64_t{cb} * H + head);
+#pragma unroll
+        for (int i = 0; i < T::kPerThread; ++i) {
+          const int v = threadIdx.x + i * kThreads;
+          const uint32_t t = v / T::kVecsPerRow;
+          data[s][i] = make_uint4(0, 0, 0, 0);
+          qscale[s][i] = group;
+          if (v < T::kVecs && t < nt) {
+            const uint64_t idx = T::ChunkIndex(t0, v, H, head);
+            if (sa.qdtype == DType::kINT4) {
+              data[s][i].x = __ldg(reinterpret_cast<const uint32_t*>(layer_base + idx / 2));
+            } else {
+              const uint2 w = __ldg(reinterpret_cast<const uint2*>(layer_base + idx));
+              data[s][i] = make_uint4(w.x, w.y, 0, 0);
+            }
+            if (sa.gran == ScaleGranularity::kPerTokenHead) {
+              qscale[s][i] = __ldg(scales + uint64_t{t0 + t} * H + head);
+            }
+          }
+        }
+        continue;
+      }
+    }
     if (sa.mode != Mode::kCopy16) {
       scale[s] = __ldg(reinterpret_cast<const float*>(layer_base + sa.data_bytes) +
                        uint64_t{cb} * H + head);
@@ -303,6 +564,9 @@ __global__ void __launch_bounds__(kThreads)
       } else if (mode == Mode::kPass8) {
         *reinterpret_cast<uint2*>(static_cast<uint8_t*>(base) + e) =
             make_uint2(data[s][i].x, data[s][i].y);
+      } else if (kGeneral && mode == Mode::kQuant) {
+        *reinterpret_cast<uint4*>(static_cast<uint16_t*>(base) + e) = DequantizeVec(
+            make_uint2(data[s][i].x, data[s][i].y), qscale[s][i], p.sec[s].qdtype, p.bf16);
       } else {
         const uint32_t w[2] = {data[s][i].x, data[s][i].y};
         uint32_t out[4];
@@ -343,15 +607,21 @@ absl::StatusOr<Mode> ResolveMode(const char* name, DType cache_dtype, DType chun
                                                      codec::DTypeName(chunk_dtype)));
     }
     if (Is16(f.dtype)) return Mode::kCopy16;
-    if (fp8_bh) return Mode::kFp8;
+    if (fp8_bh) return Mode::kFp8;  // the fast kernels' FP8 path
+    if (codec::IsQuantized(f.dtype) && f.granularity != codec::ScaleGranularity::kNone) {
+      return Mode::kQuant;
+    }
+    // ValidateSpec refuses these already; kept so that no pair reaches a kernel unchecked.
     return absl::InvalidArgumentError(absl::StrCat(
-        name, ": the GPU codec supports native and fp8e4m3/block-head sections, not ",
-        codec::DTypeName(f.dtype), "/", codec::GranularityName(f.granularity),
-        " (use the CPU codec)"));
+        name, ": no GPU codec path for ", codec::DTypeName(f.dtype), "/",
+        codec::GranularityName(f.granularity)));
   }
   if (cache_dtype != DType::kFP8E4M3 || !fp8_bh) {
     return absl::InvalidArgumentError(absl::StrCat(
-        name, ": an fp8e4m3 cache section passes through only to fp8e4m3/block-head"));
+        name, ": an ", codec::DTypeName(cache_dtype),
+        " cache section passes through only to fp8e4m3/block-head, not ",
+        codec::DTypeName(f.dtype), "/", codec::GranularityName(f.granularity),
+        " (a quantized cache is never re-quantized on the GPU)"));
   }
   if (first_slot != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -408,6 +678,9 @@ absl::StatusOr<CodecParams> Prepare(const codec::ChunkSpec& spec, const codec::C
                                                 formats[s], blocks.first_slot));
     SectionArgs& a = p.sec[s];
     a.mode = m;
+    a.qdtype = formats[s].dtype;
+    a.gran = formats[s].granularity;
+    p.tensor_amax |= m == Mode::kQuant && a.gran == ScaleGranularity::kPerTensor;
     a.offset = offsets[s];
     a.layer_stride = secs[s]->layer_stride;
     a.data_bytes = secs[s]->data_bytes;
@@ -418,41 +691,61 @@ absl::StatusOr<CodecParams> Prepare(const codec::ChunkSpec& spec, const codec::C
   return p;
 }
 
+using KernelFn = void (*)(CodecParams);
+
+// The one dispatch point: runtime head_dim and block size to an instantiation
+// of Kernel (a struct template with `fast` and `general` kernels).
 template <template <int, int> class Kernel>
-absl::Status Launch(const CodecParams& p, uint32_t head_dim, uint32_t block_size,
-                    cudaStream_t stream) {
-  const dim3 grid(p.num_blocks_in_chunk * p.cache.num_kv_heads, p.cache.num_layers);
-  void (*fn)(CodecParams) = nullptr;
+KernelFn PickKernel(uint32_t head_dim, uint32_t block_size, bool general) {
+  KernelFn fn = nullptr;
 #define KVTIER_CODEC_CASE(HD, BS) \
-  if (head_dim == HD && block_size == BS) fn = Kernel<HD, BS>::fn;
+  if (head_dim == HD && block_size == BS) fn = general ? Kernel<HD, BS>::general : Kernel<HD, BS>::fast;
   KVTIER_CODEC_CASE(64, 8) KVTIER_CODEC_CASE(64, 16) KVTIER_CODEC_CASE(64, 32)
   KVTIER_CODEC_CASE(64, 64) KVTIER_CODEC_CASE(128, 8) KVTIER_CODEC_CASE(128, 16)
   KVTIER_CODEC_CASE(128, 32) KVTIER_CODEC_CASE(128, 64) KVTIER_CODEC_CASE(256, 8)
   KVTIER_CODEC_CASE(256, 16) KVTIER_CODEC_CASE(256, 32) KVTIER_CODEC_CASE(256, 64)
 #undef KVTIER_CODEC_CASE
+  return fn;
+}
+
+template <int HD, int BS>
+struct EncodeK {
+  static constexpr KernelFn fast = GatherEncodeKernel<HD, BS, false>;
+  static constexpr KernelFn general = GatherEncodeKernel<HD, BS, true>;
+};
+template <int HD, int BS>
+struct DecodeK {
+  static constexpr KernelFn fast = DecodeScatterKernel<HD, BS, false>;
+  static constexpr KernelFn general = DecodeScatterKernel<HD, BS, true>;
+};
+template <int HD, int BS>
+struct AmaxK {
+  static constexpr KernelFn fast = LayerAmaxKernel<HD, BS>;
+  static constexpr KernelFn general = LayerAmaxKernel<HD, BS>;
+};
+
+// Whether a launch needs the general kernels (some section is kQuant).
+bool NeedsGeneral(const CodecParams& p) {
+  return p.sec[0].mode == Mode::kQuant || p.sec[1].mode == Mode::kQuant;
+}
+
+template <template <int, int> class Kernel>
+absl::Status Launch(const CodecParams& p, cudaStream_t stream) {
+  const KernelFn fn = PickKernel<Kernel>(p.cache.head_dim, p.cache.block_size, NeedsGeneral(p));
   if (fn == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat("no kernel for head_dim ", head_dim,
-                                                   " and block_size ", block_size));
+    return absl::InvalidArgumentError(absl::StrCat("no kernel for head_dim ", p.cache.head_dim,
+                                                   " and block_size ", p.cache.block_size));
   }
+  const dim3 grid(p.num_blocks_in_chunk * p.cache.num_kv_heads, p.cache.num_layers);
   fn<<<grid, kThreads, 0, stream>>>(p);
   KVTIER_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();
 }
 
-template <int HD, int BS>
-struct EncodeK {
-  static constexpr void (*fn)(CodecParams) = GatherEncodeKernel<HD, BS>;
-};
-template <int HD, int BS>
-struct DecodeK {
-  static constexpr void (*fn)(CodecParams) = DecodeScatterKernel<HD, BS>;
-};
-
-}  // namespace
-
-absl::Status GatherEncode(const codec::ChunkSpec& spec_in, const PagedKvLayout& cache,
-                          const BlockSpan& blocks, uint8_t* dst, uint32_t* workspace,
-                          cudaStream_t stream) {
+// GatherEncode's checks; fills the launch parameters.
+absl::StatusOr<CodecParams> PrepareEncode(const codec::ChunkSpec& spec_in,
+                                          const PagedKvLayout& cache, const BlockSpan& blocks,
+                                          uint8_t* dst, uint32_t* workspace) {
   KVTIER_ASSIGN_OR_RETURN(codec::ChunkLayout layout, codec::ValidateSpec(spec_in));
   KVTIER_ASSIGN_OR_RETURN(CodecParams p, Prepare(spec_in, layout, cache, blocks, dst));
   if (workspace == nullptr) return absl::InvalidArgumentError("workspace is null");
@@ -464,16 +757,46 @@ absl::Status GatherEncode(const codec::ChunkSpec& spec_in, const PagedKvLayout& 
   std::memcpy(&p.header, header, sizeof(header));
   p.chunk = dst;
   p.workspace = workspace;
-  return Launch<EncodeK>(p, cache.head_dim, cache.block_size, stream);
+  return p;
+}
+
+absl::StatusOr<CodecParams> PrepareDecode(const codec::ChunkHeader& header, const uint8_t* chunk,
+                                          const PagedKvLayout& cache, const BlockSpan& blocks) {
+  KVTIER_ASSIGN_OR_RETURN(codec::ChunkLayout layout, codec::ValidateSpec(header.spec));
+  KVTIER_ASSIGN_OR_RETURN(CodecParams p, Prepare(header.spec, layout, cache, blocks, chunk));
+  p.chunk = const_cast<uint8_t*>(chunk);  // read only by the decode kernel
+  return p;
+}
+
+}  // namespace
+
+absl::Status GatherEncode(const codec::ChunkSpec& spec, const PagedKvLayout& cache,
+                          const BlockSpan& blocks, uint8_t* dst, uint32_t* workspace,
+                          cudaStream_t stream) {
+  KVTIER_ASSIGN_OR_RETURN(CodecParams p, PrepareEncode(spec, cache, blocks, dst, workspace));
+  if (p.tensor_amax) KVTIER_RETURN_IF_ERROR(Launch<AmaxK>(p, stream));
+  return Launch<EncodeK>(p, stream);
+}
+
+absl::Status ValidateGatherEncode(const codec::ChunkSpec& spec, const PagedKvLayout& cache,
+                                  const BlockSpan& blocks, const uint8_t* dst,
+                                  const uint32_t* workspace) {
+  // The kernels write through these pointers, but nothing is launched here.
+  return PrepareEncode(spec, cache, blocks, const_cast<uint8_t*>(dst),
+                       const_cast<uint32_t*>(workspace))
+      .status();
 }
 
 absl::Status DecodeScatter(const codec::ChunkHeader& header, const uint8_t* chunk,
                            const PagedKvLayout& cache, const BlockSpan& blocks,
                            cudaStream_t stream) {
-  KVTIER_ASSIGN_OR_RETURN(codec::ChunkLayout layout, codec::ValidateSpec(header.spec));
-  KVTIER_ASSIGN_OR_RETURN(CodecParams p, Prepare(header.spec, layout, cache, blocks, chunk));
-  p.chunk = const_cast<uint8_t*>(chunk);  // read only by the decode kernel
-  return Launch<DecodeK>(p, cache.head_dim, cache.block_size, stream);
+  KVTIER_ASSIGN_OR_RETURN(CodecParams p, PrepareDecode(header, chunk, cache, blocks));
+  return Launch<DecodeK>(p, stream);
+}
+
+absl::Status ValidateDecodeScatter(const codec::ChunkHeader& header, const uint8_t* chunk,
+                                   const PagedKvLayout& cache, const BlockSpan& blocks) {
+  return PrepareDecode(header, chunk, cache, blocks).status();
 }
 
 }  // namespace kvtier::kernels

@@ -2,17 +2,20 @@
 // decode+scatter (chunk -> paged cache). Both produce exactly the bytes and
 // values of the CPU codec (codec/codec.h) and of kernels/reference.h.
 //
-// Supported on the GPU: head_dim 64, 128, 256; block_size 8, 16, 32, 64;
-// chunk sections stored natively (16-bit) or as FP8 e4m3 with per-(block,
-// head) scales (the k16v16, k16v8 and k8v8 codecs); FP8 cache sections pass
-// through to FP8 chunk sections when the chunk starts on a block boundary.
-// Anything else is InvalidArgument before any launch (the CPU codec covers
-// the other formats).
+// Supported on the GPU: head_dim 64, 128, 256; block_size 8, 16, 32, 64.
+// A 16-bit cache section goes to and from every chunk section format of the
+// codec: native (16-bit), FP8 e4m3, INT8 or INT4, the quantized ones with
+// per-tensor, per-(block, head) or per-(token, head) scales. An FP8 cache
+// section passes through to an FP8 per-(block, head) chunk section when the
+// chunk starts on a block boundary. Anything else (an FP8 cache with any
+// other chunk format, a 16-bit cache whose dtype is not the chunk's) is
+// InvalidArgument before any launch.
 #ifndef KVTIER_KERNELS_PAGED_CODEC_H_
 #define KVTIER_KERNELS_PAGED_CODEC_H_
 
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include "absl/status/status.h"
@@ -21,10 +24,15 @@
 
 namespace kvtier::kernels {
 
-// Device scratch of GatherEncode: two u32 words that must be zero before the
-// first launch (cudaMemset once); each launch leaves them zero again. One
-// workspace must not serve two launches that can run at the same time.
-inline constexpr size_t kGatherEncodeWorkspaceBytes = 8;
+// Device scratch of GatherEncode: u32 words that must be zero before the
+// first launch (cudaMemset once); each completed launch leaves them zero
+// again. Words 0-1 carry the non-finite flag and the CTA count; then two
+// words per layer (K, V) carry the per-layer amax of per-tensor sections
+// (written by a first pass, read by the encode pass, zeroed by its last CTA).
+// Sized for codec::kMaxLayers, so one size serves every chunk. One workspace
+// must not serve two launches that can run at the same time; after a launch
+// that failed part-way, clear it again.
+inline constexpr size_t kGatherEncodeWorkspaceBytes = 4 * (2 + 2 * size_t{codec::kMaxLayers});
 
 // Encodes the `spec.geometry.num_tokens` tokens at `blocks` of every layer of
 // `cache` into one chunk at `dst` (spec.geometry.total bytes of
@@ -48,6 +56,13 @@ absl::Status GatherEncode(const codec::ChunkSpec& spec, const PagedKvLayout& cac
                           const BlockSpan& blocks, uint8_t* dst, uint32_t* workspace,
                           cudaStream_t stream);
 
+// Every host-side check of GatherEncode, without launching anything (no
+// device needed): OK exactly when GatherEncode would launch. Errors as
+// GatherEncode's InvalidArgument cases.
+absl::Status ValidateGatherEncode(const codec::ChunkSpec& spec, const PagedKvLayout& cache,
+                                  const BlockSpan& blocks, const uint8_t* dst,
+                                  const uint32_t* workspace);
+
 // Decodes the chunk at `chunk` (device memory or mapped pinned host memory)
 // whose parsed header is `header` into the cache slots at `blocks`: 16-bit
 // cache sections receive codec::DecodeChunk's values, FP8 cache sections the
@@ -59,6 +74,10 @@ absl::Status GatherEncode(const codec::ChunkSpec& spec, const PagedKvLayout& cac
 absl::Status DecodeScatter(const codec::ChunkHeader& header, const uint8_t* chunk,
                            const PagedKvLayout& cache, const BlockSpan& blocks,
                            cudaStream_t stream);
+
+// Every host-side check of DecodeScatter, without launching anything.
+absl::Status ValidateDecodeScatter(const codec::ChunkHeader& header, const uint8_t* chunk,
+                                   const PagedKvLayout& cache, const BlockSpan& blocks);
 
 }  // namespace kvtier::kernels
 
