@@ -8,6 +8,7 @@
 
 #include <functional>
 #include <string>
+#include <string_view>
 
 #include "CLI/CLI.hpp"
 #include "absl/status/status.h"
@@ -23,8 +24,14 @@ struct CommandResult {
   int exit_code = kExitOk;
 };
 
+// A cache miss: NotFound with "not found: <what>", marked so that it exits 1.
+// Any other error exits 2, a NotFound from a local file (a missing input, an
+// output directory that does not exist) included.
+absl::Status CacheMiss(std::string_view what);
+bool IsCacheMiss(const absl::Status& status);
+
 // Prints "kvtier: <message>" on stderr and returns the exit code for `status`
-// (1 for NotFound, 2 otherwise). REQUIRES: !status.ok().
+// (1 for a CacheMiss, 2 otherwise). REQUIRES: !status.ok().
 int ReportError(const absl::Status& status);
 
 // Wraps a command body so its Status becomes an exit code.

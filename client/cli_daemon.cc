@@ -62,7 +62,7 @@ absl::StatusOr<Hash128> ParseKey(const std::string& hex) {
 
 // "not found" is the whole message for a miss, as the CLI contract says.
 absl::Status Miss(const absl::Status& st, const std::string& key) {
-  if (absl::IsNotFound(st)) return absl::NotFoundError(absl::StrCat("not found: ", key));
+  if (absl::IsNotFound(st)) return CacheMiss(key);
   return st;
 }
 
@@ -155,7 +155,7 @@ void RegisterDaemonCommands(CLI::App& app, CommandResult& result) {
       for (size_t i = 0; i < tiers.size(); ++i) {
         std::printf("%s %s\n", ks[i].ToHex().c_str(), client::TierName(tiers[i]));
       }
-      if (tiers.empty()) return absl::NotFoundError("not found: no cached prefix");
+      if (tiers.empty()) return CacheMiss("no cached prefix");
       return absl::OkStatus();
     }));
   }

@@ -148,5 +148,21 @@ TEST_F(CodecCli, KeysMatchTheFormatTestVector) {
   ExpectOneLineError(Run("keys --model-id m --tokens 99999999999"), 2, "token id");
 }
 
+// Exit 1 means a cache miss and nothing else: an output path in a directory
+// that does not exist is an ordinary failure (exit 2), as is a missing input.
+TEST_F(CodecCli, MissingOutputDirectoryIsExit2NotAMiss) {
+  auto enc = Run("codec encode --k " + P("k.npy") + " --v " + P("v.npy") +
+                 " --dtype bf16 --format k16v8 --block-size 16 -o " + P("no/such/dir/c.kvt"));
+  ExpectOneLineError(enc, 2, "no/such/dir");
+  ASSERT_EQ(Run("codec encode --k " + P("k.npy") + " --v " + P("v.npy") +
+                " --dtype bf16 --format k16v8 --block-size 16 -o " + P("c.kvt"))
+                .exit_code,
+            0);
+  ExpectOneLineError(Run("codec decode " + P("c.kvt") + " --k-out " + P("no/dir/k.npy") +
+                         " --v-out " + P("v2.npy")),
+                     2, "no/dir");
+  ExpectOneLineError(Run("inspect " + P("absent.kvt")), 2, "absent.kvt");
+}
+
 }  // namespace
 }  // namespace kvtier
