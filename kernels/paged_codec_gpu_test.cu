@@ -26,7 +26,7 @@ struct Case {
   CacheLayout kind;
   DType dtype;        // cache K dtype and chunk dtype
   DType v_cache;      // cache V dtype (kFP8E4M3 for asymmetric caches)
-  const char* codec;  // k16v16, k16v8, k8v8
+  std::string codec;  // a preset (k16v8) or k=FMT[/GRAN],v=FMT[/GRAN] (codec::ParseCodec)
   uint32_t head_dim, block_size, tokens, first_slot, layers, heads;
   Fill fill;
   bool pinned_dst;
@@ -61,7 +61,7 @@ void RunCase(const Case& c, bool inject_non_finite = false) {
   }
   std::vector<int32_t> ids = testing::ShuffledBlocks(num_blocks, need, 77 + c.tokens);
   auto fmt = codec::ParseCodec(c.codec, c.dtype);
-  ASSERT_TRUE(fmt.ok());
+  ASSERT_TRUE(fmt.ok()) << fmt.status();
   codec::ChunkSpec spec;
   spec.geometry = {c.layers, c.heads, c.head_dim, c.tokens, c.block_size};
   spec.dtype = c.dtype;
@@ -133,6 +133,11 @@ void RunCase(const Case& c, bool inject_non_finite = false) {
         << "first differing byte at " << first_diff << " of " << bytes << ": got "
         << int(got[first_diff]) << " want " << int((*want)[first_diff]);
   }
+  // Every launch leaves the workspace zero (flags, CTA count, per-layer amax).
+  std::vector<uint32_t> ws_after(kGatherEncodeWorkspaceBytes / 4, 1u);
+  KVTIER_ASSERT_CUDA(cudaMemcpy(ws_after.data(), ws, kGatherEncodeWorkspaceBytes,
+                                cudaMemcpyDeviceToHost));
+  for (size_t i = 0; i < ws_after.size(); ++i) ASSERT_EQ(ws_after[i], 0u) << "workspace word " << i;
 
   // Decode+scatter into a poisoned cache, on the GPU and on the CPU.
   HostCache expect, gpu_out;
@@ -156,6 +161,7 @@ void RunCase(const Case& c, bool inject_non_finite = false) {
     ASSERT_EQ(gpu_out.k_tensors[l], expect.k_tensors[l]) << "layer " << l;
     if (!gpu_out.v_tensors.empty()) ASSERT_EQ(gpu_out.v_tensors[l], expect.v_tensors[l]);
     if (!gpu_out.v_scales.empty()) ASSERT_EQ(gpu_out.v_scales[l], expect.v_scales[l]);
+    if (!gpu_out.k_scales.empty()) ASSERT_EQ(gpu_out.k_scales[l], expect.k_scales[l]);
   }
   cudaFree(d_src);
   cudaFree(d_ids);
@@ -214,6 +220,83 @@ TEST(PagedCodecGpu, NonFiniteInputSetsFlagAndMatches) {
     RunCase({CacheLayout::kVllmFlashAttnNHD, dt, dt, "k16v8", 128, 16, 64, 3, 2, 2, Fill::kNormal, false},
             /*inject_non_finite=*/true);
     if (HasFatalFailure()) return;
+  }
+}
+
+// Every chunk section format a 16-bit cache section can take, in
+// codec::ParseCodec's explicit spelling.
+std::vector<std::string> AllSectionNames() {
+  std::vector<std::string> out = {"16"};
+  for (const char* q : {"fp8e4m3", "int8", "int4"})
+    for (const char* g : {"tensor", "block-head", "token-head"}) out.push_back(std::string(q) + "/" + g);
+  return out;
+}
+
+std::string PairName(const std::string& k, const std::string& v) { return "k=" + k + ",v=" + v; }
+
+// K and V each over {native, FP8, INT8, INT4} x {per-tensor, per-(block, head),
+// per-(token, head)}: 100 pairs, each at head_dim 64/128/256 and block size
+// 16/32, with odd token counts and chunks that start mid-block; layouts and
+// dtypes rotate over the cases.
+TEST(PagedCodecGpu, MatchesCodecOnEveryFormatPairOfA16BitCache) {
+  KVTIER_SKIP_WITHOUT_GPU();
+  const std::vector<std::string> names = AllSectionNames();
+  uint32_t n = 0;
+  for (const std::string& k : names)
+    for (const std::string& v : names)
+      for (uint32_t hd : {64u, 128u, 256u})
+        for (uint32_t bs : {16u, 32u}) {
+          const CacheLayout kind = kAllLayouts[n % 6];
+          const DType dt = (n / 6) % 2 ? DType::kFP16 : DType::kBF16;
+          const Fill fill = n % 5 == 0 ? Fill::kIntegers : Fill::kNormal;
+          const uint32_t tokens = bs == 16 ? 77 : 45;
+          const uint32_t first_slot = bs == 16 ? 5 : 31;
+          ++n;
+          RunCase({kind, dt, dt, PairName(k, v), hd, bs, tokens, first_slot, 2, 3, fill, false});
+          if (HasFatalFailure()) return;
+        }
+}
+
+TEST(PagedCodecGpu, QuantizedFormatsOnAwkwardShapes) {
+  KVTIER_SKIP_WITHOUT_GPU();
+  const Case cases[] = {
+      // presets that use the new paths
+      {CacheLayout::kVllmFlashAttnNHD, DType::kBF16, DType::kBF16, "k16v4", 128, 16, 256, 0, 3, 8, Fill::kNormal, false},
+      {CacheLayout::kVllmFlashInferHND, DType::kFP16, DType::kFP16, "k8v4", 128, 16, 99, 3, 2, 4, Fill::kNormal, false},
+      {CacheLayout::kVllmFlashAttnHND, DType::kBF16, DType::kBF16, "ki8vi8", 64, 16, 130, 15, 2, 4, Fill::kNormal, false},
+      {CacheLayout::kSeparateNHD, DType::kFP16, DType::kFP16, "k16vi8", 256, 32, 64, 0, 2, 2, Fill::kIntegers, false},
+      // one token; block sizes 8 and 64
+      {CacheLayout::kVllmFlashAttnNHD, DType::kBF16, DType::kBF16, "k=int4/tensor,v=int8/token-head", 256, 16, 1, 7, 1, 1, Fill::kNormal, false},
+      {CacheLayout::kVllmFlashInferNHD, DType::kFP16, DType::kFP16, "k=int8/block-head,v=int4/tensor", 64, 8, 37, 3, 3, 5, Fill::kNormal, false},
+      {CacheLayout::kSeparateHND, DType::kBF16, DType::kBF16, "k=fp8e4m3/tensor,v=fp8e4m3/token-head", 128, 64, 129, 63, 2, 3, Fill::kNormal, false},
+      {CacheLayout::kVllmFlashAttnHND, DType::kFP16, DType::kFP16, "k=int4/block-head,v=fp8e4m3/tensor", 256, 64, 200, 0, 2, 2, Fill::kNormal, false},
+      // many layers with per-tensor scales (one amax word per layer and section)
+      {CacheLayout::kVllmFlashAttnNHD, DType::kBF16, DType::kBF16, "k=int8/tensor,v=int4/tensor", 128, 16, 100, 9, 9, 2, Fill::kNormal, false},
+      // all-zero groups: scale 1 (the amax pre-pass adds nothing)
+      {CacheLayout::kVllmFlashAttnNHD, DType::kBF16, DType::kBF16, "k=int8/tensor,v=int4/token-head", 128, 16, 48, 0, 2, 2, Fill::kZero, false},
+      {CacheLayout::kVllmFlashInferHND, DType::kFP16, DType::kFP16, "k=fp8e4m3/token-head,v=int4/block-head", 64, 32, 40, 1, 2, 2, Fill::kZero, false},
+      // asymmetric caches: K quantized on the GPU, V passed through
+      {CacheLayout::kSeparateNHD, DType::kBF16, DType::kFP8E4M3, "k=int8/token-head,v=fp8e4m3", 128, 16, 77, 0, 2, 4, Fill::kNormal, false},
+      {CacheLayout::kSeparateHND, DType::kFP16, DType::kFP8E4M3, "k=int4/tensor,v=fp8e4m3", 64, 32, 70, 0, 3, 4, Fill::kNormal, false},
+      // into mapped pinned host memory
+      {CacheLayout::kVllmFlashAttnNHD, DType::kBF16, DType::kBF16, "k=int8/tensor,v=int4/token-head", 128, 16, 99, 2, 3, 4, Fill::kNormal, true},
+      {CacheLayout::kSeparateNHD, DType::kBF16, DType::kFP8E4M3, "k=int4/block-head,v=fp8e4m3", 128, 16, 64, 0, 2, 4, Fill::kNormal, true},
+  };
+  for (const Case& c : cases) {
+    RunCase(c);
+    if (HasFatalFailure()) return;
+  }
+}
+
+TEST(PagedCodecGpu, NonFiniteInputSetsFlagAndMatchesForEveryQuantizedFormat) {
+  KVTIER_SKIP_WITHOUT_GPU();
+  for (DType dt : {DType::kBF16, DType::kFP16}) {
+    for (const char* name : {"k=int8/tensor,v=int4/token-head", "k=int4/block-head,v=int8/tensor",
+                             "k=fp8e4m3/token-head,v=fp8e4m3/tensor", "k=int8/token-head,v=16"}) {
+      RunCase({CacheLayout::kVllmFlashAttnNHD, dt, dt, name, 128, 16, 64, 3, 2, 2, Fill::kNormal, false},
+              /*inject_non_finite=*/true);
+      if (HasFatalFailure()) return;
+    }
   }
 }
 
