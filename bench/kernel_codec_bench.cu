@@ -234,6 +234,9 @@ int main(int argc, char** argv) {
       first = false;
     }
   }
+  // The general kernels (issue #6): INT8 per-(token, head) on both sections,
+  // and INT8 per-tensor V (amax pre-pass + encode pass).
+  for (const char* c : {"ki8vi8", "k=16,v=int8/tensor"}) json += ", " + RunModel(models[0], c);
   json += "]}\n";
   if (argc > 1) {
     FILE* f = std::fopen(argv[1], "w");
