@@ -10,7 +10,7 @@
 // (the daemon's data-plane thread, a client helper thread), so the output
 // also shows memcpy split over two threads.
 //
-// Usage: server_bench [--json FILE] [--reps N] [--seconds S]
+// Usage: server_bench [--json FILE] [--reps N] [--seconds S] [--check-thread 0|1]
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -41,10 +41,13 @@ double Percentile(std::vector<double> v, double p) {
 }
 double Median(std::vector<double> v) { return Percentile(std::move(v), 0.5); }
 
+int check_thread = -1;  // --check-thread: ClientOptions::check_on_helper_thread; -1 = default
+
 std::unique_ptr<client::KvtierClient> Connect(const std::string& sock, bool shm) {
   client::ClientOptions o;
   o.socket_path = sock;
   o.shared_memory = shm;
+  if (check_thread >= 0) o.check_on_helper_thread = check_thread != 0;
   return client::KvtierClient::Connect(o).value();
 }
 
@@ -96,6 +99,7 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
     else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--seconds") && i + 1 < argc) seconds = std::atof(argv[++i]);
+    else if (!std::strcmp(argv[i], "--check-thread") && i + 1 < argc) check_thread = std::atoi(argv[++i]);
   }
   std::string dir = (std::filesystem::temp_directory_path() /
                      ("kvtier-server-bench-" + std::to_string(::getpid()))).string();
@@ -272,7 +276,7 @@ int main(int argc, char** argv) {
       auto h = c0->Hold(key);
       if (!h.ok() || h->data.size() != bytes || !c0->Unhold(*h).ok()) std::abort();
     });
-    // The get's parts one by one: hold, the checked copy (helper thread),
+    // The get's parts one by one: hold, the checked copy (with the helper thread),
     // unhold.
     {
       auto t0 = Clock::now();
@@ -344,13 +348,17 @@ int main(int argc, char** argv) {
   for (const Row& r : rows) {
     std::printf("%-20s %10.3f %10.2f %8.3f\n", r.name, r.s * 1e3, gbps(r.s), m / r.s);
   }
+  const bool helper = c0->checks_on_helper_thread();
+  const char* get_threads = helper ? "the client copies on one thread while a client helper thread hashes behind it"
+                                   : "the client copies and hashes each piece on one thread";
   std::printf("threads: the baseline memcpy is one thread. put shm: the client copies on one\n"
-              "thread while the daemon's data-plane thread hashes behind it. get shm: the client\n"
-              "copies on one thread while a client helper thread hashes behind it (checked copy\n"
-              "out/2t is that copy alone; checked copy out is copy+hash on one thread).\n");
+              "thread while the daemon's data-plane thread hashes behind it. get shm: %s.\n"
+              "checked copy out: copy+hash on one thread; /2t: with the helper thread.\n",
+              get_threads);
   std::printf("per-round ratio medians: put shm %.3f, get shm %.3f; hold+unhold (zero-copy) %.1f us\n",
               Median(put_ratio), Median(get_ratio), Median(hold_s) * 1e6);
-  std::printf("get shm in parts: hold %.1f us, checked copy (helper thread) %.3f ms, unhold %.1f us\n",
+  std::printf("get shm in parts: hold %.1f us, checked copy /2t %.3f ms, unhold %.1f us\n"
+              "  (the get itself sends its release without waiting for the answer)\n",
               Median(get_part_s[0]) * 1e6, Median(get_part_s[1]) * 1e3, Median(get_part_s[2]) * 1e6);
   std::printf("put shm, unstreamed (slot copy + unary commit): %.3f ms, %.3f of memcpy\n",
               Median(put_unary_s) * 1e3, m / Median(put_unary_s));
@@ -386,16 +394,15 @@ int main(int argc, char** argv) {
                 "\"checked_copy_out_helper_thread_gbps\":%.3f,"
                 "\"checked_copy_out_helper_thread_vs_memcpy\":%.3f,"
                 "\"memcpy_two_threads_gbps\":%.3f,\"memcpy_two_threads_vs_memcpy\":%.3f,"
-                "\"threads\":\"baseline memcpy: 1 thread; put shm: client copies on 1 thread, "
-                "the daemon's data-plane thread hashes behind it; get shm: client copies on 1 "
-                "thread, a client helper thread hashes behind it\"}\n",
+                "\"threads\":\"baseline memcpy: 1 thread; put shm: the client copies on 1 "
+                "thread, the daemon's data-plane thread hashes behind it; get shm: %s\"}\n",
                 bytes, reps, gbps(m), gbps(rows[1].s), m / rows[1].s, gbps(rows[2].s), m / rows[2].s,
                 gbps(rows[3].s), m / rows[3].s, gbps(rows[8].s), m / rows[8].s, gbps(rows[9].s),
                 m / rows[9].s, Median(put_ratio), Median(get_ratio), Median(hold_s) * 1e6,
                 gbps(rows[10].s), m / rows[10].s, gbps(rows[11].s), m / rows[11].s,
                 gbps(rows[4].s), m / rows[4].s, gbps(rows[5].s), m / rows[5].s,
                 gbps(Median(put_unary_s)), m / Median(put_unary_s), gbps(rows[6].s), m / rows[6].s,
-                gbps(rows[7].s), m / rows[7].s);
+                gbps(rows[7].s), m / rows[7].s, get_threads);
   json += buf;
   if (!json_path.empty()) {
     FILE* f = std::fopen(json_path.c_str(), "w");

@@ -91,11 +91,15 @@ absl::StatusOr<ShmHandshake> ConnectShm(const std::string& path) {
   msg.msg_control = ctrl;
   msg.msg_controllen = sizeof(ctrl);
   ssize_t n = ::recvmsg(s, &msg, MSG_CMSG_CLOEXEC);
+  const int e = errno;
   cmsghdr* cm = CMSG_FIRSTHDR(&msg);
   if (n != static_cast<ssize_t>(sizeof(size)) || cm == nullptr || cm->cmsg_type != SCM_RIGHTS ||
       cm->cmsg_len != CMSG_LEN(sizeof(int))) {
     ::close(s);
-    return absl::FailedPreconditionError(absl::StrCat("no pool descriptor from ", path));
+    return absl::FailedPreconditionError(
+        absl::StrCat("no pool descriptor from ", path, " (received ", n, " bytes",
+                     n < 0 ? absl::StrCat(": ", std::strerror(e)) : std::string(),
+                     cm == nullptr ? ", no descriptor" : "", ")"));
   }
   ShmHandshake h;
   h.sock = s;
@@ -361,6 +365,7 @@ class ClientImpl final : public KvtierClient {
   }
 
   bool uses_shared_memory() const override { return pool_ != nullptr; }
+  bool checks_on_helper_thread() const override { return verifier_ != nullptr; }
 
   absl::StatusOr<std::vector<Tier>> Lookup(std::span<const Hash128> keys) override {
     pb::LookupRequest req;

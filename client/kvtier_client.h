@@ -56,7 +56,10 @@ struct ClientOptions {
   // A get through shared memory hashes the bytes it copies on a helper
   // thread the client owns, a piece behind the copy, instead of after each
   // piece on the copying thread; the copy itself stays on the caller's
-  // thread. Default: true
+  // thread, and the caller takes over what the helper has not hashed when
+  // the copy ends (all of it, if the helper is not running), so a busy
+  // machine costs little more than hashing on the caller's thread.
+  // Default: true
   bool check_on_helper_thread = true;
   // Deadline of each call. Default: 60000
   int64_t timeout_ms = 60000;
@@ -120,6 +123,9 @@ class KvtierClient {
 
   // True if chunk bytes move through the mapped pool.
   virtual bool uses_shared_memory() const = 0;
+  // True if shared-memory gets hash on a helper thread
+  // (ClientOptions::check_on_helper_thread, where it applies).
+  virtual bool checks_on_helper_thread() const = 0;
 
   // Chunk keys of `tokens` (codec::ChunkKeys over full chunks).
   static absl::StatusOr<std::vector<Hash128>> ChunkKeys(const Hash128& fingerprint,

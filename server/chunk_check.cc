@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <future>
 
@@ -123,8 +124,17 @@ absl::StatusOr<codec::ChunkHeader> CopyVerified(std::span<uint8_t> dst,
   return h;
 }
 
-// The helper's work: bytes [head, copied) of `dst` are final; it hashes them
-// and publishes the digests with `hashed` = true.
+// How long the caller waits for the helper to finish the piece it is on.
+constexpr auto kTakeOverWait = std::chrono::microseconds(200);
+
+// One copy's hashing, shared by the caller and the helper. The helper hashes
+// bytes [hashed, copied) of `dst` piece by piece, each piece while it holds
+// `busy`; once the copy is done the caller sets `taken_over`, waits for the
+// piece in progress, and hashes the rest itself. So a helper that is slow or
+// not scheduled at all (both cores busy) costs no more than hashing on the
+// caller's thread. Dekker-style: `busy` and `taken_over` are sequentially
+// consistent, so after the caller sees `busy` false the helper does not touch
+// the states again in this job.
 struct PipelinedCopyVerifier::Job {
   absl::Mutex mu;
   uint64_t generation ABSL_GUARDED_BY(mu) = 0;
@@ -132,29 +142,28 @@ struct PipelinedCopyVerifier::Job {
   // Written by the caller before it bumps `generation`, read by the helper
   // after it sees the new generation (ordered by `mu`).
   const uint8_t* dst = nullptr;
-  size_t head = 0, total = 0;
+  size_t total = 0;
   uint64_t k_offset = 0, k_bytes = 0, v_offset = 0, v_bytes = 0;
+  XXH3_state_t ks, vs;
+  uint64_t hashed = 0;  // owned by whoever holds `busy`, then by the caller
   std::atomic<uint64_t> copied{0};
-  std::atomic<bool> hashed{false};
-  uint64_t ksum = 0, vsum = 0;  // valid once `hashed`
-};
+  std::atomic<bool> busy{false}, taken_over{false};
+  // False from when a caller starts a job until the helper has left it; a
+  // caller that finds the helper still in an old job does without it.
+  std::atomic<bool> idle{true};
 
-namespace {
-
-// Waits for `ready` by spinning briefly, then yielding the core: the other
-// side is at most one piece (tens of microseconds) away.
-template <typename Ready>
-void SpinUntil(Ready ready) {
-  for (int i = 0; !ready(); ++i) {
-    if (i < 4096) {
-      _mm_pause();
-    } else {
-      std::this_thread::yield();
+  // Hashes [hashed, upto) into the states, a piece at a time.
+  void HashUpTo(uint64_t upto) {
+    while (hashed < upto) {
+      const size_t n = std::min<size_t>(kPieceBytes, upto - hashed);
+      auto [ko, kn] = Overlap(hashed, hashed + n, k_offset, k_bytes);
+      if (kn) XXH3_64bits_update_dispatch(&ks, dst + ko, kn);
+      auto [vo, vn] = Overlap(hashed, hashed + n, v_offset, v_bytes);
+      if (vn) XXH3_64bits_update_dispatch(&vs, dst + vo, vn);
+      hashed += n;
     }
   }
-}
-
-}  // namespace
+};
 
 PipelinedCopyVerifier::PipelinedCopyVerifier() : job_(std::make_unique<Job>()) {
   thread_ = std::thread([this] {
@@ -184,24 +193,29 @@ void PipelinedCopyVerifier::Loop() {
       if (j.stop) return;
       seen = j.generation;
     }
-    XXH3_state_t ks, vs;
-    XXH3_64bits_reset(&ks);
-    XXH3_64bits_reset(&vs);
-    for (size_t o = j.head; o < j.total;) {
+    uint64_t hashed = j.hashed;  // j.hashed as of this thread's last piece
+    for (;;) {
+      // Waits for the next piece, or for the caller to take over.
       uint64_t c = 0;
-      SpinUntil([&] { return (c = j.copied.load(std::memory_order_acquire)) > o; });
-      while (o < c) {
-        const size_t n = std::min<size_t>(kPieceBytes, c - o);
-        auto [ko, kn] = Overlap(o, o + n, j.k_offset, j.k_bytes);
-        if (kn) XXH3_64bits_update_dispatch(&ks, j.dst + ko, kn);
-        auto [vo, vn] = Overlap(o, o + n, j.v_offset, j.v_bytes);
-        if (vn) XXH3_64bits_update_dispatch(&vs, j.dst + vo, vn);
-        o += n;
+      for (int i = 0;; ++i) {
+        c = j.copied.load(std::memory_order_acquire);
+        if (c > hashed || j.taken_over.load()) break;
+        if (i < 4096) {
+          _mm_pause();
+        } else {
+          std::this_thread::yield();
+        }
       }
+      j.busy.store(true);
+      if (j.taken_over.load()) {
+        j.busy.store(false);
+        break;
+      }
+      j.HashUpTo(std::min<uint64_t>(c, hashed + kPieceBytes));
+      hashed = j.hashed;
+      j.busy.store(false);
     }
-    j.ksum = XXH3_64bits_digest(&ks);
-    j.vsum = XXH3_64bits_digest(&vs);
-    j.hashed.store(true, std::memory_order_release);
+    j.idle.store(true, std::memory_order_release);
   }
 }
 
@@ -209,24 +223,30 @@ absl::StatusOr<codec::ChunkHeader> PipelinedCopyVerifier::CopyVerified(
     std::span<uint8_t> dst, std::span<const uint8_t> src) {
   if (!call_mu_.TryLock()) return server::CopyVerified(dst, src);
   absl::StatusOr<codec::ChunkHeader> out = [&]() -> absl::StatusOr<codec::ChunkHeader> {
+    Job& j = *job_;
+    // The helper has not yet left an earlier job (it was not scheduled
+    // since): this copy does without it.
+    if (!j.idle.load(std::memory_order_acquire)) return server::CopyVerified(dst, src);
     const size_t head = std::min<size_t>(src.size(), codec::kHeaderSize);
     std::memcpy(dst.data(), src.data(), head);
     // Parsed from the copy: the header that is checked is the one delivered.
     KVTIER_ASSIGN_OR_RETURN(codec::ChunkHeader h,
                             codec::ParseHeader(std::span<const uint8_t>(dst.data(), head)));
     KVTIER_RETURN_IF_ERROR(CheckLength(h, src.size()));
-    Job& j = *job_;
     {
       absl::MutexLock l(&j.mu);
       j.dst = dst.data();
-      j.head = head;
       j.total = src.size();
       j.k_offset = h.layout.k_offset;
       j.k_bytes = h.layout.k.bytes;
       j.v_offset = h.layout.v_offset;
       j.v_bytes = h.layout.v.bytes;
+      XXH3_64bits_reset(&j.ks);
+      XXH3_64bits_reset(&j.vs);
+      j.hashed = head;
       j.copied.store(head, std::memory_order_relaxed);
-      j.hashed.store(false, std::memory_order_relaxed);
+      j.taken_over.store(false);
+      j.idle.store(false);
       ++j.generation;
     }
     for (size_t o = head; o < src.size(); o += kPieceBytes) {
@@ -234,9 +254,34 @@ absl::StatusOr<codec::ChunkHeader> PipelinedCopyVerifier::CopyVerified(
       CopyPiece(dst.data() + o, src.data() + o, n);
       j.copied.store(o + n, std::memory_order_release);
     }
-    SpinUntil([&] { return j.hashed.load(std::memory_order_acquire); });
-    if (j.ksum != h.k_checksum) return Mismatch("k", h.k_checksum, j.ksum);
-    if (j.vsum != h.v_checksum) return Mismatch("v", h.v_checksum, j.vsum);
+    // The copy is done: the helper finishes the piece it is on, if any, and
+    // this thread hashes what is left (at least the last piece, still in
+    // this core's cache).
+    j.taken_over.store(true);
+    // A piece takes the helper tens of microseconds; if it does not finish
+    // it within kTakeOverWait it was descheduled mid-piece, and this thread
+    // hashes the whole copy itself rather than wait for it to run again (the
+    // helper finishes that piece later into states nobody reads).
+    const auto give_up = std::chrono::steady_clock::now() + kTakeOverWait;
+    bool helper_stuck = false;
+    while (j.busy.load()) {
+      _mm_pause();
+      if (std::chrono::steady_clock::now() > give_up) {
+        helper_stuck = true;
+        break;
+      }
+    }
+    uint64_t ksum, vsum;
+    if (!helper_stuck) {
+      j.HashUpTo(src.size());
+      ksum = XXH3_64bits_digest(&j.ks);
+      vsum = XXH3_64bits_digest(&j.vs);
+    } else {
+      ksum = Checksum64(dst.subspan(h.layout.k_offset, h.layout.k.bytes));
+      vsum = Checksum64(dst.subspan(h.layout.v_offset, h.layout.v.bytes));
+    }
+    if (ksum != h.k_checksum) return Mismatch("k", h.k_checksum, ksum);
+    if (vsum != h.v_checksum) return Mismatch("v", h.v_checksum, vsum);
     return h;
   }();
   call_mu_.Unlock();

@@ -481,7 +481,10 @@ class RawDataPlane {
     std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
     timeval tv{10, 0};
     ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    if (::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) return;
+    if (::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+      error_ = absl::StrCat("connect: ", std::strerror(errno));
+      return;
+    }
     uint64_t size = 0;
     iovec iov{&size, sizeof(size)};
     alignas(cmsghdr) char ctrl[CMSG_SPACE(sizeof(int))] = {};
@@ -490,12 +493,19 @@ class RawDataPlane {
     msg.msg_iovlen = 1;
     msg.msg_control = ctrl;
     msg.msg_controllen = sizeof(ctrl);
-    if (::recvmsg(fd_, &msg, MSG_CMSG_CLOEXEC) != sizeof(size)) return;
+    ssize_t n = ::recvmsg(fd_, &msg, MSG_CMSG_CLOEXEC);
+    if (n != sizeof(size) || CMSG_FIRSTHDR(&msg) == nullptr) {
+      error_ = absl::StrCat("recvmsg: ", n, " ", std::strerror(errno));
+      return;
+    }
     int memfd;
     std::memcpy(&memfd, CMSG_DATA(CMSG_FIRSTHDR(&msg)), sizeof(int));
     void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
     ::close(memfd);
-    if (p == MAP_FAILED) return;
+    if (p == MAP_FAILED) {
+      error_ = absl::StrCat("mmap: ", std::strerror(errno));
+      return;
+    }
     pool_ = std::span<uint8_t>(static_cast<uint8_t*>(p), size);
   }
   ~RawDataPlane() {
@@ -507,6 +517,7 @@ class RawDataPlane {
     fd_ = -1;
   }
   bool ok() const { return !pool_.empty(); }
+  const std::string& error() const { return error_; }
   std::span<uint8_t> pool() const { return pool_; }
 
   void SendBytes(const std::vector<uint8_t>& b) {
@@ -594,6 +605,7 @@ class RawDataPlane {
   }
   int fd_ = -1;
   std::span<uint8_t> pool_;
+  std::string error_;
 };
 
 constexpr int kOk = 0;
@@ -613,7 +625,7 @@ void WaitForDataPlaneConnections(Daemon* d, int n) {
 
 TEST_F(E2eTest, DataPlaneServesAStreamedPutAGetAndItsRelease) {
   RawDataPlane dp(daemon_->shm_socket_path());
-  ASSERT_TRUE(dp.ok());
+  ASSERT_TRUE(dp.ok()) << dp.error();
   EXPECT_EQ(dp.Call(RawDataPlane::Op::kHello, {}), kOk);
   auto chunk = MakeChunk(30);
   uint64_t slot = dp.SlotWith(chunk);
@@ -661,7 +673,7 @@ TEST_F(E2eTest, DataPlaneRefusesMalformedFramesAndClosesTheConnection) {
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
     RawDataPlane dp(daemon_->shm_socket_path());
-    ASSERT_TRUE(dp.ok());
+    ASSERT_TRUE(dp.ok()) << dp.error();
     dp.SendBytes(c.frame);
     auto a = dp.Read();
     ASSERT_TRUE(a.has_value());
@@ -672,7 +684,7 @@ TEST_F(E2eTest, DataPlaneRefusesMalformedFramesAndClosesTheConnection) {
   {
     SCOPED_TRACE("begin inside a put");
     RawDataPlane dp(daemon_->shm_socket_path());
-    ASSERT_TRUE(dp.ok());
+    ASSERT_TRUE(dp.ok()) << dp.error();
     uint64_t slot = dp.SlotWith(chunk);
     dp.Send(Op::kPutBegin, RawDataPlane::Begin(slot, TestKey(31)));
     dp.Send(Op::kPutBegin, RawDataPlane::Begin(slot, TestKey(31)));
@@ -684,7 +696,7 @@ TEST_F(E2eTest, DataPlaneRefusesMalformedFramesAndClosesTheConnection) {
   for (size_t cut : {size_t{3}, shm_wire::kRequestHeaderBytes + 5}) {
     SCOPED_TRACE(absl::StrCat("truncated after ", cut, " bytes, then disconnect"));
     RawDataPlane dp(daemon_->shm_socket_path());
-    ASSERT_TRUE(dp.ok());
+    ASSERT_TRUE(dp.ok()) << dp.error();
     auto f = RawDataPlane::Frame(1, 2, RawDataPlane::Allocate(chunk.size()));
     f.resize(cut);
     dp.SendBytes(f);
@@ -702,7 +714,7 @@ TEST_F(E2eTest, DataPlaneRefusesMalformedFramesAndClosesTheConnection) {
 TEST_F(E2eTest, DataPlaneWrongIdsAndBadPutsGetTheirCodes) {
   using Op = RawDataPlane::Op;
   RawDataPlane dp(daemon_->shm_socket_path());
-  ASSERT_TRUE(dp.ok());
+  ASSERT_TRUE(dp.ok()) << dp.error();
   EXPECT_EQ(dp.Call(Op::kRelease, RawDataPlane::U64(12345)), kNotFound);
   EXPECT_EQ(dp.Call(Op::kAbortSlot, RawDataPlane::U64(12345)), kNotFound);
   EXPECT_EQ(dp.Call(Op::kGet, RawDataPlane::Get(TestKey(32))), kNotFound);
@@ -751,7 +763,7 @@ TEST_F(E2eTest, DataPlaneDisconnectFreesSlotsAndLeases) {
   uint64_t streamed = 0, idle = 0;
   {
     RawDataPlane dp(daemon_->shm_socket_path());
-    ASSERT_TRUE(dp.ok());
+    ASSERT_TRUE(dp.ok()) << dp.error();
     streamed = dp.SlotWith(chunk);
     idle = dp.SlotWith(chunk);
     dp.Send(Op::kPutBegin, RawDataPlane::Begin(streamed, TestKey(33)));
@@ -760,7 +772,7 @@ TEST_F(E2eTest, DataPlaneDisconnectFreesSlotsAndLeases) {
   }
   {
     RawDataPlane dp(daemon_->shm_socket_path());
-    ASSERT_TRUE(dp.ok());
+    ASSERT_TRUE(dp.ok()) << dp.error();
     ASSERT_EQ(dp.Call(Op::kGet, RawDataPlane::Get(TestKey(34))), kOk);
     EXPECT_EQ(c->Delete(TestKey(34)).code(), absl::StatusCode::kFailedPrecondition);
   }
@@ -781,8 +793,8 @@ TEST_F(E2eTest, DataPlaneConnectionsAreBoundedAndClientsFallBackToGrpc) {
     ASSERT_EQ(conns.back()->Call(RawDataPlane::Op::kHello, {}), kOk);
   }
   RawDataPlane extra(daemon_->shm_socket_path());
-  ASSERT_TRUE(extra.ok());  // it gets the pool
-  EXPECT_EQ(extra.Call(RawDataPlane::Op::kHello, {}), -1);  // but no data plane
+  ASSERT_TRUE(extra.ok()) << extra.error();  // it gets the pool
+  EXPECT_TRUE(extra.Closed());                // but no data plane
   EXPECT_EQ(daemon_->data_plane_connections(), 64);
   auto c = Client();
   ASSERT_TRUE(c);

@@ -1,6 +1,8 @@
 // KvService called directly (no gRPC), plus the daemon's small pure parts:
 // metric name tables, status mapping, token comparison, options.
+#include <atomic>
 #include <fstream>
+#include <thread>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -337,6 +339,49 @@ TEST(MetricsHttpServer, SplitHostPortParsesAndRejects) {
   EXPECT_EQ(b->first, "::1");
   EXPECT_EQ(SplitHostPort("nohost").status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(SplitHostPort("h:99999").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// The get's checked copy with a helper thread: the same bytes and codes as
+// CopyVerified, from many callers at once (all but one run it on their own
+// thread), for chunks smaller and larger than a piece.
+TEST(PipelinedCopyVerifier, CopiesExactlyAndFindsEveryCorruption) {
+  PipelinedCopyVerifier v;
+  for (uint32_t tokens : {16u, 256u}) {
+    auto chunk = MakeChunk(40 + tokens, tokens, 4, 4, 128);
+    std::vector<uint8_t> out(chunk.size() + 7, 0);
+    for (int i = 0; i < 20; ++i) {
+      std::fill(out.begin(), out.end(), 0);
+      ASSERT_TRUE(v.CopyVerified(out, chunk).ok());
+      EXPECT_TRUE(std::equal(chunk.begin(), chunk.end(), out.begin()));
+    }
+    for (size_t at : {chunk.size() / 3, chunk.size() - 1}) {  // in K, in V
+      auto bad = chunk;
+      bad[at] ^= 0x40;
+      EXPECT_EQ(v.CopyVerified(out, bad).status().code(), absl::StatusCode::kDataLoss);
+    }
+    auto bad_header = chunk;
+    bad_header[0] ^= 1;  // magic
+    EXPECT_EQ(v.CopyVerified(out, bad_header).status().code(),
+              absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(v.CopyVerified(out, std::span<const uint8_t>(chunk).first(chunk.size() - 1))
+                  .status()
+                  .code(),
+              absl::StatusCode::kDataLoss);
+    ASSERT_TRUE(v.CopyVerified(out, chunk).ok());  // the helper is still usable
+  }
+  auto chunk = MakeChunk(60, 256, 4, 4, 128);
+  std::vector<std::thread> ts;
+  std::atomic<int> bad{0};
+  for (int t = 0; t < 4; ++t) {
+    ts.emplace_back([&] {
+      std::vector<uint8_t> out(chunk.size());
+      for (int i = 0; i < 10; ++i) {
+        if (!v.CopyVerified(out, chunk).ok() || out != chunk) ++bad;
+      }
+    });
+  }
+  for (auto& t : ts) t.join();
+  EXPECT_EQ(bad.load(), 0);
 }
 
 }  // namespace
