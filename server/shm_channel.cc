@@ -276,6 +276,10 @@ void ShmChannel::Adopt(int c) {
     ::close(c);  // the client sees the end of the stream where it sent kHello
     return;
   }
+  // A client that stops reading its answers gets its connection closed
+  // (the thread's send fails) instead of holding the thread.
+  timeval tv{options_.frame_timeout_ms / 1000, (options_.frame_timeout_ms % 1000) * 1000};
+  ::setsockopt(c, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
   auto conn = std::make_unique<Conn>();
   conn->fd = c;
   Conn* p = conn.get();

@@ -152,8 +152,9 @@ struct ShmChannelOptions {
   // Most slots and leases one connection may hold open at once; beyond it
   // kAllocate and kGet get ResourceExhausted. Default: 1024
   size_t max_open_per_connection = 1024;
-  // How long the rest of a frame may take once its first byte arrived.
-  // Default: 5000
+  // How long the rest of a frame may take once its first byte arrived, and
+  // how long an answer may wait for room in the socket (a client that does
+  // not read its answers); then the connection is closed. Default: 5000
   int frame_timeout_ms = 5000;
   // After answering a frame, a connection's thread polls for the next one
   // this long before it sleeps: a client's next request usually follows
