@@ -90,7 +90,10 @@ absl::StatusOr<ShmHandshake> ConnectShm(const std::string& path) {
   msg.msg_iovlen = 1;
   msg.msg_control = ctrl;
   msg.msg_controllen = sizeof(ctrl);
-  ssize_t n = ::recvmsg(s, &msg, MSG_CMSG_CLOEXEC);
+  ssize_t n;
+  do {
+    n = ::recvmsg(s, &msg, MSG_CMSG_CLOEXEC);
+  } while (n < 0 && errno == EINTR);
   const int e = errno;
   cmsghdr* cm = CMSG_FIRSTHDR(&msg);
   if (n != static_cast<ssize_t>(sizeof(size)) || cm == nullptr || cm->cmsg_type != SCM_RIGHTS ||

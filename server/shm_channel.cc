@@ -20,6 +20,7 @@
 #include "server/chunk_check.h"
 #include "server/metrics.h"
 #include "server/service.h"
+#include "spdlog/spdlog.h"
 #include "tiering/placement_engine.h"
 
 namespace kvtier::server {
@@ -255,9 +256,16 @@ void ShmChannel::Loop() {
       cm->cmsg_type = SCM_RIGHTS;
       cm->cmsg_len = CMSG_LEN(sizeof(int));
       std::memcpy(CMSG_DATA(cm), &fd_, sizeof(int));
-      if (::sendmsg(c, &msg, MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof(size))) {
+      ssize_t n;
+      do {
+        n = ::sendmsg(c, &msg, MSG_NOSIGNAL);
+      } while (n < 0 && errno == EINTR);
+      if (n == static_cast<ssize_t>(sizeof(size))) {
         metrics_->Add(ServerMetric::kShmMaps);
         sent = true;
+      } else {
+        spdlog::warn("{}: passing the pool descriptor failed ({} bytes sent): {}", path_, n,
+                     n < 0 ? std::strerror(errno) : "short write");
       }
     }
     if (sent) {
