@@ -841,21 +841,23 @@ class ClientImpl final : public KvtierClient {
       releases_->mu.Await(absl::Condition(
           +[](int* n) { return *n == 0; }, &releases_->pending));
     }
-    if (owed_releases_->load() == 0) return;
-    {
-      absl::MutexLock l(&conns_mu_);
-      for (auto it = idle_conns_.begin(); it != idle_conns_.end();) {
-        (void)(*it)->Settle();
-        if ((*it)->broken()) {
-          it = idle_conns_.erase(it);
-          --open_conns_;
-        } else {
-          ++it;
+    // Idle connections are settled here; a lent one is settled by its
+    // borrower's first request, or here once it is back.
+    while (owed_releases_->load() != 0) {
+      {
+        absl::MutexLock l(&conns_mu_);
+        for (auto it = idle_conns_.begin(); it != idle_conns_.end();) {
+          (void)(*it)->Settle();
+          if ((*it)->broken()) {
+            it = idle_conns_.erase(it);
+            --open_conns_;
+          } else {
+            ++it;
+          }
         }
       }
+      if (owed_releases_->load() != 0) std::this_thread::yield();
     }
-    // A lent connection settles before its borrower's first request.
-    while (owed_releases_->load() != 0) std::this_thread::yield();
   }
 
   std::span<uint8_t> mapped_pool() const override {
