@@ -118,8 +118,6 @@ class DataConn {
  public:
   using Op = server::shm_wire::Op;
 
-  // Says hello on `sock` (owned from here on); null if the daemon does not
-  // serve the data plane on it (an older daemon, or no room).
   // A slot allocated ahead of the next put (see PutOverDataPlane).
   struct Spare {
     uint64_t id = 0, offset = 0, length = 0;
@@ -128,6 +126,8 @@ class DataConn {
   // The daemon keeps a spare this long; the client uses it for half of it.
   static constexpr uint32_t kSpareTtlMs = 2000;
 
+  // Says hello on `sock` (owned from here on); null if the daemon does not
+  // serve the data plane on it (an older daemon, or no room).
   // `owed_releases` (not owned) counts the releases sent on any connection
   // whose answers are not read yet.
   static std::unique_ptr<DataConn> Open(int sock, int64_t timeout_ms,
@@ -212,8 +212,6 @@ class DataConn {
   absl::Status Settle() {
     while (!owed_.empty()) {
       const Op op = owed_.front();
-      owed_.pop_front();
-      if (op == Op::kRelease) owed_releases_->fetch_sub(1);
       uint8_t rep[server::shm_wire::kSlotReplyBytes];
       const uint32_t n = op == Op::kAllocate ? sizeof(rep) : 0;
       absl::Status st = Receive(op, rep, n);
@@ -221,6 +219,9 @@ class DataConn {
         DropOwed();
         return st;
       }
+      // Counted down only now: the answer says the daemon has done it.
+      owed_.pop_front();
+      if (op == Op::kRelease) owed_releases_->fetch_sub(1);
       if (op == Op::kAllocate && st.ok()) {
         server::shm_wire::Reader r(rep);
         spare_ = Spare{r.U64(), r.U64(), r.U64(),
