@@ -128,7 +128,16 @@ bool Answer(int fd, uint16_t op, const absl::Status& st, const uint8_t* payload,
   }
   shm_wire::Writer w(buf);
   w.U16(shm_wire::kVersion).U16(op).U32(static_cast<uint32_t>(st.code())).U32(n).Raw(payload, n);
-  return ::send(fd, buf, w.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(w.size());
+  // The socket has a send timeout, so a signal interrupts send() even under
+  // SA_RESTART (socket(7)); tests saw EINTR on such sockets in this process.
+  // Retry, and finish a partial write.
+  for (size_t sent = 0; sent < w.size();) {
+    const ssize_t k = ::send(fd, buf + sent, w.size() - sent, MSG_NOSIGNAL);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) return false;
+    sent += static_cast<size_t>(k);
+  }
+  return true;
 }
 
 uint8_t TierNumber(tiering::TierKind k) {  // proto Tier numbering

@@ -493,7 +493,10 @@ class RawDataPlane {
     msg.msg_iovlen = 1;
     msg.msg_control = ctrl;
     msg.msg_controllen = sizeof(ctrl);
-    ssize_t n = ::recvmsg(fd_, &msg, MSG_CMSG_CLOEXEC);
+    ssize_t n;
+    do {  // SO_RCVTIMEO: a signal interrupts even under SA_RESTART
+      n = ::recvmsg(fd_, &msg, MSG_CMSG_CLOEXEC);
+    } while (n < 0 && errno == EINTR);
     if (n != sizeof(size) || CMSG_FIRSTHDR(&msg) == nullptr) {
       error_ = absl::StrCat("recvmsg: ", n, " ", std::strerror(errno));
       return;
@@ -521,7 +524,11 @@ class RawDataPlane {
   std::span<uint8_t> pool() const { return pool_; }
 
   void SendBytes(const std::vector<uint8_t>& b) {
-    ASSERT_EQ(::send(fd_, b.data(), b.size(), MSG_NOSIGNAL), static_cast<ssize_t>(b.size()));
+    ssize_t n;
+    do {
+      n = ::send(fd_, b.data(), b.size(), MSG_NOSIGNAL);
+    } while (n < 0 && errno == EINTR);
+    ASSERT_EQ(n, static_cast<ssize_t>(b.size()));
   }
   static std::vector<uint8_t> Frame(uint16_t version, uint16_t op, const std::vector<uint8_t>& payload,
                                     int64_t claimed_len = -1) {
@@ -559,7 +566,11 @@ class RawDataPlane {
   // True once the daemon closed the connection.
   bool Closed() {
     uint8_t b;
-    return ::recv(fd_, &b, 1, 0) == 0;
+    ssize_t n;
+    do {
+      n = ::recv(fd_, &b, 1, 0);
+    } while (n < 0 && errno == EINTR);
+    return n == 0;
   }
 
   static std::vector<uint8_t> U64(uint64_t v) {
@@ -598,6 +609,7 @@ class RawDataPlane {
   bool ReadFull(uint8_t* p, size_t n) {
     for (size_t got = 0; got < n;) {
       ssize_t k = ::recv(fd_, p + got, n - got, 0);
+      if (k < 0 && errno == EINTR) continue;
       if (k <= 0) return false;
       got += static_cast<size_t>(k);
     }
