@@ -43,30 +43,6 @@ absl::Status FromGrpcStatus(const grpc::Status& s) {
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
 }
 
-namespace {
-
-Tier FromProto(int t) {
-  switch (t) {
-    case pb::TIER_HBM: return Tier::kHbm;
-    case pb::TIER_DRAM: return Tier::kDram;
-    case pb::TIER_NVME: return Tier::kNvme;
-    case pb::TIER_REMOTE: return Tier::kRemote;
-  }
-  return Tier::kUnknown;
-}
-
-std::string KeyBytes(const Hash128& k) {
-  return std::string(reinterpret_cast<const char*>(k.bytes.data()), k.bytes.size());
-}
-
-// A connection to the daemon's side channel (`<socket>.shm`) after its first
-// message: the socket, the pool's memfd and the pool size.
-struct ShmHandshake {
-  int sock = -1;
-  int memfd = -1;
-  uint64_t size = 0;
-};
-
 absl::StatusOr<ShmHandshake> ConnectShm(const std::string& path) {
   sockaddr_un addr{};
   if (path.size() >= sizeof(addr.sun_path)) return absl::InvalidArgumentError("shm socket path too long");
@@ -110,6 +86,23 @@ absl::StatusOr<ShmHandshake> ConnectShm(const std::string& path) {
   std::memcpy(&h.memfd, CMSG_DATA(cm), sizeof(int));
   return h;
 }
+
+namespace {
+
+Tier FromProto(int t) {
+  switch (t) {
+    case pb::TIER_HBM: return Tier::kHbm;
+    case pb::TIER_DRAM: return Tier::kDram;
+    case pb::TIER_NVME: return Tier::kNvme;
+    case pb::TIER_REMOTE: return Tier::kRemote;
+  }
+  return Tier::kUnknown;
+}
+
+std::string KeyBytes(const Hash128& k) {
+  return std::string(reinterpret_cast<const char*>(k.bytes.data()), k.bytes.size());
+}
+
 
 // One data-plane connection (server/shm_channel.h): frames out, answers in.
 // Not thread-safe; the client hands each to one call at a time. Once a

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "client/kvtier_client.h"
+#include "client/kvtier_client_internal.h"
 #include "gmock/gmock.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
@@ -475,41 +476,19 @@ class RawDataPlane {
 
   // Connects, receives and maps the pool.
   explicit RawDataPlane(const std::string& path) {
-    fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_un addr{};
-    addr.sun_family = AF_UNIX;
-    std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-    timeval tv{10, 0};
-    ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    if (::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-      error_ = absl::StrCat("connect: ", std::strerror(errno));
+    auto h = client::ConnectShm(path);
+    if (!h.ok()) {
+      error_ = h.status().ToString();
       return;
     }
-    uint64_t size = 0;
-    iovec iov{&size, sizeof(size)};
-    alignas(cmsghdr) char ctrl[CMSG_SPACE(sizeof(int))] = {};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = ctrl;
-    msg.msg_controllen = sizeof(ctrl);
-    ssize_t n;
-    do {  // SO_RCVTIMEO: a signal interrupts even under SA_RESTART
-      n = ::recvmsg(fd_, &msg, MSG_CMSG_CLOEXEC);
-    } while (n < 0 && errno == EINTR);
-    if (n != sizeof(size) || CMSG_FIRSTHDR(&msg) == nullptr) {
-      error_ = absl::StrCat("recvmsg: ", n, " ", std::strerror(errno));
-      return;
-    }
-    int memfd;
-    std::memcpy(&memfd, CMSG_DATA(CMSG_FIRSTHDR(&msg)), sizeof(int));
-    void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
-    ::close(memfd);
+    fd_ = h->sock;
+    void* p = ::mmap(nullptr, h->size, PROT_READ | PROT_WRITE, MAP_SHARED, h->memfd, 0);
+    ::close(h->memfd);
     if (p == MAP_FAILED) {
       error_ = absl::StrCat("mmap: ", std::strerror(errno));
       return;
     }
-    pool_ = std::span<uint8_t>(static_cast<uint8_t*>(p), size);
+    pool_ = std::span<uint8_t>(static_cast<uint8_t*>(p), h->size);
   }
   ~RawDataPlane() {
     if (!pool_.empty()) ::munmap(pool_.data(), pool_.size());
