@@ -37,6 +37,15 @@ absl::StatusOr<std::vector<uint8_t>> ReadAll(NvmeTier& t, const ObjectKey& id) {
   return out;
 }
 
+// Chunks Obj(0) .. Obj(count - 1) all read back as MakeChunk(i, tokens).
+void ExpectChunksReadable(NvmeTier& t, int count, uint32_t tokens = 16) {
+  for (int i = 0; i < count; ++i) {
+    auto got = ReadAll(t, Obj(i));
+    ASSERT_TRUE(got.ok()) << i << ": " << got.status();
+    EXPECT_EQ(*got, MakeChunk(i, tokens)) << i;
+  }
+}
+
 std::unique_ptr<NvmeTier> OpenOrDie(NvmeTierOptions o) {
   auto t = NvmeTier::Open(o);
   EXPECT_TRUE(t.ok()) << t.status();
@@ -306,11 +315,7 @@ TEST(NvmeTier, ConcurrentPutsShareGroupCommitsButEachAckFollowsItsDataSync) {
   t.reset();
   mem.SimulateCrash();  // nothing acknowledged may depend on unsynced bytes
   t = OpenOrDie({.dir = dir.path(), .capacity_bytes = 4 << 20, .env = &mem});
-  for (int i = 0; i < 48; ++i) {
-    auto got = ReadAll(*t, Obj(i));
-    ASSERT_TRUE(got.ok()) << i << ": " << got.status();
-    EXPECT_EQ(*got, MakeChunk(i));
-  }
+  ASSERT_NO_FATAL_FAILURE(ExpectChunksReadable(*t, 48));
 }
 
 TEST(NvmeTier, UnsyncedPutIsReadableAtOnceAndSurvivesPowerLossAfterFlush) {
@@ -318,20 +323,12 @@ TEST(NvmeTier, UnsyncedPutIsReadableAtOnceAndSurvivesPowerLossAfterFlush) {
   MemIoEnv mem;
   auto t = OpenOrDie({.dir = dir.path(), .capacity_bytes = 4 << 20, .env = &mem});
   for (int i = 0; i < 8; ++i) ASSERT_TRUE(t->Put(Obj(i), MakeChunk(i), {.sync = false}).ok());
-  for (int i = 0; i < 8; ++i) {
-    auto got = ReadAll(*t, Obj(i));
-    ASSERT_TRUE(got.ok()) << got.status();
-    EXPECT_EQ(*got, MakeChunk(i));
-  }
+  ASSERT_NO_FATAL_FAILURE(ExpectChunksReadable(*t, 8));
   ASSERT_TRUE(t->Flush().ok());
   t.reset();
   mem.SimulateCrash();
   t = OpenOrDie({.dir = dir.path(), .capacity_bytes = 4 << 20, .env = &mem});
-  for (int i = 0; i < 8; ++i) {
-    auto got = ReadAll(*t, Obj(i));
-    ASSERT_TRUE(got.ok()) << i << ": " << got.status();
-    EXPECT_EQ(*got, MakeChunk(i));
-  }
+  ASSERT_NO_FATAL_FAILURE(ExpectChunksReadable(*t, 8));
 }
 
 TEST(NvmeTier, EraseRightAfterUnsyncedPutIsNeverUndoneByItsCommit) {
@@ -665,11 +662,7 @@ TEST(NvmeTier, ReadVerifiesWhateverOrderTheRequestsCompleteIn) {
     ScrambledCompletionsIoEnv scrambled(&mem, reverse);
     auto t = OpenOrDie({.dir = dir.path(), .capacity_bytes = 1 << 20, .max_io_bytes = 4096, .env = &scrambled});
     for (int i = 0; i < 4; ++i) ASSERT_TRUE(t->Put(Obj(i), MakeChunk(i, 64)).ok());
-    for (int i = 0; i < 4; ++i) {
-      auto got = ReadAll(*t, Obj(i));
-      ASSERT_TRUE(got.ok()) << got.status();
-      EXPECT_EQ(*got, MakeChunk(i, 64));
-    }
+    ASSERT_NO_FATAL_FAILURE(ExpectChunksReadable(*t, 4, 64));
     ASSERT_TRUE(mem.CorruptByte(t->data_path(), t->OffsetOf(Obj(2)).value() + 5000, 0).ok());
     EXPECT_EQ(ReadAll(*t, Obj(2)).status().code(), absl::StatusCode::kDataLoss);
     EXPECT_EQ(t->Size(Obj(2)).status().code(), absl::StatusCode::kNotFound);
