@@ -250,48 +250,50 @@ void ShmChannel::Loop() {
     if (c < 0) continue;
     ucred cred{};
     socklen_t len = sizeof(cred);
-    bool sent = false;
-    if (::getsockopt(c, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 && cred.uid == ::geteuid()) {
-      uint64_t size = size_;  // little-endian hosts only (x86-64, aarch64)
-      iovec iov{&size, sizeof(size)};
-      alignas(cmsghdr) char ctrl[CMSG_SPACE(sizeof(int))] = {};
-      msghdr msg{};
-      msg.msg_iov = &iov;
-      msg.msg_iovlen = 1;
-      msg.msg_control = ctrl;
-      msg.msg_controllen = sizeof(ctrl);
-      cmsghdr* cm = CMSG_FIRSTHDR(&msg);
-      cm->cmsg_level = SOL_SOCKET;
-      cm->cmsg_type = SCM_RIGHTS;
-      cm->cmsg_len = CMSG_LEN(sizeof(int));
-      std::memcpy(CMSG_DATA(cm), &fd_, sizeof(int));
-      ssize_t n;
-      do {
-        n = ::sendmsg(c, &msg, MSG_NOSIGNAL);
-      } while (n < 0 && errno == EINTR);
-      if (n == static_cast<ssize_t>(sizeof(size))) {
-        metrics_->Add(ServerMetric::kShmMaps);
-        sent = true;
-      } else {
-        spdlog::warn("{}: passing the pool descriptor failed ({} bytes sent): {}", path_, n,
-                     n < 0 ? std::strerror(errno) : "short write");
-      }
-    }
-    if (sent) {
-      Adopt(c);
-    } else {
+    if (::getsockopt(c, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || cred.uid != ::geteuid()) {
+      ::close(c);
+    } else if (!Adopt(c)) {
+      // At the limit (or stopping): the pool, but no data plane; the client
+      // sees the end of the stream where it sent kHello.
+      (void)SendPool(c);
       ::close(c);
     }
   }
 }
 
-void ShmChannel::Adopt(int c) {
+bool ShmChannel::SendPool(int c) {
+  uint64_t size = size_;  // little-endian hosts only (x86-64, aarch64)
+  iovec iov{&size, sizeof(size)};
+  alignas(cmsghdr) char ctrl[CMSG_SPACE(sizeof(int))] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = ctrl;
+  msg.msg_controllen = sizeof(ctrl);
+  cmsghdr* cm = CMSG_FIRSTHDR(&msg);
+  cm->cmsg_level = SOL_SOCKET;
+  cm->cmsg_type = SCM_RIGHTS;
+  cm->cmsg_len = CMSG_LEN(sizeof(int));
+  std::memcpy(CMSG_DATA(cm), &fd_, sizeof(int));
+  ssize_t n;
+  do {
+    n = ::sendmsg(c, &msg, MSG_NOSIGNAL);
+  } while (n < 0 && errno == EINTR);
+  if (n != static_cast<ssize_t>(sizeof(size))) {
+    spdlog::warn("{}: passing the pool descriptor failed ({} bytes sent): {}", path_, n,
+                 n < 0 ? std::strerror(errno) : "short write");
+    return false;
+  }
+  metrics_->Add(ServerMetric::kShmMaps);
+  return true;
+}
+
+bool ShmChannel::Adopt(int c) {
   absl::MutexLock l(&mu_);
   ReapFinished();
   if (service_ == nullptr || stopping_ ||
       conns_.size() >= static_cast<size_t>(std::max(0, options_.max_connections))) {
-    ::close(c);  // the client sees the end of the stream where it sent kHello
-    return;
+    return false;
   }
   // A client that stops reading its answers gets its connection closed
   // (the thread's send fails) instead of holding the thread.
@@ -301,10 +303,18 @@ void ShmChannel::Adopt(int c) {
   conn->fd = c;
   Conn* p = conn.get();
   conns_.push_back(std::move(conn));
+  // The connection is counted before its client has the pool, so a client
+  // that has it and closes is never counted afterwards.
   p->thread = std::thread([this, p] {
     pthread_setname_np(pthread_self(), "kvtierd-shm");
-    Serve(p);
+    if (SendPool(p->fd)) {
+      Serve(p);
+    } else {
+      ::shutdown(p->fd, SHUT_RDWR);
+      p->done.store(true);
+    }
   });
+  return true;
 }
 
 void ShmChannel::Serve(Conn* conn) {

@@ -192,8 +192,11 @@ class ShmChannel {
   ShmChannel(std::string path, int listen_fd, int stop_fd[2], int fd, uint64_t size,
              ServerMetrics* metrics, KvService* service, ShmChannelOptions options);
   void Loop();
-  // Starts serving `c` on a new thread, or closes it when at the limit.
-  void Adopt(int c);
+  // Registers `c` and serves it on a new thread, which first passes the pool;
+  // false (and `c` untouched) at the connection limit or while stopping.
+  bool Adopt(int c);
+  // Passes the pool's size and memfd (SCM_RIGHTS) to `c`.
+  bool SendPool(int c);
   void Serve(Conn* conn);
   void ReapFinished() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

@@ -605,20 +605,10 @@ constexpr int kNotFound = static_cast<int>(absl::StatusCode::kNotFound);
 constexpr int kDataLoss = static_cast<int>(absl::StatusCode::kDataLoss);
 constexpr int kPrecondition = static_cast<int>(absl::StatusCode::kFailedPrecondition);
 
-// Waits (bounded) until the daemon has finished the connections that closed:
-// the count must stay at `n` for 100 ms, because the daemon adopts a
-// connection only after it has passed the pool, so a client that already
-// closed can still be counted, briefly, after the count first reached `n`.
+// Waits (bounded) until the daemon has finished the connections that closed.
 void WaitForDataPlaneConnections(Daemon* d, int n) {
-  using Clock = std::chrono::steady_clock;
-  const auto until = Clock::now() + std::chrono::seconds(10);
-  auto stable_since = Clock::now();
-  while (Clock::now() < until) {
-    if (d->data_plane_connections() != n) {
-      stable_since = Clock::now();
-    } else if (Clock::now() - stable_since >= std::chrono::milliseconds(100)) {
-      break;
-    }
+  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (d->data_plane_connections() != n && std::chrono::steady_clock::now() < until) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   EXPECT_EQ(d->data_plane_connections(), n);
