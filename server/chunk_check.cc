@@ -74,6 +74,41 @@ std::pair<size_t, size_t> Overlap(size_t lo, size_t hi, size_t begin, size_t len
   return a < b ? std::make_pair(a, b - a) : std::make_pair(a, size_t{0});
 }
 
+absl::Status CompareChecksums(const codec::ChunkHeader& h, uint64_t ksum, uint64_t vsum) {
+  if (ksum != h.k_checksum) return Mismatch("k", h.k_checksum, ksum);
+  if (vsum != h.v_checksum) return Mismatch("v", h.v_checksum, vsum);
+  return absl::OkStatus();
+}
+
+// The XXH3-64 of a chunk's K and V sections, fed the chunk's bytes in order
+// (CopyVerified, PipelinedCopyVerifier, IncrementalChunkCheck).
+class SectionHashes {
+ public:
+  void Reset(const codec::ChunkHeader& h) {
+    k_offset_ = h.layout.k_offset;
+    k_bytes_ = h.layout.k.bytes;
+    v_offset_ = h.layout.v_offset;
+    v_bytes_ = h.layout.v.bytes;
+    XXH3_64bits_reset(&k_);
+    XXH3_64bits_reset(&v_);
+  }
+  // Hashes chunk bytes [lo, hi); `chunk` points at chunk byte 0.
+  void Update(const uint8_t* chunk, uint64_t lo, uint64_t hi) {
+    auto [ko, kn] = Overlap(lo, hi, k_offset_, k_bytes_);
+    if (kn) XXH3_64bits_update_dispatch(&k_, chunk + ko, kn);
+    auto [vo, vn] = Overlap(lo, hi, v_offset_, v_bytes_);
+    if (vn) XXH3_64bits_update_dispatch(&v_, chunk + vo, vn);
+  }
+  // DataLoss naming the section whose checksum is not the header's.
+  absl::Status Check(const codec::ChunkHeader& h) {
+    return CompareChecksums(h, XXH3_64bits_digest(&k_), XXH3_64bits_digest(&v_));
+  }
+
+ private:
+  uint64_t k_offset_ = 0, k_bytes_ = 0, v_offset_ = 0, v_bytes_ = 0;
+  XXH3_state_t k_, v_;
+};
+
 }  // namespace
 
 absl::StatusOr<codec::ChunkHeader> VerifyChunkParallel(std::span<const uint8_t> chunk) {
@@ -88,8 +123,7 @@ absl::StatusOr<codec::ChunkHeader> VerifyChunkParallel(std::span<const uint8_t> 
   }
   uint64_t ksum = Checksum64(k);
   vsum = vf.valid() ? vf.get() : Checksum64(v);
-  if (ksum != h.k_checksum) return Mismatch("k", h.k_checksum, ksum);
-  if (vsum != h.v_checksum) return Mismatch("v", h.v_checksum, vsum);
+  KVTIER_RETURN_IF_ERROR(CompareChecksums(h, ksum, vsum));
   return h;
 }
 
@@ -107,20 +141,14 @@ absl::StatusOr<codec::ChunkHeader> CopyVerified(std::span<uint8_t> dst,
   KVTIER_ASSIGN_OR_RETURN(codec::ChunkHeader h,
                           codec::ParseHeader(std::span<const uint8_t>(dst.data(), head)));
   KVTIER_RETURN_IF_ERROR(CheckLength(h, src.size()));
-  XXH3_state_t ks, vs;
-  XXH3_64bits_reset(&ks);
-  XXH3_64bits_reset(&vs);
+  SectionHashes hashes;
+  hashes.Reset(h);
   for (size_t o = head; o < src.size(); o += kPieceBytes) {
     const size_t n = std::min(kPieceBytes, src.size() - o);
     CopyPiece(dst.data() + o, src.data() + o, n);
-    auto [ko, kn] = Overlap(o, o + n, h.layout.k_offset, h.layout.k.bytes);
-    if (kn) XXH3_64bits_update_dispatch(&ks, dst.data() + ko, kn);
-    auto [vo, vn] = Overlap(o, o + n, h.layout.v_offset, h.layout.v.bytes);
-    if (vn) XXH3_64bits_update_dispatch(&vs, dst.data() + vo, vn);
+    hashes.Update(dst.data(), o, o + n);
   }
-  uint64_t ksum = XXH3_64bits_digest(&ks), vsum = XXH3_64bits_digest(&vs);
-  if (ksum != h.k_checksum) return Mismatch("k", h.k_checksum, ksum);
-  if (vsum != h.v_checksum) return Mismatch("v", h.v_checksum, vsum);
+  KVTIER_RETURN_IF_ERROR(hashes.Check(h));
   return h;
 }
 
@@ -143,8 +171,7 @@ struct PipelinedCopyVerifier::Job {
   // after it sees the new generation (ordered by `mu`).
   const uint8_t* dst = nullptr;
   size_t total = 0;
-  uint64_t k_offset = 0, k_bytes = 0, v_offset = 0, v_bytes = 0;
-  XXH3_state_t ks, vs;
+  SectionHashes hashes;
   uint64_t hashed = 0;  // owned by whoever holds `busy`, then by the caller
   std::atomic<uint64_t> copied{0};
   std::atomic<bool> busy{false}, taken_over{false};
@@ -156,10 +183,7 @@ struct PipelinedCopyVerifier::Job {
   void HashUpTo(uint64_t upto) {
     while (hashed < upto) {
       const size_t n = std::min<size_t>(kPieceBytes, upto - hashed);
-      auto [ko, kn] = Overlap(hashed, hashed + n, k_offset, k_bytes);
-      if (kn) XXH3_64bits_update_dispatch(&ks, dst + ko, kn);
-      auto [vo, vn] = Overlap(hashed, hashed + n, v_offset, v_bytes);
-      if (vn) XXH3_64bits_update_dispatch(&vs, dst + vo, vn);
+      hashes.Update(dst, hashed, hashed + n);
       hashed += n;
     }
   }
@@ -237,12 +261,7 @@ absl::StatusOr<codec::ChunkHeader> PipelinedCopyVerifier::CopyVerified(
       absl::MutexLock l(&j.mu);
       j.dst = dst.data();
       j.total = src.size();
-      j.k_offset = h.layout.k_offset;
-      j.k_bytes = h.layout.k.bytes;
-      j.v_offset = h.layout.v_offset;
-      j.v_bytes = h.layout.v.bytes;
-      XXH3_64bits_reset(&j.ks);
-      XXH3_64bits_reset(&j.vs);
+      j.hashes.Reset(h);
       j.hashed = head;
       j.copied.store(head, std::memory_order_relaxed);
       j.taken_over.store(false);
@@ -271,17 +290,14 @@ absl::StatusOr<codec::ChunkHeader> PipelinedCopyVerifier::CopyVerified(
         break;
       }
     }
-    uint64_t ksum, vsum;
     if (!helper_stuck) {
       j.HashUpTo(src.size());
-      ksum = XXH3_64bits_digest(&j.ks);
-      vsum = XXH3_64bits_digest(&j.vs);
+      KVTIER_RETURN_IF_ERROR(j.hashes.Check(h));
     } else {
-      ksum = Checksum64(dst.subspan(h.layout.k_offset, h.layout.k.bytes));
-      vsum = Checksum64(dst.subspan(h.layout.v_offset, h.layout.v.bytes));
+      KVTIER_RETURN_IF_ERROR(
+          CompareChecksums(h, Checksum64(dst.subspan(h.layout.k_offset, h.layout.k.bytes)),
+                           Checksum64(dst.subspan(h.layout.v_offset, h.layout.v.bytes))));
     }
-    if (ksum != h.k_checksum) return Mismatch("k", h.k_checksum, ksum);
-    if (vsum != h.v_checksum) return Mismatch("v", h.v_checksum, vsum);
     return h;
   }();
   call_mu_.Unlock();
@@ -289,14 +305,11 @@ absl::StatusOr<codec::ChunkHeader> PipelinedCopyVerifier::CopyVerified(
 }
 
 struct IncrementalChunkCheck::State {
-  XXH3_state_t k, v;
+  SectionHashes hashes;
 };
 
 IncrementalChunkCheck::IncrementalChunkCheck(std::span<const uint8_t> region)
-    : region_(region), state_(new State) {
-  XXH3_64bits_reset(&state_->k);
-  XXH3_64bits_reset(&state_->v);
-}
+    : region_(region), state_(new State) {}
 
 IncrementalChunkCheck::~IncrementalChunkCheck() { delete state_; }
 
@@ -312,13 +325,11 @@ absl::Status IncrementalChunkCheck::Advance(uint64_t n) {
     KVTIER_RETURN_IF_ERROR(CheckLength(header_, region_.size()));
     have_header_ = true;
     hashed_ = 0;
+    state_->hashes.Reset(header_);
   }
   for (; hashed_ < done_;) {
     const size_t len = std::min<uint64_t>(kPieceBytes, done_ - hashed_);
-    auto [ko, kn] = Overlap(hashed_, hashed_ + len, header_.layout.k_offset, header_.layout.k.bytes);
-    if (kn) XXH3_64bits_update_dispatch(&state_->k, region_.data() + ko, kn);
-    auto [vo, vn] = Overlap(hashed_, hashed_ + len, header_.layout.v_offset, header_.layout.v.bytes);
-    if (vn) XXH3_64bits_update_dispatch(&state_->v, region_.data() + vo, vn);
+    state_->hashes.Update(region_.data(), hashed_, hashed_ + len);
     hashed_ += len;
   }
   return absl::OkStatus();
@@ -329,9 +340,7 @@ absl::StatusOr<codec::ChunkHeader> IncrementalChunkCheck::Finish() {
     return absl::InvalidArgumentError(absl::StrCat("put committed after ", done_, " of ",
                                                    region_.size(), " bytes"));
   }
-  uint64_t ksum = XXH3_64bits_digest(&state_->k), vsum = XXH3_64bits_digest(&state_->v);
-  if (ksum != header_.k_checksum) return Mismatch("k", header_.k_checksum, ksum);
-  if (vsum != header_.v_checksum) return Mismatch("v", header_.v_checksum, vsum);
+  KVTIER_RETURN_IF_ERROR(state_->hashes.Check(header_));
   return header_;
 }
 
