@@ -239,6 +239,54 @@ __device__ __forceinline__ void MergeWarpsToWorkspace(const AttnParams& p, const
   }
 }
 
+// The CTA's share of the work, the same in both partial kernels: kv head
+// `kvh` of sequence `b`, partition `part`, n tokens from t_begin, and where a
+// partition-local token's K and V rows and scales are. Block ids come
+// straight from the sequence's row of the block table (__ldg, L1-resident):
+// no shared-memory copy, so nothing waits on it before the first loads and
+// the partition length is not bounded by it.
+template <bool K8, bool V8>
+struct CtaPartition {
+  static constexpr int KB = K8 ? 1 : 2, VB = V8 ? 1 : 2;  // bytes per element
+  const PagedKvLayout& c;
+  uint32_t b, kvh, part;
+  int t_begin, n, G;
+  uint32_t shift, bs_mask;
+  const int32_t* table;
+  const uint8_t *kbase, *vbase;
+  const float *kscale, *vscale;
+
+  // kv head fastest in the grid: the CTAs of all kv heads of one (sequence,
+  // partition) run side by side and read neighbouring rows of the same blocks.
+  __device__ explicit CtaPartition(const AttnParams& p)
+      : c(p.cache), b(blockIdx.z), kvh(blockIdx.x), part(blockIdx.y) {
+    const int len = __ldg(p.seq_lens + b);
+    t_begin = static_cast<int>(part * p.part_tokens);
+    n = min(static_cast<int>(p.part_tokens), len - t_begin);
+    G = static_cast<int>(p.group);
+    shift = p.bs_shift;
+    bs_mask = (1u << shift) - 1;
+    table = p.block_table + uint64_t{b} * p.max_blocks_per_seq;
+    kbase = static_cast<const uint8_t*>(c.k_layers[p.layer]);
+    vbase = static_cast<const uint8_t*>(c.v_layers[p.layer]);
+    kscale = K8 ? c.k_scale_layers[p.layer] : nullptr;
+    vscale = V8 ? c.v_scale_layers[p.layer] : nullptr;
+  }
+  // False when the partition starts past the sequence's end.
+  __device__ bool has_work() const { return n > 0; }
+  __device__ uint32_t Block(int t) const { return __ldg(table + ((t_begin + t) >> shift)); }
+  __device__ uint32_t Slot(int t) const { return (t_begin + t) & bs_mask; }
+  __device__ const uint8_t* KRow(int t) const {
+    return kbase + int64_t{KB} * c.k_elem(Block(t), Slot(t), kvh, 0);
+  }
+  __device__ const uint8_t* VRow(int t) const {
+    return vbase + int64_t{VB} * c.v_elem(Block(t), Slot(t), kvh, 0);
+  }
+  __device__ const float* Scale(bool v, int t) const {
+    return (v ? vscale : kscale) + c.scale_index(Block(t), kvh);
+  }
+};
+
 template <int HD, int GP, bool K8, bool V8, bool BF16>
 __global__ void __launch_bounds__(kThreads, GP <= 4 ? 4 : 2)
     AttnPartialKernel(const __grid_constant__ AttnParams p) {
@@ -248,23 +296,12 @@ __global__ void __launch_bounds__(kThreads, GP <= 4 ? 4 : 2)
   __shared__ __align__(16) float s_p[kWarps][NG * N];  // probabilities (x V scale)
   __shared__ __align__(16) float s_alpha[kWarps][GP];  // per-head rescale of this tile
 
-  const PagedKvLayout& c = p.cache;
-  // kv head fastest: the CTAs of all kv heads of one (sequence, partition)
-  // run side by side and read neighbouring rows of the same cache blocks.
-  const uint32_t b = blockIdx.z, kvh = blockIdx.x, part = blockIdx.y;
-  const int len = __ldg(p.seq_lens + b);
-  const int t_begin = static_cast<int>(part * p.part_tokens);
-  if (t_begin >= len) return;
-  const int n = min(static_cast<int>(p.part_tokens), len - t_begin);
-  const int G = static_cast<int>(p.group);
-  const uint32_t shift = p.bs_shift;
-  const uint32_t bs_mask = (1u << shift) - 1;
+  const CtaPartition<K8, V8> w(p);
+  if (!w.has_work()) return;
+  const uint32_t b = w.b, kvh = w.kvh;
+  const int n = w.n, G = w.G;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int grp = lane / TG, lt = lane % TG;
-
-  // Block ids come straight from the table (L1-cached): no shared-memory
-  // copy, so nothing waits on it and the partition size is not bounded by it.
-  const int32_t* table = p.block_table + uint64_t{b} * p.max_blocks_per_seq;
 
   float q[GP][kVec];
   {
@@ -288,20 +325,6 @@ __global__ void __launch_bounds__(kThreads, GP <= 4 ? 4 : 2)
     }
   }
 
-  const uint8_t* kbase = static_cast<const uint8_t*>(c.k_layers[p.layer]);
-  const uint8_t* vbase = static_cast<const uint8_t*>(c.v_layers[p.layer]);
-  const float* kscale = K8 ? c.k_scale_layers[p.layer] : nullptr;
-  const float* vscale = V8 ? c.v_scale_layers[p.layer] : nullptr;
-  auto k_src = [&](int t) {  // partition-local token -> its K row
-    const int abs_t = t_begin + t;
-    const uint32_t blk = __ldg(table + (abs_t >> shift));
-    return kbase + int64_t{G_::KB} * c.k_elem(blk, abs_t & bs_mask, kvh, 0);
-  };
-  auto v_src = [&](int t) {
-    const int abs_t = t_begin + t;
-    const uint32_t blk = __ldg(table + (abs_t >> shift));
-    return vbase + int64_t{G_::VB} * c.v_elem(blk, abs_t & bs_mask, kvh, 0);
-  };
 
   // This lane's share after the reduce-scatter: token u_l of its group and
   // q heads (lane % 4) * CF + j, j < CF (Geometry's static_assert).
@@ -396,14 +419,14 @@ __global__ void __launch_bounds__(kThreads, GP <= 4 ? 4 : 2)
         const int i = tid + k * kThreads;
         const int r = i / G_::KCH, col = i % G_::KCH;
         const bool ok = t0 + r < n;
-        CpAsync16(st + r * G_::KROW + col * 16, k_src(ok ? t0 + r : 0) + col * 16, ok);
+        CpAsync16(st + r * G_::KROW + col * 16, w.KRow(ok ? t0 + r : 0) + col * 16, ok);
       }
 #pragma unroll
       for (int k = 0; k < kTile * G_::VCH / kThreads; ++k) {
         const int i = tid + k * kThreads;
         const int r = i / G_::VCH, col = i % G_::VCH;
         const bool ok = t0 + r < n;
-        CpAsync16(st + G_::STAGE_K + r * G_::VROW + col * 16, v_src(ok ? t0 + r : 0) + col * 16,
+        CpAsync16(st + G_::STAGE_K + r * G_::VROW + col * 16, w.VRow(ok ? t0 + r : 0) + col * 16,
                   ok);
       }
       if constexpr (K8 || V8) {
@@ -412,10 +435,8 @@ __global__ void __launch_bounds__(kThreads, GP <= 4 ? 4 : 2)
         const bool is_v = tid >= kTile;
         if (tid < 2 * kTile && (is_v ? V8 : K8)) {
           const bool ok = t0 + r < n;
-          const int abs_t = t_begin + (ok ? t0 + r : 0);
-          const uint32_t blk = __ldg(table + (abs_t >> shift));
-          const float* src = (is_v ? vscale : kscale) + c.scale_index(blk, kvh);
-          CpAsync4(st + G_::STAGE_K + G_::STAGE_V + (is_v ? kTile : 0) * 4 + r * 4, src, ok);
+          CpAsync4(st + G_::STAGE_K + G_::STAGE_V + (is_v ? kTile : 0) * 4 + r * 4,
+                   w.Scale(is_v, ok ? t0 + r : 0), ok);
         }
       }
     };
@@ -472,7 +493,7 @@ __global__ void __launch_bounds__(kThreads, GP <= 4 ? 4 : 2)
     }
   }
   __syncthreads();
-  MergeWarpsToWorkspace<HD, GP, BF16>(p, s_acc, s_ml, G, b, kvh, part, tid);
+  MergeWarpsToWorkspace<HD, GP, BF16>(p, s_acc, s_ml, G, b, kvh, w.part, tid);
 }
 
 // ---------------------------------------------------------------------------
@@ -612,25 +633,13 @@ __global__ void __launch_bounds__(kThreads, (TcGeometry<HD, K8, V8>::CTAS))
   constexpr bool kPvBf16 = BF16 && !V8;  // and of p.v
   extern __shared__ __align__(16) uint8_t smem[];
 
-  const PagedKvLayout& c = p.cache;
-  const uint32_t b = blockIdx.z, kvh = blockIdx.x, part = blockIdx.y;
-  const int len = __ldg(p.seq_lens + b);
-  const int t_begin = static_cast<int>(part * p.part_tokens);
-  if (t_begin >= len) return;
-  const int n = min(static_cast<int>(p.part_tokens), len - t_begin);
-  const int G = static_cast<int>(p.group);
-  const uint32_t shift = p.bs_shift;
-  const uint32_t bs_mask = (1u << shift) - 1;
+  const CtaPartition<K8, V8> w(p);
+  if (!w.has_work()) return;
+  const uint32_t b = w.b, kvh = w.kvh;
+  const int n = w.n, G = w.G;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane >> 2, t = lane & 3;  // mma fragment row / column pair
 
-  // Block ids straight from the table (L1-cached), as in AttnPartialKernel.
-  const int32_t* table = p.block_table + uint64_t{b} * p.max_blocks_per_seq;
-
-  const uint8_t* kbase = static_cast<const uint8_t*>(c.k_layers[p.layer]);
-  const uint8_t* vbase = static_cast<const uint8_t*>(c.v_layers[p.layer]);
-  const float* kscale = K8 ? c.k_scale_layers[p.layer] : nullptr;
-  const float* vscale = V8 ? c.v_scale_layers[p.layer] : nullptr;
   auto load_tile = [&](int tile, int stage) {
     uint8_t* st = smem + stage * G_::STAGE;
     const int t0 = tile * kTcTile;
@@ -639,30 +648,24 @@ __global__ void __launch_bounds__(kThreads, (TcGeometry<HD, K8, V8>::CTAS))
       const int i = tid + k * kThreads;
       const int r = i / G_::KCH, col = i % G_::KCH;
       const bool ok = t0 + r < n;
-      const int abs_t = t_begin + (ok ? t0 + r : 0);
-      const uint32_t blk = __ldg(table + (abs_t >> shift));
       CpAsync16(st + r * G_::KROW + SwzK<G_::KCH>(r, col) * 16,
-                kbase + int64_t{G_::KB} * c.k_elem(blk, abs_t & bs_mask, kvh, 0) + col * 16, ok);
+                w.KRow(ok ? t0 + r : 0) + col * 16, ok);
     }
 #pragma unroll
     for (int k = 0; k < kTcTile * G_::VCH / kThreads; ++k) {
       const int i = tid + k * kThreads;
       const int r = i / G_::VCH, col = i % G_::VCH;
       const bool ok = t0 + r < n;
-      const int abs_t = t_begin + (ok ? t0 + r : 0);
-      const uint32_t blk = __ldg(table + (abs_t >> shift));
       CpAsync16(st + G_::STAGE_K + r * G_::VROW + SwzV<V8, G_::VCH>(r, col) * 16,
-                vbase + int64_t{G_::VB} * c.v_elem(blk, abs_t & bs_mask, kvh, 0) + col * 16, ok);
+                w.VRow(ok ? t0 + r : 0) + col * 16, ok);
     }
     if constexpr (K8 || V8) {
       const int r = tid % kTcTile;
       const bool is_v = tid >= kTcTile;
       if (is_v ? V8 : K8) {
         const bool ok = t0 + r < n;
-        const int abs_t = t_begin + (ok ? t0 + r : 0);
-        const uint32_t blk = __ldg(table + (abs_t >> shift));
-        const float* src = (is_v ? vscale : kscale) + c.scale_index(blk, kvh);
-        CpAsync4(st + G_::STAGE_K + G_::STAGE_V + (is_v ? kTcTile : 0) * 4 + r * 4, src, ok);
+        CpAsync4(st + G_::STAGE_K + G_::STAGE_V + (is_v ? kTcTile : 0) * 4 + r * 4,
+                 w.Scale(is_v, ok ? t0 + r : 0), ok);
       }
     }
   };
@@ -854,7 +857,7 @@ __global__ void __launch_bounds__(kThreads, (TcGeometry<HD, K8, V8>::CTAS))
     s_ml[(warp * kTcRows + g) * 2 + 1] = l_run;
   }
   __syncthreads();
-  MergeWarpsToWorkspace<HD, kTcRows, BF16>(p, s_acc, s_ml, G, b, kvh, part, tid);
+  MergeWarpsToWorkspace<HD, kTcRows, BF16>(p, s_acc, s_ml, G, b, kvh, w.part, tid);
 }
 
 template <int HD, bool BF16>

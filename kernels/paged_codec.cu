@@ -73,6 +73,16 @@ struct Tile {
                                                         uint32_t head) {
     return (uint64_t{t0 + v / kVecsPerRow} * H + head) * HD + (v % kVecsPerRow) * kVecElems;
   }
+  // This CTA's tile (grid x = chunk block * kv heads + kv head, y = layer):
+  // kv heads H, kv head, chunk block, layer, first chunk token, tokens.
+  struct Coords {
+    uint32_t H, head, cb, layer, t0, nt;
+  };
+  static __device__ __forceinline__ Coords Here(const CodecParams& p) {
+    const uint32_t H = p.cache.num_kv_heads;
+    const uint32_t cb = blockIdx.x / H, t0 = cb * BS;
+    return {H, blockIdx.x % H, cb, blockIdx.y, t0, min(static_cast<uint32_t>(BS), p.num_tokens - t0)};
+  }
   // Cache block (x) and slot (y) of chunk token `token` (BlockSpan's map).
   static __device__ __forceinline__ uint2 CacheSlot(const int32_t* block_ids, uint32_t first_slot,
                                                     uint32_t token) {
@@ -290,11 +300,7 @@ __global__ void __launch_bounds__(kThreads)
   using T = Tile<HD, BS>;
   __shared__ float smem[kThreads / 32];
   const PagedKvLayout& c = p.cache;
-  const uint32_t H = c.num_kv_heads;
-  const uint32_t head = blockIdx.x % H;
-  const uint32_t t0 = blockIdx.x / H * BS;
-  const uint32_t layer = blockIdx.y;
-  const uint32_t nt = min(static_cast<uint32_t>(BS), p.num_tokens - t0);
+  const auto [H, head, cb, layer, t0, nt] = T::Here(p);
 #pragma unroll
   for (int s = 0; s < 2; ++s) {
     if (p.sec[s].mode != Mode::kQuant || p.sec[s].gran != ScaleGranularity::kPerTensor) continue;
@@ -328,12 +334,7 @@ __global__ void __launch_bounds__(kThreads)
   using T = Tile<HD, BS>;
   __shared__ float smem[kThreads / 32];
   const PagedKvLayout& c = p.cache;
-  const uint32_t H = c.num_kv_heads;
-  const uint32_t head = blockIdx.x % H;
-  const uint32_t cb = blockIdx.x / H;
-  const uint32_t layer = blockIdx.y;
-  const uint32_t t0 = cb * BS;
-  const uint32_t nt = min(static_cast<uint32_t>(BS), p.num_tokens - t0);
+  const auto [H, head, cb, layer, t0, nt] = T::Here(p);
 
   // Issue every load of both sections before using any.
   uint4 data[2][T::kPerThread];
@@ -483,12 +484,7 @@ __global__ void __launch_bounds__(kThreads)
     DecodeScatterKernel(const __grid_constant__ CodecParams p) {
   using T = Tile<HD, BS>;
   const PagedKvLayout& c = p.cache;
-  const uint32_t H = c.num_kv_heads;
-  const uint32_t head = blockIdx.x % H;
-  const uint32_t cb = blockIdx.x / H;
-  const uint32_t layer = blockIdx.y;
-  const uint32_t t0 = cb * BS;
-  const uint32_t nt = min(static_cast<uint32_t>(BS), p.num_tokens - t0);
+  const auto [H, head, cb, layer, t0, nt] = T::Here(p);
 
   uint4 data[2][T::kPerThread];
   float scale[2] = {1.0f, 1.0f};
