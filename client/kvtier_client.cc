@@ -410,8 +410,9 @@ class ClientImpl final : public KvtierClient {
     m.set_durable(options.durable);
     for (size_t o = 0; o < chunk.size();) {
       const size_t n = std::min(kStreamPieceBytes, chunk.size() - o);
-      // Plain stores in cache-sized pieces: the daemon reads them from cache.
-      server::CopyInPieces(slot.data.subspan(o, n), chunk.subspan(o, n));
+      // Non-temporal stores: the daemon's check reads them from memory
+      // instead of snooping them out of this core's cache.
+      server::StreamCopy(slot.data.subspan(o, n), chunk.subspan(o, n));
       o += n;
       m.set_written_bytes(o);
       m.set_commit(o == chunk.size());
@@ -465,15 +466,25 @@ class ClientImpl final : public KvtierClient {
       b.U64(id).Raw(key.bytes.data(), w::kKeyBytes).U8(options.durable ? 1 : 0).U8(0).U16(0);
       KVTIER_RETURN_IF_ERROR(c.Send(DataConn::Op::kPutBegin, req, b.size()));
     }
-    for (size_t o = 0; o < chunk.size();) {
-      const size_t k = std::min(kPieceBytes, chunk.size() - o);
-      // Plain stores in cache-sized pieces: the daemon reads them from cache.
-      server::CopyInPieces(range->subspan(o, k), chunk.subspan(o, k));
-      o += k;
-      const uint32_t m = w::Writer(req).U64(o).size();
-      KVTIER_RETURN_IF_ERROR(c.Send(o < chunk.size() ? DataConn::Op::kPutProgress
-                                                     : DataConn::Op::kPutCommit,
-                                    req, m));
+    // The header, then K and V pieces interleaved, so that a daemon that
+    // hashes V on a second thread (ShmChannelOptions::put_check_threads)
+    // sees both sections advance at once; each piece is copied with
+    // non-temporal stores (fenced), so the daemon reads it from memory
+    // instead of snooping it out of this core's cache.
+    const std::vector<std::pair<uint64_t, uint64_t>> order =
+        server::PutCopyOrder(chunk, kPieceBytes);
+    for (size_t i = 0; i < order.size(); ++i) {
+      const auto [o, k] = order[i];
+      server::StreamCopy(range->subspan(o, k), chunk.subspan(o, k));
+      const bool last = i + 1 == order.size();
+      const uint32_t m = last ? w::Writer(req).U64(chunk.size()).size()
+                              : w::Writer(req).U64(o).U64(k).size();
+      KVTIER_RETURN_IF_ERROR(
+          c.Send(last ? DataConn::Op::kPutCommit : DataConn::Op::kPutRange, req, m));
+    }
+    if (order.empty()) {  // an empty chunk: the daemon answers the commit
+      const uint32_t m = w::Writer(req).U64(0).size();
+      KVTIER_RETURN_IF_ERROR(c.Send(DataConn::Op::kPutCommit, req, m));
     }
     // The next put's slot, allocated by the daemon right after this commit
     // (it is awake), so that the next put does not wait for an allocation;

@@ -185,10 +185,12 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     KVTIER_ASSIGN_OR_RETURN(ao.token, ReadTokenFile(options.token_file));
   }
   if (d->engine_->dram() != nullptr) {
+    ShmChannelOptions so;
+    so.put_check_threads = static_cast<int>(options.put_check_threads);
     KVTIER_ASSIGN_OR_RETURN(d->shm_, ShmChannel::Start(d->shm_socket_path_,
                                                       d->engine_->dram()->shm_fd(),
                                                       d->engine_->dram()->shm_size(),
-                                                      d->metrics_.get(), d->service_.get()));
+                                                      d->metrics_.get(), d->service_.get(), so));
     ao.shm_socket = d->shm_socket_path_;
   }
   d->adapter_ = std::make_unique<GrpcAdapter>(d->service_.get(), d->metrics_.get(), ao);

@@ -40,6 +40,10 @@ void RegisterDaemonFlags(CLI::App& app, DaemonOptions* o) {
                  "uses before a DRAM-evicted chunk is written to NVMe")->capture_default_str();
   app.add_option("--shutdown-grace-s", o->shutdown_grace_s, "seconds SIGTERM waits for in-flight requests")
       ->capture_default_str();
+  app.add_option("--put-check-threads", o->put_check_threads,
+                 "threads that check one shared-memory put, 1 or 2 (0: 2 on hosts with 4+ "
+                 "hardware threads, else 1)")
+      ->capture_default_str();
   app.add_option("--log-level", o->log_level, "trace|debug|info|warn|error|off")->capture_default_str();
   app.add_option("--cluster", o->cluster, "join this cluster (needs --etcd and --advertise) [default: standalone]");
   app.add_option("--etcd", o->etcd, "etcd endpoints http://HOST:PORT[,...]");
@@ -92,7 +96,7 @@ absl::Status LoadConfigFile(const std::string& path, DaemonOptions* o) {
   static const char* kKeys[] = {"data_dir", "socket", "dram_gib", "nvme_gib", "hbm_gib",
                                 "dram_populate", "listen_tcp", "token_file", "metrics_addr",
                                 "max_message_mib", "max_keys_per_request", "max_concurrent_streams",
-                                "default_lease_ms", "nvme_admit_after_uses", "shutdown_grace_s",
+                                "default_lease_ms", "nvme_admit_after_uses", "shutdown_grace_s", "put_check_threads",
                                 "log_level", "cluster", "etcd", "advertise", "replicas", "node_id",
                                 "cluster_lease_s"};
   for (const auto& [k, v] : t) {
@@ -122,6 +126,7 @@ absl::Status LoadConfigFile(const std::string& path, DaemonOptions* o) {
   take("default_lease_ms", &o->default_lease_ms);
   take("nvme_admit_after_uses", &o->nvme_admit_after_uses);
   take("shutdown_grace_s", &o->shutdown_grace_s);
+  take("put_check_threads", &o->put_check_threads);
   take("log_level", &o->log_level);
   take("cluster", &o->cluster);
   take("etcd", &o->etcd);
@@ -148,6 +153,9 @@ absl::Status ValidateDaemonOptions(const DaemonOptions& o) {
     return absl::InvalidArgumentError("--max-message-mib must be 1..2047");
   }
   if (o.max_keys_per_request == 0) return absl::InvalidArgumentError("--max-keys-per-request is 0");
+  if (o.put_check_threads > 2) {
+    return absl::InvalidArgumentError("--put-check-threads must be 0 (auto), 1 or 2");
+  }
   if (o.max_concurrent_streams == 0) return absl::InvalidArgumentError("--max-concurrent-streams is 0");
   if (!o.cluster.empty()) {
     if (o.etcd.empty()) return absl::InvalidArgumentError("--cluster requires --etcd");

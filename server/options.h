@@ -61,6 +61,9 @@ struct DaemonOptions {
   // Seconds SIGTERM waits for in-flight requests before cancelling them.
   // Default: 10
   uint32_t shutdown_grace_s = 10;
+  // Threads that check one shared-memory put (ShmChannelOptions): 0 picks 2
+  // on hosts with at least 4 hardware threads, else 1. Default: 0 (auto)
+  uint32_t put_check_threads = 0;
   // spdlog level: trace, debug, info, warn, error, off. Default: "info"
   std::string log_level = "info";
 

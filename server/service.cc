@@ -115,12 +115,12 @@ absl::Status KvService::CommitSlot(const PutArgs& args, uint64_t slot_id) {
 }
 
 absl::StatusOr<std::unique_ptr<IncrementalChunkCheck>> KvService::BeginStreamedCommit(
-    uint64_t slot_id) {
+    uint64_t slot_id, TrailingHasher* helper) {
   tiering::DramTier* dram = engine_->dram();
   if (dram == nullptr) return absl::FailedPreconditionError("no DRAM tier: no shared-memory slots");
   KVTIER_ASSIGN_OR_RETURN(tiering::PoolExtent e, FindSlot(slot_id, /*remove=*/false));
   return std::make_unique<IncrementalChunkCheck>(
-      std::span<const uint8_t>(dram->base() + e.offset, e.length));
+      std::span<const uint8_t>(dram->base() + e.offset, e.length), helper);
 }
 
 absl::Status KvService::FinishStreamedCommit(const PutArgs& args, uint64_t slot_id,

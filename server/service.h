@@ -105,8 +105,10 @@ class KvService {
   // the client reports bytes written (overlapping the check with the copy),
   // then FinishStreamedCommit stores the slot as `args.key` without a copy.
   // NotFound for an unknown or expired slot. On any error of the check the
-  // caller aborts the slot (AbortSlot).
-  absl::StatusOr<std::unique_ptr<IncrementalChunkCheck>> BeginStreamedCommit(uint64_t slot_id);
+  // caller aborts the slot (AbortSlot). With a `helper` (owned by the caller,
+  // idle), the check hashes the V section on it.
+  absl::StatusOr<std::unique_ptr<IncrementalChunkCheck>> BeginStreamedCommit(
+      uint64_t slot_id, TrailingHasher* helper = nullptr);
   // Finishes `check` (DataLoss/InvalidArgument: the slot is freed) and
   // commits. NotFound if the slot expired meanwhile.
   absl::Status FinishStreamedCommit(const PutArgs& args, uint64_t slot_id,

@@ -192,7 +192,13 @@ absl::StatusOr<std::unique_ptr<ShmChannel>> ShmChannel::Start(const std::string&
 ShmChannel::ShmChannel(std::string path, int listen_fd, int stop_fd[2], int fd, uint64_t size,
                        ServerMetrics* metrics, KvService* service, ShmChannelOptions options)
     : path_(std::move(path)), listen_fd_(listen_fd), stop_pipe_{stop_fd[0], stop_fd[1]}, fd_(fd),
-      size_(size), metrics_(metrics), service_(service), options_(options) {
+      size_(size),
+      metrics_(metrics),
+      service_(service),
+      options_(options),
+      put_check_threads_(options.put_check_threads > 0 ? options.put_check_threads
+                         : std::thread::hardware_concurrency() >= 4 ? 2
+                                                                     : 1) {
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -331,6 +337,10 @@ void ShmChannel::Serve(Conn* conn) {
     absl::Status error;  // the put's first error, answered at its commit
     Clock::time_point t0;
   };
+  // The helper that hashes a put's V section (put_check_threads 2), made at
+  // the connection's first put. Declared before `put`, so that a put still
+  // open when the connection closes abandons its job before the helper ends.
+  std::unique_ptr<TrailingHasher> put_hasher;
   std::optional<OpenPut> put;
   auto room = [&] {
     if (slots.size() + leases.size() < options_.max_open_per_connection) return true;
@@ -370,6 +380,7 @@ void ShmChannel::Serve(Conn* conn) {
       violation = absl::InvalidArgumentError(
           absl::StrCat("data-plane op ", op, " with ", len, " payload bytes; it takes ", want));
     } else if ((op == static_cast<uint16_t>(Op::kPutProgress) ||
+                op == static_cast<uint16_t>(Op::kPutRange) ||
                 op == static_cast<uint16_t>(Op::kPutCommit)) &&
                !put) {
       violation = absl::FailedPreconditionError(absl::StrCat("data-plane op ", op, " outside a put"));
@@ -429,7 +440,10 @@ void ShmChannel::Serve(Conn* conn) {
           continue;  // no answer
         }
         put->args.tier = *t;
-        auto check = service_->BeginStreamedCommit(put->slot_id);
+        if (put_check_threads_ >= 2 && !put_hasher) {
+          put_hasher = std::make_unique<TrailingHasher>();
+        }
+        auto check = service_->BeginStreamedCommit(put->slot_id, put_hasher.get());
         if (!check.ok()) {
           fail_put(check.status());
         } else {
@@ -441,6 +455,14 @@ void ShmChannel::Serve(Conn* conn) {
         const uint64_t n = r.U64();
         if (put->error.ok()) {
           absl::Status a = put->check->Advance(n);
+          if (!a.ok()) fail_put(std::move(a));
+        }
+        continue;  // no answer
+      }
+      case Op::kPutRange: {
+        const uint64_t offset = r.U64(), length = r.U64();
+        if (put->error.ok()) {
+          absl::Status a = put->check->AdvanceRange(offset, length);
           if (!a.ok()) fail_put(std::move(a));
         }
         continue;  // no answer

@@ -10,8 +10,8 @@
 //      ancillary data. Peers whose uid (SO_PEERCRED) differs from the
 //      daemon's are closed without an answer. A client that only wants the
 //      pool closes here (protocol 0, what every client did before).
-//   2. Then requests, each answered in order (except kPutBegin and
-//      kPutProgress, which have no answer):
+//   2. Then requests, each answered in order (except kPutBegin,
+//      kPutProgress and kPutRange, which have no answer):
 //        request:  u16 version | u16 op | u32 payload bytes | payload
 //        response: u16 version | u16 op | u32 code | u32 payload bytes | payload
 //      `code` is an absl::StatusCode; on an error the payload is the message
@@ -68,12 +68,14 @@ enum class Op : uint16_t {
   kGet = 6,          // key, u32 lease_ms, u8 verify, u8[3] zero -> kGetReplyBytes
   kRelease = 7,      // u64 lease id -> (empty)
   kAbortSlot = 8,    // u64 slot id -> (empty)
+  kPutRange = 9,     // u64 offset, u64 length: those bytes written -> no answer
 };
 
 inline constexpr uint32_t kAllocateBytes = 8 + 4;
 inline constexpr uint32_t kPutBeginBytes = 8 + kKeyBytes + 1 + 1 + 2;
 inline constexpr uint32_t kU64Bytes = 8;  // kPutProgress, kPutCommit, kRelease, kAbortSlot
 inline constexpr uint32_t kGetBytes = kKeyBytes + 4 + 1 + 3;
+inline constexpr uint32_t kPutRangeBytes = 8 + 8;
 // u64 slot id, u64 offset, u64 length, i64 expires_at_us
 inline constexpr uint32_t kSlotReplyBytes = 8 + 8 + 8 + 8;
 // u8 tier (proto Tier numbering), u8[7] zero, u64 chunk bytes, u64 offset,
@@ -81,6 +83,7 @@ inline constexpr uint32_t kSlotReplyBytes = 8 + 8 + 8 + 8;
 inline constexpr uint32_t kGetReplyBytes = 1 + 7 + 8 * 5;
 // The largest request payload.
 inline constexpr uint32_t kMaxRequestPayloadBytes = kPutBeginBytes;
+static_assert(kPutRangeBytes <= kMaxRequestPayloadBytes);
 
 // The request payload length of `op`; -1 for an unknown op.
 inline int64_t RequestBytes(uint16_t op) {
@@ -93,6 +96,7 @@ inline int64_t RequestBytes(uint16_t op) {
     case Op::kRelease:
     case Op::kAbortSlot: return kU64Bytes;
     case Op::kGet: return kGetBytes;
+    case Op::kPutRange: return kPutRangeBytes;
   }
   return -1;
 }
@@ -164,6 +168,12 @@ struct ShmChannelOptions {
   // The same between the frames of a put, whose progress messages come one
   // piece's copy apart (1 MiB, about 100 us). Default: 300
   int64_t put_spin_us = 300;
+  // Threads that check one put: 2 hashes its V section on a helper thread of
+  // the connection while the connection's thread hashes K (the client copies
+  // them interleaved, kPutRange), 1 hashes both on the connection's thread.
+  // 0 picks 2 on hosts with at least 4 hardware threads, else 1: a put then
+  // keeps three cores busy (the client's copy and two hashes). Default: 0
+  int put_check_threads = 0;
 };
 
 // Thread-safe; one background thread accepts, and one thread per data-plane
@@ -208,6 +218,7 @@ class ShmChannel {
   ServerMetrics* const metrics_;
   KvService* const service_;
   const ShmChannelOptions options_;
+  const int put_check_threads_;  // options_.put_check_threads, resolved
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::list<std::unique_ptr<Conn>> conns_ ABSL_GUARDED_BY(mu_);

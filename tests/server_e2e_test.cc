@@ -19,6 +19,8 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "proto/kvtier.grpc.pb.h"
+#include "codec/chunk.h"
+#include "server/chunk_check.h"
 #include "server/daemon.h"
 #include "server/shm_channel.h"
 #include "tests/cli_runner.h"
@@ -557,6 +559,11 @@ class RawDataPlane {
     shm_wire::Writer(b.data()).U64(v);
     return b;
   }
+  static std::vector<uint8_t> Range(uint64_t offset, uint64_t length) {
+    std::vector<uint8_t> b(shm_wire::kPutRangeBytes);
+    shm_wire::Writer(b.data()).U64(offset).U64(length);
+    return b;
+  }
   static std::vector<uint8_t> Allocate(uint64_t bytes) {
     std::vector<uint8_t> b(shm_wire::kAllocateBytes);
     shm_wire::Writer(b.data()).U64(bytes).U32(0);
@@ -660,6 +667,8 @@ TEST_F(E2eTest, DataPlaneRefusesMalformedFramesAndClosesTheConnection) {
       {"oversized length", RawDataPlane::Frame(1, 6, {}, int64_t{1} << 31), kInvalid},
       {"progress outside a put", RawDataPlane::Frame(1, 4, RawDataPlane::U64(8)), kPrecondition},
       {"commit outside a put", RawDataPlane::Frame(1, 5, RawDataPlane::U64(8)), kPrecondition},
+      {"range outside a put", RawDataPlane::Frame(1, 9, RawDataPlane::Range(0, 8)), kPrecondition},
+      {"short range", RawDataPlane::Frame(1, 9, RawDataPlane::U64(8)), kInvalid},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
@@ -739,8 +748,94 @@ TEST_F(E2eTest, DataPlaneWrongIdsAndBadPutsGetTheirCodes) {
     EXPECT_EQ(dp.Call(Op::kPutCommit, RawDataPlane::U64(b.commit)), kInvalid);
     EXPECT_EQ(dp.Call(Op::kAbortSlot, RawDataPlane::U64(slot)), kNotFound);
   }
+  // Ranges (the order libkvtier writes in): a whole put in PutCopyOrder's
+  // order is stored; a flipped V byte is DataLoss; a range beyond the slot,
+  // one that leaves a gap in its section, or one before the header is
+  // final: InvalidArgument at the commit, slot freed.
+  auto big = MakeChunk(33, 256, 2, 4, 64);
+  const auto l = codec::ParseHeader(big).value().layout;
+  auto put_in_order = [&](const std::vector<uint8_t>& bytes, const Hash128& key) {
+    const uint64_t s = dp.SlotWith(bytes);
+    dp.Send(Op::kPutBegin, RawDataPlane::Begin(s, key));
+    auto order = server::PutCopyOrder(bytes, 4096);
+    for (size_t i = 0; i + 1 < order.size(); ++i) {
+      dp.Send(Op::kPutRange, RawDataPlane::Range(order[i].first, order[i].second));
+    }
+    return std::make_pair(s, dp.Call(Op::kPutCommit, RawDataPlane::U64(bytes.size())));
+  };
+  EXPECT_EQ(put_in_order(big, TestKey(33)).second, kOk);
+  auto bad_v = big;
+  bad_v[l.v_offset + 3] ^= 0x80;
+  auto [bad_slot, bad_code] = put_in_order(bad_v, TestKey(34));
+  EXPECT_EQ(bad_code, kDataLoss);
+  EXPECT_EQ(dp.Call(Op::kAbortSlot, RawDataPlane::U64(bad_slot)), kNotFound);
+  for (auto [o, n] : {std::make_pair(uint64_t(big.size()), uint64_t{1}),
+                      std::make_pair(uint64_t{8}, ~uint64_t{0}),
+                      std::make_pair(uint64_t(l.k_offset), uint64_t{64})}) {
+    SCOPED_TRACE(absl::StrCat("range ", o, " +", n));
+    slot = dp.SlotWith(big);
+    dp.Send(Op::kPutBegin, RawDataPlane::Begin(slot, TestKey(35)));
+    dp.Send(Op::kPutRange, RawDataPlane::Range(o, n));
+    EXPECT_EQ(dp.Call(Op::kPutCommit, RawDataPlane::U64(big.size())), kInvalid);
+    EXPECT_EQ(dp.Call(Op::kAbortSlot, RawDataPlane::U64(slot)), kNotFound);
+  }
+  slot = dp.SlotWith(big);
+  dp.Send(Op::kPutBegin, RawDataPlane::Begin(slot, TestKey(35)));
+  dp.Send(Op::kPutRange, RawDataPlane::Range(0, l.k_offset));
+  dp.Send(Op::kPutRange, RawDataPlane::Range(l.v_offset + 64, 64));  // a gap in V
+  EXPECT_EQ(dp.Call(Op::kPutCommit, RawDataPlane::U64(big.size())), kInvalid);
   EXPECT_EQ(dp.Call(Op::kHello, {}), kOk);
   EXPECT_EQ(dp.Call(Op::kGet, RawDataPlane::Get(TestKey(32))), kNotFound);
+  auto c = Client();
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->Get(TestKey(33)).value(), big);
+}
+
+// With a second check thread per put (forced on, whatever the host), puts of
+// chunks large enough for it through libkvtier store exact bytes, a flipped K
+// or V byte is DataLoss, and the helper survives a put abandoned midway.
+TEST_F(E2eTest, DataPlanePutsCheckedOnTwoThreads) {
+  using Op = RawDataPlane::Op;
+  daemon_.reset();
+  DaemonOptions o = SmallDaemonOptions(dir_.path());
+  o.put_check_threads = 2;
+  StartDaemon(o);
+  auto chunk = MakeChunk(36, 512, 4, 8, 128);  // K 4 MiB, V 2 MiB and more
+  const auto l = codec::ParseHeader(chunk).value().layout;
+  ASSERT_GE(l.v.bytes, uint64_t{2} << 20);
+  auto c = Client();
+  ASSERT_TRUE(c);
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(c->Put(TestKey(36), chunk).ok());
+    EXPECT_EQ(c->Get(TestKey(36)).value(), chunk);
+    ASSERT_TRUE(c->Delete(TestKey(36)).ok());
+  }
+  RawDataPlane dp(daemon_->shm_socket_path());
+  ASSERT_TRUE(dp.ok()) << dp.error();
+  for (uint64_t at : {l.k_offset + l.k.bytes - 1, l.v_offset + l.v.bytes - 1}) {
+    auto bad = chunk;
+    bad[at] ^= 2;
+    const uint64_t slot = dp.SlotWith(bad);
+    dp.Send(Op::kPutBegin, RawDataPlane::Begin(slot, TestKey(37)));
+    auto order = server::PutCopyOrder(bad, 1 << 20);
+    for (size_t i = 0; i + 1 < order.size(); ++i) {
+      dp.Send(Op::kPutRange, RawDataPlane::Range(order[i].first, order[i].second));
+    }
+    EXPECT_EQ(dp.Call(Op::kPutCommit, RawDataPlane::U64(bad.size())), kDataLoss) << at;
+  }
+  const int before = daemon_->data_plane_connections();
+  {  // Abandoned midway: the connection closes with V half published.
+    RawDataPlane gone(daemon_->shm_socket_path());
+    ASSERT_TRUE(gone.ok()) << gone.error();
+    const uint64_t slot = gone.SlotWith(chunk);
+    gone.Send(Op::kPutBegin, RawDataPlane::Begin(slot, TestKey(38)));
+    gone.Send(Op::kPutRange, RawDataPlane::Range(0, l.k_offset));
+    gone.Send(Op::kPutRange, RawDataPlane::Range(l.v_offset, l.v.bytes / 2));
+    gone.Close();
+  }
+  WaitForDataPlaneConnections(daemon_.get(), before);
+  ASSERT_TRUE(c->Put(TestKey(39), chunk).ok());
+  EXPECT_EQ(c->Get(TestKey(39)).value(), chunk);
 }
 
 // A client that disconnects in the middle of a put, or while it holds a

@@ -202,6 +202,157 @@ TEST(ChunkCheck, AgreesWithTheCodecAndFindsEveryCorruption) {
   }
 }
 
+// StreamCopy delivers every byte for any length and alignment (non-temporal
+// stores after an aligned head, memcpy below 4 KiB).
+TEST(ChunkCheck, StreamCopyCopiesEveryByteAtAnyAlignment) {
+  std::vector<uint8_t> src(300000 + 64);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(i * 131 + 7);
+  for (size_t n : {size_t{0}, size_t{1}, size_t{31}, size_t{4095}, size_t{4096}, size_t{70001},
+                   size_t{300000}}) {
+    for (size_t soff : {size_t{0}, size_t{3}}) {
+      for (size_t doff : {size_t{0}, size_t{5}, size_t{32}}) {
+        std::vector<uint8_t> dst(n + 64, 0xEE);
+        StreamCopy(std::span<uint8_t>(dst).subspan(doff, n),
+                   std::span<const uint8_t>(src).subspan(soff, n));
+        ASSERT_TRUE(std::equal(src.begin() + soff, src.begin() + soff + n, dst.begin() + doff))
+            << n << " " << soff << " " << doff;
+        EXPECT_TRUE(std::all_of(dst.begin(), dst.begin() + doff, [](uint8_t b) { return b == 0xEE; }));
+        EXPECT_TRUE(std::all_of(dst.begin() + doff + n, dst.end(), [](uint8_t b) { return b == 0xEE; }));
+      }
+    }
+  }
+}
+
+// PutCopyOrder covers each byte once: the header first, each section front
+// to back, K and V interleaved in proportion; garbage goes front to back.
+TEST(ChunkCheck, PutCopyOrderInterleavesTheSectionsAndCoversEveryByteOnce) {
+  auto chunk = MakeChunk(3, 256, 4, 4, 128);
+  auto h = codec::ParseHeader(chunk).value();
+  const auto& l = h.layout;
+  auto order = PutCopyOrder(chunk, 64 << 10);
+  ASSERT_FALSE(order.empty());
+  EXPECT_EQ(order[0], std::make_pair(uint64_t{0}, l.k_offset));
+  std::vector<int> seen(chunk.size(), 0);
+  uint64_t k_next = l.k_offset, v_next = l.v_offset, k_done = 0, v_done = 0;
+  double worst_skew = 0;
+  for (size_t i = 1; i < order.size(); ++i) {
+    auto [o, n] = order[i];
+    ASSERT_LE(n, uint64_t{64} << 10);
+    for (uint64_t b = o; b < o + n; ++b) ++seen[b];
+    if (o < l.v_offset) {
+      ASSERT_EQ(o, k_next);
+      k_next += n;
+      k_done += n;
+    } else {
+      ASSERT_EQ(o, v_next);
+      v_next += n;
+      v_done += n;
+    }
+    worst_skew = std::max(worst_skew, std::abs(double(k_done) / l.k.bytes - double(v_done) / l.v.bytes));
+  }
+  for (uint64_t b = 0; b < l.k_offset; ++b) ++seen[b];
+  EXPECT_TRUE(std::all_of(seen.begin(), seen.end(), [](int c) { return c == 1; }));
+  EXPECT_LT(worst_skew, 0.2);  // pieces alternate; neither section runs ahead
+  auto garbage = chunk;
+  garbage[0] ^= 1;
+  auto flat = PutCopyOrder(garbage, 100000);
+  uint64_t next = 0;
+  for (auto [o, n] : flat) {
+    ASSERT_EQ(o, next);
+    next += n;
+  }
+  EXPECT_EQ(next, chunk.size());
+}
+
+// A streamed check fed the put's ranges, with and without the helper thread
+// that hashes V: whole chunks pass, a flipped byte in K or V is DataLoss
+// naming the section, and hostile ranges are InvalidArgument.
+TEST(ChunkCheck, IncrementalCheckTakesInterleavedRangesOnOneOrTwoThreads) {
+  TrailingHasher helper;
+  // V is 2 MiB or more (the helper's threshold) in the large chunk.
+  for (uint32_t tokens : {16u, 512u}) {
+    auto chunk = MakeChunk(11 + tokens, tokens, 4, 8, 128);
+    auto l = codec::ParseHeader(chunk).value().layout;
+    auto order = PutCopyOrder(chunk, 256 << 10);
+    for (TrailingHasher* h : {static_cast<TrailingHasher*>(nullptr), &helper}) {
+      for (int round = 0; round < 3; ++round) {
+        IncrementalChunkCheck c(chunk, h);
+        for (auto [o, n] : order) ASSERT_TRUE(c.AdvanceRange(o, n).ok());
+        ASSERT_TRUE(c.Finish().ok()) << tokens;
+      }
+      for (size_t at : {size_t(l.k_offset + 5), size_t(l.v_offset + l.v.bytes / 2)}) {
+        auto bad = chunk;
+        bad[at] ^= 4;
+        IncrementalChunkCheck c(bad, h);
+        for (auto [o, n] : order) ASSERT_TRUE(c.AdvanceRange(o, n).ok());
+        auto f = c.Finish();
+        EXPECT_EQ(f.status().code(), absl::StatusCode::kDataLoss);
+        EXPECT_THAT(std::string(f.status().message()),
+                    ::testing::StartsWith(at < l.v_offset ? "k_checksum" : "v_checksum"));
+      }
+      {  // The prefix form (Advance) and ranges mixed.
+        IncrementalChunkCheck c(chunk, h);
+        ASSERT_TRUE(c.Advance(l.k_offset + 1000).ok());
+        ASSERT_TRUE(c.AdvanceRange(l.v_offset, 100).ok());
+        ASSERT_TRUE(c.AdvanceRange(l.k_offset + 10, 5000).ok());  // overlaps final bytes
+        ASSERT_TRUE(c.Advance(chunk.size()).ok());
+        ASSERT_TRUE(c.Finish().ok());
+      }
+      {  // A range before the header is final.
+        IncrementalChunkCheck c(chunk, h);
+        EXPECT_EQ(c.AdvanceRange(l.k_offset, 10).code(), absl::StatusCode::kInvalidArgument);
+      }
+      {  // A gap inside a section.
+        IncrementalChunkCheck c(chunk, h);
+        ASSERT_TRUE(c.AdvanceRange(0, l.k_offset).ok());
+        EXPECT_EQ(c.AdvanceRange(l.v_offset + 64, 64).code(), absl::StatusCode::kInvalidArgument);
+      }
+      {  // Beyond the region, and offset + length overflowing.
+        IncrementalChunkCheck c(chunk, h);
+        EXPECT_EQ(c.AdvanceRange(chunk.size(), 1).code(), absl::StatusCode::kInvalidArgument);
+        EXPECT_EQ(c.AdvanceRange(8, ~uint64_t{0}).code(), absl::StatusCode::kInvalidArgument);
+      }
+      {  // Committed with a section incomplete; then abandoned mid-put.
+        IncrementalChunkCheck c(chunk, h);
+        for (size_t i = 0; i + 1 < order.size(); ++i) {
+          ASSERT_TRUE(c.AdvanceRange(order[i].first, order[i].second).ok());
+        }
+        EXPECT_EQ(c.Finish().status().code(), absl::StatusCode::kInvalidArgument);
+      }
+      {  // A malformed header once 128 bytes are final.
+        auto bad = chunk;
+        bad[0] ^= 1;
+        IncrementalChunkCheck c(bad, h);
+        EXPECT_EQ(c.AdvanceRange(0, codec::kHeaderSize).code(), absl::StatusCode::kInvalidArgument);
+      }
+    }
+  }
+}
+
+// The helper's digests are the sections' XXH3-64 whatever the publishing
+// pace, and an abandoned job leaves it usable.
+TEST(ChunkCheck, TrailingHasherMatchesTheSectionChecksums) {
+  auto chunk = MakeChunk(77, 512, 4, 8, 128);
+  auto h = codec::ParseHeader(chunk).value();
+  const auto& l = h.layout;
+  TrailingHasher t;
+  for (uint64_t step : {uint64_t{4096}, uint64_t{1} << 20, uint64_t(chunk.size())}) {
+    while (!t.Start(chunk.data(), h, codec::kHeaderSize, chunk.size())) std::this_thread::yield();
+    for (uint64_t o = codec::kHeaderSize; o < chunk.size();) {
+      o = std::min<uint64_t>(chunk.size(), o + step);
+      t.Publish(o);
+    }
+    auto [k, v] = t.Finish();
+    EXPECT_EQ(k, h.k_checksum);
+    EXPECT_EQ(v, h.v_checksum);
+    ASSERT_TRUE(t.Start(chunk.data(), h, l.v_offset, chunk.size()) ||
+                (std::this_thread::sleep_for(std::chrono::milliseconds(50)),
+                 t.Start(chunk.data(), h, l.v_offset, chunk.size())));
+    t.Publish(l.v_offset + 4096);
+    t.Abandon();
+  }
+}
+
 TEST_F(ServiceTest, GetIntoClientSlotCopiesAndChecksItsSize) {
   auto chunk = MakeChunk(32);
   ASSERT_TRUE(service_->Put({TestKey(32)}, chunk).ok());
