@@ -10,16 +10,15 @@
 #include <pthread.h>
 
 #include "absl/strings/str_cat.h"
+#include "codec/section_hashes.h"
 #include "common/hash.h"
 #include "common/status.h"
-
-#define XXH_STATIC_LINKING_ONLY
-#include "xxh_x86dispatch.h"
-#include "xxhash.h"
 
 namespace kvtier::server {
 
 namespace {
+
+using codec::SectionHashes;
 
 // The step of a helper's hashing and of a pipelined copy.
 constexpr size_t kPieceBytes = size_t{256} << 10;
@@ -96,37 +95,6 @@ absl::Status CompareChecksums(const codec::ChunkHeader& h, uint64_t ksum, uint64
   return absl::OkStatus();
 }
 
-// The XXH3-64 of a chunk's K and V sections, fed the chunk's bytes in order
-// (CopyVerified, TrailingHasher, IncrementalChunkCheck).
-class SectionHashes {
- public:
-  void Reset(const codec::ChunkHeader& h) {
-    k_offset_ = h.layout.k_offset;
-    k_bytes_ = h.layout.k.bytes;
-    v_offset_ = h.layout.v_offset;
-    v_bytes_ = h.layout.v.bytes;
-    XXH3_64bits_reset(&k_);
-    XXH3_64bits_reset(&v_);
-  }
-  // Hashes chunk bytes [lo, hi); `chunk` points at chunk byte 0.
-  void Update(const uint8_t* chunk, uint64_t lo, uint64_t hi) {
-    auto [ko, kn] = Overlap(lo, hi, k_offset_, k_bytes_);
-    if (kn) XXH3_64bits_update_dispatch(&k_, chunk + ko, kn);
-    auto [vo, vn] = Overlap(lo, hi, v_offset_, v_bytes_);
-    if (vn) XXH3_64bits_update_dispatch(&v_, chunk + vo, vn);
-  }
-  uint64_t KDigest() const { return XXH3_64bits_digest(&k_); }
-  uint64_t VDigest() const { return XXH3_64bits_digest(&v_); }
-  // DataLoss naming the section whose checksum is not the header's.
-  absl::Status Check(const codec::ChunkHeader& h) const {
-    return CompareChecksums(h, KDigest(), VDigest());
-  }
-
- private:
-  uint64_t k_offset_ = 0, k_bytes_ = 0, v_offset_ = 0, v_bytes_ = 0;
-  XXH3_state_t k_, v_;
-};
-
 }  // namespace
 
 absl::StatusOr<codec::ChunkHeader> VerifyChunkParallel(std::span<const uint8_t> chunk) {
@@ -194,14 +162,15 @@ absl::StatusOr<codec::ChunkHeader> CopyVerified(std::span<uint8_t> dst,
                           codec::ParseHeader(std::span<const uint8_t>(dst.data(), head)));
   KVTIER_RETURN_IF_ERROR(CheckLength(h, src.size()));
   SectionHashes hashes;
-  hashes.Reset(h);
+  hashes.ResetChunk(h);
   for (size_t o = head; o < src.size(); o += kInlinePieceBytes) {
     const size_t n = std::min(kInlinePieceBytes, src.size() - o);
     StreamPiece(dst.data() + o, src.data() + o, n);
     hashes.Update(src.data(), o, o + n);
   }
   StoreFence();
-  KVTIER_RETURN_IF_ERROR(hashes.Check(h));
+  KVTIER_RETURN_IF_ERROR(
+      CompareChecksums(h, hashes.Digest(SectionHashes::kK), hashes.Digest(SectionHashes::kV)));
   return h;
 }
 
@@ -305,7 +274,7 @@ bool TrailingHasher::Start(const uint8_t* chunk, const codec::ChunkHeader& h, ui
   j.header = h;
   j.from = from;
   j.end = end;
-  j.hashes.Reset(h);
+  j.hashes.ResetChunk(h);
   j.hashed = from;
   j.ready.store(from, std::memory_order_relaxed);
   j.taken_over.store(false);
@@ -328,15 +297,15 @@ std::pair<uint64_t, uint64_t> TrailingHasher::Finish() {
     _mm_pause();
     if (std::chrono::steady_clock::now() > give_up) {
       SectionHashes fresh;
-      fresh.Reset(j.header);
+      fresh.ResetChunk(j.header);
       for (uint64_t o = j.from; o < j.end; o += kPieceBytes) {
         fresh.Update(j.chunk, o, std::min<uint64_t>(j.end, o + kPieceBytes));
       }
-      return {fresh.KDigest(), fresh.VDigest()};
+      return {fresh.Digest(SectionHashes::kK), fresh.Digest(SectionHashes::kV)};
     }
   }
   j.HashUpTo(j.end);
-  return {j.hashes.KDigest(), j.hashes.VDigest()};
+  return {j.hashes.Digest(SectionHashes::kK), j.hashes.Digest(SectionHashes::kV)};
 }
 
 void TrailingHasher::Abandon() { job_->taken_over.store(true); }
@@ -419,7 +388,7 @@ absl::Status IncrementalChunkCheck::MarkFinal(uint64_t lo, uint64_t hi) {
     KVTIER_ASSIGN_OR_RETURN(header_, codec::ParseHeader(region_.first(codec::kHeaderSize)));
     KVTIER_RETURN_IF_ERROR(CheckLength(header_, region_.size()));
     have_header_ = true;
-    s.hashes.Reset(header_);
+    s.hashes.ResetChunk(header_);
     const codec::ChunkLayout& l = header_.layout;
     s.v_on_helper = helper_ != nullptr && l.k.bytes >= kParallelMinBytes &&
                     l.v.bytes >= kParallelMinBytes &&
@@ -463,12 +432,12 @@ absl::StatusOr<codec::ChunkHeader> IncrementalChunkCheck::Finish() {
     return absl::InvalidArgumentError(absl::StrCat("put committed after ", FinalBytes(), " of ",
                                                    region_.size(), " bytes"));
   }
-  uint64_t vsum = s.hashes.VDigest();
+  uint64_t vsum = s.hashes.Digest(SectionHashes::kV);
   if (s.v_on_helper) {
     vsum = helper_->Finish().second;
     s.finished = true;
   }
-  KVTIER_RETURN_IF_ERROR(CompareChecksums(header_, s.hashes.KDigest(), vsum));
+  KVTIER_RETURN_IF_ERROR(CompareChecksums(header_, s.hashes.Digest(SectionHashes::kK), vsum));
   return header_;
 }
 

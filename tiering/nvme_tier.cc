@@ -9,17 +9,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "codec/chunk.h"
+#include "codec/section_hashes.h"
 #include "common/status.h"
 #include "rocksdb/db.h"
 #include "rocksdb/options.h"
 #include "rocksdb/write_batch.h"
-#define XXH_STATIC_LINKING_ONLY  // XXH3_state_t inside StreamingVerifier
-#include "xxhash.h"
-#if defined(__x86_64__)
-// The AVX2/AVX-512 kernels where the CPU has them, as common/hash.cc's
-// Checksum64 uses; same values.
-#include "xxh_x86dispatch.h"
-#endif
 
 namespace kvtier::tiering {
 namespace {
@@ -90,12 +84,13 @@ std::string EncodeEntry(Part part, uint64_t offset, uint64_t length, uint64_t hd
   return std::string(reinterpret_cast<char*>(v), kValSize);
 }
 
-// Verifies an object while it is read: hashes each codec section (XXH3-64,
-// as codec::VerifySection) as the contiguous prefix of the object that has
-// arrived grows, so that once the last request completes only its own bytes
-// remain to be hashed. Anything out of the ordinary (a malformed header, a
-// length or checksum mismatch) is left to VerifyObject over the whole
-// object, so that the errors are exactly its. Not thread-safe.
+// Verifies an object while it is read: hashes each codec section
+// (codec::SectionHashes, the XXH3-64 of codec::VerifySection) as the
+// contiguous prefix of the object that has arrived grows, so that once the
+// last request completes only its own bytes remain to be hashed. Anything
+// out of the ordinary (a malformed header, a length or checksum mismatch) is
+// left to VerifyObject over the whole object, so that the errors are exactly
+// its. Not thread-safe.
 class StreamingVerifier {
  public:
   // `object` is the buffer being read into; `index_header_checksum` the
@@ -112,19 +107,15 @@ class StreamingVerifier {
       header_seen_ = true;
       if (!StartSections()) return;
     }
-    while (current_ < num_sections_) {
-      const Section& sec = sections_[current_];
-      const uint64_t end = std::min(prefix, sec.end);
-      if (end > hashed_) {
-        XXH3_64bits_update(&state_, object_.data() + hashed_, end - hashed_);
-        hashed_ = end;
-      }
-      if (hashed_ < sec.end) return;
-      if (XXH3_64bits_digest(&state_) != sec.checksum) {
+    if (prefix > hashed_) {
+      hashes_.Update(object_.data(), hashed_, prefix);
+      hashed_ = prefix;
+    }
+    for (; checked_ < hashes_.num_sections() && hashes_.Complete(checked_); ++checked_) {
+      if (!hashes_.Matches(checked_)) {
         fallback_ = true;
         return;
       }
-      if (++current_ < num_sections_) XXH3_64bits_reset(&state_);
     }
   }
 
@@ -132,7 +123,7 @@ class StreamingVerifier {
   // message VerifyObject gives, prefixed "nvme: ").
   absl::Status Finish() {
     if (header_mismatch_) return absl::DataLossError("stored header does not match the index entry");
-    if (header_seen_ && !fallback_ && current_ == num_sections_) return absl::OkStatus();
+    if (header_seen_ && !fallback_ && checked_ == hashes_.num_sections()) return absl::OkStatus();
     absl::Status st = VerifyObject(id_, object_);
     // The streamed hash and a second look disagree only if the bytes changed
     // under the read (a caller writing into the buffer): not servable.
@@ -141,11 +132,6 @@ class StreamingVerifier {
   }
 
  private:
-  struct Section {
-    uint64_t end;       // object offset one past the section
-    uint64_t checksum;  // the header's checksum of the section
-  };
-
   // Checks the header against the index entry, parses it and lays out the
   // sections of the object (false: nothing more to hash here).
   bool StartSections() {
@@ -158,16 +144,25 @@ class StreamingVerifier {
       fallback_ = true;
       return false;
     }
-    const uint64_t k = h->layout.k.bytes, v = h->layout.v.bytes;
+    // The sections follow the header back to back: K then V, or the one
+    // section of a split object.
+    codec::SectionHashes::Range sections[codec::SectionHashes::kMaxSections];
+    size_t n = 0;
     uint64_t end = codec::kHeaderSize;
-    if (id_.part != Part::kV) sections_[num_sections_++] = {end += k, h->k_checksum};
-    if (id_.part != Part::kK) sections_[num_sections_++] = {end += v, h->v_checksum};
+    if (id_.part != Part::kV) {
+      sections[n++] = {end, h->layout.k.bytes, h->k_checksum};
+      end += h->layout.k.bytes;
+    }
+    if (id_.part != Part::kK) {
+      sections[n++] = {end, h->layout.v.bytes, h->v_checksum};
+      end += h->layout.v.bytes;
+    }
     if (end != object_.size()) {
       fallback_ = true;
       return false;
     }
+    hashes_.Reset(std::span(sections, n));
     hashed_ = codec::kHeaderSize;
-    XXH3_64bits_reset(&state_);
     return true;
   }
 
@@ -177,11 +172,9 @@ class StreamingVerifier {
   bool header_seen_ = false;
   bool header_mismatch_ = false;
   bool fallback_ = false;  // leave the verdict to VerifyObject
-  Section sections_[2] = {};
-  int num_sections_ = 0;
-  int current_ = 0;     // the section being hashed
-  uint64_t hashed_ = 0;  // object bytes hashed so far (from kHeaderSize on)
-  XXH3_state_t state_;
+  codec::SectionHashes hashes_;
+  size_t checked_ = 0;   // sections hashed whole and matching, in order
+  uint64_t hashed_ = 0;  // object bytes fed to hashes_ so far (from kHeaderSize on)
 };
 
 }  // namespace
