@@ -34,13 +34,10 @@
 #include "bench/bench_util.h"
 #include "codec/chunk.h"
 #include "codec/codec.h"
+#include "codec/section_hashes.h"
 #include "codec/test_util.h"
 #include "common/hash.h"
 #include "server/chunk_check.h"
-
-#define XXH_STATIC_LINKING_ONLY
-#include "xxh_x86dispatch.h"
-#include "xxhash.h"
 
 namespace kvtier {
 namespace {
@@ -183,21 +180,15 @@ int Main(int argc, char** argv) {
   // --- Get.
   auto flush_slot = [&] { FlushFromCache(slot); };
   auto old_get_one_thread = [&] {  // 256 KiB plain-store pieces, each hashed from out
-    XXH3_state_t ks, vs;
-    XXH3_64bits_reset(&ks);
-    XXH3_64bits_reset(&vs);
-    const auto& l = h.layout;
+    codec::SectionHashes hashes;
+    hashes.ResetChunk(h);
     std::memcpy(out.data(), slot.data(), codec::kHeaderSize);
     for (size_t o = codec::kHeaderSize; o < n; o += 256 << 10) {
       const size_t m = std::min<size_t>(256 << 10, n - o);
       std::memcpy(out.data() + o, slot.data() + o, m);
-      const size_t kend = l.k_offset + l.k.bytes;
-      if (o < kend) XXH3_64bits_update_dispatch(&ks, out.data() + o, std::min(m, kend - o));
-      if (o + m > kend) {
-        XXH3_64bits_update_dispatch(&vs, out.data() + std::max(o, kend), o + m - std::max(o, kend));
-      }
+      hashes.Update(out.data(), o, o + m);
     }
-    if (XXH3_64bits_digest(&ks) != h.k_checksum || XXH3_64bits_digest(&vs) != h.v_checksum) {
+    if (!hashes.Matches(codec::SectionHashes::kK) || !hashes.Matches(codec::SectionHashes::kV)) {
       std::abort();
     }
   };
