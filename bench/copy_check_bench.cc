@@ -32,10 +32,9 @@
 #include <vector>
 
 #include "bench/bench_util.h"
+#include "bench/llama_chunk.h"
 #include "codec/chunk.h"
-#include "codec/codec.h"
 #include "codec/section_hashes.h"
-#include "codec/test_util.h"
 #include "common/hash.h"
 #include "server/chunk_check.h"
 
@@ -47,11 +46,6 @@ using Clock = std::chrono::steady_clock;
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
-}
-
-void FlushFromCache(std::span<const uint8_t> b) {
-  for (size_t o = 0; o < b.size(); o += 64) _mm_clflush(b.data() + o);
-  _mm_mfence();
 }
 
 // Median seconds of `fn` over `reps` (after one warm-up), `before` run
@@ -136,15 +130,9 @@ int Main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
   }
-  codec::Geometry g{32, 8, 128, 256, 16};
-  codec::ChunkSpec spec = codec::testing::MakeSpec(
-      g, codec::DType::kBF16, {codec::DType::kBF16, codec::ScaleGranularity::kNone},
-      {codec::DType::kFP8E4M3, codec::ScaleGranularity::kPerBlockHead});
-  auto k = codec::testing::MakeKv(g, codec::DType::kBF16, {.seed = 1});
-  auto v = codec::testing::MakeKv(g, codec::DType::kBF16, {.seed = 2});
   // The writer's buffer is malloc'ed (16 bytes past a page), the slot and the
   // reader's buffer page aligned, as in the daemon's pool.
-  std::vector<uint8_t> chunk = codec::EncodeChunk(spec, codec::KvView{k, v}).value();
+  std::vector<uint8_t> chunk = bench::LlamaK16V8Chunk();
   const size_t n = chunk.size();
   const auto h = codec::ParseHeader(chunk).value();
   auto aligned = [](size_t bytes) {
@@ -167,7 +155,7 @@ int Main(int argc, char** argv) {
     asm volatile("" : : "r"(out.data()) : "memory");
   });
   rows.push_back({"memcpy (baseline)", memcpy_s});
-  rows.push_back({"memcpy, cold source", Time(reps, [&] { FlushFromCache(slot); }, [&] {
+  rows.push_back({"memcpy, cold source", Time(reps, [&] { bench::FlushFromCache(slot); }, [&] {
                     std::memcpy(out.data(), slot.data(), n);
                     asm volatile("" : : "r"(out.data()) : "memory");
                   })});
@@ -178,7 +166,7 @@ int Main(int argc, char** argv) {
                   })});
 
   // --- Get.
-  auto flush_slot = [&] { FlushFromCache(slot); };
+  auto flush_slot = [&] { bench::FlushFromCache(slot); };
   auto old_get_one_thread = [&] {  // 256 KiB plain-store pieces, each hashed from out
     codec::SectionHashes hashes;
     hashes.ResetChunk(h);

@@ -18,8 +18,6 @@
 //
 // Usage: server_bench [--json FILE] [--reps N] [--seconds S] [--check-thread 0|1]
 //                     [--put-check-threads 0|1|2]
-#include <immintrin.h>
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -32,6 +30,7 @@
 #include <vector>
 
 #include "bench/bench_util.h"
+#include "bench/llama_chunk.h"
 #include "client/kvtier_client.h"
 #include "codec/chunk.h"
 #include "codec/codec.h"
@@ -102,12 +101,6 @@ LookupResult BenchLookups(const std::string& sock, const std::vector<Hash128>& k
 
 }  // namespace
 
-// Writes back and evicts `b` from every cache level (outside timed regions).
-void FlushFromCache(std::span<const uint8_t> b) {
-  for (size_t o = 0; o < b.size(); o += 64) _mm_clflush(b.data() + o);
-  _mm_mfence();
-}
-
 int main(int argc, char** argv) {
   std::string json_path;
   int reps = 15;
@@ -131,14 +124,7 @@ int main(int argc, char** argv) {
   auto daemon = server::Daemon::Start(o).value();
   const std::string sock = daemon->socket_path();
 
-  // Llama-3.1-8B: 32 layers, 8 KV heads, head_dim 128; 256 tokens; K16/V8.
-  codec::Geometry g{32, 8, 128, 256, 16};
-  codec::ChunkSpec spec = codec::testing::MakeSpec(
-      g, codec::DType::kBF16, {codec::DType::kBF16, codec::ScaleGranularity::kNone},
-      {codec::DType::kFP8E4M3, codec::ScaleGranularity::kPerBlockHead});
-  auto k = codec::testing::MakeKv(g, codec::DType::kBF16, {.seed = 1});
-  auto v = codec::testing::MakeKv(g, codec::DType::kBF16, {.seed = 2});
-  std::vector<uint8_t> chunk = codec::EncodeChunk(spec, codec::KvView{k, v}).value();
+  std::vector<uint8_t> chunk = bench::LlamaK16V8Chunk();
   const size_t bytes = chunk.size();
 
   std::printf("machine: %s\n", bench::CpuName().c_str());
@@ -285,7 +271,7 @@ int main(int argc, char** argv) {
       std::memcpy(dst.data(), chunk.data(), bytes);
       asm volatile("" : : "r"(dst.data()) : "memory");
     });
-    FlushFromCache(chunk);
+    bench::FlushFromCache(chunk);
     double cms = timed([&] {
       std::memcpy(dst.data(), chunk.data(), bytes);
       asm volatile("" : : "r"(dst.data()) : "memory");
@@ -296,7 +282,7 @@ int main(int argc, char** argv) {
     {  // The stored chunk, out of the cache (as a chunk stored earlier is).
       auto h = c0->Hold(key);
       if (!h.ok()) std::abort();
-      FlushFromCache(h->data);
+      bench::FlushFromCache(h->data);
       if (!c0->Unhold(*h).ok()) std::abort();
     }
     double gs = timed([&] {
