@@ -140,8 +140,15 @@ void RegisterDaemonCommands(CLI::App& app, CommandResult& result) {
     auto* cmd = app.add_subcommand("lookup", "longest cached prefix of a key list, with the tier of each hit");
     auto f = std::make_shared<ConnFlags>();
     auto keys = std::make_shared<std::string>();
+    auto prefill = std::make_shared<double>(0);
+    auto chunk_tokens = std::make_shared<uint32_t>(256);
     AddConnFlags(cmd, f.get());
     cmd->add_option("--keys", *keys, "comma-separated chunk keys, in prefix order")->required();
+    cmd->add_option("--prefill-tokens-per-s", *prefill,
+                    "the engine's prefill throughput: also say how many hits are worth loading "
+                    "rather than recomputing [default: not given]");
+    cmd->add_option("--tokens-per-chunk", *chunk_tokens, "tokens per chunk, with --prefill-tokens-per-s")
+        ->capture_default_str();
     cmd->callback(Action(result, [=]() -> absl::Status {
       std::vector<Hash128> ks;
       for (absl::string_view part : absl::StrSplit(AsAbsl(*keys), ',', absl::SkipEmpty())) {
@@ -150,12 +157,20 @@ void RegisterDaemonCommands(CLI::App& app, CommandResult& result) {
       }
       if (ks.empty()) return absl::InvalidArgumentError("--keys is empty");
       KVTIER_ASSIGN_OR_RETURN(auto c, Connect(*f));
-      KVTIER_ASSIGN_OR_RETURN(auto tiers, c->Lookup(ks));
-      std::printf("cached prefix: %zu of %zu chunks\n", tiers.size(), ks.size());
-      for (size_t i = 0; i < tiers.size(); ++i) {
-        std::printf("%s %s\n", ks[i].ToHex().c_str(), client::TierName(tiers[i]));
+      KVTIER_ASSIGN_OR_RETURN(client::LoadPlan plan, c->PlanLoad(ks, *prefill, *chunk_tokens));
+      std::printf("cached prefix: %zu of %zu chunks\n", plan.tiers.size(), ks.size());
+      for (size_t i = 0; i < plan.tiers.size(); ++i) {
+        std::printf("%s %s %llu bytes, load ~%.3f ms\n", ks[i].ToHex().c_str(),
+                    client::TierName(plan.tiers[i]),
+                    static_cast<unsigned long long>(plan.chunk_bytes[i]), plan.load_us[i] / 1e3);
       }
-      if (tiers.empty()) return CacheMiss("no cached prefix");
+      if (*prefill > 0) {
+        std::printf("worth loading: %zu of %zu cached chunks (~%.3f ms to load, saves ~%.3f ms of "
+                    "prefill)\n",
+                    plan.load_chunks, plan.tiers.size(), plan.load_chunks_us / 1e3,
+                    plan.saved_us / 1e3);
+      }
+      if (plan.tiers.empty()) return CacheMiss("no cached prefix");
       return absl::OkStatus();
     }));
   }

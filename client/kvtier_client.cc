@@ -375,6 +375,34 @@ class ClientImpl final : public KvtierClient {
     return out;
   }
 
+  absl::StatusOr<LoadPlan> PlanLoad(std::span<const Hash128> keys, double prefill_tokens_per_s,
+                                    uint32_t tokens_per_chunk) override {
+    pb::LookupRequest req;
+    req.set_version(kProtocolVersion);
+    for (const Hash128& k : keys) req.add_keys(KeyBytes(k));
+    req.set_estimate_load(true);
+    req.set_prefill_tokens_per_s(prefill_tokens_per_s);
+    req.set_tokens_per_chunk(tokens_per_chunk);
+    pb::LookupResponse resp;
+    KVTIER_RETURN_IF_ERROR(Call(&pb::Kvtier::StubInterface::Lookup, req, &resp));
+    const int n = resp.tiers_size();
+    if (n > 0 && resp.chunk_bytes_size() == 0 && resp.load_us_size() == 0) {
+      return absl::FailedPreconditionError(
+          "this kvtierd does not estimate load times (it predates them); upgrade it");
+    }
+    if (resp.chunk_bytes_size() != n || resp.load_us_size() != n || resp.load_chunks() > uint32_t(n)) {
+      return absl::InternalError("daemon answered a load estimate that does not match its hits");
+    }
+    LoadPlan plan;
+    for (int t : resp.tiers()) plan.tiers.push_back(FromProto(t));
+    plan.chunk_bytes.assign(resp.chunk_bytes().begin(), resp.chunk_bytes().end());
+    plan.load_us.assign(resp.load_us().begin(), resp.load_us().end());
+    plan.load_chunks = resp.load_chunks();
+    plan.load_chunks_us = resp.load_chunks_us();
+    plan.saved_us = resp.saved_us();
+    return plan;
+  }
+
   absl::Status Put(const Hash128& key, std::span<const uint8_t> chunk,
                    const PutOptions& options) override {
     WaitForReleases();

@@ -79,6 +79,19 @@ struct PrefixHit {
   size_t cached_chunks() const { return tiers.size(); }
 };
 
+// A cached prefix with what loading it would cost (KvtierClient::PlanLoad).
+struct LoadPlan {
+  std::vector<Tier> tiers;            // fastest tier of each hit, as Lookup
+  std::vector<uint64_t> chunk_bytes;  // each hit's size
+  std::vector<double> load_us;        // each hit's estimated load time
+  // With a prefill rate: the leading hits worth loading rather than
+  // recomputing (0..tiers.size()), their estimated load time, and the
+  // recompute time loading them saves.
+  size_t load_chunks = 0;
+  double load_chunks_us = 0;
+  double saved_us = 0;
+};
+
 struct TierStats {
   Tier tier = Tier::kUnknown;
   uint64_t capacity_bytes = 0;
@@ -134,6 +147,15 @@ class KvtierClient {
 
   // Fastest tier of each key of the longest cached prefix of `keys`.
   virtual absl::StatusOr<std::vector<Tier>> Lookup(std::span<const Hash128> keys) = 0;
+  // Lookup with each hit's size and estimated load time (the daemon's
+  // measured tier bandwidths, or its assumed ones before it has measured);
+  // with `prefill_tokens_per_s` > 0 (the engine's prefill throughput) and
+  // `tokens_per_chunk`, also how many leading hits are worth loading rather
+  // than recomputing. InvalidArgument for a negative or non-finite rate, or
+  // tokens_per_chunk outside 1..1048576 with a rate.
+  virtual absl::StatusOr<LoadPlan> PlanLoad(std::span<const Hash128> keys,
+                                            double prefill_tokens_per_s = 0,
+                                            uint32_t tokens_per_chunk = 256) = 0;
   // Keys of the tokens and how many leading chunks are cached.
   absl::StatusOr<PrefixHit> LongestCachedPrefix(const Hash128& fingerprint,
                                                 std::span<const uint32_t> tokens,

@@ -121,8 +121,22 @@ grpc::Status GrpcAdapter::Lookup(grpc::ServerContext* ctx, const pb::LookupReque
                                  pb::LookupResponse* resp) {
   return Serve(Method::kLookup, ctx, req->version(), [&]() -> absl::Status {
     KVTIER_ASSIGN_OR_RETURN(auto keys, KeysFrom(req->keys(), service_->limits().max_keys_per_request));
-    KVTIER_ASSIGN_OR_RETURN(auto tiers, service_->Lookup(keys));
-    for (TierKind t : tiers) resp->add_tiers(ToProto(t));
+    if (!req->estimate_load() && req->prefill_tokens_per_s() == 0) {
+      KVTIER_ASSIGN_OR_RETURN(auto tiers, service_->Lookup(keys));
+      for (TierKind t : tiers) resp->add_tiers(ToProto(t));
+      return absl::OkStatus();
+    }
+    KVTIER_ASSIGN_OR_RETURN(KvService::LoadPlan plan,
+                            service_->PlanLoad(keys, req->prefill_tokens_per_s(),
+                                               req->tokens_per_chunk()));
+    for (size_t i = 0; i < plan.estimate.tiers.size(); ++i) {
+      resp->add_tiers(ToProto(plan.estimate.tiers[i]));
+      resp->add_chunk_bytes(plan.estimate.bytes[i]);
+      resp->add_load_us(plan.estimate.load_us[i]);
+    }
+    resp->set_load_chunks(static_cast<uint32_t>(plan.decision.chunks));
+    resp->set_load_chunks_us(plan.decision.load_us);
+    resp->set_saved_us(plan.decision.saved_us());
     return absl::OkStatus();
   });
 }

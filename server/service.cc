@@ -1,6 +1,7 @@
 #include "server/service.h"
 
 #include <chrono>
+#include <cmath>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -42,6 +43,28 @@ absl::Status KvService::CheckKeyCount(size_t n) const {
 absl::StatusOr<std::vector<TierKind>> KvService::Lookup(std::span<const Hash128> keys) {
   KVTIER_RETURN_IF_ERROR(CheckKeyCount(keys.size()));
   return engine_->LookupPrefix(keys);
+}
+
+absl::StatusOr<KvService::LoadPlan> KvService::PlanLoad(std::span<const Hash128> keys,
+                                                        double prefill_tokens_per_s,
+                                                        uint32_t tokens_per_chunk) {
+  KVTIER_RETURN_IF_ERROR(CheckKeyCount(keys.size()));
+  constexpr uint32_t kMaxTokensPerChunk = 1 << 20;
+  if (!std::isfinite(prefill_tokens_per_s) || prefill_tokens_per_s < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("prefill_tokens_per_s ", prefill_tokens_per_s, " is not a rate >= 0"));
+  }
+  if (prefill_tokens_per_s > 0 && (tokens_per_chunk == 0 || tokens_per_chunk > kMaxTokensPerChunk)) {
+    return absl::InvalidArgumentError(absl::StrCat("tokens_per_chunk ", tokens_per_chunk,
+                                                   " outside 1..", kMaxTokensPerChunk));
+  }
+  LoadPlan plan;
+  plan.estimate = engine_->EstimatePrefixLoad(keys);
+  if (prefill_tokens_per_s > 0) {
+    plan.decision = bandwidth::BestLoadPrefix(
+        plan.estimate.load_us, bandwidth::RecomputeMicros(tokens_per_chunk, prefill_tokens_per_s));
+  }
+  return plan;
 }
 
 absl::Status KvService::Put(const PutArgs& args, std::span<const uint8_t> chunk) {

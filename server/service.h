@@ -30,6 +30,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/hash.h"
 #include "server/chunk_check.h"
+#include "tiering/bandwidth/model.h"
 #include "tiering/placement_engine.h"
 
 namespace kvtier::server {
@@ -88,6 +89,18 @@ class KvService {
   // The fastest tier of each key of the longest stored prefix.
   // InvalidArgument if there are more keys than the limit.
   absl::StatusOr<std::vector<tiering::TierKind>> Lookup(std::span<const Hash128> keys);
+  // Lookup with each hit's size and estimated load time and, given the
+  // engine's prefill throughput (`prefill_tokens_per_s` > 0, with
+  // `tokens_per_chunk`), how many leading hits are worth loading rather than
+  // recomputing (bandwidth::BestLoadPrefix). InvalidArgument for too many
+  // keys, a rate that is negative or not finite, or tokens_per_chunk outside
+  // 1..1048576 with a rate.
+  struct LoadPlan {
+    tiering::PrefixLoadEstimate estimate;
+    bandwidth::LoadDecision decision;  // chunks == 0 without a rate
+  };
+  absl::StatusOr<LoadPlan> PlanLoad(std::span<const Hash128> keys, double prefill_tokens_per_s,
+                                    uint32_t tokens_per_chunk);
 
   // Verifies and stores `chunk`. InvalidArgument for malformed bytes or a
   // chunk over the size limit, DataLoss for a checksum mismatch, the

@@ -101,6 +101,13 @@ TEST_F(CliTest, PutGetLookupDeleteStatsAgainstTheRealDaemon) {
   EXPECT_EQ(lookup.exit_code, 0) << lookup.err;
   EXPECT_THAT(lookup.out, ::testing::HasSubstr("cached prefix: 1 of 3 chunks"));
   EXPECT_THAT(lookup.out, ::testing::HasSubstr(k1 + " dram"));
+  EXPECT_THAT(lookup.out, ::testing::HasSubstr(" bytes, load ~"));
+  auto worth = Kvtier("lookup --keys " + k1 + " --prefill-tokens-per-s 1000 --tokens-per-chunk 16" + sock);
+  EXPECT_EQ(worth.exit_code, 0) << worth.err;
+  EXPECT_THAT(worth.out, ::testing::HasSubstr("worth loading: 1 of 1 cached chunks"));
+  auto negative = Kvtier("lookup --keys " + k1 + " --prefill-tokens-per-s -1" + sock);
+  EXPECT_EQ(negative.exit_code, 2);
+  EXPECT_THAT(negative.err, ::testing::HasSubstr("prefill_tokens_per_s"));
   auto stats = Kvtier("stats --json" + sock);
   EXPECT_EQ(stats.exit_code, 0);
   EXPECT_THAT(stats.out, ::testing::HasSubstr("\"tier\":\"dram\""));

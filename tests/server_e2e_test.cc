@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cmath>
 #include <fstream>
 #include <random>
 #include <thread>
@@ -141,6 +142,44 @@ TEST_F(E2eTest, LongestCachedPrefixFromTokens) {
   ASSERT_TRUE(hit.ok());
   EXPECT_EQ(hit->cached_chunks(), 2u);
   EXPECT_EQ(hit->keys, keys);
+}
+
+// Lookup with load estimates, over shared memory and inline gRPC: sizes
+// and positive load times per hit; with a prefill rate, how many hits are
+// worth loading; hostile rates and chunk sizes are InvalidArgument.
+TEST_F(E2eTest, PlanLoadEstimatesEachHitAndSaysWhatIsWorthLoading) {
+  auto c = Client(), inline_c = Client(false);
+  ASSERT_TRUE(c && inline_c);
+  auto a = MakeChunk(62), b = MakeChunk(63);
+  ASSERT_TRUE(c->Put(TestKey(62), a).ok());
+  ASSERT_TRUE(c->Put(TestKey(63), b).ok());
+  const std::vector<Hash128> keys = {TestKey(62), TestKey(63), TestKey(64)};
+  for (client::KvtierClient* cl : {c.get(), inline_c.get()}) {
+    auto plan = cl->PlanLoad(keys);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    EXPECT_THAT(plan->tiers, ::testing::ElementsAre(client::Tier::kDram, client::Tier::kDram));
+    EXPECT_THAT(plan->chunk_bytes, ::testing::ElementsAre(a.size(), b.size()));
+    ASSERT_EQ(plan->load_us.size(), 2u);
+    EXPECT_GT(plan->load_us[0], 0);
+    EXPECT_EQ(plan->load_chunks, 0u);  // no prefill rate given
+    // A fast prefill (1e12 tokens/s) makes recomputing cheaper than any load;
+    // a slow one (1000 tokens/s, 16 ms per chunk of 16) makes both worth it.
+    EXPECT_EQ(cl->PlanLoad(keys, 1e12, 16)->load_chunks, 0u);
+    auto slow = cl->PlanLoad(keys, 1000, 16);
+    ASSERT_TRUE(slow.ok());
+    EXPECT_EQ(slow->load_chunks, 2u);
+    EXPECT_DOUBLE_EQ(slow->load_chunks_us, slow->load_us[0] + slow->load_us[1]);
+    EXPECT_NEAR(slow->saved_us, 32000 - slow->load_chunks_us, 1e-6);
+    for (auto [rate, tokens] : {std::pair{-1.0, 16u}, std::pair{std::nan(""), 16u},
+                                std::pair{HUGE_VAL, 16u}, std::pair{1000.0, 0u},
+                                std::pair{1000.0, (1u << 20) + 1}}) {
+      EXPECT_EQ(cl->PlanLoad(keys, rate, tokens).status().code(), absl::StatusCode::kInvalidArgument)
+          << rate << " " << tokens;
+    }
+  }
+  std::vector<Hash128> many(5000, TestKey(62));
+  EXPECT_EQ(c->PlanLoad(many).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(c->PlanLoad(std::vector<Hash128>{TestKey(64)})->tiers.empty());
 }
 
 TEST_F(E2eTest, AsyncAndBatchedCalls) {

@@ -202,6 +202,36 @@ TEST(PlacementEngine, DurablePutIsCommittedOnNvmeAndSurvivesRestart) {
             absl::StatusCode::kFailedPrecondition);
 }
 
+// Load estimates: each hit's size and latency + bytes / bandwidth of its
+// tier, assumed until the tier has read something, then measured.
+TEST(PlacementEngine, EstimatePrefixLoadUsesAssumedThenMeasuredBandwidth) {
+  TempDir dir;
+  PlacementEngineOptions o{.maintenance_interval_ms = 0};
+  o.load_cost.assumed_read_bytes_per_s = {8e9, 4e9, 1e9, 2e9};
+  o.load_cost.latency_us = {1, 2, 300, 4};
+  auto c3 = MakeChunk(3), c4 = MakeChunk(4);
+  {
+    auto e = MakeEngine(dir, {.options = o});
+    ASSERT_TRUE(e->Put(KeyOf(3), c3, {.durable = true}).ok());
+  }
+  auto e = MakeEngine(dir, {.options = o});  // KeyOf(3) now on NVMe only
+  ASSERT_TRUE(e->Put(KeyOf(4), c4).ok());
+  const Hash128 keys[] = {KeyOf(4), KeyOf(3), KeyOf(9), KeyOf(4)};
+  PrefixLoadEstimate est = e->EstimatePrefixLoad(keys);
+  ASSERT_EQ(est.tiers, (std::vector<TierKind>{TierKind::kDram, TierKind::kNvme}));
+  EXPECT_EQ(est.bytes, (std::vector<uint64_t>{c4.size(), c3.size()}));
+  ASSERT_EQ(est.load_us.size(), 2u);
+  EXPECT_DOUBLE_EQ(est.load_us[0], 2 + c4.size() * 1e6 / 4e9);
+  EXPECT_DOUBLE_EQ(est.load_us[1], 300 + c3.size() * 1e6 / 1e9);
+  EXPECT_EQ(e->EstimatedReadBytesPerS(TierKind::kNvme), 1e9);
+  // A read from NVMe gives the tier a measured bandwidth, used from then on.
+  ASSERT_TRUE(GetAll(*e, 3).ok());
+  const double measured = e->nvme()->bandwidth().read_bytes_per_s;
+  ASSERT_GT(measured, 0);
+  EXPECT_EQ(e->EstimatedReadBytesPerS(TierKind::kNvme), measured);
+  EXPECT_TRUE(e->EstimatePrefixLoad(std::span<const Hash128>(keys).subspan(2)).tiers.empty());
+}
+
 TEST(PlacementEngine, SplitKvPutsKInDramAndVOnNvme) {
   TempDir dir;
   auto e = MakeEngine(dir, {.options = {.maintenance_interval_ms = 0, .split_kv = SplitKvPolicy::kAlways}});

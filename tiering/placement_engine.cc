@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "codec/chunk.h"
 #include "common/status.h"
+#include "tiering/bandwidth/model.h"
 
 namespace kvtier::tiering {
 namespace {
@@ -610,6 +611,37 @@ std::vector<TierKind> PlacementEngine::LookupPrefix(std::span<const Hash128> key
     out.push_back(TierKind::kRemote);
   }
   return out;
+}
+
+double PlacementEngine::EstimatedReadBytesPerS(TierKind k) const {
+  const Tier* t = tier(k);
+  const double measured = t != nullptr ? t->bandwidth().read_bytes_per_s : 0;
+  return measured > 0 ? measured
+                      : options_.load_cost.assumed_read_bytes_per_s[static_cast<int>(k)];
+}
+
+PrefixLoadEstimate PlacementEngine::EstimatePrefixLoad(std::span<const Hash128> keys) {
+  PrefixLoadEstimate e;
+  std::vector<TierKind> tiers = LookupPrefix(keys);
+  for (size_t i = 0; i < tiers.size(); ++i) {
+    uint64_t bytes = 0;
+    if (tiers[i] == TierKind::kRemote) {
+      auto size = remote_->Size({keys[i], Part::kWhole});
+      if (!size.ok()) break;  // gone from the cluster since: the prefix ends here
+      bytes = *size;
+    } else {
+      absl::MutexLock l(&mu_);
+      auto it = chunks_.find(keys[i]);
+      if (it == chunks_.end()) break;  // deleted since
+      bytes = it->second.bytes;
+    }
+    const int k = static_cast<int>(tiers[i]);
+    e.tiers.push_back(tiers[i]);
+    e.bytes.push_back(bytes);
+    e.load_us.push_back(bandwidth::LoadMicros(bytes, EstimatedReadBytesPerS(tiers[i]),
+                                              options_.load_cost.latency_us[k]));
+  }
+  return e;
 }
 
 std::vector<TierKind> PlacementEngine::LookupLocalPrefix(std::span<const Hash128> keys) {

@@ -41,6 +41,27 @@ enum class SplitKvPolicy : uint8_t {
 };
 
 // Per-daemon options.
+// How the engine estimates the time to load a chunk out of each tier
+// (EstimatePrefixLoad): latency + bytes / read bandwidth, with the tier's
+// measured read bandwidth once it has read anything, else the assumed one.
+// Indexed by TierKind (hbm, dram, nvme, remote).
+struct LoadCostModel {
+  // Default: hbm 64e9 (PCIe 5.0 x16 to the host), dram 10e9 (one thread's
+  // copy out of the pool), nvme 7e9 (a PCIe 4.0 x4 SSD), remote 50e9 (a
+  // 400 Gb/s NIC): the `kvtier links` presets.
+  std::array<double, kNumTierKinds> assumed_read_bytes_per_s = {64e9, 10e9, 7e9, 50e9};
+  // Per chunk. Default: hbm 20, dram 20 (a data-plane round trip), nvme 100,
+  // remote 200
+  std::array<double, kNumTierKinds> latency_us = {20, 20, 100, 200};
+};
+
+// A cached prefix and what loading it would cost (EstimatePrefixLoad).
+struct PrefixLoadEstimate {
+  std::vector<TierKind> tiers;  // as LookupPrefix: the prefix's hits
+  std::vector<uint64_t> bytes;  // each hit's chunk bytes
+  std::vector<double> load_us;  // each hit's estimated load time
+};
+
 struct PlacementEngineOptions {
   // Eviction policy of every tier. Default: kS3Fifo
   EvictionPolicyKind eviction = EvictionPolicyKind::kS3Fifo;
@@ -79,6 +100,8 @@ struct PlacementEngineOptions {
   SplitKvPolicy split_kv = SplitKvPolicy::kNever;
   // Time source for leases (not owned). Default: nullptr (SystemClock())
   Clock* clock = nullptr;
+  // Load-time estimates of EstimatePrefixLoad. Default: LoadCostModel{}
+  LoadCostModel load_cost;
 };
 
 // Per-call options of Put.
@@ -217,6 +240,14 @@ class PlacementEngine {
   // (its size is the prefix length). Past the locally stored prefix, keys
   // the remote tier has count as TierKind::kRemote (not fetched).
   std::vector<TierKind> LookupPrefix(std::span<const Hash128> keys);
+  // LookupPrefix with each hit's size and estimated load time from its
+  // fastest tier (the slower part's tier for a split chunk), by
+  // options.load_cost: what a client weighs against recomputing the prefix
+  // (bandwidth::BestLoadPrefix).
+  PrefixLoadEstimate EstimatePrefixLoad(std::span<const Hash128> keys);
+  // The read bandwidth (bytes/s) load estimates use for tier `k`: measured
+  // once the tier has read anything, else assumed.
+  double EstimatedReadBytesPerS(TierKind k) const;
 
   // Removes a chunk from every tier. NotFound on a miss, FailedPrecondition
   // if pinned, Unavailable if it is being moved (retry).

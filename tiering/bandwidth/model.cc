@@ -93,6 +93,25 @@ double Shortfall(double required_bytes_per_s, double link_bytes_per_s) {
   return required_bytes_per_s / link_bytes_per_s;
 }
 
+double LoadMicros(uint64_t bytes, double bytes_per_s, double latency_us) {
+  return latency_us + static_cast<double>(bytes) * 1e6 / bytes_per_s;
+}
+
+double RecomputeMicros(uint64_t tokens, double tokens_per_s) {
+  return tokens_per_s > 0 ? static_cast<double>(tokens) * 1e6 / tokens_per_s : 0.0;
+}
+
+LoadDecision BestLoadPrefix(std::span<const double> load_us, double recompute_us) {
+  LoadDecision best;
+  double load = 0, recompute = 0;
+  for (size_t i = 0; i < load_us.size(); ++i) {
+    load += load_us[i];
+    recompute += recompute_us;
+    if (recompute - load > best.saved_us()) best = {i + 1, load, recompute};
+  }
+  return best;
+}
+
 double KvFraction(double kv_bytes, double weight_bytes) {
   const double total = kv_bytes + weight_bytes;
   return total > 0 ? kv_bytes / total : 0.0;

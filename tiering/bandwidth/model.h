@@ -15,6 +15,7 @@
 #define KVTIER_TIERING_BANDWIDTH_MODEL_H_
 
 #include <cstdint>
+#include <span>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -140,6 +141,31 @@ absl::Status ValidateHill(const HillCurve& hill);
 
 // S(B) for `batch` >= 0.
 double HillSaturation(const HillCurve& hill, double batch);
+
+// --- Load or recompute (the placement engine's estimate of a cached prefix).
+
+// Microseconds to read `bytes` from a tier that answers after `latency_us`
+// and then streams at `bytes_per_s`. REQUIRES: bytes_per_s > 0.
+double LoadMicros(uint64_t bytes, double bytes_per_s, double latency_us);
+
+// Microseconds a prefill spends recomputing `tokens` at `tokens_per_s`
+// (the engine's measured prefill throughput); 0 when tokens_per_s <= 0.
+// Linear in tokens: attention's quadratic term is folded into the rate.
+double RecomputeMicros(uint64_t tokens, double tokens_per_s);
+
+// How many leading chunks of a cached prefix are worth loading instead of
+// recomputing: chunk i loads in load_us[i], any chunk recomputes in
+// recompute_us. A chunk is usable only after every chunk before it, so the
+// choice is a prefix: the n that saves the most time,
+// sum_{i<n} (recompute_us - load_us[i]), the shortest on a tie (0 when no
+// prefix saves time).
+struct LoadDecision {
+  size_t chunks = 0;       // leading chunks to load
+  double load_us = 0;      // their estimated load time
+  double recompute_us = 0; // the time recomputing them would take
+  double saved_us() const { return recompute_us - load_us; }
+};
+LoadDecision BestLoadPrefix(std::span<const double> load_us, double recompute_us);
 
 }  // namespace kvtier::bandwidth
 

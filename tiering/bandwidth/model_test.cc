@@ -161,5 +161,41 @@ TEST(EstimateParamCount, BiasesTiesAndExpertsAddTheirWeights) {
   EXPECT_EQ(*EstimateParamCount(moe), base + 32ull * (7ull * 3 * 4096 * 14336 + 4096 * 8));
 }
 
+TEST(LoadOrRecompute, LoadTimeIsLatencyPlusBytesOverBandwidth) {
+  EXPECT_DOUBLE_EQ(LoadMicros(25'182'336, 7e9, 100), 100 + 25'182'336 / 7e3);
+  EXPECT_DOUBLE_EQ(LoadMicros(0, 1e9, 20), 20);
+  EXPECT_DOUBLE_EQ(RecomputeMicros(256, 10'000), 25'600);
+  EXPECT_EQ(RecomputeMicros(256, 0), 0);
+  EXPECT_EQ(RecomputeMicros(256, -5), 0);
+}
+
+TEST(LoadOrRecompute, BestPrefixMaximizesTheTimeSaved) {
+  // Every chunk loads faster than it recomputes: load them all.
+  const double fast[] = {1000, 1000, 2000};
+  LoadDecision d = BestLoadPrefix(fast, 2500);
+  EXPECT_EQ(d.chunks, 3u);
+  EXPECT_DOUBLE_EQ(d.load_us, 4000);
+  EXPECT_DOUBLE_EQ(d.recompute_us, 7500);
+  EXPECT_DOUBLE_EQ(d.saved_us(), 3500);
+  // A slow chunk in the middle (say, remote) is worth loading when the fast
+  // ones after it make up for it...
+  const double middle[] = {1000, 4000, 1000, 1000};
+  EXPECT_EQ(BestLoadPrefix(middle, 2500).chunks, 4u);
+  // ... and not when they do not: stop before it.
+  const double tail[] = {1000, 9000, 1000};
+  EXPECT_EQ(BestLoadPrefix(tail, 2500).chunks, 1u);
+  // Nothing saves time: recompute everything.
+  const double slow[] = {3000, 3000};
+  LoadDecision none = BestLoadPrefix(slow, 2500);
+  EXPECT_EQ(none.chunks, 0u);
+  EXPECT_EQ(none.saved_us(), 0);
+  // A tie is resolved towards the shorter prefix.
+  const double even[] = {1000, 2500};
+  EXPECT_EQ(BestLoadPrefix(even, 2500).chunks, 1u);
+  EXPECT_EQ(BestLoadPrefix({}, 2500).chunks, 0u);
+  // Unknown recompute cost (0): loading never "saves" anything.
+  EXPECT_EQ(BestLoadPrefix(fast, 0).chunks, 0u);
+}
+
 }  // namespace
 }  // namespace kvtier::bandwidth
