@@ -6,18 +6,26 @@
 //     encoded bytes into pinned memory.
 // Each ratio is the median over kTrials interleaved batches of (baseline
 // time / kernel time) of the same batch, with its 10th-90th percentiles.
-// Usage: kernel_codec_bench OUT.json
+// Usage: kernel_codec_bench OUT.json [CODEC...]   (CODECs: Llama shape only,
+//          instead of the default list)
+//        kernel_codec_bench --check-division   (host only, no GPU: see CheckDivision)
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "bench/kernel_bench_util.h"
 #include "codec/chunk.h"
+#include "codec/quant.h"
 #include "kernels/gpu_test_util.h"
 #include "kernels/paged_codec.h"
 
@@ -216,11 +224,91 @@ std::string RunModel(const Model& m, const char* codec_name) {
       "}");
 }
 
+
+// The proof behind the fast path of the general encode kernel
+// (QuantizeVecFast in kernels/paged_codec.cu, whose formulas this repeats in
+// the same IEEE binary32 operations: multiply, fma, add, each rounded to
+// nearest even, no contraction). For BF16 and FP16, INT8, INT4 and FP8, every
+// 16-bit amax >= FastMinAmax (scale = codec::ScaleFromAmax, reciprocal 1 /
+// scale correctly rounded, as __frcp_rn) and every 16-bit x with |x| <= amax:
+// the fast code must equal the codec's (QuantizeInt / QuantizeFp8, i.e.
+// x / scale divided exactly). Prints the mismatches; returns their count.
+// Also reports the largest amax below the bound whose codes differ (why the
+// bound is there). About 6.4e9 pairs: seconds on 16 cores.
+uint64_t CheckDivision() {
+  using codec::BitsToFloat;
+  using codec::FloatBits;
+  uint64_t total_bad = 0;
+  for (const bool bf16 : {true, false}) {
+    const DType dt = bf16 ? DType::kBF16 : DType::kFP16;
+    const uint32_t inf_bits = bf16 ? 0x7F80u : 0x7C00u;
+    const float min_fast = bf16 ? 0x1p-103f : 0.0f;  // FastMinAmax
+    for (const DType qt : {DType::kINT8, DType::kINT4, DType::kFP8E4M3}) {
+      const int threads = std::max(1u, std::thread::hardware_concurrency());
+      std::atomic<uint64_t> pairs{0}, bad{0};
+      std::atomic<uint32_t> worst_below{0};
+      std::vector<std::thread> pool;
+      for (int t = 0; t < threads; ++t) {
+        pool.emplace_back([&, t] {
+          uint64_t n = 0, b = 0;
+          uint32_t worst = 0;
+          for (uint32_t ab = t; ab < inf_bits; ab += threads) {
+            const float amax = codec::Load16(static_cast<uint16_t>(ab), dt);
+            const float scale = codec::ScaleFromAmax(qt, amax);
+            const float rcp = 1.0f / scale;
+            const bool proven = amax >= min_fast;
+            for (uint32_t xb = 0; xb <= ab; ++xb) {
+              for (const uint32_t sign : {0u, 0x8000u}) {
+                const float x = codec::Load16(static_cast<uint16_t>(xb | sign), dt);
+                const float q0 = x * rcp;
+                const float q = std::fmaf(std::fmaf(-q0, scale, x), rcp, q0);
+                bool same;
+                if (qt == DType::kFP8E4M3) {
+                  const float qs = BitsToFloat(FloatBits(q) | (FloatBits(x) & 0x80000000u));
+                  same = codec::FloatToFp8E4M3(qs) == codec::QuantizeFp8(x, scale);
+                } else {
+                  const int32_t code =
+                      static_cast<int32_t>(FloatBits(q + 12582912.0f) - 0x4B400000u);
+                  const int32_t qmax = static_cast<int32_t>(codec::QMax(qt));
+                  same = code == codec::QuantizeInt(x, scale, qmax);
+                }
+                if (proven) {
+                  ++n;
+                  if (!same) {
+                    if (b++ < 3) std::printf("  MISMATCH amax %04x x %04x\n", ab, xb | sign);
+                  }
+                } else if (!same) {
+                  worst = std::max(worst, ab);
+                }
+              }
+            }
+          }
+          pairs += n;
+          bad += b;
+          uint32_t w = worst_below.load();
+          while (w < worst && !worst_below.compare_exchange_weak(w, worst)) {
+          }
+        });
+      }
+      for (auto& th : pool) th.join();
+      std::printf("check-division %s %s: %llu (x, amax) pairs with amax >= %g, %llu mismatches; "
+                  "largest amax below the bound with a mismatch: 0x%04x\n",
+                  bf16 ? "bf16" : "fp16", codec::DTypeName(qt),
+                  static_cast<unsigned long long>(pairs.load()), min_fast,
+                  static_cast<unsigned long long>(bad.load()), worst_below.load());
+      std::fflush(stdout);
+      total_bad += bad.load();
+    }
+  }
+  return total_bad;
+}
 }  // namespace
 }  // namespace kvtier::kernels
 
 int main(int argc, char** argv) {
   using namespace kvtier::kernels;
+  if (argc > 1 && std::strcmp(argv[1], "--check-division") == 0) return CheckDivision() == 0 ? 0 : 1;
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // lines reach a log even if a time limit ends the run
   cudaDeviceProp prop;
   CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s, %d SMs, L2 %d MiB\n", prop.name, prop.multiProcessorCount,
@@ -228,15 +316,29 @@ int main(int argc, char** argv) {
   const Model models[] = {{"llama3.1-8b", 32, 8, 128}, {"qwen2.5-7b", 28, 4, 128}};
   std::string json = absl::StrCat("{\"device\": \"", prop.name, "\", \"codec_kernels\": [");
   bool first = true;
-  for (const Model& m : models) {
-    for (const char* c : {"k16v8", "k16v16"}) {
-      json += (first ? "" : ", ") + RunModel(m, c);
-      first = false;
+  auto run = [&](const Model& m, const char* c) {
+    const auto start = std::chrono::steady_clock::now();
+    json += (first ? "" : ", ") + RunModel(m, c);
+    first = false;
+    std::printf("  (%.1f s)\n", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  };
+  if (argc > 2) {
+    for (int i = 2; i < argc; ++i) run(models[0], argv[i]);
+  } else {
+    for (const Model& m : models) {
+      for (const char* c : {"k16v8", "k16v16"}) run(m, c);
+    }
+    // The general kernels (issue #6): INT8 per-(token, head) on both sections,
+    // INT8 per-tensor V (amax pre-pass + encode pass), and the other
+    // granularities and quantized formats.
+    for (const char* c :
+         {"ki8vi8", "k=16,v=int8/tensor", "k=int8/block-head,v=int8/block-head",
+          "k=int8/tensor,v=int8/tensor", "k=int4/token-head,v=int4/token-head",
+          "k=int4/block-head,v=int4/block-head", "k=fp8e4m3/token-head,v=fp8e4m3/token-head",
+          "k16v4"}) {
+      run(models[0], c);
     }
   }
-  // The general kernels (issue #6): INT8 per-(token, head) on both sections,
-  // and INT8 per-tensor V (amax pre-pass + encode pass).
-  for (const char* c : {"ki8vi8", "k=16,v=int8/tensor"}) json += ", " + RunModel(models[0], c);
   json += "]}\n";
   if (argc > 1) {
     FILE* f = std::fopen(argv[1], "w");

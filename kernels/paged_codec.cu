@@ -216,6 +216,143 @@ __device__ __forceinline__ uint4 DequantizeVec(const uint2& c, float scale, DTyp
                     uint32_t{h[4]} | uint32_t{h[5]} << 16, uint32_t{h[6]} | uint32_t{h[7]} << 16);
 }
 
+// ---- Fast path of the general encode (kQuant sections) ----
+//
+// Per element, the exact path above costs an IEEE division (__fdiv_rn: MUFU
+// reciprocal, Newton steps, a range check and a slow-path call) and four
+// branches. The fast path divides with one correction step from the group's
+// reciprocal r = __frcp_rn(s) (Markstein): q0 = x * r, q = fma(fma(-q0, s,
+// x), r, q0), and rounds INT codes by adding 1.5 * 2^23 (nearest even for
+// |q| < 2^22), without a clamp (|x| <= amax keeps RNE(q) within qmax). It
+// runs only where it is proven to give the codec's bytes: vectors without
+// NaN / inf, in groups whose amax >= FastMinAmax. The proof is exhaustive, on
+// the host, over every 16-bit amax and every 16-bit x with |x| <= amax, for
+// BF16 and FP16 and each quantized format (`kernel_codec_bench
+// --check-division`, which repeats these formulas): every code equals
+// codec::QuantizeInt / codec::QuantizeFp8 of x / scale (6.4e9 pairs, 0
+// mismatches). Below the BF16 bound the residual underflows and codes do
+// differ (largest such amax: BF16 0x0B2A, about 2^-104.6, for FP8; 0x04EF for
+// INT8); FP16 needs no bound.
+__device__ __forceinline__ float FastMinAmax(bool bf16) {
+  return bf16 ? 0x1p-103f : 0.0f;  // BF16 bits 0x0C00
+}
+
+// |x| bits of a NaN or infinity of the 16-bit dtype and above.
+__device__ __forceinline__ uint32_t InfAbsBits(bool bf16) { return bf16 ? 0x7F80u : 0x7C00u; }
+
+__device__ __forceinline__ uint32_t MaxU16x2(uint32_t a, uint32_t b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  uint32_t r;
+  asm("max.u16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+#else
+  return __vmaxu2(a, b);
+#endif
+}
+
+// Largest |x| of the 8 elements of `v` as 16-bit magnitude bits (for BF16
+// and FP16 the unsigned order of those bits is the order of |x|), NaN and
+// inf included: the result is >= InfAbsBits exactly when `v` holds one.
+__device__ __forceinline__ uint32_t AbsBitsMax(const uint4& v) {
+  constexpr uint32_t kAbs = 0x7FFF7FFFu;
+  const uint32_t m = MaxU16x2(MaxU16x2(v.x & kAbs, v.y & kAbs), MaxU16x2(v.z & kAbs, v.w & kAbs));
+  return max(m & 0xFFFFu, m >> 16);
+}
+
+// The same over the finite elements only: the bits of the max of
+// codec::AmaxTerm (Load16 of these bits is that float, exactly).
+__device__ __forceinline__ uint32_t FiniteAbsBitsMax(const uint4& v, uint32_t inf_bits) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+  uint32_t m = 0;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const uint32_t a = (w[i / 2] >> (16 * (i % 2))) & 0x7FFFu;
+    if (a < inf_bits) m = max(m, a);
+  }
+  return m;
+}
+
+// Max over the CTA of two packed 16-bit values. REQUIRES: every thread calls it.
+__device__ __forceinline__ uint32_t BlockMaxU16x2(uint32_t v, uint32_t* smem) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = MaxU16x2(v, __shfl_xor_sync(0xffffffffu, v, o));
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __syncthreads();  // smem may still be read by a previous call
+  if (lane == 0) smem[warp] = v;
+  __syncthreads();
+  uint32_t m = smem[0];
+#pragma unroll
+  for (int w = 1; w < kThreads / 32; ++w) m = MaxU16x2(m, smem[w]);
+  return m;
+}
+
+// One 8-byte store per lane. Left to itself, nvcc split the code stores of
+// the three formats into 4-byte halves where their branches join: L2 merges
+// those in device memory, but into mapped pinned memory every half went over
+// PCIe as a partial write (encode to pinned fell to 0.05 of a memcpy).
+__device__ __forceinline__ void StoreU2(uint8_t* p, uint2 v) {
+  asm volatile("st.global.v2.u32 [%0], {%1, %2};" ::"l"(p), "r"(v.x), "r"(v.y) : "memory");
+}
+
+// x / scale as __fdiv_rn rounds it, where the fast-path rule above holds.
+__device__ __forceinline__ float DivByScale(float x, float scale, float rcp) {
+  const float q0 = __fmul_rn(x, rcp);
+  return __fmaf_rn(__fmaf_rn(-q0, scale, x), rcp, q0);
+}
+
+// QuantizeVec of a vector without NaN / inf whose group passed FastMinAmax.
+template <DType QT, bool kBf16>
+__device__ __forceinline__ uint2 QuantizeVecFast(const uint4& v, float scale, float rcp) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+  float q[kVecElems];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    float2 x;
+    if constexpr (kBf16) {
+      x = make_float2(__uint_as_float(w[i] << 16), __uint_as_float(w[i] & 0xFFFF0000u));
+    } else {
+      x = __half22float2(*reinterpret_cast<const __half2*>(&w[i]));
+    }
+    q[2 * i] = DivByScale(x.x, scale, rcp);
+    q[2 * i + 1] = DivByScale(x.y, scale, rcp);
+    if constexpr (QT == DType::kFP8E4M3) {
+      // A zero quotient takes x's sign, as x / scale does (scale > 0).
+      q[2 * i] = __uint_as_float(__float_as_uint(q[2 * i]) | (__float_as_uint(x.x) & 0x80000000u));
+      q[2 * i + 1] =
+          __uint_as_float(__float_as_uint(q[2 * i + 1]) | (__float_as_uint(x.y) & 0x80000000u));
+    }
+  }
+  if constexpr (QT == DType::kFP8E4M3) {
+    uint32_t h[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+      h[i] = __nv_cvt_float2_to_fp8x2(make_float2(q[2 * i], q[2 * i + 1]), __NV_SATFINITE, __NV_E4M3);
+#else
+      h[i] = uint32_t{codec::FloatToFp8E4M3(q[2 * i])} |
+             uint32_t{codec::FloatToFp8E4M3(q[2 * i + 1])} << 8;
+#endif
+    }
+    return make_uint2(h[0] | h[1] << 16, h[2] | h[3] << 16);
+  } else {
+    // RNE to an integer: 1.5 * 2^23 + k has the bits 0x4B400000 + k for
+    // |k| < 2^22, so the low byte (nibble) is k's two's complement.
+    uint32_t c[kVecElems];
+#pragma unroll
+    for (int e = 0; e < kVecElems; ++e) c[e] = __float_as_uint(__fadd_rn(q[e], 12582912.0f));
+    if constexpr (QT == DType::kINT8) {
+      return make_uint2(
+          __byte_perm(__byte_perm(c[0], c[1], 0x0040), __byte_perm(c[2], c[3], 0x0040), 0x5410),
+          __byte_perm(__byte_perm(c[4], c[5], 0x0040), __byte_perm(c[6], c[7], 0x0040), 0x5410));
+    } else {
+      uint32_t out = 0;
+#pragma unroll
+      for (int e = 0; e < kVecElems; ++e) out |= (c[e] & 0xFu) << (4 * e);
+      return make_uint2(out, 0);
+    }
+  }
+}
+
 // Zeroes the padding of one layer record of one section.
 __device__ void ZeroPadding(uint8_t* layer, const SectionArgs& s) {
   for (uint64_t i = s.payload + threadIdx.x; i < s.data_bytes; i += kThreads) layer[i] = 0;
@@ -224,70 +361,143 @@ __device__ void ZeroPadding(uint8_t* layer, const SectionArgs& s) {
   }
 }
 
-// Encodes one kQuant section of the CTA's tile (general kernels): the scales
-// by the section's granularity, the codes, and the scale slots the CTA owns.
-// `tensor_amax` is the layer's amax (per-tensor sections only).
+// Encodes the kQuant sections of the CTA's tile (general kernels): the
+// scales by each section's granularity, the codes, and the scale slots the
+// CTA owns. Group amaxes are taken on 16-bit magnitude bits, K in the low and
+// V in the high half of one word, so one reduction serves both sections:
+// per-(token, head) over the kVecsPerRow consecutive lanes of a row
+// (shuffles), per-(block, head) over the CTA. A group holding NaN / inf is
+// reduced again over its finite elements (the codec's amax). Vectors go
+// through QuantizeVecFast where proven, else the exact QuantizeVec.
+// Returns whether a kQuant section of the tile holds a NaN or inf.
 // REQUIRES: called by every thread of the CTA (block-wide reductions).
-template <int HD, int BS, DType QT>
-__device__ __forceinline__ void EncodeQuantTile(const uint4 (&data)[Tile<HD, BS>::kPerThread],
-                                                uint32_t valid_mask, const SectionArgs& sa,
-                                                uint8_t* layer_base, float tensor_amax,
-                                                uint32_t t0, uint32_t H, uint32_t head,
-                                                uint32_t cb, bool bf16, float* smem) {
+template <int HD, int BS>
+__device__ __forceinline__ bool EncodeQuantSections(
+    const CodecParams& p, const uint4 (&data)[2][Tile<HD, BS>::kPerThread], uint32_t valid_mask,
+    uint32_t t0, uint32_t H, uint32_t head, uint32_t cb, uint32_t layer, uint32_t* smem) {
   using T = Tile<HD, BS>;
-  float scale[T::kPerThread];
-  if (sa.gran == ScaleGranularity::kPerTokenHead) {
-    // The kVecsPerRow vectors of a row (one token, one head) are held by as
-    // many consecutive lanes of one warp: a butterfly over them is the row's amax.
-    static_assert(32 % T::kVecsPerRow == 0 && kThreads % T::kVecsPerRow == 0,
-                  "a token row must lie within one warp");
+  static_assert(32 % T::kVecsPerRow == 0 && kThreads % T::kVecsPerRow == 0,
+                "a token row must lie within one warp");
+  const bool bf16 = p.bf16;
+  const uint32_t inf_bits = InfAbsBits(bf16);
+  bool quant[2], token[2], block[2];
 #pragma unroll
-    for (int i = 0; i < T::kPerThread; ++i) {
-      float a = (valid_mask >> i & 1u) ? AmaxOf(data[i], bf16) : 0.0f;
-#pragma unroll
-      for (int o = T::kVecsPerRow / 2; o > 0; o >>= 1) {
-        a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
-      }
-      scale[i] = ScaleFromAmaxDevice(QT, a);
-    }
-  } else {
-    float a = tensor_amax;
-    if (sa.gran == ScaleGranularity::kPerBlockHead) {
-      a = 0.0f;
-#pragma unroll
-      for (int i = 0; i < T::kPerThread; ++i) {
-        if (valid_mask >> i & 1u) a = fmaxf(a, AmaxOf(data[i], bf16));
-      }
-      a = BlockMax(a, smem);
-    }
-    const float sc = ScaleFromAmaxDevice(QT, a);
-#pragma unroll
-    for (int i = 0; i < T::kPerThread; ++i) scale[i] = sc;
+  for (int s = 0; s < 2; ++s) {
+    quant[s] = p.sec[s].mode == Mode::kQuant;
+    token[s] = quant[s] && p.sec[s].gran == ScaleGranularity::kPerTokenHead;
+    block[s] = quant[s] && p.sec[s].gran == ScaleGranularity::kPerBlockHead;
   }
-  float* scales = reinterpret_cast<float*>(layer_base + sa.data_bytes);
+  const uint32_t token_mask = (token[0] ? 0xFFFFu : 0u) | (token[1] ? 0xFFFF0000u : 0u);
+  const uint32_t block_mask = (block[0] ? 0xFFFFu : 0u) | (block[1] ? 0xFFFF0000u : 0u);
+
+  // Per vector, the magnitude bits of both sections (invalid vectors are 0).
+  uint32_t vmax[T::kPerThread];
+  bool non_finite = false;
 #pragma unroll
   for (int i = 0; i < T::kPerThread; ++i) {
-    if (!(valid_mask >> i & 1u)) continue;
-    const int v = threadIdx.x + i * kThreads;
-    const uint64_t idx = T::ChunkIndex(t0, v, H, head);
-    const uint2 q = QuantizeVec<QT>(data[i], scale[i], bf16);
-    if constexpr (QT == DType::kINT4) {
-      static_assert(kVecElems % 8 == 0, "INT4 vectors are whole 4-byte words");
-      *reinterpret_cast<uint32_t*>(layer_base + idx / 2) = q.x;
-    } else {
-      *reinterpret_cast<uint2*>(layer_base + idx) = q;
-    }
-    if (sa.gran == ScaleGranularity::kPerTokenHead && v % T::kVecsPerRow == 0) {
-      scales[uint64_t{t0 + v / T::kVecsPerRow} * H + head] = scale[i];
+    const uint32_t k = quant[0] ? AbsBitsMax(data[0][i]) : 0u;
+    const uint32_t v = quant[1] ? AbsBitsMax(data[1][i]) : 0u;
+    non_finite |= max(k, v) >= inf_bits;
+    vmax[i] = k | v << 16;
+  }
+  // Group amaxes exclude NaN / inf: if the reduction may see one, reduce the
+  // finite values instead (uniform over the CTA, or the warp for rows).
+  const bool any_block = block_mask != 0;
+  const bool refine = any_block ? __syncthreads_or(non_finite) : __any_sync(0xffffffffu, non_finite);
+  uint32_t gmax[T::kPerThread];
+#pragma unroll
+  for (int i = 0; i < T::kPerThread; ++i) {
+    gmax[i] = vmax[i];
+    if (refine) {
+      gmax[i] = (quant[0] ? FiniteAbsBitsMax(data[0][i], inf_bits) : 0u) |
+                (quant[1] ? FiniteAbsBitsMax(data[1][i], inf_bits) : 0u) << 16;
     }
   }
-  if (threadIdx.x == 0) {
-    if (sa.gran == ScaleGranularity::kPerBlockHead) {
-      scales[uint64_t{cb} * H + head] = scale[0];
-    } else if (sa.gran == ScaleGranularity::kPerTensor && blockIdx.x == 0) {
-      scales[0] = scale[0];
+  uint32_t row[T::kPerThread];
+  if (token_mask != 0) {
+#pragma unroll
+    for (int i = 0; i < T::kPerThread; ++i) {
+      uint32_t a = gmax[i] & token_mask;
+#pragma unroll
+      for (int o = T::kVecsPerRow / 2; o > 0; o >>= 1) {
+        a = MaxU16x2(a, __shfl_xor_sync(0xffffffffu, a, o));
+      }
+      row[i] = a;
     }
   }
+  uint32_t blk = 0;
+  if (any_block) {
+#pragma unroll
+    for (int i = 0; i < T::kPerThread; ++i) blk = MaxU16x2(blk, gmax[i] & block_mask);
+    blk = BlockMaxU16x2(blk, smem);
+  }
+
+  const DType dt = bf16 ? DType::kBF16 : DType::kFP16;
+  const float min_fast = FastMinAmax(bf16);
+#pragma unroll
+  for (int s = 0; s < 2; ++s) {
+    if (!quant[s]) continue;
+    const SectionArgs& sa = p.sec[s];
+    uint8_t* layer_base = p.chunk + sa.offset + sa.layer_stride * layer;
+    float* scales = reinterpret_cast<float*>(layer_base + sa.data_bytes);
+    const float qmax = codec::QMax(sa.qdtype);
+    // Written by LayerAmaxKernel earlier on the stream; cleared by this
+    // kernel's last CTA, so read through L2, not the read-only path.
+    float group_amax = 0.0f;
+    if (sa.gran == ScaleGranularity::kPerTensor) {
+      group_amax = __uint_as_float(__ldcg(p.workspace + kWsAmax + 2 * layer + s));
+    } else if (block[s]) {
+      group_amax = codec::Load16(static_cast<uint16_t>(blk >> (16 * s)), dt);
+    }
+    float group_scale = 1.0f, group_rcp = 1.0f;
+    if (!token[s]) {
+      group_scale = group_amax > 0.0f ? __fdiv_rn(group_amax, qmax) : 1.0f;
+      group_rcp = __frcp_rn(group_scale);
+    }
+#pragma unroll
+    for (int i = 0; i < T::kPerThread; ++i) {
+      if (!(valid_mask >> i & 1u)) continue;
+      float amax = group_amax, scale = group_scale, rcp = group_rcp;
+      if (token[s]) {
+        amax = codec::Load16(static_cast<uint16_t>(row[i] >> (16 * s)), dt);
+        scale = amax > 0.0f ? __fdiv_rn(amax, qmax) : 1.0f;
+        rcp = __frcp_rn(scale);
+      }
+      const bool fast = ((vmax[i] >> (16 * s)) & 0xFFFFu) < inf_bits && amax >= min_fast;
+      const int v = threadIdx.x + i * kThreads;
+      const uint64_t idx = T::ChunkIndex(t0, v, H, head);
+      if (sa.qdtype == DType::kINT4) {
+        static_assert(kVecElems % 8 == 0, "INT4 vectors are whole 4-byte words");
+        const uint2 q = !fast ? QuantizeVec<DType::kINT4>(data[s][i], scale, bf16)
+                        : bf16 ? QuantizeVecFast<DType::kINT4, true>(data[s][i], scale, rcp)
+                               : QuantizeVecFast<DType::kINT4, false>(data[s][i], scale, rcp);
+        *reinterpret_cast<uint32_t*>(layer_base + idx / 2) = q.x;
+      } else {
+        uint2 q;
+        if (sa.qdtype == DType::kINT8) {
+          q = !fast ? QuantizeVec<DType::kINT8>(data[s][i], scale, bf16)
+              : bf16 ? QuantizeVecFast<DType::kINT8, true>(data[s][i], scale, rcp)
+                     : QuantizeVecFast<DType::kINT8, false>(data[s][i], scale, rcp);
+        } else {
+          q = !fast ? QuantizeVec<DType::kFP8E4M3>(data[s][i], scale, bf16)
+              : bf16 ? QuantizeVecFast<DType::kFP8E4M3, true>(data[s][i], scale, rcp)
+                     : QuantizeVecFast<DType::kFP8E4M3, false>(data[s][i], scale, rcp);
+        }
+        StoreU2(layer_base + idx, q);
+      }
+      if (token[s] && v % T::kVecsPerRow == 0) {
+        scales[uint64_t{t0 + v / T::kVecsPerRow} * H + head] = scale;
+      }
+    }
+    if (threadIdx.x == 0) {
+      if (block[s]) {
+        scales[uint64_t{cb} * H + head] = group_scale;
+      } else if (sa.gran == ScaleGranularity::kPerTensor && blockIdx.x == 0) {
+        scales[0] = group_scale;
+      }
+    }
+  }
+  return non_finite;
 }
 
 // Pre-pass of launches with a per-tensor section: each CTA reduces its tile
@@ -298,7 +508,7 @@ template <int HD, int BS>
 __global__ void __launch_bounds__(kThreads)
     LayerAmaxKernel(const __grid_constant__ CodecParams p) {
   using T = Tile<HD, BS>;
-  __shared__ float smem[kThreads / 32];
+  __shared__ uint32_t smem[kThreads / 32];
   const PagedKvLayout& c = p.cache;
   const auto [H, head, cb, layer, t0, nt] = T::Here(p);
 #pragma unroll
@@ -318,18 +528,30 @@ __global__ void __launch_bounds__(kThreads)
         data[i] = __ldg(reinterpret_cast<const uint4*>(base + e));
       }
     }
-    float a = 0.0f;
+    // Magnitude bits, as EncodeQuantSections; NaN / inf excluded.
+    const uint32_t inf_bits = InfAbsBits(p.bf16);
+    uint32_t m = 0;
 #pragma unroll
-    for (int i = 0; i < T::kPerThread; ++i) a = fmaxf(a, AmaxOf(data[i], p.bf16));
-    a = BlockMax(a, smem);
+    for (int i = 0; i < T::kPerThread; ++i) m = max(m, AbsBitsMax(data[i]));
+    if (__syncthreads_or(m >= inf_bits)) {
+      m = 0;
+#pragma unroll
+      for (int i = 0; i < T::kPerThread; ++i) m = max(m, FiniteAbsBitsMax(data[i], inf_bits));
+    }
+    m = BlockMaxU16x2(m, smem);
+    const float a = codec::Load16(static_cast<uint16_t>(m), p.bf16 ? DType::kBF16 : DType::kFP16);
     if (threadIdx.x == 0 && a > 0.0f) {
       atomicMax(p.workspace + kWsAmax + 2 * layer + s, __float_as_uint(a));
     }
   }
 }
 
+// General kernels with small tiles (<= 2 vectors a thread, e.g. head_dim 128
+// x block 16): at most 48 registers, i.e. 10 CTAs per SM, as they are
+// latency-bound (each CTA loads, reduces, computes, then stores). 0 leaves
+// the other instantiations as they were (the fast ones' SASS is unchanged).
 template <int HD, int BS, bool kGeneral>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, kGeneral && Tile<HD, BS>::kPerThread <= 2 ? 10 : 0)
     GatherEncodeKernel(const __grid_constant__ CodecParams p) {
   using T = Tile<HD, BS>;
   __shared__ float smem[kThreads / 32];
@@ -364,6 +586,12 @@ __global__ void __launch_bounds__(kThreads)
   }
 
   bool non_finite = false;
+  if constexpr (kGeneral) {
+    if (p.sec[0].mode == Mode::kQuant || p.sec[1].mode == Mode::kQuant) {
+      non_finite = EncodeQuantSections<HD, BS>(p, data, valid_mask, t0, H, head, cb, layer,
+                                               reinterpret_cast<uint32_t*>(smem));
+    }
+  }
 #pragma unroll
   for (int s = 0; s < 2; ++s) {
     const SectionArgs& sa = p.sec[s];
@@ -407,28 +635,7 @@ __global__ void __launch_bounds__(kThreads)
         reinterpret_cast<float*>(layer_base + sa.data_bytes)[uint64_t{cb} * H + head] = scale;
       }
     } else if (kGeneral && sa.mode == Mode::kQuant) {
-      if constexpr (kGeneral) {
-#pragma unroll
-        for (int i = 0; i < T::kPerThread; ++i) {
-          if (valid_mask >> i & 1u) non_finite |= AnyNonFinite(data[s][i], p.bf16);
-        }
-        // Written by LayerAmaxKernel earlier on the stream; cleared by this
-        // kernel's last CTA, so read through L2, not the read-only path.
-        const float tensor_amax =
-            sa.gran == ScaleGranularity::kPerTensor
-                ? __uint_as_float(__ldcg(p.workspace + kWsAmax + 2 * layer + s))
-                : 0.0f;
-        if (sa.qdtype == DType::kFP8E4M3) {
-          EncodeQuantTile<HD, BS, DType::kFP8E4M3>(data[s], valid_mask, sa, layer_base,
-                                                   tensor_amax, t0, H, head, cb, p.bf16, smem);
-        } else if (sa.qdtype == DType::kINT8) {
-          EncodeQuantTile<HD, BS, DType::kINT8>(data[s], valid_mask, sa, layer_base, tensor_amax,
-                                                t0, H, head, cb, p.bf16, smem);
-        } else {
-          EncodeQuantTile<HD, BS, DType::kINT4>(data[s], valid_mask, sa, layer_base, tensor_amax,
-                                                t0, H, head, cb, p.bf16, smem);
-        }
-      }
+      // Encoded by EncodeQuantSections above.
     } else {  // kPass8
 #pragma unroll
       for (int i = 0; i < T::kPerThread; ++i) {
