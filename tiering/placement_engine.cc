@@ -604,11 +604,18 @@ bool PlacementEngine::Contains(const Hash128& key) {
 }
 
 std::vector<TierKind> PlacementEngine::LookupPrefix(std::span<const Hash128> keys) {
-  std::vector<TierKind> out = LookupLocalPrefix(keys);
+  return LookupPrefixSized(keys, nullptr);
+}
+
+std::vector<TierKind> PlacementEngine::LookupPrefixSized(std::span<const Hash128> keys,
+                                                         std::vector<uint64_t>* bytes) {
+  std::vector<TierKind> out = LookupLocalPrefix(keys, bytes);
   // Past what is stored here, keys the cluster has still save a prefill.
   while (remote_ != nullptr && out.size() < keys.size()) {
-    if (!remote_->Size({keys[out.size()], Part::kWhole}).ok()) break;
+    auto size = remote_->Size({keys[out.size()], Part::kWhole});
+    if (!size.ok()) break;
     out.push_back(TierKind::kRemote);
+    if (bytes != nullptr) bytes->push_back(*size);
   }
   return out;
 }
@@ -622,29 +629,17 @@ double PlacementEngine::EstimatedReadBytesPerS(TierKind k) const {
 
 PrefixLoadEstimate PlacementEngine::EstimatePrefixLoad(std::span<const Hash128> keys) {
   PrefixLoadEstimate e;
-  std::vector<TierKind> tiers = LookupPrefix(keys);
-  for (size_t i = 0; i < tiers.size(); ++i) {
-    uint64_t bytes = 0;
-    if (tiers[i] == TierKind::kRemote) {
-      auto size = remote_->Size({keys[i], Part::kWhole});
-      if (!size.ok()) break;  // gone from the cluster since: the prefix ends here
-      bytes = *size;
-    } else {
-      absl::MutexLock l(&mu_);
-      auto it = chunks_.find(keys[i]);
-      if (it == chunks_.end()) break;  // deleted since
-      bytes = it->second.bytes;
-    }
-    const int k = static_cast<int>(tiers[i]);
-    e.tiers.push_back(tiers[i]);
-    e.bytes.push_back(bytes);
-    e.load_us.push_back(bandwidth::LoadMicros(bytes, EstimatedReadBytesPerS(tiers[i]),
+  e.tiers = LookupPrefixSized(keys, &e.bytes);
+  for (size_t i = 0; i < e.tiers.size(); ++i) {
+    const int k = static_cast<int>(e.tiers[i]);
+    e.load_us.push_back(bandwidth::LoadMicros(e.bytes[i], EstimatedReadBytesPerS(e.tiers[i]),
                                               options_.load_cost.latency_us[k]));
   }
   return e;
 }
 
-std::vector<TierKind> PlacementEngine::LookupLocalPrefix(std::span<const Hash128> keys) {
+std::vector<TierKind> PlacementEngine::LookupLocalPrefix(std::span<const Hash128> keys,
+                                                         std::vector<uint64_t>* bytes) {
   std::vector<TierKind> out;
   absl::MutexLock l(&mu_);
   for (const Hash128& k : keys) {
@@ -658,6 +653,7 @@ std::vector<TierKind> PlacementEngine::LookupLocalPrefix(std::span<const Hash128
     }
     if (!ok) break;
     out.push_back(slowest);
+    if (bytes != nullptr) bytes->push_back(it->second.bytes);
   }
   return out;
 }

@@ -326,7 +326,13 @@ class PlacementEngine {
   // local lookup that follows reports the miss); other fetch errors returned.
   // Holds no lock across the remote I/O.
   absl::StatusOr<bool> FetchIfMissing(const Hash128& key, bool allow_remote);
-  std::vector<TierKind> LookupLocalPrefix(std::span<const Hash128> keys);
+  // LookupPrefix and LookupLocalPrefix; with `bytes`, each hit's chunk
+  // size is appended to it, from the same walk (and the same remote Size
+  // call) that found the hit.
+  std::vector<TierKind> LookupPrefixSized(std::span<const Hash128> keys,
+                                          std::vector<uint64_t>* bytes);
+  std::vector<TierKind> LookupLocalPrefix(std::span<const Hash128> keys,
+                                          std::vector<uint64_t>* bytes);
   absl::Status DeleteLocal(const Hash128& key);
   void Bootstrap();
   void Count(EngineMetric m, uint64_t n = 1) {
