@@ -37,6 +37,7 @@
 #include "codec/test_util.h"
 #include "server/chunk_check.h"
 #include "server/daemon.h"
+#include "server/shm_channel.h"
 
 using namespace kvtier;
 using Clock = std::chrono::steady_clock;
@@ -383,10 +384,7 @@ int main(int argc, char** argv) {
   const bool helper = c0->checks_on_helper_thread();
   const char* get_threads = helper ? "the client copies on one thread while a client helper thread hashes behind it"
                                    : "the client copies and hashes each piece on one thread";
-  // As the daemon resolves DaemonOptions::put_check_threads.
-  const int put_threads = put_check_threads > 0                           ? put_check_threads
-                          : std::thread::hardware_concurrency() >= 4 ? 2
-                                                                      : 1;
+  const int put_threads = server::ResolvePutCheckThreads(put_check_threads);
   const char* put_how = put_threads == 2
                             ? "the client copies K and V interleaved on one thread while the "
                               "daemon's data-plane thread hashes K and its helper thread V behind it"

@@ -58,21 +58,14 @@ absl::StatusOr<ShmHandshake> ConnectShm(const std::string& path) {
     ::close(s);
     return absl::FailedPreconditionError(absl::StrCat("connect ", path, ": ", std::strerror(e)));
   }
-  uint64_t size = 0;
-  iovec iov{&size, sizeof(size)};
-  alignas(cmsghdr) char ctrl[CMSG_SPACE(sizeof(int))] = {};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = ctrl;
-  msg.msg_controllen = sizeof(ctrl);
+  server::shm_wire::PoolMessage m;
   ssize_t n;
   do {
-    n = ::recvmsg(s, &msg, MSG_CMSG_CLOEXEC);
+    n = ::recvmsg(s, &m.msg, MSG_CMSG_CLOEXEC);
   } while (n < 0 && errno == EINTR);
   const int e = errno;
-  cmsghdr* cm = CMSG_FIRSTHDR(&msg);
-  if (n != static_cast<ssize_t>(sizeof(size)) || cm == nullptr || cm->cmsg_type != SCM_RIGHTS ||
+  cmsghdr* cm = CMSG_FIRSTHDR(&m.msg);
+  if (n != static_cast<ssize_t>(sizeof(m.size)) || cm == nullptr || cm->cmsg_type != SCM_RIGHTS ||
       cm->cmsg_len != CMSG_LEN(sizeof(int))) {
     ::close(s);
     return absl::FailedPreconditionError(
@@ -82,7 +75,7 @@ absl::StatusOr<ShmHandshake> ConnectShm(const std::string& path) {
   }
   ShmHandshake h;
   h.sock = s;
-  h.size = size;
+  h.size = m.size;
   std::memcpy(&h.memfd, CMSG_DATA(cm), sizeof(int));
   return h;
 }

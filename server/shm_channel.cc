@@ -189,6 +189,11 @@ absl::StatusOr<std::unique_ptr<ShmChannel>> ShmChannel::Start(const std::string&
       new ShmChannel(path, *lfd, p, fd, size, metrics, service, options));
 }
 
+int ResolvePutCheckThreads(int option) {
+  if (option > 0) return option;
+  return std::thread::hardware_concurrency() >= 4 ? 2 : 1;
+}
+
 ShmChannel::ShmChannel(std::string path, int listen_fd, int stop_fd[2], int fd, uint64_t size,
                        ServerMetrics* metrics, KvService* service, ShmChannelOptions options)
     : path_(std::move(path)), listen_fd_(listen_fd), stop_pipe_{stop_fd[0], stop_fd[1]}, fd_(fd),
@@ -196,9 +201,7 @@ ShmChannel::ShmChannel(std::string path, int listen_fd, int stop_fd[2], int fd, 
       metrics_(metrics),
       service_(service),
       options_(options),
-      put_check_threads_(options.put_check_threads > 0 ? options.put_check_threads
-                         : std::thread::hardware_concurrency() >= 4 ? 2
-                                                                     : 1) {
+      put_check_threads_(ResolvePutCheckThreads(options.put_check_threads)) {
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -268,24 +271,18 @@ void ShmChannel::Loop() {
 }
 
 bool ShmChannel::SendPool(int c) {
-  uint64_t size = size_;  // little-endian hosts only (x86-64, aarch64)
-  iovec iov{&size, sizeof(size)};
-  alignas(cmsghdr) char ctrl[CMSG_SPACE(sizeof(int))] = {};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = ctrl;
-  msg.msg_controllen = sizeof(ctrl);
-  cmsghdr* cm = CMSG_FIRSTHDR(&msg);
+  shm_wire::PoolMessage m;
+  m.size = size_;
+  cmsghdr* cm = CMSG_FIRSTHDR(&m.msg);
   cm->cmsg_level = SOL_SOCKET;
   cm->cmsg_type = SCM_RIGHTS;
   cm->cmsg_len = CMSG_LEN(sizeof(int));
   std::memcpy(CMSG_DATA(cm), &fd_, sizeof(int));
   ssize_t n;
   do {
-    n = ::sendmsg(c, &msg, MSG_NOSIGNAL);
+    n = ::sendmsg(c, &m.msg, MSG_NOSIGNAL);
   } while (n < 0 && errno == EINTR);
-  if (n != static_cast<ssize_t>(sizeof(size))) {
+  if (n != static_cast<ssize_t>(sizeof(m.size))) {
     spdlog::warn("{}: passing the pool descriptor failed ({} bytes sent): {}", path_, n,
                  n < 0 ? std::strerror(errno) : "short write");
     return false;

@@ -32,6 +32,9 @@
 #ifndef KVTIER_SERVER_SHM_CHANNEL_H_
 #define KVTIER_SERVER_SHM_CHANNEL_H_
 
+#include <sys/socket.h>
+#include <sys/uio.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -100,6 +103,26 @@ inline int64_t RequestBytes(uint16_t op) {
   }
   return -1;
 }
+
+// The handshake's one message (wire format step 1), set up alike by the
+// daemon (sendmsg) and the client (recvmsg): the u64 pool size, and room for
+// one descriptor as SCM_RIGHTS ancillary data. Not copyable (`msg` points
+// into the object).
+struct PoolMessage {
+  uint64_t size = 0;  // little-endian hosts only (x86-64, aarch64)
+  iovec iov{&size, sizeof(size)};
+  alignas(cmsghdr) char ctrl[CMSG_SPACE(sizeof(int))] = {};
+  msghdr msg{};
+
+  PoolMessage() {
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = ctrl;
+    msg.msg_controllen = sizeof(ctrl);
+  }
+  PoolMessage(const PoolMessage&) = delete;
+  PoolMessage& operator=(const PoolMessage&) = delete;
+};
 
 // Little-endian field writer and reader over a caller's buffer (x86-64 and
 // aarch64 are little-endian; the daemon and its clients share a host).
@@ -175,6 +198,10 @@ struct ShmChannelOptions {
   // keeps three cores busy (the client's copy and two hashes). Default: 0
   int put_check_threads = 0;
 };
+
+// ShmChannelOptions::put_check_threads as the daemon applies it: 0 is 2 on
+// hosts with at least 4 hardware threads, else 1.
+int ResolvePutCheckThreads(int option);
 
 // Thread-safe; one background thread accepts, and one thread per data-plane
 // connection serves it.
