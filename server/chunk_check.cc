@@ -298,9 +298,7 @@ std::pair<uint64_t, uint64_t> TrailingHasher::Finish() {
     if (std::chrono::steady_clock::now() > give_up) {
       SectionHashes fresh;
       fresh.ResetChunk(j.header);
-      for (uint64_t o = j.from; o < j.end; o += kPieceBytes) {
-        fresh.Update(j.chunk, o, std::min<uint64_t>(j.end, o + kPieceBytes));
-      }
+      fresh.Update(j.chunk, j.from, j.end);
       return {fresh.Digest(SectionHashes::kK), fresh.Digest(SectionHashes::kV)};
     }
   }
@@ -419,9 +417,7 @@ absl::Status IncrementalChunkCheck::MarkFinal(uint64_t lo, uint64_t hi) {
       helper_->Publish(sec.begin + to);
       continue;
     }
-    for (uint64_t p = sec.begin + old; p < sec.begin + to; p += kPieceBytes) {
-      s.hashes.Update(region_.data(), p, std::min<uint64_t>(sec.begin + to, p + kPieceBytes));
-    }
+    s.hashes.Update(region_.data(), sec.begin + old, sec.begin + to);
   }
   return absl::OkStatus();
 }
