@@ -8,12 +8,13 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status.h"
 #include "grpcpp/grpcpp.h"
-#include "grpcpp/resource_quota.h"
+#include "server/grpc_auth.h"
 #include "server/grpc_service.h"
 #include "server/http_metrics.h"
 #include "server/metrics.h"
@@ -181,6 +182,14 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
 
   AdapterOptions ao;
   ao.max_message_bytes = max_msg;
+  ao.threads = options.request_threads > 0
+                   ? static_cast<int>(options.request_threads)
+                   : std::max(8, 2 * static_cast<int>(std::thread::hardware_concurrency()));
+  ao.max_queued = options.max_queued_requests;
+  ao.limits.max_inflight_bytes = uint64_t{options.max_inflight_mib} << 20;
+  ao.limits.max_inflight_bytes_per_connection = uint64_t{options.max_inflight_mib_per_connection} << 20;
+  ao.limits.write_timeout_ms = static_cast<int>(options.write_timeout_ms);
+  ao.limits.stream_idle_timeout_ms = static_cast<int>(options.stream_idle_timeout_ms);
   if (!options.token_file.empty()) {
     KVTIER_ASSIGN_OR_RETURN(ao.token, ReadTokenFile(options.token_file));
   }
@@ -193,32 +202,49 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
                                                       d->metrics_.get(), d->service_.get(), so));
     ao.shm_socket = d->shm_socket_path_;
   }
-  d->adapter_ = std::make_unique<GrpcAdapter>(d->service_.get(), d->metrics_.get(), ao);
 
-  grpc::ServerBuilder b;
-  ::unlink(d->socket_path_.c_str());
-  b.AddListeningPort("unix:" + d->socket_path_, grpc::InsecureServerCredentials());
+  // The Unix socket and the TCP listener are separate servers, each with its
+  // own threads and limits: nothing a TCP peer does can take what the local
+  // clients need.
+  auto build = [&](const std::string& addr, std::shared_ptr<grpc::ServerCredentials> creds,
+                   grpc::Service* service, int* port) {
+    grpc::ServerBuilder b;
+    b.AddListeningPort(addr, std::move(creds), port);
+    b.SetMaxReceiveMessageSize(static_cast<int>(max_msg));
+    b.SetMaxSendMessageSize(static_cast<int>(max_msg));
+    b.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, static_cast<int>(options.max_concurrent_streams));
+    b.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, static_cast<int>(options.keepalive_s * 1000));
+    b.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
+    // Clients may ping as often as every 10 s without being disconnected.
+    b.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000);
+    b.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+    b.RegisterService(service);
+    return b.BuildAndStart();
+  };
+  ao.thread_name = "kvtierd-unix";
+  d->unix_adapter_ = std::make_unique<GrpcAdapter>(d->service_.get(), d->metrics_.get(), ao);
+  {
+    ::unlink(d->socket_path_.c_str());
+    mode_t old = ::umask(0077);  // the socket file is created owner-only
+    d->unix_server_ = build("unix:" + d->socket_path_, grpc::InsecureServerCredentials(),
+                            d->unix_adapter_.get(), nullptr);
+    ::umask(old);
+    if (d->unix_server_ == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat("cannot listen on unix:", d->socket_path_));
+    }
+    ::chmod(d->socket_path_.c_str(), 0600);
+  }
   if (!options.listen_tcp.empty()) {
     spdlog::warn("TCP listener {} is plaintext; the bearer token travels unencrypted",
                  options.listen_tcp);
-    b.AddListeningPort(options.listen_tcp, grpc::InsecureServerCredentials(), &d->tcp_port_);
+    ao.thread_name = "kvtierd-tcp";
+    d->tcp_adapter_ = std::make_unique<GrpcAdapter>(d->service_.get(), d->metrics_.get(), ao);
+    d->tcp_server_ = build(options.listen_tcp, BearerTokenServerCredentials(ao.token, d->metrics_.get()),
+                           d->tcp_adapter_.get(), &d->tcp_port_);
+    if (d->tcp_server_ == nullptr || d->tcp_port_ == 0) {
+      return absl::FailedPreconditionError(absl::StrCat("cannot listen on ", options.listen_tcp));
+    }
   }
-  b.SetMaxReceiveMessageSize(static_cast<int>(max_msg));
-  b.SetMaxSendMessageSize(static_cast<int>(max_msg));
-  b.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, static_cast<int>(options.max_concurrent_streams));
-  grpc::ResourceQuota quota("kvtierd");
-  quota.SetMaxThreads(static_cast<int>(4 * options.max_concurrent_streams));
-  b.SetResourceQuota(quota);
-  b.RegisterService(d->adapter_.get());
-  mode_t old = ::umask(0077);  // the socket file is created owner-only
-  d->server_ = b.BuildAndStart();
-  ::umask(old);
-  if (d->server_ == nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat("cannot listen on unix:", d->socket_path_,
-                                                      options.listen_tcp.empty() ? "" : " or ",
-                                                      options.listen_tcp));
-  }
-  ::chmod(d->socket_path_.c_str(), 0600);
   if (!options.metrics_addr.empty()) {
     Daemon* self = d.get();
     KVTIER_ASSIGN_OR_RETURN(d->http_, MetricsHttpServer::Start(options.metrics_addr, [self] {
@@ -229,6 +255,22 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
 }
 
 int Daemon::metrics_port() const { return http_ ? http_->port() : 0; }
+
+uint64_t Daemon::grpc_inflight_bytes() const {
+  uint64_t n = 0;
+  for (GrpcAdapter* a : {unix_adapter_.get(), tcp_adapter_.get()}) {
+    if (a != nullptr) n += a->inflight_bytes();
+  }
+  return n;
+}
+
+uint64_t Daemon::grpc_cancelled_calls() const {
+  uint64_t n = 0;
+  for (GrpcAdapter* a : {unix_adapter_.get(), tcp_adapter_.get()}) {
+    if (a != nullptr) n += a->cancelled_calls();
+  }
+  return n;
+}
 
 int Daemon::data_plane_connections() const { return shm_ ? shm_->connections() : 0; }
 
@@ -252,9 +294,11 @@ absl::Status Daemon::Shutdown() {
   if (shut_down_) return absl::OkStatus();
   shut_down_ = true;
   auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(options_.shutdown_grace_s);
-  if (server_) {
-    server_->Shutdown(deadline);
-    server_->Wait();
+  for (grpc::Server* server : {tcp_server_.get(), unix_server_.get()}) {
+    if (server != nullptr) server->Shutdown(deadline);
+  }
+  for (grpc::Server* server : {tcp_server_.get(), unix_server_.get()}) {
+    if (server != nullptr) server->Wait();
   }
   shm_.reset();
   http_.reset();
@@ -267,7 +311,10 @@ absl::Status Daemon::Shutdown() {
       st = n.status();
     }
   }
-  adapter_.reset();
+  tcp_server_.reset();
+  unix_server_.reset();
+  tcp_adapter_.reset();
+  unix_adapter_.reset();
   service_.reset();
   if (peer_service_) peer_service_->set_engine(nullptr);  // peers now get Unavailable
   engine_.reset();  // closes the NVMe tier: the index is flushed

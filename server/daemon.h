@@ -59,6 +59,10 @@ class Daemon {
   // thread); 0 without a DRAM pool or after Shutdown.
   int data_plane_connections() const;
   KvService* service() const { return service_.get(); }
+  // Chunk bytes held by the gRPC calls of both listeners now, and the calls
+  // cancelled at a deadline so far (grpc_calls.h).
+  uint64_t grpc_inflight_bytes() const;
+  uint64_t grpc_cancelled_calls() const;
   ServerMetrics* metrics() const { return metrics_.get(); }
   tiering::PlacementEngine* engine() const { return engine_.get(); }
   // Cluster parts; null for a standalone node.
@@ -85,8 +89,11 @@ class Daemon {
   std::unique_ptr<tiering::PlacementEngine> engine_;
   std::unique_ptr<ServerMetrics> metrics_;
   std::unique_ptr<KvService> service_;
-  std::unique_ptr<GrpcAdapter> adapter_;
-  std::unique_ptr<grpc::Server> server_;
+  // One server per listener, each with its own adapter (threads, limits).
+  std::unique_ptr<GrpcAdapter> unix_adapter_;
+  std::unique_ptr<GrpcAdapter> tcp_adapter_;
+  std::unique_ptr<grpc::Server> unix_server_;
+  std::unique_ptr<grpc::Server> tcp_server_;
   std::unique_ptr<ShmChannel> shm_;
   std::unique_ptr<MetricsHttpServer> http_;
 };

@@ -1,5 +1,6 @@
 #include "server/grpc_service.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <vector>
@@ -7,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "common/strings.h"
+#include "server/grpc_auth.h"
 
 namespace kvtier::server {
 
@@ -17,13 +19,6 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
   // absl::StatusCode and grpc::StatusCode share their numbering.
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
-}
-
-bool ConstantTimeEquals(std::string_view a, std::string_view b) {
-  if (a.size() != b.size()) return false;
-  volatile unsigned char diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) diff = diff | (a[i] ^ b[i]);
-  return diff == 0;
 }
 
 namespace {
@@ -80,46 +75,120 @@ void SetLease(const tiering::Lease& l, pb::PinResponse* resp) {
 
 }  // namespace
 
-GrpcAdapter::GrpcAdapter(KvService* service, ServerMetrics* metrics, AdapterOptions options)
-    : service_(service), metrics_(metrics), options_(std::move(options)) {}
+// A protobuf message parsed from a call's bytes; InvalidArgument if they are
+// not one.
+template <typename Msg>
+absl::Status Parse(const grpc::ByteBuffer& in, Msg* msg) {
+  grpc::ByteBuffer copy(in);  // shares the slices; Deserialize consumes its input
+  grpc::Status st = grpc::SerializationTraits<Msg>::Deserialize(&copy, msg);
+  if (st.ok()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("malformed ", Msg::descriptor()->name(),
+                                                 " message: ", st.error_message()));
+}
 
-absl::Status GrpcAdapter::Authorize(grpc::ServerContext* ctx) {
+// One unary call: its record in the tracker, its metrics, its one Finish.
+class GrpcAdapter::UnaryCall final : public grpc::ServerUnaryReactor {
+ public:
+  UnaryCall(GrpcAdapter* adapter, Ctx* ctx, Method m, Bytes* out)
+      : adapter_(adapter), method_(m), out_(out), t0_(std::chrono::steady_clock::now()) {
+    adapter_->tracker_.Register(&entry_, ctx);
+  }
+
+  // Holds `bytes` of chunk data for the rest of the call, or
+  // ResourceExhausted.
+  absl::Status Reserve(uint64_t bytes) { return adapter_->tracker_.Reserve(&entry_, bytes); }
+
+  // Records and sends the outcome, with `resp` encoded on success; the answer
+  // then has the write timeout to reach its reader. Call exactly once.
+  void Reply(absl::Status st, const google::protobuf::MessageLite* resp = nullptr) {
+    if (st.ok() && resp != nullptr) {
+      bool own = false;
+      grpc::Status enc =
+          grpc::SerializationTraits<google::protobuf::MessageLite>::Serialize(*resp, out_, &own);
+      if (!enc.ok()) st = absl::InternalError(absl::StrCat("encoding the answer: ", enc.error_message()));
+    }
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+    adapter_->metrics_->Record(method_, static_cast<int>(st.code()), s);
+    adapter_->tracker_.Arm(&entry_, adapter_->options_.limits.write_timeout_ms);
+    Finish(ToGrpcStatus(st));
+  }
+
+  void OnDone() override {
+    adapter_->tracker_.Unregister(&entry_);
+    delete this;
+  }
+
+ private:
+  GrpcAdapter* const adapter_;
+  const Method method_;
+  Bytes* const out_;
+  const std::chrono::steady_clock::time_point t0_;
+  CallTracker::Entry entry_;
+};
+
+GrpcAdapter::GrpcAdapter(KvService* service, ServerMetrics* metrics, AdapterOptions options)
+    : service_(service),
+      metrics_(metrics),
+      options_(std::move(options)),
+      tracker_(options_.limits, metrics),
+      pool_(std::max(1, options_.threads), std::max<size_t>(1, options_.max_queued),
+            options_.thread_name) {}
+
+GrpcAdapter::~GrpcAdapter() = default;
+
+absl::Status GrpcAdapter::Authorize(Ctx* ctx) {
   if (ctx->peer().rfind("unix:", 0) == 0) return absl::OkStatus();  // guarded by file mode 0600
   if (options_.token.empty()) {
     return absl::UnauthenticatedError("this daemon accepts no TCP clients without a token file");
   }
   const auto& md = ctx->client_metadata();
   auto it = md.find("authorization");
-  constexpr std::string_view kBearer = "Bearer ";
-  if (it != md.end()) {
-    std::string_view v(it->second.data(), it->second.size());
-    if (v.substr(0, kBearer.size()) == kBearer &&
-        ConstantTimeEquals(v.substr(kBearer.size()), options_.token)) {
-      return absl::OkStatus();
-    }
+  if (it != md.end() &&
+      IsBearerToken(std::string_view(it->second.data(), it->second.size()), options_.token)) {
+    return absl::OkStatus();
   }
   metrics_->Add(ServerMetric::kAuthFailures);
   return absl::UnauthenticatedError("missing or wrong bearer token");
 }
 
-template <typename Body>
-grpc::Status GrpcAdapter::Serve(Method m, grpc::ServerContext* ctx, uint32_t version, Body body) {
-  auto t0 = std::chrono::steady_clock::now();
-  absl::Status st = Authorize(ctx);
-  if (st.ok() && version != kProtocolVersion) {
-    st = absl::InvalidArgumentError(absl::StrCat("protocol version ", version,
+absl::Status GrpcAdapter::CheckVersion(uint32_t version) const {
+  if (version == kProtocolVersion) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("protocol version ", version,
                                                  " not served; this daemon speaks ",
                                                  kProtocolVersion));
-  }
-  if (st.ok()) st = body();
-  double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  metrics_->Record(m, static_cast<int>(st.code()), s);
-  return ToGrpcStatus(st);
 }
 
-grpc::Status GrpcAdapter::Lookup(grpc::ServerContext* ctx, const pb::LookupRequest* req,
-                                 pb::LookupResponse* resp) {
-  return Serve(Method::kLookup, ctx, req->version(), [&]() -> absl::Status {
+template <typename Req, typename Resp, typename Body>
+grpc::ServerUnaryReactor* GrpcAdapter::Serve(Method m, Ctx* ctx, const Bytes* in, Bytes* out,
+                                             Body body, ServeMode mode) {
+  struct Messages {
+    Req req;
+    Resp resp;
+  };
+  auto* call = new UnaryCall(this, ctx, m, out);
+  auto msgs = std::make_shared<Messages>();
+  absl::Status st = Authorize(ctx);
+  if (st.ok()) st = Parse(*in, &msgs->req);
+  if (st.ok() && mode.check_version) st = CheckVersion(msgs->req.version());
+  if (!st.ok()) {
+    call->Reply(st);
+    return call;
+  }
+  auto run = [call, msgs, body = std::move(body)]() mutable {
+    absl::Status s = body(*call, &msgs->req, &msgs->resp);
+    call->Reply(s, &msgs->resp);
+  };
+  if (mode.run_inline) {
+    run();
+  } else if (!pool_.TrySchedule(std::move(run))) {
+    call->Reply(absl::ResourceExhaustedError(absl::StrCat(
+        "kvtierd is busy: ", options_.max_queued, " requests wait for a thread (retry later)")));
+  }
+  return call;
+}
+
+grpc::ServerUnaryReactor* GrpcAdapter::Lookup(Ctx* ctx, const Bytes* in, Bytes* out) {
+  return Serve<pb::LookupRequest, pb::LookupResponse>(Method::kLookup, ctx, in, out, [this](UnaryCall&, const pb::LookupRequest* req, pb::LookupResponse* resp) -> absl::Status {
     KVTIER_ASSIGN_OR_RETURN(auto keys, KeysFrom(req->keys(), service_->limits().max_keys_per_request));
     if (!req->estimate_load() && req->prefill_tokens_per_s() == 0) {
       KVTIER_ASSIGN_OR_RETURN(auto tiers, service_->Lookup(keys));
@@ -141,9 +210,8 @@ grpc::Status GrpcAdapter::Lookup(grpc::ServerContext* ctx, const pb::LookupReque
   });
 }
 
-grpc::Status GrpcAdapter::AllocateSlot(grpc::ServerContext* ctx, const pb::AllocateSlotRequest* req,
-                                       pb::AllocateSlotResponse* resp) {
-  return Serve(Method::kAllocateSlot, ctx, req->version(), [&]() -> absl::Status {
+grpc::ServerUnaryReactor* GrpcAdapter::AllocateSlot(Ctx* ctx, const Bytes* in, Bytes* out) {
+  return Serve<pb::AllocateSlotRequest, pb::AllocateSlotResponse>(Method::kAllocateSlot, ctx, in, out, [this](UnaryCall&, const pb::AllocateSlotRequest* req, pb::AllocateSlotResponse* resp) -> absl::Status {
     KVTIER_ASSIGN_OR_RETURN(tiering::Slot slot, service_->AllocateSlot(req->bytes(), req->ttl_ms()));
     resp->set_slot_id(slot.id);
     resp->mutable_extent()->set_offset(slot.extent.offset);
@@ -153,15 +221,13 @@ grpc::Status GrpcAdapter::AllocateSlot(grpc::ServerContext* ctx, const pb::Alloc
   });
 }
 
-grpc::Status GrpcAdapter::AbortSlot(grpc::ServerContext* ctx, const pb::AbortSlotRequest* req,
-                                    pb::AbortSlotResponse*) {
-  return Serve(Method::kAbortSlot, ctx, req->version(),
-               [&]() { return service_->AbortSlot(req->slot_id()); });
+grpc::ServerUnaryReactor* GrpcAdapter::AbortSlot(Ctx* ctx, const Bytes* in, Bytes* out) {
+  return Serve<pb::AbortSlotRequest, pb::AbortSlotResponse>(Method::kAbortSlot, ctx, in, out,
+               [this](UnaryCall&, const pb::AbortSlotRequest* req, pb::AbortSlotResponse*) { return service_->AbortSlot(req->slot_id()); });
 }
 
-grpc::Status GrpcAdapter::Put(grpc::ServerContext* ctx, const pb::PutRequest* req,
-                              pb::PutResponse*) {
-  return Serve(Method::kPut, ctx, req->version(), [&]() -> absl::Status {
+grpc::ServerUnaryReactor* GrpcAdapter::Put(Ctx* ctx, const Bytes* in, Bytes* out) {
+  return Serve<pb::PutRequest, pb::PutResponse>(Method::kPut, ctx, in, out, [this](UnaryCall& call, const pb::PutRequest* req, pb::PutResponse*) -> absl::Status {
     PutArgs args;
     KVTIER_ASSIGN_OR_RETURN(args.key, KeyFromBytes(req->key()));
     KVTIER_ASSIGN_OR_RETURN(args.tier, FromProto(req->tier()));
@@ -169,6 +235,8 @@ grpc::Status GrpcAdapter::Put(grpc::ServerContext* ctx, const pb::PutRequest* re
     switch (req->data_case()) {
       case pb::PutRequest::kInlineChunk: {
         const std::string& b = req->inline_chunk();
+        // The message's bytes and the parsed copy.
+        KVTIER_RETURN_IF_ERROR(call.Reserve(2 * b.size()));
         KVTIER_RETURN_IF_ERROR(service_->Put(
             args, std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(b.data()), b.size())));
         metrics_->Add(ServerMetric::kBytesPutInline, b.size());
@@ -187,50 +255,114 @@ grpc::Status GrpcAdapter::Put(grpc::ServerContext* ctx, const pb::PutRequest* re
   });
 }
 
-grpc::Status GrpcAdapter::PutStream(grpc::ServerContext* ctx,
-                                    grpc::ServerReader<pb::PutStreamRequest>* reader,
-                                    pb::PutResponse*) {
-  pb::PutStreamRequest m;
-  bool got = reader->Read(&m);
-  return Serve(Method::kPut, ctx, m.version(), [&]() -> absl::Status {
-    if (!got) return absl::InvalidArgumentError("empty put stream");
-    const uint64_t slot_id = m.slot_id();
-    KVTIER_ASSIGN_OR_RETURN(auto check, service_->BeginStreamedCommit(slot_id));
-    PutArgs args;
-    args.durable = m.durable();
-    auto key = KeyFromBytes(m.key());
-    auto tier = FromProto(m.tier());
-    absl::Status st = key.ok() ? tier.status() : key.status();
-    if (st.ok()) {
-      args.key = *key;
-      args.tier = *tier;
-    }
-    while (st.ok()) {
-      if (m.slot_id() != slot_id) {
-        st = absl::InvalidArgumentError(absl::StrCat("put stream of slot ", slot_id,
-                                                     " names slot ", m.slot_id()));
-        break;
-      }
-      st = check->Advance(m.written_bytes());
-      if (!st.ok() || m.commit()) break;
-      if (!reader->Read(&m)) {
-        st = absl::InvalidArgumentError("put stream ended without its commit message");
-        break;
-      }
-    }
+// A streamed commit of a slot: each message reports bytes written, which are
+// checked on the worker pool while the client copies on; the next message is
+// read only after the last one was checked. A stream idle past the limit is
+// cancelled, and a stream that ends without its commit frees the slot.
+class GrpcAdapter::PutStreamCall final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
+ public:
+  PutStreamCall(GrpcAdapter* adapter, Ctx* ctx, Bytes* out)
+      : adapter_(adapter), out_(out), t0_(std::chrono::steady_clock::now()) {
+    adapter_->tracker_.Register(&entry_, ctx);
+    absl::Status st = adapter_->Authorize(ctx);
     if (!st.ok()) {
-      (void)service_->AbortSlot(slot_id);
-      return st;
+      Reply(st);
+      return;
     }
-    KVTIER_RETURN_IF_ERROR(service_->FinishStreamedCommit(args, slot_id, *check));
-    metrics_->Add(ServerMetric::kBytesPutShm, m.written_bytes());
-    return absl::OkStatus();
-  });
+    ReadNext();
+  }
+
+  void OnReadDone(bool ok) override {
+    adapter_->tracker_.Disarm(&entry_);
+    if (!adapter_->pool_.TrySchedule([this, ok] { Step(ok); })) {
+      Reply(absl::ResourceExhaustedError("kvtierd is busy: too many requests wait for a thread"));
+    }
+  }
+
+  void OnDone() override {
+    if (slot_open_) (void)adapter_->service_->AbortSlot(slot_id_);
+    adapter_->tracker_.Unregister(&entry_);
+    delete this;
+  }
+
+ private:
+  void ReadNext() {
+    adapter_->tracker_.Arm(&entry_, adapter_->options_.limits.stream_idle_timeout_ms);
+    StartRead(&in_);
+  }
+
+  // Handles the message just read (`ok`) or the end of the stream.
+  void Step(bool ok) {
+    if (ok) {
+      m_.Clear();
+      if (absl::Status st = Parse(in_, &m_); !st.ok()) return check_ ? Fail(st) : Reply(st);
+    }
+    if (check_ == nullptr) {
+      if (!ok) return Reply(absl::InvalidArgumentError("empty put stream"));
+      if (absl::Status st = adapter_->CheckVersion(m_.version()); !st.ok()) return Reply(st);
+      slot_id_ = m_.slot_id();
+      auto check = adapter_->service_->BeginStreamedCommit(slot_id_);
+      if (!check.ok()) return Reply(check.status());
+      check_ = std::move(*check);
+      slot_open_ = true;
+      args_.durable = m_.durable();
+      auto key = KeyFromBytes(m_.key());
+      auto tier = FromProto(m_.tier());
+      absl::Status st = key.ok() ? tier.status() : key.status();
+      if (!st.ok()) return Fail(st);
+      args_.key = *key;
+      args_.tier = *tier;
+    } else if (!ok) {
+      return Fail(absl::InvalidArgumentError("put stream ended without its commit message"));
+    }
+    if (m_.slot_id() != slot_id_) {
+      return Fail(absl::InvalidArgumentError(
+          absl::StrCat("put stream of slot ", slot_id_, " names slot ", m_.slot_id())));
+    }
+    if (absl::Status st = check_->Advance(m_.written_bytes()); !st.ok()) return Fail(st);
+    if (!m_.commit()) return ReadNext();
+    slot_open_ = false;
+    absl::Status st = adapter_->service_->FinishStreamedCommit(args_, slot_id_, *check_);
+    if (st.ok()) adapter_->metrics_->Add(ServerMetric::kBytesPutShm, m_.written_bytes());
+    Reply(st);
+  }
+
+  void Fail(const absl::Status& st) {
+    slot_open_ = false;
+    (void)adapter_->service_->AbortSlot(slot_id_);
+    Reply(st);
+  }
+
+  void Reply(absl::Status st) {
+    if (st.ok()) {
+      bool own = false;
+      grpc::Status enc = grpc::SerializationTraits<pb::PutResponse>::Serialize(pb::PutResponse(), out_, &own);
+      if (!enc.ok()) st = absl::InternalError(absl::StrCat("encoding the answer: ", enc.error_message()));
+    }
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+    adapter_->metrics_->Record(Method::kPut, static_cast<int>(st.code()), s);
+    adapter_->tracker_.Arm(&entry_, adapter_->options_.limits.write_timeout_ms);
+    Finish(ToGrpcStatus(st));
+  }
+
+  GrpcAdapter* const adapter_;
+  Bytes* const out_;
+  const std::chrono::steady_clock::time_point t0_;
+  CallTracker::Entry entry_;
+  grpc::ByteBuffer in_;
+  pb::PutStreamRequest m_;
+  std::unique_ptr<IncrementalChunkCheck> check_;
+  uint64_t slot_id_ = 0;
+  bool slot_open_ = false;  // begun and neither committed nor aborted
+  PutArgs args_;
+};
+
+grpc::ServerReadReactor<grpc::ByteBuffer>* GrpcAdapter::PutStream(Ctx* ctx, Bytes* out) {
+  return new PutStreamCall(this, ctx, out);
 }
 
-grpc::Status GrpcAdapter::Get(grpc::ServerContext* ctx, const pb::GetRequest* req,
-                              pb::GetResponse* resp) {
-  return Serve(Method::kGet, ctx, req->version(), [&]() -> absl::Status {
+grpc::ServerUnaryReactor* GrpcAdapter::Get(Ctx* ctx, const Bytes* in, Bytes* out) {
+  return Serve<pb::GetRequest, pb::GetResponse>(Method::kGet, ctx, in, out, [this](UnaryCall& call, const pb::GetRequest* req, pb::GetResponse* resp) -> absl::Status {
     KVTIER_ASSIGN_OR_RETURN(Hash128 key, KeyFromBytes(req->key()));
     GetMode mode;
     switch (req->mode()) {
@@ -238,6 +370,12 @@ grpc::Status GrpcAdapter::Get(grpc::ServerContext* ctx, const pb::GetRequest* re
       case pb::GET_MODE_SHM: mode = GetMode::kShm; break;
       case pb::GET_MODE_SLOT: mode = GetMode::kSlot; break;
       default: return absl::InvalidArgumentError(absl::StrCat("unknown get mode ", req->mode()));
+    }
+    if (mode == GetMode::kCopy) {
+      // The answer holds the chunk twice until it is sent: the message and
+      // its encoding.
+      KVTIER_ASSIGN_OR_RETURN(uint64_t n, service_->engine()->ChunkBytes(key));
+      KVTIER_RETURN_IF_ERROR(call.Reserve(2 * n));
     }
     KVTIER_ASSIGN_OR_RETURN(GetResult r,
                             service_->Get(key, mode, req->slot_id(), req->lease_ms(), req->verify()));
@@ -257,9 +395,8 @@ grpc::Status GrpcAdapter::Get(grpc::ServerContext* ctx, const pb::GetRequest* re
   });
 }
 
-grpc::Status GrpcAdapter::Prefetch(grpc::ServerContext* ctx, const pb::PrefetchRequest* req,
-                                   pb::PrefetchResponse* resp) {
-  return Serve(Method::kPrefetch, ctx, req->version(), [&]() -> absl::Status {
+grpc::ServerUnaryReactor* GrpcAdapter::Prefetch(Ctx* ctx, const Bytes* in, Bytes* out) {
+  return Serve<pb::PrefetchRequest, pb::PrefetchResponse>(Method::kPrefetch, ctx, in, out, [this](UnaryCall&, const pb::PrefetchRequest* req, pb::PrefetchResponse* resp) -> absl::Status {
     KVTIER_ASSIGN_OR_RETURN(auto keys, KeysFrom(req->keys(), service_->limits().max_keys_per_request));
     KVTIER_ASSIGN_OR_RETURN(bool done, service_->Prefetch(std::move(keys), req->deadline_ms()));
     resp->set_completed(done);
@@ -267,9 +404,8 @@ grpc::Status GrpcAdapter::Prefetch(grpc::ServerContext* ctx, const pb::PrefetchR
   });
 }
 
-grpc::Status GrpcAdapter::Pin(grpc::ServerContext* ctx, const pb::PinRequest* req,
-                              pb::PinResponse* resp) {
-  return Serve(Method::kPin, ctx, req->version(), [&]() -> absl::Status {
+grpc::ServerUnaryReactor* GrpcAdapter::Pin(Ctx* ctx, const Bytes* in, Bytes* out) {
+  return Serve<pb::PinRequest, pb::PinResponse>(Method::kPin, ctx, in, out, [this](UnaryCall&, const pb::PinRequest* req, pb::PinResponse* resp) -> absl::Status {
     KVTIER_ASSIGN_OR_RETURN(auto keys, KeysFrom(req->keys(), service_->limits().max_keys_per_request));
     KVTIER_ASSIGN_OR_RETURN(tiering::Lease l, service_->Pin(keys, req->ttl_ms()));
     SetLease(l, resp);
@@ -277,32 +413,28 @@ grpc::Status GrpcAdapter::Pin(grpc::ServerContext* ctx, const pb::PinRequest* re
   });
 }
 
-grpc::Status GrpcAdapter::Renew(grpc::ServerContext* ctx, const pb::RenewRequest* req,
-                                pb::PinResponse* resp) {
-  return Serve(Method::kRenew, ctx, req->version(), [&]() -> absl::Status {
+grpc::ServerUnaryReactor* GrpcAdapter::Renew(Ctx* ctx, const Bytes* in, Bytes* out) {
+  return Serve<pb::RenewRequest, pb::PinResponse>(Method::kRenew, ctx, in, out, [this](UnaryCall&, const pb::RenewRequest* req, pb::PinResponse* resp) -> absl::Status {
     KVTIER_ASSIGN_OR_RETURN(tiering::Lease l, service_->Renew(req->lease_id(), req->ttl_ms()));
     SetLease(l, resp);
     return absl::OkStatus();
   });
 }
 
-grpc::Status GrpcAdapter::Release(grpc::ServerContext* ctx, const pb::ReleaseRequest* req,
-                                  pb::ReleaseResponse*) {
-  return Serve(Method::kRelease, ctx, req->version(),
-               [&]() { return service_->Release(req->lease_id()); });
+grpc::ServerUnaryReactor* GrpcAdapter::Release(Ctx* ctx, const Bytes* in, Bytes* out) {
+  return Serve<pb::ReleaseRequest, pb::ReleaseResponse>(Method::kRelease, ctx, in, out,
+               [this](UnaryCall&, const pb::ReleaseRequest* req, pb::ReleaseResponse*) { return service_->Release(req->lease_id()); });
 }
 
-grpc::Status GrpcAdapter::Delete(grpc::ServerContext* ctx, const pb::DeleteRequest* req,
-                                 pb::DeleteResponse*) {
-  return Serve(Method::kDelete, ctx, req->version(), [&]() -> absl::Status {
+grpc::ServerUnaryReactor* GrpcAdapter::Delete(Ctx* ctx, const Bytes* in, Bytes* out) {
+  return Serve<pb::DeleteRequest, pb::DeleteResponse>(Method::kDelete, ctx, in, out, [this](UnaryCall&, const pb::DeleteRequest* req, pb::DeleteResponse*) -> absl::Status {
     KVTIER_ASSIGN_OR_RETURN(Hash128 key, KeyFromBytes(req->key()));
     return service_->Delete(key);
   });
 }
 
-grpc::Status GrpcAdapter::Stats(grpc::ServerContext* ctx, const pb::StatsRequest* req,
-                                pb::StatsResponse* resp) {
-  return Serve(Method::kStats, ctx, req->version(), [&]() -> absl::Status {
+grpc::ServerUnaryReactor* GrpcAdapter::Stats(Ctx* ctx, const Bytes* in, Bytes* out) {
+  return Serve<pb::StatsRequest, pb::StatsResponse>(Method::kStats, ctx, in, out, [this](UnaryCall&, const pb::StatsRequest*, pb::StatsResponse* resp) -> absl::Status {
     ServiceStats s = service_->Stats();
     for (const tiering::TierUsage& u : s.tiers) {
       pb::TierStats* t = resp->add_tiers();
@@ -328,21 +460,25 @@ grpc::Status GrpcAdapter::Stats(grpc::ServerContext* ctx, const pb::StatsRequest
   });
 }
 
-grpc::Status GrpcAdapter::Health(grpc::ServerContext* ctx, const pb::HealthRequest* req,
-                                 pb::HealthResponse* resp) {
-  // Health answers any version so that a client can learn which one to speak.
-  return Serve(Method::kHealth, ctx, kProtocolVersion, [&]() -> absl::Status {
-    resp->set_serving(true);
-    resp->set_protocol_version(kProtocolVersion);
-    tiering::DramTier* dram = service_->engine()->dram();
-    if (dram != nullptr && !options_.shm_socket.empty()) {
-      resp->set_shm_socket(options_.shm_socket);
-      resp->set_shm_pool_bytes(dram->shm_size());
-    }
-    resp->set_max_keys_per_request(service_->limits().max_keys_per_request);
-    resp->set_max_message_bytes(options_.max_message_bytes);
-    return absl::OkStatus();
-  });
+grpc::ServerUnaryReactor* GrpcAdapter::Health(Ctx* ctx, const Bytes* in, Bytes* out) {
+  // Health answers any version so that a client can learn which one to
+  // speak, and runs on the gRPC thread: it reads no tier, so a daemon whose
+  // workers are all busy still answers it.
+  return Serve<pb::HealthRequest, pb::HealthResponse>(
+      Method::kHealth, ctx, in, out,
+      [this](UnaryCall&, const pb::HealthRequest*, pb::HealthResponse* resp) -> absl::Status {
+        resp->set_serving(true);
+        resp->set_protocol_version(kProtocolVersion);
+        tiering::DramTier* dram = service_->engine()->dram();
+        if (dram != nullptr && !options_.shm_socket.empty()) {
+          resp->set_shm_socket(options_.shm_socket);
+          resp->set_shm_pool_bytes(dram->shm_size());
+        }
+        resp->set_max_keys_per_request(service_->limits().max_keys_per_request);
+        resp->set_max_message_bytes(options_.max_message_bytes);
+        return absl::OkStatus();
+      },
+      ServeMode{.check_version = false, .run_inline = true});
 }
 
 }  // namespace kvtier::server

@@ -1,7 +1,7 @@
 // The gRPC adapter: translates kvtier.proto messages to KvService calls and
 // back, checks the protocol version and (for TCP peers) the bearer token,
-// maps absl::Status to grpc::Status in one function, counts metrics, and
-// delegates. No request logic lives here.
+// maps absl::Status to grpc::Status in one function, counts metrics, bounds
+// what calls hold (grpc_calls.h), and delegates. No request logic lives here.
 #ifndef KVTIER_SERVER_GRPC_SERVICE_H_
 #define KVTIER_SERVER_GRPC_SERVICE_H_
 
@@ -10,6 +10,7 @@
 #include "absl/status/status.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/kvtier.grpc.pb.h"
+#include "server/grpc_calls.h"
 #include "server/metrics.h"
 #include "server/service.h"
 
@@ -18,64 +19,101 @@ namespace kvtier::server {
 // The one mapping from absl::Status to grpc::Status (same numeric codes).
 grpc::Status ToGrpcStatus(const absl::Status& status);
 
-// Constant-time comparison of two secrets (time depends on the lengths only).
-bool ConstantTimeEquals(std::string_view a, std::string_view b);
-
 struct AdapterOptions {
   // Bearer token required from every peer that is not on a Unix socket
-  // ("authorization: Bearer <token>"); empty: TCP peers are refused.
-  // Default: ""
+  // ("authorization: Bearer <token>"); empty: TCP peers are refused. The TCP
+  // listener checks it before a call starts (grpc_auth.h); the adapter
+  // checks it again. Default: ""
   std::string token;
   // Path of the side-channel socket that passes the pool memfd, reported by
   // Health. Default: "" (no shared-memory data plane)
   std::string shm_socket;
   // Largest message accepted, reported by Health. Default: 0
   uint64_t max_message_bytes = 0;
+  // Threads that run this listener's requests. Default: 8
+  int threads = 8;
+  // Requests that may wait for a thread; beyond them a call gets
+  // RESOURCE_EXHAUSTED at once. Default: 1024
+  size_t max_queued = 1024;
+  // Bytes in flight and deadlines of this listener's calls.
+  CallLimits limits;
+  // Name of the worker threads (at most 15 characters). Default: "kvtierd-grpc"
+  const char* thread_name = "kvtierd-grpc";
 };
 
+// The service with every method on gRPC's callback API over raw byte
+// buffers: the adapter parses requests itself, so a malformed message is
+// INVALID_ARGUMENT with a reason (gRPC's own parsing answers UNIMPLEMENTED).
+using RawKvtierService = kvtier::proto::v1::Kvtier::WithRawCallbackMethod_Lookup<
+    kvtier::proto::v1::Kvtier::WithRawCallbackMethod_AllocateSlot<
+    kvtier::proto::v1::Kvtier::WithRawCallbackMethod_AbortSlot<
+    kvtier::proto::v1::Kvtier::WithRawCallbackMethod_Put<
+    kvtier::proto::v1::Kvtier::WithRawCallbackMethod_PutStream<
+    kvtier::proto::v1::Kvtier::WithRawCallbackMethod_Get<
+    kvtier::proto::v1::Kvtier::WithRawCallbackMethod_Prefetch<
+    kvtier::proto::v1::Kvtier::WithRawCallbackMethod_Pin<
+    kvtier::proto::v1::Kvtier::WithRawCallbackMethod_Renew<
+    kvtier::proto::v1::Kvtier::WithRawCallbackMethod_Release<
+    kvtier::proto::v1::Kvtier::WithRawCallbackMethod_Delete<
+    kvtier::proto::v1::Kvtier::WithRawCallbackMethod_Stats<
+    kvtier::proto::v1::Kvtier::WithRawCallbackMethod_Health<
+    kvtier::proto::v1::Kvtier::Service>>>>>>>>>>>>>;
+
+// One listener's gRPC service: a call's handler checks the peer, parses the
+// request and checks its version, reserves the chunk bytes the call will
+// hold, and queues the request logic on the adapter's worker pool; no gRPC
+// thread waits on a tier, and no thread at all waits on a slow reader.
 // Thread-safe; `service` and `metrics` are not owned.
-class GrpcAdapter final : public kvtier::proto::v1::Kvtier::Service {
+class GrpcAdapter final : public RawKvtierService {
  public:
   GrpcAdapter(KvService* service, ServerMetrics* metrics, AdapterOptions options);
+  // REQUIRES: the server this adapter is registered with has shut down.
+  ~GrpcAdapter() override;
 
-  grpc::Status Lookup(grpc::ServerContext* ctx, const kvtier::proto::v1::LookupRequest* req,
-                      kvtier::proto::v1::LookupResponse* resp) override;
-  grpc::Status AllocateSlot(grpc::ServerContext* ctx, const kvtier::proto::v1::AllocateSlotRequest* req,
-                      kvtier::proto::v1::AllocateSlotResponse* resp) override;
-  grpc::Status AbortSlot(grpc::ServerContext* ctx, const kvtier::proto::v1::AbortSlotRequest* req,
-                      kvtier::proto::v1::AbortSlotResponse* resp) override;
-  grpc::Status Put(grpc::ServerContext* ctx, const kvtier::proto::v1::PutRequest* req,
-                      kvtier::proto::v1::PutResponse* resp) override;
-  grpc::Status PutStream(grpc::ServerContext* ctx,
-                         grpc::ServerReader<kvtier::proto::v1::PutStreamRequest>* reader,
-                         kvtier::proto::v1::PutResponse* resp) override;
-  grpc::Status Get(grpc::ServerContext* ctx, const kvtier::proto::v1::GetRequest* req,
-                      kvtier::proto::v1::GetResponse* resp) override;
-  grpc::Status Prefetch(grpc::ServerContext* ctx, const kvtier::proto::v1::PrefetchRequest* req,
-                      kvtier::proto::v1::PrefetchResponse* resp) override;
-  grpc::Status Pin(grpc::ServerContext* ctx, const kvtier::proto::v1::PinRequest* req,
-                      kvtier::proto::v1::PinResponse* resp) override;
-  grpc::Status Renew(grpc::ServerContext* ctx, const kvtier::proto::v1::RenewRequest* req,
-                      kvtier::proto::v1::PinResponse* resp) override;
-  grpc::Status Release(grpc::ServerContext* ctx, const kvtier::proto::v1::ReleaseRequest* req,
-                      kvtier::proto::v1::ReleaseResponse* resp) override;
-  grpc::Status Delete(grpc::ServerContext* ctx, const kvtier::proto::v1::DeleteRequest* req,
-                      kvtier::proto::v1::DeleteResponse* resp) override;
-  grpc::Status Stats(grpc::ServerContext* ctx, const kvtier::proto::v1::StatsRequest* req,
-                      kvtier::proto::v1::StatsResponse* resp) override;
-  grpc::Status Health(grpc::ServerContext* ctx, const kvtier::proto::v1::HealthRequest* req,
-                      kvtier::proto::v1::HealthResponse* resp) override;
+  // Chunk bytes held by this listener's calls, and calls cancelled at a
+  // deadline (write or stream idle timeout).
+  uint64_t inflight_bytes() { return tracker_.inflight_bytes(); }
+  uint64_t cancelled_calls() { return tracker_.cancelled_calls(); }
+
+  using Ctx = grpc::CallbackServerContext;
+  using Bytes = grpc::ByteBuffer;
+  grpc::ServerUnaryReactor* Lookup(Ctx* ctx, const Bytes* req, Bytes* resp) override;
+  grpc::ServerUnaryReactor* AllocateSlot(Ctx* ctx, const Bytes* req, Bytes* resp) override;
+  grpc::ServerUnaryReactor* AbortSlot(Ctx* ctx, const Bytes* req, Bytes* resp) override;
+  grpc::ServerUnaryReactor* Put(Ctx* ctx, const Bytes* req, Bytes* resp) override;
+  grpc::ServerReadReactor<Bytes>* PutStream(Ctx* ctx, Bytes* resp) override;
+  grpc::ServerUnaryReactor* Get(Ctx* ctx, const Bytes* req, Bytes* resp) override;
+  grpc::ServerUnaryReactor* Prefetch(Ctx* ctx, const Bytes* req, Bytes* resp) override;
+  grpc::ServerUnaryReactor* Pin(Ctx* ctx, const Bytes* req, Bytes* resp) override;
+  grpc::ServerUnaryReactor* Renew(Ctx* ctx, const Bytes* req, Bytes* resp) override;
+  grpc::ServerUnaryReactor* Release(Ctx* ctx, const Bytes* req, Bytes* resp) override;
+  grpc::ServerUnaryReactor* Delete(Ctx* ctx, const Bytes* req, Bytes* resp) override;
+  grpc::ServerUnaryReactor* Stats(Ctx* ctx, const Bytes* req, Bytes* resp) override;
+  grpc::ServerUnaryReactor* Health(Ctx* ctx, const Bytes* req, Bytes* resp) override;
 
  private:
-  // Runs `body` if the peer may call (Unix socket, or TCP with the token) and
-  // the request's version is served; records the metrics of the call.
-  template <typename Body>
-  grpc::Status Serve(Method m, grpc::ServerContext* ctx, uint32_t version, Body body);
-  absl::Status Authorize(grpc::ServerContext* ctx);
+  class UnaryCall;
+  class PutStreamCall;
+  // How Serve runs a call's body.
+  struct ServeMode {
+    bool check_version = true;  // Health answers any version
+    bool run_inline = false;    // on the gRPC thread (never blocks)
+  };
+  // Starts a unary call: checks the peer, parses `in` as a `Req` and checks
+  // its version; then runs `body` (absl::Status(UnaryCall&, const Req&,
+  // Resp&)) on the worker pool and answers with the `Resp` it filled.
+  template <typename Req, typename Resp, typename Body>
+  grpc::ServerUnaryReactor* Serve(Method m, Ctx* ctx, const Bytes* in, Bytes* out, Body body,
+                                  ServeMode mode = {});
+  absl::Status Authorize(Ctx* ctx);
+  absl::Status CheckVersion(uint32_t version) const;
 
   KvService* const service_;
   ServerMetrics* const metrics_;
   const AdapterOptions options_;
+  CallTracker tracker_;
+  // Last member: destroyed (its queued requests run) before the tracker.
+  WorkerPool pool_;
 };
 
 }  // namespace kvtier::server

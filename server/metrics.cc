@@ -18,7 +18,8 @@ const char* MethodName(Method m) {
 
 const char* ServerMetricName(ServerMetric m) {
   static constexpr const char* kNames[] = {"bytes_put_inline", "bytes_put_shm", "bytes_get_inline",
-                                           "bytes_get_shm",    "auth_failures", "shm_maps"};
+                                           "bytes_get_shm",    "auth_failures", "shm_maps",
+                                           "calls_cancelled"};
   static_assert(sizeof(kNames) / sizeof(kNames[0]) == static_cast<int>(ServerMetric::kCount));
   int i = static_cast<int>(m);
   return i >= 0 && i < static_cast<int>(ServerMetric::kCount) ? kNames[i] : "unknown";

@@ -41,6 +41,7 @@ enum class ServerMetric : int {
   kBytesGetShm,         // chunk bytes handed out through the pool
   kAuthFailures,        // TCP requests refused for a missing or wrong token
   kShmMaps,             // pool memfds passed to clients
+  kCallsCancelled,      // gRPC calls cancelled at a deadline (write or stream idle timeout)
   kCount,
 };
 const char* ServerMetricName(ServerMetric m);

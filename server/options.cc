@@ -34,6 +34,21 @@ void RegisterDaemonFlags(CLI::App& app, DaemonOptions* o) {
       ->capture_default_str();
   app.add_option("--max-concurrent-streams", o->max_concurrent_streams,
                  "most concurrent streams per connection")->capture_default_str();
+  app.add_option("--request-threads", o->request_threads,
+                 "threads per gRPC listener (0: max(8, 2 x hardware threads))")->capture_default_str();
+  app.add_option("--max-queued-requests", o->max_queued_requests,
+                 "requests per gRPC listener that may wait for a thread")->capture_default_str();
+  app.add_option("--max-inflight-mib", o->max_inflight_mib,
+                 "MiB of chunk data the gRPC calls of one listener may hold")->capture_default_str();
+  app.add_option("--max-inflight-mib-per-connection", o->max_inflight_mib_per_connection,
+                 "MiB of chunk data the gRPC calls of one connection may hold")->capture_default_str();
+  app.add_option("--write-timeout-ms", o->write_timeout_ms,
+                 "ms a gRPC answer may wait for its reader before the call is cancelled")
+      ->capture_default_str();
+  app.add_option("--stream-idle-timeout-ms", o->stream_idle_timeout_ms,
+                 "ms a PutStream may wait for its next message")->capture_default_str();
+  app.add_option("--keepalive-s", o->keepalive_s, "seconds between keepalive pings on idle gRPC connections")
+      ->capture_default_str();
   app.add_option("--default-lease-ms", o->default_lease_ms, "lease of pins/slots that ask for 0")
       ->capture_default_str();
   app.add_option("--nvme-admit-after-uses", o->nvme_admit_after_uses,
@@ -96,6 +111,9 @@ absl::Status LoadConfigFile(const std::string& path, DaemonOptions* o) {
   static const char* kKeys[] = {"data_dir", "socket", "dram_gib", "nvme_gib", "hbm_gib",
                                 "dram_populate", "listen_tcp", "token_file", "metrics_addr",
                                 "max_message_mib", "max_keys_per_request", "max_concurrent_streams",
+                                "request_threads", "max_queued_requests", "max_inflight_mib",
+                                "max_inflight_mib_per_connection", "write_timeout_ms",
+                                "stream_idle_timeout_ms", "keepalive_s",
                                 "default_lease_ms", "nvme_admit_after_uses", "shutdown_grace_s", "put_check_threads",
                                 "log_level", "cluster", "etcd", "advertise", "replicas", "node_id",
                                 "cluster_lease_s"};
@@ -123,6 +141,13 @@ absl::Status LoadConfigFile(const std::string& path, DaemonOptions* o) {
   take("max_message_mib", &o->max_message_mib);
   take("max_keys_per_request", &o->max_keys_per_request);
   take("max_concurrent_streams", &o->max_concurrent_streams);
+  take("request_threads", &o->request_threads);
+  take("max_queued_requests", &o->max_queued_requests);
+  take("max_inflight_mib", &o->max_inflight_mib);
+  take("max_inflight_mib_per_connection", &o->max_inflight_mib_per_connection);
+  take("write_timeout_ms", &o->write_timeout_ms);
+  take("stream_idle_timeout_ms", &o->stream_idle_timeout_ms);
+  take("keepalive_s", &o->keepalive_s);
   take("default_lease_ms", &o->default_lease_ms);
   take("nvme_admit_after_uses", &o->nvme_admit_after_uses);
   take("shutdown_grace_s", &o->shutdown_grace_s);
@@ -157,6 +182,16 @@ absl::Status ValidateDaemonOptions(const DaemonOptions& o) {
     return absl::InvalidArgumentError("--put-check-threads must be 0 (auto), 1 or 2");
   }
   if (o.max_concurrent_streams == 0) return absl::InvalidArgumentError("--max-concurrent-streams is 0");
+  if (o.request_threads > 1024) return absl::InvalidArgumentError("--request-threads must be 0..1024");
+  if (o.max_queued_requests == 0) return absl::InvalidArgumentError("--max-queued-requests is 0");
+  if (o.max_inflight_mib_per_connection == 0 || o.max_inflight_mib < o.max_inflight_mib_per_connection) {
+    return absl::InvalidArgumentError(
+        "--max-inflight-mib-per-connection must be 1..--max-inflight-mib");
+  }
+  if (o.write_timeout_ms < 100 || o.stream_idle_timeout_ms < 100) {
+    return absl::InvalidArgumentError("--write-timeout-ms and --stream-idle-timeout-ms must be >= 100");
+  }
+  if (o.keepalive_s == 0) return absl::InvalidArgumentError("--keepalive-s is 0");
   if (!o.cluster.empty()) {
     if (o.etcd.empty()) return absl::InvalidArgumentError("--cluster requires --etcd");
     if (o.advertise.empty()) return absl::InvalidArgumentError("--cluster requires --advertise");

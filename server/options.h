@@ -49,9 +49,31 @@ struct DaemonOptions {
   uint32_t max_message_mib = 64;
   // Most keys in one Lookup, Pin or Prefetch. Default: 4096
   uint32_t max_keys_per_request = 4096;
-  // Most concurrent streams per connection, and the bound on request
-  // threads (4x this). Default: 64
+  // Most concurrent streams (calls) per gRPC connection. Default: 64
   uint32_t max_concurrent_streams = 64;
+  // Threads that run the requests of each gRPC listener (the Unix socket and
+  // the TCP listener each have their own); 0 picks max(8, 2 x hardware
+  // threads). Default: 0
+  uint32_t request_threads = 0;
+  // Requests of one listener that may wait for a thread; beyond them a call
+  // gets RESOURCE_EXHAUSTED at once. Default: 1024
+  uint32_t max_queued_requests = 1024;
+  // MiB of chunk data that the gRPC calls of one listener may hold at once
+  // (inline put bodies; inline get answers count twice, the message and its
+  // encoding); a call beyond it gets RESOURCE_EXHAUSTED. Default: 1024
+  uint32_t max_inflight_mib = 1024;
+  // The same for the calls of one connection (every Unix-socket client
+  // shares one budget). Default: 256
+  uint32_t max_inflight_mib_per_connection = 256;
+  // Milliseconds a gRPC answer may wait for its reader before the call is
+  // cancelled and what it holds is freed. Default: 20000
+  uint32_t write_timeout_ms = 20000;
+  // Milliseconds a PutStream may wait for its next message before it is
+  // cancelled and its slot freed. Default: 10000
+  uint32_t stream_idle_timeout_ms = 10000;
+  // Seconds between HTTP/2 keepalive pings on an idle gRPC connection; a
+  // peer that does not answer one within 10 s is disconnected. Default: 30
+  uint32_t keepalive_s = 30;
   // Lease of a Pin, a slot or a shared-memory get that asks for 0 ms.
   // Default: 30000
   uint32_t default_lease_ms = 30000;

@@ -13,6 +13,12 @@ kvtier_add_test(server_e2e_test
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/server_e2e_test.cc
   DEPS kvtier_server kvtier_client
   TIMEOUT 120)
+# The gRPC listeners under abuse (no token, bodies that never come, readers
+# that grant no flow-control window), with an nghttp2 client as the attacker.
+kvtier_add_test(server_abuse_test
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/server_abuse_test.cc
+  DEPS kvtier_server kvtier_client PkgConfig::NGHTTP2
+  TIMEOUT 120)
 kvtier_add_test(server_cli_test
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/server_cli_test.cc
   DEPS kvtier_codec

@@ -326,7 +326,8 @@ TEST_F(E2eTest, MalformedProtobufIsRefusedAndTheDaemonKeepsServing) {
                     });
   std::unique_lock<std::mutex> l(mu);
   ASSERT_TRUE(cv.wait_for(l, std::chrono::seconds(10), [&] { return done; }));
-  EXPECT_EQ(got.error_code(), grpc::StatusCode::INTERNAL) << got.error_message();
+  EXPECT_EQ(got.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << got.error_message();
+  EXPECT_THAT(got.error_message(), ::testing::HasSubstr("malformed GetRequest"));
   auto c = Client();
   ASSERT_TRUE(c);
   EXPECT_TRUE(c->Put(TestKey(9), MakeChunk(9)).ok());

@@ -7,6 +7,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/chunk_check.h"
+#include "server/grpc_auth.h"
 #include "server/grpc_service.h"
 #include "server/http_metrics.h"
 #include "server/metrics.h"

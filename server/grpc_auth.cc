@@ -1,0 +1,118 @@
+#include "server/grpc_auth.h"
+
+#include <grpc/grpc.h>
+#include <grpc/grpc_security.h>
+#include <grpc/slice.h>
+
+#include <optional>
+#include <utility>
+
+#include "server/metrics.h"
+
+namespace kvtier::server {
+
+bool ConstantTimeEquals(std::string_view given, std::string_view expected) {
+  // Every byte of `expected` is compared against something, so the loop's
+  // length never depends on `given`.
+  volatile unsigned char diff = given.size() == expected.size() ? 0 : 1;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    const unsigned char g = i < given.size() ? static_cast<unsigned char>(given[i]) : 0;
+    diff = diff | (g ^ static_cast<unsigned char>(expected[i]));
+  }
+  return diff == 0;
+}
+
+bool IsBearerToken(std::string_view value, std::string_view token) {
+  constexpr std::string_view kBearer = "Bearer ";
+  if (value.substr(0, kBearer.size()) != kBearer) return false;
+  return ConstantTimeEquals(value.substr(kBearer.size()), token);
+}
+
+namespace {
+
+struct TokenState {
+  std::string token;
+  ServerMetrics* metrics;
+};
+
+// The metrics' method of a call's ":path" ("/kvtier.proto.v1.Kvtier/Get");
+// PutStream counts as a put.
+std::optional<Method> MethodOfPath(std::string_view path) {
+  constexpr std::string_view kPrefix = "/kvtier.proto.v1.Kvtier/";
+  if (path.substr(0, kPrefix.size()) != kPrefix) return std::nullopt;
+  static constexpr std::pair<std::string_view, Method> kMethods[] = {
+      {"Lookup", Method::kLookup},   {"AllocateSlot", Method::kAllocateSlot},
+      {"AbortSlot", Method::kAbortSlot}, {"Put", Method::kPut},
+      {"PutStream", Method::kPut},   {"Get", Method::kGet},
+      {"Prefetch", Method::kPrefetch}, {"Pin", Method::kPin},
+      {"Renew", Method::kRenew},     {"Release", Method::kRelease},
+      {"Delete", Method::kDelete},   {"Stats", Method::kStats},
+      {"Health", Method::kHealth}};
+  for (const auto& [name, m] : kMethods) {
+    if (path.substr(kPrefix.size()) == name) return m;
+  }
+  return std::nullopt;
+}
+
+std::string_view View(const grpc_slice& s) {
+  return std::string_view(reinterpret_cast<const char*>(GRPC_SLICE_START_PTR(s)),
+                          GRPC_SLICE_LENGTH(s));
+}
+
+// grpc_auth_metadata_processor::process: runs on the transport's thread when
+// a call's headers have arrived (the check does not block).
+void ProcessToken(void* state, grpc_auth_context*, const grpc_metadata* md, size_t num_md,
+                  grpc_process_auth_metadata_done_cb cb, void* user_data) {
+  const auto* s = static_cast<const TokenState*>(state);
+  bool ok = false;
+  std::string_view path;
+  for (size_t i = 0; i < num_md; ++i) {
+    const std::string_view key = View(md[i].key);
+    if (key == "authorization") ok = ok || IsBearerToken(View(md[i].value), s->token);
+    if (key == ":path") path = View(md[i].value);
+  }
+  if (ok) {
+    cb(user_data, nullptr, 0, nullptr, 0, GRPC_STATUS_OK, nullptr);
+    return;
+  }
+  s->metrics->Add(ServerMetric::kAuthFailures);
+  if (auto m = MethodOfPath(path)) s->metrics->Record(*m, GRPC_STATUS_UNAUTHENTICATED, 0);
+  cb(user_data, nullptr, 0, nullptr, 0, GRPC_STATUS_UNAUTHENTICATED, "missing or wrong bearer token");
+}
+
+void DestroyToken(void* state) { delete static_cast<TokenState*>(state); }
+
+// grpc::InsecureServerCredentials() refuses an auth metadata processor; the
+// core's insecure credentials take one, so the port is added through them.
+class BearerTokenCredentials final : public grpc::ServerCredentials {
+ public:
+  BearerTokenCredentials(std::string token, ServerMetrics* metrics)
+      : token_(std::move(token)), metrics_(metrics) {}
+
+  void SetAuthMetadataProcessor(const std::shared_ptr<grpc::AuthMetadataProcessor>&) override {}
+
+ private:
+  int AddPortToServer(const std::string& addr, grpc_server* server) override {
+    grpc_server_credentials* creds = grpc_insecure_server_credentials_create();
+    grpc_auth_metadata_processor p;
+    p.process = ProcessToken;
+    p.destroy = DestroyToken;
+    p.state = new TokenState{token_, metrics_};
+    grpc_server_credentials_set_auth_metadata_processor(creds, p);
+    const int port = grpc_server_add_http2_port(server, addr.c_str(), creds);
+    grpc_server_credentials_release(creds);
+    return port;
+  }
+
+  const std::string token_;
+  ServerMetrics* const metrics_;
+};
+
+}  // namespace
+
+std::shared_ptr<grpc::ServerCredentials> BearerTokenServerCredentials(std::string token,
+                                                                      ServerMetrics* metrics) {
+  return std::make_shared<BearerTokenCredentials>(std::move(token), metrics);
+}
+
+}  // namespace kvtier::server
