@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <numeric>
 #include <random>
 #include <thread>
@@ -140,6 +141,54 @@ TEST(NvmeTier, FullTierReturnsResourceExhaustedAndFileNeverGrows) {
   for (int i = 100; i < 100 + stored; ++i) ASSERT_TRUE(t->Put(Obj(i), MakeChunk(i)).ok());
   ASSERT_EQ(stat(t->data_path().c_str(), &sb), 0);
   EXPECT_LE(static_cast<uint64_t>(sb.st_size), cap);
+}
+
+// Bytes the files under `dir` occupy on disk (allocated blocks, so that
+// preallocated space counts).
+uint64_t DiskUsage(const std::string& dir) {
+  uint64_t total = 0;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir)) {
+    struct stat sb;
+    if (::lstat(e.path().c_str(), &sb) == 0 && S_ISREG(sb.st_mode)) {
+      total += static_cast<uint64_t>(sb.st_blocks) * 512;
+    }
+  }
+  return total;
+}
+
+// The tier's whole directory (data file and RocksDB index with its WAL and
+// logs) stays within the capacity plus the index allowance, while it fills,
+// is overwritten many times, and is reopened.
+TEST(NvmeTier, DirectoryStaysWithinCapacityPlusIndexAllowance) {
+  TempDir dir;
+  const uint64_t cap = uint64_t{40} << 20;
+  NvmeTierOptions o{.dir = dir.path(), .capacity_bytes = cap};
+  EXPECT_EQ(NvmeIndexAllowanceBytes(cap), uint64_t{16} << 20);
+  EXPECT_EQ(NvmeIndexAllowanceBytes(uint64_t{8} << 30), (uint64_t{8} << 30) / 32);
+  const uint64_t budget = cap + NvmeIndexAllowanceBytes(cap);
+  uint64_t peak = 0;
+  for (int round = 0; round < 2; ++round) {
+    auto t = OpenOrDie(o);
+    ASSERT_NE(t, nullptr);
+    peak = std::max(peak, DiskUsage(dir.path()));
+    // Small chunks (many index entries), overwritten and erased over and over.
+    for (int i = 0; i < 1200; ++i) {
+      const int k = i % 700;
+      absl::Status st = t->Put(Obj(k), MakeChunk(k, 4), {.sync = i % 200 == 0});
+      if (IsTierFull(st)) {
+        (void)t->Erase(Obj((k + 350) % 700));
+        continue;
+      }
+      ASSERT_TRUE(st.ok() || absl::IsResourceExhausted(st)) << st;
+      if (i % 7 == 0) (void)t->Erase(Obj((k + 3) % 700));
+      if (i % 500 == 0) peak = std::max(peak, DiskUsage(dir.path()));
+    }
+    ASSERT_TRUE(t->Flush().ok());
+    peak = std::max(peak, DiskUsage(dir.path()));
+  }
+  peak = std::max(peak, DiskUsage(dir.path()));
+  EXPECT_LE(peak, budget) << "peak " << peak << " bytes on disk";
+  EXPECT_LT(peak, uint64_t{56} << 20);
 }
 
 TEST(NvmeTier, BitFlipInDataFileReturnsDataLossAndDropsEntry) {

@@ -1,6 +1,7 @@
-// I/O interfaces of the tiering engine (leveldb Env style). Every OS and
-// device path of the NVMe tier goes through BlockDevice / IoEnv so that tests
-// can substitute an in-memory implementation and a fault-injecting wrapper.
+// I/O interfaces of the tiering engine (leveldb Env style). The NVMe tier's
+// data file goes through BlockDevice / IoEnv so that tests can substitute an
+// in-memory implementation and a fault-injecting wrapper; its RocksDB index
+// uses RocksDB's own (POSIX) environment.
 //
 // Implementations:
 //   NewUringIoEnv()   production: O_DIRECT files driven through io_uring.

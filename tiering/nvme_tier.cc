@@ -179,6 +179,10 @@ class StreamingVerifier {
 
 }  // namespace
 
+uint64_t NvmeIndexAllowanceBytes(uint64_t capacity_bytes) {
+  return std::max<uint64_t>(uint64_t{16} << 20, capacity_bytes / 32);
+}
+
 absl::StatusOr<std::unique_ptr<NvmeTier>> NvmeTier::Open(const NvmeTierOptions& o) {
   if (o.dir.empty()) return absl::InvalidArgumentError("NvmeTierOptions::dir is required");
   std::error_code ec;
@@ -199,7 +203,21 @@ absl::StatusOr<std::unique_ptr<NvmeTier>> NvmeTier::Open(const NvmeTierOptions& 
   rocksdb::Options ro;
   ro.create_if_missing = true;
   ro.max_open_files = 64;
+  // The index's files are sized from its allowance: memtables and the
+  // write-ahead log at a sixteenth of it each (the log is not preallocated:
+  // RocksDB would reserve 1.1 x the write buffer per log file), info logs
+  // and the manifest at a sixteenth in all; tables hold about 100 bytes per
+  // chunk.
+  const uint64_t allowance = NvmeIndexAllowanceBytes(capacity);
+  ro.write_buffer_size = std::clamp<uint64_t>(allowance / 16, uint64_t{1} << 20, uint64_t{64} << 20);
+  ro.max_write_buffer_number = 2;
+  ro.max_total_wal_size = ro.write_buffer_size;
+  ro.allow_fallocate = false;
+  ro.target_file_size_base = ro.write_buffer_size;
+  ro.max_bytes_for_level_base = 4 * ro.write_buffer_size;
+  ro.max_log_file_size = allowance / 64;
   ro.keep_log_file_num = 2;
+  ro.max_manifest_file_size = allowance / 64;
   ro.recycle_log_file_num = 1;
   rocksdb::DB* db = nullptr;
   KVTIER_RETURN_IF_ERROR(RocksStatus(rocksdb::DB::Open(ro, o.dir + "/index", &db), "open"));

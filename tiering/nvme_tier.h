@@ -72,6 +72,13 @@ struct NvmeTierOptions {
   uint32_t unsynced_commit_delay_us = 2000;
 };
 
+// Disk space the tier's index (RocksDB: tables, write-ahead log, manifest,
+// info log) may take beside the data file: max(16 MiB, capacity / 32). The
+// index's write buffer and log sizes are derived from it, so the tier's
+// directory stays within capacity_bytes plus this allowance
+// (docs/tiering.md "Disk budget").
+uint64_t NvmeIndexAllowanceBytes(uint64_t capacity_bytes);
+
 // Per-call options of NvmeTier::Put.
 struct NvmePutOptions {
   // Return only after the object is durable (data synced, then its index
