@@ -19,6 +19,7 @@
 #include "codec/chunk.h"
 #include "tests/tiering_test_util.h"
 #include "tiering/nvme_tier.h"
+#include "tiering/odirect_test_util.h"
 
 namespace kvtier::tiering {
 namespace {
@@ -572,7 +573,7 @@ TEST_P(NvmeTierStreamedRead, BitFlipInHeaderOrFirstMiddleOrLastRequestIsDataLoss
     SCOPED_TRACE(pos);
     TempDir dir;
     auto t = Open(dir.path());
-    if (t == nullptr && GetParam().io_uring) GTEST_SKIP() << "O_DIRECT not supported under /tmp";
+    if (GetParam().io_uring) KVTIER_SKIP_WITHOUT_ODIRECT(t != nullptr);
     ASSERT_NE(t, nullptr);
     ASSERT_TRUE(t->Put(Obj(5), chunk).ok());
     ASSERT_TRUE(t->Put(Obj(6), MakeChunk(6, 64)).ok());
@@ -591,7 +592,7 @@ TEST_P(NvmeTierStreamedRead, BitFlipInHeaderOrFirstMiddleOrLastRequestIsDataLoss
 TEST_P(NvmeTierStreamedRead, ChunkShorterThanItsHeaderSaysIsDataLoss) {
   TempDir dir;
   auto t = Open(dir.path());
-  if (t == nullptr && GetParam().io_uring) GTEST_SKIP() << "O_DIRECT not supported under /tmp";
+  if (GetParam().io_uring) KVTIER_SKIP_WITHOUT_ODIRECT(t != nullptr);
   ASSERT_NE(t, nullptr);
   auto chunk = MakeChunk(7, 64);
   chunk.resize(chunk.size() - 16);  // Put checks only the header
@@ -606,7 +607,7 @@ TEST_P(NvmeTierStreamedRead, ChunkShorterThanItsHeaderSaysIsDataLoss) {
 TEST_P(NvmeTierStreamedRead, SplitPartsVerifyAloneAndACorruptPartIsDropped) {
   TempDir dir;
   auto t = Open(dir.path());
-  if (t == nullptr && GetParam().io_uring) GTEST_SKIP() << "O_DIRECT not supported under /tmp";
+  if (GetParam().io_uring) KVTIER_SKIP_WITHOUT_ODIRECT(t != nullptr);
   ASSERT_NE(t, nullptr);
   const auto chunk = MakeChunk(8, 64);
   const auto h = codec::ParseHeader(chunk).value();

@@ -1,6 +1,7 @@
 // The I/O layer: MemIoEnv (crash simulation), FaultInjectionIoEnv (each
 // fault kind), the io_uring O_DIRECT device, AlignedBuffer and FakeClock.
 #include "tiering/io.h"
+#include "tiering/odirect_test_util.h"
 
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -191,7 +192,8 @@ TEST(FaultInjectionIoEnv, DropUnsyncedWritesRestoresPriorBytes) {
   EXPECT_EQ(Read(*d, 2 * kBlock, kBlock), Bytes(b));
 }
 
-// A file under /tmp (O_DIRECT-capable on the CI filesystems), removed after.
+// A file under /tmp, removed after. Its tests skip where /tmp refuses O_DIRECT
+// (KVTIER_SKIP_WITHOUT_ODIRECT: they fail instead under KVTIER_REQUIRE_ODIRECT=1).
 class UringDeviceTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -213,7 +215,7 @@ class UringDeviceTest : public ::testing::Test {
 
 TEST_F(UringDeviceTest, ManyRequestsBeyondQueueDepthRoundTrip) {
   auto d = Open(64 * kBlock, 4);
-  if (!d) GTEST_SKIP() << "O_DIRECT not supported under /tmp";
+  KVTIER_SKIP_WITHOUT_ODIRECT(d != nullptr);
   struct stat st;
   ASSERT_EQ(stat(path_.c_str(), &st), 0);
   EXPECT_EQ(static_cast<uint64_t>(st.st_size), 64 * kBlock);  // sized at open
@@ -233,7 +235,7 @@ TEST_F(UringDeviceTest, ManyRequestsBeyondQueueDepthRoundTrip) {
 
 TEST_F(UringDeviceTest, ConcurrentSubmitsFromManyThreads) {
   auto d = Open(64 * kBlock, 8);
-  if (!d) GTEST_SKIP() << "O_DIRECT not supported under /tmp";
+  KVTIER_SKIP_WITHOUT_ODIRECT(d != nullptr);
   std::vector<std::thread> ts;
   std::atomic<int> bad{0};
   for (int t = 0; t < 8; ++t) {
@@ -251,7 +253,7 @@ TEST_F(UringDeviceTest, ConcurrentSubmitsFromManyThreads) {
 
 TEST_F(UringDeviceTest, MisalignedRequestIsInvalidArgumentBeforeAnyIo) {
   auto d = Open(4 * kBlock, 4);
-  if (!d) GTEST_SKIP() << "O_DIRECT not supported under /tmp";
+  KVTIER_SKIP_WITHOUT_ODIRECT(d != nullptr);
   AlignedBuffer b(2 * kBlock, kBlock);
   IoRequest unaligned_buf{IoRequest::Op::kWrite, 0, b.data() + 1, kBlock};
   IoRequest bad_len{IoRequest::Op::kWrite, 0, b.data(), 100};
@@ -276,7 +278,7 @@ TEST_F(UringDeviceTest, ReopenWithSmallerSizeShrinksTheFile) {
 
 TEST_F(UringDeviceTest, SubmitWithCompletionsReportsEachRequestOnceWithItsBytes) {
   auto d = Open(64 * kBlock, 4);
-  if (!d) GTEST_SKIP() << "O_DIRECT not supported under /tmp";
+  KVTIER_SKIP_WITHOUT_ODIRECT(d != nullptr);
   auto a = Filled(64 * kBlock, 29);
   ASSERT_TRUE(Write(*d, 0, a).ok());
   AlignedBuffer r(64 * kBlock, kBlock);
@@ -298,7 +300,7 @@ TEST_F(UringDeviceTest, SubmitWithCompletionsReportsEachRequestOnceWithItsBytes)
 
 TEST_F(UringDeviceTest, SubmitWithCompletionsRejectsABadRequestWithoutReportingIt) {
   auto d = Open(8 * kBlock, 4);
-  if (!d) GTEST_SKIP() << "O_DIRECT not supported under /tmp";
+  KVTIER_SKIP_WITHOUT_ODIRECT(d != nullptr);
   AlignedBuffer b(2 * kBlock, kBlock);
   IoRequest past_end{IoRequest::Op::kRead, 7 * kBlock, b.data(), 2 * kBlock};
   int reported = 0;
