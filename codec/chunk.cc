@@ -3,25 +3,12 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/coding.h"
 #include "common/strings.h"
 #include "common/status.h"
 
 namespace kvtier::codec {
 namespace {
-
-template <typename T>
-T Load(const uint8_t* p) {
-  T v;
-  std::memcpy(&v, p, sizeof(T));  // the format is little-endian, as is every host we build for
-  return v;
-}
-
-template <typename T>
-void Store(uint8_t* p, T v) {
-  std::memcpy(p, &v, sizeof(T));
-}
-
-static_assert(std::endian::native == std::endian::little, "kvtier assumes a little-endian host");
 
 bool AllZero(const uint8_t* p, size_t n) {
   for (size_t i = 0; i < n; ++i) {
@@ -55,27 +42,27 @@ void WriteHeader(const ChunkSpec& spec, const ChunkLayout& layout, uint64_t k_ch
                  uint64_t v_checksum, std::span<uint8_t> out) {
   uint8_t* h = out.data();
   std::memset(h, 0, kHeaderSize);
-  Store<uint32_t>(h + kOffMagic, kMagic);
-  Store<uint16_t>(h + kOffVersion, kVersion);
-  Store<uint16_t>(h + kOffHeaderSize, static_cast<uint16_t>(kHeaderSize));
+  StoreLE<uint32_t>(h + kOffMagic, kMagic);
+  StoreLE<uint16_t>(h + kOffVersion, kVersion);
+  StoreLE<uint16_t>(h + kOffHeaderSize, static_cast<uint16_t>(kHeaderSize));
   std::memcpy(h + kOffFingerprint, spec.fingerprint.bytes.data(), Hash128::kSize);
-  Store<uint32_t>(h + kOffNumLayers, spec.geometry.num_layers);
-  Store<uint32_t>(h + kOffNumKvHeads, spec.geometry.num_kv_heads);
-  Store<uint32_t>(h + kOffHeadDim, spec.geometry.head_dim);
-  Store<uint32_t>(h + kOffNumTokens, spec.geometry.num_tokens);
-  Store<uint32_t>(h + kOffBlockSize, spec.geometry.block_size);
+  StoreLE<uint32_t>(h + kOffNumLayers, spec.geometry.num_layers);
+  StoreLE<uint32_t>(h + kOffNumKvHeads, spec.geometry.num_kv_heads);
+  StoreLE<uint32_t>(h + kOffHeadDim, spec.geometry.head_dim);
+  StoreLE<uint32_t>(h + kOffNumTokens, spec.geometry.num_tokens);
+  StoreLE<uint32_t>(h + kOffBlockSize, spec.geometry.block_size);
   h[kOffDType] = static_cast<uint8_t>(spec.dtype);
   h[kOffKFormat] = static_cast<uint8_t>(spec.k.dtype);
   h[kOffVFormat] = static_cast<uint8_t>(spec.v.dtype);
   h[kOffKGranularity] = static_cast<uint8_t>(spec.k.granularity);
   h[kOffVGranularity] = static_cast<uint8_t>(spec.v.granularity);
   h[kOffScaleDType] = static_cast<uint8_t>(ScaleDType::kFP32);
-  Store<uint16_t>(h + kOffFlags, spec.flags);
-  Store<uint64_t>(h + kOffKSectionBytes, layout.k.bytes);
-  Store<uint64_t>(h + kOffVSectionBytes, layout.v.bytes);
-  Store<uint64_t>(h + kOffKChecksum, k_checksum);
-  Store<uint64_t>(h + kOffVChecksum, v_checksum);
-  Store<uint64_t>(h + kOffHeaderChecksum, Checksum64({h, kOffHeaderChecksum}));
+  StoreLE<uint16_t>(h + kOffFlags, spec.flags);
+  StoreLE<uint64_t>(h + kOffKSectionBytes, layout.k.bytes);
+  StoreLE<uint64_t>(h + kOffVSectionBytes, layout.v.bytes);
+  StoreLE<uint64_t>(h + kOffKChecksum, k_checksum);
+  StoreLE<uint64_t>(h + kOffVChecksum, v_checksum);
+  StoreLE<uint64_t>(h + kOffHeaderChecksum, Checksum64({h, kOffHeaderChecksum}));
 }
 
 namespace {
@@ -88,23 +75,23 @@ absl::StatusOr<ChunkHeader> ParseFields(std::span<const uint8_t> bytes,
                                                    " bytes, got ", bytes.size()));
   }
   const uint8_t* h = bytes.data();
-  uint32_t magic = Load<uint32_t>(h + kOffMagic);
+  uint32_t magic = LoadLE<uint32_t>(h + kOffMagic);
   if (magic != kMagic) {
     return absl::InvalidArgumentError(
         absl::StrCat("magic: 0x", absl::Hex(magic, absl::kZeroPad8), " is not a kvtier chunk"));
   }
-  uint16_t version = Load<uint16_t>(h + kOffVersion);
+  uint16_t version = LoadLE<uint16_t>(h + kOffVersion);
   if (version != kVersion) {
     return absl::InvalidArgumentError(
         absl::StrCat("version: ", version, " is not supported (this reader knows ", kVersion, ")"));
   }
-  uint16_t header_size = Load<uint16_t>(h + kOffHeaderSize);
+  uint16_t header_size = LoadLE<uint16_t>(h + kOffHeaderSize);
   if (header_size != kHeaderSize) {
     return absl::InvalidArgumentError(
         absl::StrCat("header_size: ", header_size, " (want ", kHeaderSize, ")"));
   }
   if (check_header_checksum) {
-    uint64_t want = Load<uint64_t>(h + kOffHeaderChecksum);
+    uint64_t want = LoadLE<uint64_t>(h + kOffHeaderChecksum);
     uint64_t got = Checksum64({h, kOffHeaderChecksum});
     if (want != got) {
       return absl::DataLossError(absl::StrCat("header_checksum: stored 0x", absl::Hex(want),
@@ -114,15 +101,15 @@ absl::StatusOr<ChunkHeader> ParseFields(std::span<const uint8_t> bytes,
   ChunkHeader out;
   ChunkSpec& spec = out.spec;
   std::memcpy(spec.fingerprint.bytes.data(), h + kOffFingerprint, Hash128::kSize);
-  spec.geometry.num_layers = Load<uint32_t>(h + kOffNumLayers);
-  spec.geometry.num_kv_heads = Load<uint32_t>(h + kOffNumKvHeads);
-  spec.geometry.head_dim = Load<uint32_t>(h + kOffHeadDim);
-  spec.geometry.num_tokens = Load<uint32_t>(h + kOffNumTokens);
-  spec.geometry.block_size = Load<uint32_t>(h + kOffBlockSize);
+  spec.geometry.num_layers = LoadLE<uint32_t>(h + kOffNumLayers);
+  spec.geometry.num_kv_heads = LoadLE<uint32_t>(h + kOffNumKvHeads);
+  spec.geometry.head_dim = LoadLE<uint32_t>(h + kOffHeadDim);
+  spec.geometry.num_tokens = LoadLE<uint32_t>(h + kOffNumTokens);
+  spec.geometry.block_size = LoadLE<uint32_t>(h + kOffBlockSize);
   spec.dtype = static_cast<DType>(h[kOffDType]);
   spec.k = {static_cast<DType>(h[kOffKFormat]), static_cast<ScaleGranularity>(h[kOffKGranularity])};
   spec.v = {static_cast<DType>(h[kOffVFormat]), static_cast<ScaleGranularity>(h[kOffVGranularity])};
-  spec.flags = Load<uint16_t>(h + kOffFlags);
+  spec.flags = LoadLE<uint16_t>(h + kOffFlags);
   if (h[kOffScaleDType] != static_cast<uint8_t>(ScaleDType::kFP32)) {
     return absl::InvalidArgumentError(
         absl::StrCat("scale_dtype: ", h[kOffScaleDType], " is unknown (want 1, fp32)"));
@@ -133,8 +120,8 @@ absl::StatusOr<ChunkHeader> ParseFields(std::span<const uint8_t> bytes,
   auto layout = ValidateSpec(spec);
   if (!layout.ok()) return layout.status();
   out.layout = *layout;
-  uint64_t k_bytes = Load<uint64_t>(h + kOffKSectionBytes);
-  uint64_t v_bytes = Load<uint64_t>(h + kOffVSectionBytes);
+  uint64_t k_bytes = LoadLE<uint64_t>(h + kOffKSectionBytes);
+  uint64_t v_bytes = LoadLE<uint64_t>(h + kOffVSectionBytes);
   if (k_bytes != layout->k.bytes) {
     return absl::InvalidArgumentError(absl::StrCat("k_section_bytes: ", k_bytes,
                                                    " does not match the geometry (",
@@ -145,8 +132,8 @@ absl::StatusOr<ChunkHeader> ParseFields(std::span<const uint8_t> bytes,
                                                    " does not match the geometry (",
                                                    layout->v.bytes, ")"));
   }
-  out.k_checksum = Load<uint64_t>(h + kOffKChecksum);
-  out.v_checksum = Load<uint64_t>(h + kOffVChecksum);
+  out.k_checksum = LoadLE<uint64_t>(h + kOffKChecksum);
+  out.v_checksum = LoadLE<uint64_t>(h + kOffVChecksum);
   return out;
 }
 

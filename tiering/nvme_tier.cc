@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "codec/chunk.h"
 #include "codec/section_hashes.h"
+#include "common/coding.h"
 #include "common/status.h"
 #include "rocksdb/db.h"
 #include "rocksdb/options.h"
@@ -43,17 +44,6 @@ int64_t NowUs() {
       .count();
 }
 
-template <typename T>
-void Store(uint8_t* p, T v) {
-  std::memcpy(p, &v, sizeof(T));
-}
-template <typename T>
-T Load(const uint8_t* p) {
-  T v;
-  std::memcpy(&v, p, sizeof(T));
-  return v;
-}
-
 std::string IndexKey(const ObjectKey& id) {
   std::string k(kObjectPrefix);
   k.append(reinterpret_cast<const char*>(id.key.bytes.data()), Hash128::kSize);
@@ -75,12 +65,12 @@ absl::Status RocksStatus(const rocksdb::Status& s, const char* what) {
 
 std::string EncodeEntry(Part part, uint64_t offset, uint64_t length, uint64_t hdr_ck) {
   uint8_t v[kValSize] = {};
-  Store<uint32_t>(v + kValVersion, kEntryVersion);
+  StoreLE<uint32_t>(v + kValVersion, kEntryVersion);
   v[kValPart] = static_cast<uint8_t>(part);
-  Store<uint64_t>(v + kValOffset, offset);
-  Store<uint64_t>(v + kValLength, length);
-  Store<uint64_t>(v + kValHeaderCk, hdr_ck);
-  Store<uint64_t>(v + kValChecksum, Checksum64({v, kValChecksum}));
+  StoreLE<uint64_t>(v + kValOffset, offset);
+  StoreLE<uint64_t>(v + kValLength, length);
+  StoreLE<uint64_t>(v + kValHeaderCk, hdr_ck);
+  StoreLE<uint64_t>(v + kValChecksum, Checksum64({v, kValChecksum}));
   return std::string(reinterpret_cast<char*>(v), kValSize);
 }
 
@@ -135,7 +125,7 @@ class StreamingVerifier {
   // Checks the header against the index entry, parses it and lays out the
   // sections of the object (false: nothing more to hash here).
   bool StartSections() {
-    if (Load<uint64_t>(object_.data() + codec::kOffHeaderChecksum) != index_header_checksum_) {
+    if (LoadLE<uint64_t>(object_.data() + codec::kOffHeaderChecksum) != index_header_checksum_) {
       header_mismatch_ = true;
       return false;
     }
@@ -278,15 +268,15 @@ absl::Status NvmeTier::Recover() {
     rocksdb::Slice k = it->key(), v = it->value();
     const auto* vb = reinterpret_cast<const uint8_t*>(v.data());
     bool ok = !mismatch && k.size() == 2 + Hash128::kSize + 1 && v.size() == kValSize &&
-              Load<uint32_t>(vb + kValVersion) == kEntryVersion &&
-              Load<uint64_t>(vb + kValChecksum) == Checksum64({vb, kValChecksum});
+              LoadLE<uint32_t>(vb + kValVersion) == kEntryVersion &&
+              LoadLE<uint64_t>(vb + kValChecksum) == Checksum64({vb, kValChecksum});
     ObjectKey id;
     Entry e{};
     if (ok) {
       std::memcpy(id.key.bytes.data(), k.data() + 2, Hash128::kSize);
       id.part = static_cast<Part>(k.data()[2 + Hash128::kSize]);
-      e = Entry{Load<uint64_t>(vb + kValOffset), Load<uint64_t>(vb + kValLength),
-                Load<uint64_t>(vb + kValHeaderCk)};
+      e = Entry{LoadLE<uint64_t>(vb + kValOffset), LoadLE<uint64_t>(vb + kValLength),
+                LoadLE<uint64_t>(vb + kValHeaderCk)};
       ok = static_cast<uint8_t>(id.part) <= 2 && e.length >= codec::kHeaderSize &&
            alloc_.MarkUsed(e.offset, e.length);
     }
@@ -492,7 +482,7 @@ absl::Status NvmeTier::Put(const ObjectKey& id, std::span<const uint8_t> bytes,
                            const NvmePutOptions& options) {
   auto hdr = codec::ParseHeader(bytes);
   if (!hdr.ok()) return absl::InvalidArgumentError(hdr.status().message());
-  const uint64_t hdr_ck = Load<uint64_t>(bytes.data() + codec::kOffHeaderChecksum);
+  const uint64_t hdr_ck = LoadLE<uint64_t>(bytes.data() + codec::kOffHeaderChecksum);
   const uint64_t len = bytes.size();
   uint64_t offset;
   {
