@@ -21,11 +21,12 @@
 namespace kvtier::server {
 
 // Limits of the metrics endpoint. Whatever a client does, a worker is free
-// again within read_timeout + write_timeout of taking up one of its requests,
-// and within read_timeout if the client never completes a request (stalled or
-// trickling). So when `threads` such clients take every worker, a scrape that
-// arrives behind them waits at most read_timeout (k * read_timeout behind
-// k * threads of them), and one over max_connections is answered 503.
+// again within read_timeout + write_timeout (plus the render) of taking up one
+// of its requests, and within read_timeout if the client never completes a
+// request (stalled or trickling). So when `threads` such clients take every
+// worker, a scrape that arrives behind them waits at most read_timeout
+// (k * read_timeout behind k * threads of them), and a connection beyond
+// max_connections is answered 503.
 struct MetricsHttpOptions {
   // Worker threads; each serves one connection at a time. Default: 4
   int threads = 4;
@@ -68,8 +69,9 @@ class MetricsHttpServer {
                                                                   std::function<std::string()> render,
                                                                   const MetricsHttpOptions& options = {});
   // Stops accepting, closes every open connection (including one in the
-  // middle of a request or response) and joins all threads. Returns within
-  // milliseconds whatever the clients do; `render` is not called afterwards.
+  // middle of a request or response) and joins all threads, without waiting
+  // on any client (only on a `render` call in progress); `render` is not
+  // called afterwards.
   ~MetricsHttpServer();
 
   MetricsHttpServer(const MetricsHttpServer&) = delete;
