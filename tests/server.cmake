@@ -35,3 +35,9 @@ if(KVTIER_HAVE_CUDA)
     LABELS gpu
     TIMEOUT 120)
 endif()
+# The /metrics endpoint over loopback: answers, limits, slow and stalled
+# clients, prompt shutdown.
+kvtier_add_test(server_http_metrics_test
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/server_http_metrics_test.cc
+  DEPS kvtier_http_metrics
+  TIMEOUT 60)

@@ -980,7 +980,7 @@ TEST_F(E2eTest, TcpRequiresTheBearerToken) {
   ssize_t n;
   while ((n = ::recv(s, buf, sizeof(buf), 0)) > 0) body.append(buf, static_cast<size_t>(n));
   ::close(s);
-  EXPECT_THAT(body, ::testing::StartsWith("HTTP/1.0 200 OK"));
+  EXPECT_THAT(body, ::testing::StartsWith("HTTP/1.1 200 OK"));
   EXPECT_THAT(body, ::testing::HasSubstr("kvtier_auth_failures_total 3\n"));
   EXPECT_THAT(body, ::testing::HasSubstr("kvtier_requests_total{method=\"put\"} 1\n"));
   EXPECT_THAT(body, ::testing::HasSubstr(
