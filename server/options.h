@@ -17,11 +17,14 @@ struct DaemonOptions {
   // TOML file read before the flags are applied (keys: the option names with
   // '_' for '-'). Default: "" (none)
   std::string config;
-  // Directory of the NVMe tier and of the sockets; created (mode 0700).
-  // Default: "./kvtier-data"
+  // Directory of the NVMe tier and of the sockets; created (mode 0700) and
+  // locked (<data-dir>/kvtierd.lock) for the daemon's life, so one daemon
+  // uses it at a time. Default: "./kvtier-data"
   std::string data_dir = "./kvtier-data";
   // Unix socket of the gRPC service (mode 0600). The shared-memory side
-  // channel listens at "<socket>.shm". Default: "" (<data-dir>/kvtierd.sock)
+  // channel listens at "<socket>.shm". Locked (<socket>.lock) for the
+  // daemon's life, so two daemons never share it. Default: ""
+  // (<data-dir>/kvtierd.sock)
   std::string socket;
   // DRAM tier (shared-memory pool) size in GiB, capped at half of the
   // available memory; 0 disables the tier. Default: 4

@@ -74,6 +74,83 @@ TEST_F(E2eTest, SocketsAreOwnerOnly) {
   EXPECT_EQ(st.st_mode & 0777, 0600u);
 }
 
+// A put and a get of exact bytes by a new client over shared memory (key
+// `seed`) and one over gRPC (key `seed + 1`).
+void ExpectServes(Daemon* d, uint32_t seed) {
+  for (bool shm : {true, false}) {
+    client::ClientOptions o;
+    o.socket_path = d->socket_path();
+    o.shared_memory = shm;
+    o.timeout_ms = 10000;
+    auto c = client::KvtierClient::Connect(o);
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_EQ((*c)->uses_shared_memory(), shm);
+    const uint32_t i = seed + (shm ? 0 : 1);
+    const auto chunk = MakeChunk(i);
+    ASSERT_TRUE((*c)->Put(TestKey(i), chunk).ok());
+    EXPECT_EQ((*c)->Get(TestKey(i)).value_or(std::vector<uint8_t>{}), chunk);
+  }
+}
+
+bool SocketExists(const std::string& path) {
+  struct stat st;
+  return ::lstat(path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode);
+}
+
+// A second daemon on a data dir in use fails before it opens a tier or a
+// socket, with or without an NVMe tier (whose index has its own lock), and
+// its failure removes nothing of the first daemon's.
+TEST_F(E2eTest, SecondDaemonOnTheSameDataDirIsRefusedAndTheFirstKeepsServing) {
+  for (double nvme_gib : {64.0 / 1024, 0.0}) {
+    SCOPED_TRACE(::testing::Message() << "nvme_gib " << nvme_gib);
+    daemon_.reset();
+    DaemonOptions o = SmallDaemonOptions(dir_.path());
+    o.nvme_gib = nvme_gib;
+    StartDaemon(o);
+    ASSERT_TRUE(daemon_);
+    {
+      auto second = Daemon::Start(o);
+      EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition);
+      EXPECT_THAT(second.status().message(), ::testing::HasSubstr(dir_.path()));
+      EXPECT_THAT(second.status().message(),
+                  ::testing::HasSubstr("pid " + std::to_string(::getpid())));
+    }
+    EXPECT_TRUE(SocketExists(daemon_->socket_path()));
+    EXPECT_TRUE(SocketExists(daemon_->shm_socket_path()));
+    ExpectServes(daemon_.get(), nvme_gib > 0 ? 40 : 42);
+  }
+  // Once the first daemon is gone the data dir is free again.
+  ASSERT_TRUE(daemon_->Shutdown().ok());
+  daemon_.reset();
+  StartDaemon(SmallDaemonOptions(dir_.path()));
+  ExpectServes(daemon_.get(), 44);
+}
+
+// Two daemons with their own data dirs never share a socket path, whether
+// it is the first one's default socket or one outside both data dirs.
+TEST_F(E2eTest, SecondDaemonOnTheSameSocketIsRefusedAndTheFirstKeepsServing) {
+  DaemonOptions outside = SmallDaemonOptions(dir_.path() + "/a");
+  outside.nvme_gib = 0;
+  outside.socket = dir_.path() + "/outside.sock";
+  auto first_outside = Daemon::Start(outside);
+  ASSERT_TRUE(first_outside.ok()) << first_outside.status();
+  for (const std::string& socket : {daemon_->socket_path(), outside.socket}) {
+    SCOPED_TRACE(socket);
+    DaemonOptions second = SmallDaemonOptions(dir_.path() + "/b");
+    second.nvme_gib = 0;
+    second.socket = socket;
+    auto d = Daemon::Start(second);
+    EXPECT_EQ(d.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(d.status().message(), ::testing::HasSubstr(socket));
+  }
+  for (Daemon* d : {daemon_.get(), first_outside->get()}) {
+    SCOPED_TRACE(d->socket_path());
+    EXPECT_TRUE(SocketExists(d->socket_path()));
+    EXPECT_TRUE(SocketExists(d->shm_socket_path()));
+    ExpectServes(d, 46);
+  }
+}
+
 TEST_F(E2eTest, SharedMemoryAndInlineClientsSeeTheSameChunks) {
   auto shm = Client(true);
   auto inl = Client(false);
