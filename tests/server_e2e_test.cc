@@ -1011,6 +1011,37 @@ TEST_F(E2eTest, DataPlaneConnectionsAreBoundedAndClientsFallBackToGrpc) {
   WaitForDataPlaneConnections(daemon_.get(), 0);
 }
 
+// Every same-host client receives the pool's memfd; truncating it would
+// make each mapping of the pool fault (SIGBUS), the daemon's first. The
+// pool's size is sealed, so the daemon keeps serving with exact bytes.
+TEST_F(E2eTest, ClientCannotTruncateTheSharedPool) {
+  auto c = Client();
+  ASSERT_TRUE(c);
+  ASSERT_TRUE(c->uses_shared_memory());
+  const auto stored = MakeChunk(50);
+  ASSERT_TRUE(c->Put(TestKey(50), stored).ok());
+  auto h = client::ConnectShm(daemon_->shm_socket_path());
+  ASSERT_TRUE(h.ok()) << h.status();
+  const int rc = ::ftruncate(h->memfd, 0);
+  const int err = errno;
+  // Where the truncation went through, restore the size (the pages come
+  // back zeroed) so that the rest of the test reports the loss instead of
+  // dying of SIGBUS.
+  if (rc == 0) (void)!::ftruncate(h->memfd, static_cast<off_t>(h->size));
+  EXPECT_EQ(rc, -1);
+  EXPECT_EQ(err, EPERM);
+  struct stat st;
+  ASSERT_EQ(::fstat(h->memfd, &st), 0);
+  EXPECT_EQ(static_cast<uint64_t>(st.st_size), h->size);
+  ::close(h->memfd);
+  ::close(h->sock);
+  EXPECT_EQ(c->Get(TestKey(50)).value_or(std::vector<uint8_t>{}), stored);
+  const auto next = MakeChunk(51);
+  ASSERT_TRUE(c->Put(TestKey(51), next).ok());
+  EXPECT_EQ(c->Get(TestKey(51)).value_or(std::vector<uint8_t>{}), next);
+  ExpectServes(daemon_.get(), 52);
+}
+
 TEST_F(E2eTest, TcpRequiresTheBearerToken) {
   daemon_.reset();
   std::string token_path = dir_.path() + "/token";
