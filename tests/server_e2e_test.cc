@@ -1045,7 +1045,9 @@ TEST_F(E2eTest, ClientCannotTruncateTheSharedPool) {
 TEST_F(E2eTest, TcpRequiresTheBearerToken) {
   daemon_.reset();
   std::string token_path = dir_.path() + "/token";
-  std::ofstream(token_path) << "  tok-123456\n";
+  const std::string token = "tok-0123456789abcdef0123456789abcdef";
+  std::ofstream(token_path) << "  " << token << "\n";
+  ASSERT_EQ(::chmod(token_path.c_str(), 0600), 0);
   DaemonOptions o = SmallDaemonOptions(dir_.path());
   o.listen_tcp = "127.0.0.1:0";
   o.token_file = token_path;
@@ -1055,7 +1057,7 @@ TEST_F(E2eTest, TcpRequiresTheBearerToken) {
   client::ClientOptions co;
   co.tcp_addr = "127.0.0.1:" + std::to_string(daemon_->tcp_port());
   co.timeout_ms = 5000;
-  co.token = "tok-123456";
+  co.token = token;
   auto good = client::KvtierClient::Connect(co);
   ASSERT_TRUE(good.ok()) << good.status();
   EXPECT_FALSE((*good)->uses_shared_memory());
@@ -1063,10 +1065,12 @@ TEST_F(E2eTest, TcpRequiresTheBearerToken) {
   EXPECT_EQ((*good)->Get(TestKey(15)).value(), MakeChunk(15));
   // Wrong and missing tokens are refused.
   auto stub = pb::Kvtier::NewStub(grpc::CreateChannel(co.tcp_addr, grpc::InsecureChannelCredentials()));
-  for (const char* header : {"", "Bearer tok-123457", "tok-123456"}) {
+  std::string wrong = token;
+  wrong.back() ^= 1;
+  for (const std::string& header : {std::string(), "Bearer " + wrong, token}) {
     grpc::ClientContext ctx;
     Deadline(ctx);
-    if (*header) ctx.AddMetadata("authorization", header);
+    if (!header.empty()) ctx.AddMetadata("authorization", header);
     pb::LookupRequest req;
     req.set_version(1);
     pb::LookupResponse resp;
