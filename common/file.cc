@@ -1,10 +1,12 @@
 #include "common/file.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <charconv>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -99,6 +101,59 @@ absl::Status WriteFileAtomic(const std::string& path, std::span<const uint8_t> d
     return ErrnoToStatus(err, absl::StrCat("rename to ", path));
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<ExclusiveFileLock> ExclusiveFileLock::Acquire(const std::string& path) {
+  // O_NOFOLLOW: a lock file may sit in a shared directory (beside a socket),
+  // where a planted symlink would have the pid written into another file.
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    int err = errno;
+    if (err == ELOOP) return absl::InvalidArgumentError(absl::StrCat("lock file ", path, " is a symlink"));
+    return ErrnoToStatus(err, absl::StrCat("open lock file ", path));
+  }
+  ExclusiveFileLock lock(path, fd);
+  struct stat st;
+  if (::fstat(fd, &st) != 0) return ErrnoToStatus(errno, absl::StrCat("stat lock file ", path));
+  if (!S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError(absl::StrCat("lock file ", path, " is not a regular file"));
+  }
+  int rc;
+  do {
+    rc = ::flock(fd, LOCK_EX | LOCK_NB);
+  } while (rc != 0 && errno == EINTR);
+  if (rc != 0) {
+    int err = errno;
+    if (err != EWOULDBLOCK) return ErrnoToStatus(err, absl::StrCat("lock ", path));
+    char buf[32];
+    ssize_t n = ::pread(fd, buf, sizeof(buf), 0);
+    long pid = 0;
+    if (n > 0) (void)std::from_chars(buf, buf + n, pid);
+    return absl::FailedPreconditionError(
+        pid > 0 ? absl::StrCat(path, " is locked by pid ", pid)
+                : absl::StrCat(path, " is locked by another process"));
+  }
+  // The pid only serves the message of the next process that tries (a full
+  // disk fails this write); the lock is held either way.
+  const std::string pid = absl::StrCat(::getpid(), "\n");
+  if (::ftruncate(fd, 0) == 0) (void)!::pwrite(fd, pid.data(), pid.size(), 0);
+  return lock;
+}
+
+ExclusiveFileLock::ExclusiveFileLock(ExclusiveFileLock&& other) noexcept
+    : path_(std::move(other.path_)), fd_(std::exchange(other.fd_, -1)) {}
+
+ExclusiveFileLock& ExclusiveFileLock::operator=(ExclusiveFileLock&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) ::close(fd_);
+    path_ = std::move(other.path_);
+    fd_ = std::exchange(other.fd_, -1);
+  }
+  return *this;
+}
+
+ExclusiveFileLock::~ExclusiveFileLock() {
+  if (fd_ >= 0) ::close(fd_);
 }
 
 }  // namespace kvtier

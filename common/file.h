@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -23,6 +25,38 @@ absl::Status WriteFileAtomic(const std::string& path, std::span<const uint8_t> d
 
 // Maps an errno value to the Status code abseil's retry guidance suggests.
 absl::Status ErrnoToStatus(int err, std::string_view what);
+
+// An exclusive advisory lock (flock(2)) on a file, held from Acquire until
+// the object is destroyed; the file records the holder's pid. The lock
+// belongs to the open file description, so a second Acquire of the same
+// path fails within one process too, and it ends with the process. The file
+// stays after release: removing it would let a later process lock a new file
+// of the same name while another still holds the old one. Movable; not
+// thread-safe.
+class ExclusiveFileLock {
+ public:
+  // Opens `path` (created with mode 0600; the descriptor is close-on-exec)
+  // and locks it without waiting, then writes the caller's pid into it.
+  // FailedPrecondition if another open of the file holds the lock: the
+  // message names the file and the holder's pid where the file records one.
+  // InvalidArgument if `path` is a symlink or not a regular file; otherwise
+  // the failing call's errno as ErrnoToStatus maps it.
+  static absl::StatusOr<ExclusiveFileLock> Acquire(const std::string& path);
+
+  ExclusiveFileLock(ExclusiveFileLock&& other) noexcept;
+  ExclusiveFileLock& operator=(ExclusiveFileLock&& other) noexcept;
+  ExclusiveFileLock(const ExclusiveFileLock&) = delete;
+  ExclusiveFileLock& operator=(const ExclusiveFileLock&) = delete;
+  // Releases the lock (closes the file).
+  ~ExclusiveFileLock();
+
+  const std::string& path() const { return path_; }
+
+ private:
+  ExclusiveFileLock(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
+  std::string path_;
+  int fd_ = -1;
+};
 
 }  // namespace kvtier
 

@@ -5,6 +5,8 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -53,6 +55,51 @@ TEST(File, WriteIntoMissingDirectoryFails) {
   std::vector<uint8_t> data(3, 1);
   EXPECT_EQ(WriteFileAtomic("/nonexistent/kvtier/dir/f", data).code(),
             absl::StatusCode::kNotFound);
+}
+
+TEST(ExclusiveFileLock, SecondAcquireFailsUntilTheHolderReleases) {
+  std::string dir = TempDir();
+  ASSERT_FALSE(dir.empty());
+  const std::string path = dir + "/x.lock";
+  {
+    auto first = ExclusiveFileLock::Acquire(path);
+    ASSERT_TRUE(first.ok()) << first.status();
+    EXPECT_EQ(first->path(), path);
+    struct stat st;
+    ASSERT_EQ(::stat(path.c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 0777, 0600u);
+    auto second = ExclusiveFileLock::Acquire(path);
+    EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_EQ(second.status().message(),
+              path + " is locked by pid " + std::to_string(::getpid()));
+    // A moved lock is still held, and the moved-from object releases nothing.
+    ExclusiveFileLock moved = std::move(*first);
+    first = absl::UnknownError("moved");
+    EXPECT_EQ(ExclusiveFileLock::Acquire(path).status().code(),
+              absl::StatusCode::kFailedPrecondition);
+  }
+  // Released with the last holder; the file stays.
+  auto again = ExclusiveFileLock::Acquire(path);
+  ASSERT_TRUE(again.ok()) << again.status();
+  auto read = ReadFileBytes(path, 100);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(std::string(read->begin(), read->end()), std::to_string(::getpid()) + "\n");
+  std::filesystem::remove_all(dir);
+}
+
+TEST(ExclusiveFileLock, RefusesSymlinksAndMissingDirectories) {
+  std::string dir = TempDir();
+  ASSERT_FALSE(dir.empty());
+  std::vector<uint8_t> data = {'k', 'e', 'e', 'p'};
+  ASSERT_TRUE(WriteFileAtomic(dir + "/target", data).ok());
+  ASSERT_EQ(::symlink((dir + "/target").c_str(), (dir + "/link.lock").c_str()), 0);
+  EXPECT_EQ(ExclusiveFileLock::Acquire(dir + "/link.lock").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ReadFileBytes(dir + "/target", 100).value(), data);
+  EXPECT_EQ(ExclusiveFileLock::Acquire(dir).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ExclusiveFileLock::Acquire(dir + "/missing/x.lock").status().code(),
+            absl::StatusCode::kNotFound);
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

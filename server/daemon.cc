@@ -8,10 +8,12 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/file.h"
 #include "common/status.h"
 #include "grpcpp/grpcpp.h"
 #include "server/grpc_auth.h"
@@ -109,9 +111,30 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     return absl::FailedPreconditionError(absl::StrCat("cannot create data dir ", options.data_dir,
                                                       ": ", ec.message()));
   }
+  // One daemon per data dir and per socket path, decided before anything in
+  // either is opened, replaced or removed. Locking the socket's own lock
+  // file as well covers a --socket outside the data dir and a --socket that
+  // is another daemon's default one.
+  auto lock = [](const std::string& what, const std::string& path,
+                 std::optional<ExclusiveFileLock>* held) -> absl::Status {
+    auto l = ExclusiveFileLock::Acquire(path);
+    if (l.ok()) {
+      held->emplace(std::move(*l));
+      return absl::OkStatus();
+    }
+    if (absl::IsFailedPrecondition(l.status())) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(what, " is in use by another kvtierd (", l.status().message(), ")"));
+    }
+    return absl::FailedPreconditionError(absl::StrCat("cannot lock ", what, ": ", l.status().message()));
+  };
+  KVTIER_RETURN_IF_ERROR(lock(absl::StrCat("data dir ", options.data_dir),
+                              options.data_dir + "/kvtierd.lock", &d->data_dir_lock_));
   ::chmod(options.data_dir.c_str(), 0700);
   d->socket_path_ = std::filesystem::absolute(options.SocketPath()).string();
   d->shm_socket_path_ = d->socket_path_ + ".shm";
+  KVTIER_RETURN_IF_ERROR(lock(absl::StrCat("socket ", d->socket_path_), d->socket_path_ + ".lock",
+                              &d->socket_lock_));
 
   tiering::EngineTiers tiers;
   const uint64_t kUnit = 1 << 20;
@@ -232,6 +255,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     if (d->unix_server_ == nullptr) {
       return absl::FailedPreconditionError(absl::StrCat("cannot listen on unix:", d->socket_path_));
     }
+    d->socket_bound_ = true;
     ::chmod(d->socket_path_.c_str(), 0600);
   }
   if (!options.listen_tcp.empty()) {
@@ -320,7 +344,13 @@ absl::Status Daemon::Shutdown() {
   engine_.reset();  // closes the NVMe tier: the index is flushed
   membership_.reset();  // leaves the cluster: the lease is revoked
   transport_.reset();
-  ::unlink(socket_path_.c_str());
+  // Only a socket this daemon bound is its to remove (a Start that failed
+  // before binding leaves the path alone).
+  if (socket_bound_) ::unlink(socket_path_.c_str());
+  // Last: a daemon starting on this data dir or socket once the locks are
+  // released finds the tiers closed and the sockets gone.
+  socket_lock_.reset();
+  data_dir_lock_.reset();
   return st;
 }
 

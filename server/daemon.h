@@ -6,9 +6,11 @@
 #define KVTIER_SERVER_DAEMON_H_
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "common/file.h"
 #include "server/options.h"
 #include "tiering/placement_engine.h"
 
@@ -38,16 +40,21 @@ class ShmChannel;
 
 class Daemon {
  public:
-  // Opens the tiers and starts serving. FailedPrecondition if the data dir
-  // is in use by another daemon or a listener cannot be bound;
-  // InvalidArgument for bad options.
+  // Opens the tiers and starts serving. First, before anything in the data
+  // dir or at the socket path is opened, replaced or removed, it locks
+  // `<data-dir>/kvtierd.lock` and `<socket>.lock` (flock, each holding the
+  // daemon's pid) for the daemon's life. FailedPrecondition if the data dir
+  // or the socket path is in use by another daemon (the message names it
+  // and the holder's pid), a lock file cannot be created or a listener
+  // cannot be bound; InvalidArgument for bad options.
   static absl::StatusOr<std::unique_ptr<Daemon>> Start(const DaemonOptions& options);
   // Shuts down if Shutdown was not called.
   ~Daemon();
 
   // Stops accepting, lets in-flight requests finish (up to the grace
-  // period), writes DRAM-resident chunks to NVMe (within its capacity) and
-  // closes the tiers (flushing the NVMe index). Idempotent.
+  // period), writes DRAM-resident chunks to NVMe (within its capacity),
+  // closes the tiers (flushing the NVMe index), removes the sockets it bound
+  // and releases the data dir and socket locks. Idempotent.
   absl::Status Shutdown();
 
   const std::string& socket_path() const { return socket_path_; }
@@ -82,6 +89,10 @@ class Daemon {
   int tcp_port_ = 0;
   uint64_t flushed_chunks_ = 0;
   bool shut_down_ = false;
+  // Held from the start of Start to the end of Shutdown.
+  bool socket_bound_ = false;  // the gRPC Unix socket is this daemon's to remove
+  std::optional<ExclusiveFileLock> data_dir_lock_;
+  std::optional<ExclusiveFileLock> socket_lock_;
   // Cluster parts outlive the engine, whose remote tier uses them.
   std::unique_ptr<cluster::EnginePeerService> peer_service_;
   std::unique_ptr<tiering::remote::UcxTransport> transport_;

@@ -1,9 +1,16 @@
 #include "server/options.h"
 
+#include <sys/stat.h>
+
+#include <cerrno>
 #include <fstream>
 #include <sstream>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/file.h"
+#include "common/status.h"
 #include "toml++/toml.h"
 
 namespace kvtier::server {
@@ -26,7 +33,9 @@ void RegisterDaemonFlags(CLI::App& app, DaemonOptions* o) {
       ->capture_default_str();
   app.add_option("--listen-tcp", o->listen_tcp, "also listen on TCP HOST:PORT (needs --token-file)")
       ->capture_default_str();
-  app.add_option("--token-file", o->token_file, "bearer token TCP clients must send")->capture_default_str();
+  app.add_option("--token-file", o->token_file,
+                 "bearer token TCP clients must send (file mode 0600, token >= 32 bytes)")
+      ->capture_default_str();
   app.add_option("--metrics-addr", o->metrics_addr, "Prometheus metrics at http://HOST:PORT/metrics")
       ->capture_default_str();
   app.add_option("--max-message-mib", o->max_message_mib, "largest gRPC message, MiB")->capture_default_str();
@@ -206,15 +215,27 @@ absl::Status ValidateDaemonOptions(const DaemonOptions& o) {
 }
 
 absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return absl::InvalidArgumentError(absl::StrCat("cannot read token file ", path));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  std::string t = ss.str();
+  // Checked on the file the path resolves to (a symlink, as in a mounted
+  // secret, is followed).
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return ErrnoToStatus(errno, absl::StrCat("token file ", path));
+  if ((st.st_mode & 077) != 0) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "token file %s is readable or writable by group or others (mode %04o); run chmod 600 %s",
+        path, st.st_mode & 07777, path));
+  }
+  KVTIER_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, ReadFileBytes(path, kMaxTokenFileBytes));
+  std::string t(bytes.begin(), bytes.end());
   size_t b = t.find_first_not_of(" \t\r\n");
   size_t e = t.find_last_not_of(" \t\r\n");
   if (b == std::string::npos) return absl::InvalidArgumentError(absl::StrCat("token file ", path, " is empty"));
-  return t.substr(b, e - b + 1);
+  t = t.substr(b, e - b + 1);
+  if (t.size() < kMinTokenBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("token in ", path, " is ", t.size(),
+                                                   " bytes; it must have at least ", kMinTokenBytes,
+                                                   " (e.g. openssl rand -hex 32)"));
+  }
+  return t;
 }
 
 }  // namespace kvtier::server

@@ -17,11 +17,14 @@ struct DaemonOptions {
   // TOML file read before the flags are applied (keys: the option names with
   // '_' for '-'). Default: "" (none)
   std::string config;
-  // Directory of the NVMe tier and of the sockets; created (mode 0700).
-  // Default: "./kvtier-data"
+  // Directory of the NVMe tier and of the sockets; created (mode 0700) and
+  // locked (<data-dir>/kvtierd.lock) for the daemon's life, so one daemon
+  // uses it at a time. Default: "./kvtier-data"
   std::string data_dir = "./kvtier-data";
   // Unix socket of the gRPC service (mode 0600). The shared-memory side
-  // channel listens at "<socket>.shm". Default: "" (<data-dir>/kvtierd.sock)
+  // channel listens at "<socket>.shm". Locked (<socket>.lock) for the
+  // daemon's life, so two daemons never share it. Default: ""
+  // (<data-dir>/kvtierd.sock)
   std::string socket;
   // DRAM tier (shared-memory pool) size in GiB, capped at half of the
   // available memory; 0 disables the tier. Default: 4
@@ -40,7 +43,8 @@ struct DaemonOptions {
   // token_file. Default: "" (none)
   std::string listen_tcp;
   // File holding the bearer token TCP clients must send; surrounding
-  // whitespace is ignored. Default: ""
+  // whitespace is ignored. It must be mode 0600 or stricter and the token at
+  // least kMinTokenBytes long (ReadTokenFile). Default: ""
   std::string token_file;
   // Prometheus metrics over HTTP at "HOST:PORT/metrics". Default: "" (off)
   std::string metrics_addr;
@@ -124,7 +128,18 @@ absl::Status LoadConfigFile(const std::string& path, DaemonOptions* opts);
 // Sanity checks (sizes >= 0, TCP needs a token file, ...).
 absl::Status ValidateDaemonOptions(const DaemonOptions& opts);
 
-// Reads and trims the token file. InvalidArgument if it is empty.
+// The shortest bearer token ReadTokenFile accepts, in bytes after trimming.
+// A random one: `openssl rand -hex 32` writes 64 characters.
+inline constexpr size_t kMinTokenBytes = 32;
+// The largest token file ReadTokenFile reads.
+inline constexpr uint64_t kMaxTokenFileBytes = 4096;
+
+// Reads the bearer token from `path` (following a symlink) and trims
+// surrounding whitespace. FailedPrecondition if group or others have any
+// access to the file (mode & 077; the message says to chmod 600 it);
+// InvalidArgument if it is not a regular file, is larger than
+// kMaxTokenFileBytes, is empty or holds a token shorter than
+// kMinTokenBytes; NotFound if it does not exist.
 absl::StatusOr<std::string> ReadTokenFile(const std::string& path);
 
 }  // namespace kvtier::server

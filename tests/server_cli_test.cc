@@ -40,6 +40,7 @@ class DaemonProcess {
     }
   }
   std::string socket() const { return dir_ + "/data/kvtierd.sock"; }
+  pid_t pid() const { return pid_; }
   // Waits until the socket answers `kvtier stats`.
   bool WaitReady() {
     for (int i = 0; i < 100; ++i) {
@@ -159,6 +160,37 @@ TEST_F(CliTest, SigtermKeepsTheCacheWarmAcrossARestart) {
   EXPECT_EQ(ReadAll(P("c.out")), ReadAll(P("c.kvc")));
   ASSERT_EQ(Kvtier("get --key " + kd + sock + " -o " + P("d.out")).exit_code, 0);
   EXPECT_EQ(ReadAll(P("d.out")), ReadAll(P("d.kvc")));
+  EXPECT_EQ(d.Terminate(), 0);
+}
+
+// A second kvtierd on a data dir in use exits 2 at once (bounded by
+// `timeout` so a daemon that does start cannot hang the test), and the first
+// one keeps its sockets and serves.
+TEST_F(CliTest, SecondDaemonOnTheSameDataDirExitsAndTheFirstKeepsServing) {
+  DaemonProcess d(dir_.path());
+  ASSERT_TRUE(d.WaitReady());
+  const std::string data = dir_.path() + "/data";
+  for (const char* nvme_gib : {"0.0625", "0"}) {
+    SCOPED_TRACE(nvme_gib);
+    auto second = RunCommand("timeout 20 " + std::string(KVTIERD_PATH) + " --data-dir " + data +
+                                 " --dram-gib 0.03125 --hbm-gib 0 --dram-populate false --nvme-gib " +
+                                 nvme_gib,
+                             dir_.path());
+    EXPECT_EQ(second.exit_code, 2);
+    EXPECT_THAT(second.err, ::testing::HasSubstr("data dir " + data + " is in use"));
+    EXPECT_THAT(second.err, ::testing::HasSubstr("pid " + std::to_string(d.pid())));
+    struct stat st;
+    EXPECT_EQ(::stat(d.socket().c_str(), &st), 0);
+    EXPECT_EQ(::stat((d.socket() + ".shm").c_str(), &st), 0);
+  }
+  const std::string sock = " --socket " + d.socket();
+  const std::string k = TestKey(9).ToHex();
+  WriteChunk("e.kvc", 9);
+  auto put = Kvtier("put --key " + k + sock + " " + P("e.kvc"));
+  ASSERT_EQ(put.exit_code, 0) << put.err;
+  auto get = Kvtier("get --key " + k + sock + " -o " + P("e.out"));
+  ASSERT_EQ(get.exit_code, 0) << get.err;
+  EXPECT_EQ(ReadAll(P("e.out")), ReadAll(P("e.kvc")));
   EXPECT_EQ(d.Terminate(), 0);
 }
 

@@ -74,6 +74,83 @@ TEST_F(E2eTest, SocketsAreOwnerOnly) {
   EXPECT_EQ(st.st_mode & 0777, 0600u);
 }
 
+// A put and a get of exact bytes by a new client over shared memory (key
+// `seed`) and one over gRPC (key `seed + 1`).
+void ExpectServes(Daemon* d, uint32_t seed) {
+  for (bool shm : {true, false}) {
+    client::ClientOptions o;
+    o.socket_path = d->socket_path();
+    o.shared_memory = shm;
+    o.timeout_ms = 10000;
+    auto c = client::KvtierClient::Connect(o);
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_EQ((*c)->uses_shared_memory(), shm);
+    const uint32_t i = seed + (shm ? 0 : 1);
+    const auto chunk = MakeChunk(i);
+    ASSERT_TRUE((*c)->Put(TestKey(i), chunk).ok());
+    EXPECT_EQ((*c)->Get(TestKey(i)).value_or(std::vector<uint8_t>{}), chunk);
+  }
+}
+
+bool SocketExists(const std::string& path) {
+  struct stat st;
+  return ::lstat(path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode);
+}
+
+// A second daemon on a data dir in use fails before it opens a tier or a
+// socket, with or without an NVMe tier (whose index has its own lock), and
+// its failure removes nothing of the first daemon's.
+TEST_F(E2eTest, SecondDaemonOnTheSameDataDirIsRefusedAndTheFirstKeepsServing) {
+  for (double nvme_gib : {64.0 / 1024, 0.0}) {
+    SCOPED_TRACE(::testing::Message() << "nvme_gib " << nvme_gib);
+    daemon_.reset();
+    DaemonOptions o = SmallDaemonOptions(dir_.path());
+    o.nvme_gib = nvme_gib;
+    StartDaemon(o);
+    ASSERT_TRUE(daemon_);
+    {
+      auto second = Daemon::Start(o);
+      EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition);
+      EXPECT_THAT(second.status().message(), ::testing::HasSubstr(dir_.path()));
+      EXPECT_THAT(second.status().message(),
+                  ::testing::HasSubstr("pid " + std::to_string(::getpid())));
+    }
+    EXPECT_TRUE(SocketExists(daemon_->socket_path()));
+    EXPECT_TRUE(SocketExists(daemon_->shm_socket_path()));
+    ExpectServes(daemon_.get(), nvme_gib > 0 ? 40 : 42);
+  }
+  // Once the first daemon is gone the data dir is free again.
+  ASSERT_TRUE(daemon_->Shutdown().ok());
+  daemon_.reset();
+  StartDaemon(SmallDaemonOptions(dir_.path()));
+  ExpectServes(daemon_.get(), 44);
+}
+
+// Two daemons with their own data dirs never share a socket path, whether
+// it is the first one's default socket or one outside both data dirs.
+TEST_F(E2eTest, SecondDaemonOnTheSameSocketIsRefusedAndTheFirstKeepsServing) {
+  DaemonOptions outside = SmallDaemonOptions(dir_.path() + "/a");
+  outside.nvme_gib = 0;
+  outside.socket = dir_.path() + "/outside.sock";
+  auto first_outside = Daemon::Start(outside);
+  ASSERT_TRUE(first_outside.ok()) << first_outside.status();
+  for (const std::string& socket : {daemon_->socket_path(), outside.socket}) {
+    SCOPED_TRACE(socket);
+    DaemonOptions second = SmallDaemonOptions(dir_.path() + "/b");
+    second.nvme_gib = 0;
+    second.socket = socket;
+    auto d = Daemon::Start(second);
+    EXPECT_EQ(d.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(d.status().message(), ::testing::HasSubstr(socket));
+  }
+  for (Daemon* d : {daemon_.get(), first_outside->get()}) {
+    SCOPED_TRACE(d->socket_path());
+    EXPECT_TRUE(SocketExists(d->socket_path()));
+    EXPECT_TRUE(SocketExists(d->shm_socket_path()));
+    ExpectServes(d, 46);
+  }
+}
+
 TEST_F(E2eTest, SharedMemoryAndInlineClientsSeeTheSameChunks) {
   auto shm = Client(true);
   auto inl = Client(false);
@@ -935,10 +1012,43 @@ TEST_F(E2eTest, DataPlaneConnectionsAreBoundedAndClientsFallBackToGrpc) {
   WaitForDataPlaneConnections(daemon_.get(), 0);
 }
 
+// Every same-host client receives the pool's memfd; truncating it would
+// make each mapping of the pool fault (SIGBUS), the daemon's first. The
+// pool's size is sealed, so the daemon keeps serving with exact bytes.
+TEST_F(E2eTest, ClientCannotTruncateTheSharedPool) {
+  auto c = Client();
+  ASSERT_TRUE(c);
+  ASSERT_TRUE(c->uses_shared_memory());
+  const auto stored = MakeChunk(50);
+  ASSERT_TRUE(c->Put(TestKey(50), stored).ok());
+  auto h = client::ConnectShm(daemon_->shm_socket_path());
+  ASSERT_TRUE(h.ok()) << h.status();
+  const int rc = ::ftruncate(h->memfd, 0);
+  const int err = errno;
+  // Where the truncation went through, restore the size (the pages come
+  // back zeroed) so that the rest of the test reports the loss instead of
+  // dying of SIGBUS.
+  if (rc == 0) (void)!::ftruncate(h->memfd, static_cast<off_t>(h->size));
+  EXPECT_EQ(rc, -1);
+  EXPECT_EQ(err, EPERM);
+  struct stat st;
+  ASSERT_EQ(::fstat(h->memfd, &st), 0);
+  EXPECT_EQ(static_cast<uint64_t>(st.st_size), h->size);
+  ::close(h->memfd);
+  ::close(h->sock);
+  EXPECT_EQ(c->Get(TestKey(50)).value_or(std::vector<uint8_t>{}), stored);
+  const auto next = MakeChunk(51);
+  ASSERT_TRUE(c->Put(TestKey(51), next).ok());
+  EXPECT_EQ(c->Get(TestKey(51)).value_or(std::vector<uint8_t>{}), next);
+  ExpectServes(daemon_.get(), 52);
+}
+
 TEST_F(E2eTest, TcpRequiresTheBearerToken) {
   daemon_.reset();
   std::string token_path = dir_.path() + "/token";
-  std::ofstream(token_path) << "  tok-123456\n";
+  const std::string token = "tok-0123456789abcdef0123456789abcdef";
+  std::ofstream(token_path) << "  " << token << "\n";
+  ASSERT_EQ(::chmod(token_path.c_str(), 0600), 0);
   DaemonOptions o = SmallDaemonOptions(dir_.path());
   o.listen_tcp = "127.0.0.1:0";
   o.token_file = token_path;
@@ -948,7 +1058,7 @@ TEST_F(E2eTest, TcpRequiresTheBearerToken) {
   client::ClientOptions co;
   co.tcp_addr = "127.0.0.1:" + std::to_string(daemon_->tcp_port());
   co.timeout_ms = 5000;
-  co.token = "tok-123456";
+  co.token = token;
   auto good = client::KvtierClient::Connect(co);
   ASSERT_TRUE(good.ok()) << good.status();
   EXPECT_FALSE((*good)->uses_shared_memory());
@@ -956,10 +1066,12 @@ TEST_F(E2eTest, TcpRequiresTheBearerToken) {
   EXPECT_EQ((*good)->Get(TestKey(15)).value(), MakeChunk(15));
   // Wrong and missing tokens are refused.
   auto stub = pb::Kvtier::NewStub(grpc::CreateChannel(co.tcp_addr, grpc::InsecureChannelCredentials()));
-  for (const char* header : {"", "Bearer tok-123457", "tok-123456"}) {
+  std::string wrong = token;
+  wrong.back() ^= 1;
+  for (const std::string& header : {std::string(), "Bearer " + wrong, token}) {
     grpc::ClientContext ctx;
     Deadline(ctx);
-    if (*header) ctx.AddMetadata("authorization", header);
+    if (!header.empty()) ctx.AddMetadata("authorization", header);
     pb::LookupRequest req;
     req.set_version(1);
     pb::LookupResponse resp;

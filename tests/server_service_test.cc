@@ -1,5 +1,7 @@
 // KvService called directly (no gRPC), plus the daemon's small pure parts:
 // metric name tables, status mapping, token comparison, options.
+#include <sys/stat.h>
+
 #include <atomic>
 #include <fstream>
 #include <thread>
@@ -479,6 +481,42 @@ TEST(DaemonOptions, ValidationRequiresATokenForTcp) {
   EXPECT_TRUE(ValidateDaemonOptions(o).ok());
   o.dram_gib = -1;
   EXPECT_EQ(ValidateDaemonOptions(o).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Writes `content` to `path` with exactly `mode` (whatever the umask).
+void WriteTokenFile(const std::string& path, const std::string& content, mode_t mode) {
+  std::ofstream(path, std::ios::trunc) << content;
+  ASSERT_EQ(::chmod(path.c_str(), mode), 0);
+}
+
+TEST(DaemonOptions, TokenFileMustBeOwnerOnlyAndLongEnough) {
+  TempDir dir;
+  const std::string path = dir.path() + "/token";
+  const std::string token(kMinTokenBytes, 'k');
+  WriteTokenFile(path, "  " + token + "\n", 0600);
+  auto ok = ReadTokenFile(path);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(*ok, token);
+  WriteTokenFile(path, token, 0400);
+  EXPECT_TRUE(ReadTokenFile(path).ok());
+  for (mode_t mode : {0644, 0640, 0604, 0660, 0606}) {
+    SCOPED_TRACE(::testing::Message() << "mode " << std::oct << mode);
+    WriteTokenFile(path, token, mode);
+    auto st = ReadTokenFile(path).status();
+    EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(st.message(), ::testing::HasSubstr(path));
+    EXPECT_THAT(st.message(), ::testing::HasSubstr("chmod 600"));
+  }
+  WriteTokenFile(path, " " + token.substr(1) + " \n", 0600);
+  auto short_token = ReadTokenFile(path).status();
+  EXPECT_EQ(short_token.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(short_token.message(), ::testing::HasSubstr(path));
+  EXPECT_THAT(short_token.message(), ::testing::HasSubstr(std::to_string(kMinTokenBytes)));
+  WriteTokenFile(path, " \n\t", 0600);
+  EXPECT_EQ(ReadTokenFile(path).status().code(), absl::StatusCode::kInvalidArgument);
+  WriteTokenFile(path, "", 0600);
+  EXPECT_EQ(ReadTokenFile(path).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ReadTokenFile(dir.path() + "/missing").status().code(), absl::StatusCode::kNotFound);
 }
 
 TEST(MetricsHttpServer, SplitHostPortParsesAndRejects) {

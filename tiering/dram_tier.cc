@@ -1,5 +1,6 @@
 #include "tiering/dram_tier.h"
 
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -52,12 +53,22 @@ absl::StatusOr<std::unique_ptr<DramTier>> DramTier::Open(const DramTierOptions& 
   }
   const uint64_t size = o.capacity_bytes / o.alignment * o.alignment;
   if (size == 0) return absl::InvalidArgumentError("DRAM capacity below one allocation unit");
-  int fd = memfd_create("kvtier-dram", MFD_CLOEXEC);
+  int fd = memfd_create("kvtier-dram", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) return ErrnoToStatus(errno, "memfd_create");
   if (ftruncate(fd, static_cast<off_t>(size)) != 0) {
     int e = errno;
     close(fd);
     return ErrnoToStatus(e, "ftruncate(memfd)");
+  }
+  // Every same-host client receives this descriptor. Unsealed, one that
+  // truncated it would make every mapping of the cut pages fault (SIGBUS),
+  // the daemon's included. The size seals leave shared writable mappings
+  // (and CUDA's registration of them) working; F_SEAL_SEAL stops a client
+  // from adding a seal that would not (F_SEAL_FUTURE_WRITE).
+  if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+    int e = errno;
+    close(fd);
+    return ErrnoToStatus(e, "fcntl(memfd, F_ADD_SEALS)");
   }
   void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (p == MAP_FAILED) {

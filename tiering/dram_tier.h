@@ -39,7 +39,9 @@ class DramTier : public PoolTier {
 
   // The memfd of the pool (owned by the tier; dup it to pass it to another
   // process over SCM_RIGHTS) and its size. Offsets of PoolExtent are
-  // offsets into this file.
+  // offsets into this file. It is sealed with F_SEAL_SHRINK | F_SEAL_GROW |
+  // F_SEAL_SEAL: no holder of the descriptor can change its size or its
+  // seals, and it stays writable and mappable MAP_SHARED read-write.
   int shm_fd() const { return fd_; }
   uint64_t shm_size() const { return size_; }
   // The pool mapped in this process.
