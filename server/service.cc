@@ -163,6 +163,10 @@ absl::Status KvService::FinishStreamedCommit(const PutArgs& args, uint64_t slot_
 absl::Status KvService::VerifyStored(const Hash128& key, std::span<const uint8_t> bytes) {
   absl::Status st = VerifyChunkParallel(bytes).status();
   if (st.ok()) return st;
+  return DropCorrupt(key, st);
+}
+
+absl::Status KvService::DropCorrupt(const Hash128& key, const absl::Status& st) {
   (void)engine_->Delete(key);
   return absl::DataLossError(absl::StrCat("stored chunk ", key.ToHex(), " is corrupt (dropped): ",
                                           st.message()));
@@ -176,45 +180,23 @@ absl::StatusOr<GetResult> KvService::Get(const Hash128& key, GetMode mode, uint6
     return absl::FailedPreconditionError("no DRAM tier: no shared-memory gets");
   }
   if (mode == GetMode::kShm) {
-    auto lease = engine_->Pin(std::span<const Hash128>(&key, 1), lease_ms);
-    if (!lease.ok()) return lease.status();
-    auto loc = engine_->Locate(key);
-    if (!loc.ok()) {
-      (void)engine_->Release(lease->id);
-      return loc.status();
-    }
-    r.chunk_bytes = loc->chunk_bytes;
-    if (loc->parts.size() == 1 && loc->parts[0].dram_slot) {
-      const tiering::PoolExtent& e = *loc->parts[0].dram_slot;
-      // Zero-copy: the bytes were verified at put. On request (a reader
-      // found a mismatch) they are checked here and a corrupt chunk dropped.
-      if (verify) {
-        std::span<const uint8_t> bytes(dram->base() + e.offset, loc->chunk_bytes);
-        if (!VerifyChunkParallel(bytes).ok()) {
-          (void)engine_->Release(lease->id);
-          return VerifyStored(key, bytes);
-        }
-      }
-      r.tier = TierKind::kDram;
-      r.extent = tiering::PoolExtent{e.offset, loc->chunk_bytes};
-      r.lease_id = lease->id;
-      r.expires_at_us = lease->expires_at_us;
-      return r;
-    }
-    (void)engine_->Release(lease->id);
-    // Not whole in DRAM: copy into a scratch slot the client frees.
-    KVTIER_ASSIGN_OR_RETURN(tiering::Slot slot, engine_->AllocateSlot(r.chunk_bytes, lease_ms));
-    std::span<uint8_t> out(dram->base() + slot.extent.offset, r.chunk_bytes);
-    auto tier = engine_->Get(key, out);
-    absl::Status st = tier.ok() ? VerifyStored(key, out) : tier.status();
+    KVTIER_ASSIGN_OR_RETURN(tiering::SharedRead sr, engine_->GetShared(key, lease_ms));
+    std::span<const uint8_t> bytes(dram->base() + sr.extent.offset, sr.chunk_bytes);
+    // A stored chunk handed out in place was verified at put: its bytes are
+    // read only on request (a reader found a mismatch), while still pinned.
+    // A scratch copy is always checked: the daemon made it.
+    absl::Status st;
+    if (sr.slot_id != 0 || verify) st = VerifyChunkParallel(bytes).status();
     if (!st.ok()) {
-      (void)engine_->AbortSlot(slot.id);
-      return st;
+      (void)(sr.lease_id != 0 ? engine_->Release(sr.lease_id) : engine_->AbortSlot(sr.slot_id));
+      return DropCorrupt(key, st);
     }
-    r.tier = *tier;
-    r.extent = tiering::PoolExtent{slot.extent.offset, r.chunk_bytes};
-    r.scratch_slot_id = slot.id;
-    r.expires_at_us = slot.expires_at_us;
+    r.tier = sr.tier;
+    r.chunk_bytes = sr.chunk_bytes;
+    r.extent = sr.extent;
+    r.lease_id = sr.lease_id;
+    r.scratch_slot_id = sr.slot_id;
+    r.expires_at_us = sr.expires_at_us;
     return r;
   }
   std::span<uint8_t> out;

@@ -129,8 +129,10 @@ class KvService {
 
   // kCopy: bytes in the result. kShm: the chunk's extent in the pool, valid
   // until the lease (lease_ms) is released or expires, or a scratch-slot
-  // copy when the chunk is not whole in DRAM. kSlot: copied into `slot_id`
-  // (InvalidArgument if the slot is too small; NotFound if unknown).
+  // copy when the chunk is not whole in DRAM (PlacementEngine::GetShared).
+  // kSlot: copied into `slot_id` (InvalidArgument if the slot is too small;
+  // NotFound if unknown). Every mode is one engine read: one use of the
+  // chunk and one count in the engine's gets and hits or misses.
   // NotFound on a miss; DataLoss if the stored bytes are corrupt (the chunk
   // is dropped). kShm of a chunk whole in DRAM reads no chunk bytes unless
   // `verify` is set.
@@ -156,6 +158,8 @@ class KvService {
   absl::StatusOr<tiering::PoolExtent> FindSlot(uint64_t slot_id, bool remove);
   // Verifies chunk bytes held in the pool; on corruption drops the key.
   absl::Status VerifyStored(const Hash128& key, std::span<const uint8_t> bytes);
+  // Drops `key`, whose bytes failed verification with `st`; DataLoss.
+  absl::Status DropCorrupt(const Hash128& key, const absl::Status& st);
 
   tiering::PlacementEngine* const engine_;
   const ServiceLimits limits_;

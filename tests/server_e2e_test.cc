@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cmath>
 #include <fstream>
+#include <map>
 #include <random>
 #include <thread>
 
@@ -126,6 +127,110 @@ TEST_F(E2eTest, DurablePutReachesNvmeAndStatsCountIt) {
   EXPECT_EQ(nvme_chunks, 1u);
   EXPECT_EQ(puts, 1u);
   EXPECT_EQ(shm_bytes, MakeChunk(5).size());
+}
+
+// The engine counters of a Stats answer, by name.
+std::map<std::string, uint64_t> Counters(client::KvtierClient& c) {
+  std::map<std::string, uint64_t> m;
+  auto s = c.Stats();
+  EXPECT_TRUE(s.ok()) << s.status();
+  if (s.ok()) {
+    for (const auto& [n, v] : s->counters) m[n] = v;
+  }
+  return m;
+}
+
+// A chunk of about 400 KiB: 80 fill the 32 MiB DRAM tier of SmallDaemonOptions.
+std::vector<uint8_t> MediumChunk(uint32_t seed) { return MakeChunk(seed, 256, 2, 4, 64); }
+
+// Chunks read through shared memory (libkvtier's Get over the data plane)
+// are uses like inline gets: a chunk read ten times stays in DRAM while four
+// DRAM tiers' worth of chunks that are only put pass through, and the reads
+// move the engine's gets and hits counters.
+TEST_F(E2eTest, SharedMemoryGetsKeepAChunkHotAndAreCounted) {
+  auto c = Client();
+  ASSERT_TRUE(c);
+  ASSERT_TRUE(c->uses_shared_memory());
+  const auto a = MediumChunk(40), filler = MediumChunk(41);
+  ASSERT_TRUE(c->Put(TestKey(40), a).ok());
+  for (int i = 0; i < 10; ++i) {
+    auto got = c->Get(TestKey(40));
+    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_EQ(*got, a);
+  }
+  auto n = Counters(*c);
+  EXPECT_EQ(n["gets"], 10u);
+  EXPECT_EQ(n["hits_dram"], 10u);
+  EXPECT_EQ(n["misses"], 0u);
+  const uint64_t dram = daemon_->engine()->dram()->capacity_bytes();
+  const int fill = static_cast<int>(4 * dram / filler.size());
+  for (int i = 0; i < fill; ++i) ASSERT_TRUE(c->Put(TestKey(1000 + i), filler).ok()) << i;
+  auto got = c->Get(TestKey(40));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, a);
+  std::vector<Hash128> keys = {TestKey(40)};
+  EXPECT_THAT(c->Lookup(keys).value(), ::testing::ElementsAre(client::Tier::kDram));
+  n = Counters(*c);
+  EXPECT_GT(n["evictions"], 0u);
+  EXPECT_EQ(n["gets"], 11u);
+  EXPECT_EQ(n["hits_dram"], 11u);
+  EXPECT_EQ(n["misses"], 0u);
+  EXPECT_EQ(c->Get(TestKey(39)).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(Counters(*c)["misses"], 1u);
+}
+
+// Admission to NVMe counts shared-memory reads: with admission after three
+// uses, a chunk put and read twice over shared memory is written to NVMe when
+// DRAM evicts it, while chunks put and read once are dropped.
+TEST_F(E2eTest, ChunkReadOverSharedMemoryIsAdmittedToNvmeWhenEvicted) {
+  daemon_.reset();
+  DaemonOptions o = SmallDaemonOptions(dir_.path());
+  o.nvme_admit_after_uses = 3;
+  StartDaemon(o);
+  auto c = Client();
+  ASSERT_TRUE(c);
+  ASSERT_TRUE(c->uses_shared_memory());
+  const auto a = MediumChunk(42), filler = MediumChunk(43);
+  ASSERT_TRUE(c->Put(TestKey(42), a).ok());
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(c->Get(TestKey(42)).ok());
+  const uint64_t dram = daemon_->engine()->dram()->capacity_bytes();
+  const int fill = static_cast<int>(4 * dram / filler.size());
+  for (int i = 0; i < fill; ++i) {
+    ASSERT_TRUE(c->Put(TestKey(2000 + i), filler).ok()) << i;
+    ASSERT_TRUE(c->Get(TestKey(2000 + i)).ok()) << i;
+  }
+  std::vector<Hash128> keys = {TestKey(42)};
+  EXPECT_THAT(c->Lookup(keys).value(), ::testing::ElementsAre(client::Tier::kNvme));
+  auto got = c->Get(TestKey(42));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, a);
+  auto n = Counters(*c);
+  EXPECT_GT(n["admission_rejects"], 0u);
+  EXPECT_GE(n["demotions"], 1u);
+  EXPECT_EQ(n["hits_nvme"], 1u);
+}
+
+// Every accepted put counts once, whether its key is new or already stored,
+// inline or through a slot, durable or not; a refused one does not count.
+TEST_F(E2eTest, PutsCounterCountsEveryAcceptedPut) {
+  auto shm = Client(true), inl = Client(false);
+  ASSERT_TRUE(shm && inl);
+  const auto a = MakeChunk(44);
+  ASSERT_TRUE(shm->Put(TestKey(44), a).ok());
+  EXPECT_EQ(Counters(*shm)["puts"], 1u);
+  ASSERT_TRUE(shm->Put(TestKey(44), a).ok());
+  EXPECT_EQ(Counters(*shm)["puts"], 2u);
+  ASSERT_TRUE(inl->Put(TestKey(44), a).ok());
+  EXPECT_EQ(Counters(*shm)["puts"], 3u);
+  client::PutOptions durable;
+  durable.durable = true;
+  ASSERT_TRUE(shm->Put(TestKey(44), a, durable).ok());
+  EXPECT_EQ(Counters(*shm)["puts"], 4u);
+  auto bad = a;
+  bad[bad.size() / 2] ^= 1;
+  EXPECT_EQ(inl->Put(TestKey(45), bad).code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(shm->Put(TestKey(45), bad).code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(Counters(*shm)["puts"], 4u);
 }
 
 TEST_F(E2eTest, LongestCachedPrefixFromTokens) {
