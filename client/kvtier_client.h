@@ -68,7 +68,11 @@ struct ClientOptions {
 };
 
 struct PutOptions {
-  // Return only once the chunk is committed on the daemon's NVMe tier.
+  // Return only once the chunk is committed on the daemon's NVMe tier (data
+  // synced, index committed), so it survives a crash or kill -9 of the
+  // daemon. It is still a cache entry: the daemon evicts it under capacity
+  // pressure and deletes it like any other chunk (docs/daemon.md, "Durable
+  // puts"). FailedPrecondition from a daemon without an NVMe tier.
   // Default: false
   bool durable = false;
 };

@@ -110,7 +110,9 @@ struct PutOptions {
   // when there is no DRAM tier). Default: unset
   std::optional<TierKind> tier;
   // Acknowledge only after the chunk is committed on NVMe (data synced,
-  // index committed). FailedPrecondition without an NVMe tier. Default: false
+  // index committed), so it survives a crash. It gets no other protection:
+  // it is evicted (from NVMe: dropped) and deleted like any chunk.
+  // FailedPrecondition without an NVMe tier. Default: false
   bool durable = false;
   // Overrides PlacementEngineOptions::split_kv for this chunk. Default: unset
   std::optional<SplitKvPolicy> split_kv;
