@@ -128,6 +128,10 @@ struct HeldChunk {
   Tier tier = Tier::kUnknown;
   uint64_t lease_id = 0;
   uint64_t scratch_slot_id = 0;
+  // Which of the client's data-plane connections took the hold (0: gRPC).
+  // The daemon ends a hold taken on a data-plane connection only when that
+  // connection asks (or closes), so Unhold goes back over it.
+  uint64_t connection = 0;
 };
 
 class KvtierClient {

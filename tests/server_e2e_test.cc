@@ -14,6 +14,8 @@
 #include <random>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "client/kvtier_client.h"
 #include "client/kvtier_client_internal.h"
 #include "gmock/gmock.h"
@@ -546,6 +548,35 @@ TEST_F(E2eTest, HoldReadsTheChunkInPlaceUntilUnhold) {
             absl::StatusCode::kFailedPrecondition);
 }
 
+// Holds taken at once from several threads go over several data-plane
+// connections; Unhold goes back over the connection that took the hold
+// (the daemon takes a release only from it), so every Unhold succeeds and
+// leaves the chunk unpinned.
+TEST_F(E2eTest, HoldsFromManyThreadsAreUnheldOverTheirOwnConnections) {
+  auto c = Client();
+  ASSERT_TRUE(c);
+  constexpr int kThreads = 4, kRounds = 40;
+  for (int t = 0; t < kThreads; ++t) ASSERT_TRUE(c->Put(TestKey(50 + t), MakeChunk(50 + t)).ok());
+  for (int round = 0; round < kRounds; ++round) {
+    std::vector<absl::StatusOr<client::HeldChunk>> held(kThreads, absl::UnknownError("not run"));
+    std::atomic<int> ready{0};
+    std::vector<std::thread> ts;
+    for (int t = 0; t < kThreads; ++t) {
+      ts.emplace_back([&, t] {
+        ready.fetch_add(1);
+        while (ready.load() < kThreads) std::this_thread::yield();
+        held[t] = c->Hold(TestKey(50 + t));
+      });
+    }
+    for (auto& t : ts) t.join();
+    for (int t = 0; t < kThreads; ++t) {
+      ASSERT_TRUE(held[t].ok()) << held[t].status();
+      ASSERT_TRUE(c->Unhold(*held[t]).ok()) << "round " << round << " thread " << t;
+    }
+  }
+  for (int t = 0; t < kThreads; ++t) EXPECT_TRUE(c->Delete(TestKey(50 + t)).ok()) << t;
+}
+
 TEST_F(E2eTest, PinsOfADisconnectedClientExpire) {
   auto a = Client();
   ASSERT_TRUE(a);
@@ -790,6 +821,73 @@ TEST_F(E2eTest, DataPlaneServesAStreamedPutAGetAndItsRelease) {
   EXPECT_EQ(dp.Call(RawDataPlane::Op::kRelease, RawDataPlane::U64(lease)), kOk);
   EXPECT_EQ(dp.Call(RawDataPlane::Op::kRelease, RawDataPlane::U64(lease)), kNotFound);
   EXPECT_TRUE(c->Delete(TestKey(30)).ok());
+}
+
+// Slot and lease ids are scoped to the data-plane connection that got them:
+// another connection that names them (release, abort, put begin) gets the
+// answer an unknown id gets, NotFound, and the owner's slot and lease are
+// untouched: it can still commit and release them.
+TEST_F(E2eTest, DataPlaneConnectionCannotUseAnotherConnectionsSlotOrLease) {
+  using Op = RawDataPlane::Op;
+  auto c = Client();
+  ASSERT_TRUE(c);
+  ASSERT_TRUE(c->Put(TestKey(46), MakeChunk(46)).ok());
+  RawDataPlane a(daemon_->shm_socket_path()), b(daemon_->shm_socket_path());
+  ASSERT_TRUE(a.ok()) << a.error();
+  ASSERT_TRUE(b.ok()) << b.error();
+  const auto chunk = MakeChunk(47);
+  const uint64_t slot = a.SlotWith(chunk);
+  std::vector<uint8_t> g;
+  ASSERT_EQ(a.Call(Op::kGet, RawDataPlane::Get(TestKey(46)), &g), kOk);
+  ASSERT_EQ(g.size(), shm_wire::kGetReplyBytes);
+  shm_wire::Reader r(g.data());
+  for (int i = 0; i < 8 + 3 * 8; ++i) r.U8();  // tier, reserved, chunk bytes, offset, length
+  const uint64_t lease = r.U64();
+  ASSERT_NE(lease, 0u);
+  ASSERT_NE(slot, 0u);
+
+  // What B hears for A's ids is what it hears for ids nobody holds.
+  auto answer = [&](Op op, uint64_t id) {
+    b.Send(op, RawDataPlane::U64(id));
+    auto ans = b.Read();
+    EXPECT_TRUE(ans.has_value());
+    if (!ans) return std::make_pair(-1, std::string());
+    return std::make_pair(static_cast<int>(ans->code),
+                          std::string(ans->payload.begin(), ans->payload.end()));
+  };
+  auto begin_commit = [&](uint64_t id) {
+    b.Send(Op::kPutBegin, RawDataPlane::Begin(id, TestKey(48)));
+    return b.Call(Op::kPutCommit, RawDataPlane::U64(chunk.size()));
+  };
+  const uint64_t unknown = 0x5eed5eed5eedull;
+  const auto unknown_release = answer(Op::kRelease, unknown);
+  const auto unknown_abort = answer(Op::kAbortSlot, unknown);
+  EXPECT_EQ(unknown_release.first, kNotFound);
+  EXPECT_EQ(unknown_abort.first, kNotFound);
+  auto with_id = [](std::string msg, uint64_t from, uint64_t to) {
+    return absl::StrReplaceAll(msg, {{absl::StrCat(from), absl::StrCat(to)}});
+  };
+  const auto foreign_release = answer(Op::kRelease, lease);
+  EXPECT_EQ(foreign_release.first, kNotFound);
+  EXPECT_EQ(with_id(foreign_release.second, lease, unknown), unknown_release.second);
+  const auto foreign_abort = answer(Op::kAbortSlot, slot);
+  EXPECT_EQ(foreign_abort.first, kNotFound);
+  EXPECT_EQ(with_id(foreign_abort.second, slot, unknown), unknown_abort.second);
+  EXPECT_EQ(begin_commit(slot), kNotFound);
+  EXPECT_EQ(begin_commit(unknown), kNotFound);
+  EXPECT_EQ(c->Get(TestKey(48)).status().code(), absl::StatusCode::kNotFound);
+
+  // A's lease still pins the chunk, and A's slot still takes A's put.
+  EXPECT_EQ(c->Delete(TestKey(46)).code(), absl::StatusCode::kFailedPrecondition);
+  a.Send(Op::kPutBegin, RawDataPlane::Begin(slot, TestKey(47)));
+  EXPECT_EQ(a.Call(Op::kPutCommit, RawDataPlane::U64(chunk.size())), kOk);
+  auto got = c->Get(TestKey(47));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, chunk);
+  EXPECT_EQ(a.Call(Op::kRelease, RawDataPlane::U64(lease)), kOk);
+  EXPECT_TRUE(c->Delete(TestKey(46)).ok());
+  // B's connection still serves.
+  EXPECT_EQ(b.Call(Op::kHello, {}), kOk);
 }
 
 // Every malformed frame gets one error answer, then the daemon closes the

@@ -508,6 +508,34 @@ TEST(PlacementEngine, PutsCounterCountsEveryAcceptedPut) {
   EXPECT_EQ(puts(), 6u);
 }
 
+// Lease and slot ids cannot be derived from one another: distinct, never 0,
+// not consecutive, spread over 64 bits.
+TEST(PlacementEngine, LeaseAndSlotIdsAreUnpredictable) {
+  TempDir dir;
+  auto e = MakeEngine(dir, {});
+  ASSERT_TRUE(e->Put(KeyOf(1), MakeChunk(1)).ok());
+  const std::vector<Hash128> keys{KeyOf(1)};
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < 500; ++i) {
+    auto lease = e->Pin(keys);
+    ASSERT_TRUE(lease.ok()) << lease.status();
+    ids.push_back(lease->id);
+    auto slot = e->AllocateSlot(4096);
+    ASSERT_TRUE(slot.ok()) << slot.status();
+    ids.push_back(slot->id);
+    ASSERT_TRUE(e->AbortSlot(slot->id).ok());
+  }
+  absl::flat_hash_set<uint64_t> distinct(ids.begin(), ids.end());
+  EXPECT_EQ(distinct.size(), ids.size());
+  EXPECT_FALSE(distinct.contains(0));
+  int consecutive = 0, high = 0;
+  for (size_t i = 0; i + 1 < ids.size(); ++i) consecutive += ids[i + 1] - ids[i] <= 16;
+  for (uint64_t id : ids) high += id >> 48 != 0;
+  EXPECT_EQ(consecutive, 0);
+  EXPECT_GT(high, 900);  // uniform: about 1000 of 1000
+  for (size_t i = 0; i < ids.size(); i += 2) EXPECT_TRUE(e->Release(ids[i]).ok());
+}
+
 TEST(EvictionPolicy, S3FifoKeepsHotSetThroughScanWhereLruLosesIt) {
   // 10 hot objects re-read between scans of one-hit objects; capacity 20.
   auto run = [](EvictionPolicyKind kind) {

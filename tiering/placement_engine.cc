@@ -1,6 +1,9 @@
 #include "tiering/placement_engine.h"
 
+#include <sys/random.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 
@@ -564,7 +567,7 @@ absl::StatusOr<SharedRead> PlacementEngine::GetShared(const Hash128& key, int64_
       auto ref = dram_->AcquireRef({key, Part::kWhole});
       if (ref.ok()) {
         dram_->ReleaseRef(*ref);
-        r.lease_id = next_id_++;
+        KVTIER_ASSIGN_OR_RETURN(r.lease_id, NewIdLocked());
         ++st->pins;
         r.expires_at_us = now + LeaseUs(ttl_ms);
         leases_[r.lease_id] = LeaseState{{key}, r.expires_at_us};
@@ -599,6 +602,27 @@ absl::StatusOr<SharedRead> PlacementEngine::GetShared(const Hash128& key, int64_
   r.slot_id = slot->id;
   r.expires_at_us = slot->expires_at_us;
   return r;
+}
+
+absl::StatusOr<uint64_t> PlacementEngine::NewIdLocked() {
+  for (;;) {
+    if (id_pool_next_ == id_pool_.size()) {
+      // At most 256 bytes: once the kernel's pool is initialized such a
+      // getrandom is never short and never interrupted (getrandom(2)).
+      auto* p = reinterpret_cast<uint8_t*>(id_pool_.data());
+      constexpr size_t kBytes = sizeof(id_pool_);
+      static_assert(kBytes <= 256, "larger getrandom requests may be short or interrupted");
+      for (size_t got = 0; got < kBytes;) {
+        const ssize_t k = ::getrandom(p + got, kBytes - got, 0);
+        if (k < 0 && errno == EINTR) continue;
+        if (k < 0) return absl::InternalError(absl::StrCat("getrandom: ", std::strerror(errno)));
+        got += static_cast<size_t>(k);
+      }
+      id_pool_next_ = 0;
+    }
+    const uint64_t id = id_pool_[id_pool_next_++];
+    if (id != 0 && !leases_.contains(id) && !slots_.contains(id)) return id;
+  }
 }
 
 }  // namespace kvtier::tiering
@@ -762,8 +786,8 @@ absl::StatusOr<Lease> PlacementEngine::Pin(std::span<const Hash128> keys, int64_
   for (const Hash128& k : keys) {
     if (!chunks_.contains(k)) return absl::NotFoundError(absl::StrCat("chunk ", k.ToHex(), " not stored"));
   }
+  KVTIER_ASSIGN_OR_RETURN(uint64_t id, NewIdLocked());
   for (const Hash128& k : keys) ++chunks_[k].pins;
-  uint64_t id = next_id_++;
   int64_t exp = now + LeaseUs(ttl_ms);
   leases_[id] = LeaseState{std::vector<Hash128>(keys.begin(), keys.end()), exp};
   return Lease{id, exp};
@@ -800,10 +824,14 @@ absl::StatusOr<Slot> PlacementEngine::AllocateSlot(uint64_t bytes, int64_t ttl_m
     auto ext = dram_->ReserveSlot(bytes);
     if (ext.ok()) {
       absl::MutexLock l(&mu_);
-      uint64_t id = next_id_++;
+      auto id = NewIdLocked();
+      if (!id.ok()) {
+        (void)dram_->AbortSlot(*ext);
+        return id.status();
+      }
       int64_t exp = Now() + LeaseUs(ttl_ms);
-      slots_[id] = SlotState{*ext, exp};
-      return Slot{id, *ext, exp};
+      slots_[*id] = SlotState{*ext, exp};
+      return Slot{*id, *ext, exp};
     }
     if (!IsTierFull(ext.status()) || bytes > dram_->capacity_bytes()) return ext.status();
     if (!EvictOne(TierKind::kDram) && ++idle > kMaxIdleRounds) return ext.status();

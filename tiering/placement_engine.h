@@ -151,6 +151,10 @@ struct ChunkLocation {
   std::vector<PartLocation> parts;  // one (whole) or two (K, V)
 };
 
+// Lease and slot ids are nonzero 64-bit values drawn from getrandom(2): one
+// id tells nothing about any other, so a client cannot name another client's
+// lease or slot by guessing (the gRPC API takes ids from any caller). An id is
+// never handed out while a lease or slot holds it.
 struct Lease {
   uint64_t id = 0;
   int64_t expires_at_us = 0;  // on the engine's clock
@@ -410,6 +414,8 @@ class PlacementEngine {
   absl::StatusOr<TierKind> FinishRead(const Hash128& key, const ReadShape& shape,
                                       std::span<uint8_t> out, const GetOptions& opts);
   void CountHit(TierKind src);
+  // A fresh lease or slot id (see Lease). Internal if getrandom fails.
+  absl::StatusOr<uint64_t> NewIdLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Forget(const ObjectKey& id, TierKind kind) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Appends every copy of parts `first_part`..2 of chunk `key` (per
   // st.where) to `out`, as (object, tier), and takes each out of its tier's
@@ -441,7 +447,10 @@ class PlacementEngine {
   std::array<std::unique_ptr<EvictionPolicy>, kNumTierKinds> policies_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, LeaseState> leases_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, SlotState> slots_ ABSL_GUARDED_BY(mu_);
-  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  // Random bytes for ids, drawn 256 at a time (one getrandom call that is
+  // never short or interrupted); id_pool_next_ is the next unused one.
+  std::array<uint64_t, 32> id_pool_ ABSL_GUARDED_BY(mu_){};
+  size_t id_pool_next_ ABSL_GUARDED_BY(mu_) = 32;
   absl::flat_hash_map<Hash128, uint32_t> dropped_uses_ ABSL_GUARDED_BY(mu_);
   std::deque<Hash128> dropped_order_ ABSL_GUARDED_BY(mu_);  // oldest first
 
