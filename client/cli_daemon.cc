@@ -86,7 +86,9 @@ void RegisterDaemonCommands(CLI::App& app, CommandResult& result) {
     auto durable = std::make_shared<bool>(false);
     AddConnFlags(cmd, f.get());
     cmd->add_option("--key", *key, "chunk key, 32 hex digits")->required();
-    cmd->add_flag("--durable", *durable, "return only after the NVMe commit");
+    cmd->add_flag("--durable", *durable,
+                  "return only once the chunk is committed on NVMe (survives a crash; "
+                  "still evicted under capacity pressure like any chunk)");
     cmd->add_option("FILE", *file, "chunk file")->required();
     cmd->callback(Action(result, [=]() -> absl::Status {
       KVTIER_ASSIGN_OR_RETURN(Hash128 k, ParseKey(*key));

@@ -6,6 +6,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -13,6 +14,7 @@
 #include <optional>
 #include <thread>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "client/kvtier_client_internal.h"
@@ -115,10 +117,11 @@ class DataConn {
   // Says hello on `sock` (owned from here on); null if the daemon does not
   // serve the data plane on it (an older daemon, or no room).
   // `owed_releases` (not owned) counts the releases sent on any connection
-  // whose answers are not read yet.
+  // whose answers are not read yet. `serial` (nonzero) names the connection
+  // within its client (HeldChunk::connection).
   static std::unique_ptr<DataConn> Open(int sock, int64_t timeout_ms,
-                                        std::atomic<int>* owed_releases) {
-    auto c = std::unique_ptr<DataConn>(new DataConn(sock, owed_releases));
+                                        std::atomic<int>* owed_releases, uint64_t serial) {
+    auto c = std::unique_ptr<DataConn>(new DataConn(sock, owed_releases, serial));
     timeval tv{static_cast<time_t>(timeout_ms / 1000), static_cast<suseconds_t>(timeout_ms % 1000 * 1000)};
     ::setsockopt(sock, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
     ::setsockopt(sock, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
@@ -131,6 +134,7 @@ class DataConn {
   }
 
   bool broken() const { return broken_; }
+  uint64_t serial() const { return serial_; }
 
   // Sends one request. Unavailable if the connection failed.
   absl::Status Send(Op op, const uint8_t* payload, uint32_t n) {
@@ -221,7 +225,8 @@ class DataConn {
   std::optional<Spare> TakeSpare() { return std::exchange(spare_, std::nullopt); }
 
  private:
-  DataConn(int fd, std::atomic<int>* owed_releases) : fd_(fd), owed_releases_(owed_releases) {}
+  DataConn(int fd, std::atomic<int>* owed_releases, uint64_t serial)
+      : fd_(fd), owed_releases_(owed_releases), serial_(serial) {}
 
   void DropOwed() {
     for (Op op : owed_) {
@@ -267,6 +272,7 @@ class DataConn {
 
   const int fd_;
   std::atomic<int>* const owed_releases_;
+  const uint64_t serial_;
   bool broken_ = false;
   std::deque<Op> owed_;  // answers to read, in order
   std::optional<Spare> spare_;
@@ -335,12 +341,16 @@ class ClientImpl final : public KvtierClient {
       pool_ = std::move(*pool);
       // The same connection carries the data plane, if the daemon serves it.
       std::unique_ptr<DataConn> c;
-      if (options_.max_data_connections > 0) c = DataConn::Open(h.sock, options_.timeout_ms, owed_releases_.get());
-      else ::close(h.sock);
+      if (options_.max_data_connections > 0) {
+        c = DataConn::Open(h.sock, options_.timeout_ms, owed_releases_.get(), next_conn_serial_++);
+      } else {
+        ::close(h.sock);
+      }
       if (c != nullptr) {
         absl::MutexLock l(&conns_mu_);
         data_plane_ = true;
         open_conns_ = 1;
+        live_conns_.insert(c->serial());
         idle_conns_.push_back(std::move(c));
       }
       if (options_.check_on_helper_thread) {
@@ -750,6 +760,7 @@ class ClientImpl final : public KvtierClient {
     const uint64_t offset = r.U64(), length = r.U64();
     h.lease_id = r.U64();
     h.scratch_slot_id = r.U64();
+    h.connection = c.serial();
     auto range = pool_->Range(offset, length);
     if (!range.ok()) {
       (void)UnholdOver(c, h);
@@ -761,7 +772,13 @@ class ClientImpl final : public KvtierClient {
 
   absl::Status Unhold(const HeldChunk& h) override {
     if (h.lease_id == 0 && h.scratch_slot_id == 0) return absl::OkStatus();
-    if (ConnLease c = AcquireConn()) return UnholdOver(*c, h);
+    // The daemon takes a data-plane release or abort only from the
+    // connection that took the hold. If that connection has closed, the
+    // daemon ended the hold with it (gRPC then answers NotFound); if it
+    // stays lent out for timeout_ms, gRPC ends the hold instead.
+    if (h.connection != 0) {
+      if (ConnLease c = AcquireConnBySerial(h.connection)) return UnholdOver(*c, h);
+    }
     if (h.lease_id != 0) return Release(h.lease_id);
     return AbortSlot(WritableSlot{h.scratch_slot_id, {}});
   }
@@ -815,19 +832,43 @@ class ClientImpl final : public KvtierClient {
     auto h = ConnectShm(shm_socket_);
     if (h.ok()) {
       ::close(h->memfd);
-      c = DataConn::Open(h->sock, options_.timeout_ms, owed_releases_.get());
+      c = DataConn::Open(h->sock, options_.timeout_ms, owed_releases_.get(), next_conn_serial_++);
     }
+    absl::MutexLock l(&conns_mu_);
     if (c == nullptr) {
-      absl::MutexLock l(&conns_mu_);
       --open_conns_;
+    } else {
+      live_conns_.insert(c->serial());
     }
     return ConnLease(this, std::move(c));
+  }
+
+  // The data-plane connection `serial`, once no other call is using it.
+  // Empty if it has closed, or is still lent out after timeout_ms.
+  ConnLease AcquireConnBySerial(uint64_t serial) {
+    absl::MutexLock l(&conns_mu_);
+    auto idle_or_closed = [this, serial]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(conns_mu_) {
+      return !live_conns_.contains(serial) ||
+             std::any_of(idle_conns_.begin(), idle_conns_.end(),
+                         [serial](const auto& c) { return c->serial() == serial; });
+    };
+    conns_mu_.AwaitWithTimeout(absl::Condition(&idle_or_closed),
+                               absl::Milliseconds(options_.timeout_ms));
+    for (auto it = idle_conns_.begin(); it != idle_conns_.end(); ++it) {
+      if ((*it)->serial() == serial) {
+        std::unique_ptr<DataConn> c = std::move(*it);
+        idle_conns_.erase(it);
+        return ConnLease(this, std::move(c));
+      }
+    }
+    return ConnLease(this, nullptr);
   }
 
   void ReturnConn(std::unique_ptr<DataConn> c) {
     absl::MutexLock l(&conns_mu_);
     if (c->broken()) {
       --open_conns_;
+      live_conns_.erase(c->serial());
       return;  // closed
     }
     idle_conns_.push_back(std::move(c));
@@ -875,6 +916,7 @@ class ClientImpl final : public KvtierClient {
         for (auto it = idle_conns_.begin(); it != idle_conns_.end();) {
           (void)(*it)->Settle();
           if ((*it)->broken()) {
+            live_conns_.erase((*it)->serial());
             it = idle_conns_.erase(it);
             --open_conns_;
           } else {
@@ -906,6 +948,9 @@ class ClientImpl final : public KvtierClient {
   bool data_plane_ ABSL_GUARDED_BY(conns_mu_) = false;
   int open_conns_ ABSL_GUARDED_BY(conns_mu_) = 0;  // idle and lent
   std::vector<std::unique_ptr<DataConn>> idle_conns_ ABSL_GUARDED_BY(conns_mu_);
+  // Serials of the open connections (idle and lent), and the next serial.
+  absl::flat_hash_set<uint64_t> live_conns_ ABSL_GUARDED_BY(conns_mu_);
+  std::atomic<uint64_t> next_conn_serial_{1};
   // Outstanding asynchronous Releases; shared with their callbacks.
   struct Releases {
     absl::Mutex mu;

@@ -68,7 +68,11 @@ struct ClientOptions {
 };
 
 struct PutOptions {
-  // Return only once the chunk is committed on the daemon's NVMe tier.
+  // Return only once the chunk is committed on the daemon's NVMe tier (data
+  // synced, index committed), so it survives a crash or kill -9 of the
+  // daemon. It is still a cache entry: the daemon evicts it under capacity
+  // pressure and deletes it like any other chunk (docs/daemon.md, "Durable
+  // puts"). FailedPrecondition from a daemon without an NVMe tier.
   // Default: false
   bool durable = false;
 };
@@ -124,6 +128,10 @@ struct HeldChunk {
   Tier tier = Tier::kUnknown;
   uint64_t lease_id = 0;
   uint64_t scratch_slot_id = 0;
+  // Which of the client's data-plane connections took the hold (0: gRPC).
+  // The daemon ends a hold taken on a data-plane connection only when that
+  // connection asks (or closes), so Unhold goes back over it.
+  uint64_t connection = 0;
 };
 
 class KvtierClient {

@@ -23,11 +23,15 @@ tiering::PutOptions PutOptionsOf(const PutArgs& args) {
   return po;
 }
 
-absl::Status SlotGone(uint64_t slot_id) {
+}  // namespace
+
+absl::Status UnknownSlotError(uint64_t slot_id) {
   return absl::NotFoundError(absl::StrCat("slot ", slot_id, " unknown or expired"));
 }
 
-}  // namespace
+absl::Status UnknownLeaseError(uint64_t lease_id) {
+  return absl::NotFoundError(absl::StrCat("lease ", lease_id, " unknown or expired"));
+}
 
 KvService::KvService(tiering::PlacementEngine* engine, const ServiceLimits& limits)
     : engine_(engine), limits_(limits) {}
@@ -84,7 +88,9 @@ absl::StatusOr<tiering::Slot> KvService::AllocateSlot(uint64_t bytes, uint32_t t
   KVTIER_ASSIGN_OR_RETURN(tiering::Slot slot, engine_->AllocateSlot(bytes, ttl_ms));
   int64_t now = tiering::SystemClock()->NowMicros();
   absl::MutexLock l(&mu_);
-  // Forget slots the engine has expired (their ids are never reused).
+  // Forget slots the engine has expired (the engine never hands out the id
+  // of a live slot or lease; an expired entry left here is never used, as
+  // FindSlot checks the expiry).
   for (auto it = slots_.begin(); it != slots_.end();) {
     if (it->second.expires_at_us < now) {
       slots_.erase(it++);
@@ -105,7 +111,7 @@ absl::StatusOr<tiering::PoolExtent> KvService::FindSlot(uint64_t slot_id, bool r
   if (it == slots_.end() ||
       it->second.expires_at_us < tiering::SystemClock()->NowMicros() + kExpiryMarginUs) {
     if (it != slots_.end()) slots_.erase(it);
-    return SlotGone(slot_id);
+    return UnknownSlotError(slot_id);
   }
   tiering::PoolExtent e = it->second.extent;
   if (remove) slots_.erase(it);
@@ -114,14 +120,15 @@ absl::StatusOr<tiering::PoolExtent> KvService::FindSlot(uint64_t slot_id, bool r
 
 absl::Status KvService::AbortSlot(uint64_t slot_id) {
   (void)FindSlot(slot_id, /*remove=*/true);
-  return engine_->AbortSlot(slot_id);
+  absl::Status st = engine_->AbortSlot(slot_id);
+  return absl::IsNotFound(st) ? UnknownSlotError(slot_id) : st;
 }
 
 absl::Status KvService::CommitSlot(const PutArgs& args, uint64_t slot_id) {
   tiering::DramTier* dram = engine_->dram();
   if (dram == nullptr) return absl::FailedPreconditionError("no DRAM tier: no shared-memory slots");
   auto ext = FindSlot(slot_id, /*remove=*/true);
-  if (!ext.ok()) return SlotGone(slot_id);
+  if (!ext.ok()) return UnknownSlotError(slot_id);
   // The one check of these bytes: on the pool, before the engine makes them
   // an object (it checks the header and the length). Later shared-memory gets
   // do not read them again (the reader checks what it copies).
@@ -130,7 +137,7 @@ absl::Status KvService::CommitSlot(const PutArgs& args, uint64_t slot_id) {
   if (!st.ok()) {
     absl::Status aborted = engine_->AbortSlot(slot_id);
     if (absl::IsNotFound(aborted)) {
-      return SlotGone(slot_id);
+      return UnknownSlotError(slot_id);
     }
     return st;
   }
@@ -149,11 +156,11 @@ absl::StatusOr<std::unique_ptr<IncrementalChunkCheck>> KvService::BeginStreamedC
 absl::Status KvService::FinishStreamedCommit(const PutArgs& args, uint64_t slot_id,
                                              IncrementalChunkCheck& check) {
   auto ext = FindSlot(slot_id, /*remove=*/true);
-  if (!ext.ok()) return SlotGone(slot_id);
+  if (!ext.ok()) return UnknownSlotError(slot_id);
   absl::Status st = check.Finish().status();
   if (!st.ok()) {
     if (absl::IsNotFound(engine_->AbortSlot(slot_id))) {
-      return SlotGone(slot_id);
+      return UnknownSlotError(slot_id);
     }
     return st;
   }
@@ -163,6 +170,10 @@ absl::Status KvService::FinishStreamedCommit(const PutArgs& args, uint64_t slot_
 absl::Status KvService::VerifyStored(const Hash128& key, std::span<const uint8_t> bytes) {
   absl::Status st = VerifyChunkParallel(bytes).status();
   if (st.ok()) return st;
+  return DropCorrupt(key, st);
+}
+
+absl::Status KvService::DropCorrupt(const Hash128& key, const absl::Status& st) {
   (void)engine_->Delete(key);
   return absl::DataLossError(absl::StrCat("stored chunk ", key.ToHex(), " is corrupt (dropped): ",
                                           st.message()));
@@ -176,45 +187,23 @@ absl::StatusOr<GetResult> KvService::Get(const Hash128& key, GetMode mode, uint6
     return absl::FailedPreconditionError("no DRAM tier: no shared-memory gets");
   }
   if (mode == GetMode::kShm) {
-    auto lease = engine_->Pin(std::span<const Hash128>(&key, 1), lease_ms);
-    if (!lease.ok()) return lease.status();
-    auto loc = engine_->Locate(key);
-    if (!loc.ok()) {
-      (void)engine_->Release(lease->id);
-      return loc.status();
-    }
-    r.chunk_bytes = loc->chunk_bytes;
-    if (loc->parts.size() == 1 && loc->parts[0].dram_slot) {
-      const tiering::PoolExtent& e = *loc->parts[0].dram_slot;
-      // Zero-copy: the bytes were verified at put. On request (a reader
-      // found a mismatch) they are checked here and a corrupt chunk dropped.
-      if (verify) {
-        std::span<const uint8_t> bytes(dram->base() + e.offset, loc->chunk_bytes);
-        if (!VerifyChunkParallel(bytes).ok()) {
-          (void)engine_->Release(lease->id);
-          return VerifyStored(key, bytes);
-        }
-      }
-      r.tier = TierKind::kDram;
-      r.extent = tiering::PoolExtent{e.offset, loc->chunk_bytes};
-      r.lease_id = lease->id;
-      r.expires_at_us = lease->expires_at_us;
-      return r;
-    }
-    (void)engine_->Release(lease->id);
-    // Not whole in DRAM: copy into a scratch slot the client frees.
-    KVTIER_ASSIGN_OR_RETURN(tiering::Slot slot, engine_->AllocateSlot(r.chunk_bytes, lease_ms));
-    std::span<uint8_t> out(dram->base() + slot.extent.offset, r.chunk_bytes);
-    auto tier = engine_->Get(key, out);
-    absl::Status st = tier.ok() ? VerifyStored(key, out) : tier.status();
+    KVTIER_ASSIGN_OR_RETURN(tiering::SharedRead sr, engine_->GetShared(key, lease_ms));
+    std::span<const uint8_t> bytes(dram->base() + sr.extent.offset, sr.chunk_bytes);
+    // A stored chunk handed out in place was verified at put: its bytes are
+    // read only on request (a reader found a mismatch), while still pinned.
+    // A scratch copy is always checked: the daemon made it.
+    absl::Status st;
+    if (sr.slot_id != 0 || verify) st = VerifyChunkParallel(bytes).status();
     if (!st.ok()) {
-      (void)engine_->AbortSlot(slot.id);
-      return st;
+      (void)(sr.lease_id != 0 ? engine_->Release(sr.lease_id) : engine_->AbortSlot(sr.slot_id));
+      return DropCorrupt(key, st);
     }
-    r.tier = *tier;
-    r.extent = tiering::PoolExtent{slot.extent.offset, r.chunk_bytes};
-    r.scratch_slot_id = slot.id;
-    r.expires_at_us = slot.expires_at_us;
+    r.tier = sr.tier;
+    r.chunk_bytes = sr.chunk_bytes;
+    r.extent = sr.extent;
+    r.lease_id = sr.lease_id;
+    r.scratch_slot_id = sr.slot_id;
+    r.expires_at_us = sr.expires_at_us;
     return r;
   }
   std::span<uint8_t> out;
@@ -258,10 +247,15 @@ absl::StatusOr<tiering::Lease> KvService::Pin(std::span<const Hash128> keys, uin
 }
 
 absl::StatusOr<tiering::Lease> KvService::Renew(uint64_t lease_id, uint32_t ttl_ms) {
-  return engine_->Renew(lease_id, ttl_ms);
+  auto l = engine_->Renew(lease_id, ttl_ms);
+  if (absl::IsNotFound(l.status())) return UnknownLeaseError(lease_id);
+  return l;
 }
 
-absl::Status KvService::Release(uint64_t lease_id) { return engine_->Release(lease_id); }
+absl::Status KvService::Release(uint64_t lease_id) {
+  absl::Status st = engine_->Release(lease_id);
+  return absl::IsNotFound(st) ? UnknownLeaseError(lease_id) : st;
+}
 
 ServiceStats KvService::Stats() {
   ServiceStats s;

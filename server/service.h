@@ -73,6 +73,13 @@ struct GetResult {
   int64_t expires_at_us = 0;        // kShm: when the lease or scratch slot ends
 };
 
+// The answer to a slot or lease id that is not the caller's: one that never
+// existed, one that ended or expired, and (on the data plane, whose ids are
+// scoped to their connection) one that another connection holds all get
+// this NotFound, so it tells nothing about other clients' ids.
+absl::Status UnknownSlotError(uint64_t slot_id);
+absl::Status UnknownLeaseError(uint64_t lease_id);
+
 struct ServiceStats {
   std::vector<tiering::TierUsage> tiers;
   std::vector<std::pair<std::string, uint64_t>> counters;  // engine counters
@@ -108,6 +115,7 @@ class KvService {
   absl::Status Put(const PutArgs& args, std::span<const uint8_t> chunk);
 
   absl::StatusOr<tiering::Slot> AllocateSlot(uint64_t bytes, uint32_t ttl_ms);
+  // NotFound (UnknownSlotError) for a slot that is unknown or expired.
   absl::Status AbortSlot(uint64_t slot_id);
   // Verifies the bytes the client wrote into slot `slot_id`, then stores them
   // as `args.key` without a copy. NotFound for an unknown or expired slot,
@@ -129,8 +137,10 @@ class KvService {
 
   // kCopy: bytes in the result. kShm: the chunk's extent in the pool, valid
   // until the lease (lease_ms) is released or expires, or a scratch-slot
-  // copy when the chunk is not whole in DRAM. kSlot: copied into `slot_id`
-  // (InvalidArgument if the slot is too small; NotFound if unknown).
+  // copy when the chunk is not whole in DRAM (PlacementEngine::GetShared).
+  // kSlot: copied into `slot_id` (InvalidArgument if the slot is too small;
+  // NotFound if unknown). Every mode is one engine read: one use of the
+  // chunk and one count in the engine's gets and hits or misses.
   // NotFound on a miss; DataLoss if the stored bytes are corrupt (the chunk
   // is dropped). kShm of a chunk whole in DRAM reads no chunk bytes unless
   // `verify` is set.
@@ -142,6 +152,7 @@ class KvService {
   // returns true if the prefetch finished within it.
   absl::StatusOr<bool> Prefetch(std::vector<Hash128> keys, uint32_t deadline_ms);
   absl::StatusOr<tiering::Lease> Pin(std::span<const Hash128> keys, uint32_t ttl_ms);
+  // NotFound (UnknownLeaseError) for a lease that is unknown or expired.
   absl::StatusOr<tiering::Lease> Renew(uint64_t lease_id, uint32_t ttl_ms);
   absl::Status Release(uint64_t lease_id);
   ServiceStats Stats();
@@ -156,6 +167,8 @@ class KvService {
   absl::StatusOr<tiering::PoolExtent> FindSlot(uint64_t slot_id, bool remove);
   // Verifies chunk bytes held in the pool; on corruption drops the key.
   absl::Status VerifyStored(const Hash128& key, std::span<const uint8_t> bytes);
+  // Drops `key`, whose bytes failed verification with `st`; DataLoss.
+  absl::Status DropCorrupt(const Hash128& key, const absl::Status& st);
 
   tiering::PlacementEngine* const engine_;
   const ServiceLimits limits_;

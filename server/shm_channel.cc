@@ -325,7 +325,9 @@ void ShmChannel::Serve(Conn* conn) {
   const int fd = conn->fd;
   FrameReader in(fd, options_.frame_timeout_ms);
   // What this connection holds (id -> expiry, engine clock), freed when it
-  // closes.
+  // closes. Ids are scoped to the connection: release, abort and put begin
+  // take only ids from these maps; any other id gets the answer of an
+  // unknown one.
   absl::flat_hash_map<uint64_t, int64_t> slots, leases;
   struct OpenPut {
     uint64_t slot_id = 0;
@@ -351,11 +353,12 @@ void ShmChannel::Serve(Conn* conn) {
         "this connection holds ", slots.size() + leases.size(), " slots and leases; the limit is ",
         options_.max_open_per_connection));
   };
+  // Records the open put's first error and frees its slot (if it is this
+  // connection's: another connection's slot is never touched).
   auto fail_put = [&](absl::Status st) {
     put->error = std::move(st);
     put->check.reset();
-    (void)service_->AbortSlot(put->slot_id);
-    slots.erase(put->slot_id);
+    if (slots.erase(put->slot_id) > 0) (void)service_->AbortSlot(put->slot_id);
   };
   for (;;) {
     if (!in.Fill(kRequestHeaderBytes, /*idle_ok=*/true,
@@ -437,6 +440,10 @@ void ShmChannel::Serve(Conn* conn) {
           continue;  // no answer
         }
         put->args.tier = *t;
+        if (!slots.contains(put->slot_id)) {
+          fail_put(UnknownSlotError(put->slot_id));
+          continue;  // no answer
+        }
         if (put_check_threads_ >= 2 && !put_hasher) {
           put_hasher = std::make_unique<TrailingHasher>();
         }
@@ -505,23 +512,21 @@ void ShmChannel::Serve(Conn* conn) {
       }
       case Op::kRelease: {
         const uint64_t id = r.U64();
-        st = service_->Release(id);
-        leases.erase(id);
+        st = leases.erase(id) > 0 ? service_->Release(id) : UnknownLeaseError(id);
         metrics_->Record(Method::kRelease, static_cast<int>(st.code()), SecondsSince(t0));
         break;
       }
       case Op::kAbortSlot: {
         const uint64_t id = r.U64();
-        st = service_->AbortSlot(id);
-        slots.erase(id);
+        st = slots.erase(id) > 0 ? service_->AbortSlot(id) : UnknownSlotError(id);
         metrics_->Record(Method::kAbortSlot, static_cast<int>(st.code()), SecondsSince(t0));
         break;
       }
     }
     if (!Answer(fd, op, st, reply, st.ok() ? static_cast<uint32_t>(w.size()) : 0)) break;
   }
-  // The client is gone (or broke the protocol): free what it held.
-  if (put) (void)service_->AbortSlot(put->slot_id);
+  // The client is gone (or broke the protocol): free what it held (the slot
+  // of a put still open included).
   for (const auto& [id, expiry] : slots) (void)service_->AbortSlot(id);
   for (const auto& [id, expiry] : leases) (void)service_->Release(id);
   ::shutdown(fd, SHUT_RDWR);  // the peer sees the end now; the fd is closed when reaped

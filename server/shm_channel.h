@@ -25,10 +25,13 @@
 // outside a put (progress or commit without a begin, a begin inside a put)
 // gets one error answer (InvalidArgument, or FailedPrecondition for the
 // lifecycle) and the daemon closes the connection. Field values are checked
-// by KvService as for gRPC (unknown slot or lease: NotFound, ...). When a
-// connection closes, the daemon frees the slots it allocated there and did
-// not commit (one being streamed included) and releases the leases of its
-// gets that were not released.
+// by KvService as for gRPC (unknown slot or lease: NotFound, ...). Slot and
+// lease ids are scoped to the connection that got them (kAllocate, kGet):
+// kRelease, kAbortSlot and kPutBegin of an id that this connection does not
+// hold get the NotFound of an unknown id (UnknownSlotError,
+// UnknownLeaseError), whoever holds it. When a connection closes, the daemon
+// frees the slots it allocated there and did not commit (one being streamed
+// included) and releases the leases of its gets that were not released.
 #ifndef KVTIER_SERVER_SHM_CHANNEL_H_
 #define KVTIER_SERVER_SHM_CHANNEL_H_
 

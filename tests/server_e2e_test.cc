@@ -10,9 +10,12 @@
 #include <atomic>
 #include <cmath>
 #include <fstream>
+#include <map>
 #include <random>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "client/kvtier_client.h"
 #include "client/kvtier_client_internal.h"
 #include "gmock/gmock.h"
@@ -203,6 +206,110 @@ TEST_F(E2eTest, DurablePutReachesNvmeAndStatsCountIt) {
   EXPECT_EQ(nvme_chunks, 1u);
   EXPECT_EQ(puts, 1u);
   EXPECT_EQ(shm_bytes, MakeChunk(5).size());
+}
+
+// The engine counters of a Stats answer, by name.
+std::map<std::string, uint64_t> Counters(client::KvtierClient& c) {
+  std::map<std::string, uint64_t> m;
+  auto s = c.Stats();
+  EXPECT_TRUE(s.ok()) << s.status();
+  if (s.ok()) {
+    for (const auto& [n, v] : s->counters) m[n] = v;
+  }
+  return m;
+}
+
+// A chunk of about 400 KiB: 80 fill the 32 MiB DRAM tier of SmallDaemonOptions.
+std::vector<uint8_t> MediumChunk(uint32_t seed) { return MakeChunk(seed, 256, 2, 4, 64); }
+
+// Chunks read through shared memory (libkvtier's Get over the data plane)
+// are uses like inline gets: a chunk read ten times stays in DRAM while four
+// DRAM tiers' worth of chunks that are only put pass through, and the reads
+// move the engine's gets and hits counters.
+TEST_F(E2eTest, SharedMemoryGetsKeepAChunkHotAndAreCounted) {
+  auto c = Client();
+  ASSERT_TRUE(c);
+  ASSERT_TRUE(c->uses_shared_memory());
+  const auto a = MediumChunk(40), filler = MediumChunk(41);
+  ASSERT_TRUE(c->Put(TestKey(40), a).ok());
+  for (int i = 0; i < 10; ++i) {
+    auto got = c->Get(TestKey(40));
+    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_EQ(*got, a);
+  }
+  auto n = Counters(*c);
+  EXPECT_EQ(n["gets"], 10u);
+  EXPECT_EQ(n["hits_dram"], 10u);
+  EXPECT_EQ(n["misses"], 0u);
+  const uint64_t dram = daemon_->engine()->dram()->capacity_bytes();
+  const int fill = static_cast<int>(4 * dram / filler.size());
+  for (int i = 0; i < fill; ++i) ASSERT_TRUE(c->Put(TestKey(1000 + i), filler).ok()) << i;
+  auto got = c->Get(TestKey(40));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, a);
+  std::vector<Hash128> keys = {TestKey(40)};
+  EXPECT_THAT(c->Lookup(keys).value(), ::testing::ElementsAre(client::Tier::kDram));
+  n = Counters(*c);
+  EXPECT_GT(n["evictions"], 0u);
+  EXPECT_EQ(n["gets"], 11u);
+  EXPECT_EQ(n["hits_dram"], 11u);
+  EXPECT_EQ(n["misses"], 0u);
+  EXPECT_EQ(c->Get(TestKey(39)).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(Counters(*c)["misses"], 1u);
+}
+
+// Admission to NVMe counts shared-memory reads: with admission after three
+// uses, a chunk put and read twice over shared memory is written to NVMe when
+// DRAM evicts it, while chunks put and read once are dropped.
+TEST_F(E2eTest, ChunkReadOverSharedMemoryIsAdmittedToNvmeWhenEvicted) {
+  daemon_.reset();
+  DaemonOptions o = SmallDaemonOptions(dir_.path());
+  o.nvme_admit_after_uses = 3;
+  StartDaemon(o);
+  auto c = Client();
+  ASSERT_TRUE(c);
+  ASSERT_TRUE(c->uses_shared_memory());
+  const auto a = MediumChunk(42), filler = MediumChunk(43);
+  ASSERT_TRUE(c->Put(TestKey(42), a).ok());
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(c->Get(TestKey(42)).ok());
+  const uint64_t dram = daemon_->engine()->dram()->capacity_bytes();
+  const int fill = static_cast<int>(4 * dram / filler.size());
+  for (int i = 0; i < fill; ++i) {
+    ASSERT_TRUE(c->Put(TestKey(2000 + i), filler).ok()) << i;
+    ASSERT_TRUE(c->Get(TestKey(2000 + i)).ok()) << i;
+  }
+  std::vector<Hash128> keys = {TestKey(42)};
+  EXPECT_THAT(c->Lookup(keys).value(), ::testing::ElementsAre(client::Tier::kNvme));
+  auto got = c->Get(TestKey(42));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, a);
+  auto n = Counters(*c);
+  EXPECT_GT(n["admission_rejects"], 0u);
+  EXPECT_GE(n["demotions"], 1u);
+  EXPECT_EQ(n["hits_nvme"], 1u);
+}
+
+// Every accepted put counts once, whether its key is new or already stored,
+// inline or through a slot, durable or not; a refused one does not count.
+TEST_F(E2eTest, PutsCounterCountsEveryAcceptedPut) {
+  auto shm = Client(true), inl = Client(false);
+  ASSERT_TRUE(shm && inl);
+  const auto a = MakeChunk(44);
+  ASSERT_TRUE(shm->Put(TestKey(44), a).ok());
+  EXPECT_EQ(Counters(*shm)["puts"], 1u);
+  ASSERT_TRUE(shm->Put(TestKey(44), a).ok());
+  EXPECT_EQ(Counters(*shm)["puts"], 2u);
+  ASSERT_TRUE(inl->Put(TestKey(44), a).ok());
+  EXPECT_EQ(Counters(*shm)["puts"], 3u);
+  client::PutOptions durable;
+  durable.durable = true;
+  ASSERT_TRUE(shm->Put(TestKey(44), a, durable).ok());
+  EXPECT_EQ(Counters(*shm)["puts"], 4u);
+  auto bad = a;
+  bad[bad.size() / 2] ^= 1;
+  EXPECT_EQ(inl->Put(TestKey(45), bad).code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(shm->Put(TestKey(45), bad).code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(Counters(*shm)["puts"], 4u);
 }
 
 TEST_F(E2eTest, LongestCachedPrefixFromTokens) {
@@ -519,6 +626,35 @@ TEST_F(E2eTest, HoldReadsTheChunkInPlaceUntilUnhold) {
             absl::StatusCode::kFailedPrecondition);
 }
 
+// Holds taken at once from several threads go over several data-plane
+// connections; Unhold goes back over the connection that took the hold
+// (the daemon takes a release only from it), so every Unhold succeeds and
+// leaves the chunk unpinned.
+TEST_F(E2eTest, HoldsFromManyThreadsAreUnheldOverTheirOwnConnections) {
+  auto c = Client();
+  ASSERT_TRUE(c);
+  constexpr int kThreads = 4, kRounds = 40;
+  for (int t = 0; t < kThreads; ++t) ASSERT_TRUE(c->Put(TestKey(50 + t), MakeChunk(50 + t)).ok());
+  for (int round = 0; round < kRounds; ++round) {
+    std::vector<absl::StatusOr<client::HeldChunk>> held(kThreads, absl::UnknownError("not run"));
+    std::atomic<int> ready{0};
+    std::vector<std::thread> ts;
+    for (int t = 0; t < kThreads; ++t) {
+      ts.emplace_back([&, t] {
+        ready.fetch_add(1);
+        while (ready.load() < kThreads) std::this_thread::yield();
+        held[t] = c->Hold(TestKey(50 + t));
+      });
+    }
+    for (auto& t : ts) t.join();
+    for (int t = 0; t < kThreads; ++t) {
+      ASSERT_TRUE(held[t].ok()) << held[t].status();
+      ASSERT_TRUE(c->Unhold(*held[t]).ok()) << "round " << round << " thread " << t;
+    }
+  }
+  for (int t = 0; t < kThreads; ++t) EXPECT_TRUE(c->Delete(TestKey(50 + t)).ok()) << t;
+}
+
 TEST_F(E2eTest, PinsOfADisconnectedClientExpire) {
   auto a = Client();
   ASSERT_TRUE(a);
@@ -763,6 +899,73 @@ TEST_F(E2eTest, DataPlaneServesAStreamedPutAGetAndItsRelease) {
   EXPECT_EQ(dp.Call(RawDataPlane::Op::kRelease, RawDataPlane::U64(lease)), kOk);
   EXPECT_EQ(dp.Call(RawDataPlane::Op::kRelease, RawDataPlane::U64(lease)), kNotFound);
   EXPECT_TRUE(c->Delete(TestKey(30)).ok());
+}
+
+// Slot and lease ids are scoped to the data-plane connection that got them:
+// another connection that names them (release, abort, put begin) gets the
+// answer an unknown id gets, NotFound, and the owner's slot and lease are
+// untouched: it can still commit and release them.
+TEST_F(E2eTest, DataPlaneConnectionCannotUseAnotherConnectionsSlotOrLease) {
+  using Op = RawDataPlane::Op;
+  auto c = Client();
+  ASSERT_TRUE(c);
+  ASSERT_TRUE(c->Put(TestKey(46), MakeChunk(46)).ok());
+  RawDataPlane a(daemon_->shm_socket_path()), b(daemon_->shm_socket_path());
+  ASSERT_TRUE(a.ok()) << a.error();
+  ASSERT_TRUE(b.ok()) << b.error();
+  const auto chunk = MakeChunk(47);
+  const uint64_t slot = a.SlotWith(chunk);
+  std::vector<uint8_t> g;
+  ASSERT_EQ(a.Call(Op::kGet, RawDataPlane::Get(TestKey(46)), &g), kOk);
+  ASSERT_EQ(g.size(), shm_wire::kGetReplyBytes);
+  shm_wire::Reader r(g.data());
+  for (int i = 0; i < 8 + 3 * 8; ++i) r.U8();  // tier, reserved, chunk bytes, offset, length
+  const uint64_t lease = r.U64();
+  ASSERT_NE(lease, 0u);
+  ASSERT_NE(slot, 0u);
+
+  // What B hears for A's ids is what it hears for ids nobody holds.
+  auto answer = [&](Op op, uint64_t id) {
+    b.Send(op, RawDataPlane::U64(id));
+    auto ans = b.Read();
+    EXPECT_TRUE(ans.has_value());
+    if (!ans) return std::make_pair(-1, std::string());
+    return std::make_pair(static_cast<int>(ans->code),
+                          std::string(ans->payload.begin(), ans->payload.end()));
+  };
+  auto begin_commit = [&](uint64_t id) {
+    b.Send(Op::kPutBegin, RawDataPlane::Begin(id, TestKey(48)));
+    return b.Call(Op::kPutCommit, RawDataPlane::U64(chunk.size()));
+  };
+  const uint64_t unknown = 0x5eed5eed5eedull;
+  const auto unknown_release = answer(Op::kRelease, unknown);
+  const auto unknown_abort = answer(Op::kAbortSlot, unknown);
+  EXPECT_EQ(unknown_release.first, kNotFound);
+  EXPECT_EQ(unknown_abort.first, kNotFound);
+  auto with_id = [](std::string msg, uint64_t from, uint64_t to) {
+    return absl::StrReplaceAll(msg, {{absl::StrCat(from), absl::StrCat(to)}});
+  };
+  const auto foreign_release = answer(Op::kRelease, lease);
+  EXPECT_EQ(foreign_release.first, kNotFound);
+  EXPECT_EQ(with_id(foreign_release.second, lease, unknown), unknown_release.second);
+  const auto foreign_abort = answer(Op::kAbortSlot, slot);
+  EXPECT_EQ(foreign_abort.first, kNotFound);
+  EXPECT_EQ(with_id(foreign_abort.second, slot, unknown), unknown_abort.second);
+  EXPECT_EQ(begin_commit(slot), kNotFound);
+  EXPECT_EQ(begin_commit(unknown), kNotFound);
+  EXPECT_EQ(c->Get(TestKey(48)).status().code(), absl::StatusCode::kNotFound);
+
+  // A's lease still pins the chunk, and A's slot still takes A's put.
+  EXPECT_EQ(c->Delete(TestKey(46)).code(), absl::StatusCode::kFailedPrecondition);
+  a.Send(Op::kPutBegin, RawDataPlane::Begin(slot, TestKey(47)));
+  EXPECT_EQ(a.Call(Op::kPutCommit, RawDataPlane::U64(chunk.size())), kOk);
+  auto got = c->Get(TestKey(47));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, chunk);
+  EXPECT_EQ(a.Call(Op::kRelease, RawDataPlane::U64(lease)), kOk);
+  EXPECT_TRUE(c->Delete(TestKey(46)).ok());
+  // B's connection still serves.
+  EXPECT_EQ(b.Call(Op::kHello, {}), kOk);
 }
 
 // Every malformed frame gets one error answer, then the daemon closes the

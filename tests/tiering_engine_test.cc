@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <set>
 #include <thread>
 
@@ -407,6 +408,132 @@ TEST(PlacementEngine, ConcurrentPutsGetsAndEvictionsReturnExactBytesOrNotFound) 
   EXPECT_GT(hits.load(), 100);
   EXPECT_LE(e->dram()->used_bytes(), e->dram()->capacity_bytes());
   EXPECT_LE(e->nvme()->used_bytes(), e->nvme()->capacity_bytes());
+}
+
+// GetShared (the daemon's shared-memory get) is a read like Get: a chunk read
+// that way is used, so it stays in DRAM while four DRAM tiers' worth of
+// chunks that are only put pass through, and each read counts one get and
+// one hit (or miss).
+TEST(PlacementEngine, SharedReadsKeepAChunkHotAndAreCounted) {
+  TempDir dir;
+  auto e = MakeEngine(dir, {});
+  const auto c = MakeChunk(1);
+  ASSERT_TRUE(e->Put(KeyOf(1), c).ok());
+  for (int i = 0; i < 3; ++i) {
+    auto r = e->GetShared(KeyOf(1));
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->tier, TierKind::kDram);
+    EXPECT_NE(r->lease_id, 0u);
+    EXPECT_EQ(r->slot_id, 0u);
+    ASSERT_EQ(r->extent.length, c.size());
+    EXPECT_EQ(std::memcmp(e->dram()->base() + r->extent.offset, c.data(), c.size()), 0);
+    EXPECT_EQ(e->Delete(KeyOf(1)).code(), absl::StatusCode::kFailedPrecondition);  // pinned
+    ASSERT_TRUE(e->Release(r->lease_id).ok());
+  }
+  EXPECT_EQ(e->metric(EngineMetric::kGets), 3u);
+  EXPECT_EQ(e->metric(EngineMetric::kHitsDram), 3u);
+  EXPECT_EQ(e->metric(EngineMetric::kMisses), 0u);
+  for (int i = 100; i < 132; ++i) ASSERT_TRUE(e->Put(KeyOf(i), MakeChunk(i)).ok());
+  EXPECT_GT(e->metric(EngineMetric::kEvictions), 0u);
+  std::vector<Hash128> keys{KeyOf(1)};
+  EXPECT_THAT(e->LookupPrefix(keys), ::testing::ElementsAre(TierKind::kDram));
+  EXPECT_EQ(e->GetShared(KeyOf(2)).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(e->metric(EngineMetric::kGets), 4u);
+  EXPECT_EQ(e->metric(EngineMetric::kMisses), 1u);
+}
+
+// A chunk put and read once through GetShared has two uses: DRAM eviction
+// writes it to NVMe (admission after two uses). Read again from NVMe it is
+// copied into a scratch slot (and promoted), counted once: one get, one NVMe
+// hit.
+TEST(PlacementEngine, SharedReadCountsTowardsNvmeAdmissionAndScratchReadsCountOnce) {
+  TempDir dir;
+  auto e = MakeEngine(dir, {.options = {.eviction = EvictionPolicyKind::kLru,
+                                        .maintenance_interval_ms = 0}});
+  const auto c = MakeChunk(1);
+  ASSERT_TRUE(e->Put(KeyOf(1), c).ok());
+  auto r = e->GetShared(KeyOf(1));
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE(e->Release(r->lease_id).ok());
+  for (int i = 100; i < 116; ++i) ASSERT_TRUE(e->Put(KeyOf(i), MakeChunk(i)).ok());
+  std::vector<Hash128> keys{KeyOf(1)};
+  EXPECT_THAT(e->LookupPrefix(keys), ::testing::ElementsAre(TierKind::kNvme));
+  EXPECT_GT(e->metric(EngineMetric::kAdmissionRejects), 0u);
+  EXPECT_EQ(e->metric(EngineMetric::kGets), 1u);
+  r = e->GetShared(KeyOf(1));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->tier, TierKind::kNvme);
+  EXPECT_EQ(r->lease_id, 0u);
+  EXPECT_NE(r->slot_id, 0u);
+  ASSERT_EQ(r->extent.length, c.size());
+  EXPECT_EQ(std::memcmp(e->dram()->base() + r->extent.offset, c.data(), c.size()), 0);
+  ASSERT_TRUE(e->AbortSlot(r->slot_id).ok());
+  EXPECT_EQ(e->metric(EngineMetric::kGets), 2u);
+  EXPECT_EQ(e->metric(EngineMetric::kHitsNvme), 1u);
+  EXPECT_EQ(e->metric(EngineMetric::kHitsDram), 1u);
+  EXPECT_EQ(e->metric(EngineMetric::kPromotions), 1u);
+}
+
+// Every accepted put counts once: a new key, a key already stored (which is
+// not rewritten), through Put or a slot, durable or not. Refused puts and
+// slots do not count.
+TEST(PlacementEngine, PutsCounterCountsEveryAcceptedPut) {
+  TempDir dir;
+  auto e = MakeEngine(dir, {});
+  auto c = MakeChunk(1);
+  auto puts = [&] { return e->metric(EngineMetric::kPuts); };
+  auto commit = [&](const Hash128& key, std::span<const uint8_t> bytes, PutOptions o = {}) {
+    auto slot = e->AllocateSlot(bytes.size());
+    EXPECT_TRUE(slot.ok()) << slot.status();
+    if (!slot.ok()) return slot.status();
+    std::memcpy(e->dram()->base() + slot->extent.offset, bytes.data(), bytes.size());
+    return e->CommitSlot(slot->id, key, o);
+  };
+  ASSERT_TRUE(e->Put(KeyOf(1), c).ok());
+  EXPECT_EQ(puts(), 1u);
+  ASSERT_TRUE(e->Put(KeyOf(1), c).ok());
+  EXPECT_EQ(puts(), 2u);
+  ASSERT_TRUE(commit(KeyOf(1), c).ok());
+  EXPECT_EQ(puts(), 3u);
+  ASSERT_TRUE(commit(KeyOf(1), c, {.durable = true}).ok());
+  EXPECT_EQ(puts(), 4u);
+  ASSERT_TRUE(commit(KeyOf(2), MakeChunk(2)).ok());
+  EXPECT_EQ(puts(), 5u);
+  ASSERT_TRUE(e->Put(KeyOf(3), MakeChunk(3), {.durable = true}).ok());
+  EXPECT_EQ(puts(), 6u);
+  std::vector<uint8_t> garbage(c.size(), 7);
+  EXPECT_EQ(e->Put(KeyOf(4), garbage).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(commit(KeyOf(4), garbage).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(e->CommitSlot(12345, KeyOf(4)).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(puts(), 6u);
+}
+
+// Lease and slot ids cannot be derived from one another: distinct, never 0,
+// not consecutive, spread over 64 bits.
+TEST(PlacementEngine, LeaseAndSlotIdsAreUnpredictable) {
+  TempDir dir;
+  auto e = MakeEngine(dir, {});
+  ASSERT_TRUE(e->Put(KeyOf(1), MakeChunk(1)).ok());
+  const std::vector<Hash128> keys{KeyOf(1)};
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < 500; ++i) {
+    auto lease = e->Pin(keys);
+    ASSERT_TRUE(lease.ok()) << lease.status();
+    ids.push_back(lease->id);
+    auto slot = e->AllocateSlot(4096);
+    ASSERT_TRUE(slot.ok()) << slot.status();
+    ids.push_back(slot->id);
+    ASSERT_TRUE(e->AbortSlot(slot->id).ok());
+  }
+  absl::flat_hash_set<uint64_t> distinct(ids.begin(), ids.end());
+  EXPECT_EQ(distinct.size(), ids.size());
+  EXPECT_FALSE(distinct.contains(0));
+  int consecutive = 0, high = 0;
+  for (size_t i = 0; i + 1 < ids.size(); ++i) consecutive += ids[i + 1] - ids[i] <= 16;
+  for (uint64_t id : ids) high += id >> 48 != 0;
+  EXPECT_EQ(consecutive, 0);
+  EXPECT_GT(high, 900);  // uniform: about 1000 of 1000
+  for (size_t i = 0; i < ids.size(); i += 2) EXPECT_TRUE(e->Release(ids[i]).ok());
 }
 
 TEST(EvictionPolicy, S3FifoKeepsHotSetThroughScanWhereLruLosesIt) {

@@ -1,6 +1,9 @@
 #include "tiering/placement_engine.h"
 
+#include <sys/random.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 
@@ -342,13 +345,13 @@ void PlacementEngine::Replicate(const Hash128& key, std::span<const uint8_t> chu
 absl::Status PlacementEngine::Put(const Hash128& key, std::span<const uint8_t> chunk,
                                   const PutOptions& opts) {
   KVTIER_RETURN_IF_ERROR(PutLocal(key, chunk, opts));
+  Count(EngineMetric::kPuts);
   Replicate(key, chunk, opts);
   return absl::OkStatus();
 }
 
 absl::Status PlacementEngine::PutLocal(const Hash128& key, std::span<const uint8_t> chunk,
                                        const PutOptions& opts) {
-  Count(EngineMetric::kPuts);
   auto h = CheckPutChunk(chunk, "chunk");
   if (!h.ok()) return h.status();
   if (opts.durable && !nvme_) return absl::FailedPreconditionError("durable put without an NVMe tier");
@@ -478,40 +481,33 @@ absl::StatusOr<TierKind> PlacementEngine::ReadObject(const ObjectKey& id, std::s
   return absl::UnavailableError("chunk kept moving during the read; retry");
 }
 
-absl::StatusOr<TierKind> PlacementEngine::Get(const Hash128& key, std::span<uint8_t> out,
-                                              const GetOptions& opts) {
-  KVTIER_ASSIGN_OR_RETURN(bool fetched, FetchIfMissing(key, opts.allow_remote));
-  if (fetched) {
-    GetOptions local = opts;
-    local.allow_remote = false;
-    auto got = Get(key, out, local);
-    if (got.ok()) return TierKind::kRemote;
-    return got;
-  }
+absl::StatusOr<PlacementEngine::ChunkState*> PlacementEngine::StartReadLocked(const Hash128& key) {
   Count(EngineMetric::kGets);
-  uint64_t bytes, kobj;
-  bool split;
-  {
-    absl::MutexLock l(&mu_);
-    auto it = chunks_.find(key);
-    if (it == chunks_.end()) {
-      Count(EngineMetric::kMisses);
-      return absl::NotFoundError("chunk not stored");
-    }
-    ChunkState& st = it->second;
-    ++st.uses;
-    bytes = st.bytes;
-    kobj = st.k_object_bytes;
-    split = st.split;
-    for (int p = 0; p < 3; ++p) {
-      if (auto k = Fastest(st.where[p])) policies_[static_cast<int>(*k)]->OnAccess({key, static_cast<Part>(p)});
-    }
+  auto it = chunks_.find(key);
+  if (it == chunks_.end()) {
+    Count(EngineMetric::kMisses);
+    return absl::NotFoundError("chunk not stored");
   }
-  if (out.size() != bytes) {
-    return absl::InvalidArgumentError(absl::StrCat("buffer is ", out.size(), " bytes, chunk is ", bytes));
+  ChunkState& st = it->second;
+  ++st.uses;
+  for (int p = 0; p < 3; ++p) {
+    if (auto k = Fastest(st.where[p])) policies_[static_cast<int>(*k)]->OnAccess({key, static_cast<Part>(p)});
   }
+  return &st;
+}
+
+void PlacementEngine::CountHit(TierKind src) {
+  Count(src == TierKind::kHbm ? EngineMetric::kHitsHbm
+        : src == TierKind::kDram ? EngineMetric::kHitsDram
+                                 : EngineMetric::kHitsNvme);
+}
+
+absl::StatusOr<TierKind> PlacementEngine::FinishRead(const Hash128& key, const ReadShape& shape,
+                                                     std::span<uint8_t> out,
+                                                     const GetOptions& opts) {
+  const uint64_t bytes = shape.bytes, kobj = shape.k_object_bytes;
   TierKind src;
-  if (!split) {
+  if (!shape.split) {
     KVTIER_ASSIGN_OR_RETURN(src, ReadObject({key, Part::kWhole}, out));
   } else {
     // K object = header + K section = the chunk's first kobj bytes.
@@ -524,9 +520,7 @@ absl::StatusOr<TierKind> PlacementEngine::Get(const Hash128& key, std::span<uint
     std::memcpy(out.data() + kobj, vbuf.data() + codec::kHeaderSize, bytes - kobj);
     src = std::max(ks, vs);
   }
-  Count(src == TierKind::kHbm ? EngineMetric::kHitsHbm
-        : src == TierKind::kDram ? EngineMetric::kHitsDram
-                                 : EngineMetric::kHitsNvme);
+  CountHit(src);
   if (src == TierKind::kNvme && dram_ && opts.promote.value_or(options_.promote_on_hit)) {
     ObjectKey w{key, Part::kWhole};
     if (StoreWithEviction(TierKind::kDram, w, out).ok()) {
@@ -535,6 +529,100 @@ absl::StatusOr<TierKind> PlacementEngine::Get(const Hash128& key, std::span<uint
     }
   }
   return src;
+}
+
+absl::StatusOr<TierKind> PlacementEngine::Get(const Hash128& key, std::span<uint8_t> out,
+                                              const GetOptions& opts) {
+  KVTIER_ASSIGN_OR_RETURN(bool fetched, FetchIfMissing(key, opts.allow_remote));
+  ReadShape shape;
+  {
+    absl::MutexLock l(&mu_);
+    KVTIER_ASSIGN_OR_RETURN(ChunkState * st, StartReadLocked(key));
+    shape = {st->bytes, st->k_object_bytes, st->split};
+  }
+  if (out.size() != shape.bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("buffer is ", out.size(), " bytes, chunk is ", shape.bytes));
+  }
+  KVTIER_ASSIGN_OR_RETURN(TierKind src, FinishRead(key, shape, out, opts));
+  return fetched ? TierKind::kRemote : src;
+}
+
+absl::StatusOr<SharedRead> PlacementEngine::GetShared(const Hash128& key, int64_t ttl_ms,
+                                                      const GetOptions& opts) {
+  if (!dram_) return absl::FailedPreconditionError("no DRAM tier");
+  KVTIER_ASSIGN_OR_RETURN(bool fetched, FetchIfMissing(key, opts.allow_remote));
+  SharedRead r;
+  ReadShape shape;
+  {
+    absl::MutexLock l(&mu_);
+    const int64_t now = Now();
+    ExpireLocked(now);
+    KVTIER_ASSIGN_OR_RETURN(ChunkState * st, StartReadLocked(key));
+    shape = {st->bytes, st->k_object_bytes, st->split};
+    r.chunk_bytes = st->bytes;
+    if (!st->split && (st->where[0] & Bit(TierKind::kDram))) {
+      // Whole in DRAM: pinned where it is. The pin keeps the extent (no
+      // eviction, move or delete), so the reference is only for the offset.
+      auto ref = dram_->AcquireRef({key, Part::kWhole});
+      if (ref.ok()) {
+        dram_->ReleaseRef(*ref);
+        KVTIER_ASSIGN_OR_RETURN(r.lease_id, NewIdLocked());
+        ++st->pins;
+        r.expires_at_us = now + LeaseUs(ttl_ms);
+        leases_[r.lease_id] = LeaseState{{key}, r.expires_at_us};
+        r.extent = PoolExtent{ref->offset, st->bytes};
+        r.tier = fetched ? TierKind::kRemote : TierKind::kDram;
+        CountHit(TierKind::kDram);
+        return r;
+      }
+    }
+    // Pinned (without a lease) while a scratch slot is made and filled, so
+    // that making room for the slot cannot evict it.
+    ++st->pins;
+  }
+  auto unpin = [&] {
+    absl::MutexLock l(&mu_);
+    auto it = chunks_.find(key);
+    if (it != chunks_.end() && it->second.pins > 0) --it->second.pins;
+  };
+  auto slot = AllocateSlot(shape.bytes, ttl_ms);
+  if (!slot.ok()) {
+    unpin();
+    return slot.status();
+  }
+  auto src = FinishRead(key, shape, {dram_->base() + slot->extent.offset, shape.bytes}, opts);
+  unpin();
+  if (!src.ok()) {
+    (void)AbortSlot(slot->id);
+    return src.status();
+  }
+  r.tier = fetched ? TierKind::kRemote : *src;
+  r.extent = PoolExtent{slot->extent.offset, shape.bytes};
+  r.slot_id = slot->id;
+  r.expires_at_us = slot->expires_at_us;
+  return r;
+}
+
+absl::StatusOr<uint64_t> PlacementEngine::NewIdLocked() {
+  for (;;) {
+    if (id_pool_next_ == id_pool_.size()) {
+      // At most 256 bytes: once the kernel's pool is initialized such a
+      // getrandom is never short and never interrupted (getrandom(2)).
+      auto* p = reinterpret_cast<uint8_t*>(id_pool_.data());
+      constexpr size_t kBytes = sizeof(id_pool_);
+      static_assert(kBytes <= 256, "larger getrandom requests may be short or interrupted");
+      for (size_t got = 0; got < kBytes;) {
+        const ssize_t k = ::getrandom(p + got, kBytes - got, 0);
+        if (k < 0 && errno == EINTR) continue;
+        if (k < 0) return absl::InternalError(absl::StrCat("getrandom: ", std::strerror(errno)));
+        got += static_cast<size_t>(k);
+      }
+      id_pool_next_ = 0;
+    }
+    const uint64_t id = id_pool_[id_pool_next_++];
+    if (id != 0 && !leases_.contains(id) && !slots_.contains(id)) return id;
+  }
 }
 
 }  // namespace kvtier::tiering
@@ -698,8 +786,8 @@ absl::StatusOr<Lease> PlacementEngine::Pin(std::span<const Hash128> keys, int64_
   for (const Hash128& k : keys) {
     if (!chunks_.contains(k)) return absl::NotFoundError(absl::StrCat("chunk ", k.ToHex(), " not stored"));
   }
+  KVTIER_ASSIGN_OR_RETURN(uint64_t id, NewIdLocked());
   for (const Hash128& k : keys) ++chunks_[k].pins;
-  uint64_t id = next_id_++;
   int64_t exp = now + LeaseUs(ttl_ms);
   leases_[id] = LeaseState{std::vector<Hash128>(keys.begin(), keys.end()), exp};
   return Lease{id, exp};
@@ -736,10 +824,14 @@ absl::StatusOr<Slot> PlacementEngine::AllocateSlot(uint64_t bytes, int64_t ttl_m
     auto ext = dram_->ReserveSlot(bytes);
     if (ext.ok()) {
       absl::MutexLock l(&mu_);
-      uint64_t id = next_id_++;
+      auto id = NewIdLocked();
+      if (!id.ok()) {
+        (void)dram_->AbortSlot(*ext);
+        return id.status();
+      }
       int64_t exp = Now() + LeaseUs(ttl_ms);
-      slots_[id] = SlotState{*ext, exp};
-      return Slot{id, *ext, exp};
+      slots_[*id] = SlotState{*ext, exp};
+      return Slot{*id, *ext, exp};
     }
     if (!IsTierFull(ext.status()) || bytes > dram_->capacity_bytes()) return ext.status();
     if (!EvictOne(TierKind::kDram) && ++idle > kMaxIdleRounds) return ext.status();
@@ -774,11 +866,13 @@ absl::Status PlacementEngine::CommitSlot(uint64_t slot_id, const Hash128& key,
     return bad;
   }
   if (Contains(key)) {
-    absl::Status st = opts.durable ? PutLocal(key, bytes, opts) : absl::OkStatus();
+    // Keys name content: the stored chunk stays (the put is one more use
+    // of it); a durable put makes sure it is on NVMe.
+    absl::Status st = PutLocal(key, bytes, opts);
     (void)dram_->AbortSlot(ext);
+    if (st.ok()) Count(EngineMetric::kPuts);
     return st;
   }
-  Count(EngineMetric::kPuts);
   ObjectKey w{key, Part::kWhole};
   if (opts.durable) {
     if (!nvme_) {
@@ -796,6 +890,7 @@ absl::Status PlacementEngine::CommitSlot(uint64_t slot_id, const Hash128& key,
   Replicate(key, bytes, opts);
   KVTIER_RETURN_IF_ERROR(dram_->CommitSlot(w, ext));
   NoteStored(TierKind::kDram, w, ext.length, false, ext.length);
+  Count(EngineMetric::kPuts);
   return absl::OkStatus();
 }
 

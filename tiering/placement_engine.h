@@ -110,7 +110,9 @@ struct PutOptions {
   // when there is no DRAM tier). Default: unset
   std::optional<TierKind> tier;
   // Acknowledge only after the chunk is committed on NVMe (data synced,
-  // index committed). FailedPrecondition without an NVMe tier. Default: false
+  // index committed), so it survives a crash. It gets no other protection:
+  // it is evicted (from NVMe: dropped) and deleted like any chunk.
+  // FailedPrecondition without an NVMe tier. Default: false
   bool durable = false;
   // Overrides PlacementEngineOptions::split_kv for this chunk. Default: unset
   std::optional<SplitKvPolicy> split_kv;
@@ -149,6 +151,10 @@ struct ChunkLocation {
   std::vector<PartLocation> parts;  // one (whole) or two (K, V)
 };
 
+// Lease and slot ids are nonzero 64-bit values drawn from getrandom(2): one
+// id tells nothing about any other, so a client cannot name another client's
+// lease or slot by guessing (the gRPC API takes ids from any caller). An id is
+// never handed out while a lease or slot holds it.
 struct Lease {
   uint64_t id = 0;
   int64_t expires_at_us = 0;  // on the engine's clock
@@ -161,7 +167,25 @@ struct Slot {
   int64_t expires_at_us = 0;
 };
 
+// A chunk handed out in the DRAM pool by GetShared, for a reader that copies
+// it out of the pool itself. Exactly one of lease_id and slot_id is set.
+struct SharedRead {
+  // The tier it was read from: kDram when the stored copy itself is handed
+  // out; kRemote when it was fetched from the remote tier first.
+  TierKind tier = TierKind::kDram;
+  uint64_t chunk_bytes = 0;
+  PoolExtent extent;  // the chunk's bytes; extent.length == chunk_bytes
+  // The stored chunk, whole in DRAM, is pinned in place: Release(lease_id).
+  uint64_t lease_id = 0;
+  // Otherwise the chunk was copied into a scratch slot: AbortSlot(slot_id).
+  uint64_t slot_id = 0;
+  int64_t expires_at_us = 0;  // when the lease or the slot ends
+};
+
 // Counters; EngineMetricName() names them (a test checks the table).
+// kPuts counts every accepted Put and CommitSlot (a key already stored
+// included). kGets counts every read (Get, GetShared), and each read counts
+// once more in kMisses or in the kHits* of the tier it was read from.
 enum class EngineMetric : int {
   kPuts = 0,
   kGets,
@@ -216,12 +240,27 @@ class PlacementEngine {
   absl::Status Put(const Hash128& key, std::span<const uint8_t> chunk,
                    const PutOptions& options = {});
 
+  // Reads: Get and GetShared are the engine's reads, and each is one use of
+  // the chunk: it counts towards NVMe admission (nvme_admit_after_uses),
+  // marks the chunk recently used in its tiers' eviction policies, and
+  // counts kGets and a kHits* or kMisses. Pin, Locate, ChunkBytes, lookups
+  // and Prefetch are not uses.
+
   // Copies the chunk into `out` (exactly ChunkBytes(key) bytes, else
   // InvalidArgument) and returns the tier it was read from (the slowest
   // one, for a split chunk). NotFound on a miss. DataLoss if every copy is
   // corrupt (the chunk is then dropped).
   absl::StatusOr<TierKind> Get(const Hash128& key, std::span<uint8_t> out,
                                const GetOptions& options = {});
+  // Hands the chunk out in the DRAM pool for `ttl_ms` (0: the default
+  // lease): a chunk whole in DRAM is pinned where it is (no copy); any other
+  // (on NVMe or HBM only, split K/V) is copied into a scratch slot, as Get
+  // copies (promotion included). The caller ends it with Release(lease_id)
+  // or AbortSlot(slot_id); either also ends at expiry. NotFound on a miss,
+  // DataLoss as Get, ResourceExhausted if no scratch slot can be made,
+  // FailedPrecondition without a DRAM tier.
+  absl::StatusOr<SharedRead> GetShared(const Hash128& key, int64_t ttl_ms = 0,
+                                       const GetOptions& options = {});
   // Chunk length. NotFound on a miss. With `allow_remote` and a remote
   // tier, a local miss fetches the chunk from the remote tier first (so the
   // Get or Locate that follows is local).
@@ -281,7 +320,8 @@ class PlacementEngine {
 
   // Starts copying the keys that are on NVMe only into DRAM, in order, on a
   // background thread. The future holds OK when all present keys were
-  // promoted (missing keys are skipped), or the first error.
+  // promoted (missing keys are skipped), or the first error. A prefetch is
+  // a hint, not a use: it counts kPrefetched only.
   std::future<absl::Status> Prefetch(std::vector<Hash128> keys);
 
   // Expires leases and slots, then evicts every tier above its high
@@ -318,7 +358,9 @@ class PlacementEngine {
   PlacementEngine(const PlacementEngineOptions& o, EngineTiers tiers);
   // Write-through of a stored chunk to the remote tier (counts failures).
   void Replicate(const Hash128& key, std::span<const uint8_t> chunk, const PutOptions& opts);
-  // The local halves of Put, LookupPrefix and Delete.
+  // The local halves of Put, LookupPrefix and Delete. PutLocal counts no
+  // kPuts: its callers (Put, CommitSlot) count accepted puts, and a chunk
+  // fetched from the remote tier (FetchRemote) is not a put.
   absl::Status PutLocal(const Hash128& key, std::span<const uint8_t> chunk, const PutOptions& opts);
   // The remote leg of a lookup: when `allow_remote`, a remote tier exists and
   // `key` is not stored here, fetches it (FetchRemote). True if it was
@@ -356,6 +398,24 @@ class PlacementEngine {
   void ExpireLocked(int64_t now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Reads object `id` from the fastest tier holding it; drops corrupt copies.
   absl::StatusOr<TierKind> ReadObject(const ObjectKey& id, std::span<uint8_t> out);
+  // The start of every read (Get, GetShared): counts kGets, and on a miss
+  // kMisses (NotFound); on a hit records the use (uses, the eviction
+  // policies' access) and returns the chunk's state.
+  absl::StatusOr<ChunkState*> StartReadLocked(const Hash128& key)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The rest of a read StartReadLocked began: copies the chunk, whose
+  // `shape` was taken from its state under mu_, into `out`, counts the hit
+  // by the tier read, and promotes an NVMe hit to DRAM per `opts`.
+  struct ReadShape {
+    uint64_t bytes;
+    uint64_t k_object_bytes;
+    bool split;
+  };
+  absl::StatusOr<TierKind> FinishRead(const Hash128& key, const ReadShape& shape,
+                                      std::span<uint8_t> out, const GetOptions& opts);
+  void CountHit(TierKind src);
+  // A fresh lease or slot id (see Lease). Internal if getrandom fails.
+  absl::StatusOr<uint64_t> NewIdLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Forget(const ObjectKey& id, TierKind kind) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Appends every copy of parts `first_part`..2 of chunk `key` (per
   // st.where) to `out`, as (object, tier), and takes each out of its tier's
@@ -387,7 +447,10 @@ class PlacementEngine {
   std::array<std::unique_ptr<EvictionPolicy>, kNumTierKinds> policies_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, LeaseState> leases_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, SlotState> slots_ ABSL_GUARDED_BY(mu_);
-  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  // Random bytes for ids, drawn 256 at a time (one getrandom call that is
+  // never short or interrupted); id_pool_next_ is the next unused one.
+  std::array<uint64_t, 32> id_pool_ ABSL_GUARDED_BY(mu_){};
+  size_t id_pool_next_ ABSL_GUARDED_BY(mu_) = 32;
   absl::flat_hash_map<Hash128, uint32_t> dropped_uses_ ABSL_GUARDED_BY(mu_);
   std::deque<Hash128> dropped_order_ ABSL_GUARDED_BY(mu_);  // oldest first
 

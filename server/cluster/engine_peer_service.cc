@@ -66,18 +66,21 @@ class HeapSink : public tiering::remote::PeerService::PutSink {
   std::vector<uint8_t> buf_;
 };
 
-// A pinned DRAM extent, released when the transfer is done.
-class PinnedSource : public tiering::remote::PeerService::GetSource {
+// A chunk in the DRAM pool (PlacementEngine::GetShared): pinned in place or
+// copied into a scratch slot, let go when the transfer is done.
+class SharedSource : public tiering::remote::PeerService::GetSource {
  public:
-  PinnedSource(PlacementEngine* e, uint64_t lease, std::span<const uint8_t> bytes)
-      : e_(e), lease_(lease), bytes_(bytes) {}
-  ~PinnedSource() override { (void)e_->Release(lease_); }
-  std::span<const uint8_t> bytes() override { return bytes_; }
+  SharedSource(PlacementEngine* e, const tiering::SharedRead& r) : e_(e), r_(r) {}
+  ~SharedSource() override {
+    (void)(r_.lease_id != 0 ? e_->Release(r_.lease_id) : e_->AbortSlot(r_.slot_id));
+  }
+  std::span<const uint8_t> bytes() override {
+    return {e_->dram()->base() + r_.extent.offset, r_.chunk_bytes};
+  }
 
  private:
   PlacementEngine* e_;
-  uint64_t lease_;
-  std::span<const uint8_t> bytes_;
+  tiering::SharedRead r_;
 };
 
 class HeapSource : public tiering::remote::PeerService::GetSource {
@@ -116,24 +119,19 @@ absl::StatusOr<std::unique_ptr<tiering::remote::PeerService::GetSource>> EngineP
   auto e = Engine();
   if (!e.ok()) return e.status();
   PlacementEngine* eng = *e;
-  // Zero copy when the chunk is whole in DRAM: pin it, send from the pool.
-  const Hash128 keys[1] = {id.key};
-  auto lease = eng->Pin(keys, /*ttl_ms=*/0, /*allow_remote=*/false);
-  if (lease.ok()) {
-    auto where = eng->Locate(id.key, /*allow_remote=*/false);
-    if (where.ok() && where->parts.size() == 1 && where->parts[0].dram_slot.has_value() &&
-        eng->dram() != nullptr) {
-      const auto& ext = *where->parts[0].dram_slot;
-      return std::unique_ptr<GetSource>(new PinnedSource(
-          eng, lease->id, {eng->dram()->base() + ext.offset, where->chunk_bytes}));
-    }
-    (void)eng->Release(lease->id);
+  // A peer's get is a read of this node's engine like a local client's (a
+  // use of the chunk, counted in gets and hits). From the pool when there
+  // is one: zero copy for a chunk whole in DRAM.
+  tiering::GetOptions go;
+  go.allow_remote = false;
+  if (eng->dram() != nullptr) {
+    auto r = eng->GetShared(id.key, /*ttl_ms=*/0, go);
+    if (!r.ok()) return r.status();
+    return std::unique_ptr<GetSource>(new SharedSource(eng, *r));
   }
   auto n = eng->ChunkBytes(id.key, /*allow_remote=*/false);
   if (!n.ok()) return n.status();
   std::vector<uint8_t> buf(*n);
-  tiering::GetOptions go;
-  go.allow_remote = false;
   auto got = eng->Get(id.key, buf, go);
   if (!got.ok()) return got.status();
   return std::unique_ptr<GetSource>(new HeapSource(std::move(buf)));

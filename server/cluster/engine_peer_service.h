@@ -2,7 +2,10 @@
 // its own placement engine. Incoming replicas are received by UCX straight
 // into a DRAM-pool slot (no copy) and committed to the engine, durably when
 // the node has an NVMe tier, so a node that restarts still serves them. Gets
-// are served from a pinned DRAM extent without a copy, or read from NVMe.
+// are reads of the engine like a local client's (uses of the chunk, counted
+// in gets and hits): a chunk whole in DRAM is sent from its pinned extent
+// without a copy, any other is first copied into a scratch slot of the pool
+// (into a heap buffer on a node without a DRAM tier).
 // Only this node's tiers are consulted: a peer's request never travels on to
 // a third node. Thread-safe.
 #ifndef KVTIER_SERVER_CLUSTER_ENGINE_PEER_SERVICE_H_
