@@ -144,6 +144,12 @@ struct UcxTransport::Impl {
   absl::flat_hash_map<ucp_ep_h, std::string> ep_names;   // every live endpoint
   std::vector<void*> closing;                            // ep close requests in flight
 
+  // Peers whose current client endpoint has carried a reply: requests to
+  // them skip the connect probe. Written by the progress thread (a reply
+  // arrives, an endpoint is dropped), read by callers.
+  absl::Mutex answered_mu;
+  absl::flat_hash_set<std::string> answered ABSL_GUARDED_BY(answered_mu);
+
   absl::Mutex pending_mu;
   absl::flat_hash_map<uint64_t, std::shared_ptr<Pending>> pending ABSL_GUARDED_BY(pending_mu);
   std::atomic<uint64_t> next_request_id{1};
@@ -256,7 +262,11 @@ struct UcxTransport::Impl {
     std::string name = it->second;
     ep_names.erase(it);
     auto pit = peers.find(name);
-    if (pit != peers.end() && pit->second == ep) peers.erase(pit);
+    if (pit != peers.end() && pit->second == ep) {
+      peers.erase(pit);
+      absl::MutexLock lock(&answered_mu);
+      answered.erase(name);
+    }
     // Requests still waiting for a reply on this endpoint will get none.
     std::vector<std::shared_ptr<Pending>> failed;
     {
@@ -498,6 +508,10 @@ struct UcxTransport::Impl {
       Post([this, data] { ucp_am_data_release(worker, data); });
       return UCS_INPROGRESS;
     }
+    if (auto it = peers.find(p->peer); it != peers.end() && it->second == p->ep) {
+      absl::MutexLock lock(&answered_mu);
+      answered.insert(p->peer);
+    }
     auto release = [&] {
       if (rndv) Post([this, data] { ucp_am_data_release(worker, data); });
       return rndv ? UCS_INPROGRESS : UCS_OK;
@@ -713,11 +727,22 @@ struct UcxTransport::Impl {
     }
   }
 
+  bool Answered(const std::string& peer) {
+    absl::MutexLock lock(&answered_mu);
+    return answered.contains(peer);
+  }
+
   // --- a whole request from a caller thread ---
   absl::StatusOr<uint64_t> Call(const std::string& peer, Op op, const ObjectKey& id,
                                 std::span<const uint8_t> payload, std::span<uint8_t> out,
                                 absl::Duration timeout, uint16_t version = kWireVersion) {
     if (stop_progress.load()) return absl::UnavailableError("transport is shutting down");
+    if (op != Op::kPing && options.connect_timeout > absl::ZeroDuration() && !Answered(peer)) {
+      // A new connection: make sure someone answers before waiting on a
+      // request (and its payload) for the whole timeout.
+      auto probe = Call(peer, Op::kPing, ObjectKey{}, {}, {}, std::min(timeout, options.connect_timeout));
+      if (!probe.ok()) return probe.status();
+    }
     auto p = std::make_shared<Pending>();
     p->op = op;
     p->peer = peer;

@@ -3,6 +3,11 @@
 // peer, version refusal, timeouts and a peer that dies mid-transfer.
 #include "tiering/remote/ucx_transport.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <future>
 #include <numeric>
 #include <thread>
@@ -153,6 +158,62 @@ TEST(UcxTransport, UnreachablePeerIsUnavailable) {
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
   EXPECT_EQ((*client)->Ping("no-such-host.invalid:1", absl::Seconds(3)).code(),
             absl::StatusCode::kUnavailable);
+}
+
+// A loopback TCP listener that never accepts: the kernel completes the
+// handshake, nothing ever answers (a stopped kvtierd, or not kvtierd at all).
+class SilentListener {
+ public:
+  SilentListener() {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(a);
+    if (fd_ < 0 || ::bind(fd_, reinterpret_cast<sockaddr*>(&a), len) != 0 || ::listen(fd_, 64) != 0 ||
+        ::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+      return;
+    }
+    addr_ = "127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+  }
+  ~SilentListener() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  const std::string& addr() const { return addr_; }
+
+ private:
+  int fd_ = -1;
+  std::string addr_;
+};
+
+TEST(UcxTransport, PeerThatNeverAnswersIsUnavailableAfterTheConnectTimeout) {
+  SilentListener silent;
+  ASSERT_FALSE(silent.addr().empty());
+  auto client = UcxTransport::Create({.connect_timeout = absl::Milliseconds(300)}, nullptr);
+  ASSERT_TRUE(client.ok()) << client.status();
+  std::vector<uint8_t> out(4096);
+  auto data = Bytes(4096, 1);
+  // Each call gives up after the connect timeout, not its own 10 s.
+  for (int op = 0; op < 3; ++op) {
+    absl::Time t0 = absl::Now();
+    absl::Status s = op == 0   ? (*client)->Size(silent.addr(), Id(1), kTimeout).status()
+                     : op == 1 ? (*client)->Get(silent.addr(), Id(1), out, kTimeout)
+                               : (*client)->Put(silent.addr(), Id(1), data, kTimeout);
+    absl::Duration took = absl::Now() - t0;
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << op << ": " << s;
+    EXPECT_LT(took, absl::Seconds(3)) << op << ": " << s;
+  }
+  // A live peer is reached as before, and a call's own shorter timeout
+  // still bounds it.
+  auto server = StartNode();
+  ASSERT_TRUE(server);
+  ASSERT_TRUE((*client)->Put(server->addr, Id(2), data, kTimeout).ok());
+  ASSERT_TRUE((*client)->Get(server->addr, Id(2), out, kTimeout).ok());
+  EXPECT_EQ(out, data);
+  absl::Time t0 = absl::Now();
+  EXPECT_EQ((*client)->Ping(silent.addr(), absl::Milliseconds(100)).code(),
+            absl::StatusCode::kUnavailable);
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(3));
 }
 
 TEST(UcxTransport, SlowPeerTimesOutAsUnavailableAndLateReplyIsIgnored) {
