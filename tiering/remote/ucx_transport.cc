@@ -66,6 +66,12 @@ absl::StatusOr<sockaddr_storage> Resolve(const std::string& address) {
   return ss;
 }
 
+// A peer's name for messages: worker addresses ("ucx:<hex>", hundreds of
+// digits) are cut short.
+std::string Printable(const std::string& peer) {
+  return peer.rfind("ucx:", 0) == 0 && peer.size() > 28 ? peer.substr(0, 24) + "..." : peer;
+}
+
 socklen_t SockLen(const sockaddr_storage& ss) {
   return ss.ss_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
 }
@@ -141,7 +147,9 @@ struct UcxTransport::Impl {
 
   // Progress-thread state.
   absl::flat_hash_map<std::string, ucp_ep_h> peers;      // client endpoints by address
-  absl::flat_hash_map<ucp_ep_h, std::string> ep_names;   // every live endpoint
+  // Every live endpoint; a client endpoint by the address it is in `peers`
+  // under (DropEndpoint removes it there by this name).
+  absl::flat_hash_map<ucp_ep_h, std::string> ep_names;
   std::vector<void*> closing;                            // ep close requests in flight
 
   // Peers whose current client endpoint has carried a reply: requests to
@@ -281,7 +289,7 @@ struct UcxTransport::Impl {
       }
     }
     for (auto& p : failed) {
-      p->Complete(absl::UnavailableError(absl::StrCat("peer ", name, " closed the connection: ",
+      p->Complete(absl::UnavailableError(absl::StrCat("peer ", Printable(name), " closed the connection: ",
                                                       ucs_status_string(status))));
     }
     ucp_request_param_t prm{};
@@ -336,7 +344,7 @@ struct UcxTransport::Impl {
     ucs_status_t s = ucp_ep_create(worker, &ep, &h);
     if (s != UCS_OK) return UcsError("connect to a worker address", s);
     peers[peer] = h;
-    ep_names[h] = peer.substr(0, 24) + "...";
+    ep_names[h] = peer;
     return h;
   }
 
@@ -375,7 +383,7 @@ struct UcxTransport::Impl {
         ctx->pending->send_done = true;
       }
       if (status != UCS_OK) {
-        FailPending(ctx->pending, UcsError(absl::StrCat("send to ", ctx->pending->peer).c_str(), status));
+        FailPending(ctx->pending, UcsError(absl::StrCat("send to ", Printable(ctx->pending->peer)).c_str(), status));
       }
     }
     delete ctx;
@@ -482,7 +490,7 @@ struct UcxTransport::Impl {
     if (status == UCS_OK) {
       ctx->pending->Complete(absl::OkStatus(), length);
     } else {
-      ctx->pending->Complete(UcsError(absl::StrCat("receive from ", ctx->pending->peer).c_str(), status));
+      ctx->pending->Complete(UcsError(absl::StrCat("receive from ", Printable(ctx->pending->peer)).c_str(), status));
     }
     delete ctx;
     ucp_request_free(request);
@@ -517,17 +525,17 @@ struct UcxTransport::Impl {
       return rndv ? UCS_INPROGRESS : UCS_OK;
     };
     if (!h.ok()) {
-      p->Complete(absl::Status(h.status().code(), absl::StrCat("peer ", p->peer, ": ", h.status().message())));
+      p->Complete(absl::Status(h.status().code(), absl::StrCat("peer ", Printable(p->peer), ": ", h.status().message())));
       return release();
     }
     if (!h->reply || h->op != p->op) {
-      p->Complete(absl::UnavailableError(absl::StrCat("peer ", p->peer, " sent a malformed reply")));
+      p->Complete(absl::UnavailableError(absl::StrCat("peer ", Printable(p->peer), " sent a malformed reply")));
       return release();
     }
     if (h->status != absl::StatusCode::kOk) {
       std::string msg;
       if (!rndv) msg.assign(static_cast<const char*>(data), std::min(length, kMaxErrorMessage));
-      p->Complete(absl::Status(h->status, absl::StrCat("peer ", p->peer, ": ", msg)));
+      p->Complete(absl::Status(h->status, absl::StrCat("peer ", Printable(p->peer), ": ", msg)));
       return release();
     }
     if (h->op == Op::kSize) {
@@ -540,7 +548,7 @@ struct UcxTransport::Impl {
     }
     if (length != p->out.size()) {
       p->Complete(absl::InvalidArgumentError(absl::StrCat(
-          "peer ", p->peer, " returned ", length, " bytes, the buffer holds ", p->out.size())));
+          "peer ", Printable(p->peer), " returned ", length, " bytes, the buffer holds ", p->out.size())));
       return release();
     }
     if (!rndv) {
@@ -793,7 +801,7 @@ struct UcxTransport::Impl {
       }
       if (p->state != Pending::kDone) {
         p->state = Pending::kDone;
-        p->status = absl::UnavailableError(absl::StrCat("peer ", peer, " did not answer within ",
+        p->status = absl::UnavailableError(absl::StrCat("peer ", Printable(peer), " did not answer within ",
                                                         absl::FormatDuration(timeout)));
       }
       if (p->status.ok()) return p->value;  // it finished while we closed

@@ -3,11 +3,6 @@
 // peer, version refusal, timeouts and a peer that dies mid-transfer.
 #include "tiering/remote/ucx_transport.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <future>
 #include <numeric>
 #include <thread>
@@ -100,6 +95,22 @@ TEST(UcxTransport, PeersReachedByWorkerAddressWork) {
   EXPECT_EQ((*client)->Ping("ucx:abc", kTimeout).code(), absl::StatusCode::kInvalidArgument);
 }
 
+// A peer reached by its worker address that goes away: its endpoint is
+// dropped when it fails, and no later call uses it again.
+TEST(UcxTransport, PeerReachedByWorkerAddressThatGoesAwayIsUnavailable) {
+  auto server = StartNode();
+  ASSERT_TRUE(server);
+  const std::string worker = server->transport->worker_address();
+  auto client = UcxTransport::Create({}, nullptr);
+  ASSERT_TRUE(client.ok()) << client.status();
+  ASSERT_EQ((*client)->Size(worker, Id(1), kTimeout).status().code(), absl::StatusCode::kNotFound);
+  server.reset();  // its connections close; the client's endpoint fails
+  for (int i = 0; i < 5; ++i) {
+    auto s = (*client)->Size(worker, Id(1), absl::Milliseconds(500)).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << i << ": " << s;
+  }
+}
+
 TEST(UcxTransport, PeerErrorsPassThroughWithTheirCode) {
   auto server = StartNode();
   ASSERT_TRUE(server);
@@ -160,34 +171,8 @@ TEST(UcxTransport, UnreachablePeerIsUnavailable) {
             absl::StatusCode::kUnavailable);
 }
 
-// A loopback TCP listener that never accepts: the kernel completes the
-// handshake, nothing ever answers (a stopped kvtierd, or not kvtierd at all).
-class SilentListener {
- public:
-  SilentListener() {
-    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof(a);
-    if (fd_ < 0 || ::bind(fd_, reinterpret_cast<sockaddr*>(&a), len) != 0 || ::listen(fd_, 64) != 0 ||
-        ::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-      return;
-    }
-    addr_ = "127.0.0.1:" + std::to_string(ntohs(a.sin_port));
-  }
-  ~SilentListener() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  const std::string& addr() const { return addr_; }
-
- private:
-  int fd_ = -1;
-  std::string addr_;
-};
-
 TEST(UcxTransport, PeerThatNeverAnswersIsUnavailableAfterTheConnectTimeout) {
-  SilentListener silent;
+  testing::SilentListener silent;
   ASSERT_FALSE(silent.addr().empty());
   auto client = UcxTransport::Create({.connect_timeout = absl::Milliseconds(300)}, nullptr);
   ASSERT_TRUE(client.ok()) << client.status();
