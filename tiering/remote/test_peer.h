@@ -1,6 +1,6 @@
 // Helpers for the remote tier's tests: an in-memory PeerService (a map from
-// object id to bytes, with knobs to make it slow (gets) or refuse puts), and
-// a listener that never answers.
+// object id to bytes, with knobs to make it slow (gets and sizes) or refuse
+// puts), and a listener that never answers.
 #ifndef KVTIER_TIERING_REMOTE_TEST_PEER_H_
 #define KVTIER_TIERING_REMOTE_TEST_PEER_H_
 
@@ -60,6 +60,7 @@ class MapPeerService : public PeerService {
     return std::unique_ptr<GetSource>(new Source(it->second));
   }
   absl::StatusOr<uint64_t> Size(const ObjectKey& id) override {
+    if (delay_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms_));
     absl::MutexLock lock(&mu_);
     auto it = objects_.find(id);
     if (it == objects_.end()) return absl::NotFoundError("no such object");

@@ -174,7 +174,9 @@ TEST(UcxTransport, UnreachablePeerIsUnavailable) {
 TEST(UcxTransport, PeerThatNeverAnswersIsUnavailableAfterTheConnectTimeout) {
   testing::SilentListener silent;
   ASSERT_FALSE(silent.addr().empty());
-  auto client = UcxTransport::Create({.connect_timeout = absl::Milliseconds(300)}, nullptr);
+  UcxTransportOptions options;
+  options.connect_timeout = absl::Milliseconds(300);
+  auto client = UcxTransport::Create(options, nullptr);
   ASSERT_TRUE(client.ok()) << client.status();
   std::vector<uint8_t> out(4096);
   auto data = Bytes(4096, 1);
