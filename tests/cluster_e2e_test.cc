@@ -1,7 +1,8 @@
-// Three kvtierd nodes and a private etcd on loopback (issue 7): put on one
-// node, get on another; a node killed with SIGKILL leaves every chunk
-// readable with R = 2; the node restarts, rejoins and serves what its NVMe
-// tier kept. Bounded: every wait has a deadline; everything started is
+// Three kvtierd nodes and a private etcd on loopback: put on one node, get
+// on another; a node killed with SIGKILL leaves every chunk readable with
+// R = 2; the node restarts, rejoins and serves what its NVMe tier kept. A
+// miss stays a miss with a forged member record, a killed member or a
+// stopped one. Bounded: every wait has a deadline; everything started is
 // killed at the end.
 #include <signal.h>
 #include <sys/wait.h>
@@ -9,8 +10,10 @@
 
 #include <chrono>
 #include <filesystem>
+#include <optional>
 #include <thread>
 
+#include "absl/time/time.h"
 #include "codec/codec.h"
 #include "codec/test_util.h"
 #include "common/file.h"
@@ -18,6 +21,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "server/cluster/etcd_test_util.h"
+#include "server/cluster/membership.h"
 #include "tests/cli_runner.h"
 #include "tiering/remote/rendezvous.h"
 
@@ -51,6 +55,11 @@ class Node {
       _exit(127);
     }
   }
+  // Stops (SIGSTOP) or resumes (SIGCONT) the process: a stopped node keeps
+  // its sockets, the kernel takes connections, nothing answers.
+  void Signal(int sig) {
+    if (pid_ > 0) kill(pid_, sig);
+  }
   void Kill() {
     if (pid_ > 0) {
       kill(pid_, SIGKILL);
@@ -78,9 +87,9 @@ class ClusterE2E : public ::testing::Test {
       nodes_.back()->Start();
     }
     ASSERT_TRUE(WaitMembers(3)) << Status();
-    // etcd lists all three; give each node's watch time to deliver the
+    // etcd lists all three; wait until each node's watch has delivered the
     // others' registrations too, so every node computes the same owners.
-    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    for (int n = 0; n < 3; ++n) ASSERT_TRUE(WaitListed(n, 3)) << "node " << n + 1;
   }
   void TearDown() override {
     for (auto& n : nodes_) n->Kill();
@@ -94,6 +103,56 @@ class ClusterE2E : public ::testing::Test {
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
     return false;
+  }
+  // `kvtier stats --json` of node n (discarded JSON if it does not answer).
+  nlohmann::json Stats(int n) {
+    auto r = Cli("stats --json --socket " + nodes_[n]->socket());
+    return nlohmann::json::parse(r.out, nullptr, false);
+  }
+  // The capacity node n offers the cluster (DRAM + NVMe) and its remote
+  // tier's capacity (the sum over the other members it lists); nullopt while
+  // it does not answer.
+  std::optional<std::pair<uint64_t, uint64_t>> Capacities(int n) {
+    nlohmann::json j = Stats(n);
+    if (j.is_discarded() || !j.contains("tiers")) return std::nullopt;
+    uint64_t own = 0, remote = 0;
+    for (const auto& t : j["tiers"]) {
+      uint64_t c = t["capacity_bytes"].get<uint64_t>();
+      if (t["tier"] == "remote") remote = c;
+      if (t["tier"] == "dram" || t["tier"] == "nvme") own += c;
+    }
+    return std::make_pair(own, remote);
+  }
+  // Waits (up to 15 s) until node n's remote tier offers the capacity of
+  // `members` - 1 other nodes (all started alike) plus an amount that
+  // `extra_ok` accepts: the other members its watch has delivered.
+  template <typename F>
+  bool WaitListed(int n, uint64_t members, F extra_ok) {
+    for (int i = 0; i < 150; ++i) {
+      auto c = Capacities(n);
+      if (c && c->second >= c->first * (members - 1) && extra_ok(c->second - c->first * (members - 1))) {
+        return true;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    return false;
+  }
+  bool WaitListed(int n, uint64_t members) {
+    return WaitListed(n, members, [](uint64_t extra) { return extra == 0; });
+  }
+  // A get (or lookup) of a key nobody stored, on node n.
+  struct Miss {
+    int exit_code;
+    absl::Duration took;
+    std::string err;
+  };
+  Miss TimedMiss(int n, const std::string& verb = "get") {
+    std::string key = Hash128::Of("never-stored", 0).ToHex();
+    std::string args = verb == "get" ? "get --key " + key + " -o " + dir_.path() + "/miss"
+                                     : "lookup --keys " + key;
+    absl::Time t0 = absl::Now();
+    auto r = Cli(args + " --socket " + nodes_[n]->socket());
+    return {r.exit_code, absl::Now() - t0, r.err};
   }
   // Writes a chunk file; returns its path.
   std::string MakeChunk(int i, std::vector<uint8_t>* bytes) {
@@ -154,7 +213,7 @@ TEST_F(ClusterE2E, PutOnOneNodeGetOnAnotherSurviveAKillAndRejoin) {
   //    (on NVMe) are served by it again.
   nodes_[1]->Start();
   ASSERT_TRUE(WaitMembers(3)) << Status();
-  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  for (int n = 0; n < 3; ++n) ASSERT_TRUE(WaitListed(n, 3)) << "node " << n + 1;
   std::vector<tiering::remote::Member> members = {{"node-1", "", "", 0, 0}, {"node-2", "", "", 0, 0},
                                                   {"node-3", "", "", 0, 0}};
   int owned = 0;
@@ -172,6 +231,68 @@ TEST_F(ClusterE2E, PutOnOneNodeGetOnAnotherSurviveAKillAndRejoin) {
   ExpectGet(1, 0, a);
   for (int i = 1; i <= 11; ++i) ExpectGet(1, i, chunks[i]);
   RecordProperty("node2_owned_replicas_checked", owned);
+}
+
+// A miss is a miss (exit 1, within a bounded time), not an error, with a
+// forged member record without a lease in etcd, right after a member is
+// killed (it is listed until its lease expires), and while a member is
+// stopped (it takes connections, nothing answers).
+TEST_F(ClusterE2E, AMissStaysAMissWithAForgedDeadOrStoppedMember) {
+  // 1. A well-formed member record without a lease, pointing at a port
+  //    nothing listens on: no node takes it as a member.
+  auto etcd = cluster::EtcdClient::Connect({etcd_.endpoint()});
+  ASSERT_TRUE(etcd.ok()) << etcd.status();
+  const std::string dead = "127.0.0.1:" + std::to_string(cluster::testing::FreePort());
+  constexpr uint64_t kForgedBytes = 1000003, kSentinelBytes = 7;
+  cluster::MemberRecord forged;
+  forged.member = {"forged", dead, "", kForgedBytes, 0};
+  forged.protocol = 1;
+  ASSERT_TRUE((*etcd)->Put(cluster::MembersPrefix("e2e") + "forged", cluster::EncodeMemberRecord(forged)).ok());
+  // A record with a lease, written after it: once a node lists this one,
+  // its watch has delivered the forged record too.
+  auto lease = (*etcd)->LeaseGrant(30);
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  cluster::MemberRecord sentinel = forged;
+  sentinel.member = {"sentinel", dead, "", kSentinelBytes, 0};
+  ASSERT_TRUE((*etcd)->Put(cluster::MembersPrefix("e2e") + "sentinel", cluster::EncodeMemberRecord(sentinel),
+                           *lease).ok());
+  for (int n = 0; n < 3; ++n) {
+    ASSERT_TRUE(WaitListed(n, 3, [&](uint64_t e) {
+      return e == kSentinelBytes || e == kSentinelBytes + kForgedBytes;
+    })) << "node " << n + 1;
+  }
+  ASSERT_TRUE((*etcd)->LeaseRevoke(*lease).ok());  // the sentinel leaves
+  for (int n = 0; n < 3; ++n) {
+    ASSERT_TRUE(WaitListed(n, 3, [&](uint64_t e) { return e == 0 || e == kForgedBytes; }))
+        << "node " << n + 1;
+    auto c = Capacities(n);
+    ASSERT_TRUE(c);
+    EXPECT_EQ(c->second, 2 * c->first) << "node " << n + 1 << " counts the forged record";
+    Miss m = TimedMiss(n);
+    EXPECT_EQ(m.exit_code, 1) << "node " << n + 1 << ": " << m.err;
+  }
+
+  // 2. Node 2 is killed; right after (it is listed until its lease
+  //    expires), a miss on node 3 is a miss, found quickly.
+  nodes_[1]->Kill();
+  for (const char* verb : {"get", "lookup"}) {
+    Miss m = TimedMiss(2, verb);
+    EXPECT_EQ(m.exit_code, 1) << verb << ": " << m.err;
+    EXPECT_LT(m.took, absl::Seconds(2)) << verb;
+  }
+
+  // 3. Node 1 stops answering (SIGSTOP: its connections stay open); a miss
+  //    on node 3 waits one short lookup timeout, then node 1 is skipped.
+  nodes_[0]->Signal(SIGSTOP);
+  for (int i = 0; i < 2; ++i) {
+    Miss m = TimedMiss(2);
+    EXPECT_EQ(m.exit_code, 1) << i << ": " << m.err;
+    EXPECT_LT(m.took, absl::Seconds(2)) << i;
+  }
+  nlohmann::json st = Stats(2);
+  ASSERT_FALSE(st.is_discarded());
+  EXPECT_GE(st["counters"]["remote_errors"].get<uint64_t>(), 1u) << st.dump();
+  nodes_[0]->Signal(SIGCONT);
 }
 
 TEST_F(ClusterE2E, StatusAndBadClusterInput) {

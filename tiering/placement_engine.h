@@ -30,6 +30,7 @@
 #include "tiering/hbm_tier.h"
 #include "tiering/io.h"
 #include "tiering/nvme_tier.h"
+#include "tiering/remote_tier.h"
 #include "tiering/tier.h"
 
 namespace kvtier::tiering {
@@ -220,7 +221,7 @@ struct EngineTiers {
   std::unique_ptr<HbmTier> hbm;
   std::unique_ptr<DramTier> dram;
   std::unique_ptr<NvmeTier> nvme;
-  std::unique_ptr<Tier> remote;
+  std::unique_ptr<RemoteTier> remote;
 };
 
 class PlacementEngine {
@@ -328,7 +329,11 @@ class PlacementEngine {
   // watermark down to its low watermark. The background thread calls it.
   void RunMaintenance();
 
-  uint64_t metric(EngineMetric m) const { return metrics_[static_cast<int>(m)].load(); }
+  // kRemoteErrors is the remote tier's own count (RemoteTier::errors()).
+  uint64_t metric(EngineMetric m) const {
+    if (m == EngineMetric::kRemoteErrors) return remote_ != nullptr ? remote_->errors() : 0;
+    return metrics_[static_cast<int>(m)].load();
+  }
   std::vector<TierUsage> Usage();
   DramTier* dram() const { return dram_; }
   HbmTier* hbm() const { return hbm_; }
@@ -356,7 +361,8 @@ class PlacementEngine {
   };
 
   PlacementEngine(const PlacementEngineOptions& o, EngineTiers tiers);
-  // Write-through of a stored chunk to the remote tier (counts failures).
+  // Write-through of a stored chunk to the remote tier (which counts the
+  // replicas it cannot store).
   void Replicate(const Hash128& key, std::span<const uint8_t> chunk, const PutOptions& opts);
   // The local halves of Put, LookupPrefix and Delete. PutLocal counts no
   // kPuts: its callers (Put, CommitSlot) count accepted puts, and a chunk
@@ -439,7 +445,7 @@ class PlacementEngine {
   HbmTier* hbm_ = nullptr;
   DramTier* dram_ = nullptr;
   NvmeTier* nvme_ = nullptr;
-  Tier* remote_ = nullptr;
+  RemoteTier* remote_ = nullptr;
   std::array<std::atomic<uint64_t>, static_cast<int>(EngineMetric::kCount)> metrics_{};
 
   absl::Mutex mu_;

@@ -1,5 +1,6 @@
-// Remote tier: the interface only. The remote-tier issue implements it over
-// a transport (UCX); the placement engine treats it as the tier below NVMe.
+// Remote tier: the interface only. ClusterTier (tiering/remote/cluster_tier.h)
+// implements it over a transport (UCX); the placement engine treats it as the
+// tier below NVMe.
 #ifndef KVTIER_TIERING_REMOTE_TIER_H_
 #define KVTIER_TIERING_REMOTE_TIER_H_
 
@@ -18,6 +19,12 @@ class RemoteTier : public Tier {
   TierKind kind() const override { return TierKind::kRemote; }
   // Peers currently serving this tier (host:port), for stats and routing.
   virtual std::vector<std::string> Peers() const = 0;
+  // Requests to peers that failed (unreachable, timed out, refused, or a
+  // copy that failed verification), whether or not the operation as a whole
+  // failed: a read that another replica served, or that ended as a miss,
+  // counts its failed requests here. The placement engine reports it as
+  // `remote_errors`.
+  virtual uint64_t errors() const = 0;
 };
 
 }  // namespace kvtier::tiering

@@ -76,6 +76,23 @@ absl::StatusOr<MemberRecord> DecodeMemberRecord(const std::string& text) {
   return r;
 }
 
+absl::StatusOr<MemberRecord> MemberFromKeyValue(const std::string& cluster, const EtcdKeyValue& kv) {
+  // etcd deletes a key when its lease expires or is revoked, and refuses a
+  // put under a lease it does not know: a record with a lease is as alive as
+  // the node keeping that lease. A record without one outlives any node (no
+  // kvtierd writes one): it is forged or left by hand.
+  if (kv.lease == 0) return absl::InvalidArgumentError(absl::StrCat(kv.key, " has no lease"));
+  auto r = DecodeMemberRecord(kv.value);
+  if (!r.ok()) return r.status();
+  const std::string prefix = MembersPrefix(cluster);
+  if (kv.key.size() <= prefix.size() || kv.key.compare(0, prefix.size(), prefix) != 0 ||
+      kv.key.substr(prefix.size()) != r->member.id) {
+    return absl::InvalidArgumentError(absl::StrCat(kv.key, " holds the record of '", r->member.id, "'"));
+  }
+  r->lease = kv.lease;
+  return r;
+}
+
 Membership::Membership(const MembershipOptions& options, std::unique_ptr<EtcdClient> etcd)
     : options_(options),
       node_id_(options.node_id.empty() ? options.advertise : options.node_id),
@@ -136,10 +153,8 @@ absl::Status Membership::Resync() {
   if (!got.ok()) return got.status();
   std::vector<MemberRecord> members;
   for (const EtcdKeyValue& kv : got->first) {
-    auto r = DecodeMemberRecord(kv.value);
-    if (!r.ok()) continue;  // a malformed record is not a member
-    r->lease = kv.lease;
-    members.push_back(*r);
+    auto r = MemberFromKeyValue(options_.cluster, kv);
+    if (r.ok()) members.push_back(*r);
   }
   {
     absl::MutexLock lock(&mu_);
@@ -167,10 +182,8 @@ void Membership::Apply(const std::vector<EtcdEvent>& events) {
                                   [&](const MemberRecord& r) { return r.member.id == id; }),
                    members_.end());
     if (e.deleted) continue;
-    auto r = DecodeMemberRecord(e.kv.value);
-    if (!r.ok() || r->member.id != id) continue;
-    r->lease = e.kv.lease;
-    members_.push_back(*r);
+    auto r = MemberFromKeyValue(options_.cluster, e.kv);
+    if (r.ok()) members_.push_back(*r);
   }
 }
 
@@ -214,9 +227,8 @@ absl::StatusOr<std::vector<MemberStatus>> ListMembers(EtcdClient& etcd, const st
   if (!got.ok()) return got.status();
   std::vector<MemberStatus> out;
   for (const EtcdKeyValue& kv : got->first) {
-    auto r = DecodeMemberRecord(kv.value);
+    auto r = MemberFromKeyValue(cluster, kv);
     if (!r.ok()) continue;
-    r->lease = kv.lease;
     MemberStatus st;
     st.record = *r;
     auto ttl = etcd.LeaseTimeToLive(kv.lease);

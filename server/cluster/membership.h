@@ -53,6 +53,11 @@ struct MemberRecord {
 std::string EncodeMemberRecord(const MemberRecord& r);
 absl::StatusOr<MemberRecord> DecodeMemberRecord(const std::string& json);
 
+// The member a key-value pair of etcd describes. InvalidArgument (not a
+// member) for a record that is malformed, is stored under another member's
+// key, or has no lease (lease 0).
+absl::StatusOr<MemberRecord> MemberFromKeyValue(const std::string& cluster, const EtcdKeyValue& kv);
+
 std::string MembersPrefix(const std::string& cluster);
 absl::Status ValidateClusterName(const std::string& cluster);
 

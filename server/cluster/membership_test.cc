@@ -173,6 +173,41 @@ TEST_F(EtcdTest, MalformedRecordsInEtcdAreIgnored) {
   EXPECT_EQ(a->LiveMembers().size(), 1u);
 }
 
+// A well-formed member record put without a lease (a forged or stale record:
+// no kvtierd writes one) is never a member, whether it is in etcd before a
+// node joins (read at Join) or written afterwards (seen through the watch).
+TEST_F(EtcdTest, RecordsWithoutALeaseAreNotMembers) {
+  auto c = Client();
+  auto record = [](const std::string& id, int port) {
+    MemberRecord r;
+    r.member = {id, "127.0.0.1:" + std::to_string(port), "", 1000, 0};
+    r.protocol = 1;
+    return EncodeMemberRecord(r);
+  };
+  ASSERT_TRUE(c->Put(MembersPrefix(cluster_) + "forged-1", record("forged-1", 7101)).ok());
+  auto a = Join("node-1");
+  ASSERT_TRUE(a);
+  EXPECT_EQ(a->LiveMembers().size(), 1u);
+  ASSERT_TRUE(c->Put(MembersPrefix(cluster_) + "forged-2", record("forged-2", 7102)).ok());
+  // A member with a lease written after the forged record: once the watch
+  // has delivered it, it has delivered the forged record too.
+  auto b = Join("node-2");
+  ASSERT_TRUE(b);
+  ASSERT_TRUE(Eventually([&] { return a->LiveMembers().size() >= 2; }));
+  std::vector<std::string> ids;
+  for (const auto& m : a->LiveMembers()) ids.push_back(m.id);
+  EXPECT_THAT(ids, ::testing::ElementsAre("node-1", "node-2"));
+  ids.clear();
+  for (const auto& m : b->LiveMembers()) ids.push_back(m.id);
+  EXPECT_THAT(ids, ::testing::ElementsAre("node-1", "node-2"));
+  // `kvtier cluster status` lists the members only.
+  auto st = ListMembers(*c, cluster_);
+  ASSERT_TRUE(st.ok()) << st.status();
+  ASSERT_EQ(st->size(), 2u);
+  EXPECT_EQ((*st)[0].record.member.id, "node-1");
+  EXPECT_EQ((*st)[1].record.member.id, "node-2");
+}
+
 TEST_F(EtcdTest, JoinRejectsBadOptions) {
   MembershipOptions o;
   o.cluster = "bad/name";

@@ -25,6 +25,8 @@ const char* ClusterMetricName(ClusterMetric m) {
     case ClusterMetric::kGetRetries: return "remote_get_retries";
     case ClusterMetric::kCorruptReplicas: return "remote_corrupt_replicas";
     case ClusterMetric::kMisses: return "remote_misses";
+    case ClusterMetric::kErrors: return "remote_errors";
+    case ClusterMetric::kPeersSkipped: return "remote_peers_skipped";
     case ClusterMetric::kCount: break;
   }
   return "unknown";
@@ -32,7 +34,41 @@ const char* ClusterMetricName(ClusterMetric m) {
 
 ClusterTier::ClusterTier(const ClusterTierOptions& options, MemberView* view,
                          Transport* transport, PeerService* local)
-    : options_(options), view_(view), transport_(transport), local_(local) {}
+    : options_(options),
+      clock_(options.clock != nullptr ? options.clock : SystemClock()),
+      view_(view),
+      transport_(transport),
+      local_(local) {}
+
+bool ClusterTier::SkipIfDown(const Member& m) {
+  const int64_t now = clock_->NowMicros();
+  absl::MutexLock lock(&down_mu_);
+  auto it = down_until_.find(DataPath(m));
+  if (it == down_until_.end()) return false;
+  if (it->second <= now) {
+    down_until_.erase(it);
+    return false;
+  }
+  Count(ClusterMetric::kPeersSkipped);
+  return true;
+}
+
+void ClusterTier::CountIfFailed(const absl::Status& s) {
+  if (!s.ok() && !absl::IsNotFound(s)) Count(ClusterMetric::kErrors);
+}
+
+void ClusterTier::Settle(const Member& m, const absl::Status& s) {
+  const int64_t now = clock_->NowMicros();
+  absl::MutexLock lock(&down_mu_);
+  if (!absl::IsUnavailable(s)) {
+    down_until_.erase(DataPath(m));  // it answered
+    return;
+  }
+  if (options_.down_backoff <= absl::ZeroDuration()) return;
+  // Drop ended back-offs, so the addresses of members that left do not pile up.
+  absl::erase_if(down_until_, [now](const auto& e) { return e.second <= now; });
+  down_until_[DataPath(m)] = now + absl::ToInt64Microseconds(options_.down_backoff);
+}
 
 TierCapabilities ClusterTier::capabilities() const {
   TierCapabilities c;
@@ -94,11 +130,16 @@ absl::Status ClusterTier::Put(const ObjectKey& id, std::span<const uint8_t> byte
       } else {
         s = sink.status();
       }
+    } else if (SkipIfDown(m)) {
+      s = absl::UnavailableError(absl::StrCat("skipped: it could not be reached within the last ",
+                                              absl::FormatDuration(options_.down_backoff)));
     } else {
       for (uint32_t a = 0; a < std::max(1u, options_.attempts_per_peer); ++a) {
         s = transport_->Put(DataPath(m), id, bytes, options_.timeout);
+        CountIfFailed(s);
         if (s.code() != absl::StatusCode::kUnavailable) break;
       }
+      Settle(m, s);
     }
     if (s.ok()) {
       ++stored;
@@ -113,16 +154,30 @@ absl::Status ClusterTier::Put(const ObjectKey& id, std::span<const uint8_t> byte
 }
 
 absl::StatusOr<uint64_t> ClusterTier::Size(const ObjectKey& id) {
-  bool unavailable = false;
+  int unanswered = 0;
   for (const Member& m : ReadOrder(id.key)) {
-    auto n = m.id == view_->self_id()
-                 ? (local_ ? local_->Size(id) : absl::StatusOr<uint64_t>(absl::NotFoundError("")))
-                 : transport_->Size(DataPath(m), id, options_.timeout);
+    absl::StatusOr<uint64_t> n;
+    if (m.id == view_->self_id()) {
+      if (local_ == nullptr) continue;
+      n = local_->Size(id);
+    } else if (SkipIfDown(m)) {
+      ++unanswered;
+      continue;
+    } else {
+      n = transport_->Size(DataPath(m), id, std::min(options_.timeout, options_.lookup_timeout));
+      CountIfFailed(n.status());
+      Settle(m, n.status());
+      if (!n.ok() && !absl::IsNotFound(n.status())) ++unanswered;
+    }
     if (n.ok()) return n;
-    if (n.status().code() == absl::StatusCode::kUnavailable) unavailable = true;
   }
-  if (unavailable) return absl::UnavailableError("no reachable member has the object");
-  return absl::NotFoundError("no member has the object");
+  return MissError(unanswered);
+}
+
+absl::Status ClusterTier::MissError(int unanswered) {
+  if (unanswered == 0) return absl::NotFoundError("no member has the object");
+  return absl::NotFoundError(absl::StrCat("no member that answered has the object (", unanswered,
+                                          " did not answer or failed)"));
 }
 
 absl::Status ClusterTier::ReadFrom(const Member& m, const ObjectKey& id, std::span<uint8_t> out) {
@@ -132,13 +187,16 @@ absl::Status ClusterTier::ReadFrom(const Member& m, const ObjectKey& id, std::sp
     s = transport_->Get(DataPath(m), id, out, options_.timeout);
     if (s.ok()) {
       s = VerifyObject(id, out);
-      if (s.ok()) return s;
+      if (s.ok()) break;
       Count(ClusterMetric::kCorruptReplicas);
       s = absl::DataLossError(absl::StrCat("replica on ", m.id, " failed verification: ", s.message()));
+      CountIfFailed(s);
       continue;  // a transfer corrupted on the way may succeed the second time
     }
-    if (s.code() != absl::StatusCode::kUnavailable) return s;
+    CountIfFailed(s);
+    if (s.code() != absl::StatusCode::kUnavailable) break;
   }
+  Settle(m, s);
   return s;
 }
 
@@ -163,29 +221,46 @@ absl::Status ClusterTier::ReadLocal(const ObjectKey& id, std::span<uint8_t> out)
 absl::Status ClusterTier::Read(const ObjectKey& id, std::span<uint8_t> out) {
   Count(ClusterMetric::kGets);
   int64_t t0 = NowMicros();
-  bool unavailable = false;
+  int unanswered = 0;
   bool corrupt = false;
   for (const Member& m : ReadOrder(id.key)) {
-    absl::Status s = m.id == view_->self_id() ? ReadLocal(id, out) : ReadFrom(m, id, out);
+    absl::Status s;
+    if (m.id == view_->self_id()) {
+      s = ReadLocal(id, out);
+    } else if (SkipIfDown(m)) {
+      ++unanswered;
+      continue;
+    } else {
+      s = ReadFrom(m, id, out);
+    }
     if (s.ok()) {
       meter_.Record(false, out.size(), NowMicros() - t0);
       return s;
     }
-    if (s.code() == absl::StatusCode::kUnavailable) unavailable = true;
-    if (s.code() == absl::StatusCode::kDataLoss) corrupt = true;
+    if (s.code() == absl::StatusCode::kDataLoss) {
+      corrupt = true;
+    } else if (!absl::IsNotFound(s) && m.id != view_->self_id()) {
+      ++unanswered;
+    }
   }
   Count(ClusterMetric::kMisses);
-  if (corrupt) return absl::DataLossError("every reachable copy failed verification");
-  if (unavailable) return absl::UnavailableError("no reachable member has the object");
-  return absl::NotFoundError("no member has the object");
+  if (corrupt) return absl::DataLossError("every copy found failed verification");
+  return MissError(unanswered);
 }
 
 absl::Status ClusterTier::Erase(const ObjectKey& id) {
   bool erased = false;
   for (const Member& m : ReadOrder(id.key)) {
-    absl::Status s = m.id == view_->self_id()
-                         ? (local_ ? local_->Erase(id) : absl::NotFoundError("no local service"))
-                         : transport_->Erase(DataPath(m), id, options_.timeout);
+    absl::Status s;
+    if (m.id == view_->self_id()) {
+      s = local_ ? local_->Erase(id) : absl::NotFoundError("no local service");
+    } else if (SkipIfDown(m)) {
+      continue;
+    } else {
+      s = transport_->Erase(DataPath(m), id, options_.timeout);
+      CountIfFailed(s);
+      Settle(m, s);
+    }
     erased |= s.ok();
   }
   return erased ? absl::OkStatus() : absl::NotFoundError("no member has the object");

@@ -1,7 +1,8 @@
 // ClusterTier over three nodes on loopback, each a real UcxTransport serving
 // an in-memory store: replication, fallback to the other replica when a
-// member dies, rejoin, and network faults (drops, delays, corrupted
-// transfers) that never return a corrupted chunk.
+// member dies, rejoin, network faults (drops, delays, corrupted transfers)
+// that never return a corrupted chunk, and members that are unreachable or
+// never answer, which turn a read into a miss, not an error.
 #include "tiering/remote/cluster_tier.h"
 
 #include "codec/codec.h"
@@ -50,20 +51,34 @@ class Cluster : public ::testing::Test {
     n->transport = std::move(*t);
     n->view = std::make_unique<StaticMemberView>(n->id);
     n->faulty = std::make_unique<FaultInjectingTransport>(n->transport.get());
-    n->tier = std::make_unique<ClusterTier>(
-        ClusterTierOptions{.replicas = 2, .timeout = absl::Seconds(3)}, n->view.get(),
-        n->faulty.get(), &n->store);
+    n->tier = std::make_unique<ClusterTier>(Options(), n->view.get(), n->faulty.get(), &n->store);
   }
-  // What etcd membership would deliver: every live node's id and address.
-  void Publish() {
-    std::vector<Member> live;
+  ClusterTierOptions Options() {
+    return {.replicas = 2, .timeout = absl::Seconds(3), .clock = &clock_};
+  }
+  // What etcd membership would deliver: every live node's id, listen and
+  // worker address (peers connect to the worker address, as kvtierd's do),
+  // and `extra` members.
+  void Publish(const std::vector<Member>& extra = {}) {
+    std::vector<Member> live = extra;
     for (auto& n : nodes_) {
-      if (n) live.push_back({n->id, n->transport->listen_address(), "", 1 << 30, 0});
+      if (n) {
+        live.push_back({n->id, n->transport->listen_address(), n->transport->worker_address(), 1 << 30, 0});
+      }
     }
     for (auto& n : nodes_) {
       if (n) n->view->Set(live);
     }
   }
+  // A node that holds no replica of `id` itself.
+  int NonOwner(const ObjectKey& id) {
+    auto owners = nodes_[0]->tier->Owners(id.key);
+    for (int i = 0; i < 3; ++i) {
+      if (nodes_[i]->id != owners[0].id && nodes_[i]->id != owners[1].id) return i;
+    }
+    return -1;
+  }
+  FakeClock clock_;
   std::unique_ptr<Node> nodes_[3];
 };
 
@@ -162,7 +177,12 @@ TEST_F(Cluster, DroppedAndDelayedTransfersAreRetriedAndNeverCorrupt) {
     ASSERT_TRUE(nodes_[0]->tier->Put(Id(i), chunks.back()).ok());
   }
   // One call in three fails after delivering a half-garbled buffer, and
-  // every call is delayed.
+  // every call is delayed. Transient faults, not a peer that is down: the
+  // reader never skips a peer.
+  ClusterTierOptions o = Options();
+  o.down_backoff = absl::ZeroDuration();
+  nodes_[2]->tier = std::make_unique<ClusterTier>(o, nodes_[2]->view.get(), nodes_[2]->faulty.get(),
+                                                  &nodes_[2]->store);
   nodes_[2]->faulty->set_policy(
       {.one_in = 3, .latency_us = 2000, .drop_unflushed = true, .retryable = true, .seed = 42});
   int ok = 0;
@@ -174,7 +194,7 @@ TEST_F(Cluster, DroppedAndDelayedTransfersAreRetriedAndNeverCorrupt) {
         ++ok;
         ASSERT_EQ(out, chunks[i]) << "a corrupted chunk was returned";
       } else {
-        EXPECT_TRUE(s.code() == absl::StatusCode::kUnavailable ||
+        EXPECT_TRUE(s.code() == absl::StatusCode::kNotFound ||
                     s.code() == absl::StatusCode::kDataLoss)
             << s;
       }
@@ -184,20 +204,106 @@ TEST_F(Cluster, DroppedAndDelayedTransfersAreRetriedAndNeverCorrupt) {
   EXPECT_GT(ok, 40);  // retries on the other replica recover most reads
 }
 
-TEST_F(Cluster, AllReplicasDownIsUnavailableNotNotFound) {
+// A chunk that no live owner can serve is a miss, not an error: the owners'
+// failures are counted, and owners that could not be reached are skipped
+// until the back-off ends.
+TEST_F(Cluster, AllReplicasUnreachableIsAMissAndCounted) {
   auto c = Chunk(3);
   ASSERT_TRUE(nodes_[0]->tier->Put(Id(3), c).ok());
-  auto owners = nodes_[0]->tier->Owners(Id(3).key);
-  int reader = 0;  // a node that holds no replica itself
-  for (int i = 0; i < 3; ++i) {
-    if (nodes_[i]->id != owners[0].id && nodes_[i]->id != owners[1].id) reader = i;
-  }
-  nodes_[reader]->faulty->set_policy({.fail_after_n = 0});
+  const int reader = NonOwner(Id(3));
+  ASSERT_GE(reader, 0);
+  ClusterTier& tier = *nodes_[reader]->tier;
+  nodes_[reader]->faulty->set_policy({.fail_after_n = 0});  // every request: Unavailable
+  EXPECT_EQ(tier.Size(Id(3)).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(tier.errors(), 2u);  // both owners failed
   std::vector<uint8_t> out(c.size());
-  EXPECT_EQ(nodes_[reader]->tier->Read(Id(3), out).code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(tier.Read(Id(3), out).code(), absl::StatusCode::kNotFound);
+  // Both are remembered as down: the read asked neither of them.
+  EXPECT_EQ(tier.errors(), 2u);
+  EXPECT_EQ(tier.metric(ClusterMetric::kPeersSkipped), 2u);
   nodes_[reader]->faulty->set_policy({});
-  EXPECT_TRUE(nodes_[reader]->tier->Read(Id(3), out).ok());
-  EXPECT_EQ(nodes_[reader]->tier->Read(Id(12345), out).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(tier.Read(Id(3), out).code(), absl::StatusCode::kNotFound);
+  clock_.AdvanceMicros(absl::ToInt64Microseconds(Options().down_backoff) + 1);
+  ASSERT_TRUE(tier.Read(Id(3), out).ok());
+  EXPECT_EQ(out, c);
+  EXPECT_EQ(tier.Read(Id(12345), out).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(tier.errors(), 2u);  // a plain miss is no error
+}
+
+// An owner that answers with an error is reachable: the read is a miss, the
+// errors are counted, and nothing is skipped afterwards.
+TEST_F(Cluster, OwnersThatAnswerWithErrorsAreAMissAndCounted) {
+  auto c = Chunk(4);
+  ASSERT_TRUE(nodes_[0]->tier->Put(Id(4), c).ok());
+  const int reader = NonOwner(Id(4));
+  ASSERT_GE(reader, 0);
+  ClusterTier& tier = *nodes_[reader]->tier;
+  nodes_[reader]->faulty->set_policy({.fail_after_n = 0, .retryable = false});  // Internal
+  EXPECT_EQ(tier.Size(Id(4)).status().code(), absl::StatusCode::kNotFound);
+  std::vector<uint8_t> out(c.size());
+  EXPECT_EQ(tier.Read(Id(4), out).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(tier.errors(), 4u);  // two owners, each asked by Size and by Read
+  nodes_[reader]->faulty->set_policy({});
+  ASSERT_TRUE(tier.Read(Id(4), out).ok());
+  EXPECT_EQ(out, c);
+  EXPECT_EQ(tier.metric(ClusterMetric::kPeersSkipped), 0u);
+}
+
+// A member that takes the connection but never answers (a stopped or hung
+// kvtierd) costs one short probe, not the transfer timeout; it is skipped
+// until the back-off ends, by reads and by puts, which store the other copy.
+TEST_F(Cluster, MemberThatNeverAnswersIsSkippedAfterAShortProbe) {
+  testing::SilentListener silent;
+  ASSERT_FALSE(silent.addr().empty());
+  Publish({{"node-silent", silent.addr(), "", 1 << 30, 0}});
+  ClusterTier& tier = *nodes_[0]->tier;
+  absl::Time t0 = absl::Now();
+  EXPECT_EQ(tier.Size(Id(777)).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(2));  // one probe, not the 3 s timeout
+  EXPECT_EQ(tier.errors(), 1u);
+  std::vector<uint8_t> out(Chunk(1).size());
+  t0 = absl::Now();
+  EXPECT_EQ(tier.Read(Id(777), out).code(), absl::StatusCode::kNotFound);
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(2));
+  EXPECT_EQ(tier.errors(), 1u);
+  EXPECT_EQ(tier.metric(ClusterMetric::kPeersSkipped), 1u);
+  // A key the silent member owns: the put stores the other copy without
+  // asking it, and the chunk is read back.
+  int k = 0;
+  while (k < 1000 && tier.Owners(Id(k).key)[0].id != "node-silent" &&
+         tier.Owners(Id(k).key)[1].id != "node-silent") {
+    ++k;
+  }
+  ASSERT_LT(k, 1000);
+  auto c = Chunk(k);
+  ASSERT_TRUE(tier.Put(Id(k), c).ok());
+  EXPECT_EQ(tier.metric(ClusterMetric::kPeersSkipped), 2u);
+  EXPECT_EQ(tier.metric(ClusterMetric::kPutReplicaFailures), 1u);
+  ASSERT_TRUE(tier.Read(Id(k), out).ok());
+  EXPECT_EQ(out, c);
+  EXPECT_EQ(tier.errors(), 1u);
+  // After the back-off the member is asked again.
+  clock_.AdvanceMicros(absl::ToInt64Microseconds(Options().down_backoff) + 1);
+  EXPECT_EQ(tier.Size(Id(777)).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(tier.errors(), 2u);
+}
+
+// A connected peer that stops answering (its service hangs) holds a lookup
+// for the lookup timeout once, not for the transfer timeout on every miss.
+TEST_F(Cluster, PeerThatStopsAnsweringCostsOneLookupTimeout) {
+  ClusterTier& tier = *nodes_[0]->tier;
+  ASSERT_EQ(tier.Size(Id(888)).status().code(), absl::StatusCode::kNotFound);  // connects
+  nodes_[1]->store.set_delay_ms(2500);
+  absl::Time t0 = absl::Now();
+  EXPECT_EQ(tier.Size(Id(888)).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_LT(absl::Now() - t0, absl::Milliseconds(1500));
+  EXPECT_EQ(tier.errors(), 1u);
+  t0 = absl::Now();
+  EXPECT_EQ(tier.Size(Id(889)).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_LT(absl::Now() - t0, absl::Milliseconds(1500));
+  EXPECT_EQ(tier.errors(), 1u);
+  EXPECT_EQ(tier.metric(ClusterMetric::kPeersSkipped), 1u);
+  nodes_[1]->store.set_delay_ms(0);
 }
 
 TEST(VerifyObject, ChecksWholeChunksAndParts) {

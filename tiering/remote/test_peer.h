@@ -1,10 +1,17 @@
-// An in-memory PeerService for the remote tier's tests: a map from object id
-// to bytes, with knobs to make it slow or refuse puts.
+// Helpers for the remote tier's tests: an in-memory PeerService (a map from
+// object id to bytes, with knobs to make it slow (gets and sizes) or refuse
+// puts), and a listener that never answers.
 #ifndef KVTIER_TIERING_REMOTE_TEST_PEER_H_
 #define KVTIER_TIERING_REMOTE_TEST_PEER_H_
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <cstring>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -53,6 +60,7 @@ class MapPeerService : public PeerService {
     return std::unique_ptr<GetSource>(new Source(it->second));
   }
   absl::StatusOr<uint64_t> Size(const ObjectKey& id) override {
+    if (delay_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms_));
     absl::MutexLock lock(&mu_);
     auto it = objects_.find(id);
     if (it == objects_.end()) return absl::NotFoundError("no such object");
@@ -83,6 +91,33 @@ class MapPeerService : public PeerService {
   absl::flat_hash_map<ObjectKey, std::vector<uint8_t>> objects_ ABSL_GUARDED_BY(mu_);
   std::atomic<int> delay_ms_{0};
   std::atomic<uint64_t> capacity_{uint64_t{1} << 40};
+};
+
+// A loopback TCP listener that never accepts: the kernel completes the
+// handshake, nothing ever answers (a stopped kvtierd, or not kvtierd at all).
+// addr() is "127.0.0.1:<port>", or empty if the socket could not be set up.
+class SilentListener {
+ public:
+  SilentListener() {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(a);
+    if (fd_ < 0 || ::bind(fd_, reinterpret_cast<sockaddr*>(&a), len) != 0 || ::listen(fd_, 64) != 0 ||
+        ::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+      return;
+    }
+    addr_ = "127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+  }
+  ~SilentListener() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  const std::string& addr() const { return addr_; }
+
+ private:
+  int fd_ = -1;
+  std::string addr_;
 };
 
 }  // namespace kvtier::tiering::remote::testing

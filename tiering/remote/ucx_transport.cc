@@ -66,6 +66,12 @@ absl::StatusOr<sockaddr_storage> Resolve(const std::string& address) {
   return ss;
 }
 
+// A peer's name for messages: worker addresses ("ucx:<hex>", hundreds of
+// digits) are cut short.
+std::string Printable(const std::string& peer) {
+  return peer.rfind("ucx:", 0) == 0 && peer.size() > 28 ? peer.substr(0, 24) + "..." : peer;
+}
+
 socklen_t SockLen(const sockaddr_storage& ss) {
   return ss.ss_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
 }
@@ -141,8 +147,16 @@ struct UcxTransport::Impl {
 
   // Progress-thread state.
   absl::flat_hash_map<std::string, ucp_ep_h> peers;      // client endpoints by address
-  absl::flat_hash_map<ucp_ep_h, std::string> ep_names;   // every live endpoint
+  // Every live endpoint; a client endpoint by the address it is in `peers`
+  // under (DropEndpoint removes it there by this name).
+  absl::flat_hash_map<ucp_ep_h, std::string> ep_names;
   std::vector<void*> closing;                            // ep close requests in flight
+
+  // Peers whose current client endpoint has carried a reply: requests to
+  // them skip the connect probe. Written by the progress thread (a reply
+  // arrives, an endpoint is dropped), read by callers.
+  absl::Mutex answered_mu;
+  absl::flat_hash_set<std::string> answered ABSL_GUARDED_BY(answered_mu);
 
   absl::Mutex pending_mu;
   absl::flat_hash_map<uint64_t, std::shared_ptr<Pending>> pending ABSL_GUARDED_BY(pending_mu);
@@ -256,7 +270,11 @@ struct UcxTransport::Impl {
     std::string name = it->second;
     ep_names.erase(it);
     auto pit = peers.find(name);
-    if (pit != peers.end() && pit->second == ep) peers.erase(pit);
+    if (pit != peers.end() && pit->second == ep) {
+      peers.erase(pit);
+      absl::MutexLock lock(&answered_mu);
+      answered.erase(name);
+    }
     // Requests still waiting for a reply on this endpoint will get none.
     std::vector<std::shared_ptr<Pending>> failed;
     {
@@ -271,7 +289,7 @@ struct UcxTransport::Impl {
       }
     }
     for (auto& p : failed) {
-      p->Complete(absl::UnavailableError(absl::StrCat("peer ", name, " closed the connection: ",
+      p->Complete(absl::UnavailableError(absl::StrCat("peer ", Printable(name), " closed the connection: ",
                                                       ucs_status_string(status))));
     }
     ucp_request_param_t prm{};
@@ -326,7 +344,7 @@ struct UcxTransport::Impl {
     ucs_status_t s = ucp_ep_create(worker, &ep, &h);
     if (s != UCS_OK) return UcsError("connect to a worker address", s);
     peers[peer] = h;
-    ep_names[h] = peer.substr(0, 24) + "...";
+    ep_names[h] = peer;
     return h;
   }
 
@@ -365,7 +383,7 @@ struct UcxTransport::Impl {
         ctx->pending->send_done = true;
       }
       if (status != UCS_OK) {
-        FailPending(ctx->pending, UcsError(absl::StrCat("send to ", ctx->pending->peer).c_str(), status));
+        FailPending(ctx->pending, UcsError(absl::StrCat("send to ", Printable(ctx->pending->peer)).c_str(), status));
       }
     }
     delete ctx;
@@ -472,7 +490,7 @@ struct UcxTransport::Impl {
     if (status == UCS_OK) {
       ctx->pending->Complete(absl::OkStatus(), length);
     } else {
-      ctx->pending->Complete(UcsError(absl::StrCat("receive from ", ctx->pending->peer).c_str(), status));
+      ctx->pending->Complete(UcsError(absl::StrCat("receive from ", Printable(ctx->pending->peer)).c_str(), status));
     }
     delete ctx;
     ucp_request_free(request);
@@ -498,22 +516,26 @@ struct UcxTransport::Impl {
       Post([this, data] { ucp_am_data_release(worker, data); });
       return UCS_INPROGRESS;
     }
+    if (auto it = peers.find(p->peer); it != peers.end() && it->second == p->ep) {
+      absl::MutexLock lock(&answered_mu);
+      answered.insert(p->peer);
+    }
     auto release = [&] {
       if (rndv) Post([this, data] { ucp_am_data_release(worker, data); });
       return rndv ? UCS_INPROGRESS : UCS_OK;
     };
     if (!h.ok()) {
-      p->Complete(absl::Status(h.status().code(), absl::StrCat("peer ", p->peer, ": ", h.status().message())));
+      p->Complete(absl::Status(h.status().code(), absl::StrCat("peer ", Printable(p->peer), ": ", h.status().message())));
       return release();
     }
     if (!h->reply || h->op != p->op) {
-      p->Complete(absl::UnavailableError(absl::StrCat("peer ", p->peer, " sent a malformed reply")));
+      p->Complete(absl::UnavailableError(absl::StrCat("peer ", Printable(p->peer), " sent a malformed reply")));
       return release();
     }
     if (h->status != absl::StatusCode::kOk) {
       std::string msg;
       if (!rndv) msg.assign(static_cast<const char*>(data), std::min(length, kMaxErrorMessage));
-      p->Complete(absl::Status(h->status, absl::StrCat("peer ", p->peer, ": ", msg)));
+      p->Complete(absl::Status(h->status, absl::StrCat("peer ", Printable(p->peer), ": ", msg)));
       return release();
     }
     if (h->op == Op::kSize) {
@@ -526,7 +548,7 @@ struct UcxTransport::Impl {
     }
     if (length != p->out.size()) {
       p->Complete(absl::InvalidArgumentError(absl::StrCat(
-          "peer ", p->peer, " returned ", length, " bytes, the buffer holds ", p->out.size())));
+          "peer ", Printable(p->peer), " returned ", length, " bytes, the buffer holds ", p->out.size())));
       return release();
     }
     if (!rndv) {
@@ -713,11 +735,22 @@ struct UcxTransport::Impl {
     }
   }
 
+  bool Answered(const std::string& peer) {
+    absl::MutexLock lock(&answered_mu);
+    return answered.contains(peer);
+  }
+
   // --- a whole request from a caller thread ---
   absl::StatusOr<uint64_t> Call(const std::string& peer, Op op, const ObjectKey& id,
                                 std::span<const uint8_t> payload, std::span<uint8_t> out,
                                 absl::Duration timeout, uint16_t version = kWireVersion) {
     if (stop_progress.load()) return absl::UnavailableError("transport is shutting down");
+    if (op != Op::kPing && options.connect_timeout > absl::ZeroDuration() && !Answered(peer)) {
+      // A new connection: make sure someone answers before waiting on a
+      // request (and its payload) for the whole timeout.
+      auto probe = Call(peer, Op::kPing, ObjectKey{}, {}, {}, std::min(timeout, options.connect_timeout));
+      if (!probe.ok()) return probe.status();
+    }
     auto p = std::make_shared<Pending>();
     p->op = op;
     p->peer = peer;
@@ -768,7 +801,7 @@ struct UcxTransport::Impl {
       }
       if (p->state != Pending::kDone) {
         p->state = Pending::kDone;
-        p->status = absl::UnavailableError(absl::StrCat("peer ", peer, " did not answer within ",
+        p->status = absl::UnavailableError(absl::StrCat("peer ", Printable(peer), " did not answer within ",
                                                         absl::FormatDuration(timeout)));
       }
       if (p->status.ok()) return p->value;  // it finished while we closed

@@ -11,7 +11,10 @@
 //
 // A peer that dies, closes its connection or does not answer within the call's
 // timeout gives Unavailable, and the endpoint is dropped so the next call
-// reconnects. Thread-safe.
+// reconnects. The first request on a new connection is preceded by a ping
+// bounded by UcxTransportOptions::connect_timeout, so a peer that takes the
+// connection but never answers costs that long, not the call's timeout.
+// Thread-safe.
 #ifndef KVTIER_TIERING_REMOTE_UCX_TRANSPORT_H_
 #define KVTIER_TIERING_REMOTE_UCX_TRANSPORT_H_
 
@@ -19,6 +22,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "tiering/remote/transport.h"
 
 namespace kvtier::tiering::remote {
@@ -37,6 +41,13 @@ struct UcxTransportOptions {
   // Largest object a peer may put or a get may return, in bytes; bigger
   // requests are refused with InvalidArgument. Default: 1 GiB
   uint64_t max_object_bytes = uint64_t{1} << 30;
+  // How long a peer with no open connection from this node gets to answer
+  // a first probe (a ping, sent before the first request on a new
+  // connection): a host that takes the TCP connection but whose kvtierd
+  // never answers (stopped, hung, or not kvtierd at all) costs a call this
+  // long, not the call's whole timeout. Calls that pass a shorter timeout
+  // keep theirs; zero sends no probe. Default: 500 ms
+  absl::Duration connect_timeout = absl::Milliseconds(500);
 };
 
 class UcxTransport : public Transport {

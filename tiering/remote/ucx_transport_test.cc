@@ -95,6 +95,22 @@ TEST(UcxTransport, PeersReachedByWorkerAddressWork) {
   EXPECT_EQ((*client)->Ping("ucx:abc", kTimeout).code(), absl::StatusCode::kInvalidArgument);
 }
 
+// A peer reached by its worker address that goes away: its endpoint is
+// dropped when it fails, and no later call uses it again.
+TEST(UcxTransport, PeerReachedByWorkerAddressThatGoesAwayIsUnavailable) {
+  auto server = StartNode();
+  ASSERT_TRUE(server);
+  const std::string worker = server->transport->worker_address();
+  auto client = UcxTransport::Create({}, nullptr);
+  ASSERT_TRUE(client.ok()) << client.status();
+  ASSERT_EQ((*client)->Size(worker, Id(1), kTimeout).status().code(), absl::StatusCode::kNotFound);
+  server.reset();  // its connections close; the client's endpoint fails
+  for (int i = 0; i < 5; ++i) {
+    auto s = (*client)->Size(worker, Id(1), absl::Milliseconds(500)).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << i << ": " << s;
+  }
+}
+
 TEST(UcxTransport, PeerErrorsPassThroughWithTheirCode) {
   auto server = StartNode();
   ASSERT_TRUE(server);
@@ -153,6 +169,38 @@ TEST(UcxTransport, UnreachablePeerIsUnavailable) {
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
   EXPECT_EQ((*client)->Ping("no-such-host.invalid:1", absl::Seconds(3)).code(),
             absl::StatusCode::kUnavailable);
+}
+
+TEST(UcxTransport, PeerThatNeverAnswersIsUnavailableAfterTheConnectTimeout) {
+  testing::SilentListener silent;
+  ASSERT_FALSE(silent.addr().empty());
+  UcxTransportOptions options;
+  options.connect_timeout = absl::Milliseconds(300);
+  auto client = UcxTransport::Create(options, nullptr);
+  ASSERT_TRUE(client.ok()) << client.status();
+  std::vector<uint8_t> out(4096);
+  auto data = Bytes(4096, 1);
+  // Each call gives up after the connect timeout, not its own 10 s.
+  for (int op = 0; op < 3; ++op) {
+    absl::Time t0 = absl::Now();
+    absl::Status s = op == 0   ? (*client)->Size(silent.addr(), Id(1), kTimeout).status()
+                     : op == 1 ? (*client)->Get(silent.addr(), Id(1), out, kTimeout)
+                               : (*client)->Put(silent.addr(), Id(1), data, kTimeout);
+    absl::Duration took = absl::Now() - t0;
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << op << ": " << s;
+    EXPECT_LT(took, absl::Seconds(3)) << op << ": " << s;
+  }
+  // A live peer is reached as before, and a call's own shorter timeout
+  // still bounds it.
+  auto server = StartNode();
+  ASSERT_TRUE(server);
+  ASSERT_TRUE((*client)->Put(server->addr, Id(2), data, kTimeout).ok());
+  ASSERT_TRUE((*client)->Get(server->addr, Id(2), out, kTimeout).ok());
+  EXPECT_EQ(out, data);
+  absl::Time t0 = absl::Now();
+  EXPECT_EQ((*client)->Ping(silent.addr(), absl::Milliseconds(100)).code(),
+            absl::StatusCode::kUnavailable);
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(3));
 }
 
 TEST(UcxTransport, SlowPeerTimesOutAsUnavailableAndLateReplyIsIgnored) {
