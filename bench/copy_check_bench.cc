@@ -1,7 +1,7 @@
 // The shared-memory data plane's copy-and-check arrangements, without the
 // daemon: which way of copying a 24 MiB chunk and hashing its sections keeps
 // up with memcpy on this host (docs/daemon.md "Numbers"). Each variant runs
-// the library's own pieces (server/chunk_check.h) on a real Llama-3.1-8B
+// the library's own pieces (wire/chunk_check.h) on a real Llama-3.1-8B
 // 256-token K16/V8 chunk; the baselines (memcpy, the stream copy, the hash
 // alone) are measured in the same run, medians of --reps.
 //
@@ -9,8 +9,8 @@
 // the cache before each rep, as a stored chunk is:
 //   plain stores + hash of the destination, 1 thread   (before this design)
 //   plain stores + a helper hashing the destination    (before this design)
-//   server::CopyVerified                               (1 thread)
-//   server::PipelinedCopyVerifier                      (copy + helper)
+//   wire::CopyVerified                               (1 thread)
+//   wire::PipelinedCopyVerifier                      (copy + helper)
 // Put (the writer's buffer -> a slot; a "daemon" thread checks behind it,
 // fed the pieces as the data plane's frames would):
 //   plain stores, front to back, 1 checking thread     (before this design)
@@ -36,7 +36,7 @@
 #include "codec/chunk.h"
 #include "codec/section_hashes.h"
 #include "common/hash.h"
-#include "server/chunk_check.h"
+#include "wire/chunk_check.h"
 
 namespace kvtier {
 namespace {
@@ -74,7 +74,7 @@ class CheckingThread {
   }
   // Starts checking `slot`, written in `order`; `helper` as the daemon's.
   void Begin(std::span<const uint8_t> slot, const std::vector<std::pair<uint64_t, uint64_t>>* order,
-             server::TrailingHasher* helper) {
+             wire::TrailingHasher* helper) {
     slot_ = slot;
     order_ = order;
     helper_ = helper;
@@ -98,7 +98,7 @@ class CheckingThread {
         _mm_pause();
       }
       seen = go_.load();
-      server::IncrementalChunkCheck check(slot_, helper_);
+      wire::IncrementalChunkCheck check(slot_, helper_);
       bool ok = true;
       for (size_t i = 0; i < order_->size();) {
         const size_t p = published_.load(std::memory_order_acquire);
@@ -115,7 +115,7 @@ class CheckingThread {
 
   std::span<const uint8_t> slot_;
   const std::vector<std::pair<uint64_t, uint64_t>>* order_ = nullptr;
-  server::TrailingHasher* helper_ = nullptr;
+  wire::TrailingHasher* helper_ = nullptr;
   std::atomic<size_t> published_{0};
   std::atomic<int> go_{0};
   std::atomic<bool> done_{false}, quit_{false};
@@ -159,7 +159,7 @@ int Main(int argc, char** argv) {
                     std::memcpy(out.data(), slot.data(), n);
                     asm volatile("" : : "r"(out.data()) : "memory");
                   })});
-  rows.push_back({"stream copy", Time(reps, nullptr, [&] { server::StreamCopy(out, chunk); })});
+  rows.push_back({"stream copy", Time(reps, nullptr, [&] { wire::StreamCopy(out, chunk); })});
   rows.push_back({"XXH3-64 of the chunk", Time(reps, nullptr, [&] {
                     volatile uint64_t x = Checksum64(chunk);
                     (void)x;
@@ -182,7 +182,7 @@ int Main(int argc, char** argv) {
   };
   rows.push_back({"get: plain stores + hash dst, 1 thread", Time(reps, flush_slot, old_get_one_thread)});
   {
-    server::TrailingHasher helper;
+    wire::TrailingHasher helper;
     rows.push_back({"get: plain stores + helper hashing dst", Time(reps, flush_slot, [&] {
                       std::memcpy(out.data(), slot.data(), codec::kHeaderSize);
                       while (!helper.Start(out.data(), h, codec::kHeaderSize, n)) _mm_pause();
@@ -195,12 +195,12 @@ int Main(int argc, char** argv) {
                       if (ks != h.k_checksum || vs != h.v_checksum) std::abort();
                     })});
   }
-  rows.push_back({"get: CopyVerified (1 thread)", Time(reps, flush_slot, [&] {
-                    if (!server::CopyVerified(out, slot).ok()) std::abort();
+  rows.push_back({"get: wire::CopyVerified (1 thread)", Time(reps, flush_slot, [&] {
+                    if (!wire::CopyVerified(out, slot).ok()) std::abort();
                   })});
   {
-    server::PipelinedCopyVerifier pipelined;
-    rows.push_back({"get: PipelinedCopyVerifier (2 threads)", Time(reps, flush_slot, [&] {
+    wire::PipelinedCopyVerifier pipelined;
+    rows.push_back({"get: wire::PipelinedCopyVerifier (2 threads)", Time(reps, flush_slot, [&] {
                       if (!pipelined.CopyVerified(out, slot).ok()) std::abort();
                     })});
   }
@@ -208,18 +208,18 @@ int Main(int argc, char** argv) {
   // --- Put.
   {
     CheckingThread daemon;
-    server::TrailingHasher helper;
+    wire::TrailingHasher helper;
     std::vector<std::pair<uint64_t, uint64_t>> flat;
     for (uint64_t o = 0; o < n; o += kPiece) flat.emplace_back(o, std::min<uint64_t>(kPiece, n - o));
-    const auto interleaved = server::PutCopyOrder(chunk, kPiece);
+    const auto interleaved = wire::PutCopyOrder(chunk, kPiece);
     auto put = [&](const std::vector<std::pair<uint64_t, uint64_t>>& order, bool stream,
-                   server::TrailingHasher* h2) {
+                   wire::TrailingHasher* h2) {
       return [&, stream, h2] {
         daemon.Begin(slot, &order, h2);
         for (size_t i = 0; i < order.size(); ++i) {
           auto [o, m] = order[i];
           if (stream) {
-            server::StreamCopy(slot.subspan(o, m), std::span<const uint8_t>(chunk).subspan(o, m));
+            wire::StreamCopy(slot.subspan(o, m), std::span<const uint8_t>(chunk).subspan(o, m));
           } else {
             std::memcpy(slot.data() + o, chunk.data() + o, m);
           }

@@ -35,7 +35,7 @@
 #include "codec/chunk.h"
 #include "codec/codec.h"
 #include "codec/test_util.h"
-#include "server/chunk_check.h"
+#include "wire/chunk_check.h"
 #include "server/daemon.h"
 #include "server/shm_channel.h"
 
@@ -160,12 +160,12 @@ int main(int argc, char** argv) {
     asm volatile("" : : "r"(dst.data()) : "memory");
     memcpy_s.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
   }
-  // A second baseline: the copy libkvtier uses (server::StreamCopy,
+  // A second baseline: the copy libkvtier uses (wire::StreamCopy,
   // non-temporal stores), alone, on one thread, between the same buffers.
   std::vector<double> stream_s;
   for (int i = 0; i < reps; ++i) {
     auto t0 = Clock::now();
-    server::StreamCopy(dst, chunk);
+    wire::StreamCopy(dst, chunk);
     asm volatile("" : : "r"(dst.data()) : "memory");
     stream_s.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
   }
@@ -216,7 +216,7 @@ int main(int argc, char** argv) {
       if (!codec::VerifyChunk(chunk).ok()) std::abort();
     }));
     fast_verify_s.push_back(timed([&] {
-      if (!server::VerifyChunkParallel(chunk).ok()) std::abort();
+      if (!wire::VerifyChunkParallel(chunk).ok()) std::abort();
     }));
   }
   // memcpy into the pool's own pages (a slot in the client's mapping): the
@@ -240,14 +240,14 @@ int main(int argc, char** argv) {
     Hash128 key = Hash128::Of(std::string_view("bench-copy-out"), 5);
     if (!c0->Put(key, chunk).ok()) std::abort();
     auto h = c0->Hold(key).value();
-    server::PipelinedCopyVerifier pipelined;
+    wire::PipelinedCopyVerifier pipelined;
     for (int i = 0; i < reps + 1; ++i) {
       double a = timed([&] {
         std::memcpy(dst.data(), h.data.data(), bytes);
         asm volatile("" : : "r"(dst.data()) : "memory");
       });
       double b = timed([&] {
-        if (!server::CopyVerified(dst, h.data).ok()) std::abort();
+        if (!wire::CopyVerified(dst, h.data).ok()) std::abort();
       });
       double p = timed([&] {
         if (!pipelined.CopyVerified(dst, h.data).ok()) std::abort();
@@ -265,7 +265,7 @@ int main(int argc, char** argv) {
   // ratios compare numbers taken under the same load.
   std::vector<double> put_s, get_s, hold_s, put_unary_s, put_inline_s, get_inline_s, round_memcpy_s;
   std::vector<double> get_part_s[3];
-  server::PipelinedCopyVerifier parts_verifier;
+  wire::PipelinedCopyVerifier parts_verifier;
   for (int i = 0; i < reps + 1; ++i) {
     Hash128 key = Hash128::Of("bench-put-" + std::to_string(i), 5);
     double ms = timed([&] {
@@ -296,7 +296,7 @@ int main(int argc, char** argv) {
     double us = timed([&] {
       auto slot = c0->AllocateSlot(bytes);
       if (!slot.ok()) std::abort();
-      server::StreamCopy(slot->data, chunk);
+      wire::StreamCopy(slot->data, chunk);
       if (!c0->CommitSlot(*slot, key2).ok()) std::abort();
     });
     (void)c0->Delete(key2);

@@ -18,12 +18,12 @@
 #include "common/status.h"
 #include "common/strings.h"
 #include "nlohmann/json.hpp"
-#include "tiering/bandwidth/hf_config.h"
-#include "tiering/bandwidth/links.h"
-#include "tiering/bandwidth/presets.h"
-#include "tiering/bandwidth/report.h"
-#include "tiering/bandwidth/svg_plot.h"
-#include "tiering/bandwidth/sweep.h"
+#include "bandwidth/hf_config.h"
+#include "bandwidth/links.h"
+#include "bandwidth/presets.h"
+#include "bandwidth/report.h"
+#include "bandwidth/svg_plot.h"
+#include "bandwidth/sweep.h"
 
 namespace kvtier::cli {
 namespace {

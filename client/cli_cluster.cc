@@ -5,7 +5,7 @@
 #include "client/cli.h"
 #include "common/status.h"
 #include "nlohmann/json.hpp"
-#include "server/cluster/membership.h"
+#include "cluster/membership.h"
 
 namespace kvtier::cli {
 namespace {

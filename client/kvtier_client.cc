@@ -20,8 +20,8 @@
 #include "client/kvtier_client_internal.h"
 #include "codec/prefix_key.h"
 #include "common/status.h"
-#include "server/chunk_check.h"
-#include "server/shm_channel.h"
+#include "wire/chunk_check.h"
+#include "wire/shm_frames.h"
 
 namespace kvtier::client {
 
@@ -60,7 +60,7 @@ absl::StatusOr<ShmHandshake> ConnectShm(const std::string& path) {
     ::close(s);
     return absl::FailedPreconditionError(absl::StrCat("connect ", path, ": ", std::strerror(e)));
   }
-  server::shm_wire::PoolMessage m;
+  wire::shm::PoolMessage m;
   ssize_t n;
   do {
     n = ::recvmsg(s, &m.msg, MSG_CMSG_CLOEXEC);
@@ -99,12 +99,13 @@ std::string KeyBytes(const Hash128& k) {
 }
 
 
-// One data-plane connection (server/shm_channel.h): frames out, answers in.
+// One data-plane connection (wire/shm_frames.h; the protocol is specified in
+// server/shm_channel.h): frames out, answers in.
 // Not thread-safe; the client hands each to one call at a time. Once a
 // transport error or a malformed answer marks it broken it is closed.
 class DataConn {
  public:
-  using Op = server::shm_wire::Op;
+  using Op = wire::shm::Op;
 
   // A slot allocated ahead of the next put (see PutOverDataPlane).
   struct Spare {
@@ -139,9 +140,9 @@ class DataConn {
   // Sends one request. Unavailable if the connection failed.
   absl::Status Send(Op op, const uint8_t* payload, uint32_t n) {
     if (broken_) return absl::UnavailableError("data-plane connection closed");
-    uint8_t buf[server::shm_wire::kRequestHeaderBytes + server::shm_wire::kMaxRequestPayloadBytes];
-    server::shm_wire::Writer w(buf);
-    w.U16(server::shm_wire::kVersion).U16(static_cast<uint16_t>(op)).U32(n);
+    uint8_t buf[wire::shm::kRequestHeaderBytes + wire::shm::kMaxRequestPayloadBytes];
+    wire::shm::Writer w(buf);
+    w.U16(wire::shm::kVersion).U16(static_cast<uint16_t>(op)).U32(n);
     if (n > 0) w.Raw(payload, n);
     for (size_t sent = 0; sent < w.size();) {
       ssize_t k = ::send(fd_, buf + sent, w.size() - sent, MSG_NOSIGNAL);
@@ -155,17 +156,17 @@ class DataConn {
   // Reads the answer to `op`: the daemon's error, or its payload, which must
   // be exactly `n` bytes, into `out`.
   absl::Status Receive(Op op, uint8_t* out, uint32_t n) {
-    using server::shm_wire::kResponseHeaderBytes;
+    using wire::shm::kResponseHeaderBytes;
     uint8_t hdr[kResponseHeaderBytes];
     KVTIER_RETURN_IF_ERROR(ReadFull(hdr, sizeof(hdr), kAnswerSpinUs));
-    server::shm_wire::Reader r(hdr);
+    wire::shm::Reader r(hdr);
     const uint16_t version = r.U16(), got_op = r.U16();
     const uint32_t code = r.U32(), len = r.U32();
-    if (version != server::shm_wire::kVersion) {
+    if (version != wire::shm::kVersion) {
       return Broken(absl::StrCat("answer of data-plane protocol version ", version));
     }
     if (code != 0) {
-      if (len > server::shm_wire::kMaxErrorMessageBytes) return Broken("oversized error answer");
+      if (len > wire::shm::kMaxErrorMessageBytes) return Broken("oversized error answer");
       std::string msg(len, '\0');
       KVTIER_RETURN_IF_ERROR(ReadFull(reinterpret_cast<uint8_t*>(msg.data()), len));
       // An answer to another op is the daemon refusing a frame; it closes.
@@ -202,7 +203,7 @@ class DataConn {
   absl::Status Settle() {
     while (!owed_.empty()) {
       const Op op = owed_.front();
-      uint8_t rep[server::shm_wire::kSlotReplyBytes];
+      uint8_t rep[wire::shm::kSlotReplyBytes];
       const uint32_t n = op == Op::kAllocate ? sizeof(rep) : 0;
       absl::Status st = Receive(op, rep, n);
       if (broken_) {
@@ -213,7 +214,7 @@ class DataConn {
       owed_.pop_front();
       if (op == Op::kRelease) owed_releases_->fetch_sub(1);
       if (op == Op::kAllocate && st.ok()) {
-        server::shm_wire::Reader r(rep);
+        wire::shm::Reader r(rep);
         spare_ = Spare{r.U64(), r.U64(), r.U64(),
                        std::chrono::steady_clock::now() + std::chrono::milliseconds(kSpareTtlMs / 2)};
       }
@@ -354,7 +355,7 @@ class ClientImpl final : public KvtierClient {
         idle_conns_.push_back(std::move(c));
       }
       if (options_.check_on_helper_thread) {
-        verifier_ = std::make_unique<server::PipelinedCopyVerifier>();
+        verifier_ = std::make_unique<wire::PipelinedCopyVerifier>();
       }
     }
     return absl::OkStatus();
@@ -443,7 +444,7 @@ class ClientImpl final : public KvtierClient {
       const size_t n = std::min(kStreamPieceBytes, chunk.size() - o);
       // Non-temporal stores: the daemon's check reads them from memory
       // instead of snooping them out of this core's cache.
-      server::StreamCopy(slot.data.subspan(o, n), chunk.subspan(o, n));
+      wire::StreamCopy(slot.data.subspan(o, n), chunk.subspan(o, n));
       o += n;
       m.set_written_bytes(o);
       m.set_commit(o == chunk.size());
@@ -460,7 +461,7 @@ class ClientImpl final : public KvtierClient {
   // A connection that fails midway is closed, and the daemon frees the slot.
   absl::Status PutOverDataPlane(DataConn& c, const Hash128& key, std::span<const uint8_t> chunk,
                                 const PutOptions& options) {
-    namespace w = server::shm_wire;
+    namespace w = wire::shm;
     constexpr size_t kPieceBytes = size_t{1} << 20;
     uint8_t req[w::kMaxRequestPayloadBytes], rep[w::kSlotReplyBytes];
     KVTIER_RETURN_IF_ERROR(c.Settle());
@@ -503,10 +504,10 @@ class ClientImpl final : public KvtierClient {
     // non-temporal stores (fenced), so the daemon reads it from memory
     // instead of snooping it out of this core's cache.
     const std::vector<std::pair<uint64_t, uint64_t>> order =
-        server::PutCopyOrder(chunk, kPieceBytes);
+        wire::PutCopyOrder(chunk, kPieceBytes);
     for (size_t i = 0; i < order.size(); ++i) {
       const auto [o, k] = order[i];
-      server::StreamCopy(range->subspan(o, k), chunk.subspan(o, k));
+      wire::StreamCopy(range->subspan(o, k), chunk.subspan(o, k));
       const bool last = i + 1 == order.size();
       const uint32_t m = last ? w::Writer(req).U64(chunk.size()).size()
                               : w::Writer(req).U64(o).U64(k).size();
@@ -682,7 +683,7 @@ class ClientImpl final : public KvtierClient {
       absl::Status check;
       if (st.ok()) {
         check = (verifier_ ? verifier_->CopyVerified(dst, held.data)
-                           : server::CopyVerified(dst, held.data))
+                           : wire::CopyVerified(dst, held.data))
                     .status();
       }
       absl::Status u;
@@ -690,8 +691,8 @@ class ClientImpl final : public KvtierClient {
         // The bytes are in the caller's buffer: the release is sent and its
         // answer read at the connection's next use (an error there means the
         // lease had expired, which freed the chunk just the same).
-        uint8_t req[server::shm_wire::kU64Bytes];
-        server::shm_wire::Writer(req).U64(held.lease_id);
+        uint8_t req[wire::shm::kU64Bytes];
+        wire::shm::Writer(req).U64(held.lease_id);
         u = (*c).SendOwed(DataConn::Op::kRelease, req, sizeof(req));
       } else if (c) {
         u = UnholdOver(*c, held);
@@ -745,7 +746,7 @@ class ClientImpl final : public KvtierClient {
   }
 
   absl::StatusOr<HeldChunk> HoldOver(DataConn& c, const Hash128& key, bool verify) {
-    namespace w = server::shm_wire;
+    namespace w = wire::shm;
     uint8_t req[w::kMaxRequestPayloadBytes], rep[w::kGetReplyBytes];
     w::Writer b(req);
     b.Raw(key.bytes.data(), w::kKeyBytes).U32(0).U8(verify ? 1 : 0).U8(0).U16(0);
@@ -784,7 +785,7 @@ class ClientImpl final : public KvtierClient {
   }
 
   absl::Status UnholdOver(DataConn& c, const HeldChunk& h) {
-    namespace w = server::shm_wire;
+    namespace w = wire::shm;
     uint8_t req[w::kU64Bytes];
     if (h.lease_id != 0) {
       w::Writer(req).U64(h.lease_id);
@@ -942,7 +943,7 @@ class ClientImpl final : public KvtierClient {
   // declared before the connections, which hold a pointer to it.
   std::unique_ptr<std::atomic<int>> owed_releases_ = std::make_unique<std::atomic<int>>(0);
   // Hashes what a shared-memory get copies (check_on_helper_thread).
-  std::unique_ptr<server::PipelinedCopyVerifier> verifier_;
+  std::unique_ptr<wire::PipelinedCopyVerifier> verifier_;
   // Data-plane connections (server/shm_channel.h).
   absl::Mutex conns_mu_;
   bool data_plane_ ABSL_GUARDED_BY(conns_mu_) = false;

@@ -10,7 +10,7 @@
 
 #include "client/kvtier_client.h"
 #include "grpcpp/grpcpp.h"
-#include "proto/kvtier.grpc.pb.h"
+#include "wire/kvtier.grpc.pb.h"
 
 namespace kvtier::client {
 

@@ -4,7 +4,7 @@
 #include "common/status.h"
 #include "kernels/cuda_status.h"
 #include "kernels/paged_codec.h"
-#include "server/chunk_check.h"
+#include "wire/chunk_check.h"
 
 namespace kvtier::client {
 
@@ -65,7 +65,7 @@ absl::StatusOr<Tier> GpuPagedIo::Load(const Hash128& key, const kernels::PagedKv
     KVTIER_ASSIGN_OR_RETURN(HeldChunk held, client_->Hold(key, verify));
     // The reader's check of the bytes the kernel is about to read; on a
     // mismatch the daemon checks the stored chunk (and drops it if corrupt).
-    auto header = server::VerifyChunkParallel(held.data);
+    auto header = wire::VerifyChunkParallel(held.data);
     if (!header.ok()) {
       (void)client_->Unhold(held);
       if (verify) {

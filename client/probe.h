@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "tiering/bandwidth/links.h"
+#include "bandwidth/links.h"
 
 namespace kvtier::cli {
 

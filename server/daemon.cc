@@ -23,8 +23,8 @@
 #include "server/service.h"
 #include "server/shm_channel.h"
 #include "spdlog/spdlog.h"
-#include "server/cluster/engine_peer_service.h"
-#include "server/cluster/membership.h"
+#include "server/engine_peer_service.h"
+#include "cluster/membership.h"
 #include "tiering/placement_engine.h"
 #include "tiering/remote/cluster_tier.h"
 #include "tiering/remote/ucx_transport.h"
@@ -60,7 +60,7 @@ Daemon::Daemon() = default;
 
 absl::Status Daemon::JoinCluster(tiering::EngineTiers& tiers) {
   const DaemonOptions& o = options_;
-  peer_service_ = std::make_unique<cluster::EnginePeerService>();
+  peer_service_ = std::make_unique<EnginePeerService>();
   tiering::remote::UcxTransportOptions to;
   to.listen = o.advertise;
   to.max_object_bytes = uint64_t{o.max_message_mib} << 20;

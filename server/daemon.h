@@ -26,12 +26,12 @@ class UcxTransport;
 }
 
 namespace kvtier::cluster {
-class EnginePeerService;
 class Membership;
 }
 
 namespace kvtier::server {
 
+class EnginePeerService;
 class GrpcAdapter;
 class KvService;
 class MetricsHttpServer;
@@ -94,7 +94,7 @@ class Daemon {
   std::optional<ExclusiveFileLock> data_dir_lock_;
   std::optional<ExclusiveFileLock> socket_lock_;
   // Cluster parts outlive the engine, whose remote tier uses them.
-  std::unique_ptr<cluster::EnginePeerService> peer_service_;
+  std::unique_ptr<EnginePeerService> peer_service_;
   std::unique_ptr<tiering::remote::UcxTransport> transport_;
   std::unique_ptr<cluster::Membership> membership_;
   std::unique_ptr<tiering::PlacementEngine> engine_;

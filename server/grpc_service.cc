@@ -351,7 +351,7 @@ class GrpcAdapter::PutStreamCall final : public grpc::ServerReadReactor<grpc::By
   CallTracker::Entry entry_;
   grpc::ByteBuffer in_;
   pb::PutStreamRequest m_;
-  std::unique_ptr<IncrementalChunkCheck> check_;
+  std::unique_ptr<wire::IncrementalChunkCheck> check_;
   uint64_t slot_id_ = 0;
   bool slot_open_ = false;  // begun and neither committed nor aborted
   PutArgs args_;

@@ -9,7 +9,7 @@
 
 #include "absl/status/status.h"
 #include "grpcpp/grpcpp.h"
-#include "proto/kvtier.grpc.pb.h"
+#include "wire/kvtier.grpc.pb.h"
 #include "server/grpc_calls.h"
 #include "server/metrics.h"
 #include "server/service.h"

@@ -7,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "codec/chunk.h"
 #include "common/status.h"
-#include "server/chunk_check.h"
+#include "wire/chunk_check.h"
 
 namespace kvtier::server {
 
@@ -76,7 +76,7 @@ absl::Status KvService::Put(const PutArgs& args, std::span<const uint8_t> chunk)
     return absl::InvalidArgumentError(absl::StrCat("chunk of ", chunk.size(),
                                                    " bytes; the limit is ", limits_.max_chunk_bytes));
   }
-  KVTIER_RETURN_IF_ERROR(VerifyChunkParallel(chunk).status());
+  KVTIER_RETURN_IF_ERROR(wire::VerifyChunkParallel(chunk).status());
   return engine_->Put(args.key, chunk, PutOptionsOf(args));
 }
 
@@ -133,7 +133,7 @@ absl::Status KvService::CommitSlot(const PutArgs& args, uint64_t slot_id) {
   // an object (it checks the header and the length). Later shared-memory gets
   // do not read them again (the reader checks what it copies).
   absl::Status st =
-      VerifyChunkParallel(std::span<const uint8_t>(dram->base() + ext->offset, ext->length)).status();
+      wire::VerifyChunkParallel(std::span<const uint8_t>(dram->base() + ext->offset, ext->length)).status();
   if (!st.ok()) {
     absl::Status aborted = engine_->AbortSlot(slot_id);
     if (absl::IsNotFound(aborted)) {
@@ -144,17 +144,17 @@ absl::Status KvService::CommitSlot(const PutArgs& args, uint64_t slot_id) {
   return engine_->CommitSlot(slot_id, args.key, PutOptionsOf(args));
 }
 
-absl::StatusOr<std::unique_ptr<IncrementalChunkCheck>> KvService::BeginStreamedCommit(
-    uint64_t slot_id, TrailingHasher* helper) {
+absl::StatusOr<std::unique_ptr<wire::IncrementalChunkCheck>> KvService::BeginStreamedCommit(
+    uint64_t slot_id, wire::TrailingHasher* helper) {
   tiering::DramTier* dram = engine_->dram();
   if (dram == nullptr) return absl::FailedPreconditionError("no DRAM tier: no shared-memory slots");
   KVTIER_ASSIGN_OR_RETURN(tiering::PoolExtent e, FindSlot(slot_id, /*remove=*/false));
-  return std::make_unique<IncrementalChunkCheck>(
+  return std::make_unique<wire::IncrementalChunkCheck>(
       std::span<const uint8_t>(dram->base() + e.offset, e.length), helper);
 }
 
 absl::Status KvService::FinishStreamedCommit(const PutArgs& args, uint64_t slot_id,
-                                             IncrementalChunkCheck& check) {
+                                             wire::IncrementalChunkCheck& check) {
   auto ext = FindSlot(slot_id, /*remove=*/true);
   if (!ext.ok()) return UnknownSlotError(slot_id);
   absl::Status st = check.Finish().status();
@@ -168,7 +168,7 @@ absl::Status KvService::FinishStreamedCommit(const PutArgs& args, uint64_t slot_
 }
 
 absl::Status KvService::VerifyStored(const Hash128& key, std::span<const uint8_t> bytes) {
-  absl::Status st = VerifyChunkParallel(bytes).status();
+  absl::Status st = wire::VerifyChunkParallel(bytes).status();
   if (st.ok()) return st;
   return DropCorrupt(key, st);
 }
@@ -193,7 +193,7 @@ absl::StatusOr<GetResult> KvService::Get(const Hash128& key, GetMode mode, uint6
     // read only on request (a reader found a mismatch), while still pinned.
     // A scratch copy is always checked: the daemon made it.
     absl::Status st;
-    if (sr.slot_id != 0 || verify) st = VerifyChunkParallel(bytes).status();
+    if (sr.slot_id != 0 || verify) st = wire::VerifyChunkParallel(bytes).status();
     if (!st.ok()) {
       (void)(sr.lease_id != 0 ? engine_->Release(sr.lease_id) : engine_->AbortSlot(sr.slot_id));
       return DropCorrupt(key, st);
@@ -280,7 +280,7 @@ absl::StatusOr<uint64_t> KvService::FlushDramToNvme() {
     if (nvme->used_bytes() + len + 4096 > nvme->capacity_bytes()) continue;
     buf.resize(len);
     if (!dram->Read(id, buf).ok()) continue;  // deleted meanwhile
-    if (!VerifyChunkParallel(buf).ok()) continue;  // never persist corrupt bytes
+    if (!wire::VerifyChunkParallel(buf).ok()) continue;  // never persist corrupt bytes
     tiering::PutOptions po;
     po.durable = true;
     absl::Status st = engine_->Put(id.key, buf, po);

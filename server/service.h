@@ -29,8 +29,8 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/hash.h"
-#include "server/chunk_check.h"
-#include "tiering/bandwidth/model.h"
+#include "wire/chunk_check.h"
+#include "bandwidth/model.h"
 #include "tiering/placement_engine.h"
 
 namespace kvtier::server {
@@ -128,12 +128,12 @@ class KvService {
   // NotFound for an unknown or expired slot. On any error of the check the
   // caller aborts the slot (AbortSlot). With a `helper` (owned by the caller,
   // idle), the check hashes the V section on it.
-  absl::StatusOr<std::unique_ptr<IncrementalChunkCheck>> BeginStreamedCommit(
-      uint64_t slot_id, TrailingHasher* helper = nullptr);
+  absl::StatusOr<std::unique_ptr<wire::IncrementalChunkCheck>> BeginStreamedCommit(
+      uint64_t slot_id, wire::TrailingHasher* helper = nullptr);
   // Finishes `check` (DataLoss/InvalidArgument: the slot is freed) and
   // commits. NotFound if the slot expired meanwhile.
   absl::Status FinishStreamedCommit(const PutArgs& args, uint64_t slot_id,
-                                    IncrementalChunkCheck& check);
+                                    wire::IncrementalChunkCheck& check);
 
   // kCopy: bytes in the result. kShm: the chunk's extent in the pool, valid
   // until the lease (lease_ms) is released or expires, or a scratch-slot

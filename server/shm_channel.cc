@@ -17,7 +17,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
-#include "server/chunk_check.h"
+#include "wire/chunk_check.h"
 #include "server/metrics.h"
 #include "server/service.h"
 #include "spdlog/spdlog.h"
@@ -50,7 +50,7 @@ absl::StatusOr<int> ListenUnixOwnerOnly(const std::string& path) {
 
 namespace {
 
-using shm_wire::Op;
+using wire::shm::Op;
 using Clock = std::chrono::steady_clock;
 
 // Buffered reads of one connection's frames: one recv takes whatever the
@@ -120,14 +120,14 @@ class FrameReader {
 
 // One answer frame; false if it could not be sent (the peer is gone).
 bool Answer(int fd, uint16_t op, const absl::Status& st, const uint8_t* payload, uint32_t n) {
-  uint8_t buf[shm_wire::kResponseHeaderBytes + shm_wire::kMaxErrorMessageBytes];
-  absl::string_view msg = st.message().substr(0, shm_wire::kMaxErrorMessageBytes);
+  uint8_t buf[wire::shm::kResponseHeaderBytes + wire::shm::kMaxErrorMessageBytes];
+  absl::string_view msg = st.message().substr(0, wire::shm::kMaxErrorMessageBytes);
   if (!st.ok()) {
     payload = reinterpret_cast<const uint8_t*>(msg.data());
     n = static_cast<uint32_t>(msg.size());
   }
-  shm_wire::Writer w(buf);
-  w.U16(shm_wire::kVersion).U16(op).U32(static_cast<uint32_t>(st.code())).U32(n).Raw(payload, n);
+  wire::shm::Writer w(buf);
+  w.U16(wire::shm::kVersion).U16(op).U32(static_cast<uint32_t>(st.code())).U32(n).Raw(payload, n);
   // The socket has a send timeout, so a signal interrupts send() even under
   // SA_RESTART (socket(7)); tests saw EINTR on such sockets in this process.
   // Retry, and finish a partial write.
@@ -271,7 +271,7 @@ void ShmChannel::Loop() {
 }
 
 bool ShmChannel::SendPool(int c) {
-  shm_wire::PoolMessage m;
+  wire::shm::PoolMessage m;
   m.size = size_;
   cmsghdr* cm = CMSG_FIRSTHDR(&m.msg);
   cm->cmsg_level = SOL_SOCKET;
@@ -321,7 +321,7 @@ bool ShmChannel::Adopt(int c) {
 }
 
 void ShmChannel::Serve(Conn* conn) {
-  using shm_wire::kRequestHeaderBytes;
+  using wire::shm::kRequestHeaderBytes;
   const int fd = conn->fd;
   FrameReader in(fd, options_.frame_timeout_ms);
   // What this connection holds (id -> expiry, engine clock), freed when it
@@ -332,14 +332,14 @@ void ShmChannel::Serve(Conn* conn) {
   struct OpenPut {
     uint64_t slot_id = 0;
     PutArgs args;
-    std::unique_ptr<IncrementalChunkCheck> check;
+    std::unique_ptr<wire::IncrementalChunkCheck> check;
     absl::Status error;  // the put's first error, answered at its commit
     Clock::time_point t0;
   };
   // The helper that hashes a put's V section (put_check_threads 2), made at
   // the connection's first put. Declared before `put`, so that a put still
   // open when the connection closes abandons its job before the helper ends.
-  std::unique_ptr<TrailingHasher> put_hasher;
+  std::unique_ptr<wire::TrailingHasher> put_hasher;
   std::optional<OpenPut> put;
   auto room = [&] {
     if (slots.size() + leases.size() < options_.max_open_per_connection) return true;
@@ -365,15 +365,15 @@ void ShmChannel::Serve(Conn* conn) {
                  put ? options_.put_spin_us : options_.spin_us)) {
       break;
     }
-    shm_wire::Reader h(in.data());
+    wire::shm::Reader h(in.data());
     const uint16_t version = h.U16(), op = h.U16();
     const uint32_t len = h.U32();
-    const int64_t want = shm_wire::RequestBytes(op);
+    const int64_t want = wire::shm::RequestBytes(op);
     absl::Status violation;
-    if (version != shm_wire::kVersion) {
+    if (version != wire::shm::kVersion) {
       violation = absl::InvalidArgumentError(absl::StrCat(
           "data-plane protocol version ", version, " not served; this daemon speaks ",
-          shm_wire::kVersion));
+          wire::shm::kVersion));
     } else if (want < 0) {
       violation = absl::InvalidArgumentError(absl::StrCat("unknown data-plane op ", op));
     } else if (len != want) {
@@ -394,12 +394,12 @@ void ShmChannel::Serve(Conn* conn) {
     }
     in.Consume(kRequestHeaderBytes);
     if (!in.Fill(len, /*idle_ok=*/false)) break;  // truncated frame
-    uint8_t payload[shm_wire::kMaxRequestPayloadBytes];
+    uint8_t payload[wire::shm::kMaxRequestPayloadBytes];
     std::memcpy(payload, in.data(), len);
     in.Consume(len);
-    shm_wire::Reader r(payload);
-    uint8_t reply[std::max(shm_wire::kSlotReplyBytes, shm_wire::kGetReplyBytes)];
-    shm_wire::Writer w(reply);
+    wire::shm::Reader r(payload);
+    uint8_t reply[std::max(wire::shm::kSlotReplyBytes, wire::shm::kGetReplyBytes)];
+    wire::shm::Writer w(reply);
     absl::Status st;
     const auto t0 = Clock::now();
     switch (static_cast<Op>(op)) {
@@ -426,7 +426,7 @@ void ShmChannel::Serve(Conn* conn) {
         put.emplace();
         put->t0 = t0;
         put->slot_id = r.U64();
-        r.Raw(put->args.key.bytes.data(), shm_wire::kKeyBytes);
+        r.Raw(put->args.key.bytes.data(), wire::shm::kKeyBytes);
         const uint8_t durable = r.U8(), tier = r.U8();
         const uint16_t zero = r.U16();
         put->args.durable = durable != 0;
@@ -445,7 +445,7 @@ void ShmChannel::Serve(Conn* conn) {
           continue;  // no answer
         }
         if (put_check_threads_ >= 2 && !put_hasher) {
-          put_hasher = std::make_unique<TrailingHasher>();
+          put_hasher = std::make_unique<wire::TrailingHasher>();
         }
         auto check = service_->BeginStreamedCommit(put->slot_id, put_hasher.get());
         if (!check.ok()) {
@@ -489,7 +489,7 @@ void ShmChannel::Serve(Conn* conn) {
       }
       case Op::kGet: {
         Hash128 key;
-        r.Raw(key.bytes.data(), shm_wire::kKeyBytes);
+        r.Raw(key.bytes.data(), wire::shm::kKeyBytes);
         const uint32_t lease_ms = r.U32();
         const uint8_t verify = r.U8(), z0 = r.U8(), z1 = r.U8(), z2 = r.U8();
         if (verify > 1 || (z0 | z1 | z2) != 0) {

@@ -5,5 +5,5 @@ kvtier_add_test(bandwidth_cli_test
   DEPS kvtier_bandwidth)
 target_compile_definitions(bandwidth_cli_test PRIVATE
   KVTIER_CLI_PATH="$<TARGET_FILE:kvtier>"
-  KVTIER_BANDWIDTH_TESTDATA="${PROJECT_SOURCE_DIR}/tiering/bandwidth/testdata")
+  KVTIER_BANDWIDTH_TESTDATA="${PROJECT_SOURCE_DIR}/bandwidth/testdata")
 add_dependencies(bandwidth_cli_test kvtier)

@@ -20,8 +20,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
-#include "server/cluster/etcd_test_util.h"
-#include "server/cluster/membership.h"
+#include "cluster/etcd_test_util.h"
+#include "cluster/membership.h"
 #include "tests/cli_runner.h"
 #include "tiering/remote/rendezvous.h"
 

@@ -14,7 +14,7 @@
 
 #include "client/kvtier_client.h"
 #include "gtest/gtest.h"
-#include "proto/kvtier.pb.h"
+#include "wire/kvtier.pb.h"
 #include "server/daemon.h"
 #include "server/metrics.h"
 #include "tests/cli_runner.h"

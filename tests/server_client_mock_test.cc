@@ -3,7 +3,7 @@
 #include "client/kvtier_client_internal.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "proto/kvtier_mock.grpc.pb.h"
+#include "wire/kvtier_mock.grpc.pb.h"
 
 namespace kvtier::client {
 namespace {

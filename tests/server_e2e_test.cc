@@ -22,9 +22,9 @@
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
-#include "proto/kvtier.grpc.pb.h"
+#include "wire/kvtier.grpc.pb.h"
 #include "codec/chunk.h"
-#include "server/chunk_check.h"
+#include "wire/chunk_check.h"
 #include "server/daemon.h"
 #include "server/shm_channel.h"
 #include "tests/cli_runner.h"
@@ -722,7 +722,7 @@ TEST_F(E2eTest, ConcurrentClientsOnOverlappingKeysGetExactBytesOrNotFound) {
 // send it what libkvtier never would.
 class RawDataPlane {
  public:
-  using Op = shm_wire::Op;
+  using Op = wire::shm::Op;
   struct Answer {
     uint16_t version = 0, op = 0;
     uint32_t code = 0;
@@ -766,20 +766,20 @@ class RawDataPlane {
   }
   static std::vector<uint8_t> Frame(uint16_t version, uint16_t op, const std::vector<uint8_t>& payload,
                                     int64_t claimed_len = -1) {
-    std::vector<uint8_t> b(shm_wire::kRequestHeaderBytes + payload.size());
-    shm_wire::Writer(b.data()).U16(version).U16(op).U32(
+    std::vector<uint8_t> b(wire::shm::kRequestHeaderBytes + payload.size());
+    wire::shm::Writer(b.data()).U16(version).U16(op).U32(
         claimed_len < 0 ? static_cast<uint32_t>(payload.size()) : static_cast<uint32_t>(claimed_len));
-    std::copy(payload.begin(), payload.end(), b.begin() + shm_wire::kRequestHeaderBytes);
+    std::copy(payload.begin(), payload.end(), b.begin() + wire::shm::kRequestHeaderBytes);
     return b;
   }
   void Send(Op op, const std::vector<uint8_t>& payload) {
-    SendBytes(Frame(shm_wire::kVersion, static_cast<uint16_t>(op), payload));
+    SendBytes(Frame(wire::shm::kVersion, static_cast<uint16_t>(op), payload));
   }
   // The next answer; nullopt at the end of the stream.
   std::optional<Answer> Read() {
-    uint8_t h[shm_wire::kResponseHeaderBytes];
+    uint8_t h[wire::shm::kResponseHeaderBytes];
     if (!ReadFull(h, sizeof(h))) return std::nullopt;
-    shm_wire::Reader r(h);
+    wire::shm::Reader r(h);
     Answer a;
     a.version = r.U16();
     a.op = r.U16();
@@ -809,35 +809,35 @@ class RawDataPlane {
 
   static std::vector<uint8_t> U64(uint64_t v) {
     std::vector<uint8_t> b(8);
-    shm_wire::Writer(b.data()).U64(v);
+    wire::shm::Writer(b.data()).U64(v);
     return b;
   }
   static std::vector<uint8_t> Range(uint64_t offset, uint64_t length) {
-    std::vector<uint8_t> b(shm_wire::kPutRangeBytes);
-    shm_wire::Writer(b.data()).U64(offset).U64(length);
+    std::vector<uint8_t> b(wire::shm::kPutRangeBytes);
+    wire::shm::Writer(b.data()).U64(offset).U64(length);
     return b;
   }
   static std::vector<uint8_t> Allocate(uint64_t bytes) {
-    std::vector<uint8_t> b(shm_wire::kAllocateBytes);
-    shm_wire::Writer(b.data()).U64(bytes).U32(0);
+    std::vector<uint8_t> b(wire::shm::kAllocateBytes);
+    wire::shm::Writer(b.data()).U64(bytes).U32(0);
     return b;
   }
   static std::vector<uint8_t> Begin(uint64_t slot, const Hash128& key, uint8_t tier = 0) {
-    std::vector<uint8_t> b(shm_wire::kPutBeginBytes);
-    shm_wire::Writer(b.data()).U64(slot).Raw(key.bytes.data(), 16).U8(0).U8(tier).U16(0);
+    std::vector<uint8_t> b(wire::shm::kPutBeginBytes);
+    wire::shm::Writer(b.data()).U64(slot).Raw(key.bytes.data(), 16).U8(0).U8(tier).U16(0);
     return b;
   }
   static std::vector<uint8_t> Get(const Hash128& key, uint8_t reserved = 0) {
-    std::vector<uint8_t> b(shm_wire::kGetBytes);
-    shm_wire::Writer(b.data()).Raw(key.bytes.data(), 16).U32(0).U8(0).U8(reserved).U16(0);
+    std::vector<uint8_t> b(wire::shm::kGetBytes);
+    wire::shm::Writer(b.data()).Raw(key.bytes.data(), 16).U32(0).U8(0).U8(reserved).U16(0);
     return b;
   }
   // Allocates a slot for `chunk` and copies it in; returns the slot id.
   uint64_t SlotWith(const std::vector<uint8_t>& chunk) {
     std::vector<uint8_t> out;
     EXPECT_EQ(Call(Op::kAllocate, Allocate(chunk.size()), &out), 0);
-    if (out.size() != shm_wire::kSlotReplyBytes) return 0;
-    shm_wire::Reader r(out.data());
+    if (out.size() != wire::shm::kSlotReplyBytes) return 0;
+    wire::shm::Reader r(out.data());
     uint64_t id = r.U64(), offset = r.U64(), length = r.U64();
     EXPECT_EQ(length, chunk.size());
     std::copy(chunk.begin(), chunk.end(), pool_.begin() + offset);
@@ -885,8 +885,8 @@ TEST_F(E2eTest, DataPlaneServesAStreamedPutAGetAndItsRelease) {
   EXPECT_EQ(dp.Call(RawDataPlane::Op::kPutCommit, RawDataPlane::U64(chunk.size())), kOk);
   std::vector<uint8_t> g;
   ASSERT_EQ(dp.Call(RawDataPlane::Op::kGet, RawDataPlane::Get(TestKey(30)), &g), kOk);
-  ASSERT_EQ(g.size(), shm_wire::kGetReplyBytes);
-  shm_wire::Reader r(g.data());
+  ASSERT_EQ(g.size(), wire::shm::kGetReplyBytes);
+  wire::shm::Reader r(g.data());
   EXPECT_EQ(r.U8(), 2);  // TIER_DRAM
   for (int i = 0; i < 7; ++i) r.U8();
   EXPECT_EQ(r.U64(), chunk.size());
@@ -917,8 +917,8 @@ TEST_F(E2eTest, DataPlaneConnectionCannotUseAnotherConnectionsSlotOrLease) {
   const uint64_t slot = a.SlotWith(chunk);
   std::vector<uint8_t> g;
   ASSERT_EQ(a.Call(Op::kGet, RawDataPlane::Get(TestKey(46)), &g), kOk);
-  ASSERT_EQ(g.size(), shm_wire::kGetReplyBytes);
-  shm_wire::Reader r(g.data());
+  ASSERT_EQ(g.size(), wire::shm::kGetReplyBytes);
+  wire::shm::Reader r(g.data());
   for (int i = 0; i < 8 + 3 * 8; ++i) r.U8();  // tier, reserved, chunk bytes, offset, length
   const uint64_t lease = r.U64();
   ASSERT_NE(lease, 0u);
@@ -998,7 +998,7 @@ TEST_F(E2eTest, DataPlaneRefusesMalformedFramesAndClosesTheConnection) {
     auto a = dp.Read();
     ASSERT_TRUE(a.has_value());
     EXPECT_EQ(static_cast<int>(a->code), c.code);
-    EXPECT_LE(a->payload.size(), shm_wire::kMaxErrorMessageBytes);
+    EXPECT_LE(a->payload.size(), wire::shm::kMaxErrorMessageBytes);
     EXPECT_TRUE(dp.Closed());
   }
   {
@@ -1013,7 +1013,7 @@ TEST_F(E2eTest, DataPlaneRefusesMalformedFramesAndClosesTheConnection) {
     EXPECT_EQ(static_cast<int>(a->code), kPrecondition);
     EXPECT_TRUE(dp.Closed());
   }
-  for (size_t cut : {size_t{3}, shm_wire::kRequestHeaderBytes + 5}) {
+  for (size_t cut : {size_t{3}, wire::shm::kRequestHeaderBytes + 5}) {
     SCOPED_TRACE(absl::StrCat("truncated after ", cut, " bytes, then disconnect"));
     RawDataPlane dp(daemon_->shm_socket_path());
     ASSERT_TRUE(dp.ok()) << dp.error();
@@ -1077,7 +1077,7 @@ TEST_F(E2eTest, DataPlaneWrongIdsAndBadPutsGetTheirCodes) {
   auto put_in_order = [&](const std::vector<uint8_t>& bytes, const Hash128& key) {
     const uint64_t s = dp.SlotWith(bytes);
     dp.Send(Op::kPutBegin, RawDataPlane::Begin(s, key));
-    auto order = server::PutCopyOrder(bytes, 4096);
+    auto order = wire::PutCopyOrder(bytes, 4096);
     for (size_t i = 0; i + 1 < order.size(); ++i) {
       dp.Send(Op::kPutRange, RawDataPlane::Range(order[i].first, order[i].second));
     }
@@ -1137,7 +1137,7 @@ TEST_F(E2eTest, DataPlanePutsCheckedOnTwoThreads) {
     bad[at] ^= 2;
     const uint64_t slot = dp.SlotWith(bad);
     dp.Send(Op::kPutBegin, RawDataPlane::Begin(slot, TestKey(37)));
-    auto order = server::PutCopyOrder(bad, 1 << 20);
+    auto order = wire::PutCopyOrder(bad, 1 << 20);
     for (size_t i = 0; i + 1 < order.size(); ++i) {
       dp.Send(Op::kPutRange, RawDataPlane::Range(order[i].first, order[i].second));
     }

@@ -8,7 +8,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/chunk_check.h"
+#include "wire/chunk_check.h"
 #include "server/grpc_auth.h"
 #include "server/grpc_service.h"
 #include "server/http_metrics.h"
@@ -186,9 +186,9 @@ TEST_F(ServiceTest, ChunksOverTheSizeLimitAreInvalidArgument) {
 TEST(ChunkCheck, AgreesWithTheCodecAndFindsEveryCorruption) {
   for (uint32_t tokens : {16u, 256u}) {
     auto chunk = MakeChunk(40 + tokens, tokens, 4, 8, 128);
-    ASSERT_TRUE(VerifyChunkParallel(chunk).ok());
+    ASSERT_TRUE(wire::VerifyChunkParallel(chunk).ok());
     std::vector<uint8_t> dst(chunk.size() + 8);
-    auto h = CopyVerified(dst, chunk);
+    auto h = wire::CopyVerified(dst, chunk);
     ASSERT_TRUE(h.ok()) << h.status();
     EXPECT_TRUE(std::equal(chunk.begin(), chunk.end(), dst.begin()));
     for (size_t at : {size_t{0}, size_t{130}, chunk.size() / 2, chunk.size() - 1}) {
@@ -196,12 +196,12 @@ TEST(ChunkCheck, AgreesWithTheCodecAndFindsEveryCorruption) {
       bad[at] ^= 0x10;
       absl::StatusCode want = codec::VerifyChunk(bad).status().code();
       ASSERT_NE(want, absl::StatusCode::kOk);
-      EXPECT_EQ(VerifyChunkParallel(bad).status().code(), want) << at;
-      EXPECT_EQ(CopyVerified(dst, bad).status().code(), want) << at;
+      EXPECT_EQ(wire::VerifyChunkParallel(bad).status().code(), want) << at;
+      EXPECT_EQ(wire::CopyVerified(dst, bad).status().code(), want) << at;
     }
     auto shortc = std::span<const uint8_t>(chunk).first(chunk.size() - 1);
-    EXPECT_EQ(VerifyChunkParallel(shortc).status().code(), absl::StatusCode::kDataLoss);
-    EXPECT_EQ(CopyVerified(dst, shortc).status().code(), absl::StatusCode::kDataLoss);
+    EXPECT_EQ(wire::VerifyChunkParallel(shortc).status().code(), absl::StatusCode::kDataLoss);
+    EXPECT_EQ(wire::CopyVerified(dst, shortc).status().code(), absl::StatusCode::kDataLoss);
   }
 }
 
@@ -215,7 +215,7 @@ TEST(ChunkCheck, StreamCopyCopiesEveryByteAtAnyAlignment) {
     for (size_t soff : {size_t{0}, size_t{3}}) {
       for (size_t doff : {size_t{0}, size_t{5}, size_t{32}}) {
         std::vector<uint8_t> dst(n + 64, 0xEE);
-        StreamCopy(std::span<uint8_t>(dst).subspan(doff, n),
+        wire::StreamCopy(std::span<uint8_t>(dst).subspan(doff, n),
                    std::span<const uint8_t>(src).subspan(soff, n));
         ASSERT_TRUE(std::equal(src.begin() + soff, src.begin() + soff + n, dst.begin() + doff))
             << n << " " << soff << " " << doff;
@@ -232,7 +232,7 @@ TEST(ChunkCheck, PutCopyOrderInterleavesTheSectionsAndCoversEveryByteOnce) {
   auto chunk = MakeChunk(3, 256, 4, 4, 128);
   auto h = codec::ParseHeader(chunk).value();
   const auto& l = h.layout;
-  auto order = PutCopyOrder(chunk, 64 << 10);
+  auto order = wire::PutCopyOrder(chunk, 64 << 10);
   ASSERT_FALSE(order.empty());
   EXPECT_EQ(order[0], std::make_pair(uint64_t{0}, l.k_offset));
   std::vector<int> seen(chunk.size(), 0);
@@ -258,7 +258,7 @@ TEST(ChunkCheck, PutCopyOrderInterleavesTheSectionsAndCoversEveryByteOnce) {
   EXPECT_LT(worst_skew, 0.2);  // pieces alternate; neither section runs ahead
   auto garbage = chunk;
   garbage[0] ^= 1;
-  auto flat = PutCopyOrder(garbage, 100000);
+  auto flat = wire::PutCopyOrder(garbage, 100000);
   uint64_t next = 0;
   for (auto [o, n] : flat) {
     ASSERT_EQ(o, next);
@@ -271,22 +271,22 @@ TEST(ChunkCheck, PutCopyOrderInterleavesTheSectionsAndCoversEveryByteOnce) {
 // that hashes V: whole chunks pass, a flipped byte in K or V is DataLoss
 // naming the section, and hostile ranges are InvalidArgument.
 TEST(ChunkCheck, IncrementalCheckTakesInterleavedRangesOnOneOrTwoThreads) {
-  TrailingHasher helper;
+  wire::TrailingHasher helper;
   // V is 2 MiB or more (the helper's threshold) in the large chunk.
   for (uint32_t tokens : {16u, 512u}) {
     auto chunk = MakeChunk(11 + tokens, tokens, 4, 8, 128);
     auto l = codec::ParseHeader(chunk).value().layout;
-    auto order = PutCopyOrder(chunk, 256 << 10);
-    for (TrailingHasher* h : {static_cast<TrailingHasher*>(nullptr), &helper}) {
+    auto order = wire::PutCopyOrder(chunk, 256 << 10);
+    for (wire::TrailingHasher* h : {static_cast<wire::TrailingHasher*>(nullptr), &helper}) {
       for (int round = 0; round < 3; ++round) {
-        IncrementalChunkCheck c(chunk, h);
+        wire::IncrementalChunkCheck c(chunk, h);
         for (auto [o, n] : order) ASSERT_TRUE(c.AdvanceRange(o, n).ok());
         ASSERT_TRUE(c.Finish().ok()) << tokens;
       }
       for (size_t at : {size_t(l.k_offset + 5), size_t(l.v_offset + l.v.bytes / 2)}) {
         auto bad = chunk;
         bad[at] ^= 4;
-        IncrementalChunkCheck c(bad, h);
+        wire::IncrementalChunkCheck c(bad, h);
         for (auto [o, n] : order) ASSERT_TRUE(c.AdvanceRange(o, n).ok());
         auto f = c.Finish();
         EXPECT_EQ(f.status().code(), absl::StatusCode::kDataLoss);
@@ -294,7 +294,7 @@ TEST(ChunkCheck, IncrementalCheckTakesInterleavedRangesOnOneOrTwoThreads) {
                     ::testing::StartsWith(at < l.v_offset ? "k_checksum" : "v_checksum"));
       }
       {  // The prefix form (Advance) and ranges mixed.
-        IncrementalChunkCheck c(chunk, h);
+        wire::IncrementalChunkCheck c(chunk, h);
         ASSERT_TRUE(c.Advance(l.k_offset + 1000).ok());
         ASSERT_TRUE(c.AdvanceRange(l.v_offset, 100).ok());
         ASSERT_TRUE(c.AdvanceRange(l.k_offset + 10, 5000).ok());  // overlaps final bytes
@@ -302,21 +302,21 @@ TEST(ChunkCheck, IncrementalCheckTakesInterleavedRangesOnOneOrTwoThreads) {
         ASSERT_TRUE(c.Finish().ok());
       }
       {  // A range before the header is final.
-        IncrementalChunkCheck c(chunk, h);
+        wire::IncrementalChunkCheck c(chunk, h);
         EXPECT_EQ(c.AdvanceRange(l.k_offset, 10).code(), absl::StatusCode::kInvalidArgument);
       }
       {  // A gap inside a section.
-        IncrementalChunkCheck c(chunk, h);
+        wire::IncrementalChunkCheck c(chunk, h);
         ASSERT_TRUE(c.AdvanceRange(0, l.k_offset).ok());
         EXPECT_EQ(c.AdvanceRange(l.v_offset + 64, 64).code(), absl::StatusCode::kInvalidArgument);
       }
       {  // Beyond the region, and offset + length overflowing.
-        IncrementalChunkCheck c(chunk, h);
+        wire::IncrementalChunkCheck c(chunk, h);
         EXPECT_EQ(c.AdvanceRange(chunk.size(), 1).code(), absl::StatusCode::kInvalidArgument);
         EXPECT_EQ(c.AdvanceRange(8, ~uint64_t{0}).code(), absl::StatusCode::kInvalidArgument);
       }
       {  // Committed with a section incomplete; then abandoned mid-put.
-        IncrementalChunkCheck c(chunk, h);
+        wire::IncrementalChunkCheck c(chunk, h);
         for (size_t i = 0; i + 1 < order.size(); ++i) {
           ASSERT_TRUE(c.AdvanceRange(order[i].first, order[i].second).ok());
         }
@@ -325,7 +325,7 @@ TEST(ChunkCheck, IncrementalCheckTakesInterleavedRangesOnOneOrTwoThreads) {
       {  // A malformed header once 128 bytes are final.
         auto bad = chunk;
         bad[0] ^= 1;
-        IncrementalChunkCheck c(bad, h);
+        wire::IncrementalChunkCheck c(bad, h);
         EXPECT_EQ(c.AdvanceRange(0, codec::kHeaderSize).code(), absl::StatusCode::kInvalidArgument);
       }
     }
@@ -338,7 +338,7 @@ TEST(ChunkCheck, TrailingHasherMatchesTheSectionChecksums) {
   auto chunk = MakeChunk(77, 512, 4, 8, 128);
   auto h = codec::ParseHeader(chunk).value();
   const auto& l = h.layout;
-  TrailingHasher t;
+  wire::TrailingHasher t;
   for (uint64_t step : {uint64_t{4096}, uint64_t{1} << 20, uint64_t(chunk.size())}) {
     while (!t.Start(chunk.data(), h, codec::kHeaderSize, chunk.size())) std::this_thread::yield();
     for (uint64_t o = codec::kHeaderSize; o < chunk.size();) {
@@ -535,7 +535,7 @@ TEST(MetricsHttpServer, SplitHostPortParsesAndRejects) {
 // CopyVerified, from many callers at once (all but one run it on their own
 // thread), for chunks smaller and larger than a piece.
 TEST(PipelinedCopyVerifier, CopiesExactlyAndFindsEveryCorruption) {
-  PipelinedCopyVerifier v;
+  wire::PipelinedCopyVerifier v;
   for (uint32_t tokens : {16u, 256u}) {
     auto chunk = MakeChunk(40 + tokens, tokens, 4, 4, 128);
     std::vector<uint8_t> out(chunk.size() + 7, 0);

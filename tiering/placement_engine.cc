@@ -10,7 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "codec/chunk.h"
 #include "common/status.h"
-#include "tiering/bandwidth/model.h"
+#include "bandwidth/model.h"
 
 namespace kvtier::tiering {
 namespace {

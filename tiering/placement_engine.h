@@ -30,7 +30,7 @@
 #include "tiering/hbm_tier.h"
 #include "tiering/io.h"
 #include "tiering/nvme_tier.h"
-#include "tiering/remote_tier.h"
+#include "tiering/remote/remote_tier.h"
 #include "tiering/tier.h"
 
 namespace kvtier::tiering {

@@ -31,7 +31,7 @@
 #include "tiering/io.h"
 #include "tiering/remote/rendezvous.h"
 #include "tiering/remote/transport.h"
-#include "tiering/remote_tier.h"
+#include "tiering/remote/remote_tier.h"
 
 namespace kvtier::tiering::remote {
 
