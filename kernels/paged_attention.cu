@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "kernels/cuda_status.h"
+#include "kernels/dispatch.h"
 
 // Design (FlashDecoding / FlashInfer style; numbers for Llama-3.1-8B shapes):
 // - CTA = (partition, kv head, sequence), 4 warps. It holds the q vectors of
@@ -925,7 +926,8 @@ absl::Status LaunchTyped(const AttnParams& a, uint32_t batch, cudaStream_t strea
   return absl::OkStatus();
 }
 
-// The one dispatch point from runtime dtypes to template arguments.
+// The one dispatch point from runtime dtypes to template arguments (head_dim:
+// KVTIER_DISPATCH_HEAD_DIM in PagedDecodeAttention).
 template <int HD>
 absl::Status LaunchHd(const AttnParams& a, uint32_t batch, bool k8, bool v8, bool bf16,
                       cudaStream_t stream) {
@@ -940,15 +942,13 @@ absl::Status LaunchHd(const AttnParams& a, uint32_t batch, bool k8, bool v8, boo
 
 // CTAs per SM of the tensor-core instantiation for these dtypes
 // (TcGeometry::CTAS: shared memory and __launch_bounds__ allow that many).
-template <int HD>
-int TcCtasPerSmHd(bool k8, bool v8) {
-  return k8 ? TcGeometry<HD, true, true>::CTAS
-            : (v8 ? TcGeometry<HD, false, true>::CTAS : TcGeometry<HD, false, false>::CTAS);
-}
-int TcCtasPerSm(uint32_t head_dim, bool k8, bool v8) {
-  return head_dim == 64    ? TcCtasPerSmHd<64>(k8, v8)
-         : head_dim == 128 ? TcCtasPerSmHd<128>(k8, v8)
-                           : TcCtasPerSmHd<256>(k8, v8);
+absl::StatusOr<int> TcCtasPerSm(uint32_t head_dim, bool k8, bool v8) {
+  int ctas = 0;
+  KVTIER_RETURN_IF_ERROR(KVTIER_DISPATCH_HEAD_DIM(head_dim, HD, {
+    ctas = k8 ? TcGeometry<HD, true, true>::CTAS
+              : (v8 ? TcGeometry<HD, false, true>::CTAS : TcGeometry<HD, false, false>::CTAS);
+  }));
+  return ctas;
 }
 
 // SMs of the current device, looked up once per device. Without a device
@@ -986,15 +986,9 @@ uint32_t CudaCorePartitionTokens(uint32_t batch, uint32_t num_kv_heads, uint64_t
 absl::StatusOr<AttnParams> PrepareAttention(const PagedKvLayout& cache,
                                             const DecodeAttentionParams& p) {
   KVTIER_RETURN_IF_ERROR(ValidateDecodeAttention(cache, p));
-  if (cache.head_dim != 64 && cache.head_dim != 128 && cache.head_dim != 256) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("attention: head_dim = ", cache.head_dim, " is not supported (64, 128, 256)"));
-  }
+  KVTIER_RETURN_IF_ERROR(CheckHeadDim(cache.head_dim, "attention: "));
   const uint32_t bs = cache.block_size;
-  if ((bs & (bs - 1)) != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("attention: block_size = ", bs, " must be a power of two"));
-  }
+  KVTIER_RETURN_IF_ERROR(CheckAttentionBlockSize(bs, "attention: "));
   const uint32_t group = p.num_q_heads / cache.num_kv_heads;
   if (group > kAttentionMaxGroup) {
     return absl::InvalidArgumentError(absl::StrCat("attention: ", group,
@@ -1038,10 +1032,12 @@ absl::StatusOr<AttnParams> PrepareAttention(const PagedKvLayout& cache,
   if (p.partition_tokens != 0) {
     a.part_tokens = p.partition_tokens;
   } else if (a.kernel == AttentionKernel::kTensorCore) {
-    a.part_tokens = DecodeAttentionPartitionTokens(
-        p.batch, cache.num_kv_heads, max_tokens, CurrentDeviceSms(),
-        TcCtasPerSm(cache.head_dim, cache.k_dtype == DType::kFP8E4M3,
-                    cache.v_dtype == DType::kFP8E4M3));
+    KVTIER_ASSIGN_OR_RETURN(const int ctas_per_sm,
+                            TcCtasPerSm(cache.head_dim, cache.k_dtype == DType::kFP8E4M3,
+                                        cache.v_dtype == DType::kFP8E4M3));
+    a.part_tokens = DecodeAttentionPartitionTokens(p.batch, cache.num_kv_heads, max_tokens,
+                                                   CurrentDeviceSms(),
+                                                   static_cast<uint32_t>(ctas_per_sm));
   } else {
     a.part_tokens = CudaCorePartitionTokens(p.batch, cache.num_kv_heads, max_tokens);
   }
@@ -1122,15 +1118,8 @@ absl::Status PagedDecodeAttention(const PagedKvLayout& cache, const DecodeAttent
   a.ws_ml = a.ws_acc + rows * cache.head_dim;
   const bool k8 = cache.k_dtype == DType::kFP8E4M3, v8 = cache.v_dtype == DType::kFP8E4M3;
   const bool bf16 = p.q_dtype == DType::kBF16;
-  switch (cache.head_dim) {
-    case 64:
-      return LaunchHd<64>(a, p.batch, k8, v8, bf16, stream);
-    case 128:
-      return LaunchHd<128>(a, p.batch, k8, v8, bf16, stream);
-    case 256:
-      return LaunchHd<256>(a, p.batch, k8, v8, bf16, stream);
-  }
-  return absl::InvalidArgumentError("attention: unsupported head_dim");
+  return KVTIER_DISPATCH_HEAD_DIM(cache.head_dim, HD,
+                                  { return LaunchHd<HD>(a, p.batch, k8, v8, bf16, stream); });
 }
 
 }  // namespace kvtier::kernels
