@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "kernels/cuda_status.h"
+#include "kernels/dispatch.h"
 
 // Design (FlashDecoding / FlashInfer style; numbers for Llama-3.1-8B shapes):
 // - CTA = (partition, kv head, sequence), 4 warps. It holds the q vectors of
@@ -83,6 +84,7 @@ struct AttnParams {
 // Compile-time geometry of one instantiation.
 template <int HD, int GP, bool K8, bool V8>
 struct Geometry {
+  static constexpr int TILE = kTile;                   // tokens per pipeline stage
   static constexpr int TG = HD / kVec;                 // lanes per token row
   static constexpr int NG = 32 / TG;                   // token groups per warp
   static constexpr int U = kTile / (kWarps * NG);      // tokens per group per tile
@@ -287,6 +289,59 @@ struct CtaPartition {
   }
 };
 
+// How a stage lays out its rows: logical 16-byte chunk c of tile row r is
+// stored at chunk c ^ Swz::K(r) (K rows) / c ^ Swz::V(r) (V rows). The
+// CUDA-core kernel keeps rows as they are; the tensor-core kernel swizzles
+// them (TcSwizzle).
+struct NoSwizzle {
+  static __device__ __forceinline__ int K(int) { return 0; }
+  static __device__ __forceinline__ int V(int) { return 0; }
+};
+
+// The tile loader of both partial kernels: issues (without committing) the
+// cp.async copies of tile `tile` of the partition into the pipeline stage at
+// `st`, laid out as Geo says (Geo::TILE rows, Geo::KROW / Geo::VROW bytes
+// each, Geo::KCH / Geo::VCH 16-byte chunks): K rows at st, V rows at
+// st + STAGE_K, then Geo::TILE K scales and Geo::TILE V scales (floats; FP8
+// sections only). Rows past the partition's end are zero-filled (src-size 0,
+// with row 0's address), so every thread issues the same number of 16-byte
+// copies (Geo's static_assert); threads [0, TILE) copy the K scales,
+// [TILE, 2 TILE) the V scales.
+template <class Geo, class Swz, bool K8, bool V8>
+__device__ __forceinline__ void LoadKvTile(uint8_t* st, const CtaPartition<K8, V8>& w, int tile,
+                                           int tid) {
+  constexpr int TILE = Geo::TILE;
+  static_assert(2 * TILE <= kThreads, "one thread per K scale and per V scale");
+  const int n = w.n;
+  const int t0 = tile * TILE;
+#pragma unroll
+  for (int k = 0; k < TILE * Geo::KCH / kThreads; ++k) {
+    const int i = tid + k * kThreads;
+    const int r = i / Geo::KCH, col = i % Geo::KCH;
+    const bool ok = t0 + r < n;
+    CpAsync16(st + r * Geo::KROW + (col ^ Swz::K(r)) * 16, w.KRow(ok ? t0 + r : 0) + col * 16,
+              ok);
+  }
+#pragma unroll
+  for (int k = 0; k < TILE * Geo::VCH / kThreads; ++k) {
+    const int i = tid + k * kThreads;
+    const int r = i / Geo::VCH, col = i % Geo::VCH;
+    const bool ok = t0 + r < n;
+    CpAsync16(st + Geo::STAGE_K + r * Geo::VROW + (col ^ Swz::V(r)) * 16,
+              w.VRow(ok ? t0 + r : 0) + col * 16, ok);
+  }
+  if constexpr (K8 || V8) {
+    const int r = tid % TILE;
+    const bool is_v = tid >= TILE;
+    // With 2 TILE == kThreads every thread copies one scale: no range test.
+    if ((2 * TILE == kThreads || tid < 2 * TILE) && (is_v ? V8 : K8)) {
+      const bool ok = t0 + r < n;
+      CpAsync4(st + Geo::STAGE_K + Geo::STAGE_V + (is_v ? TILE : 0) * 4 + r * 4,
+               w.Scale(is_v, ok ? t0 + r : 0), ok);
+    }
+  }
+}
+
 template <int HD, int GP, bool K8, bool V8, bool BF16>
 __global__ void __launch_bounds__(kThreads, GP <= 4 ? 4 : 2)
     AttnPartialKernel(const __grid_constant__ AttnParams p) {
@@ -410,35 +465,8 @@ __global__ void __launch_bounds__(kThreads, GP <= 4 ? 4 : 2)
   };
 
   {
-    // Producer: every thread issues the same number of 16-byte copies.
     auto load_tile = [&](int tile, int stage) {
-      uint8_t* st = smem + stage * G_::STAGE;
-      const int t0 = tile * kTile;
-#pragma unroll
-      for (int k = 0; k < kTile * G_::KCH / kThreads; ++k) {
-        const int i = tid + k * kThreads;
-        const int r = i / G_::KCH, col = i % G_::KCH;
-        const bool ok = t0 + r < n;
-        CpAsync16(st + r * G_::KROW + col * 16, w.KRow(ok ? t0 + r : 0) + col * 16, ok);
-      }
-#pragma unroll
-      for (int k = 0; k < kTile * G_::VCH / kThreads; ++k) {
-        const int i = tid + k * kThreads;
-        const int r = i / G_::VCH, col = i % G_::VCH;
-        const bool ok = t0 + r < n;
-        CpAsync16(st + G_::STAGE_K + r * G_::VROW + col * 16, w.VRow(ok ? t0 + r : 0) + col * 16,
-                  ok);
-      }
-      if constexpr (K8 || V8) {
-        // Threads [0, kTile) copy K scales, [kTile, 2 kTile) V scales.
-        const int r = tid % kTile;
-        const bool is_v = tid >= kTile;
-        if (tid < 2 * kTile && (is_v ? V8 : K8)) {
-          const bool ok = t0 + r < n;
-          CpAsync4(st + G_::STAGE_K + G_::STAGE_V + (is_v ? kTile : 0) * 4 + r * 4,
-                   w.Scale(is_v, ok ? t0 + r : 0), ok);
-        }
-      }
+      LoadKvTile<G_, NoSwizzle>(smem + stage * G_::STAGE, w, tile, tid);
     };
     constexpr int kStages = G_::STAGES;
     const int ntiles = (n + kTile - 1) / kTile;
@@ -497,9 +525,10 @@ __global__ void __launch_bounds__(kThreads, GP <= 4 ? 4 : 2)
 }
 
 // ---------------------------------------------------------------------------
-// Tensor-core kernel (AttentionKernel::kTensorCore). Same CTA, pipeline,
-// partitions and combine as above; per tile of kTcTile tokens each warp takes
-// 16 tokens and computes, with mma.sync m16n8k16 (FP32 accumulate):
+// Tensor-core kernel (AttentionKernel::kTensorCore). Same CTA, pipeline, tile
+// loader (LoadKvTile, here with swizzled rows), partitions and combine as
+// above; per tile of kTcTile tokens each warp takes 16 tokens and computes,
+// with mma.sync m16n8k16 (FP32 accumulate):
 //   S[16 x 16] = Q[16 x HD] . K^T   (rows 0..7: the group's q heads, padded
 //                                    with zero rows; rows 8..15 are zero too)
 //   O[16 x HD] += P[16 x 16] . V
@@ -537,6 +566,7 @@ static_assert(kMinPart % 32 == 0 && kTcRows >= static_cast<int>(kAttentionMaxGro
 
 template <int HD, bool K8, bool V8>
 struct TcGeometry {
+  static constexpr int TILE = kTcTile;  // tokens per pipeline stage
   static constexpr int KB = K8 ? 1 : 2, VB = V8 ? 1 : 2;
   static constexpr int KROW = HD * KB, VROW = HD * VB;
   static constexpr int KCH = KROW / 16, VCH = VROW / 16;
@@ -578,6 +608,13 @@ __device__ __forceinline__ int SwzV(int r, int c) {
   if constexpr (VCH >= 8) return c ^ (((r >> 1) & 3) << 1);
   return c ^ (((r >> 1) & 1) << 1);
 }
+// The tensor-core kernel's stage layout for LoadKvTile (SwzK / SwzV as XOR
+// masks: both only flip bits of the chunk index).
+template <int KCH, int VCH, bool V8>
+struct TcSwizzle {
+  static __device__ __forceinline__ int K(int r) { return SwzK<KCH>(r, 0); }
+  static __device__ __forceinline__ int V(int r) { return SwzV<V8, VCH>(r, 0); }
+};
 
 // d[0..1] (row g, cols 2t, 2t+1) += A . B with A rows 8..15 zero.
 template <bool BF16>
@@ -641,33 +678,7 @@ __global__ void __launch_bounds__(kThreads, (TcGeometry<HD, K8, V8>::CTAS))
   const int g = lane >> 2, t = lane & 3;  // mma fragment row / column pair
 
   auto load_tile = [&](int tile, int stage) {
-    uint8_t* st = smem + stage * G_::STAGE;
-    const int t0 = tile * kTcTile;
-#pragma unroll
-    for (int k = 0; k < kTcTile * G_::KCH / kThreads; ++k) {
-      const int i = tid + k * kThreads;
-      const int r = i / G_::KCH, col = i % G_::KCH;
-      const bool ok = t0 + r < n;
-      CpAsync16(st + r * G_::KROW + SwzK<G_::KCH>(r, col) * 16,
-                w.KRow(ok ? t0 + r : 0) + col * 16, ok);
-    }
-#pragma unroll
-    for (int k = 0; k < kTcTile * G_::VCH / kThreads; ++k) {
-      const int i = tid + k * kThreads;
-      const int r = i / G_::VCH, col = i % G_::VCH;
-      const bool ok = t0 + r < n;
-      CpAsync16(st + G_::STAGE_K + r * G_::VROW + SwzV<V8, G_::VCH>(r, col) * 16,
-                w.VRow(ok ? t0 + r : 0) + col * 16, ok);
-    }
-    if constexpr (K8 || V8) {
-      const int r = tid % kTcTile;
-      const bool is_v = tid >= kTcTile;
-      if (is_v ? V8 : K8) {
-        const bool ok = t0 + r < n;
-        CpAsync4(st + G_::STAGE_K + G_::STAGE_V + (is_v ? kTcTile : 0) * 4 + r * 4,
-                 w.Scale(is_v, ok ? t0 + r : 0), ok);
-      }
-    }
+    LoadKvTile<G_, TcSwizzle<G_::KCH, G_::VCH, V8>>(smem + stage * G_::STAGE, w, tile, tid);
   };
 
   float o[G_::NT][2];
@@ -925,7 +936,8 @@ absl::Status LaunchTyped(const AttnParams& a, uint32_t batch, cudaStream_t strea
   return absl::OkStatus();
 }
 
-// The one dispatch point from runtime dtypes to template arguments.
+// The one dispatch point from runtime dtypes to template arguments (head_dim:
+// KVTIER_DISPATCH_HEAD_DIM in PagedDecodeAttention).
 template <int HD>
 absl::Status LaunchHd(const AttnParams& a, uint32_t batch, bool k8, bool v8, bool bf16,
                       cudaStream_t stream) {
@@ -940,15 +952,13 @@ absl::Status LaunchHd(const AttnParams& a, uint32_t batch, bool k8, bool v8, boo
 
 // CTAs per SM of the tensor-core instantiation for these dtypes
 // (TcGeometry::CTAS: shared memory and __launch_bounds__ allow that many).
-template <int HD>
-int TcCtasPerSmHd(bool k8, bool v8) {
-  return k8 ? TcGeometry<HD, true, true>::CTAS
-            : (v8 ? TcGeometry<HD, false, true>::CTAS : TcGeometry<HD, false, false>::CTAS);
-}
-int TcCtasPerSm(uint32_t head_dim, bool k8, bool v8) {
-  return head_dim == 64    ? TcCtasPerSmHd<64>(k8, v8)
-         : head_dim == 128 ? TcCtasPerSmHd<128>(k8, v8)
-                           : TcCtasPerSmHd<256>(k8, v8);
+absl::StatusOr<int> TcCtasPerSm(uint32_t head_dim, bool k8, bool v8) {
+  int ctas = 0;
+  KVTIER_RETURN_IF_ERROR(KVTIER_DISPATCH_HEAD_DIM(head_dim, HD, {
+    ctas = k8 ? TcGeometry<HD, true, true>::CTAS
+              : (v8 ? TcGeometry<HD, false, true>::CTAS : TcGeometry<HD, false, false>::CTAS);
+  }));
+  return ctas;
 }
 
 // SMs of the current device, looked up once per device. Without a device
@@ -986,15 +996,9 @@ uint32_t CudaCorePartitionTokens(uint32_t batch, uint32_t num_kv_heads, uint64_t
 absl::StatusOr<AttnParams> PrepareAttention(const PagedKvLayout& cache,
                                             const DecodeAttentionParams& p) {
   KVTIER_RETURN_IF_ERROR(ValidateDecodeAttention(cache, p));
-  if (cache.head_dim != 64 && cache.head_dim != 128 && cache.head_dim != 256) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("attention: head_dim = ", cache.head_dim, " is not supported (64, 128, 256)"));
-  }
+  KVTIER_RETURN_IF_ERROR(CheckHeadDim(cache.head_dim, "attention: "));
   const uint32_t bs = cache.block_size;
-  if ((bs & (bs - 1)) != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("attention: block_size = ", bs, " must be a power of two"));
-  }
+  KVTIER_RETURN_IF_ERROR(CheckAttentionBlockSize(bs, "attention: "));
   const uint32_t group = p.num_q_heads / cache.num_kv_heads;
   if (group > kAttentionMaxGroup) {
     return absl::InvalidArgumentError(absl::StrCat("attention: ", group,
@@ -1038,10 +1042,12 @@ absl::StatusOr<AttnParams> PrepareAttention(const PagedKvLayout& cache,
   if (p.partition_tokens != 0) {
     a.part_tokens = p.partition_tokens;
   } else if (a.kernel == AttentionKernel::kTensorCore) {
-    a.part_tokens = DecodeAttentionPartitionTokens(
-        p.batch, cache.num_kv_heads, max_tokens, CurrentDeviceSms(),
-        TcCtasPerSm(cache.head_dim, cache.k_dtype == DType::kFP8E4M3,
-                    cache.v_dtype == DType::kFP8E4M3));
+    KVTIER_ASSIGN_OR_RETURN(const int ctas_per_sm,
+                            TcCtasPerSm(cache.head_dim, cache.k_dtype == DType::kFP8E4M3,
+                                        cache.v_dtype == DType::kFP8E4M3));
+    a.part_tokens = DecodeAttentionPartitionTokens(p.batch, cache.num_kv_heads, max_tokens,
+                                                   CurrentDeviceSms(),
+                                                   static_cast<uint32_t>(ctas_per_sm));
   } else {
     a.part_tokens = CudaCorePartitionTokens(p.batch, cache.num_kv_heads, max_tokens);
   }
@@ -1122,15 +1128,8 @@ absl::Status PagedDecodeAttention(const PagedKvLayout& cache, const DecodeAttent
   a.ws_ml = a.ws_acc + rows * cache.head_dim;
   const bool k8 = cache.k_dtype == DType::kFP8E4M3, v8 = cache.v_dtype == DType::kFP8E4M3;
   const bool bf16 = p.q_dtype == DType::kBF16;
-  switch (cache.head_dim) {
-    case 64:
-      return LaunchHd<64>(a, p.batch, k8, v8, bf16, stream);
-    case 128:
-      return LaunchHd<128>(a, p.batch, k8, v8, bf16, stream);
-    case 256:
-      return LaunchHd<256>(a, p.batch, k8, v8, bf16, stream);
-  }
-  return absl::InvalidArgumentError("attention: unsupported head_dim");
+  return KVTIER_DISPATCH_HEAD_DIM(cache.head_dim, HD,
+                                  { return LaunchHd<HD>(a, p.batch, k8, v8, bf16, stream); });
 }
 
 }  // namespace kvtier::kernels

@@ -6,6 +6,7 @@
 #include "common/status.h"
 #include "kernels/cuda_status.h"
 #include "kernels/device_numeric.cuh"
+#include "kernels/dispatch.h"
 
 namespace kvtier::kernels {
 namespace {
@@ -848,15 +849,8 @@ absl::StatusOr<CodecParams> Prepare(const codec::ChunkSpec& spec, const codec::C
         cache.num_layers, ", ", cache.num_kv_heads, ", ", cache.head_dim, ", ",
         cache.block_size, ")"));
   }
-  if (cache.head_dim != 64 && cache.head_dim != 128 && cache.head_dim != 256) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("head_dim = ", cache.head_dim, " is not supported (64, 128, 256)"));
-  }
-  if (cache.block_size != 8 && cache.block_size != 16 && cache.block_size != 32 &&
-      cache.block_size != 64) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("block_size = ", cache.block_size, " is not supported (8, 16, 32, 64)"));
-  }
+  KVTIER_RETURN_IF_ERROR(CheckHeadDim(cache.head_dim));
+  KVTIER_RETURN_IF_ERROR(CheckCodecBlockSize(cache.block_size));
   KVTIER_RETURN_IF_ERROR(ValidateBlockSpan(cache, blocks, g.num_tokens));
   if (chunk == nullptr) return absl::InvalidArgumentError("chunk pointer is null");
   if (reinterpret_cast<uintptr_t>(chunk) % 16 != 0) {
@@ -896,21 +890,6 @@ absl::StatusOr<CodecParams> Prepare(const codec::ChunkSpec& spec, const codec::C
 
 using KernelFn = void (*)(CodecParams);
 
-// The one dispatch point: runtime head_dim and block size to an instantiation
-// of Kernel (a struct template with `fast` and `general` kernels).
-template <template <int, int> class Kernel>
-KernelFn PickKernel(uint32_t head_dim, uint32_t block_size, bool general) {
-  KernelFn fn = nullptr;
-#define KVTIER_CODEC_CASE(HD, BS) \
-  if (head_dim == HD && block_size == BS) fn = general ? Kernel<HD, BS>::general : Kernel<HD, BS>::fast;
-  KVTIER_CODEC_CASE(64, 8) KVTIER_CODEC_CASE(64, 16) KVTIER_CODEC_CASE(64, 32)
-  KVTIER_CODEC_CASE(64, 64) KVTIER_CODEC_CASE(128, 8) KVTIER_CODEC_CASE(128, 16)
-  KVTIER_CODEC_CASE(128, 32) KVTIER_CODEC_CASE(128, 64) KVTIER_CODEC_CASE(256, 8)
-  KVTIER_CODEC_CASE(256, 16) KVTIER_CODEC_CASE(256, 32) KVTIER_CODEC_CASE(256, 64)
-#undef KVTIER_CODEC_CASE
-  return fn;
-}
-
 template <int HD, int BS>
 struct EncodeK {
   static constexpr KernelFn fast = GatherEncodeKernel<HD, BS, false>;
@@ -932,13 +911,18 @@ bool NeedsGeneral(const CodecParams& p) {
   return p.sec[0].mode == Mode::kQuant || p.sec[1].mode == Mode::kQuant;
 }
 
+// The one dispatch point: runtime head_dim and block size (kernels/dispatch.h)
+// to an instantiation of Kernel (a struct template with `fast` and `general`
+// kernels).
 template <template <int, int> class Kernel>
 absl::Status Launch(const CodecParams& p, cudaStream_t stream) {
-  const KernelFn fn = PickKernel<Kernel>(p.cache.head_dim, p.cache.block_size, NeedsGeneral(p));
-  if (fn == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat("no kernel for head_dim ", p.cache.head_dim,
-                                                   " and block_size ", p.cache.block_size));
-  }
+  const bool general = NeedsGeneral(p);
+  KernelFn fn = nullptr;
+  KVTIER_RETURN_IF_ERROR(KVTIER_DISPATCH_HEAD_DIM(p.cache.head_dim, HD, {
+    return KVTIER_DISPATCH_CODEC_BLOCK_SIZE(p.cache.block_size, BS, {
+      fn = general ? Kernel<HD, BS>::general : Kernel<HD, BS>::fast;
+    });
+  }));
   const dim3 grid(p.num_blocks_in_chunk * p.cache.num_kv_heads, p.cache.num_layers);
   fn<<<grid, kThreads, 0, stream>>>(p);
   KVTIER_CUDA_RETURN_IF_ERROR(cudaGetLastError());

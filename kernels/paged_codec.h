@@ -2,7 +2,8 @@
 // decode+scatter (chunk -> paged cache). Both produce exactly the bytes and
 // values of the CPU codec (codec/codec.h) and of kernels/reference.h.
 //
-// Supported on the GPU: head_dim 64, 128, 256; block_size 8, 16, 32, 64.
+// Supported on the GPU (kernels/dispatch.h): head_dim 64, 128, 256; block_size
+// 8, 16, 32, 64.
 // A 16-bit cache section goes to and from every chunk section format of the
 // codec: native (16-bit), FP8 e4m3, INT8 or INT4, the quantized ones with
 // per-tensor, per-(block, head) or per-(token, head) scales. An FP8 cache

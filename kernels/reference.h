@@ -14,6 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "codec/chunk.h"
+#include "kernels/paged_attention.h"
 #include "kernels/paged_layout.h"
 
 namespace kvtier::kernels {
@@ -49,52 +50,13 @@ absl::StatusOr<std::vector<uint8_t>> ReferenceGatherEncode(const codec::ChunkSpe
 absl::Status ReferenceDecodeScatter(std::span<const uint8_t> chunk, const PagedKvLayout& cache,
                                     const BlockSpan& span);
 
-// One decode step of attention over a paged cache (one query token per
-// sequence). Shapes: q [batch][num_q_heads][head_dim] (16-bit, q_dtype);
-// block_table [batch][max_blocks_per_seq]; seq_lens [batch]; output the same
-// shape as q. num_q_heads is a multiple of the cache's num_kv_heads (GQA:
-// q head h reads kv head h / (num_q_heads / num_kv_heads)).
-// GPU kernel only: which partial-attention kernel PagedDecodeAttention runs.
-// Both compute the same function within the documented tolerance (they
-// differ in rounding: the tensor-core kernel rounds probabilities to 16 bits
-// before P.V). For benchmarks and tests.
-enum class AttentionKernel : uint8_t {
-  kAuto = 0,    // kTensorCore for >= 4 q heads per kv head, else kCudaCore
-  kCudaCore,    // FP32 FMAs on CUDA cores (one cp.async CTA pipeline)
-  kTensorCore,  // mma.sync m16n8k16 (16-bit inputs, FP32 accumulate), same pipeline
-};
-
-struct DecodeAttentionParams {
-  const void* q = nullptr;               // device (kernel) / host (reference)
-  codec::DType q_dtype = codec::DType::kBF16;  // also the output dtype
-  uint32_t batch = 0;
-  uint32_t num_q_heads = 0;
-  const int32_t* block_table = nullptr;  // [batch][max_blocks_per_seq]
-  uint32_t max_blocks_per_seq = 0;
-  const int32_t* seq_lens = nullptr;     // [batch], each in [1, max_blocks_per_seq*block_size]
-  // Optional host copies; when set the launcher checks every id and length
-  // before launching, otherwise the caller guarantees them.
-  const int32_t* host_block_table = nullptr;
-  const int32_t* host_seq_lens = nullptr;
-  uint32_t layer = 0;
-  float sm_scale = 0.0f;  // softmax scale, usually 1/sqrt(head_dim)
-  void* out = nullptr;    // [batch][num_q_heads][head_dim], q_dtype
-  // GPU kernel only: tokens per context partition (a multiple of 32, at most
-  // kAttentionMaxPartitionTokens), or 0 to let the launcher choose from the
-  // shape and the GPU (DecodeAttentionPartitionTokensFor). The result does not depend on it
-  // beyond rounding. Default: 0.
-  uint32_t partition_tokens = 0;
-  // GPU kernel only: see AttentionKernel. Default: kAuto.
-  AttentionKernel kernel = AttentionKernel::kAuto;
-};
-
-// Host-side validation shared by the kernel launcher and the reference.
-absl::Status ValidateDecodeAttention(const PagedKvLayout& cache, const DecodeAttentionParams& p);
-
-// FP32 reference: softmax(q . k * sm_scale) . v with K and V read through
-// CacheElement. Returns [batch][num_q_heads][head_dim] floats. Reads q,
-// block_table and seq_lens through the host pointers of `p`
-// (p.q, p.block_table and p.seq_lens must be host memory here).
+// FP32 reference of PagedDecodeAttention (kernels/paged_attention.h):
+// softmax(q . k * sm_scale) . v with K and V read through CacheElement.
+// Returns [batch][num_q_heads][head_dim] floats. Reads q, block_table and
+// seq_lens through the host pointers of `p` (p.q, p.block_table and
+// p.seq_lens must be host memory here); ignores partition_tokens and kernel.
+// Any head_dim and block size ValidatePagedKvLayout accepts. InvalidArgument
+// as ValidateDecodeAttention.
 absl::StatusOr<std::vector<float>> ReferenceDecodeAttention(const PagedKvLayout& cache,
                                                             const DecodeAttentionParams& p);
 
