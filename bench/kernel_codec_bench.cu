@@ -328,7 +328,7 @@ int main(int argc, char** argv) {
     for (const Model& m : models) {
       for (const char* c : {"k16v8", "k16v16"}) run(m, c);
     }
-    // The general kernels (issue #6): INT8 per-(token, head) on both sections,
+    // The general kernels: INT8 per-(token, head) on both sections,
     // INT8 per-tensor V (amax pre-pass + encode pass), and the other
     // granularities and quantized formats.
     for (const char* c :

@@ -1,4 +1,4 @@
-# Cluster end-to-end (issue 7): three kvtierd processes and a private etcd on
+# Cluster end-to-end: three kvtierd processes and a private etcd on
 # loopback.
 kvtier_add_test(cluster_e2e_test
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/cluster_e2e_test.cc

@@ -1,4 +1,4 @@
-# kvtierd tests (issue 4): the service logic directly, the client against a
+# kvtierd tests: the service logic directly, the client against a
 # mock stub, the daemon end to end in-process (temp Unix socket, localhost:0),
 # and the real binaries (CLI, SIGTERM + restart).
 kvtier_add_test(server_service_test

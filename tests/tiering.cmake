@@ -1,4 +1,4 @@
-# Tiering integration, fault-injection and crash tests (issue 3).
+# Tiering integration, fault-injection and crash tests.
 kvtier_add_test(tiering_nvme_test
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/tiering_nvme_test.cc
   DEPS kvtier_tiering
