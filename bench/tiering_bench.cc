@@ -1,8 +1,8 @@
 // Tiering benchmarks, each against its physical baseline in the same run:
 //   dram  engine Put/Get of 1.5/6/24 MiB chunks vs memcpy of the same bytes
 //         between the same addresses (caller buffer <-> the pool slots the
-//         engine used); also memcpy into a private anonymous buffer, the
-//         first version's baseline
+//         engine used); also memcpy into a private anonymous buffer
+//         (memcpy_put_anon_gbps), which excludes the pool's pages
 //   nvme  engine Put/Get on the NVMe tier vs raw io_uring O_DIRECT writes and
 //         reads of the same bytes, same directory, request size and queue
 //         depth: non-durable puts (aligned and unaligned source; timing ends
@@ -104,8 +104,8 @@ std::string Dram() {
         std::memcpy(dst.data() + i * chunk.size(), pool_base + slot[i], chunk.size());
       }
       double t5 = Now();
-      // The first version's baseline, for comparison: into a private
-      // anonymous buffer packed at chunk-size strides (not the pool).
+      // A second baseline, for comparison: into a private anonymous
+      // buffer packed at chunk-size strides (not the pool).
       for (uint64_t i = 0; i < n; ++i) std::memcpy(anon.data() + i * chunk.size(), chunk.data(), chunk.size());
       anon_s += Now() - t5;
       put_s += t1 - t0;

@@ -39,8 +39,8 @@
 //   tensor-core kernel (kTensorCore, AttnPartialTcKernel below) keeps the
 //   CTA, pipeline and combine and does q.K^T and P.V with mma.sync; kAuto
 //   picks it for groups >= kTensorCoreMinGroup. (Per-warp cp.async and
-//   bulk-copy pipelines were measured in run 4, no faster, and removed:
-//   kernels/README.md.)
+//   bulk-copy pipelines measure no faster than the CTA pipeline on an H100:
+//   bench/results/kernels-h100.md.)
 
 namespace kvtier::kernels {
 namespace {
@@ -61,7 +61,7 @@ constexpr uint32_t kCudaCoreMaxPart = 1024;  // ... measured up to here (runs 3a
 constexpr float kLog2e = 1.4426950408889634f;
 // kAuto runs the tensor-core kernel from this many q heads per kv head up
 // (FlashInfer's choice too; smaller groups waste most of the 16 mma rows), at
-// every batch size: with its own partition rule it was faster than the
+// every batch size: with its own partition rule it is faster than the
 // CUDA-core kernel from batch 1 up (run 8c, H100: b1 ctx 16K K16/V8 1.66 vs
 // 0.85 TB/s; within 3% either way only at ctx 1K, batch 2-4).
 constexpr uint32_t kTensorCoreMinGroup = 4;
