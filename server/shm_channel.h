@@ -9,7 +9,7 @@
 //   1. server -> client, once: u64 pool size, with the memfd as SCM_RIGHTS
 //      ancillary data. Peers whose uid (SO_PEERCRED) differs from the
 //      daemon's are closed without an answer. A client that only wants the
-//      pool closes here (protocol 0, what every client did before).
+//      pool closes here (protocol 0).
 //   2. Then requests, each answered in order (except kPutBegin,
 //      kPutProgress and kPutRange, which have no answer):
 //        request:  u16 version | u16 op | u32 payload bytes | payload
