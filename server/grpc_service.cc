@@ -130,6 +130,7 @@ GrpcAdapter::GrpcAdapter(KvService* service, ServerMetrics* metrics, AdapterOpti
     : service_(service),
       metrics_(metrics),
       options_(std::move(options)),
+      memory_only_engine_(service->engine()->tier(TierKind::kRemote) == nullptr),
       tracker_(options_.limits, metrics),
       pool_(std::max(1, options_.threads), std::max<size_t>(1, options_.max_queued),
             options_.thread_name) {}
@@ -207,7 +208,8 @@ grpc::ServerUnaryReactor* GrpcAdapter::Lookup(Ctx* ctx, const Bytes* in, Bytes* 
     resp->set_load_chunks_us(plan.decision.load_us);
     resp->set_saved_us(plan.decision.saved_us());
     return absl::OkStatus();
-  });
+  },
+      ServeMode{.run_inline = memory_only_engine_});
 }
 
 grpc::ServerUnaryReactor* GrpcAdapter::AllocateSlot(Ctx* ctx, const Bytes* in, Bytes* out) {
@@ -223,7 +225,8 @@ grpc::ServerUnaryReactor* GrpcAdapter::AllocateSlot(Ctx* ctx, const Bytes* in, B
 
 grpc::ServerUnaryReactor* GrpcAdapter::AbortSlot(Ctx* ctx, const Bytes* in, Bytes* out) {
   return Serve<pb::AbortSlotRequest, pb::AbortSlotResponse>(Method::kAbortSlot, ctx, in, out,
-               [this](UnaryCall&, const pb::AbortSlotRequest* req, pb::AbortSlotResponse*) { return service_->AbortSlot(req->slot_id()); });
+               [this](UnaryCall&, const pb::AbortSlotRequest* req, pb::AbortSlotResponse*) { return service_->AbortSlot(req->slot_id()); },
+      ServeMode{.run_inline = true});
 }
 
 grpc::ServerUnaryReactor* GrpcAdapter::Put(Ctx* ctx, const Bytes* in, Bytes* out) {
@@ -410,7 +413,8 @@ grpc::ServerUnaryReactor* GrpcAdapter::Pin(Ctx* ctx, const Bytes* in, Bytes* out
     KVTIER_ASSIGN_OR_RETURN(tiering::Lease l, service_->Pin(keys, req->ttl_ms()));
     SetLease(l, resp);
     return absl::OkStatus();
-  });
+  },
+      ServeMode{.run_inline = memory_only_engine_});
 }
 
 grpc::ServerUnaryReactor* GrpcAdapter::Renew(Ctx* ctx, const Bytes* in, Bytes* out) {
@@ -418,12 +422,14 @@ grpc::ServerUnaryReactor* GrpcAdapter::Renew(Ctx* ctx, const Bytes* in, Bytes* o
     KVTIER_ASSIGN_OR_RETURN(tiering::Lease l, service_->Renew(req->lease_id(), req->ttl_ms()));
     SetLease(l, resp);
     return absl::OkStatus();
-  });
+  },
+      ServeMode{.run_inline = true});
 }
 
 grpc::ServerUnaryReactor* GrpcAdapter::Release(Ctx* ctx, const Bytes* in, Bytes* out) {
   return Serve<pb::ReleaseRequest, pb::ReleaseResponse>(Method::kRelease, ctx, in, out,
-               [this](UnaryCall&, const pb::ReleaseRequest* req, pb::ReleaseResponse*) { return service_->Release(req->lease_id()); });
+               [this](UnaryCall&, const pb::ReleaseRequest* req, pb::ReleaseResponse*) { return service_->Release(req->lease_id()); },
+      ServeMode{.run_inline = true});
 }
 
 grpc::ServerUnaryReactor* GrpcAdapter::Delete(Ctx* ctx, const Bytes* in, Bytes* out) {
@@ -457,7 +463,8 @@ grpc::ServerUnaryReactor* GrpcAdapter::Stats(Ctx* ctx, const Bytes* in, Bytes* o
       c->set_value(metrics_->Get(m));
     }
     return absl::OkStatus();
-  });
+  },
+      ServeMode{.run_inline = true});
 }
 
 grpc::ServerUnaryReactor* GrpcAdapter::Health(Ctx* ctx, const Bytes* in, Bytes* out) {

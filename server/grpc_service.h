@@ -62,7 +62,10 @@ using RawKvtierService = kvtier::proto::v1::Kvtier::WithRawCallbackMethod_Lookup
 // One listener's gRPC service: a call's handler checks the peer, parses the
 // request and checks its version, reserves the chunk bytes the call will
 // hold, and queues the request logic on the adapter's worker pool; no gRPC
-// thread waits on a tier, and no thread at all waits on a slow reader.
+// thread waits on a tier, and no thread at all waits on a slow reader. Calls
+// that only read or update the engine's memory (Health, Stats, Renew,
+// Release, AbortSlot; Lookup and Pin on a node without a remote tier) run on
+// the gRPC thread.
 // Thread-safe; `service` and `metrics` are not owned.
 class GrpcAdapter final : public RawKvtierService {
  public:
@@ -111,6 +114,10 @@ class GrpcAdapter final : public RawKvtierService {
   KvService* const service_;
   ServerMetrics* const metrics_;
   const AdapterOptions options_;
+  // Without a remote tier, lookups and pins read only the engine's memory:
+  // they run on the gRPC thread (a hop to the pool costs a round trip's worth
+  // of wakeups). With one, they may ask peers, so they go to the pool.
+  const bool memory_only_engine_;
   CallTracker tracker_;
   // Last member: destroyed (its queued requests run) before the tracker.
   WorkerPool pool_;
