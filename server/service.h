@@ -11,8 +11,9 @@
 // as it copies them, and asks again with `verify` on a mismatch, which makes
 // the daemon check the stored bytes and drop a corrupt chunk (DataLoss).
 //
-// Thread-safe: the engine is thread-safe; the service's own table of the
-// slots it handed out is guarded by a mutex.
+// Thread-safe: the service keeps no state of its own beyond its limits; the
+// engine (thread-safe) is the one table of slots and leases, and the service
+// reaches a slot's bytes through it (PlacementEngine::SlotView).
 #ifndef KVTIER_SERVER_SERVICE_H_
 #define KVTIER_SERVER_SERVICE_H_
 
@@ -23,11 +24,8 @@
 #include <string>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
-#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "common/hash.h"
 #include "wire/chunk_check.h"
 #include "bandwidth/model.h"
@@ -117,6 +115,9 @@ class KvService {
   absl::StatusOr<tiering::Slot> AllocateSlot(uint64_t bytes, uint32_t ttl_ms);
   // NotFound (UnknownSlotError) for a slot that is unknown or expired.
   absl::Status AbortSlot(uint64_t slot_id);
+  // Whether slot (lease) `id` exists and has not expired.
+  bool SlotLive(uint64_t slot_id) { return engine_->SlotLive(slot_id); }
+  bool LeaseLive(uint64_t lease_id) { return engine_->LeaseLive(lease_id); }
   // Verifies the bytes the client wrote into slot `slot_id`, then stores them
   // as `args.key` without a copy. NotFound for an unknown or expired slot,
   // DataLoss/InvalidArgument for bad bytes (the slot is then freed).
@@ -163,8 +164,15 @@ class KvService {
 
  private:
   absl::Status CheckKeyCount(size_t n) const;
-  // The extent of a slot this service allocated and that has not expired.
-  absl::StatusOr<tiering::PoolExtent> FindSlot(uint64_t slot_id, bool remove);
+  // The bytes of client slot `slot_id` (PlacementEngine::SlotView: one about
+  // to expire counts as expired). NotFound (UnknownSlotError) for a slot
+  // that is unknown, a scratch slot, or expired; FailedPrecondition without
+  // a DRAM tier.
+  absl::StatusOr<std::span<uint8_t>> SlotBytes(uint64_t slot_id);
+  // Commits slot `slot_id` whose bytes were verified into `verified`; on a
+  // verification error frees the slot and returns the error.
+  absl::Status CommitVerified(const PutArgs& args, uint64_t slot_id,
+                              const absl::StatusOr<codec::VerifiedChunk>& verified);
   // Verifies chunk bytes held in the pool; on corruption drops the key.
   absl::Status VerifyStored(const Hash128& key, std::span<const uint8_t> bytes);
   // Drops `key`, whose bytes failed verification with `st`; DataLoss.
@@ -172,12 +180,6 @@ class KvService {
 
   tiering::PlacementEngine* const engine_;
   const ServiceLimits limits_;
-  struct SlotInfo {
-    tiering::PoolExtent extent;
-    int64_t expires_at_us;
-  };
-  absl::Mutex mu_;
-  absl::flat_hash_map<uint64_t, SlotInfo> slots_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace kvtier::server
