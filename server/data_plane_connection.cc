@@ -187,8 +187,7 @@ void DataPlaneConnection::Run() {
 
 bool DataPlaneConnection::Room() {
   if (slots_.size() + leases_.size() < options_.max_open_per_connection) return true;
-  absl::erase_if(slots_, [this](uint64_t id) { return !service_->SlotLive(id); });
-  absl::erase_if(leases_, [this](uint64_t id) { return !service_->LeaseLive(id); });
+  service_->ForgetEnded(slots_, leases_);
   return slots_.size() + leases_.size() < options_.max_open_per_connection;
 }
 

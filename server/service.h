@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/hash.h"
@@ -115,9 +116,12 @@ class KvService {
   absl::StatusOr<tiering::Slot> AllocateSlot(uint64_t bytes, uint32_t ttl_ms);
   // NotFound (UnknownSlotError) for a slot that is unknown or expired.
   absl::Status AbortSlot(uint64_t slot_id);
-  // Whether slot (lease) `id` exists and has not expired.
-  bool SlotLive(uint64_t slot_id) { return engine_->SlotLive(slot_id); }
-  bool LeaseLive(uint64_t lease_id) { return engine_->LeaseLive(lease_id); }
+  // Removes the ids of slots and leases that ended (unknown or expired) from
+  // the sets (PlacementEngine::ForgetEnded).
+  void ForgetEnded(absl::flat_hash_set<uint64_t>& slot_ids,
+                   absl::flat_hash_set<uint64_t>& lease_ids) {
+    engine_->ForgetEnded(slot_ids, lease_ids);
+  }
   // Verifies the bytes the client wrote into slot `slot_id`, then stores them
   // as `args.key` without a copy. NotFound for an unknown or expired slot,
   // DataLoss/InvalidArgument for bad bytes (the slot is then freed).

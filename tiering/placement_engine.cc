@@ -882,16 +882,18 @@ absl::StatusOr<SlotBytes> PlacementEngine::SlotView(uint64_t slot_id, int64_t ma
   return SlotBytes{e, std::span<uint8_t>(dram_->base() + e.offset, e.length)};
 }
 
-bool PlacementEngine::SlotLive(uint64_t slot_id) {
+void PlacementEngine::ForgetEnded(absl::flat_hash_set<uint64_t>& slot_ids,
+                                  absl::flat_hash_set<uint64_t>& lease_ids) {
   absl::MutexLock l(&mu_);
-  auto it = slots_.find(slot_id);
-  return it != slots_.end() && it->second.expires_at_us > Now();
-}
-
-bool PlacementEngine::LeaseLive(uint64_t lease_id) {
-  absl::MutexLock l(&mu_);
-  auto it = leases_.find(lease_id);
-  return it != leases_.end() && it->second.expires_at_us > Now();
+  const int64_t now = Now();
+  absl::erase_if(slot_ids, [&](uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto it = slots_.find(id);
+    return it == slots_.end() || it->second.expires_at_us <= now;
+  });
+  absl::erase_if(lease_ids, [&](uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto it = leases_.find(id);
+    return it == leases_.end() || it->second.expires_at_us <= now;
+  });
 }
 
 absl::Status PlacementEngine::CommitSlot(uint64_t slot_id, const Hash128& key,

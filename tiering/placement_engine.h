@@ -21,6 +21,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -335,10 +336,11 @@ class PlacementEngine {
   // NotFound for a slot that is unknown, a scratch slot, expired, or within
   // `margin_us` of its expiry (kSlotViewMarginUs).
   absl::StatusOr<SlotBytes> SlotView(uint64_t slot_id, int64_t margin_us = kSlotViewMarginUs);
-  // Whether slot (lease) `id` exists and has not expired: a caller that
-  // keeps ids forgets the ones that are gone.
-  bool SlotLive(uint64_t slot_id);
-  bool LeaseLive(uint64_t lease_id);
+  // Removes from `slot_ids` and `lease_ids` the ids of slots and leases that
+  // are unknown or expired (one pass under the engine's lock): a caller that
+  // keeps the ids it got forgets the ones that ended.
+  void ForgetEnded(absl::flat_hash_set<uint64_t>& slot_ids,
+                   absl::flat_hash_set<uint64_t>& lease_ids);
   // Validates the chunk written into client slot `slot_id` (its header and
   // length) and stores it as `key` without copying (plus an NVMe copy if
   // durable). The slot is consumed on success and on InvalidArgument.
