@@ -4,9 +4,10 @@
 //
 // Every input is validated here: key counts against the limits, chunk bytes
 // with VerifyChunkParallel (header, lengths, both section checksums) before
-// anything is stored. A chunk is verified once, when it is stored; gets that
-// copy bytes out of a tier (inline, into a slot, NVMe into a scratch slot)
-// verify what they copied. A shared-memory get of a chunk whole in DRAM hands
+// anything is stored. A chunk is verified once, when it is stored, and goes
+// to the engine as that verification's codec::VerifiedChunk, so no layer
+// below parses its header again. Gets that copy bytes out of a tier (inline,
+// into a slot, NVMe into a scratch slot) verify what they copied. A shared-memory get of a chunk whole in DRAM hands
 // out the extent without reading it: the reader (libkvtier) checks the bytes
 // as it copies them, and asks again with `verify` on a mismatch, which makes
 // the daemon check the stored bytes and drop a corrupt chunk (DataLoss).
