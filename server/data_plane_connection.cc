@@ -236,15 +236,21 @@ void DataPlaneConnection::OnPutBegin(wire::shm::Reader& r, Clock::time_point t0)
   if (bad.ok() && (durable > 1 || zero != 0)) {
     bad = absl::InvalidArgumentError("put begin with nonzero reserved bytes");
   }
-  if (!bad.ok()) return FailPut(std::move(bad));
+  if (bad.ok() && !slots_.contains(put_->slot_id)) bad = UnknownSlotError(put_->slot_id);
+  if (!bad.ok()) {
+    FailPut(std::move(bad));
+    return;
+  }
   put_->args.tier = *t;
-  if (!slots_.contains(put_->slot_id)) return FailPut(UnknownSlotError(put_->slot_id));
   if (put_check_threads_ >= 2 && !put_hasher_) {
     put_hasher_ = std::make_unique<wire::TrailingHasher>();
   }
   auto check = service_->BeginStreamedCommit(put_->slot_id, put_hasher_.get());
-  if (!check.ok()) return FailPut(check.status());
-  put_->check = std::move(*check);
+  if (check.ok()) {
+    put_->check = std::move(*check);
+  } else {
+    FailPut(check.status());
+  }
 }
 
 void DataPlaneConnection::OnPutProgress(wire::shm::Reader& r) {

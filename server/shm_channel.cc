@@ -11,9 +11,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <chrono>
 #include <cstring>
-#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "server/data_plane_connection.h"
