@@ -88,7 +88,7 @@ absl::StatusOr<tiering::Slot> KvService::AllocateSlot(uint64_t bytes, uint32_t t
   return engine_->AllocateSlot(bytes, ttl_ms);
 }
 
-absl::StatusOr<std::span<uint8_t>> KvService::SlotBytes(uint64_t slot_id) {
+absl::StatusOr<std::span<uint8_t>> KvService::SlotSpan(uint64_t slot_id) {
   if (engine_->dram() == nullptr) {
     return absl::FailedPreconditionError("no DRAM tier: no shared-memory slots");
   }
@@ -113,7 +113,7 @@ absl::Status KvService::CommitVerified(const PutArgs& args, uint64_t slot_id,
 }
 
 absl::Status KvService::CommitSlot(const PutArgs& args, uint64_t slot_id) {
-  KVTIER_ASSIGN_OR_RETURN(std::span<uint8_t> bytes, SlotBytes(slot_id));
+  KVTIER_ASSIGN_OR_RETURN(std::span<uint8_t> bytes, SlotSpan(slot_id));
   // The one check of these bytes: on the pool, before the engine makes them
   // an object (with the header parsed here). Later shared-memory gets do
   // not read them again (the reader checks what it copies).
@@ -122,13 +122,13 @@ absl::Status KvService::CommitSlot(const PutArgs& args, uint64_t slot_id) {
 
 absl::StatusOr<std::unique_ptr<wire::IncrementalChunkCheck>> KvService::BeginStreamedCommit(
     uint64_t slot_id, wire::TrailingHasher* helper) {
-  KVTIER_ASSIGN_OR_RETURN(std::span<uint8_t> bytes, SlotBytes(slot_id));
+  KVTIER_ASSIGN_OR_RETURN(std::span<uint8_t> bytes, SlotSpan(slot_id));
   return std::make_unique<wire::IncrementalChunkCheck>(bytes, helper);
 }
 
 absl::Status KvService::FinishStreamedCommit(const PutArgs& args, uint64_t slot_id,
                                              wire::IncrementalChunkCheck& check) {
-  if (!SlotBytes(slot_id).ok()) return UnknownSlotError(slot_id);
+  if (!SlotSpan(slot_id).ok()) return UnknownSlotError(slot_id);
   return CommitVerified(args, slot_id, check.Finish());
 }
 

@@ -173,7 +173,7 @@ class KvService {
   // to expire counts as expired). NotFound (UnknownSlotError) for a slot
   // that is unknown, a scratch slot, or expired; FailedPrecondition without
   // a DRAM tier.
-  absl::StatusOr<std::span<uint8_t>> SlotBytes(uint64_t slot_id);
+  absl::StatusOr<std::span<uint8_t>> SlotSpan(uint64_t slot_id);
   // Commits slot `slot_id` whose bytes were verified into `verified`; on a
   // verification error frees the slot and returns the error.
   absl::Status CommitVerified(const PutArgs& args, uint64_t slot_id,
