@@ -75,7 +75,7 @@ absl::StatusOr<Tier> GpuPagedIo::Load(const Hash128& key, const kernels::PagedKv
       verify = true;
       continue;
     }
-    absl::Status st = kernels::DecodeScatter(*header, Device(held.data.data()), cache, blocks, stream);
+    absl::Status st = kernels::DecodeScatter(header->header(), Device(held.data.data()), cache, blocks, stream);
     if (st.ok()) {
       st = kernels::CudaStatus(cudaStreamSynchronize(stream), "cudaStreamSynchronize", __FILE__,
                                __LINE__);

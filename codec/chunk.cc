@@ -174,6 +174,23 @@ absl::StatusOr<ChunkHeader> VerifyChunk(std::span<const uint8_t> chunk) {
   return header;
 }
 
+absl::StatusOr<VerifiedChunk> AcceptChunk(const ChunkHeader& header, std::span<const uint8_t> chunk,
+                                          uint64_t k_checksum, uint64_t v_checksum) {
+  if (chunk.size() != header.layout.total_bytes) {
+    return absl::DataLossError(absl::StrCat("length: chunk is ", chunk.size(),
+                                            " bytes, header says ", header.layout.total_bytes));
+  }
+  if (k_checksum != header.k_checksum) {
+    return absl::DataLossError(absl::StrCat("k_checksum: stored 0x", absl::Hex(header.k_checksum),
+                                            ", computed 0x", absl::Hex(k_checksum)));
+  }
+  if (v_checksum != header.v_checksum) {
+    return absl::DataLossError(absl::StrCat("v_checksum: stored 0x", absl::Hex(header.v_checksum),
+                                            ", computed 0x", absl::Hex(v_checksum)));
+  }
+  return VerifiedChunk(header, chunk);
+}
+
 absl::Status SealChunk(std::span<uint8_t> chunk) {
   KVTIER_ASSIGN_OR_RETURN(ChunkHeader header, ParseFields(chunk, /*check_header_checksum=*/false));
   if (chunk.size() != header.layout.total_bytes) {

@@ -81,6 +81,37 @@ absl::StatusOr<ChunkHeader> ParseHeader(std::span<const uint8_t> bytes);
 // and that both section checksums match. DataLoss on a mismatch or truncation.
 absl::StatusOr<ChunkHeader> VerifyChunk(std::span<const uint8_t> chunk);
 
+// A whole chunk whose header parsed and whose length and both section
+// checksums matched, with the header as parsed: what a store takes, so that
+// the layers below it (the placement engine, the tiers) use the header
+// instead of parsing the bytes again. Only AcceptChunk makes one, and only
+// the verifying functions call it (wire/chunk_check.h's VerifyChunkParallel
+// and IncrementalChunkCheck, which hash the sections on two threads or while
+// the bytes are written). It does not own the bytes: it is valid while they
+// are, and describes them while they are unchanged.
+class VerifiedChunk {
+ public:
+  const ChunkHeader& header() const { return header_; }
+  std::span<const uint8_t> bytes() const { return bytes_; }
+
+ private:
+  friend absl::StatusOr<VerifiedChunk> AcceptChunk(const ChunkHeader& header,
+                                                   std::span<const uint8_t> chunk,
+                                                   uint64_t k_checksum, uint64_t v_checksum);
+  VerifiedChunk(const ChunkHeader& header, std::span<const uint8_t> bytes)
+      : header_(header), bytes_(bytes) {}
+
+  ChunkHeader header_;
+  std::span<const uint8_t> bytes_;
+};
+
+// The last step of every verification: `header` is ParseHeader's result for
+// `chunk`, and `k_checksum` / `v_checksum` are the XXH3-64 the caller
+// computed over its K and V sections. DataLoss if `chunk` is not the
+// header's length or a checksum differs from the header's.
+absl::StatusOr<VerifiedChunk> AcceptChunk(const ChunkHeader& header, std::span<const uint8_t> chunk,
+                                          uint64_t k_checksum, uint64_t v_checksum);
+
 enum class Section : uint8_t { kK = 0, kV = 1 };
 
 // Checks one section's bytes against its header (for split placement, where

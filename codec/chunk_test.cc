@@ -196,5 +196,26 @@ TEST(Chunk, SealFillsInChecksumsOfAnUnsealedChunk) {
   EXPECT_EQ(SealChunk(short_buf).code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST(Chunk, AcceptChunkGivesTheHeaderAndBytesOnlyWhenEverythingMatches) {
+  auto c = SmallChunk();
+  auto h = ParseHeader(c);
+  ASSERT_TRUE(h.ok()) << h.status();
+  auto v = AcceptChunk(*h, c, h->k_checksum, h->v_checksum);
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(v->bytes().data(), c.data());
+  EXPECT_EQ(v->bytes().size(), c.size());
+  EXPECT_EQ(v->header().layout.total_bytes, c.size());
+  auto k = AcceptChunk(*h, c, h->k_checksum ^ 1, h->v_checksum);
+  EXPECT_EQ(k.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(k.status().message(), HasSubstr("k_checksum"));
+  auto vs = AcceptChunk(*h, c, h->k_checksum, h->v_checksum ^ 1);
+  EXPECT_EQ(vs.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(vs.status().message(), HasSubstr("v_checksum"));
+  auto len = AcceptChunk(*h, std::span<const uint8_t>(c).first(c.size() - 1), h->k_checksum,
+                         h->v_checksum);
+  EXPECT_EQ(len.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(len.status().message(), HasSubstr("length"));
+}
+
 }  // namespace
 }  // namespace kvtier::codec

@@ -74,9 +74,7 @@ class SharedSource : public tiering::remote::PeerService::GetSource {
   ~SharedSource() override {
     (void)(r_.lease_id != 0 ? e_->Release(r_.lease_id) : e_->AbortSlot(r_.slot_id));
   }
-  std::span<const uint8_t> bytes() override {
-    return {e_->dram()->base() + r_.extent.offset, r_.chunk_bytes};
-  }
+  std::span<const uint8_t> bytes() override { return r_.bytes; }
 
  private:
   PlacementEngine* e_;

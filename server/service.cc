@@ -76,8 +76,8 @@ absl::Status KvService::Put(const PutArgs& args, std::span<const uint8_t> chunk)
     return absl::InvalidArgumentError(absl::StrCat("chunk of ", chunk.size(),
                                                    " bytes; the limit is ", limits_.max_chunk_bytes));
   }
-  KVTIER_RETURN_IF_ERROR(wire::VerifyChunkParallel(chunk).status());
-  return engine_->Put(args.key, chunk, PutOptionsOf(args));
+  KVTIER_ASSIGN_OR_RETURN(codec::VerifiedChunk verified, wire::VerifyChunkParallel(chunk));
+  return engine_->Put(args.key, verified, PutOptionsOf(args));
 }
 
 absl::StatusOr<tiering::Slot> KvService::AllocateSlot(uint64_t bytes, uint32_t ttl_ms) {
@@ -85,86 +85,51 @@ absl::StatusOr<tiering::Slot> KvService::AllocateSlot(uint64_t bytes, uint32_t t
     return absl::InvalidArgumentError(absl::StrCat("slot of ", bytes, " bytes; must be 1..",
                                                    limits_.max_chunk_bytes));
   }
-  KVTIER_ASSIGN_OR_RETURN(tiering::Slot slot, engine_->AllocateSlot(bytes, ttl_ms));
-  int64_t now = tiering::SystemClock()->NowMicros();
-  absl::MutexLock l(&mu_);
-  // Forget slots the engine has expired (the engine never hands out the id
-  // of a live slot or lease; an expired entry left here is never used, as
-  // FindSlot checks the expiry).
-  for (auto it = slots_.begin(); it != slots_.end();) {
-    if (it->second.expires_at_us < now) {
-      slots_.erase(it++);
-    } else {
-      ++it;
-    }
-  }
-  slots_[slot.id] = SlotInfo{slot.extent, slot.expires_at_us};
-  return slot;
+  return engine_->AllocateSlot(bytes, ttl_ms);
 }
 
-absl::StatusOr<tiering::PoolExtent> KvService::FindSlot(uint64_t slot_id, bool remove) {
-  absl::MutexLock l(&mu_);
-  auto it = slots_.find(slot_id);
-  // A slot about to expire counts as expired: the engine may free it while
-  // bytes are being copied into it.
-  constexpr int64_t kExpiryMarginUs = 100'000;
-  if (it == slots_.end() ||
-      it->second.expires_at_us < tiering::SystemClock()->NowMicros() + kExpiryMarginUs) {
-    if (it != slots_.end()) slots_.erase(it);
-    return UnknownSlotError(slot_id);
+absl::StatusOr<std::span<uint8_t>> KvService::SlotSpan(uint64_t slot_id) {
+  if (engine_->dram() == nullptr) {
+    return absl::FailedPreconditionError("no DRAM tier: no shared-memory slots");
   }
-  tiering::PoolExtent e = it->second.extent;
-  if (remove) slots_.erase(it);
-  return e;
+  auto view = engine_->SlotView(slot_id);
+  if (!view.ok()) return UnknownSlotError(slot_id);
+  return view->bytes;
 }
 
 absl::Status KvService::AbortSlot(uint64_t slot_id) {
-  (void)FindSlot(slot_id, /*remove=*/true);
   absl::Status st = engine_->AbortSlot(slot_id);
   return absl::IsNotFound(st) ? UnknownSlotError(slot_id) : st;
 }
 
-absl::Status KvService::CommitSlot(const PutArgs& args, uint64_t slot_id) {
-  tiering::DramTier* dram = engine_->dram();
-  if (dram == nullptr) return absl::FailedPreconditionError("no DRAM tier: no shared-memory slots");
-  auto ext = FindSlot(slot_id, /*remove=*/true);
-  if (!ext.ok()) return UnknownSlotError(slot_id);
-  // The one check of these bytes: on the pool, before the engine makes them
-  // an object (it checks the header and the length). Later shared-memory gets
-  // do not read them again (the reader checks what it copies).
-  absl::Status st =
-      wire::VerifyChunkParallel(std::span<const uint8_t>(dram->base() + ext->offset, ext->length)).status();
-  if (!st.ok()) {
-    absl::Status aborted = engine_->AbortSlot(slot_id);
-    if (absl::IsNotFound(aborted)) {
-      return UnknownSlotError(slot_id);
-    }
-    return st;
+absl::Status KvService::CommitVerified(const PutArgs& args, uint64_t slot_id,
+                                       const absl::StatusOr<codec::VerifiedChunk>& verified) {
+  if (!verified.ok()) {
+    if (absl::IsNotFound(engine_->AbortSlot(slot_id))) return UnknownSlotError(slot_id);
+    return verified.status();
   }
-  return engine_->CommitSlot(slot_id, args.key, PutOptionsOf(args));
+  absl::Status st = engine_->CommitSlot(slot_id, *verified, args.key, PutOptionsOf(args));
+  return absl::IsNotFound(st) ? UnknownSlotError(slot_id) : st;
+}
+
+absl::Status KvService::CommitSlot(const PutArgs& args, uint64_t slot_id) {
+  KVTIER_ASSIGN_OR_RETURN(std::span<uint8_t> bytes, SlotSpan(slot_id));
+  // The one check of these bytes: on the pool, before the engine makes them
+  // an object (with the header parsed here). Later shared-memory gets do
+  // not read them again (the reader checks what it copies).
+  return CommitVerified(args, slot_id, wire::VerifyChunkParallel(bytes));
 }
 
 absl::StatusOr<std::unique_ptr<wire::IncrementalChunkCheck>> KvService::BeginStreamedCommit(
     uint64_t slot_id, wire::TrailingHasher* helper) {
-  tiering::DramTier* dram = engine_->dram();
-  if (dram == nullptr) return absl::FailedPreconditionError("no DRAM tier: no shared-memory slots");
-  KVTIER_ASSIGN_OR_RETURN(tiering::PoolExtent e, FindSlot(slot_id, /*remove=*/false));
-  return std::make_unique<wire::IncrementalChunkCheck>(
-      std::span<const uint8_t>(dram->base() + e.offset, e.length), helper);
+  KVTIER_ASSIGN_OR_RETURN(std::span<uint8_t> bytes, SlotSpan(slot_id));
+  return std::make_unique<wire::IncrementalChunkCheck>(bytes, helper);
 }
 
 absl::Status KvService::FinishStreamedCommit(const PutArgs& args, uint64_t slot_id,
                                              wire::IncrementalChunkCheck& check) {
-  auto ext = FindSlot(slot_id, /*remove=*/true);
-  if (!ext.ok()) return UnknownSlotError(slot_id);
-  absl::Status st = check.Finish().status();
-  if (!st.ok()) {
-    if (absl::IsNotFound(engine_->AbortSlot(slot_id))) {
-      return UnknownSlotError(slot_id);
-    }
-    return st;
-  }
-  return engine_->CommitSlot(slot_id, args.key, PutOptionsOf(args));
+  if (!SlotSpan(slot_id).ok()) return UnknownSlotError(slot_id);
+  return CommitVerified(args, slot_id, check.Finish());
 }
 
 absl::Status KvService::VerifyStored(const Hash128& key, std::span<const uint8_t> bytes) {
@@ -188,7 +153,7 @@ absl::StatusOr<GetResult> KvService::Get(const Hash128& key, GetMode mode, uint6
   }
   if (mode == GetMode::kShm) {
     KVTIER_ASSIGN_OR_RETURN(tiering::SharedRead sr, engine_->GetShared(key, lease_ms));
-    std::span<const uint8_t> bytes(dram->base() + sr.extent.offset, sr.chunk_bytes);
+    std::span<const uint8_t> bytes = sr.bytes;
     // A stored chunk handed out in place was verified at put: its bytes are
     // read only on request (a reader found a mismatch), while still pinned.
     // A scratch copy is always checked: the daemon made it.
@@ -208,14 +173,16 @@ absl::StatusOr<GetResult> KvService::Get(const Hash128& key, GetMode mode, uint6
   }
   std::span<uint8_t> out;
   if (mode == GetMode::kSlot) {
-    KVTIER_ASSIGN_OR_RETURN(tiering::PoolExtent e, FindSlot(slot_id, /*remove=*/false));
+    auto view = engine_->SlotView(slot_id);
+    if (!view.ok()) return UnknownSlotError(slot_id);
     KVTIER_ASSIGN_OR_RETURN(r.chunk_bytes, engine_->ChunkBytes(key));
-    if (e.length < r.chunk_bytes) {
-      return absl::InvalidArgumentError(absl::StrCat("slot ", slot_id, " holds ", e.length,
-                                                     " bytes; the chunk is ", r.chunk_bytes));
+    if (view->extent.length < r.chunk_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat("slot ", slot_id, " holds ",
+                                                     view->extent.length, " bytes; the chunk is ",
+                                                     r.chunk_bytes));
     }
-    r.extent = tiering::PoolExtent{e.offset, r.chunk_bytes};
-    out = std::span<uint8_t>(dram->base() + e.offset, r.chunk_bytes);
+    r.extent = tiering::PoolExtent{view->extent.offset, r.chunk_bytes};
+    out = view->bytes.first(r.chunk_bytes);
   } else {
     KVTIER_ASSIGN_OR_RETURN(r.chunk_bytes, engine_->ChunkBytes(key));
     r.bytes.resize(r.chunk_bytes);
@@ -280,10 +247,11 @@ absl::StatusOr<uint64_t> KvService::FlushDramToNvme() {
     if (nvme->used_bytes() + len + 4096 > nvme->capacity_bytes()) continue;
     buf.resize(len);
     if (!dram->Read(id, buf).ok()) continue;  // deleted meanwhile
-    if (!wire::VerifyChunkParallel(buf).ok()) continue;  // never persist corrupt bytes
+    auto verified = wire::VerifyChunkParallel(buf);
+    if (!verified.ok()) continue;  // never persist corrupt bytes
     tiering::PutOptions po;
     po.durable = true;
-    absl::Status st = engine_->Put(id.key, buf, po);
+    absl::Status st = engine_->Put(id.key, *verified, po);
     if (st.ok()) ++written;
   }
   return written;

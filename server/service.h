@@ -4,15 +4,17 @@
 //
 // Every input is validated here: key counts against the limits, chunk bytes
 // with VerifyChunkParallel (header, lengths, both section checksums) before
-// anything is stored. A chunk is verified once, when it is stored; gets that
-// copy bytes out of a tier (inline, into a slot, NVMe into a scratch slot)
-// verify what they copied. A shared-memory get of a chunk whole in DRAM hands
+// anything is stored. A chunk is verified once, when it is stored, and goes
+// to the engine as that verification's codec::VerifiedChunk, so no layer
+// below parses its header again. Gets that copy bytes out of a tier (inline,
+// into a slot, NVMe into a scratch slot) verify what they copied. A shared-memory get of a chunk whole in DRAM hands
 // out the extent without reading it: the reader (libkvtier) checks the bytes
 // as it copies them, and asks again with `verify` on a mismatch, which makes
 // the daemon check the stored bytes and drop a corrupt chunk (DataLoss).
 //
-// Thread-safe: the engine is thread-safe; the service's own table of the
-// slots it handed out is guarded by a mutex.
+// Thread-safe: the service keeps no state of its own beyond its limits; the
+// engine (thread-safe) is the one table of slots and leases, and the service
+// reaches a slot's bytes through it (PlacementEngine::SlotView).
 #ifndef KVTIER_SERVER_SERVICE_H_
 #define KVTIER_SERVER_SERVICE_H_
 
@@ -23,11 +25,9 @@
 #include <string>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
-#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "common/hash.h"
 #include "wire/chunk_check.h"
 #include "bandwidth/model.h"
@@ -117,6 +117,12 @@ class KvService {
   absl::StatusOr<tiering::Slot> AllocateSlot(uint64_t bytes, uint32_t ttl_ms);
   // NotFound (UnknownSlotError) for a slot that is unknown or expired.
   absl::Status AbortSlot(uint64_t slot_id);
+  // Removes the ids of slots and leases that ended (unknown or expired) from
+  // the sets (PlacementEngine::ForgetEnded).
+  void ForgetEnded(absl::flat_hash_set<uint64_t>& slot_ids,
+                   absl::flat_hash_set<uint64_t>& lease_ids) {
+    engine_->ForgetEnded(slot_ids, lease_ids);
+  }
   // Verifies the bytes the client wrote into slot `slot_id`, then stores them
   // as `args.key` without a copy. NotFound for an unknown or expired slot,
   // DataLoss/InvalidArgument for bad bytes (the slot is then freed).
@@ -163,8 +169,15 @@ class KvService {
 
  private:
   absl::Status CheckKeyCount(size_t n) const;
-  // The extent of a slot this service allocated and that has not expired.
-  absl::StatusOr<tiering::PoolExtent> FindSlot(uint64_t slot_id, bool remove);
+  // The bytes of client slot `slot_id` (PlacementEngine::SlotView: one about
+  // to expire counts as expired). NotFound (UnknownSlotError) for a slot
+  // that is unknown, a scratch slot, or expired; FailedPrecondition without
+  // a DRAM tier.
+  absl::StatusOr<std::span<uint8_t>> SlotSpan(uint64_t slot_id);
+  // Commits slot `slot_id` whose bytes were verified into `verified`; on a
+  // verification error frees the slot and returns the error.
+  absl::Status CommitVerified(const PutArgs& args, uint64_t slot_id,
+                              const absl::StatusOr<codec::VerifiedChunk>& verified);
   // Verifies chunk bytes held in the pool; on corruption drops the key.
   absl::Status VerifyStored(const Hash128& key, std::span<const uint8_t> bytes);
   // Drops `key`, whose bytes failed verification with `st`; DataLoss.
@@ -172,12 +185,6 @@ class KvService {
 
   tiering::PlacementEngine* const engine_;
   const ServiceLimits limits_;
-  struct SlotInfo {
-    tiering::PoolExtent extent;
-    int64_t expires_at_us;
-  };
-  absl::Mutex mu_;
-  absl::flat_hash_map<uint64_t, SlotInfo> slots_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace kvtier::server

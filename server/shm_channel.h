@@ -90,7 +90,7 @@ struct ShmChannelOptions {
 int ResolvePutCheckThreads(int option);
 
 // Thread-safe; one background thread accepts, and one thread per data-plane
-// connection serves it.
+// connection serves it (a DataPlaneConnection, data_plane_connection.h).
 class ShmChannel {
  public:
   // Listens on `path` (replacing a stale socket file) with mode 0600 and

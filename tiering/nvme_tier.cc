@@ -479,9 +479,11 @@ absl::Status NvmeTier::Flush() {
 }
 
 absl::Status NvmeTier::Put(const ObjectKey& id, std::span<const uint8_t> bytes,
-                           const NvmePutOptions& options) {
-  auto hdr = codec::ParseHeader(bytes);
-  if (!hdr.ok()) return absl::InvalidArgumentError(hdr.status().message());
+                           const TierPutOptions& options) {
+  if (options.header == nullptr) {
+    auto hdr = codec::ParseHeader(bytes);
+    if (!hdr.ok()) return absl::InvalidArgumentError(hdr.status().message());
+  }
   const uint64_t hdr_ck = LoadLE<uint64_t>(bytes.data() + codec::kOffHeaderChecksum);
   const uint64_t len = bytes.size();
   uint64_t offset;

@@ -8,7 +8,7 @@
 // thread that batches them: one fdatasync covers the data of every queued
 // Put (all written before they queued), then one synced RocksDB write
 // batch commits all their entries, so concurrent Puts share both syncs.
-// An unsynced Put (NvmePutOptions::sync = false) returns once its data is
+// An unsynced Put (TierPutOptions::sync = false) returns once its data is
 // written: it is readable at once and the next batch commits it the same
 // way; a crash before that commit loses it, never corrupts anything.
 // After a crash, every object whose Put returned OK is readable; an object
@@ -79,14 +79,6 @@ struct NvmeTierOptions {
 // (docs/tiering.md "Disk budget").
 uint64_t NvmeIndexAllowanceBytes(uint64_t capacity_bytes);
 
-// Per-call options of NvmeTier::Put.
-struct NvmePutOptions {
-  // Return only after the object is durable (data synced, then its index
-  // entry committed). false: return once the data is written; the commit
-  // follows in the background (Flush waits for it). Default: true
-  bool sync = true;
-};
-
 class NvmeTier : public Tier {
  public:
   // Opens or creates the tier and rebuilds the free-space map from the
@@ -104,12 +96,12 @@ class NvmeTier : public Tier {
   uint64_t used_bytes() const override;
   Bandwidth bandwidth() const override { return meter_.Get(); }
 
-  // `bytes` must start with a valid chunk header (InvalidArgument). A
-  // synced Put (see NvmePutOptions).
-  absl::Status Put(const ObjectKey& id, std::span<const uint8_t> bytes) override {
-    return Put(id, bytes, NvmePutOptions{});
-  }
-  absl::Status Put(const ObjectKey& id, std::span<const uint8_t> bytes, const NvmePutOptions& options);
+  // `bytes` must start with a valid chunk header (InvalidArgument; parsed
+  // here unless options.header gives it). options.sync: see the durability
+  // contract above.
+  using Tier::Put;
+  absl::Status Put(const ObjectKey& id, std::span<const uint8_t> bytes,
+                   const TierPutOptions& options) override;
   // Waits until every Put that returned before the call is committed.
   // Returns the first error of a commit of unsynced Puts since the previous
   // Flush (those Puts were dropped: not readable, not on disk), if any.

@@ -41,6 +41,10 @@ std::optional<TierKind> Fastest(uint8_t mask) {
 constexpr int kMaxEvictionsPerStore = 100000;
 constexpr int kMaxIdleRounds = 3;
 
+// Stores that no caller waits on (demotion, promotion): not synced, and the
+// tier checks the header itself (the bytes come from another tier).
+constexpr TierPutOptions kBackground{.sync = false};
+
 // Put-side check of a chunk (`what`: "chunk" or "slot"): a valid header whose
 // total length is the chunk's. InvalidArgument otherwise.
 absl::StatusOr<codec::ChunkHeader> CheckPutChunk(std::span<const uint8_t> bytes, const char* what) {
@@ -217,13 +221,13 @@ void PlacementEngine::Forget(const ObjectKey& id, TierKind kind) {
 }
 
 absl::Status PlacementEngine::StoreWithEviction(TierKind kind, const ObjectKey& id,
-                                                std::span<const uint8_t> bytes, bool durable) {
+                                                std::span<const uint8_t> bytes,
+                                                const TierPutOptions& topts) {
   Tier* t = tiers_[static_cast<int>(kind)];
   if (t == nullptr) return absl::FailedPreconditionError(absl::StrCat("no ", TierName(kind), " tier"));
   int idle = 0;
   for (int i = 0; i < kMaxEvictionsPerStore; ++i) {
-    absl::Status st = kind == TierKind::kNvme ? nvme_->Put(id, bytes, {.sync = durable})
-                                              : t->Put(id, bytes);
+    absl::Status st = t->Put(id, bytes, topts);
     if (!IsTierFull(st)) return st;
     if (bytes.size() > t->capacity_bytes()) return st;
     if (!EvictOne(kind)) {
@@ -273,7 +277,8 @@ bool PlacementEngine::EvictOne(TierKind kind) {
       // Demote straight from the pool: aligned, so O_DIRECT needs no copy.
       auto ref = dram_->AcquireRef(victim);
       if (ref.ok()) {
-        st = StoreWithEviction(*lower, victim, {dram_->base() + ref->offset, ref->length});
+        st = StoreWithEviction(*lower, victim, {dram_->base() + ref->offset, ref->length},
+                               kBackground);
         dram_->ReleaseRef(*ref);
         if (st.ok()) NoteStored(*lower, victim, 0, victim.part != Part::kWhole, ref->length);
       } else {
@@ -285,7 +290,7 @@ bool PlacementEngine::EvictOne(TierKind kind) {
       if (st.ok()) {
         std::vector<uint8_t> buf(*size);
         st = t->Read(victim, buf);
-        if (st.ok()) st = StoreWithEviction(*lower, victim, buf);
+        if (st.ok()) st = StoreWithEviction(*lower, victim, buf, kBackground);
         if (st.ok()) NoteStored(*lower, victim, 0, victim.part != Part::kWhole, buf.size());
       }
     }
@@ -346,16 +351,23 @@ void PlacementEngine::Replicate(const Hash128& key, std::span<const uint8_t> chu
 
 absl::Status PlacementEngine::Put(const Hash128& key, std::span<const uint8_t> chunk,
                                   const PutOptions& opts) {
-  KVTIER_RETURN_IF_ERROR(PutLocal(key, chunk, opts));
+  KVTIER_ASSIGN_OR_RETURN(codec::ChunkHeader h, CheckPutChunk(chunk, "chunk"));
+  KVTIER_RETURN_IF_ERROR(PutLocal(key, chunk, h, opts));
   Count(EngineMetric::kPuts);
   Replicate(key, chunk, opts);
   return absl::OkStatus();
 }
 
+absl::Status PlacementEngine::Put(const Hash128& key, const codec::VerifiedChunk& chunk,
+                                  const PutOptions& opts) {
+  KVTIER_RETURN_IF_ERROR(PutLocal(key, chunk.bytes(), chunk.header(), opts));
+  Count(EngineMetric::kPuts);
+  Replicate(key, chunk.bytes(), opts);
+  return absl::OkStatus();
+}
+
 absl::Status PlacementEngine::PutLocal(const Hash128& key, std::span<const uint8_t> chunk,
-                                       const PutOptions& opts) {
-  auto h = CheckPutChunk(chunk, "chunk");
-  if (!h.ok()) return h.status();
+                                       const codec::ChunkHeader& h, const PutOptions& opts) {
   if (opts.durable && !nvme_) return absl::FailedPreconditionError("durable put without an NVMe tier");
   TierKind fast = opts.tier.value_or(DefaultTier());
   if (!tiers_[static_cast<int>(fast)]) {
@@ -397,7 +409,7 @@ absl::Status PlacementEngine::PutLocal(const Hash128& key, std::span<const uint8
   }
   // Objects and the tiers each goes to; NVMe first so a durable put is
   // acknowledged by its commit, and faster copies follow.
-  const uint64_t kobj = h->layout.v_offset;
+  const uint64_t kobj = h.layout.v_offset;
   std::vector<uint8_t> vbuf;
   struct Target {
     ObjectKey id;
@@ -424,7 +436,9 @@ absl::Status PlacementEngine::PutLocal(const Hash128& key, std::span<const uint8
   std::vector<Target> stored;
   for (const Target& t : targets) {
     if (existed && t.tier != TierKind::kNvme) continue;  // only the durable copy was missing
-    absl::Status st = StoreWithEviction(t.tier, t.id, t.bytes, opts.durable);
+    // Every object starts with the chunk's header (split parts too).
+    absl::Status st =
+        StoreWithEviction(t.tier, t.id, t.bytes, TierPutOptions{.sync = opts.durable, .header = &h});
     if (st.ok()) {
       NoteStored(t.tier, t.id, chunk.size(), split, t.bytes.size());
       stored.push_back(t);
@@ -525,7 +539,7 @@ absl::StatusOr<TierKind> PlacementEngine::FinishRead(const Hash128& key, const R
   CountHit(src);
   if (src == TierKind::kNvme && dram_ && opts.promote.value_or(options_.promote_on_hit)) {
     ObjectKey w{key, Part::kWhole};
-    if (StoreWithEviction(TierKind::kDram, w, out).ok()) {
+    if (StoreWithEviction(TierKind::kDram, w, out, kBackground).ok()) {
       NoteStored(TierKind::kDram, w, bytes, false, bytes);
       Count(EngineMetric::kPromotions);
     }
@@ -574,6 +588,7 @@ absl::StatusOr<SharedRead> PlacementEngine::GetShared(const Hash128& key, int64_
         r.expires_at_us = now + LeaseUs(ttl_ms);
         leases_[r.lease_id] = LeaseState{{key}, r.expires_at_us};
         r.extent = PoolExtent{ref->offset, st->bytes};
+        r.bytes = std::span<const uint8_t>(dram_->base() + ref->offset, st->bytes);
         r.tier = fetched ? TierKind::kRemote : TierKind::kDram;
         CountHit(TierKind::kDram);
         return r;
@@ -588,7 +603,7 @@ absl::StatusOr<SharedRead> PlacementEngine::GetShared(const Hash128& key, int64_
     auto it = chunks_.find(key);
     if (it != chunks_.end() && it->second.pins > 0) --it->second.pins;
   };
-  auto slot = AllocateSlot(shape.bytes, ttl_ms);
+  auto slot = AllocateSlotOf(shape.bytes, ttl_ms, /*scratch=*/true);
   if (!slot.ok()) {
     unpin();
     return slot.status();
@@ -601,6 +616,7 @@ absl::StatusOr<SharedRead> PlacementEngine::GetShared(const Hash128& key, int64_
   }
   r.tier = fetched ? TierKind::kRemote : *src;
   r.extent = PoolExtent{slot->extent.offset, shape.bytes};
+  r.bytes = std::span<const uint8_t>(dram_->base() + slot->extent.offset, shape.bytes);
   r.slot_id = slot->id;
   r.expires_at_us = slot->expires_at_us;
   return r;
@@ -659,7 +675,8 @@ absl::Status PlacementEngine::FetchRemote(const Hash128& key) {
   KVTIER_RETURN_IF_ERROR(remote_->Read(w, buf));
   PutOptions o;
   o.replicate = false;
-  absl::Status st = PutLocal(key, buf, o);
+  KVTIER_ASSIGN_OR_RETURN(codec::ChunkHeader h, CheckPutChunk(buf, "chunk"));
+  absl::Status st = PutLocal(key, buf, h, o);
   if (st.ok()) Count(EngineMetric::kHitsRemote);
   return st;
 }
@@ -819,6 +836,10 @@ absl::Status PlacementEngine::Release(uint64_t lease_id) {
 }
 
 absl::StatusOr<Slot> PlacementEngine::AllocateSlot(uint64_t bytes, int64_t ttl_ms) {
+  return AllocateSlotOf(bytes, ttl_ms, /*scratch=*/false);
+}
+
+absl::StatusOr<Slot> PlacementEngine::AllocateSlotOf(uint64_t bytes, int64_t ttl_ms, bool scratch) {
   if (!dram_) return absl::FailedPreconditionError("no DRAM tier");
   if (bytes < codec::kHeaderSize) return absl::InvalidArgumentError("slot smaller than a chunk header");
   int idle = 0;
@@ -832,7 +853,7 @@ absl::StatusOr<Slot> PlacementEngine::AllocateSlot(uint64_t bytes, int64_t ttl_m
         return id.status();
       }
       int64_t exp = Now() + LeaseUs(ttl_ms);
-      slots_[*id] = SlotState{*ext, exp};
+      slots_[*id] = SlotState{*ext, exp, scratch};
       return Slot{*id, *ext, exp};
     }
     if (!IsTierFull(ext.status()) || bytes > dram_->capacity_bytes()) return ext.status();
@@ -851,6 +872,30 @@ absl::Status PlacementEngine::AbortSlot(uint64_t slot_id) {
   return st;
 }
 
+absl::StatusOr<SlotBytes> PlacementEngine::SlotView(uint64_t slot_id, int64_t margin_us) {
+  absl::MutexLock l(&mu_);
+  auto it = slots_.find(slot_id);
+  if (it == slots_.end() || it->second.scratch || it->second.expires_at_us < Now() + margin_us) {
+    return absl::NotFoundError("slot unknown or expired");
+  }
+  const PoolExtent& e = it->second.extent;
+  return SlotBytes{e, std::span<uint8_t>(dram_->base() + e.offset, e.length)};
+}
+
+void PlacementEngine::ForgetEnded(absl::flat_hash_set<uint64_t>& slot_ids,
+                                  absl::flat_hash_set<uint64_t>& lease_ids) {
+  absl::MutexLock l(&mu_);
+  const int64_t now = Now();
+  absl::erase_if(slot_ids, [&](uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto it = slots_.find(id);
+    return it == slots_.end() || it->second.expires_at_us <= now;
+  });
+  absl::erase_if(lease_ids, [&](uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto it = leases_.find(id);
+    return it == leases_.end() || it->second.expires_at_us <= now;
+  });
+}
+
 absl::Status PlacementEngine::CommitSlot(uint64_t slot_id, const Hash128& key,
                                          const PutOptions& opts) {
   PoolExtent ext;
@@ -858,19 +903,50 @@ absl::Status PlacementEngine::CommitSlot(uint64_t slot_id, const Hash128& key,
     absl::MutexLock l(&mu_);
     ExpireLocked(Now());
     auto it = slots_.find(slot_id);
-    if (it == slots_.end()) return absl::NotFoundError("slot unknown or expired");
+    if (it == slots_.end() || it->second.scratch) {
+      return absl::NotFoundError("slot unknown or expired");
+    }
     ext = it->second.extent;
     slots_.erase(it);
   }
   std::span<const uint8_t> bytes(dram_->base() + ext.offset, ext.length);
-  if (absl::Status bad = CheckPutChunk(bytes, "slot").status(); !bad.ok()) {
+  auto h = CheckPutChunk(bytes, "slot");
+  if (!h.ok()) {
     (void)dram_->AbortSlot(ext);
-    return bad;
+    return h.status();
   }
+  return CommitTakenSlot(ext, *h, key, opts);
+}
+
+absl::Status PlacementEngine::CommitSlot(uint64_t slot_id, const codec::VerifiedChunk& chunk,
+                                         const Hash128& key, const PutOptions& opts) {
+  PoolExtent ext;
+  {
+    absl::MutexLock l(&mu_);
+    ExpireLocked(Now());
+    auto it = slots_.find(slot_id);
+    if (it == slots_.end() || it->second.scratch) {
+      return absl::NotFoundError("slot unknown or expired");
+    }
+    ext = it->second.extent;
+    slots_.erase(it);
+  }
+  if (chunk.bytes().data() != dram_->base() + ext.offset || chunk.bytes().size() != ext.length) {
+    (void)dram_->AbortSlot(ext);
+    return absl::InvalidArgumentError(
+        absl::StrCat("the verified chunk is not the bytes of slot ", slot_id));
+  }
+  return CommitTakenSlot(ext, chunk.header(), key, opts);
+}
+
+absl::Status PlacementEngine::CommitTakenSlot(const PoolExtent& ext,
+                                              const codec::ChunkHeader& header,
+                                              const Hash128& key, const PutOptions& opts) {
+  std::span<const uint8_t> bytes(dram_->base() + ext.offset, ext.length);
   if (Contains(key)) {
     // Keys name content: the stored chunk stays (the put is one more use
     // of it); a durable put makes sure it is on NVMe.
-    absl::Status st = PutLocal(key, bytes, opts);
+    absl::Status st = PutLocal(key, bytes, header, opts);
     (void)dram_->AbortSlot(ext);
     if (st.ok()) Count(EngineMetric::kPuts);
     return st;
@@ -881,7 +957,8 @@ absl::Status PlacementEngine::CommitSlot(uint64_t slot_id, const Hash128& key,
       (void)dram_->AbortSlot(ext);
       return absl::FailedPreconditionError("durable put without an NVMe tier");
     }
-    absl::Status st = StoreWithEviction(TierKind::kNvme, w, bytes, /*durable=*/true);
+    absl::Status st = StoreWithEviction(TierKind::kNvme, w, bytes,
+                                        TierPutOptions{.sync = true, .header = &header});
     if (!st.ok()) {
       (void)dram_->AbortSlot(ext);
       return st;
@@ -911,7 +988,7 @@ absl::Status PlacementEngine::Promote(const Hash128& key) {
   auto src = ReadObject(w, buf);
   if (absl::IsNotFound(src.status())) return absl::OkStatus();
   if (!src.ok()) return src.status();
-  KVTIER_RETURN_IF_ERROR(StoreWithEviction(TierKind::kDram, w, buf));
+  KVTIER_RETURN_IF_ERROR(StoreWithEviction(TierKind::kDram, w, buf, kBackground));
   NoteStored(TierKind::kDram, w, bytes, false, bytes);
   Count(EngineMetric::kPrefetched);
   return absl::OkStatus();

@@ -21,9 +21,11 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "codec/chunk.h"
 #include "common/hash.h"
 #include "tiering/dram_tier.h"
 #include "tiering/eviction.h"
@@ -168,6 +170,16 @@ struct Slot {
   int64_t expires_at_us = 0;
 };
 
+// The bytes of a client's slot in the DRAM pool (PlacementEngine::SlotView).
+struct SlotBytes {
+  PoolExtent extent;
+  std::span<uint8_t> bytes;  // the extent's bytes in the pool
+};
+
+// A slot about to expire counts as expired for SlotView: the engine may free
+// it while the caller still copies into it or hashes it.
+inline constexpr int64_t kSlotViewMarginUs = 100'000;
+
 // A chunk handed out in the DRAM pool by GetShared, for a reader that copies
 // it out of the pool itself. Exactly one of lease_id and slot_id is set.
 struct SharedRead {
@@ -176,6 +188,7 @@ struct SharedRead {
   TierKind tier = TierKind::kDram;
   uint64_t chunk_bytes = 0;
   PoolExtent extent;  // the chunk's bytes; extent.length == chunk_bytes
+  std::span<const uint8_t> bytes;  // the extent's bytes in the pool
   // The stored chunk, whole in DRAM, is pinned in place: Release(lease_id).
   uint64_t lease_id = 0;
   // Otherwise the chunk was copied into a scratch slot: AbortSlot(slot_id).
@@ -239,6 +252,9 @@ class PlacementEngine {
   // a durable put of it still makes sure it is on NVMe. ResourceExhausted
   // if a target tier is full and nothing in it can be evicted.
   absl::Status Put(const Hash128& key, std::span<const uint8_t> chunk,
+                   const PutOptions& options = {});
+  // Put of a chunk already verified: its header is not parsed again.
+  absl::Status Put(const Hash128& key, const codec::VerifiedChunk& chunk,
                    const PutOptions& options = {});
 
   // Reads: Get and GetShared are the engine's reads, and each is one use of
@@ -307,16 +323,36 @@ class PlacementEngine {
   // Ends a lease. NotFound if unknown or expired.
   absl::Status Release(uint64_t lease_id);
 
+  // Slots. The engine is the one table of slots: id, extent, expiry, and
+  // whether a client may write and commit it (AllocateSlot) or only read it
+  // (the scratch copies of GetShared). Callers keep ids, never extents.
+
   // Reserves a DRAM slot of `bytes` for `ttl_ms` (0: the default lease),
   // evicting if needed. ResourceExhausted if no room can be made,
   // FailedPrecondition without DRAM.
   absl::StatusOr<Slot> AllocateSlot(uint64_t bytes, int64_t ttl_ms = 0);
-  // Validates the chunk written into the slot and stores it as `key`
-  // without copying (plus an NVMe copy if durable). The slot is consumed
-  // on success and on InvalidArgument. NotFound if the slot is unknown or
-  // expired.
+  // The bytes of client slot `slot_id`, for a caller that fills or checks
+  // them in place; valid until the slot is committed, aborted or expires.
+  // NotFound for a slot that is unknown, a scratch slot, expired, or within
+  // `margin_us` of its expiry (kSlotViewMarginUs).
+  absl::StatusOr<SlotBytes> SlotView(uint64_t slot_id, int64_t margin_us = kSlotViewMarginUs);
+  // Removes from `slot_ids` and `lease_ids` the ids of slots and leases that
+  // are unknown or expired (one pass under the engine's lock): a caller that
+  // keeps the ids it got forgets the ones that ended.
+  void ForgetEnded(absl::flat_hash_set<uint64_t>& slot_ids,
+                   absl::flat_hash_set<uint64_t>& lease_ids);
+  // Validates the chunk written into client slot `slot_id` (its header and
+  // length) and stores it as `key` without copying (plus an NVMe copy if
+  // durable). The slot is consumed on success and on InvalidArgument.
+  // NotFound if the slot is unknown, a scratch slot, or expired.
   absl::Status CommitSlot(uint64_t slot_id, const Hash128& key, const PutOptions& options = {});
-  // Frees a slot. NotFound if unknown or expired.
+  // CommitSlot of a chunk verified in the slot: `chunk` must be the bytes of
+  // SlotView(slot_id) (InvalidArgument otherwise; the slot is then freed),
+  // and its header is not parsed again.
+  absl::Status CommitSlot(uint64_t slot_id, const codec::VerifiedChunk& chunk, const Hash128& key,
+                          const PutOptions& options = {});
+  // Frees a slot (a client's or a scratch one). NotFound if unknown or
+  // expired.
   absl::Status AbortSlot(uint64_t slot_id);
 
   // Starts copying the keys that are on NVMe only into DRAM, in order, on a
@@ -358,6 +394,7 @@ class PlacementEngine {
   struct SlotState {
     PoolExtent extent;
     int64_t expires_at_us;
+    bool scratch = false;  // GetShared's copy: read only, never committed
   };
 
   PlacementEngine(const PlacementEngineOptions& o, EngineTiers tiers);
@@ -367,7 +404,15 @@ class PlacementEngine {
   // The local halves of Put, LookupPrefix and Delete. PutLocal counts no
   // kPuts: its callers (Put, CommitSlot) count accepted puts, and a chunk
   // fetched from the remote tier (FetchRemote) is not a put.
-  absl::Status PutLocal(const Hash128& key, std::span<const uint8_t> chunk, const PutOptions& opts);
+  // `header` is the chunk's, parsed by the caller (CheckPutChunk or a
+  // codec::VerifiedChunk).
+  absl::Status PutLocal(const Hash128& key, std::span<const uint8_t> chunk,
+                        const codec::ChunkHeader& header, const PutOptions& opts);
+  absl::StatusOr<Slot> AllocateSlotOf(uint64_t bytes, int64_t ttl_ms, bool scratch);
+  // The rest of both CommitSlots: the slot is taken out of slots_, `header`
+  // is the header of its bytes.
+  absl::Status CommitTakenSlot(const PoolExtent& ext, const codec::ChunkHeader& header,
+                               const Hash128& key, const PutOptions& opts);
   // The remote leg of a lookup: when `allow_remote`, a remote tier exists and
   // `key` is not stored here, fetches it (FetchRemote). True if it was
   // fetched; false if nothing was asked or the cluster lacks it too (the
@@ -390,11 +435,11 @@ class PlacementEngine {
   int64_t LeaseUs(int64_t ttl_ms) const;
   TierKind DefaultTier() const;
 
-  // Stores `bytes` as `id` in tier `kind`, evicting from it as needed. On
-  // NVMe, `durable` waits for the index commit; otherwise the commit
-  // follows in the background (a crash before it loses the copy).
+  // Stores `bytes` as `id` in tier `kind`, evicting from it as needed.
+  // `topts.sync` (durable puts) waits for NVMe's index commit; otherwise the
+  // commit follows in the background (a crash before it loses the copy).
   absl::Status StoreWithEviction(TierKind kind, const ObjectKey& id,
-                                 std::span<const uint8_t> bytes, bool durable = false);
+                                 std::span<const uint8_t> bytes, const TierPutOptions& topts);
   // Records that `id` now lives in `kind`.
   void NoteStored(TierKind kind, const ObjectKey& id, uint64_t chunk_bytes, bool split,
                   uint64_t object_bytes);

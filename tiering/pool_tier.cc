@@ -34,7 +34,8 @@ void PoolTier::Unref(uint64_t offset) {
   }
 }
 
-absl::Status PoolTier::Put(const ObjectKey& id, std::span<const uint8_t> bytes) {
+absl::Status PoolTier::Put(const ObjectKey& id, std::span<const uint8_t> bytes,
+                           const TierPutOptions& /*options*/) {
   KVTIER_ASSIGN_OR_RETURN(PoolExtent slot, ReserveSlot(bytes.size()));
   int64_t t0 = NowUs();
   absl::Status st = memory_->CopyIn(slot.offset, bytes);

@@ -40,7 +40,9 @@ class PoolTier : public Tier {
   uint64_t used_bytes() const override;
   Bandwidth bandwidth() const override { return meter_.Get(); }
 
-  absl::Status Put(const ObjectKey& id, std::span<const uint8_t> bytes) override;
+  using Tier::Put;
+  absl::Status Put(const ObjectKey& id, std::span<const uint8_t> bytes,
+                   const TierPutOptions& options) override;
   absl::StatusOr<uint64_t> Size(const ObjectKey& id) override;
   absl::Status Read(const ObjectKey& id, std::span<uint8_t> out) override;
   absl::Status Erase(const ObjectKey& id) override;

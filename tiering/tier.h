@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "codec/chunk.h"
 #include "common/hash.h"
 
 namespace kvtier::tiering {
@@ -79,6 +80,21 @@ inline constexpr char kTierFullPayload[] = "kvtier.tiering/tier-full";
 absl::Status TierFullError(std::string_view message);
 bool IsTierFull(const absl::Status& status);
 
+// Per-call options of Tier::Put.
+struct TierPutOptions {
+  // Return only once the object survives a crash (NVMe: data synced, then
+  // its index entry committed). false: return once the object is readable;
+  // a durable tier makes it durable in the background (NvmeTier::Flush waits
+  // for it). Tiers that are not durable ignore it. Default: true
+  bool sync = true;
+  // The header of `bytes` as the caller already parsed and verified it
+  // (codec::VerifiedChunk::header(); every object starts with its chunk's
+  // header), so a tier that checks headers does not parse it again. Not
+  // owned; read during the call only. Default: nullptr (a tier that checks
+  // headers parses it)
+  const codec::ChunkHeader* header = nullptr;
+};
+
 // Checks a stored object's bytes against the chunk format: a whole chunk with
 // codec::VerifyChunk, a K or V part (header + one section) with
 // codec::ParseHeader + codec::VerifySection. DataLoss on a checksum or length
@@ -103,9 +119,16 @@ class Tier {
   virtual Bandwidth bandwidth() const = 0;
 
   // Stores `bytes` as object `id`, replacing an existing object of that id.
-  // OK once the object is readable (for NVMe: data synced, index committed).
-  // ResourceExhausted if there is no room; other codes from the device.
-  virtual absl::Status Put(const ObjectKey& id, std::span<const uint8_t> bytes) = 0;
+  // OK once the object is readable, and with options.sync once it is
+  // durable on a durable tier (TierPutOptions). ResourceExhausted if there
+  // is no room; other codes from the device.
+  virtual absl::Status Put(const ObjectKey& id, std::span<const uint8_t> bytes,
+                           const TierPutOptions& options) = 0;
+  // Put with the default options (synced). Implementations bring it into
+  // scope with `using Tier::Put;`.
+  absl::Status Put(const ObjectKey& id, std::span<const uint8_t> bytes) {
+    return Put(id, bytes, TierPutOptions{});
+  }
   // Length of object `id`. NotFound if absent.
   virtual absl::StatusOr<uint64_t> Size(const ObjectKey& id) = 0;
   // Copies object `id` into `out`, which must be exactly Size() bytes

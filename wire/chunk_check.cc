@@ -97,7 +97,7 @@ absl::Status CompareChecksums(const codec::ChunkHeader& h, uint64_t ksum, uint64
 
 }  // namespace
 
-absl::StatusOr<codec::ChunkHeader> VerifyChunkParallel(std::span<const uint8_t> chunk) {
+absl::StatusOr<codec::VerifiedChunk> VerifyChunkParallel(std::span<const uint8_t> chunk) {
   KVTIER_ASSIGN_OR_RETURN(codec::ChunkHeader h, codec::ParseHeader(chunk));
   KVTIER_RETURN_IF_ERROR(CheckLength(h, chunk.size()));
   auto k = chunk.subspan(h.layout.k_offset, h.layout.k.bytes);
@@ -109,8 +109,7 @@ absl::StatusOr<codec::ChunkHeader> VerifyChunkParallel(std::span<const uint8_t> 
   }
   uint64_t ksum = Checksum64(k);
   vsum = vf.valid() ? vf.get() : Checksum64(v);
-  KVTIER_RETURN_IF_ERROR(CompareChecksums(h, ksum, vsum));
-  return h;
+  return codec::AcceptChunk(h, chunk, ksum, vsum);
 }
 
 void StreamCopy(std::span<uint8_t> dst, std::span<const uint8_t> src) {
@@ -422,7 +421,7 @@ absl::Status IncrementalChunkCheck::MarkFinal(uint64_t lo, uint64_t hi) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<codec::ChunkHeader> IncrementalChunkCheck::Finish() {
+absl::StatusOr<codec::VerifiedChunk> IncrementalChunkCheck::Finish() {
   State& s = *state_;
   if (!have_header_ || FinalBytes() != region_.size()) {
     return absl::InvalidArgumentError(absl::StrCat("put committed after ", FinalBytes(), " of ",
@@ -433,8 +432,7 @@ absl::StatusOr<codec::ChunkHeader> IncrementalChunkCheck::Finish() {
     vsum = helper_->Finish().second;
     s.finished = true;
   }
-  KVTIER_RETURN_IF_ERROR(CompareChecksums(header_, s.hashes.Digest(SectionHashes::kK), vsum));
-  return header_;
+  return codec::AcceptChunk(header_, region_, s.hashes.Digest(SectionHashes::kK), vsum);
 }
 
 }  // namespace kvtier::wire

@@ -26,8 +26,8 @@ namespace kvtier::wire {
 
 // codec::VerifyChunk, with the V section hashed on a second thread when both
 // sections are large enough to pay for it (the daemon's one pass over a
-// chunk, at commit).
-absl::StatusOr<codec::ChunkHeader> VerifyChunkParallel(std::span<const uint8_t> chunk);
+// chunk, at commit). The result is what a store takes (codec::VerifiedChunk).
+absl::StatusOr<codec::VerifiedChunk> VerifyChunkParallel(std::span<const uint8_t> chunk);
 
 // Copies `src` into `dst` with non-temporal stores (AVX2 where the CPU has
 // it; memcpy for small copies and elsewhere), then fences them. The bytes go
@@ -140,8 +140,8 @@ class IncrementalChunkCheck {
   // bytes before it in the header or in its section; otherwise as Advance.
   absl::Status AdvanceRange(uint64_t offset, uint64_t length);
   // InvalidArgument if the region is not all final; DataLoss on a checksum
-  // mismatch.
-  absl::StatusOr<codec::ChunkHeader> Finish();
+  // mismatch. On success, the region as a verified chunk.
+  absl::StatusOr<codec::VerifiedChunk> Finish();
 
  private:
   struct State;

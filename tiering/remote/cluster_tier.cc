@@ -112,7 +112,8 @@ std::vector<Member> ClusterTier::ReadOrder(const Hash128& key) const {
   return order;
 }
 
-absl::Status ClusterTier::Put(const ObjectKey& id, std::span<const uint8_t> bytes) {
+absl::Status ClusterTier::Put(const ObjectKey& id, std::span<const uint8_t> bytes,
+                              const TierPutOptions& /*options*/) {
   Count(ClusterMetric::kPuts);
   std::vector<Member> owners = Owners(id.key);
   if (owners.empty()) return absl::UnavailableError("the cluster has no live members");

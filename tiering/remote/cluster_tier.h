@@ -88,7 +88,9 @@ class ClusterTier : public RemoteTier {
   // OK when at least one owner stored it; otherwise the last error
   // (Unavailable when no owner could be reached or every owner is skipped).
   // Each replica not stored is counted (kPutReplicaFailures).
-  absl::Status Put(const ObjectKey& id, std::span<const uint8_t> bytes) override;
+  using Tier::Put;
+  absl::Status Put(const ObjectKey& id, std::span<const uint8_t> bytes,
+                   const TierPutOptions& options) override;
   // The size of the first copy found, asking each peer for at most
   // `lookup_timeout`. NotFound when no member that answered has it
   // (unreachable and failing members included).

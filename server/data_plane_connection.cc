@@ -1,0 +1,324 @@
+#include "server/data_plane_connection.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "server/metrics.h"
+#include "tiering/placement_engine.h"
+
+namespace kvtier::server {
+namespace {
+
+using wire::shm::Op;
+using Clock = std::chrono::steady_clock;
+
+// One answer frame; false if it could not be sent (the peer is gone).
+bool Answer(int fd, uint16_t op, const absl::Status& st, const uint8_t* payload, uint32_t n) {
+  uint8_t buf[wire::shm::kResponseHeaderBytes + wire::shm::kMaxErrorMessageBytes];
+  absl::string_view msg = st.message().substr(0, wire::shm::kMaxErrorMessageBytes);
+  if (!st.ok()) {
+    payload = reinterpret_cast<const uint8_t*>(msg.data());
+    n = static_cast<uint32_t>(msg.size());
+  }
+  wire::shm::Writer w(buf);
+  w.U16(wire::shm::kVersion).U16(op).U32(static_cast<uint32_t>(st.code())).U32(n).Raw(payload, n);
+  // The socket has a send timeout, so a signal interrupts send() even under
+  // SA_RESTART (socket(7)); tests saw EINTR on such sockets in this process.
+  // Retry, and finish a partial write.
+  for (size_t sent = 0; sent < w.size();) {
+    const ssize_t k = ::send(fd, buf + sent, w.size() - sent, MSG_NOSIGNAL);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) return false;
+    sent += static_cast<size_t>(k);
+  }
+  return true;
+}
+
+uint8_t TierNumber(tiering::TierKind k) {  // proto Tier numbering
+  switch (k) {
+    case tiering::TierKind::kHbm: return 1;
+    case tiering::TierKind::kDram: return 2;
+    case tiering::TierKind::kNvme: return 3;
+    case tiering::TierKind::kRemote: return 4;
+  }
+  return 0;
+}
+
+absl::StatusOr<std::optional<tiering::TierKind>> TierOf(uint8_t t) {
+  switch (t) {
+    case 0: return std::optional<tiering::TierKind>();
+    case 1: return std::optional<tiering::TierKind>(tiering::TierKind::kHbm);
+    case 2: return std::optional<tiering::TierKind>(tiering::TierKind::kDram);
+    case 3: return std::optional<tiering::TierKind>(tiering::TierKind::kNvme);
+    case 4: return std::optional<tiering::TierKind>(tiering::TierKind::kRemote);
+  }
+  return absl::InvalidArgumentError(absl::StrCat("unknown tier ", t));
+}
+
+double SecondsSince(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+}  // namespace
+
+bool FrameReader::Fill(size_t n, bool idle_ok, int64_t spin_us) {
+  if (end_ - begin_ >= n) return true;
+  if (begin_ > 0) {
+    std::memmove(buf_, buf_ + begin_, end_ - begin_);
+    end_ -= begin_;
+    begin_ = 0;
+  }
+  // A client in the middle of a put or a get sends its next frame within
+  // microseconds: polling for it costs less than a sleep and a wakeup,
+  // which on a VM is an inter-processor interrupt and a VM exit.
+  if (end_ == 0 && idle_ok && spin_us > 0) {
+    const auto until = Clock::now() + std::chrono::microseconds(spin_us);
+    do {
+      ssize_t k = ::recv(fd_, buf_, sizeof(buf_), MSG_DONTWAIT);
+      if (k > 0) {
+        end_ = static_cast<size_t>(k);
+        break;
+      }
+      if (k == 0) return false;
+      if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return false;
+    } while (Clock::now() < until);
+  }
+  while (end_ < n) {
+    const int flags = (end_ == 0 && idle_ok) ? 0 : MSG_DONTWAIT;
+    ssize_t k = ::recv(fd_, buf_ + end_, sizeof(buf_) - end_, flags);
+    if (k > 0) {
+      end_ += static_cast<size_t>(k);
+      continue;
+    }
+    if (k == 0) return false;
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) return false;
+    pollfd pf{fd_, POLLIN, 0};
+    int r = ::poll(&pf, 1, timeout_ms_);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+  }
+  return true;
+}
+
+DataPlaneConnection::DataPlaneConnection(int fd, KvService* service, ServerMetrics* metrics,
+                                         const ShmChannelOptions& options, int put_check_threads)
+    : fd_(fd),
+      service_(service),
+      metrics_(metrics),
+      options_(options),
+      put_check_threads_(put_check_threads),
+      in_(fd, options.frame_timeout_ms) {}
+
+DataPlaneConnection::~DataPlaneConnection() {
+  // The client is gone (or broke the protocol): free what it held (the slot
+  // of a put still open included).
+  for (uint64_t id : slots_) (void)service_->AbortSlot(id);
+  for (uint64_t id : leases_) (void)service_->Release(id);
+}
+
+absl::Status DataPlaneConnection::CheckFrame(uint16_t version, uint16_t op, uint32_t len) const {
+  const int64_t want = wire::shm::RequestBytes(op);
+  if (version != wire::shm::kVersion) {
+    return absl::InvalidArgumentError(absl::StrCat("data-plane protocol version ", version,
+                                                   " not served; this daemon speaks ",
+                                                   wire::shm::kVersion));
+  }
+  if (want < 0) return absl::InvalidArgumentError(absl::StrCat("unknown data-plane op ", op));
+  if (len != want) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("data-plane op ", op, " with ", len, " payload bytes; it takes ", want));
+  }
+  if ((op == static_cast<uint16_t>(Op::kPutProgress) || op == static_cast<uint16_t>(Op::kPutRange) ||
+       op == static_cast<uint16_t>(Op::kPutCommit)) &&
+      !put_) {
+    return absl::FailedPreconditionError(absl::StrCat("data-plane op ", op, " outside a put"));
+  }
+  if (op == static_cast<uint16_t>(Op::kPutBegin) && put_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("put begun inside the put of slot ", put_->slot_id));
+  }
+  return absl::OkStatus();
+}
+
+void DataPlaneConnection::Run() {
+  using wire::shm::kRequestHeaderBytes;
+  for (;;) {
+    if (!in_.Fill(kRequestHeaderBytes, /*idle_ok=*/true,
+                  put_ ? options_.put_spin_us : options_.spin_us)) {
+      return;
+    }
+    wire::shm::Reader h(in_.data());
+    const uint16_t version = h.U16(), op = h.U16();
+    const uint32_t len = h.U32();
+    if (absl::Status violation = CheckFrame(version, op, len); !violation.ok()) {
+      (void)Answer(fd_, op, violation, nullptr, 0);
+      return;
+    }
+    in_.Consume(kRequestHeaderBytes);
+    if (!in_.Fill(len, /*idle_ok=*/false)) return;  // truncated frame
+    uint8_t payload[wire::shm::kMaxRequestPayloadBytes];
+    std::memcpy(payload, in_.data(), len);
+    in_.Consume(len);
+    wire::shm::Reader r(payload);
+    uint8_t reply[std::max(wire::shm::kSlotReplyBytes, wire::shm::kGetReplyBytes)];
+    wire::shm::Writer w(reply);
+    absl::Status st;
+    const auto t0 = Clock::now();
+    switch (static_cast<Op>(op)) {
+      case Op::kHello: break;
+      case Op::kAllocate: st = OnAllocate(r, w, t0); break;
+      case Op::kPutBegin: OnPutBegin(r, t0); continue;
+      case Op::kPutProgress: OnPutProgress(r); continue;
+      case Op::kPutRange: OnPutRange(r); continue;
+      case Op::kPutCommit: st = OnPutCommit(r); break;
+      case Op::kGet: st = OnGet(r, w, t0); break;
+      case Op::kRelease: st = OnRelease(r, t0); break;
+      case Op::kAbortSlot: st = OnAbortSlot(r, t0); break;
+    }
+    if (!Answer(fd_, op, st, reply, st.ok() ? static_cast<uint32_t>(w.size()) : 0)) return;
+  }
+}
+
+bool DataPlaneConnection::Room() {
+  if (slots_.size() + leases_.size() < options_.max_open_per_connection) return true;
+  service_->ForgetEnded(slots_, leases_);
+  return slots_.size() + leases_.size() < options_.max_open_per_connection;
+}
+
+absl::Status DataPlaneConnection::Full() const {
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "this connection holds ", slots_.size() + leases_.size(), " slots and leases; the limit is ",
+      options_.max_open_per_connection));
+}
+
+void DataPlaneConnection::FailPut(absl::Status st) {
+  put_->error = std::move(st);
+  put_->check.reset();
+  if (slots_.erase(put_->slot_id) > 0) (void)service_->AbortSlot(put_->slot_id);
+}
+
+absl::Status DataPlaneConnection::OnAllocate(wire::shm::Reader& r, wire::shm::Writer& w,
+                                             Clock::time_point t0) {
+  const uint64_t bytes = r.U64();
+  const uint32_t ttl_ms = r.U32();
+  absl::Status st;
+  if (!Room()) {
+    st = Full();
+  } else {
+    auto slot = service_->AllocateSlot(bytes, ttl_ms);
+    st = slot.status();
+    if (slot.ok()) {
+      slots_.insert(slot->id);
+      w.U64(slot->id).U64(slot->extent.offset).U64(slot->extent.length);
+      w.U64(static_cast<uint64_t>(slot->expires_at_us));
+    }
+  }
+  metrics_->Record(Method::kAllocateSlot, static_cast<int>(st.code()), SecondsSince(t0));
+  return st;
+}
+
+void DataPlaneConnection::OnPutBegin(wire::shm::Reader& r, Clock::time_point t0) {
+  put_.emplace();
+  put_->t0 = t0;
+  put_->slot_id = r.U64();
+  r.Raw(put_->args.key.bytes.data(), wire::shm::kKeyBytes);
+  const uint8_t durable = r.U8(), tier = r.U8();
+  const uint16_t zero = r.U16();
+  put_->args.durable = durable != 0;
+  auto t = TierOf(tier);
+  absl::Status bad = t.status();
+  if (bad.ok() && (durable > 1 || zero != 0)) {
+    bad = absl::InvalidArgumentError("put begin with nonzero reserved bytes");
+  }
+  if (bad.ok() && !slots_.contains(put_->slot_id)) bad = UnknownSlotError(put_->slot_id);
+  if (!bad.ok()) {
+    FailPut(std::move(bad));
+    return;
+  }
+  put_->args.tier = *t;
+  if (put_check_threads_ >= 2 && !put_hasher_) {
+    put_hasher_ = std::make_unique<wire::TrailingHasher>();
+  }
+  auto check = service_->BeginStreamedCommit(put_->slot_id, put_hasher_.get());
+  if (check.ok()) {
+    put_->check = std::move(*check);
+  } else {
+    FailPut(check.status());
+  }
+}
+
+void DataPlaneConnection::OnPutProgress(wire::shm::Reader& r) {
+  const uint64_t n = r.U64();
+  if (!put_->error.ok()) return;
+  if (absl::Status a = put_->check->Advance(n); !a.ok()) FailPut(std::move(a));
+}
+
+void DataPlaneConnection::OnPutRange(wire::shm::Reader& r) {
+  const uint64_t offset = r.U64(), length = r.U64();
+  if (!put_->error.ok()) return;
+  if (absl::Status a = put_->check->AdvanceRange(offset, length); !a.ok()) FailPut(std::move(a));
+}
+
+absl::Status DataPlaneConnection::OnPutCommit(wire::shm::Reader& r) {
+  const uint64_t n = r.U64();
+  if (put_->error.ok()) {
+    if (absl::Status a = put_->check->Advance(n); !a.ok()) FailPut(std::move(a));
+  }
+  absl::Status st = put_->error;
+  if (st.ok()) {
+    st = service_->FinishStreamedCommit(put_->args, put_->slot_id, *put_->check);
+    slots_.erase(put_->slot_id);
+    if (st.ok()) metrics_->Add(ServerMetric::kBytesPutShm, n);
+  }
+  metrics_->Record(Method::kPut, static_cast<int>(st.code()), SecondsSince(put_->t0));
+  put_.reset();
+  return st;
+}
+
+absl::Status DataPlaneConnection::OnGet(wire::shm::Reader& r, wire::shm::Writer& w,
+                                        Clock::time_point t0) {
+  Hash128 key;
+  r.Raw(key.bytes.data(), wire::shm::kKeyBytes);
+  const uint32_t lease_ms = r.U32();
+  const uint8_t verify = r.U8(), z0 = r.U8(), z1 = r.U8(), z2 = r.U8();
+  absl::Status st;
+  if (verify > 1 || (z0 | z1 | z2) != 0) {
+    st = absl::InvalidArgumentError("get with nonzero reserved bytes");
+  } else if (!Room()) {
+    st = Full();
+  } else {
+    auto g = service_->Get(key, GetMode::kShm, 0, lease_ms, verify != 0);
+    st = g.status();
+    if (g.ok()) {
+      if (g->lease_id != 0) leases_.insert(g->lease_id);
+      if (g->scratch_slot_id != 0) slots_.insert(g->scratch_slot_id);
+      w.U8(TierNumber(g->tier)).U8(0).U16(0).U32(0).U64(g->chunk_bytes);
+      w.U64(g->extent.offset).U64(g->extent.length).U64(g->lease_id).U64(g->scratch_slot_id);
+      metrics_->Add(ServerMetric::kBytesGetShm, g->chunk_bytes);
+    }
+  }
+  metrics_->Record(Method::kGet, static_cast<int>(st.code()), SecondsSince(t0));
+  return st;
+}
+
+absl::Status DataPlaneConnection::OnRelease(wire::shm::Reader& r, Clock::time_point t0) {
+  const uint64_t id = r.U64();
+  absl::Status st = leases_.erase(id) > 0 ? service_->Release(id) : UnknownLeaseError(id);
+  metrics_->Record(Method::kRelease, static_cast<int>(st.code()), SecondsSince(t0));
+  return st;
+}
+
+absl::Status DataPlaneConnection::OnAbortSlot(wire::shm::Reader& r, Clock::time_point t0) {
+  const uint64_t id = r.U64();
+  absl::Status st = slots_.erase(id) > 0 ? service_->AbortSlot(id) : UnknownSlotError(id);
+  metrics_->Record(Method::kAbortSlot, static_cast<int>(st.code()), SecondsSince(t0));
+  return st;
+}
+
+}  // namespace kvtier::server
