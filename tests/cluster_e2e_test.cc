@@ -17,6 +17,7 @@
 #include "codec/codec.h"
 #include "codec/test_util.h"
 #include "common/file.h"
+#include "common/testing/temp_dir.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "client/kvtier_client.h"
+#include "common/testing/temp_dir.h"
 #include "gtest/gtest.h"
 #include "wire/kvtier.pb.h"
 #include "server/daemon.h"

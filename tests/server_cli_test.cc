@@ -9,6 +9,7 @@
 #include <fstream>
 #include <thread>
 
+#include "common/testing/temp_dir.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/cli_runner.h"

@@ -18,6 +18,7 @@
 #include "absl/strings/str_replace.h"
 #include "client/kvtier_client.h"
 #include "client/kvtier_client_internal.h"
+#include "common/testing/temp_dir.h"
 #include "gmock/gmock.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"

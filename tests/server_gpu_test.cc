@@ -8,6 +8,7 @@
 #include "client/kvtier_client.h"
 #include "client/kvtier_gpu.h"
 #include "codec/codec.h"
+#include "common/testing/temp_dir.h"
 #include "gtest/gtest.h"
 #include "kernels/gpu_test_util.h"
 #include "kernels/reference.h"

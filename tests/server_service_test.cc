@@ -6,6 +6,7 @@
 #include <fstream>
 #include <thread>
 
+#include "common/testing/temp_dir.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "wire/chunk_check.h"

@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/testing/temp_dir.h"
 #include "gtest/gtest.h"
 #include "tests/tiering_test_util.h"
 #include "tiering/placement_engine.h"
@@ -18,7 +19,7 @@ namespace {
 
 using ::kvtier::tiering::testing::KeyOf;
 using ::kvtier::tiering::testing::MakeChunk;
-using ::kvtier::tiering::testing::TempDir;
+using ::kvtier::testing::TempDir;
 
 constexpr uint64_t kNvmeBytes = 8 << 20;
 

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "absl/container/flat_hash_set.h"
+#include "common/testing/temp_dir.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "codec/chunk.h"
@@ -26,7 +27,7 @@ namespace {
 
 using ::kvtier::tiering::testing::KeyOf;
 using ::kvtier::tiering::testing::MakeChunk;
-using ::kvtier::tiering::testing::TempDir;
+using ::kvtier::testing::TempDir;
 
 ObjectKey Obj(uint64_t seed) { return ObjectKey{KeyOf(seed), Part::kWhole}; }
 
