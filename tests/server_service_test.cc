@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "common/testing/temp_dir.h"
+#include "common/testing/wait.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "wire/chunk_check.h"
@@ -349,9 +350,9 @@ TEST(ChunkCheck, TrailingHasherMatchesTheSectionChecksums) {
     auto [k, v] = t.Finish();
     EXPECT_EQ(k, h.k_checksum);
     EXPECT_EQ(v, h.v_checksum);
-    ASSERT_TRUE(t.Start(chunk.data(), h, l.v_offset, chunk.size()) ||
-                (std::this_thread::sleep_for(std::chrono::milliseconds(50)),
-                 t.Start(chunk.data(), h, l.v_offset, chunk.size())));
+    ASSERT_TRUE(::kvtier::testing::WaitUntil(
+        [&] { return t.Start(chunk.data(), h, l.v_offset, chunk.size()); },
+        std::chrono::seconds(5), std::chrono::milliseconds(1)));
     t.Publish(l.v_offset + 4096);
     t.Abandon();
   }
