@@ -5,10 +5,6 @@ kvtier_add_test(server_service_test
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/server_service_test.cc
   DEPS kvtier_server
   TIMEOUT 60)
-kvtier_add_test(server_client_mock_test
-  SOURCES ${CMAKE_CURRENT_LIST_DIR}/server_client_mock_test.cc
-  DEPS kvtier_client
-  TIMEOUT 60)
 kvtier_add_test(server_e2e_test
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/server_e2e_test.cc
   DEPS kvtier_server kvtier_client
