@@ -17,7 +17,6 @@
 #include "server/metrics.h"
 #include "server/options.h"
 #include "server/service.h"
-#include "tests/cli_runner.h"
 #include "tests/server_test_util.h"
 #include "tiering/placement_engine.h"
 
