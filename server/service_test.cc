@@ -10,6 +10,7 @@
 #include "common/testing/wait.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/test_util.h"
 #include "wire/chunk_check.h"
 #include "server/grpc_auth.h"
 #include "server/grpc_service.h"
@@ -17,7 +18,6 @@
 #include "server/metrics.h"
 #include "server/options.h"
 #include "server/service.h"
-#include "tests/server_test_util.h"
 #include "tiering/placement_engine.h"
 
 namespace kvtier::server {

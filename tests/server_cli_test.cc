@@ -13,8 +13,8 @@
 #include "common/testing/wait.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/test_util.h"
 #include "tests/cli_runner.h"
-#include "tests/server_test_util.h"
 
 namespace kvtier::testing {
 namespace {

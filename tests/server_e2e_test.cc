@@ -23,13 +23,13 @@
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "server/test_util.h"
 #include "wire/kvtier.grpc.pb.h"
 #include "codec/chunk.h"
 #include "wire/chunk_check.h"
 #include "server/daemon.h"
 #include "server/shm_channel.h"
 #include "tests/cli_runner.h"
-#include "tests/server_test_util.h"
 
 namespace kvtier::server {
 namespace {

@@ -14,8 +14,8 @@
 #include "kernels/reference.h"
 #include "kernels/test_util.h"
 #include "server/daemon.h"
+#include "server/test_util.h"
 #include "tests/cli_runner.h"
-#include "tests/server_test_util.h"
 
 namespace kvtier::client {
 namespace {

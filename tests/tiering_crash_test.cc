@@ -12,8 +12,8 @@
 
 #include "common/testing/temp_dir.h"
 #include "gtest/gtest.h"
-#include "tests/tiering_test_util.h"
 #include "tiering/placement_engine.h"
+#include "tiering/test_util.h"
 
 namespace kvtier::tiering {
 namespace {

@@ -18,9 +18,9 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "codec/chunk.h"
-#include "tests/tiering_test_util.h"
 #include "tiering/nvme_tier.h"
 #include "tiering/odirect_test_util.h"
+#include "tiering/test_util.h"
 
 namespace kvtier::tiering {
 namespace {

@@ -11,8 +11,8 @@
 #include "gmock/gmock.h"
 #include "absl/container/flat_hash_set.h"
 #include "gtest/gtest.h"
-#include "tests/tiering_test_util.h"
 #include "tiering/placement_engine.h"
+#include "tiering/test_util.h"
 
 namespace kvtier::tiering {
 namespace {

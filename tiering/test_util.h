@@ -1,6 +1,6 @@
 // Shared helpers of the tiering tests: deterministic chunks and keys.
-#ifndef KVTIER_TESTS_TIERING_TEST_UTIL_H_
-#define KVTIER_TESTS_TIERING_TEST_UTIL_H_
+#ifndef KVTIER_TIERING_TEST_UTIL_H_
+#define KVTIER_TIERING_TEST_UTIL_H_
 
 #include <cstdint>
 #include <random>
@@ -38,4 +38,4 @@ inline Hash128 KeyOf(uint64_t seed) { return Hash128::Of(std::to_string(seed), 4
 
 }  // namespace kvtier::tiering::testing
 
-#endif  // KVTIER_TESTS_TIERING_TEST_UTIL_H_
+#endif  // KVTIER_TIERING_TEST_UTIL_H_
