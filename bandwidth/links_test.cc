@@ -1,8 +1,8 @@
 #include "bandwidth/links.h"
 
-#include <filesystem>
 #include <string>
 
+#include "common/testing/temp_dir.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -68,12 +68,11 @@ TEST(LinksFile, RoundTripsThroughJson) {
 }
 
 TEST(LinksFile, SaveThenLoad) {
-  const std::string path =
-      (std::filesystem::temp_directory_path() / "kvtier_links_test.json").string();
+  ::kvtier::testing::TempDir dir("kvtier-links");
+  const std::string path = dir.path() + "/links.json";
   std::vector<Link> links = {{"h2d-pinned", 55.0, "cudaMemcpy"}};
   ASSERT_TRUE(SaveLinksFile(path, links).ok());
   absl::StatusOr<std::vector<Link>> back = LoadLinksFile(path);
-  std::filesystem::remove(path);
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ((*back)[0].gb_per_s, 55.0);
 }

@@ -12,11 +12,11 @@
 
 #include <chrono>
 #include <cstdlib>
-#include <filesystem>
 #include <string>
 #include <thread>
 
 #include "cluster/etcd_client.h"
+#include "common/testing/temp_dir.h"
 
 namespace kvtier::cluster::testing {
 
@@ -62,19 +62,16 @@ class EtcdServer {
       error_ = "etcd not found: run scripts/install-deps (package etcd-server)";
       return;
     }
-    std::string tmpl = (std::filesystem::temp_directory_path() / "kvtier-etcd-XXXXXX").string();
-    char* d = mkdtemp(tmpl.data());
-    dir_ = d ? d : "";
     int client = FreePort(), peer = FreePort();
     endpoint_ = "http://127.0.0.1:" + std::to_string(client);
     std::string peer_url = "http://127.0.0.1:" + std::to_string(peer);
     pid_ = fork();
     if (pid_ == 0) {
-      std::string log = dir_ + "/etcd.log";
+      std::string log = dir_.path() + "/etcd.log";
       FILE* f = freopen(log.c_str(), "w", stderr);
       (void)f;
       execl(etcd.c_str(), etcd.c_str(), "--name", "kvtier-test", "--data-dir",
-            (dir_ + "/data").c_str(), "--listen-client-urls", endpoint_.c_str(),
+            (dir_.path() + "/data").c_str(), "--listen-client-urls", endpoint_.c_str(),
             "--advertise-client-urls", endpoint_.c_str(), "--listen-peer-urls", peer_url.c_str(),
             "--initial-advertise-peer-urls", peer_url.c_str(), "--initial-cluster",
             ("kvtier-test=" + peer_url).c_str(), "--log-level", "error", nullptr);
@@ -93,15 +90,13 @@ class EtcdServer {
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
-    error_ = "etcd did not start; see " + dir_ + "/etcd.log";
+    error_ = "etcd did not start; see " + dir_.path() + "/etcd.log";
   }
   ~EtcdServer() {
     if (pid_ > 0) {
       kill(pid_, SIGKILL);
       waitpid(pid_, nullptr, 0);
     }
-    std::error_code ec;
-    if (!dir_.empty()) std::filesystem::remove_all(dir_, ec);
   }
   bool ok() const { return ok_; }
   const std::string& error() const { return error_; }
@@ -110,7 +105,8 @@ class EtcdServer {
  private:
   pid_t pid_ = -1;
   bool ok_ = false;
-  std::string dir_, endpoint_, error_;
+  ::kvtier::testing::TempDir dir_{"kvtier-etcd"};  // outlives the etcd process
+  std::string endpoint_, error_;
 };
 
 }  // namespace kvtier::cluster::testing

@@ -8,6 +8,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "cluster/etcd_test_util.h"
+#include "common/testing/wait.h"
 
 namespace kvtier::cluster {
 namespace {
@@ -46,11 +47,7 @@ class EtcdTest : public ::testing::Test {
   // Waits up to 10 s for `pred`.
   template <typename F>
   bool Eventually(F pred) {
-    for (int i = 0; i < 200; ++i) {
-      if (pred()) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    return false;
+    return ::kvtier::testing::WaitUntil(pred, std::chrono::seconds(10), std::chrono::milliseconds(50));
   }
   static testing::EtcdServer* etcd_;
   std::string cluster_;
@@ -156,7 +153,8 @@ TEST_F(EtcdTest, AMemberWhoseLeaseExpiresIsDroppedAndCanRejoin) {
   auto b = Join("node-2");  // it restarts and rejoins
   ASSERT_TRUE(b);
   EXPECT_TRUE(Eventually([&] { return a->LiveMembers().size() == 2; }));
-  // A's own lease keeps it listed well past its TTL.
+  // A's own lease keeps it listed well past its TTL. This sleep is the
+  // condition under test: it lets the clock pass the 2 s TTL.
   std::this_thread::sleep_for(std::chrono::milliseconds(2500));
   EXPECT_EQ(b->LiveMembers().size(), 2u);
 }
@@ -169,7 +167,23 @@ TEST_F(EtcdTest, MalformedRecordsInEtcdAreIgnored) {
   ASSERT_TRUE(a);
   EXPECT_EQ(a->LiveMembers().size(), 1u);
   ASSERT_TRUE(c->Put(MembersPrefix(cluster_) + "evil3", "[1,2,3]").ok());
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  // The watch delivers events in order: once a valid record put after evil3
+  // has come and gone, evil3 has been seen too.
+  auto lease = c->LeaseGrant(10);
+  ASSERT_TRUE(lease.ok());
+  MemberRecord r;
+  r.member = {"node-9", "127.0.0.1:7009", "", 1, 0};
+  r.protocol = 1;
+  ASSERT_TRUE(c->Put(MembersPrefix(cluster_) + "node-9", EncodeMemberRecord(r), *lease).ok());
+  auto listed = [&] {
+    for (const auto& m : a->LiveMembers()) {
+      if (m.id == "node-9") return true;
+    }
+    return false;
+  };
+  ASSERT_TRUE(Eventually(listed));
+  ASSERT_TRUE(c->Delete(MembersPrefix(cluster_) + "node-9").ok());
+  ASSERT_TRUE(Eventually([&] { return !listed(); }));
   EXPECT_EQ(a->LiveMembers().size(), 1u);
 }
 

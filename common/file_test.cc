@@ -3,31 +3,24 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cstdlib>
-#include <filesystem>
 #include <string>
 #include <vector>
 
+#include "common/testing/temp_dir.h"
 #include "gtest/gtest.h"
 
 namespace kvtier {
 namespace {
 
-std::string TempDir() {
-  std::string tmpl = (std::filesystem::temp_directory_path() / "kvtier-file-XXXXXX").string();
-  char* dir = ::mkdtemp(tmpl.data());
-  return dir ? std::string(dir) : std::string();
-}
-
 TEST(File, WriteThenReadRoundTrips) {
-  std::string dir = TempDir();
+  testing::TempDir tmp("kvtier-file");
+  const std::string& dir = tmp.path();
   ASSERT_FALSE(dir.empty());
   std::vector<uint8_t> data = {1, 2, 3, 4, 5};
   ASSERT_TRUE(WriteFileAtomic(dir + "/f", data).ok());
   auto back = ReadFileBytes(dir + "/f", 100);
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(*back, data);
-  std::filesystem::remove_all(dir);
 }
 
 TEST(File, ReadMissingFileIsNotFound) {
@@ -36,19 +29,19 @@ TEST(File, ReadMissingFileIsNotFound) {
 }
 
 TEST(File, ReadOversizedFileIsRefusedBeforeAllocating) {
-  std::string dir = TempDir();
+  testing::TempDir tmp("kvtier-file");
+  const std::string& dir = tmp.path();
   std::vector<uint8_t> data(1000, 7);
   ASSERT_TRUE(WriteFileAtomic(dir + "/big", data).ok());
   auto r = ReadFileBytes(dir + "/big", 999);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
-  std::filesystem::remove_all(dir);
 }
 
 TEST(File, ReadDirectoryIsInvalidArgument) {
-  std::string dir = TempDir();
+  testing::TempDir tmp("kvtier-file");
+  const std::string& dir = tmp.path();
   auto r = ReadFileBytes(dir, 100);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
-  std::filesystem::remove_all(dir);
 }
 
 TEST(File, WriteIntoMissingDirectoryFails) {
@@ -58,7 +51,8 @@ TEST(File, WriteIntoMissingDirectoryFails) {
 }
 
 TEST(ExclusiveFileLock, SecondAcquireFailsUntilTheHolderReleases) {
-  std::string dir = TempDir();
+  testing::TempDir tmp("kvtier-file");
+  const std::string& dir = tmp.path();
   ASSERT_FALSE(dir.empty());
   const std::string path = dir + "/x.lock";
   {
@@ -84,11 +78,11 @@ TEST(ExclusiveFileLock, SecondAcquireFailsUntilTheHolderReleases) {
   auto read = ReadFileBytes(path, 100);
   ASSERT_TRUE(read.ok()) << read.status();
   EXPECT_EQ(std::string(read->begin(), read->end()), std::to_string(::getpid()) + "\n");
-  std::filesystem::remove_all(dir);
 }
 
 TEST(ExclusiveFileLock, RefusesSymlinksAndMissingDirectories) {
-  std::string dir = TempDir();
+  testing::TempDir tmp("kvtier-file");
+  const std::string& dir = tmp.path();
   ASSERT_FALSE(dir.empty());
   std::vector<uint8_t> data = {'k', 'e', 'e', 'p'};
   ASSERT_TRUE(WriteFileAtomic(dir + "/target", data).ok());
@@ -99,7 +93,6 @@ TEST(ExclusiveFileLock, RefusesSymlinksAndMissingDirectories) {
   EXPECT_EQ(ExclusiveFileLock::Acquire(dir).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ExclusiveFileLock::Acquire(dir + "/missing/x.lock").status().code(),
             absl::StatusCode::kNotFound);
-  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

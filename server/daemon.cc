@@ -275,6 +275,13 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
       return self->metrics_->RenderPrometheus(self->service_->Stats());
     }));
   }
+  if (!options.ready_file.empty()) {
+    // Last, so that whoever waits for the file finds every listener serving.
+    const std::string text = absl::StrCat(::getpid(), "\n", d->Describe(), "\n");
+    KVTIER_RETURN_IF_ERROR(WriteFileAtomic(
+        options.ready_file, {reinterpret_cast<const uint8_t*>(text.data()), text.size()}));
+    d->ready_file_written_ = true;
+  }
   return d;
 }
 
@@ -317,6 +324,7 @@ std::string Daemon::Describe() const {
 absl::Status Daemon::Shutdown() {
   if (shut_down_) return absl::OkStatus();
   shut_down_ = true;
+  if (ready_file_written_) ::unlink(options_.ready_file.c_str());  // no longer ready
   auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(options_.shutdown_grace_s);
   for (grpc::Server* server : {tcp_server_.get(), unix_server_.get()}) {
     if (server != nullptr) server->Shutdown(deadline);

@@ -89,6 +89,7 @@ class Daemon {
   int tcp_port_ = 0;
   uint64_t flushed_chunks_ = 0;
   bool shut_down_ = false;
+  bool ready_file_written_ = false;  // options_.ready_file is this daemon's to remove
   // Held from the start of Start to the end of Shutdown.
   bool socket_bound_ = false;  // the gRPC Unix socket is this daemon's to remove
   std::optional<ExclusiveFileLock> data_dir_lock_;

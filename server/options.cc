@@ -69,6 +69,8 @@ void RegisterDaemonFlags(CLI::App& app, DaemonOptions* o) {
                  "hardware threads, else 1)")
       ->capture_default_str();
   app.add_option("--log-level", o->log_level, "trace|debug|info|warn|error|off")->capture_default_str();
+  app.add_option("--ready-file", o->ready_file,
+                 "write this file (pid, then what is served) once every listener is serving [default: none]");
   app.add_option("--cluster", o->cluster, "join this cluster (needs --etcd and --advertise) [default: standalone]");
   app.add_option("--etcd", o->etcd, "etcd endpoints http://HOST:PORT[,...]");
   app.add_option("--advertise", o->advertise, "HOST:PORT peers reach this node's UCX data path on");
@@ -124,7 +126,7 @@ absl::Status LoadConfigFile(const std::string& path, DaemonOptions* o) {
                                 "max_inflight_mib_per_connection", "write_timeout_ms",
                                 "stream_idle_timeout_ms", "keepalive_s",
                                 "default_lease_ms", "nvme_admit_after_uses", "shutdown_grace_s", "put_check_threads",
-                                "log_level", "cluster", "etcd", "advertise", "replicas", "node_id",
+                                "log_level", "ready_file", "cluster", "etcd", "advertise", "replicas", "node_id",
                                 "cluster_lease_s"};
   for (const auto& [k, v] : t) {
     bool known = false;
@@ -162,6 +164,7 @@ absl::Status LoadConfigFile(const std::string& path, DaemonOptions* o) {
   take("shutdown_grace_s", &o->shutdown_grace_s);
   take("put_check_threads", &o->put_check_threads);
   take("log_level", &o->log_level);
+  take("ready_file", &o->ready_file);
   take("cluster", &o->cluster);
   take("etcd", &o->etcd);
   take("advertise", &o->advertise);

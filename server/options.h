@@ -92,6 +92,12 @@ struct DaemonOptions {
   uint32_t put_check_threads = 0;
   // spdlog level: trace, debug, info, warn, error, off. Default: "info"
   std::string log_level = "info";
+  // File the daemon writes (atomically: a temp file renamed into place) once
+  // every listener is serving, and removes when it starts shutting down, so
+  // that scripts and tests wait for it instead of polling the socket. It
+  // holds the daemon's pid on the first line and what it serves (the
+  // startup log line) on the second. Default: "" (none)
+  std::string ready_file;
 
   // --- Cluster (docs/cluster.md). Without `cluster` the node runs alone.
   // Cluster to join: nodes of one cluster find each other in etcd and share

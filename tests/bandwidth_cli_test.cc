@@ -10,6 +10,7 @@
 #include "absl/strings/str_split.h"
 #include "codec/format.h"
 #include "common/file.h"
+#include "common/testing/temp_dir.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"

@@ -8,7 +8,6 @@
 
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -40,24 +39,6 @@ inline CliResult RunCommand(const std::string& command, const std::string& dir) 
   r.err = ReadAll(err);
   return r;
 }
-
-// A temp directory removed when the object goes away.
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "kvtier-test-XXXXXX").string();
-    char* d = ::mkdtemp(tmpl.data());
-    path_ = d ? d : "";
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
 
 }  // namespace kvtier::testing
 

@@ -17,6 +17,8 @@
 #include "codec/codec.h"
 #include "codec/test_util.h"
 #include "common/file.h"
+#include "common/testing/temp_dir.h"
+#include "common/testing/wait.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -43,6 +45,7 @@ class Node {
 
   void Start() {
     std::filesystem::create_directories(dir_);
+    std::filesystem::remove(ready_file());  // a killed node leaves its file behind
     pid_ = fork();
     if (pid_ == 0) {
       FILE* f = freopen((dir_ + ".log").c_str(), "a", stderr);
@@ -51,7 +54,8 @@ class Node {
       execl(kKvtierd.c_str(), kKvtierd.c_str(), "--data-dir", dir_.c_str(), "--dram-gib", "0.0625",
             "--nvme-gib", "0.125", "--hbm-gib", "0", "--cluster", "e2e", "--etcd", etcd_.c_str(),
             "--advertise", adv.c_str(), "--node-id", id_.c_str(), "--replicas", "2",
-            "--cluster-lease-s", "2", "--log-level", "warn", nullptr);
+            "--cluster-lease-s", "2", "--log-level", "warn", "--ready-file", ready_file().c_str(),
+            nullptr);
       _exit(127);
     }
   }
@@ -68,6 +72,9 @@ class Node {
     }
   }
   std::string socket() const { return dir_ + "/kvtierd.sock"; }
+  std::string ready_file() const { return dir_ + ".ready"; }
+  // Waits (up to 20 s) until the node has joined and every listener serves.
+  bool WaitReady() const { return testing::WaitForFile(ready_file(), std::chrono::seconds(20)); }
   const std::string& id() const { return id_; }
 
  private:
@@ -86,6 +93,7 @@ class ClusterE2E : public ::testing::Test {
                                               etcd_.endpoint(), cluster::testing::FreePort()));
       nodes_.back()->Start();
     }
+    for (auto& n : nodes_) ASSERT_TRUE(n->WaitReady()) << n->id();
     ASSERT_TRUE(WaitMembers(3)) << Status();
     // etcd lists all three; wait until each node's watch has delivered the
     // others' registrations too, so every node computes the same owners.
@@ -96,13 +104,12 @@ class ClusterE2E : public ::testing::Test {
   }
   testing::CliResult Cli(const std::string& args) { return RunCommand(kKvtier + " " + args, dir_.path()); }
   std::string Status() { return Cli("cluster status --etcd " + etcd_.endpoint() + " --cluster e2e --json").out; }
+  // Waits (up to 15 s) until etcd lists `n` members.
   bool WaitMembers(size_t n) {
-    for (int i = 0; i < 150; ++i) {  // 15 s
+    return testing::WaitUntil([&] {
       auto j = nlohmann::json::parse(Status(), nullptr, false);
-      if (!j.is_discarded() && j.contains("members") && j["members"].size() == n) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
-    return false;
+      return !j.is_discarded() && j.contains("members") && j["members"].size() == n;
+    }, std::chrono::seconds(15), std::chrono::milliseconds(100));
   }
   // `kvtier stats --json` of node n (discarded JSON if it does not answer).
   nlohmann::json Stats(int n) {
@@ -128,14 +135,11 @@ class ClusterE2E : public ::testing::Test {
   // `extra_ok` accepts: the other members its watch has delivered.
   template <typename F>
   bool WaitListed(int n, uint64_t members, F extra_ok) {
-    for (int i = 0; i < 150; ++i) {
+    return testing::WaitUntil([&] {
       auto c = Capacities(n);
-      if (c && c->second >= c->first * (members - 1) && extra_ok(c->second - c->first * (members - 1))) {
-        return true;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
-    return false;
+      return c && c->second >= c->first * (members - 1) &&
+             extra_ok(c->second - c->first * (members - 1));
+    }, std::chrono::seconds(15), std::chrono::milliseconds(100));
   }
   bool WaitListed(int n, uint64_t members) {
     return WaitListed(n, members, [](uint64_t extra) { return extra == 0; });
@@ -212,6 +216,7 @@ TEST_F(ClusterE2E, PutOnOneNodeGetOnAnotherSurviveAKillAndRejoin) {
   // 3. Node 2 restarts with its data dir and rejoins; the replicas it held
   //    (on NVMe) are served by it again.
   nodes_[1]->Start();
+  ASSERT_TRUE(nodes_[1]->WaitReady());
   ASSERT_TRUE(WaitMembers(3)) << Status();
   for (int n = 0; n < 3; ++n) ASSERT_TRUE(WaitListed(n, 3)) << "node " << n + 1;
   std::vector<tiering::remote::Member> members = {{"node-1", "", "", 0, 0}, {"node-2", "", "", 0, 0},

@@ -7,6 +7,7 @@
 #include "codec/numeric.h"
 #include "codec/test_util.h"
 #include "common/file.h"
+#include "common/testing/temp_dir.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/cli_runner.h"

@@ -1,14 +1,7 @@
-# kvtierd tests: the service logic directly, the client against a
-# mock stub, the daemon end to end in-process (temp Unix socket, localhost:0),
-# and the real binaries (CLI, SIGTERM + restart).
-kvtier_add_test(server_service_test
-  SOURCES ${CMAKE_CURRENT_LIST_DIR}/server_service_test.cc
-  DEPS kvtier_server
-  TIMEOUT 60)
-kvtier_add_test(server_client_mock_test
-  SOURCES ${CMAKE_CURRENT_LIST_DIR}/server_client_mock_test.cc
-  DEPS kvtier_client
-  TIMEOUT 60)
+# kvtierd end to end: the daemon in-process (temp Unix socket, localhost:0)
+# and the real binaries (CLI, SIGTERM + restart). The service logic and the
+# client against a mock stub are unit tests: server/service_test.cc,
+# client/kvtier_client_mock_test.cc.
 kvtier_add_test(server_e2e_test
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/server_e2e_test.cc
   DEPS kvtier_server kvtier_client

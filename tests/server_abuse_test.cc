@@ -13,13 +13,14 @@
 #include <vector>
 
 #include "client/kvtier_client.h"
+#include "common/testing/temp_dir.h"
 #include "gtest/gtest.h"
+#include "server/test_util.h"
 #include "wire/kvtier.pb.h"
 #include "server/daemon.h"
 #include "server/metrics.h"
 #include "tests/cli_runner.h"
 #include "tests/http2_test_client.h"
-#include "tests/server_test_util.h"
 
 namespace kvtier::server {
 namespace {

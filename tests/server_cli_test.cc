@@ -9,10 +9,12 @@
 #include <fstream>
 #include <thread>
 
+#include "common/testing/temp_dir.h"
+#include "common/testing/wait.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/test_util.h"
 #include "tests/cli_runner.h"
-#include "tests/server_test_util.h"
 
 namespace kvtier::testing {
 namespace {
@@ -20,7 +22,8 @@ namespace {
 // A kvtierd child process; killed (SIGKILL) if still running at the end.
 class DaemonProcess {
  public:
-  explicit DaemonProcess(const std::string& dir) : dir_(dir) {
+  explicit DaemonProcess(const std::string& dir) : dir_(dir), ready_(dir + "/kvtierd.ready") {
+    ::unlink(ready_.c_str());  // a killed daemon leaves its file behind
     pid_ = ::fork();
     if (pid_ == 0) {
       std::string log = dir + "/kvtierd.log";
@@ -29,7 +32,7 @@ class DaemonProcess {
       std::freopen(log.c_str(), "a", stdout);
       ::execl(KVTIERD_PATH, KVTIERD_PATH, "--data-dir", (dir + "/data").c_str(), "--dram-gib",
               "0.03125", "--nvme-gib", "0.0625", "--hbm-gib", "0", "--dram-populate", "false",
-              static_cast<char*>(nullptr));
+              "--ready-file", ready_.c_str(), static_cast<char*>(nullptr));
       ::_exit(127);
     }
   }
@@ -41,35 +44,37 @@ class DaemonProcess {
   }
   std::string socket() const { return dir_ + "/data/kvtierd.sock"; }
   pid_t pid() const { return pid_; }
-  // Waits until the socket answers `kvtier stats`.
+  // Waits (up to 20 s) until the daemon reports every listener serving
+  // (--ready-file); false at once if it exited instead.
   bool WaitReady() {
-    for (int i = 0; i < 100; ++i) {
-      struct stat st;
-      if (::stat(socket().c_str(), &st) == 0 &&
-          RunCommand(std::string(KVTIER_CLI_PATH) + " stats --socket " + socket(), dir_).exit_code == 0) {
-        return true;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    return false;
+    return WaitUntil([&] { return FileExists(ready_) || Exited(); }, std::chrono::seconds(20)) &&
+           FileExists(ready_);
   }
   // SIGTERM and the exit status (-1 if it did not exit within 20 s).
   int Terminate() {
     ::kill(pid_, SIGTERM);
-    for (int i = 0; i < 400; ++i) {
-      int status = 0;
-      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
-        pid_ = -1;
-        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    return -1;
+    if (!WaitUntil([&] { return Exited(); }, std::chrono::seconds(20))) return -1;
+    return exit_code_;
   }
 
  private:
-  std::string dir_;
+  static bool FileExists(const std::string& path) {
+    struct stat st;
+    return ::stat(path.c_str(), &st) == 0;
+  }
+  // Reaps the child if it has exited, keeping its exit code.
+  bool Exited() {
+    if (pid_ <= 0) return true;
+    int status = 0;
+    if (::waitpid(pid_, &status, WNOHANG) != pid_) return false;
+    pid_ = -1;
+    exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    return true;
+  }
+
+  std::string dir_, ready_;
   pid_t pid_ = -1;
+  int exit_code_ = -1;
 };
 
 class CliTest : public ::testing::Test {
@@ -146,8 +151,10 @@ TEST_F(CliTest, SigtermKeepsTheCacheWarmAcrossARestart) {
     const std::string sock = " --socket " + d.socket();
     ASSERT_EQ(Kvtier("put --key " + k + sock + " " + P("c.kvc")).exit_code, 0);
     ASSERT_EQ(Kvtier("put --durable --key " + kd + sock + " " + P("d.kvc")).exit_code, 0);
+    EXPECT_THAT(ReadAll(P("kvtierd.ready")), ::testing::StartsWith(std::to_string(d.pid()) + "\n"));
     ASSERT_EQ(d.Terminate(), 0);
     EXPECT_THAT(ReadAll(P("kvtierd.log")), ::testing::HasSubstr("wrote 1 DRAM chunks to NVMe"));
+    EXPECT_EQ(ReadAll(P("kvtierd.ready")), "");  // removed once shutdown starts
   }
   DaemonProcess d(dir_.path());
   ASSERT_TRUE(d.WaitReady());

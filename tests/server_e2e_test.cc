@@ -18,17 +18,18 @@
 #include "absl/strings/str_replace.h"
 #include "client/kvtier_client.h"
 #include "client/kvtier_client_internal.h"
+#include "common/testing/temp_dir.h"
 #include "gmock/gmock.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "server/test_util.h"
 #include "wire/kvtier.grpc.pb.h"
 #include "codec/chunk.h"
 #include "wire/chunk_check.h"
 #include "server/daemon.h"
 #include "server/shm_channel.h"
 #include "tests/cli_runner.h"
-#include "tests/server_test_util.h"
 
 namespace kvtier::server {
 namespace {

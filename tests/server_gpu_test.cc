@@ -8,13 +8,14 @@
 #include "client/kvtier_client.h"
 #include "client/kvtier_gpu.h"
 #include "codec/codec.h"
+#include "common/testing/temp_dir.h"
 #include "gtest/gtest.h"
 #include "kernels/gpu_test_util.h"
 #include "kernels/reference.h"
 #include "kernels/test_util.h"
 #include "server/daemon.h"
+#include "server/test_util.h"
 #include "tests/cli_runner.h"
-#include "tests/server_test_util.h"
 
 namespace kvtier::client {
 namespace {

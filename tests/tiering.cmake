@@ -3,10 +3,6 @@ kvtier_add_test(tiering_nvme_test
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/tiering_nvme_test.cc
   DEPS kvtier_tiering
   TIMEOUT 120)
-kvtier_add_test(tiering_engine_test
-  SOURCES ${CMAKE_CURRENT_LIST_DIR}/tiering_engine_test.cc
-  DEPS kvtier_tiering
-  TIMEOUT 120)
 kvtier_add_test(tiering_crash_test
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/tiering_crash_test.cc
   DEPS kvtier_tiering

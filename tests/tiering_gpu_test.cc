@@ -1,7 +1,7 @@
 // HBM tier over the CUDA DeviceAllocator. Skips without a device.
 #include "gtest/gtest.h"
-#include "tests/tiering_test_util.h"
 #include "tiering/hbm_tier.h"
+#include "tiering/test_util.h"
 
 namespace kvtier::tiering {
 namespace {

@@ -14,19 +14,20 @@
 #include <thread>
 
 #include "absl/container/flat_hash_set.h"
+#include "common/testing/temp_dir.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "codec/chunk.h"
-#include "tests/tiering_test_util.h"
 #include "tiering/nvme_tier.h"
 #include "tiering/odirect_test_util.h"
+#include "tiering/test_util.h"
 
 namespace kvtier::tiering {
 namespace {
 
 using ::kvtier::tiering::testing::KeyOf;
 using ::kvtier::tiering::testing::MakeChunk;
-using ::kvtier::tiering::testing::TempDir;
+using ::kvtier::testing::TempDir;
 
 ObjectKey Obj(uint64_t seed) { return ObjectKey{KeyOf(seed), Part::kWhole}; }
 

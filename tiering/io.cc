@@ -163,7 +163,7 @@ class FaultInjectionIoEnv::Device : public BlockDevice {
   }
 
   absl::Status Sync() override {
-    KVTIER_RETURN_IF_ERROR_IO(env_->MaybeFail(false));
+    KVTIER_RETURN_IF_ERROR_IO(env_->faults_.MaybeFail("sync", /*is_write=*/false));
     KVTIER_RETURN_IF_ERROR_IO(base_->Sync());
     absl::MutexLock l(&mu_);
     unsynced_.clear();
@@ -191,8 +191,8 @@ class FaultInjectionIoEnv::Device : public BlockDevice {
   absl::Status Forward(std::span<const IoRequest> reqs, const CompletionFn* on_complete) {
     bool any_write = false;
     for (const IoRequest& r : reqs) any_write |= r.op == IoRequest::Op::kWrite;
-    const absl::Status injected = env_->MaybeFail(any_write);
-    const FaultPolicy p = env_->policy();
+    const absl::Status injected = env_->faults_.MaybeFail(any_write ? "write" : "read", any_write);
+    const FaultPolicy p = env_->faults_.policy();
     size_t run = reqs.size();
     if (!injected.ok()) {
       if (!p.fail_mid_submit || reqs.size() < 2) return injected;
@@ -211,7 +211,7 @@ class FaultInjectionIoEnv::Device : public BlockDevice {
           absl::MutexLock l(&mu_);
           unsynced_.emplace_back(r.offset, std::vector<uint8_t>(old.data(), old.data() + r.len));
         }
-        if (env_->MaybeTear()) {
+        if (env_->faults_.MaybeTear()) {
           // Only the first half (block-rounded) reaches the device.
           uint64_t b = base_->block_size();
           r.len = (r.len / 2) / b * b;
@@ -246,11 +246,11 @@ class FaultInjectionIoEnv::Device : public BlockDevice {
 };
 
 FaultInjectionIoEnv::FaultInjectionIoEnv(IoEnv* base, FaultPolicy policy)
-    : base_(base), policy_(policy), rng_(policy.seed) {}
+    : base_(base), faults_(policy) {}
 
 absl::StatusOr<std::unique_ptr<BlockDevice>> FaultInjectionIoEnv::OpenDevice(
     const std::string& path, uint64_t size) {
-  KVTIER_RETURN_IF_ERROR_IO(MaybeFail(true));
+  KVTIER_RETURN_IF_ERROR_IO(faults_.MaybeFail("open", /*is_write=*/true));
   auto base = base_->OpenDevice(path, size);
   if (!base.ok()) return base.status();
   auto dev = std::make_unique<Device>(this, std::move(*base));
@@ -261,44 +261,6 @@ absl::StatusOr<std::unique_ptr<BlockDevice>> FaultInjectionIoEnv::OpenDevice(
 
 absl::Status FaultInjectionIoEnv::RemoveFile(const std::string& path) {
   return base_->RemoveFile(path);
-}
-
-void FaultInjectionIoEnv::SetPolicy(const FaultPolicy& policy) {
-  absl::MutexLock l(&mu_);
-  policy_ = policy;
-  rng_.seed(policy.seed);
-  ops_ = 0;
-}
-
-FaultPolicy FaultInjectionIoEnv::policy() {
-  absl::MutexLock l(&mu_);
-  return policy_;
-}
-
-absl::Status FaultInjectionIoEnv::MaybeFail(bool is_write) {
-  bool fail = false;
-  FaultPolicy p;
-  {
-    absl::MutexLock l(&mu_);
-    p = policy_;
-    ++ops_;
-    if (p.fail_after_n >= 0 && ops_ > p.fail_after_n) fail = true;
-    if (p.one_in > 0 && rng_() % p.one_in == 0) fail = true;
-  }
-  if (p.latency_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(p.latency_us));
-  if (!fail) return absl::OkStatus();
-  injected_.fetch_add(1);
-  if (p.enospc && is_write) return absl::ResourceExhaustedError("injected ENOSPC");
-  if (p.retryable) return absl::UnavailableError("injected transient I/O error");
-  return absl::InternalError("injected I/O error (EIO)");
-}
-
-bool FaultInjectionIoEnv::MaybeTear() {
-  absl::MutexLock l(&mu_);
-  if (policy_.torn_write_one_in == 0) return false;
-  if (rng_() % policy_.torn_write_one_in != 0) return false;
-  injected_.fetch_add(1);
-  return true;
 }
 
 absl::Status FaultInjectionIoEnv::DropUnsyncedWrites() {

@@ -8,8 +8,9 @@
 //   MemIoEnv          in-memory devices that remember which writes were not
 //                     yet synced, so tests can simulate a power loss.
 //   FaultInjectionIoEnv  forwards to another IoEnv and injects faults per
-//                     FaultPolicy (errors, ENOSPC, latency, torn writes,
-//                     dropped unflushed data), with a fixed seed.
+//                     FaultPolicy (common/fault_injection.h: errors, ENOSPC,
+//                     latency, torn writes, dropped unflushed data), with a
+//                     fixed seed.
 #ifndef KVTIER_TIERING_IO_H_
 #define KVTIER_TIERING_IO_H_
 
@@ -17,7 +18,6 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <random>
 #include <span>
 #include <string>
 #include <vector>
@@ -27,6 +27,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/fault_injection.h"
 
 namespace kvtier::tiering {
 
@@ -143,37 +144,10 @@ class MemIoEnv : public IoEnv {
   std::map<std::string, std::shared_ptr<File>> files_ ABSL_GUARDED_BY(mu_);
 };
 
-// Faults to inject. Every field defaults to "no fault".
-struct FaultPolicy {
-  // Every operation after the first `fail_after_n` fails. Default: -1 (never)
-  int64_t fail_after_n = -1;
-  // Each operation fails with probability 1/one_in. Default: 0 (never)
-  uint32_t one_in = 0;
-  // Added latency per operation, in microseconds. Default: 0
-  uint32_t latency_us = 0;
-  // Unsynced writes are lost when DropUnsyncedWrites() is called (the
-  // wrapper remembers the prior bytes of each unsynced write). Default: false
-  bool drop_unflushed = false;
-  // Injected failures are Unavailable (retryable) instead of Internal
-  // (EIO-like). Default: false
-  bool retryable = false;
-  // Injected write failures report ENOSPC (ResourceExhausted). Default: false
-  bool enospc = false;
-  // Each write is torn with probability 1/torn_write_one_in: only its first
-  // half reaches the device, yet the write reports success (a lying device or
-  // a power cut). Default: 0 (never)
-  uint32_t torn_write_one_in = 0;
-  // An injected failure of a Submit of several requests happens after the
-  // requests in its first half (the first size/2) completed, and were
-  // reported by SubmitWithCompletions, as a device error in the middle of a
-  // transfer would; false: before any of its requests runs. Default: false
-  bool fail_mid_submit = false;
-  // Seed of the fault RNG. Default: 301
-  uint64_t seed = 301;
-};
-
 // Forwards to `base` (not owned; must outlive this env and its devices),
-// injecting faults per the current policy. The policy may be changed at any
+// injecting faults per the current policy (common/fault_injection.h: every
+// field applies, torn_write_one_in and fail_mid_submit to Submit). Each
+// open, Submit and Sync is one operation. The policy may be changed at any
 // time; counters are shared across all devices of this env.
 class FaultInjectionIoEnv : public IoEnv {
  public:
@@ -182,29 +156,21 @@ class FaultInjectionIoEnv : public IoEnv {
                                                           uint64_t size) override;
   absl::Status RemoveFile(const std::string& path) override;
 
-  void SetPolicy(const FaultPolicy& policy);
+  void SetPolicy(const FaultPolicy& policy) { faults_.SetPolicy(policy); }
   // Writes the remembered prior bytes of every unsynced write back to the
   // devices (only with policy.drop_unflushed). Devices stay usable.
   absl::Status DropUnsyncedWrites();
   // Number of injected faults so far.
-  uint64_t injected_faults() const { return injected_.load(); }
+  uint64_t injected_faults() const { return faults_.injected(); }
 
   class Device;
-
-  // Decides the fate of one operation; returns a non-OK status to inject.
-  absl::Status MaybeFail(bool is_write);
-  bool MaybeTear();
-  FaultPolicy policy();
 
  private:
   friend class Device;
   IoEnv* const base_;
+  FaultInjector faults_;
   absl::Mutex mu_;
-  FaultPolicy policy_ ABSL_GUARDED_BY(mu_);
-  std::mt19937_64 rng_ ABSL_GUARDED_BY(mu_);
-  int64_t ops_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<Device*> devices_ ABSL_GUARDED_BY(mu_);
-  std::atomic<uint64_t> injected_{0};
 };
 
 // Time source, so tests can drive lease expiry deterministically.

@@ -3,16 +3,15 @@
 #include "tiering/io.h"
 #include "tiering/odirect_test_util.h"
 
-#include <stdlib.h>
 #include <sys/stat.h>
 
 #include <algorithm>
 #include <cstring>
-#include <filesystem>
 #include <numeric>
 #include <thread>
 #include <vector>
 
+#include "common/testing/temp_dir.h"
 #include "gtest/gtest.h"
 
 namespace kvtier::tiering {
@@ -192,16 +191,11 @@ TEST(FaultInjectionIoEnv, DropUnsyncedWritesRestoresPriorBytes) {
   EXPECT_EQ(Read(*d, 2 * kBlock, kBlock), Bytes(b));
 }
 
-// A file under /tmp, removed after. Its tests skip where /tmp refuses O_DIRECT
+// A file in a temp dir, removed after. Its tests skip where /tmp refuses O_DIRECT
 // (KVTIER_SKIP_WITHOUT_ODIRECT: they fail instead under KVTIER_REQUIRE_ODIRECT=1).
 class UringDeviceTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/kvtier-io-test-XXXXXX";
-    dir_ = mkdtemp(tmpl);
-    path_ = dir_ + "/dev.bin";
-  }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
+  void SetUp() override { path_ = dir_.path() + "/dev.bin"; }
   std::unique_ptr<BlockDevice> Open(uint64_t size, uint32_t qd) {
     env_ = NewUringIoEnv({.queue_depth = qd});
     auto d = env_->OpenDevice(path_, size);
@@ -209,7 +203,8 @@ class UringDeviceTest : public ::testing::Test {
     EXPECT_TRUE(d.ok()) << d.status();
     return d.ok() ? std::move(*d) : nullptr;
   }
-  std::string dir_, path_;
+  ::kvtier::testing::TempDir dir_{"kvtier-io-test"};
+  std::string path_;
   std::unique_ptr<IoEnv> env_;
 };
 
@@ -261,7 +256,7 @@ TEST_F(UringDeviceTest, MisalignedRequestIsInvalidArgumentBeforeAnyIo) {
   for (const IoRequest& r : {unaligned_buf, bad_len, past_end}) {
     EXPECT_EQ(d->Submit({&r, 1}).code(), absl::StatusCode::kInvalidArgument);
   }
-  EXPECT_EQ(env_->OpenDevice(dir_ + "/odd.bin", kBlock + 1).status().code(),
+  EXPECT_EQ(env_->OpenDevice(dir_.path() + "/odd.bin", kBlock + 1).status().code(),
             absl::StatusCode::kInvalidArgument);
 }
 

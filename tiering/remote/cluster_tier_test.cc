@@ -213,7 +213,7 @@ TEST_F(Cluster, AllReplicasUnreachableIsAMissAndCounted) {
   const int reader = NonOwner(Id(3));
   ASSERT_GE(reader, 0);
   ClusterTier& tier = *nodes_[reader]->tier;
-  nodes_[reader]->faulty->set_policy({.fail_after_n = 0});  // every request: Unavailable
+  nodes_[reader]->faulty->set_policy({.fail_after_n = 0, .retryable = true});  // every request: Unavailable
   EXPECT_EQ(tier.Size(Id(3)).status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(tier.errors(), 2u);  // both owners failed
   std::vector<uint8_t> out(c.size());

@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <string>
@@ -53,7 +54,9 @@ class MapPeerService : public PeerService {
     return std::unique_ptr<PutSink>(new Sink(this, id, bytes));
   }
   absl::StatusOr<std::unique_ptr<GetSource>> BeginGet(const ObjectKey& id) override {
+    gets_begun_.fetch_add(1);
     if (delay_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms_));
+    gets_past_delay_.fetch_add(1);
     absl::MutexLock lock(&mu_);
     auto it = objects_.find(id);
     if (it == objects_.end()) return absl::NotFoundError("no such object");
@@ -84,12 +87,18 @@ class MapPeerService : public PeerService {
     if (it != objects_.end() && !it->second.empty()) it->second.back() ^= 0xFF;
   }
   void set_delay_ms(int ms) { delay_ms_ = ms; }
+  // Gets that reached the service, and those of them past their delay (about
+  // to answer), so tests wait for a get to be in flight or answered.
+  int gets_begun() const { return gets_begun_.load(); }
+  int gets_past_delay() const { return gets_past_delay_.load(); }
   void set_capacity(uint64_t c) { capacity_ = c; }
 
  private:
   absl::Mutex mu_;
   absl::flat_hash_map<ObjectKey, std::vector<uint8_t>> objects_ ABSL_GUARDED_BY(mu_);
   std::atomic<int> delay_ms_{0};
+  std::atomic<int> gets_begun_{0};
+  std::atomic<int> gets_past_delay_{0};
   std::atomic<uint64_t> capacity_{uint64_t{1} << 40};
 };
 

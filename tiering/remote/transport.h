@@ -5,7 +5,6 @@
 #ifndef KVTIER_TIERING_REMOTE_TRANSPORT_H_
 #define KVTIER_TIERING_REMOTE_TRANSPORT_H_
 
-#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -15,8 +14,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/fault_injection.h"
 #include "tiering/tier.h"
 
 namespace kvtier::tiering::remote {
@@ -75,33 +74,16 @@ class Transport {
   virtual absl::Status Ping(const std::string& peer, absl::Duration timeout) = 0;
 };
 
-// Which faults a FaultInjectingTransport injects; every field defaults to
-// "no fault" (../shared/STYLE.md).
-struct FaultPolicy {
-  // Fail every call after this many have passed. Default: -1 (never)
-  int64_t fail_after_n = -1;
-  // Fail one call in this many, chosen by a seeded generator. Default: 0 (never)
-  uint32_t one_in = 0;
-  // Delay added before each call is forwarded, in microseconds. Default: 0
-  int64_t latency_us = 0;
-  // A failed Get delivers garbage bytes into the caller's buffer first, as a
-  // transfer cut off mid-way would ("dropped unflushed data" of a transfer).
-  // Default: false
-  bool drop_unflushed = false;
-  // Injected failures are Unavailable (retryable); otherwise Internal.
-  // Default: true
-  bool retryable = true;
-  // Seed of the one_in generator. Default: 1
-  uint32_t seed = 1;
-};
-
-// Forwards to another Transport, injecting the faults of its policy. The
-// policy can be changed while calls run. Thread-safe.
+// Forwards to another Transport (not owned; must outlive this one),
+// injecting the faults of its policy (common/fault_injection.h: every call is
+// one operation, Put a write; drop_unflushed garbles the buffer of a failed
+// Get; torn_write_one_in and fail_mid_submit do not apply). The policy can be
+// changed while calls run. Thread-safe.
 class FaultInjectingTransport : public Transport {
  public:
   explicit FaultInjectingTransport(Transport* base, FaultPolicy policy = {});
-  void set_policy(const FaultPolicy& policy);
-  uint64_t injected() const { return injected_.load(); }
+  void set_policy(const FaultPolicy& policy) { faults_.SetPolicy(policy); }
+  uint64_t injected() const { return faults_.injected(); }
 
   absl::Status Put(const std::string& peer, const ObjectKey& id, std::span<const uint8_t> bytes,
                    absl::Duration timeout) override;
@@ -114,15 +96,8 @@ class FaultInjectingTransport : public Transport {
   absl::Status Ping(const std::string& peer, absl::Duration timeout) override;
 
  private:
-  // Applies latency and decides whether this call fails; returns the error.
-  absl::Status MaybeFail(const char* op);
-
-  Transport* base_;
-  absl::Mutex mu_;
-  FaultPolicy policy_ ABSL_GUARDED_BY(mu_);
-  uint64_t calls_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t rng_ ABSL_GUARDED_BY(mu_) = 1;
-  std::atomic<uint64_t> injected_{0};
+  Transport* const base_;
+  FaultInjector faults_;
 };
 
 }  // namespace kvtier::tiering::remote

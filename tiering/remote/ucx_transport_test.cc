@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "gmock/gmock.h"
+#include "common/testing/wait.h"
 #include "gtest/gtest.h"
 #include "tiering/remote/test_peer.h"
 
@@ -210,12 +211,15 @@ TEST(UcxTransport, SlowPeerTimesOutAsUnavailableAndLateReplyIsIgnored) {
   auto data = Bytes(1 << 20, 9);
   ASSERT_TRUE((*client)->Put(server->addr, Id(5), data, kTimeout).ok());
   server->service.set_delay_ms(1500);
+  const int answered = server->service.gets_past_delay();
   std::vector<uint8_t> out(data.size(), 0);
   auto s = (*client)->Get(server->addr, Id(5), out, absl::Milliseconds(200));
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
   EXPECT_THAT(s.message(), HasSubstr("did not answer"));
   server->service.set_delay_ms(0);
-  std::this_thread::sleep_for(std::chrono::milliseconds(1600));  // the late reply arrives
+  // The peer answers the timed-out get late; the next get may overlap it.
+  ASSERT_TRUE(::kvtier::testing::WaitUntil(
+      [&] { return server->service.gets_past_delay() > answered; }, std::chrono::seconds(10)));
   std::vector<uint8_t> again(data.size(), 0);
   ASSERT_TRUE((*client)->Get(server->addr, Id(5), again, kTimeout).ok());
   EXPECT_EQ(again, data);
@@ -228,11 +232,13 @@ TEST(UcxTransport, PeerDyingMidTransferGivesUnavailable) {
   auto data = Bytes(64 << 20, 4);
   ASSERT_TRUE((*client)->Put(server->addr, Id(1), data, kTimeout).ok());
   server->service.set_delay_ms(300);  // the get is in flight when the peer goes
+  const int begun = server->service.gets_begun();
   std::vector<uint8_t> out(data.size(), 0);
   auto pending = std::async(std::launch::async, [&] {
     return (*client)->Get(server->addr, Id(1), out, kTimeout);
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ASSERT_TRUE(::kvtier::testing::WaitUntil([&] { return server->service.gets_begun() > begun; },
+                                           std::chrono::seconds(10)));
   server.reset();  // the peer dies: listener and connections close
   absl::Status s = pending.get();
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;

@@ -7,18 +7,19 @@
 #include <set>
 #include <thread>
 
+#include "common/testing/temp_dir.h"
 #include "gmock/gmock.h"
 #include "absl/container/flat_hash_set.h"
 #include "gtest/gtest.h"
-#include "tests/tiering_test_util.h"
 #include "tiering/placement_engine.h"
+#include "tiering/test_util.h"
 
 namespace kvtier::tiering {
 namespace {
 
 using ::kvtier::tiering::testing::KeyOf;
 using ::kvtier::tiering::testing::MakeChunk;
-using ::kvtier::tiering::testing::TempDir;
+using ::kvtier::testing::TempDir;
 
 constexpr uint64_t kChunkAlloc = 16384;  // MakeChunk(…,16) rounds to 4 pages
 

@@ -1,11 +1,8 @@
-// Shared helpers of the tiering tests: deterministic chunks and temp dirs.
-#ifndef KVTIER_TESTS_TIERING_TEST_UTIL_H_
-#define KVTIER_TESTS_TIERING_TEST_UTIL_H_
-
-#include <stdlib.h>
+// Shared helpers of the tiering tests: deterministic chunks and keys.
+#ifndef KVTIER_TIERING_TEST_UTIL_H_
+#define KVTIER_TIERING_TEST_UTIL_H_
 
 #include <cstdint>
-#include <filesystem>
 #include <random>
 #include <string>
 #include <vector>
@@ -39,23 +36,6 @@ inline std::vector<uint8_t> MakeChunk(uint64_t seed, uint32_t tokens = 16, uint3
 
 inline Hash128 KeyOf(uint64_t seed) { return Hash128::Of(std::to_string(seed), 42); }
 
-// A directory under /tmp, removed with the object.
-class TempDir {
- public:
-  TempDir() {
-    char tmpl[] = "/tmp/kvtier-tiering-XXXXXX";
-    path_ = mkdtemp(tmpl);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
-
 }  // namespace kvtier::tiering::testing
 
-#endif  // KVTIER_TESTS_TIERING_TEST_UTIL_H_
+#endif  // KVTIER_TIERING_TEST_UTIL_H_

@@ -1,7 +1,7 @@
 // Shared helpers of the kvtierd tests: small valid chunks, keys, and daemon
 // options sized for a test (tens of MiB, temp data dir, no logging).
-#ifndef KVTIER_TESTS_SERVER_TEST_UTIL_H_
-#define KVTIER_TESTS_SERVER_TEST_UTIL_H_
+#ifndef KVTIER_SERVER_TEST_UTIL_H_
+#define KVTIER_SERVER_TEST_UTIL_H_
 
 #include <cstdint>
 #include <string>
@@ -45,4 +45,4 @@ inline server::DaemonOptions SmallDaemonOptions(const std::string& dir) {
 
 }  // namespace kvtier::testing
 
-#endif  // KVTIER_TESTS_SERVER_TEST_UTIL_H_
+#endif  // KVTIER_SERVER_TEST_UTIL_H_

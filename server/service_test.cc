@@ -6,8 +6,11 @@
 #include <fstream>
 #include <thread>
 
+#include "common/testing/temp_dir.h"
+#include "common/testing/wait.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/test_util.h"
 #include "wire/chunk_check.h"
 #include "server/grpc_auth.h"
 #include "server/grpc_service.h"
@@ -15,8 +18,6 @@
 #include "server/metrics.h"
 #include "server/options.h"
 #include "server/service.h"
-#include "tests/cli_runner.h"
-#include "tests/server_test_util.h"
 #include "tiering/placement_engine.h"
 
 namespace kvtier::server {
@@ -348,9 +349,9 @@ TEST(ChunkCheck, TrailingHasherMatchesTheSectionChecksums) {
     auto [k, v] = t.Finish();
     EXPECT_EQ(k, h.k_checksum);
     EXPECT_EQ(v, h.v_checksum);
-    ASSERT_TRUE(t.Start(chunk.data(), h, l.v_offset, chunk.size()) ||
-                (std::this_thread::sleep_for(std::chrono::milliseconds(50)),
-                 t.Start(chunk.data(), h, l.v_offset, chunk.size())));
+    ASSERT_TRUE(::kvtier::testing::WaitUntil(
+        [&] { return t.Start(chunk.data(), h, l.v_offset, chunk.size()); },
+        std::chrono::seconds(5), std::chrono::milliseconds(1)));
     t.Publish(l.v_offset + 4096);
     t.Abandon();
   }
