@@ -896,19 +896,21 @@ void PlacementEngine::ForgetEnded(absl::flat_hash_set<uint64_t>& slot_ids,
   });
 }
 
+absl::StatusOr<PoolExtent> PlacementEngine::TakeClientSlot(uint64_t slot_id) {
+  absl::MutexLock l(&mu_);
+  ExpireLocked(Now());
+  auto it = slots_.find(slot_id);
+  if (it == slots_.end() || it->second.scratch) {
+    return absl::NotFoundError("slot unknown or expired");
+  }
+  PoolExtent ext = it->second.extent;
+  slots_.erase(it);
+  return ext;
+}
+
 absl::Status PlacementEngine::CommitSlot(uint64_t slot_id, const Hash128& key,
                                          const PutOptions& opts) {
-  PoolExtent ext;
-  {
-    absl::MutexLock l(&mu_);
-    ExpireLocked(Now());
-    auto it = slots_.find(slot_id);
-    if (it == slots_.end() || it->second.scratch) {
-      return absl::NotFoundError("slot unknown or expired");
-    }
-    ext = it->second.extent;
-    slots_.erase(it);
-  }
+  KVTIER_ASSIGN_OR_RETURN(PoolExtent ext, TakeClientSlot(slot_id));
   std::span<const uint8_t> bytes(dram_->base() + ext.offset, ext.length);
   auto h = CheckPutChunk(bytes, "slot");
   if (!h.ok()) {
@@ -920,17 +922,7 @@ absl::Status PlacementEngine::CommitSlot(uint64_t slot_id, const Hash128& key,
 
 absl::Status PlacementEngine::CommitSlot(uint64_t slot_id, const codec::VerifiedChunk& chunk,
                                          const Hash128& key, const PutOptions& opts) {
-  PoolExtent ext;
-  {
-    absl::MutexLock l(&mu_);
-    ExpireLocked(Now());
-    auto it = slots_.find(slot_id);
-    if (it == slots_.end() || it->second.scratch) {
-      return absl::NotFoundError("slot unknown or expired");
-    }
-    ext = it->second.extent;
-    slots_.erase(it);
-  }
+  KVTIER_ASSIGN_OR_RETURN(PoolExtent ext, TakeClientSlot(slot_id));
   if (chunk.bytes().data() != dram_->base() + ext.offset || chunk.bytes().size() != ext.length) {
     (void)dram_->AbortSlot(ext);
     return absl::InvalidArgumentError(

@@ -409,6 +409,9 @@ class PlacementEngine {
   absl::Status PutLocal(const Hash128& key, std::span<const uint8_t> chunk,
                         const codec::ChunkHeader& header, const PutOptions& opts);
   absl::StatusOr<Slot> AllocateSlotOf(uint64_t bytes, int64_t ttl_ms, bool scratch);
+  // Removes client slot `slot_id` from the table and returns its extent, now
+  // the caller's. NotFound for an unknown, expired or scratch slot.
+  absl::StatusOr<PoolExtent> TakeClientSlot(uint64_t slot_id) ABSL_LOCKS_EXCLUDED(mu_);
   // The rest of both CommitSlots: the slot is taken out of slots_, `header`
   // is the header of its bytes.
   absl::Status CommitTakenSlot(const PoolExtent& ext, const codec::ChunkHeader& header,
