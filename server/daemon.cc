@@ -336,12 +336,13 @@ absl::Status Daemon::Shutdown() {
   http_.reset();
   absl::Status st;
   if (service_) {
-    auto n = service_->FlushDramToNvme();
-    if (n.ok()) {
-      flushed_chunks_ = *n;
-    } else {
-      st = n.status();
+    const KvService::FlushReport r = service_->FlushDramToNvme();
+    flushed_chunks_ = r.written;
+    if (r.no_room + r.corrupt + r.failed > 0) {
+      spdlog::warn("shutdown: {} DRAM chunks not written to NVMe ({} without room, {} corrupt, {} failed)",
+                   r.no_room + r.corrupt + r.failed, r.no_room, r.corrupt, r.failed);
     }
+    st = r.first_error;
   }
   tcp_server_.reset();
   unix_server_.reset();

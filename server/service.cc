@@ -234,27 +234,37 @@ ServiceStats KvService::Stats() {
   return s;
 }
 
-absl::StatusOr<uint64_t> KvService::FlushDramToNvme() {
+KvService::FlushReport KvService::FlushDramToNvme() {
+  FlushReport r;
   tiering::DramTier* dram = engine_->dram();
   tiering::NvmeTier* nvme = engine_->nvme();
-  if (dram == nullptr || nvme == nullptr) return 0;
-  uint64_t written = 0;
+  if (dram == nullptr || nvme == nullptr) return r;
   std::vector<uint8_t> buf;
   for (const auto& [id, len] : dram->List()) {
     if (id.part != Part::kWhole) continue;
     if (nvme->Size(id).ok()) continue;  // already durable
     // Leave room: a full NVMe tier would evict older chunks to take these.
-    if (nvme->used_bytes() + len + 4096 > nvme->capacity_bytes()) continue;
+    if (nvme->used_bytes() + len + 4096 > nvme->capacity_bytes()) {
+      ++r.no_room;
+      continue;
+    }
     buf.resize(len);
     if (!dram->Read(id, buf).ok()) continue;  // deleted meanwhile
     auto verified = wire::VerifyChunkParallel(buf);
-    if (!verified.ok()) continue;  // never persist corrupt bytes
+    if (!verified.ok()) {  // never persist corrupt bytes
+      ++r.corrupt;
+      continue;
+    }
     tiering::PutOptions po;
     po.durable = true;
     absl::Status st = engine_->Put(id.key, *verified, po);
-    if (st.ok()) ++written;
+    if (st.ok()) {
+      ++r.written;
+    } else {
+      if (r.failed++ == 0) r.first_error = st;
+    }
   }
-  return written;
+  return r;
 }
 
 }  // namespace kvtier::server

@@ -163,9 +163,17 @@ class KvService {
   absl::Status Release(uint64_t lease_id);
   ServiceStats Stats();
 
+  // What FlushDramToNvme did with the whole chunks held only in DRAM.
+  struct FlushReport {
+    uint64_t written = 0;  // made durable on NVMe
+    uint64_t no_room = 0;  // left out: the NVMe tier had no room for them
+    uint64_t corrupt = 0;  // failed their checksums: never persisted
+    uint64_t failed = 0;   // their NVMe put failed (first_error)
+    absl::Status first_error;
+  };
   // Writes every whole chunk held only in DRAM to NVMe while it has room
-  // (the SIGTERM path). Returns the number of chunks written.
-  absl::StatusOr<uint64_t> FlushDramToNvme();
+  // (the SIGTERM path), and says what it left out and why.
+  FlushReport FlushDramToNvme();
 
  private:
   absl::Status CheckKeyCount(size_t n) const;

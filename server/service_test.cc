@@ -378,9 +378,27 @@ TEST_F(ServiceTest, FlushWritesDramChunksToNvme) {
   ASSERT_TRUE(service_->Put({TestKey(40)}, MakeChunk(40)).ok());
   ASSERT_TRUE(service_->Put({TestKey(41)}, MakeChunk(41)).ok());
   auto n = service_->FlushDramToNvme();
-  ASSERT_TRUE(n.ok());
-  EXPECT_EQ(*n, 2u);
+  EXPECT_EQ(n.written, 2u);
   EXPECT_EQ(engine_->nvme()->List().size(), 2u);
+}
+
+// A chunk whose DRAM bytes are corrupt is never persisted, and the report
+// says so instead of leaving it out silently.
+TEST_F(ServiceTest, FlushReportsTheChunksItLeavesOut) {
+  ASSERT_TRUE(service_->Put({TestKey(42)}, MakeChunk(42)).ok());
+  ASSERT_TRUE(service_->Put({TestKey(43)}, MakeChunk(43)).ok());
+  auto loc = engine_->Locate(TestKey(43));
+  ASSERT_TRUE(loc.ok()) << loc.status();
+  ASSERT_TRUE(loc->parts[0].dram_slot.has_value());
+  auto bytes = Pool(*loc->parts[0].dram_slot);
+  bytes[bytes.size() - 1] ^= 0x40;  // a V byte
+  const KvService::FlushReport r = service_->FlushDramToNvme();
+  EXPECT_EQ(r.written, 1u);
+  EXPECT_EQ(r.corrupt, 1u);
+  EXPECT_EQ(r.no_room, 0u);
+  EXPECT_EQ(r.failed, 0u);
+  EXPECT_TRUE(r.first_error.ok());
+  EXPECT_EQ(engine_->nvme()->List().size(), 1u);
 }
 
 TEST_F(ServiceTest, StatsListsTiersAndEveryEngineCounter) {
