@@ -62,7 +62,7 @@ constexpr float kLog2e = 1.4426950408889634f;
 // kAuto runs the tensor-core kernel from this many q heads per kv head up
 // (FlashInfer's choice too; smaller groups waste most of the 16 mma rows), at
 // every batch size: with its own partition rule it is faster than the
-// CUDA-core kernel from batch 1 up (run 8c, H100: b1 ctx 16K K16/V8 1.66 vs
+// CUDA-core kernel from batch 1 up (H100: b1 ctx 16K K16/V8 1.66 vs
 // 0.85 TB/s; within 3% either way only at ctx 1K, batch 2-4).
 constexpr uint32_t kTensorCoreMinGroup = 4;
 static_assert(kMinPart % kTile == 0 && kMaxPart % kTile == 0,
