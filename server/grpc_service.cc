@@ -100,17 +100,8 @@ class GrpcAdapter::UnaryCall final : public grpc::ServerUnaryReactor {
 
   // Records and sends the outcome, with `resp` encoded on success; the answer
   // then has the write timeout to reach its reader. Call exactly once.
-  void Reply(absl::Status st, const google::protobuf::MessageLite* resp = nullptr) {
-    if (st.ok() && resp != nullptr) {
-      bool own = false;
-      grpc::Status enc =
-          grpc::SerializationTraits<google::protobuf::MessageLite>::Serialize(*resp, out_, &own);
-      if (!enc.ok()) st = absl::InternalError(absl::StrCat("encoding the answer: ", enc.error_message()));
-    }
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
-    adapter_->metrics_->Record(method_, static_cast<int>(st.code()), s);
-    adapter_->tracker_.Arm(&entry_, adapter_->options_.limits.write_timeout_ms);
-    Finish(ToGrpcStatus(st));
+  void Reply(const absl::Status& st, const google::protobuf::MessageLite* resp = nullptr) {
+    Finish(adapter_->Conclude(method_, t0_, &entry_, st, resp, out_));
   }
 
   void OnDone() override {
@@ -136,6 +127,20 @@ GrpcAdapter::GrpcAdapter(KvService* service, ServerMetrics* metrics, AdapterOpti
             options_.thread_name) {}
 
 GrpcAdapter::~GrpcAdapter() = default;
+
+grpc::Status GrpcAdapter::Conclude(Method m, std::chrono::steady_clock::time_point t0,
+                                   CallTracker::Entry* entry, absl::Status st,
+                                   const google::protobuf::MessageLite* resp, Bytes* out) {
+  if (st.ok() && resp != nullptr) {
+    bool own = false;
+    grpc::Status enc = grpc::SerializationTraits<google::protobuf::MessageLite>::Serialize(*resp, out, &own);
+    if (!enc.ok()) st = absl::InternalError(absl::StrCat("encoding the answer: ", enc.error_message()));
+  }
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  metrics_->Record(m, static_cast<int>(st.code()), s);
+  tracker_.Arm(entry, options_.limits.write_timeout_ms);
+  return ToGrpcStatus(st);
+}
 
 absl::Status GrpcAdapter::Authorize(Ctx* ctx) {
   if (ctx->peer().rfind("unix:", 0) == 0) return absl::OkStatus();  // guarded by file mode 0600
@@ -336,16 +341,9 @@ class GrpcAdapter::PutStreamCall final : public grpc::ServerReadReactor<grpc::By
     Reply(st);
   }
 
-  void Reply(absl::Status st) {
-    if (st.ok()) {
-      bool own = false;
-      grpc::Status enc = grpc::SerializationTraits<pb::PutResponse>::Serialize(pb::PutResponse(), out_, &own);
-      if (!enc.ok()) st = absl::InternalError(absl::StrCat("encoding the answer: ", enc.error_message()));
-    }
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
-    adapter_->metrics_->Record(Method::kPut, static_cast<int>(st.code()), s);
-    adapter_->tracker_.Arm(&entry_, adapter_->options_.limits.write_timeout_ms);
-    Finish(ToGrpcStatus(st));
+  void Reply(const absl::Status& st) {
+    const pb::PutResponse resp;
+    Finish(adapter_->Conclude(Method::kPut, t0_, &entry_, st, &resp, out_));
   }
 
   GrpcAdapter* const adapter_;

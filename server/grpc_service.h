@@ -5,6 +5,7 @@
 #ifndef KVTIER_SERVER_GRPC_SERVICE_H_
 #define KVTIER_SERVER_GRPC_SERVICE_H_
 
+#include <chrono>
 #include <string>
 
 #include "absl/status/status.h"
@@ -110,6 +111,12 @@ class GrpcAdapter final : public RawKvtierService {
                                   ServeMode mode = {});
   absl::Status Authorize(Ctx* ctx);
   absl::Status CheckVersion(uint32_t version) const;
+  // A call's outcome: encodes `resp` into `out` on success, records the
+  // method's metrics, gives the answer the write timeout; the status to
+  // Finish the call with.
+  grpc::Status Conclude(Method m, std::chrono::steady_clock::time_point t0,
+                        CallTracker::Entry* entry, absl::Status st,
+                        const google::protobuf::MessageLite* resp, Bytes* out);
 
   KvService* const service_;
   ServerMetrics* const metrics_;
