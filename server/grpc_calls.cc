@@ -134,20 +134,19 @@ uint64_t CallTracker::cancelled_calls() {
   return cancelled_;
 }
 
+CallTracker::Entry* CallTracker::FirstDueLocked(std::chrono::steady_clock::time_point now) {
+  for (Entry* e : entries_) {
+    if (e->deadline != std::chrono::steady_clock::time_point{} && e->deadline < now) return e;
+  }
+  return nullptr;
+}
+
 void CallTracker::Watch() {
   constexpr auto kTick = std::chrono::milliseconds(20);
   absl::MutexLock l(&mu_);
   while (!stopping_) {
     mu_.AwaitWithTimeout(absl::Condition(&stopping_), absl::FromChrono(kTick));
-    const auto now = std::chrono::steady_clock::now();
-    Entry* due = nullptr;
-    for (Entry* e : entries_) {
-      if (e->deadline != std::chrono::steady_clock::time_point{} && e->deadline < now) {
-        due = e;
-        break;
-      }
-    }
-    while (due != nullptr) {
+    while (Entry* due = FirstDueLocked(std::chrono::steady_clock::now())) {
       due->deadline = {};
       ++cancelled_;
       if (metrics_ != nullptr) metrics_->Add(ServerMetric::kCallsCancelled);
@@ -157,14 +156,6 @@ void CallTracker::Watch() {
       ctx->TryCancel();
       mu_.Lock();
       cancelling_ = nullptr;
-      due = nullptr;
-      const auto t = std::chrono::steady_clock::now();
-      for (Entry* e : entries_) {
-        if (e->deadline != std::chrono::steady_clock::time_point{} && e->deadline < t) {
-          due = e;
-          break;
-        }
-      }
     }
   }
 }

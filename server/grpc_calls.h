@@ -102,6 +102,8 @@ class CallTracker {
 
  private:
   void Watch();
+  // An entry whose deadline passed before `now`, or null.
+  Entry* FirstDueLocked(std::chrono::steady_clock::time_point now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const CallLimits limits_;
   ServerMetrics* const metrics_;
