@@ -13,6 +13,15 @@
 //                 B1/B2; a ghost hit moves the T1 target towards the list
 //                 that would have kept the object, so the recency/frequency
 //                 split adapts to the workload instead of being fixed.
+//   SlruPolicy    segmented LRU with ghost re-admission, by bytes: new
+//                 objects enter a probation LRU; a hit moves one to a
+//                 protected LRU capped at a share of the capacity (its
+//                 overflow returns to the probation tail); objects evicted
+//                 from probation leave a ghost, and a ghost stored again
+//                 enters protected. On a prefix trace where most chunks are
+//                 read once (docs/tiering.md "Trace replay"), the chunks of
+//                 shared prefixes and continued conversations stay while
+//                 one-read chunks pass through probation.
 #ifndef KVTIER_TIERING_EVICTION_H_
 #define KVTIER_TIERING_EVICTION_H_
 
@@ -21,14 +30,19 @@
 #include <list>
 #include <memory>
 #include <optional>
+#include <string_view>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
 #include "tiering/tier.h"
 
 namespace kvtier::tiering {
 
-enum class EvictionPolicyKind : uint8_t { kLru = 0, kS3Fifo = 1, kArc = 2 };
-const char* EvictionPolicyName(EvictionPolicyKind k);  // "lru", "s3fifo", "arc"
+enum class EvictionPolicyKind : uint8_t { kLru = 0, kS3Fifo = 1, kArc = 2, kSlru = 3 };
+const char* EvictionPolicyName(EvictionPolicyKind k);  // "lru", "s3fifo", "arc", "slru"
+// The kind named `name` (EvictionPolicyName's names). InvalidArgument
+// listing the names otherwise.
+absl::StatusOr<EvictionPolicyKind> ParseEvictionPolicy(std::string_view name);
 
 struct EvictionOptions {
   // S3-FIFO: the small (probationary) queue's share of the capacity. A new
@@ -39,6 +53,11 @@ struct EvictionOptions {
   // before that (bench/tiering_bench.cc trace; docs/tiering.md has numbers).
   // Ignored by other policies. Default: 0.3
   double s3fifo_small_fraction = 0.3;
+  // SLRU: the protected segment's share of the capacity. Default: 0.3
+  double slru_protected_fraction = 0.3;
+  // SLRU: bytes of ghosts (objects evicted from probation) remembered, as a
+  // multiple of the capacity. 0 disables re-admission by ghost. Default: 2
+  double slru_ghost_fraction = 2.0;
 };
 
 class EvictionPolicy {
