@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <deque>
+#include <string>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
@@ -28,7 +29,7 @@ absl::StatusOr<EvictionPolicyKind> ParseEvictionPolicy(std::string_view name) {
                  EvictionPolicyKind::kSlru}) {
     if (name == EvictionPolicyName(k)) return k;
   }
-  return absl::InvalidArgumentError(absl::StrCat("unknown eviction policy \"", name,
+  return absl::InvalidArgumentError(absl::StrCat("unknown eviction policy \"", std::string(name),
                                                  "\" (lru, s3fifo, arc, slru)"));
 }
 
