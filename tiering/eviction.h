@@ -22,6 +22,14 @@
 //                 read once (docs/tiering.md "Trace replay"), the chunks of
 //                 shared prefixes and continued conversations stay while
 //                 one-read chunks pass through probation.
+//   FreqLruPolicy frequency-boosted LRU: each object's eviction priority is
+//                 the logical time of its last use plus a bonus for every
+//                 use beyond the first (up to a cap), counted by a
+//                 count-min sketch that remembers objects after they leave
+//                 (TinyLFU's sketch, Einziger et al., ToS'17). The bonus is a
+//                 share of the tier's object count, so it scales with the
+//                 tier: a chunk read again outlives chunks read once by that
+//                 many uses of the tier.
 #ifndef KVTIER_TIERING_EVICTION_H_
 #define KVTIER_TIERING_EVICTION_H_
 
@@ -38,8 +46,9 @@
 
 namespace kvtier::tiering {
 
-enum class EvictionPolicyKind : uint8_t { kLru = 0, kS3Fifo = 1, kArc = 2, kSlru = 3 };
-const char* EvictionPolicyName(EvictionPolicyKind k);  // "lru", "s3fifo", "arc", "slru"
+enum class EvictionPolicyKind : uint8_t { kLru = 0, kS3Fifo = 1, kArc = 2, kSlru = 3, kFreqLru = 4 };
+// "lru", "s3fifo", "arc", "slru", "flru"
+const char* EvictionPolicyName(EvictionPolicyKind k);
 // The kind named `name` (EvictionPolicyName's names). InvalidArgument
 // listing the names otherwise.
 absl::StatusOr<EvictionPolicyKind> ParseEvictionPolicy(std::string_view name);
@@ -58,6 +67,12 @@ struct EvictionOptions {
   // SLRU: bytes of ghosts (objects evicted from probation) remembered, as a
   // multiple of the capacity. 0 disables re-admission by ghost. Default: 2
   double slru_ghost_fraction = 2.0;
+  // FLRU: the bonus of each use beyond the first, as a multiple of the
+  // number of objects in the tier (in units of uses of the tier), until the
+  // policy's miniature caches choose one (0, 0.25, 0.5 or 1). Default: 0
+  double flru_bonus = 0;
+  // FLRU: uses beyond the first that earn a bonus. Default: 3
+  uint32_t flru_max_bonus_uses = 3;
 };
 
 class EvictionPolicy {
