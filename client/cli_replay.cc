@@ -226,7 +226,7 @@ void AddCommon(CLI::App* cmd, ReplayArgs& a) {
   cmd->add_option("--model", a.model, "model preset (kvtier models)")->capture_default_str();
   cmd->add_option("--codec", a.codec, "codec: k16v16, k16v8, k8v8, ...")->capture_default_str();
   cmd->add_option("--block-tokens", a.block_tokens, "tokens per trace block (one chunk)")->capture_default_str();
-  cmd->add_option("--policy", a.policy, "eviction policy: lru, s3fifo, arc, slru (default: the engine's)");
+  cmd->add_option("--policy", a.policy, "eviction policy: lru, s3fifo, arc, flru (default: the engine's)");
   cmd->add_option("--nvme-admit-after", a.nvme_admit_after_uses,
                   "uses before a chunk evicted from DRAM is written to NVMe")
       ->capture_default_str();

@@ -21,8 +21,6 @@ const char* EvictionPolicyName(EvictionPolicyKind k) {
       return "s3fifo";
     case EvictionPolicyKind::kArc:
       return "arc";
-    case EvictionPolicyKind::kSlru:
-      return "slru";
     case EvictionPolicyKind::kFreqLru:
       return "flru";
   }
@@ -31,11 +29,11 @@ const char* EvictionPolicyName(EvictionPolicyKind k) {
 
 absl::StatusOr<EvictionPolicyKind> ParseEvictionPolicy(std::string_view name) {
   for (auto k : {EvictionPolicyKind::kLru, EvictionPolicyKind::kS3Fifo, EvictionPolicyKind::kArc,
-                 EvictionPolicyKind::kSlru, EvictionPolicyKind::kFreqLru}) {
+                 EvictionPolicyKind::kFreqLru}) {
     if (name == EvictionPolicyName(k)) return k;
   }
   return absl::InvalidArgumentError(absl::StrCat("unknown eviction policy \"", std::string(name),
-                                                 "\" (lru, s3fifo, arc, slru, flru)"));
+                                                 "\" (lru, s3fifo, arc, flru)"));
 }
 
 namespace {
@@ -286,117 +284,6 @@ class ArcPolicy : public EvictionPolicy {
   std::optional<ObjectKey> victim_;
 };
 
-// Segmented LRU over bytes. Lists hold the most recent object at the front.
-class SlruPolicy : public EvictionPolicy {
- public:
-  SlruPolicy(uint64_t capacity, double protected_fraction, double ghost_fraction)
-      : protected_target_(static_cast<uint64_t>(static_cast<double>(capacity) * protected_fraction)),
-        ghost_target_(static_cast<uint64_t>(static_cast<double>(capacity) * ghost_fraction)) {}
-
-  void OnInsert(const ObjectKey& id, uint64_t bytes) override {
-    if (pos_.contains(id)) {
-      OnAccess(id);
-      return;
-    }
-    auto g = ghost_pos_.find(id);
-    const bool was_ghost = g != ghost_pos_.end();
-    if (was_ghost) {
-      ghost_bytes_ -= g->second.bytes;
-      ghost_.erase(g->second.it);
-      ghost_pos_.erase(g);
-    }
-    const int seg = was_ghost ? kProtected : kProbation;
-    lists_[seg].push_front(id);
-    pos_[id] = Pos{seg, lists_[seg].begin(), bytes};
-    bytes_[seg] += bytes;
-    if (was_ghost) Rebalance();
-  }
-  void OnAccess(const ObjectKey& id) override {
-    auto it = pos_.find(id);
-    if (it == pos_.end()) return;
-    Pos& p = it->second;
-    bytes_[p.seg] -= p.bytes;
-    lists_[kProtected].splice(lists_[kProtected].begin(), lists_[p.seg], p.it);
-    p.seg = kProtected;
-    p.it = lists_[kProtected].begin();
-    bytes_[kProtected] += p.bytes;
-    Rebalance();
-  }
-  void OnErase(const ObjectKey& id) override {
-    auto it = pos_.find(id);
-    if (it == pos_.end()) return;
-    const Pos p = it->second;
-    bytes_[p.seg] -= p.bytes;
-    lists_[p.seg].erase(p.it);
-    pos_.erase(it);
-    if (victim_ && *victim_ == id) {
-      victim_.reset();
-      if (p.seg == kProbation) AddGhost(id, p.bytes);
-    }
-  }
-  std::optional<ObjectKey> PickVictim(
-      const std::function<bool(const ObjectKey&)>& evictable) override {
-    for (int seg : {kProbation, kProtected}) {
-      for (auto it = lists_[seg].rbegin(); it != lists_[seg].rend(); ++it) {
-        if (evictable(*it)) {
-          victim_ = *it;
-          return *it;
-        }
-      }
-    }
-    return std::nullopt;
-  }
-  size_t size() const override { return pos_.size(); }
-  bool IsGhost(const ObjectKey& id) const override { return ghost_pos_.contains(id); }
-
- private:
-  enum : int { kProbation = 0, kProtected = 1 };
-  struct Pos {
-    int seg;
-    std::list<ObjectKey>::iterator it;
-    uint64_t bytes;
-  };
-  struct GhostPos {
-    std::list<ObjectKey>::iterator it;
-    uint64_t bytes;
-  };
-  // Moves the least recent protected objects to the probation tail (the
-  // next to be evicted) while the protected segment is over its share.
-  void Rebalance() {
-    while (bytes_[kProtected] > protected_target_ && lists_[kProtected].size() > 1) {
-      auto last = std::prev(lists_[kProtected].end());
-      Pos& p = pos_[*last];
-      bytes_[kProtected] -= p.bytes;
-      lists_[kProbation].splice(lists_[kProbation].end(), lists_[kProtected], last);
-      p.seg = kProbation;
-      p.it = std::prev(lists_[kProbation].end());
-      bytes_[kProbation] += p.bytes;
-    }
-  }
-  void AddGhost(const ObjectKey& id, uint64_t bytes) {
-    if (ghost_target_ == 0) return;
-    ghost_.push_front(id);
-    ghost_pos_[id] = GhostPos{ghost_.begin(), bytes};
-    ghost_bytes_ += bytes;
-    while (ghost_bytes_ > ghost_target_ && !ghost_.empty()) {
-      auto g = ghost_pos_.find(ghost_.back());
-      ghost_bytes_ -= g->second.bytes;
-      ghost_pos_.erase(g);
-      ghost_.pop_back();
-    }
-  }
-
-  const uint64_t protected_target_;
-  const uint64_t ghost_target_;
-  std::array<std::list<ObjectKey>, 2> lists_;
-  std::array<uint64_t, 2> bytes_{};
-  absl::flat_hash_map<ObjectKey, Pos> pos_;
-  std::list<ObjectKey> ghost_;  // most recently evicted first
-  absl::flat_hash_map<ObjectKey, GhostPos> ghost_pos_;
-  uint64_t ghost_bytes_ = 0;
-  std::optional<ObjectKey> victim_;
-};
-
 // A count-min sketch of 4-bit-saturating use counts (kept in bytes), 4 rows
 // of 2^18 counters (1 MiB). Every kResetFactor x width increments all
 // counters halve, so counts follow the recent workload (TinyLFU's reset).
@@ -586,9 +473,6 @@ std::unique_ptr<EvictionPolicy> NewEvictionPolicy(EvictionPolicyKind kind, uint6
       return std::make_unique<S3FifoPolicy>(capacity, options.s3fifo_small_fraction);
     case EvictionPolicyKind::kArc:
       return std::make_unique<ArcPolicy>(capacity);
-    case EvictionPolicyKind::kSlru:
-      return std::make_unique<SlruPolicy>(capacity, options.slru_protected_fraction,
-                                          options.slru_ghost_fraction);
     case EvictionPolicyKind::kFreqLru:
       return std::make_unique<FreqLruPolicy>(capacity, options.flru_bonus, options.flru_max_bonus_uses);
   }

@@ -13,15 +13,6 @@
 //                 B1/B2; a ghost hit moves the T1 target towards the list
 //                 that would have kept the object, so the recency/frequency
 //                 split adapts to the workload instead of being fixed.
-//   SlruPolicy    segmented LRU with ghost re-admission, by bytes: new
-//                 objects enter a probation LRU; a hit moves one to a
-//                 protected LRU capped at a share of the capacity (its
-//                 overflow returns to the probation tail); objects evicted
-//                 from probation leave a ghost, and a ghost stored again
-//                 enters protected. On a prefix trace where most chunks are
-//                 read once (docs/tiering.md "Trace replay"), the chunks of
-//                 shared prefixes and continued conversations stay while
-//                 one-read chunks pass through probation.
 //   FreqLruPolicy frequency-boosted LRU: each object's eviction priority is
 //                 the logical time of its last use plus a bonus for every
 //                 use beyond the first (up to a cap), counted by a
@@ -46,8 +37,8 @@
 
 namespace kvtier::tiering {
 
-enum class EvictionPolicyKind : uint8_t { kLru = 0, kS3Fifo = 1, kArc = 2, kSlru = 3, kFreqLru = 4 };
-// "lru", "s3fifo", "arc", "slru", "flru"
+enum class EvictionPolicyKind : uint8_t { kLru = 0, kS3Fifo = 1, kArc = 2, kFreqLru = 3 };
+// "lru", "s3fifo", "arc", "flru"
 const char* EvictionPolicyName(EvictionPolicyKind k);
 // The kind named `name` (EvictionPolicyName's names). InvalidArgument
 // listing the names otherwise.
@@ -62,11 +53,6 @@ struct EvictionOptions {
   // before that (bench/tiering_bench.cc trace; docs/tiering.md has numbers).
   // Ignored by other policies. Default: 0.3
   double s3fifo_small_fraction = 0.3;
-  // SLRU: the protected segment's share of the capacity. Default: 0.3
-  double slru_protected_fraction = 0.3;
-  // SLRU: bytes of ghosts (objects evicted from probation) remembered, as a
-  // multiple of the capacity. 0 disables re-admission by ghost. Default: 2
-  double slru_ghost_fraction = 2.0;
   // FLRU: the bonus of each use beyond the first, as a multiple of the
   // number of objects in the tier (in units of uses of the tier), until the
   // policy's miniature caches choose one (0, 0.25, 0.5 or 1). Default: 0

@@ -109,32 +109,32 @@ TEST(BeladyReplay, IsAnUpperBoundOfEveryPolicy) {
   for (uint64_t cap : {1, 2, 3, 5}) {
     const uint64_t best = BeladyReplay(t, Options(cap, 0, EvictionPolicyKind::kLru)).chunk_hits;
     for (auto kind : {EvictionPolicyKind::kLru, EvictionPolicyKind::kS3Fifo, EvictionPolicyKind::kArc,
-                      EvictionPolicyKind::kSlru}) {
+                      EvictionPolicyKind::kFreqLru}) {
       EXPECT_LE(ReplayTrace(t, Options(cap, 0, kind))->chunk_hits, best) << cap;
     }
   }
 }
 
-TEST(ReplayTrace, SlruKeepsASharedPrefixThroughAScanOfOneReadChunks) {
+TEST(ReplayTrace, ASharedRootChunkHitsEveryLaterRequest) {
   // Chunk 0 (a shared system prompt) is read by every request; each request
-  // also brings two chunks never read again. With four chunks of DRAM, LRU
-  // keeps 0 (it is always the most recent) too, so both hit every time;
-  // the point is SLRU keeps it while probation churns.
+  // also brings two chunks never read again. Only the root is a prefix hit.
   std::string text;
   for (int i = 0; i < 20; ++i) {
     text += "{\"timestamp\": " + std::to_string(i) + ", \"hash_ids\": [0, " + std::to_string(100 + 2 * i) +
             ", " + std::to_string(101 + 2 * i) + "]}\n";
   }
-  auto r = ReplayTrace(MakeTrace(text), Options(4, 0, EvictionPolicyKind::kSlru));
+  auto r = ReplayTrace(MakeTrace(text), Options(4, 0, EvictionPolicyKind::kFreqLru));
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->prefix_hits, 19u);
+  EXPECT_EQ(r->chunk_hits, 19u);
+  EXPECT_EQ(r->block_reads, 60u);
 }
 
 TEST(ResultJson, HasTheRatiosAndTiers) {
-  auto r = ReplayTrace(MakeTrace(kFourRequests), Options(3, 2, EvictionPolicyKind::kSlru));
+  auto r = ReplayTrace(MakeTrace(kFourRequests), Options(3, 2, EvictionPolicyKind::kFreqLru));
   ASSERT_TRUE(r.ok()) << r.status();
   auto j = nlohmann::json::parse(ResultJson(*r));
-  EXPECT_EQ(j["policy"], "slru");
+  EXPECT_EQ(j["policy"], "flru");
   EXPECT_DOUBLE_EQ(j["prefix_hit_ratio"].get<double>(), r->prefix_hit_ratio());
   EXPECT_TRUE(j["tiers"].contains("dram"));
   EXPECT_TRUE(j["tiers"].contains("nvme"));
@@ -143,7 +143,7 @@ TEST(ResultJson, HasTheRatiosAndTiers) {
 TEST(PlanCapacity, SweepsTheGridAndDrawsIt) {
   Trace t = MakeTrace(kFourRequests);
   const uint64_t a = Aligned();
-  auto plan = PlanCapacity(t, Options(1, 0, EvictionPolicyKind::kSlru), {a, 2 * a, 3 * a}, {0, 2 * a});
+  auto plan = PlanCapacity(t, Options(1, 0, EvictionPolicyKind::kFreqLru), {a, 2 * a, 3 * a}, {0, 2 * a});
   ASSERT_TRUE(plan.ok()) << plan.status();
   ASSERT_EQ(plan->size(), 6u);
   EXPECT_EQ((*plan)[2].dram_bytes, 3 * a);
