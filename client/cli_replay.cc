@@ -12,6 +12,7 @@
 #include "bandwidth/links.h"
 #include "bandwidth/presets.h"
 #include "client/cli.h"
+#include "client/live_replay.h"
 #include "common/file.h"
 #include "common/status.h"
 #include "nlohmann/json.hpp"
@@ -38,6 +39,13 @@ struct ReplayArgs {
   // replay: one size; plan: lists.
   std::vector<double> dram_gib, nvme_gib, dram_share, nvme_share;
   std::string plot;
+  // --live: against a running kvtierd.
+  bool live = false;
+  std::string socket = client::kDefaultSocket;
+  double time_scale = 1;
+  double duration_s = 60;
+  int concurrency = 4;
+  uint32_t live_chunk_tokens = 0;  // 0: block_tokens
 };
 
 struct Setup {
@@ -116,8 +124,51 @@ void PrintRow(const rp::ReplayResult& r) {
               r.ttft_p50_s, r.ttft_p99_s);
 }
 
+void PrintLatency(const char* name, const client::LatencySummary& l) {
+  std::printf("%-7s %8llu %7llu %9.3f %9.3f %9.3f %9.3f\n", name, static_cast<unsigned long long>(l.calls),
+              static_cast<unsigned long long>(l.errors), l.p50_ms, l.p90_ms, l.p99_ms, l.max_ms);
+}
+
+absl::Status RunLive(const ReplayArgs& a, const Setup& s) {
+  client::LiveReplayOptions o;
+  o.client.socket_path = a.socket;
+  o.client.populate_mapping = false;
+  o.chunk = s.options.chunk;
+  if (a.live_chunk_tokens != 0) o.chunk.geometry.num_tokens = a.live_chunk_tokens;
+  o.time_scale = a.time_scale;
+  o.duration_s = a.duration_s;
+  o.concurrency = a.concurrency;
+  o.block_tokens = a.block_tokens;
+  rp::Trace trace = s.trace;
+  if (a.max_requests != 0 && trace.requests.size() > a.max_requests) trace.requests.resize(a.max_requests);
+  KVTIER_ASSIGN_OR_RETURN(client::LiveReplayResult r, client::RunLiveReplay(trace, o));
+  if (a.json) {
+    nlohmann::ordered_json j = nlohmann::ordered_json::parse(client::LiveResultJson(r));
+    j["socket"] = a.socket;
+    j["time_scale"] = a.time_scale;
+    j["duration_s"] = a.duration_s;
+    j["concurrency"] = a.concurrency;
+    j["chunk_tokens"] = o.chunk.geometry.num_tokens;
+    std::printf("%s\n", j.dump(2).c_str());
+    return absl::OkStatus();
+  }
+  std::printf("live    %s: %llu requests in %.1f s (trace time x%.3g, at most %.0f s, %d in flight)\n",
+              a.socket.c_str(), static_cast<unsigned long long>(r.requests), r.wall_s, a.time_scale,
+              a.duration_s, a.concurrency);
+  std::printf("        prefix hit ratio %.4f (%llu of %llu block reads); start late p50 %.1f ms, p99 %.1f ms\n\n",
+              r.prefix_hit_ratio(), static_cast<unsigned long long>(r.prefix_hits),
+              static_cast<unsigned long long>(r.block_reads), r.late_p50_ms, r.late_p99_ms);
+  std::printf("%-7s %8s %7s %9s %9s %9s %9s\n", "call", "calls", "errors", "p50-ms", "p90-ms", "p99-ms", "max-ms");
+  PrintLatency("lookup", r.lookup);
+  PrintLatency("get", r.get);
+  PrintLatency("put", r.put);
+  if (!r.first_error.empty()) std::printf("\nfirst error: %s\n", r.first_error.c_str());
+  return absl::OkStatus();
+}
+
 absl::Status RunReplay(const ReplayArgs& a) {
   KVTIER_ASSIGN_OR_RETURN(Setup s, Prepare(a));
+  if (a.live) return RunLive(a, s);
   KVTIER_ASSIGN_OR_RETURN(std::vector<uint64_t> dram, Sizes(s, a.dram_gib, a.dram_share, "dram"));
   KVTIER_ASSIGN_OR_RETURN(std::vector<uint64_t> nvme, Sizes(s, a.nvme_gib, a.nvme_share, "nvme"));
   if (dram.size() > 1 || nvme.size() > 1) {
@@ -253,6 +304,17 @@ void RegisterReplayCommands(CLI::App& app, CommandResult& result) {
       ->expected(1);
   replay->add_option("--nvme-share", r.nvme_share, "NVMe size as a share of the trace's distinct blocks")
       ->expected(1);
+  replay->add_flag("--live", r.live,
+                   "replay against a running kvtierd at the trace's arrival times; report call latencies");
+  replay->add_option("--socket", r.socket, "--live: kvtierd Unix socket")->capture_default_str();
+  replay->add_option("--time-scale", r.time_scale, "--live: trace time per wall time (10 = ten times faster)")
+      ->capture_default_str();
+  replay->add_option("--duration-s", r.duration_s, "--live: start no request after this many seconds")
+      ->capture_default_str();
+  replay->add_option("--concurrency", r.concurrency, "--live: requests in flight, one connection each")
+      ->capture_default_str();
+  replay->add_option("--live-chunk-tokens", r.live_chunk_tokens,
+                     "--live: tokens of the chunk sent per block (default: --block-tokens)");
   replay->callback(Action(result, [replay_args] { return RunReplay(*replay_args); }));
 
   auto plan_args = std::make_shared<ReplayArgs>();

@@ -1,6 +1,7 @@
 // End-to-end tests of `kvtier replay` and `kvtier plan` on small traces
 // written to a temp dir: hit counts worked out by hand for LRU and Belady,
-// the JSON objects, the SVG plot, and one-line errors with exit code 2.
+// the JSON objects, the SVG plot, one-line errors with exit code 2, and
+// `replay --live` against a real kvtierd on a temp Unix socket.
 #include <string>
 
 #include "common/testing/temp_dir.h"
@@ -8,6 +9,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/cli_runner.h"
+#include "tests/daemon_process.h"
 
 namespace kvtier {
 namespace {
@@ -117,6 +119,41 @@ TEST_F(ReplayCli, BadInputExitsTwoWithOneLine) {
   r = Kvtier("replay " + P("trace.jsonl") + " --dram-gib 0.01");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.err, HasSubstr("smaller than one chunk"));
+}
+
+TEST_F(ReplayCli, LiveReplayAgainstTheRealDaemonReportsLatencies) {
+  testing::DaemonProcess d(dir_.path());
+  ASSERT_TRUE(d.WaitReady()) << ReadAll(P("kvtierd.log"));
+  // One request at a time, 1000x faster than the trace (3 s of trace take
+  // 3 ms), 16-token chunks (1.5 MiB): all four blocks fit in the daemon's
+  // 32 MiB of DRAM, so every block read before is a prefix hit:
+  // 0 + 2 + 2 + 3 = 7 gets, and the other 4 of 11 block reads are puts.
+  CliResult r = Kvtier("replay " + P("trace.jsonl") + " --live --socket " + d.socket() +
+                       " --time-scale 1000 --duration-s 20 --concurrency 1 --live-chunk-tokens 16 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["requests"], 4);
+  EXPECT_EQ(j["block_reads"], 11);
+  EXPECT_EQ(j["prefix_hits"], 7);
+  EXPECT_EQ(j["lookup"]["calls"], 4);
+  EXPECT_EQ(j["get"]["calls"], 7);
+  EXPECT_EQ(j["put"]["calls"], 4);
+  for (const char* call : {"lookup", "get", "put"}) {
+    EXPECT_EQ(j[call]["errors"], 0) << call << ": " << j["first_error"];
+    EXPECT_GT(j[call]["p50_ms"].get<double>(), 0) << call;
+    EXPECT_GE(j[call]["max_ms"].get<double>(), j[call]["p99_ms"].get<double>()) << call;
+  }
+  EXPECT_LT(j["wall_s"].get<double>(), 20);
+
+  // The duration bounds the replay: at trace speed, the requests at 1 s and
+  // later never start within half a second.
+  r = Kvtier("replay " + P("trace.jsonl") + " --live --socket " + d.socket() +
+             " --duration-s 0.5 --concurrency 1 --live-chunk-tokens 16 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["requests"], 1);
+
+  r = Kvtier("replay " + P("trace.jsonl") + " --live --socket " + P("nope.sock") + " --duration-s 1");
+  EXPECT_EQ(r.exit_code, 2);
 }
 
 }  // namespace

@@ -22,17 +22,8 @@ namespace {
 constexpr uint64_t kAlign = 4096;  // allocation unit of both metadata tiers
 constexpr uint64_t kKeySeed = 0x6b76746965722d72;  // "kvtier-r": trace ids -> chunk keys
 
-Hash128 KeyOf(uint64_t id) {
-  uint8_t b[8];
-  StoreLE<uint64_t>(b, id);
-  return Hash128::Of(std::span<const uint8_t>(b, 8), kKeySeed);
-}
-
-// Tokens of block `i` of a request: full blocks, then what is left.
 uint64_t BlockTokens(const TraceRequest& r, size_t i, uint32_t block_tokens) {
-  const uint64_t start = uint64_t{block_tokens} * i;
-  if (r.input_length <= start) return 0;
-  return std::min<uint64_t>(block_tokens, r.input_length - start);
+  return TraceBlockTokens(r, i, block_tokens);
 }
 
 double Percentile(std::vector<double>& v, double q) {
@@ -61,6 +52,18 @@ void FinishTimes(ReplayResult& r, std::vector<double>& ttft, double rate) {
 }
 
 }  // namespace
+
+Hash128 TraceBlockKey(uint64_t id) {
+  uint8_t b[8];
+  StoreLE<uint64_t>(b, id);
+  return Hash128::Of(std::span<const uint8_t>(b, 8), kKeySeed);
+}
+
+uint64_t TraceBlockTokens(const TraceRequest& r, size_t i, uint32_t block_tokens) {
+  const uint64_t start = uint64_t{block_tokens} * i;
+  if (r.input_length <= start) return 0;
+  return std::min<uint64_t>(block_tokens, r.input_length - start);
+}
 
 absl::StatusOr<codec::ChunkSpec> ReplayChunkSpec(const bandwidth::ModelSpec& model,
                                                  std::string_view codec_name, uint32_t block_tokens) {
@@ -135,7 +138,7 @@ absl::StatusOr<ReplayResult> ReplayTrace(const Trace& trace, const ReplayOptions
   for (size_t q = 0; q < count; ++q) {
     const TraceRequest& req = trace.requests[q];
     keys.clear();
-    for (uint64_t id : req.hash_ids) keys.push_back(KeyOf(id));
+    for (uint64_t id : req.hash_ids) keys.push_back(TraceBlockKey(id));
     size_t p = engine->LookupPrefix(keys).size();
     double load_us = 0;
     uint64_t recompute_tokens = 0;

@@ -29,6 +29,15 @@
 
 namespace kvtier::tiering::replay {
 
+// The chunk key of trace block `id`: a fixed hash of the id, the same in
+// every process, so a live replay against a daemon and an offline one name
+// blocks alike.
+Hash128 TraceBlockKey(uint64_t id);
+
+// Tokens of block `i` of `r`: full blocks of `block_tokens`, then what is
+// left of input_length.
+uint64_t TraceBlockTokens(const TraceRequest& r, size_t i, uint32_t block_tokens);
+
 // The chunk a trace block stands for: `block_tokens` tokens of `model` under
 // `codec`. InvalidArgument if the codec or geometry is outside the format.
 absl::StatusOr<codec::ChunkSpec> ReplayChunkSpec(const bandwidth::ModelSpec& model,
