@@ -8,7 +8,6 @@
 #include <string>
 
 #include "absl/container/flat_hash_set.h"
-#include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
 
 namespace kvtier::tiering {
@@ -284,6 +283,14 @@ class ArcPolicy : public EvictionPolicy {
   std::optional<ObjectKey> victim_;
 };
 
+// A hash of an object that is the same in every process (keys are XXH3
+// outputs, so their bits are already uniform): the sketch and the sampling
+// of the miniature caches must not depend on absl's per-process hash seed,
+// or two runs of one trace would differ.
+uint64_t StableHash(const ObjectKey& id) {
+  return id.key.low64() ^ (static_cast<uint64_t>(id.part) * 0x9E3779B97F4A7C15ull);
+}
+
 // A count-min sketch of 4-bit-saturating use counts (kept in bytes), 4 rows
 // of 2^18 counters (1 MiB). Every kResetFactor x width increments all
 // counters halve, so counts follow the recent workload (TinyLFU's reset).
@@ -292,7 +299,7 @@ class FrequencySketch {
   FrequencySketch() : rows_(kRows * kWidth, 0) {}
   // Counts one use of `id` and returns its estimated uses (at most 15).
   uint32_t Increment(const ObjectKey& id) {
-    const uint64_t h = absl::HashOf(id);
+    const uint64_t h = StableHash(id);
     uint32_t est = 15;
     for (int r = 0; r < kRows; ++r) {
       uint8_t& c = rows_[r * kWidth + Index(h, r)];
@@ -422,7 +429,7 @@ class FreqLruPolicy : public EvictionPolicy {
   void Use(const ObjectKey& id, uint64_t bytes) {
     const uint32_t uses = sketch_.Increment(id);
     order_.Use(id, bytes, uses, bonus_);
-    if ((absl::HashOf(id, 0x6d696e69) >> 7) % kSampleRate != 0) return;
+    if (id.key.high64() % kSampleRate != 0) return;
     // The miniature caches see each use of a sampled object with its size
     // (remembered from its insert: an access carries none).
     auto [sz, fresh] = sample_bytes_.try_emplace(id, bytes);
