@@ -34,6 +34,7 @@ struct ReplayArgs {
   uint32_t nvme_admit_after_uses = tiering::PlacementEngineOptions{}.nvme_admit_after_uses;
   double prefill_tokens_per_s = 10000;
   std::string dram_link, nvme_link;
+  std::string links_file;  // `kvtier probe --save`: dram-memcpy and disk-odirect
   size_t max_requests = 0;
   bool json = false;
   // replay: one size; plan: lists.
@@ -68,6 +69,13 @@ absl::StatusOr<Setup> Prepare(const ReplayArgs& a) {
   if (!(a.prefill_tokens_per_s > 0)) return absl::InvalidArgumentError("--prefill-tokens-per-s must be positive");
   s.options.prefill_tokens_per_s = a.prefill_tokens_per_s;
   auto& bw = s.options.engine.load_cost.assumed_read_bytes_per_s;
+  if (!a.links_file.empty()) {
+    KVTIER_ASSIGN_OR_RETURN(std::vector<bandwidth::Link> links, bandwidth::LoadLinksFile(a.links_file));
+    for (const bandwidth::Link& l : links) {
+      if (l.name == "dram-memcpy") bw[static_cast<int>(tiering::TierKind::kDram)] = l.bytes_per_s();
+      if (l.name == "disk-odirect") bw[static_cast<int>(tiering::TierKind::kNvme)] = l.bytes_per_s();
+    }
+  }
   if (!a.dram_link.empty()) {
     KVTIER_ASSIGN_OR_RETURN(bandwidth::Link l, bandwidth::ParseLink(a.dram_link));
     bw[static_cast<int>(tiering::TierKind::kDram)] = l.bytes_per_s();
@@ -100,6 +108,12 @@ absl::StatusOr<std::vector<uint64_t>> Sizes(const Setup& s, const std::vector<do
 double Share(const Setup& s, uint64_t bytes) {
   const double per = double(codec::AlignUp(s.chunk_bytes, 4096));
   return s.trace.distinct_blocks ? double(bytes) / per / double(s.trace.distinct_blocks) : 0;
+}
+
+nlohmann::ordered_json LoadRates(const rp::ReplayOptions& o) {
+  const auto& bw = o.engine.load_cost.assumed_read_bytes_per_s;
+  return {{"dram", bw[static_cast<int>(tiering::TierKind::kDram)] / 1e9},
+          {"nvme", bw[static_cast<int>(tiering::TierKind::kNvme)] / 1e9}};
 }
 
 void PrintHeader(const ReplayArgs& a, const Setup& s) {
@@ -197,6 +211,7 @@ absl::Status RunReplay(const ReplayArgs& a) {
     j["dram_share"] = Share(s, o.dram_bytes);
     j["nvme_share"] = Share(s, o.nvme_bytes);
     j["prefill_tokens_per_s"] = o.prefill_tokens_per_s;
+    j["load_gb_per_s"] = LoadRates(o);
     j["policy"] = nlohmann::ordered_json::parse(rp::ResultJson(policy));
     j["lru"] = nlohmann::ordered_json::parse(rp::ResultJson(lru));
     j["belady"] = nlohmann::ordered_json::parse(rp::ResultJson(belady));
@@ -244,6 +259,7 @@ absl::Status RunPlan(const ReplayArgs& a) {
     j["codec"] = a.codec;
     j["chunk_bytes"] = s.chunk_bytes;
     j["prefill_tokens_per_s"] = s.options.prefill_tokens_per_s;
+    j["load_gb_per_s"] = LoadRates(s.options);
     j["points"] = nlohmann::ordered_json::array();
     for (const rp::PlanPoint& p : plan) {
       nlohmann::ordered_json pj;
@@ -286,6 +302,9 @@ void AddCommon(CLI::App* cmd, ReplayArgs& a) {
       ->capture_default_str();
   cmd->add_option("--dram-link", a.dram_link, "DRAM load link: preset (kvtier links) or name=GB/s");
   cmd->add_option("--nvme-link", a.nvme_link, "NVMe load link: preset (kvtier links) or name=GB/s");
+  cmd->add_option("--links-file", a.links_file,
+                  "links measured by `kvtier probe --save FILE`: dram-memcpy and disk-odirect set the "
+                  "DRAM and NVMe load rates (--dram-link, --nvme-link override them)");
   cmd->add_option("--max-requests", a.max_requests, "replay only the first N requests (0: all)");
   cmd->add_flag("--json", a.json, "print JSON");
 }

@@ -96,9 +96,28 @@ TEST_F(ReplayCli, PlanSweepsSizesAndWritesJsonAndSvg) {
     EXPECT_GE(p["policy"]["ttft_p99_s"].get<double>(), p["policy"]["ttft_p50_s"].get<double>());
   }
   EXPECT_THAT(ReadAll(P("plan.svg")), ::testing::StartsWith("<svg"));
+  EXPECT_DOUBLE_EQ(j["load_gb_per_s"]["dram"].get<double>(), 10);  // the LoadCostModel default
+  EXPECT_DOUBLE_EQ(j["load_gb_per_s"]["nvme"].get<double>(), 7);
   CliResult t = Kvtier("plan " + P("trace.jsonl") + " --dram-share 0.75");
   ASSERT_EQ(t.exit_code, 0) << t.err;
   EXPECT_THAT(t.out, HasSubstr("saved-GPU-s/h"));
+}
+
+TEST_F(ReplayCli, LinksFromProbeSetTheLoadRates) {
+  Write("links.json",
+        "{\"format\": \"kvtier-links-v1\", \"units\": \"decimal GB/s (1e9 bytes/s)\", \"links\": ["
+        "{\"name\": \"dram-memcpy\", \"gb_per_s\": 20, \"description\": \"\"},"
+        "{\"name\": \"disk-odirect\", \"gb_per_s\": 2.5, \"description\": \"\"}]}");
+  CliResult r = Kvtier("replay " + P("trace.jsonl") + " --dram-share 0.75 --links-file " + P("links.json") + " --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_DOUBLE_EQ(j["load_gb_per_s"]["dram"].get<double>(), 20);
+  EXPECT_DOUBLE_EQ(j["load_gb_per_s"]["nvme"].get<double>(), 2.5);
+  // A preset given on the command line wins over the file.
+  r = Kvtier("replay " + P("trace.jsonl") + " --dram-share 0.75 --links-file " + P("links.json") +
+             " --nvme-link nvme-gen5 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_DOUBLE_EQ(nlohmann::json::parse(r.out)["load_gb_per_s"]["nvme"].get<double>(), 14);
 }
 
 TEST_F(ReplayCli, BadInputExitsTwoWithOneLine) {

@@ -42,7 +42,7 @@ class DramTier : public PoolTier {
   ~DramTier() override;
 
   TierCapabilities capabilities() const override {
-    return TierCapabilities{.shared_memory = true};
+    return TierCapabilities{.shared_memory = fd_ >= 0};  // a metadata-only pool has no memfd
   }
 
   // The memfd of the pool (-1 for a metadata-only tier; owned by the tier; dup it to pass it to another
