@@ -121,6 +121,10 @@ void PrintHeader(const ReplayArgs& a, const Setup& s) {
   std::printf("trace   %s: %zu requests, %llu block reads, %llu distinct blocks of %u tokens\n", a.trace.c_str(),
               s.trace.requests.size(), static_cast<unsigned long long>(s.trace.block_reads),
               static_cast<unsigned long long>(s.trace.distinct_blocks), a.block_tokens);
+  if (a.max_requests != 0 && a.max_requests < s.trace.requests.size()) {
+    std::printf("        replaying the first %zu requests (tier shares are of the whole trace's blocks)\n",
+                a.max_requests);
+  }
   std::printf("chunk   %s %s: %llu bytes per block (%.1f MiB)\n", a.model.c_str(), a.codec.c_str(),
               static_cast<unsigned long long>(s.chunk_bytes), double(s.chunk_bytes) / (1 << 20));
   std::printf("model   prefill %.0f tokens/s (stated rate); loads at DRAM %.1f GB/s, NVMe %.1f GB/s\n",
