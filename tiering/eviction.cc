@@ -401,7 +401,7 @@ class FreqLruPolicy : public EvictionPolicy {
  public:
   FreqLruPolicy(uint64_t capacity, double bonus, uint32_t max_bonus_uses)
       : bonus_(bonus), order_(max_bonus_uses), mini_capacity_(capacity / kSampleRate) {
-    for (double b : {0.0, 0.25, 0.5, 1.0}) minis_.push_back(Mini{b, FreqLruOrder(max_bonus_uses), 0});
+    for (double b : {0.0, 0.25, 0.5, 1.0, 2.0, 4.0}) minis_.push_back(Mini{b, FreqLruOrder(max_bonus_uses), 0});
   }
 
   void OnInsert(const ObjectKey& id, uint64_t bytes) override { Use(id, bytes); }

@@ -55,7 +55,7 @@ struct EvictionOptions {
   double s3fifo_small_fraction = 0.3;
   // FLRU: the bonus of each use beyond the first, as a multiple of the
   // number of objects in the tier (in units of uses of the tier), until the
-  // policy's miniature caches choose one (0, 0.25, 0.5 or 1). Default: 0
+  // policy's miniature caches choose one (0, 0.25, 0.5, 1, 2 or 4). Default: 0
   double flru_bonus = 0;
   // FLRU: uses beyond the first that earn a bonus. Default: 3
   uint32_t flru_max_bonus_uses = 3;
