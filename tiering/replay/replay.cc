@@ -312,6 +312,8 @@ std::string ResultJson(const ReplayResult& r) {
     tiers[TierName(k)] = {{"prefix_hits", t.hits},
                           {"prefix_hit_tokens", t.hit_tokens},
                           {"prefix_hit_ratio", r.block_reads ? double(t.hits) / double(r.block_reads) : 0.0},
+                          {"prefix_token_hit_ratio",
+                           r.token_reads ? double(t.hit_tokens) / double(r.token_reads) : 0.0},
                           {"bytes_read", t.bytes_read},
                           {"bytes_written", t.bytes_written}};
   }

@@ -138,6 +138,9 @@ TEST(ResultJson, HasTheRatiosAndTiers) {
   EXPECT_DOUBLE_EQ(j["prefix_hit_ratio"].get<double>(), r->prefix_hit_ratio());
   EXPECT_TRUE(j["tiers"].contains("dram"));
   EXPECT_TRUE(j["tiers"].contains("nvme"));
+  EXPECT_DOUBLE_EQ(j["tiers"]["dram"]["prefix_token_hit_ratio"].get<double>() +
+                       j["tiers"]["nvme"]["prefix_token_hit_ratio"].get<double>(),
+                   r->prefix_token_hit_ratio());
 }
 
 TEST(PlanCapacity, SweepsTheGridAndDrawsIt) {
