@@ -12,8 +12,8 @@
 //         of the tier's data file the gets read. Both sides read one chunk per
 //         Submit, so at most ceil(chunk / request) requests are in flight on
 //         either (queue_depth is the ring's limit, not reached by 6 MiB)
-//   trace hit ratio of LRU (baseline), S3-FIFO (the engine's default) and
-//         ARC on a multi-turn chat / shared-document trace with DRAM = 10%
+//   trace hit ratio of LRU (baseline), S3-FIFO (the engine's default), ARC
+//         and FLRU on a multi-turn chat / shared-document trace with DRAM = 10%
 //         and NVMe = 50% of the working set, plus four more trace seeds
 // Usage: tiering_bench [--dir DIR] [--json FILE] [--only dram|nvme|trace]
 //   experiment knobs (defaults = the engine's): --s3fifo-small F
@@ -342,7 +342,7 @@ struct TraceKnobs {
   double dram_fraction = 0.1, nvme_fraction = 0.5;
   uint64_t trace_seed = 20240601;
   std::vector<EvictionPolicyKind> kinds = {EvictionPolicyKind::kLru, EvictionPolicyKind::kS3Fifo,
-                                           EvictionPolicyKind::kArc};
+                                           EvictionPolicyKind::kArc, EvictionPolicyKind::kFreqLru};
 };
 TraceKnobs g_knobs;
 

@@ -41,6 +41,7 @@ void RegisterCodecCommands(CLI::App& app, CommandResult& result);
 void RegisterDaemonCommands(CLI::App& app, CommandResult& result);
 void RegisterBandwidthCommands(CLI::App& app, CommandResult& result);
 void RegisterClusterCommands(CLI::App& app, CommandResult& result);
+void RegisterReplayCommands(CLI::App& app, CommandResult& result);
 
 }  // namespace kvtier::cli
 

@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
   RegisterDaemonCommands(app, result);
   RegisterBandwidthCommands(app, result);
   RegisterClusterCommands(app, result);
+  RegisterReplayCommands(app, result);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -194,6 +194,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   tiering::PlacementEngineOptions eo;
   eo.default_lease_ms = options.default_lease_ms;
   eo.nvme_admit_after_uses = options.nvme_admit_after_uses;
+  KVTIER_ASSIGN_OR_RETURN(eo.eviction, tiering::ParseEvictionPolicy(options.eviction));
   KVTIER_ASSIGN_OR_RETURN(d->engine_, tiering::PlacementEngine::Create(eo, std::move(tiers)));
   if (d->peer_service_) d->peer_service_->set_engine(d->engine_.get());
 

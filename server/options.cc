@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "common/file.h"
 #include "common/status.h"
+#include "tiering/eviction.h"
 #include "toml++/toml.h"
 
 namespace kvtier::server {
@@ -62,6 +63,8 @@ void RegisterDaemonFlags(CLI::App& app, DaemonOptions* o) {
       ->capture_default_str();
   app.add_option("--nvme-admit-after-uses", o->nvme_admit_after_uses,
                  "uses before a DRAM-evicted chunk is written to NVMe")->capture_default_str();
+  app.add_option("--eviction", o->eviction, "eviction policy of every tier: lru, s3fifo, arc or flru")
+      ->capture_default_str();
   app.add_option("--shutdown-grace-s", o->shutdown_grace_s, "seconds SIGTERM waits for in-flight requests")
       ->capture_default_str();
   app.add_option("--put-check-threads", o->put_check_threads,
@@ -125,7 +128,7 @@ absl::Status LoadConfigFile(const std::string& path, DaemonOptions* o) {
                                 "request_threads", "max_queued_requests", "max_inflight_mib",
                                 "max_inflight_mib_per_connection", "write_timeout_ms",
                                 "stream_idle_timeout_ms", "keepalive_s",
-                                "default_lease_ms", "nvme_admit_after_uses", "shutdown_grace_s", "put_check_threads",
+                                "default_lease_ms", "nvme_admit_after_uses", "eviction", "shutdown_grace_s", "put_check_threads",
                                 "log_level", "ready_file", "cluster", "etcd", "advertise", "replicas", "node_id",
                                 "cluster_lease_s"};
   for (const auto& [k, v] : t) {
@@ -161,6 +164,7 @@ absl::Status LoadConfigFile(const std::string& path, DaemonOptions* o) {
   take("keepalive_s", &o->keepalive_s);
   take("default_lease_ms", &o->default_lease_ms);
   take("nvme_admit_after_uses", &o->nvme_admit_after_uses);
+  take("eviction", &o->eviction);
   take("shutdown_grace_s", &o->shutdown_grace_s);
   take("put_check_threads", &o->put_check_threads);
   take("log_level", &o->log_level);
@@ -183,6 +187,9 @@ absl::Status ValidateDaemonOptions(const DaemonOptions& o) {
     return absl::InvalidArgumentError("need a DRAM or an NVMe tier");
   }
   if (o.data_dir.empty()) return absl::InvalidArgumentError("--data-dir is empty");
+  if (auto e = tiering::ParseEvictionPolicy(o.eviction); !e.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--eviction: ", e.status().message()));
+  }
   if (!o.listen_tcp.empty() && o.token_file.empty()) {
     return absl::InvalidArgumentError("--listen-tcp requires --token-file");
   }

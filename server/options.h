@@ -84,6 +84,9 @@ struct DaemonOptions {
   // A chunk evicted from DRAM goes to NVMe only after this many uses.
   // Default: 2
   uint32_t nvme_admit_after_uses = 2;
+  // Eviction policy of every tier: lru, s3fifo, arc or flru
+  // (tiering/eviction.h). Default: "s3fifo"
+  std::string eviction = "s3fifo";
   // Seconds SIGTERM waits for in-flight requests before cancelling them.
   // Default: 10
   uint32_t shutdown_grace_s = 10;

@@ -502,6 +502,19 @@ TEST(DaemonOptions, ValidationRequiresATokenForTcp) {
   EXPECT_EQ(ValidateDaemonOptions(o).code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST(DaemonOptions, EvictionNamesAPolicy) {
+  DaemonOptions o;
+  EXPECT_EQ(o.eviction, "s3fifo");
+  for (const char* name : {"lru", "s3fifo", "arc", "flru"}) {
+    o.eviction = name;
+    EXPECT_TRUE(ValidateDaemonOptions(o).ok()) << name;
+  }
+  o.eviction = "lfu";
+  absl::Status st = ValidateDaemonOptions(o);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(st.message(), ::testing::HasSubstr("--eviction"));
+}
+
 // Writes `content` to `path` with exactly `mode` (whatever the umask).
 void WriteTokenFile(const std::string& path, const std::string& content, mode_t mode) {
   std::ofstream(path, std::ios::trunc) << content;

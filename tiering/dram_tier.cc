@@ -53,6 +53,12 @@ absl::StatusOr<std::unique_ptr<DramTier>> DramTier::Open(const DramTierOptions& 
   }
   const uint64_t size = o.capacity_bytes / o.alignment * o.alignment;
   if (size == 0) return absl::InvalidArgumentError("DRAM capacity below one allocation unit");
+  if (o.metadata_only) {
+    void* p = mmap(nullptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) return ErrnoToStatus(errno, "mmap(PROT_NONE reservation)");
+    return std::unique_ptr<DramTier>(new DramTier(-1, static_cast<uint8_t*>(p), size,
+                                                  NewMetadataOnlyMemory(size), o.alignment));
+  }
   int fd = memfd_create("kvtier-dram", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) return ErrnoToStatus(errno, "memfd_create");
   if (ftruncate(fd, static_cast<off_t>(size)) != 0) {
@@ -96,7 +102,7 @@ DramTier::DramTier(int fd, uint8_t* base, uint64_t size, std::unique_ptr<PoolMem
 
 DramTier::~DramTier() {
   munmap(base_, size_);
-  close(fd_);
+  if (fd_ >= 0) close(fd_);
 }
 
 }  // namespace kvtier::tiering

@@ -24,6 +24,14 @@ struct DramTierOptions {
   // CUDA (cudaHostRegister) so GPU copies from it are DMA. An error fails
   // Open. Default: none
   std::function<absl::Status(void* base, uint64_t size)> register_memory;
+  // Account objects and slots without memory behind them (trace replay and
+  // capacity planning, where a tier of hundreds of GiB holds no bytes): no
+  // memfd (shm_fd() is -1), and base() is an inaccessible address
+  // reservation (PROT_NONE, no swap reserved), so offsets are addresses
+  // that fault if touched. Puts discard their bytes, reads leave the
+  // caller's buffer as it is, and `populate` and `register_memory` are
+  // ignored. Default: false
+  bool metadata_only = false;
 };
 
 // Thread-safe. The region stays mapped until the tier is destroyed.
@@ -34,10 +42,10 @@ class DramTier : public PoolTier {
   ~DramTier() override;
 
   TierCapabilities capabilities() const override {
-    return TierCapabilities{.shared_memory = true};
+    return TierCapabilities{.shared_memory = fd_ >= 0};  // a metadata-only pool has no memfd
   }
 
-  // The memfd of the pool (owned by the tier; dup it to pass it to another
+  // The memfd of the pool (-1 for a metadata-only tier; owned by the tier; dup it to pass it to another
   // process over SCM_RIGHTS) and its size. Offsets of PoolExtent are
   // offsets into this file. It is sealed with F_SEAL_SHRINK | F_SEAL_GROW |
   // F_SEAL_SEAL: no holder of the descriptor can change its size or its

@@ -1,6 +1,7 @@
 // DramTier's shared-memory pool: the memfd's size is sealed, so a process
 // that holds the descriptor (every same-host client does) cannot shrink the
-// pool under the daemon's and the other clients' mappings.
+// pool under the daemon's and the other clients' mappings. Also the
+// metadata-only tiers (DramTierOptions::metadata_only, NewMetadataTier).
 #include "tiering/dram_tier.h"
 
 #include <fcntl.h>
@@ -14,6 +15,7 @@
 
 #include "common/hash.h"
 #include "gtest/gtest.h"
+#include "tiering/pool_tier.h"
 
 namespace kvtier::tiering {
 namespace {
@@ -86,6 +88,53 @@ TEST(DramTier, TruncatingThePoolFailsAndLeavesItsBytes) {
   EXPECT_EQ(t.base()[kPoolBytes - 1], 0x5a);
   ::munmap(p, kPoolBytes);
   ::close(client_fd);
+}
+
+ObjectKey Obj(int i) { return {Hash128::Of(std::string_view("obj"), static_cast<uint64_t>(i)), Part::kWhole}; }
+
+TEST(DramTier, MetadataOnlyAccountsTerabytesWithoutMemory) {
+  DramTierOptions o;
+  o.capacity_bytes = uint64_t{4} << 40;  // 4 TiB: far beyond this machine
+  o.metadata_only = true;
+  auto tier = DramTier::Open(o);
+  ASSERT_TRUE(tier.ok()) << tier.status();
+  DramTier& t = **tier;
+  EXPECT_EQ(t.shm_fd(), -1);
+  EXPECT_FALSE(t.capabilities().shared_memory);
+  EXPECT_EQ(t.capacity_bytes(), uint64_t{4} << 40);
+  // 1 TiB objects whose bytes are the pool's own inaccessible reservation:
+  // a put that touched them would fault.
+  const uint64_t tib = uint64_t{1} << 40;
+  std::vector<uint8_t> page = Pattern(4096, 1);
+  std::span<const uint8_t> huge(t.base(), tib);
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(t.Put(Obj(i), huge).ok()) << i;
+  EXPECT_EQ(t.used_bytes(), 4 * tib);
+  absl::Status full = t.Put(Obj(4), huge);
+  EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(IsTierFull(full));
+  EXPECT_EQ(t.Size(Obj(2)).value(), tib);
+  ASSERT_TRUE(t.Erase(Obj(2)).ok());
+  EXPECT_EQ(t.used_bytes(), 3 * tib);
+  EXPECT_EQ(t.Erase(Obj(2)).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(t.List().size(), 3u);
+  // Reads leave the caller's buffer as it is.
+  std::vector<uint8_t> out = Pattern(4096, 7);
+  ASSERT_TRUE(t.Put(Obj(9), std::span<const uint8_t>(page.data(), 4096)).ok());
+  ASSERT_TRUE(t.Read(Obj(9), out).ok());
+  EXPECT_EQ(out, Pattern(4096, 7));
+  EXPECT_EQ(t.Read(Obj(9), std::span<uint8_t>(out.data(), 100)).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(MetadataTier, HasTheKindAndCapacityItStandsFor) {
+  auto t = NewMetadataTier(TierKind::kNvme, (uint64_t{1} << 30) + 100, 4096);
+  EXPECT_EQ(t->kind(), TierKind::kNvme);
+  EXPECT_EQ(t->capacity_bytes(), uint64_t{1} << 30);  // whole allocation units
+  EXPECT_FALSE(t->capabilities().durable);
+  std::vector<uint8_t> b(5000);
+  ASSERT_TRUE(t->Put(Obj(1), b).ok());
+  EXPECT_EQ(t->used_bytes(), 8192u);  // rounded to the unit
+  EXPECT_TRUE(t->Flush().ok());
+  EXPECT_EQ(t->Read(Obj(2), b).code(), absl::StatusCode::kNotFound);
 }
 
 }  // namespace

@@ -3,8 +3,12 @@
 #include <algorithm>
 #include <array>
 #include <deque>
+#include <set>
+#include <vector>
+#include <string>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
 
 namespace kvtier::tiering {
 
@@ -16,8 +20,19 @@ const char* EvictionPolicyName(EvictionPolicyKind k) {
       return "s3fifo";
     case EvictionPolicyKind::kArc:
       return "arc";
+    case EvictionPolicyKind::kFreqLru:
+      return "flru";
   }
   return "unknown";
+}
+
+absl::StatusOr<EvictionPolicyKind> ParseEvictionPolicy(std::string_view name) {
+  for (auto k : {EvictionPolicyKind::kLru, EvictionPolicyKind::kS3Fifo, EvictionPolicyKind::kArc,
+                 EvictionPolicyKind::kFreqLru}) {
+    if (name == EvictionPolicyName(k)) return k;
+  }
+  return absl::InvalidArgumentError(absl::StrCat("unknown eviction policy \"", std::string(name),
+                                                 "\" (lru, s3fifo, arc, flru)"));
 }
 
 namespace {
@@ -268,6 +283,192 @@ class ArcPolicy : public EvictionPolicy {
   std::optional<ObjectKey> victim_;
 };
 
+// A hash of an object that is the same in every process (keys are XXH3
+// outputs, so their bits are already uniform): the sketch and the sampling
+// of the miniature caches must not depend on absl's per-process hash seed,
+// or two runs of one trace would differ.
+uint64_t StableHash(const ObjectKey& id) {
+  return id.key.low64() ^ (static_cast<uint64_t>(id.part) * 0x9E3779B97F4A7C15ull);
+}
+
+// A count-min sketch of 4-bit-saturating use counts (kept in bytes), 4 rows
+// of 2^18 counters (1 MiB). Every kResetFactor x width increments all
+// counters halve, so counts follow the recent workload (TinyLFU's reset).
+class FrequencySketch {
+ public:
+  FrequencySketch() : rows_(kRows * kWidth, 0) {}
+  // Counts one use of `id` and returns its estimated uses (at most 15).
+  uint32_t Increment(const ObjectKey& id) {
+    const uint64_t h = StableHash(id);
+    uint32_t est = 15;
+    for (int r = 0; r < kRows; ++r) {
+      uint8_t& c = rows_[r * kWidth + Index(h, r)];
+      if (c < 15) ++c;
+      est = std::min<uint32_t>(est, c);
+    }
+    if (++increments_ >= kResetFactor * kWidth) {
+      for (uint8_t& c : rows_) c >>= 1;
+      increments_ = 0;
+    }
+    return est;
+  }
+
+ private:
+  static constexpr int kRows = 4;
+  static constexpr uint64_t kWidth = uint64_t{1} << 18;
+  static constexpr uint64_t kResetFactor = 10;
+  static uint64_t Index(uint64_t h, int row) {
+    // A different odd multiplier per row spreads one hash over the rows.
+    static constexpr uint64_t kMul[kRows] = {0x9E3779B97F4A7C15ull, 0xC2B2AE3D27D4EB4Full,
+                                             0x165667B19E3779F9ull, 0xD6E8FEB86659FD93ull};
+    return ((h ^ (h >> 29)) * kMul[row]) >> (64 - 18);
+  }
+  std::vector<uint8_t> rows_;
+  uint64_t increments_ = 0;
+};
+
+// Objects by eviction priority (lowest first): the logical time of the last
+// use plus a bonus of `bonus` x (objects held) per use beyond the first, up
+// to `max_bonus_uses` of them. Uses are counted by the caller (the sketch).
+class FreqLruOrder {
+ public:
+  explicit FreqLruOrder(uint32_t max_bonus_uses) : max_bonus_uses_(max_bonus_uses) {}
+
+  // A use of `id` (`uses` counted so far, this one included) with bonus
+  // multiplier `bonus`. Returns true if `id` was held.
+  bool Use(const ObjectKey& id, uint64_t bytes, uint32_t uses, double bonus) {
+    const uint32_t extra = std::min(uses > 0 ? uses - 1 : 0, max_bonus_uses_);
+    auto [it, inserted] = held_.try_emplace(id, Held{0, bytes});
+    const double p = static_cast<double>(++clock_) +
+                     bonus * static_cast<double>(held_.size()) * static_cast<double>(extra);
+    if (!inserted) {
+      order_.erase({it->second.priority, id});
+    } else {
+      bytes_ += bytes;
+    }
+    it->second.priority = p;
+    order_.insert({p, id});
+    return !inserted;
+  }
+  bool Contains(const ObjectKey& id) const { return held_.contains(id); }
+  void Erase(const ObjectKey& id) {
+    auto it = held_.find(id);
+    if (it == held_.end()) return;
+    order_.erase({it->second.priority, id});
+    bytes_ -= it->second.bytes;
+    held_.erase(it);
+  }
+  // The lowest-priority object for which `evictable` is true.
+  std::optional<ObjectKey> Lowest(const std::function<bool(const ObjectKey&)>& evictable) const {
+    for (const auto& [p, id] : order_) {
+      if (evictable(id)) return id;
+    }
+    return std::nullopt;
+  }
+  // Evicts lowest-priority objects until at most `capacity` bytes are held.
+  void Trim(uint64_t capacity) {
+    while (bytes_ > capacity && !order_.empty()) Erase(order_.begin()->second);
+  }
+  size_t size() const { return held_.size(); }
+
+ private:
+  struct Held {
+    double priority;
+    uint64_t bytes;
+  };
+  struct Less {
+    bool operator()(const std::pair<double, ObjectKey>& a, const std::pair<double, ObjectKey>& b) const {
+      if (a.first != b.first) return a.first < b.first;
+      if (a.second.key.bytes != b.second.key.bytes) return a.second.key.bytes < b.second.key.bytes;
+      return a.second.part < b.second.part;
+    }
+  };
+  const uint32_t max_bonus_uses_;
+  uint64_t clock_ = 0;
+  uint64_t bytes_ = 0;
+  absl::flat_hash_map<ObjectKey, Held> held_;
+  std::set<std::pair<double, ObjectKey>, Less> order_;
+};
+
+// FreqLruOrder over the tier, with its bonus chosen by miniature
+// simulations (Waldspurger et al., ATC'17): one object in kSampleRate (by
+// key hash) also goes through small caches of capacity / kSampleRate bytes,
+// one per candidate bonus, and every kEpoch sampled uses the bonus whose
+// cache hit most (hits decay by half per epoch) becomes the tier's. Zero is
+// a candidate, so where frequency does not pay (a tier large enough that
+// recency alone keeps what is reused) the policy is LRU.
+class FreqLruPolicy : public EvictionPolicy {
+ public:
+  FreqLruPolicy(uint64_t capacity, double bonus, uint32_t max_bonus_uses)
+      : bonus_(bonus), order_(max_bonus_uses), mini_capacity_(capacity / kSampleRate) {
+    for (double b : {0.0, 0.25, 0.5, 1.0, 2.0, 4.0}) minis_.push_back(Mini{b, FreqLruOrder(max_bonus_uses), 0});
+  }
+
+  void OnInsert(const ObjectKey& id, uint64_t bytes) override { Use(id, bytes); }
+  void OnAccess(const ObjectKey& id) override {
+    if (order_.Contains(id)) Use(id, 0);
+  }
+  void OnErase(const ObjectKey& id) override { order_.Erase(id); }
+  std::optional<ObjectKey> PickVictim(
+      const std::function<bool(const ObjectKey&)>& evictable) override {
+    return order_.Lowest(evictable);
+  }
+  size_t size() const override { return order_.size(); }
+  bool IsGhost(const ObjectKey&) const override { return false; }
+
+ private:
+  static constexpr uint64_t kSampleRate = 16;
+  static constexpr uint64_t kEpoch = 1024;
+  static constexpr double kSwitchMargin = 1.02;
+  struct Mini {
+    double bonus;
+    FreqLruOrder order;
+    double hits;
+  };
+
+  void Use(const ObjectKey& id, uint64_t bytes) {
+    const uint32_t uses = sketch_.Increment(id);
+    order_.Use(id, bytes, uses, bonus_);
+    if (id.key.high64() % kSampleRate != 0) return;
+    // The miniature caches see each use of a sampled object with its size
+    // (remembered from its insert: an access carries none).
+    auto [sz, fresh] = sample_bytes_.try_emplace(id, bytes);
+    if (!fresh && bytes != 0) sz->second = bytes;
+    for (Mini& m : minis_) {
+      if (m.order.Use(id, sz->second, uses, m.bonus)) m.hits += 1;
+      m.order.Trim(mini_capacity_);
+    }
+    if (sample_bytes_.size() > 4 * (minis_[0].order.size() + 1024)) {
+      // Forget sizes of objects no miniature cache holds.
+      absl::erase_if(sample_bytes_, [&](const auto& kv) {
+        for (const Mini& m : minis_) {
+          if (m.order.Contains(kv.first)) return false;
+        }
+        return true;
+      });
+    }
+    if (++sampled_ % kEpoch != 0) return;
+    // The current bonus stays unless another's cache hit kSwitchMargin more.
+    const Mini* current = nullptr;
+    const Mini* best = nullptr;
+    for (const Mini& m : minis_) {
+      if (m.bonus == bonus_) current = &m;
+      if (best == nullptr || m.hits > best->hits) best = &m;
+    }
+    const double bar = current != nullptr ? current->hits * kSwitchMargin : 0;
+    if (best->hits > 0 && best->hits > bar) bonus_ = best->bonus;
+    for (Mini& m : minis_) m.hits /= 2;
+  }
+
+  double bonus_;
+  FrequencySketch sketch_;
+  FreqLruOrder order_;
+  const uint64_t mini_capacity_;
+  std::vector<Mini> minis_;
+  absl::flat_hash_map<ObjectKey, uint64_t> sample_bytes_;
+  uint64_t sampled_ = 0;
+};
+
 }  // namespace
 
 std::unique_ptr<EvictionPolicy> NewEvictionPolicy(EvictionPolicyKind kind, uint64_t capacity,
@@ -279,6 +480,8 @@ std::unique_ptr<EvictionPolicy> NewEvictionPolicy(EvictionPolicyKind kind, uint6
       return std::make_unique<S3FifoPolicy>(capacity, options.s3fifo_small_fraction);
     case EvictionPolicyKind::kArc:
       return std::make_unique<ArcPolicy>(capacity);
+    case EvictionPolicyKind::kFreqLru:
+      return std::make_unique<FreqLruPolicy>(capacity, options.flru_bonus, options.flru_max_bonus_uses);
   }
   return std::make_unique<LruPolicy>();
 }

@@ -13,6 +13,14 @@
 //                 B1/B2; a ghost hit moves the T1 target towards the list
 //                 that would have kept the object, so the recency/frequency
 //                 split adapts to the workload instead of being fixed.
+//   FreqLruPolicy frequency-boosted LRU: each object's eviction priority is
+//                 the logical time of its last use plus a bonus for every
+//                 use beyond the first (up to a cap), counted by a
+//                 count-min sketch that remembers objects after they leave
+//                 (TinyLFU's sketch, Einziger et al., ToS'17). The bonus is a
+//                 share of the tier's object count, so it scales with the
+//                 tier: a chunk read again outlives chunks read once by that
+//                 many uses of the tier.
 #ifndef KVTIER_TIERING_EVICTION_H_
 #define KVTIER_TIERING_EVICTION_H_
 
@@ -21,14 +29,20 @@
 #include <list>
 #include <memory>
 #include <optional>
+#include <string_view>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
 #include "tiering/tier.h"
 
 namespace kvtier::tiering {
 
-enum class EvictionPolicyKind : uint8_t { kLru = 0, kS3Fifo = 1, kArc = 2 };
-const char* EvictionPolicyName(EvictionPolicyKind k);  // "lru", "s3fifo", "arc"
+enum class EvictionPolicyKind : uint8_t { kLru = 0, kS3Fifo = 1, kArc = 2, kFreqLru = 3 };
+// "lru", "s3fifo", "arc", "flru"
+const char* EvictionPolicyName(EvictionPolicyKind k);
+// The kind named `name` (EvictionPolicyName's names). InvalidArgument
+// listing the names otherwise.
+absl::StatusOr<EvictionPolicyKind> ParseEvictionPolicy(std::string_view name);
 
 struct EvictionOptions {
   // S3-FIFO: the small (probationary) queue's share of the capacity. A new
@@ -39,6 +53,12 @@ struct EvictionOptions {
   // before that (bench/tiering_bench.cc trace; docs/tiering.md has numbers).
   // Ignored by other policies. Default: 0.3
   double s3fifo_small_fraction = 0.3;
+  // FLRU: the bonus of each use beyond the first, as a multiple of the
+  // number of objects in the tier (in units of uses of the tier), until the
+  // policy's miniature caches choose one (0, 0.25, 0.5, 1, 2 or 4). Default: 0
+  double flru_bonus = 0;
+  // FLRU: uses beyond the first that earn a bonus. Default: 3
+  uint32_t flru_max_bonus_uses = 3;
 };
 
 class EvictionPolicy {

@@ -105,7 +105,7 @@ class NvmeTier : public Tier {
   // Waits until every Put that returned before the call is committed.
   // Returns the first error of a commit of unsynced Puts since the previous
   // Flush (those Puts were dropped: not readable, not on disk), if any.
-  absl::Status Flush();
+  absl::Status Flush() override;
   absl::StatusOr<uint64_t> Size(const ObjectKey& id) override;
   absl::Status Read(const ObjectKey& id, std::span<uint8_t> out) override;
   absl::Status Erase(const ObjectKey& id) override;

@@ -88,6 +88,7 @@ PlacementEngine::PlacementEngine(const PlacementEngineOptions& o, EngineTiers ti
   hbm_ = owned_.hbm.get();
   dram_ = owned_.dram.get();
   nvme_ = owned_.nvme.get();
+  nvme_file_ = dynamic_cast<NvmeTier*>(nvme_);
   tiers_[static_cast<int>(TierKind::kHbm)] = hbm_;
   tiers_[static_cast<int>(TierKind::kDram)] = dram_;
   tiers_[static_cast<int>(TierKind::kNvme)] = nvme_;

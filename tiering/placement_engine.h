@@ -233,7 +233,9 @@ struct TierUsage {
 struct EngineTiers {
   std::unique_ptr<HbmTier> hbm;
   std::unique_ptr<DramTier> dram;
-  std::unique_ptr<NvmeTier> nvme;
+  // An NvmeTier, or a tier of kind kNvme that stores metadata only
+  // (NewMetadataTier) for a trace replay.
+  std::unique_ptr<Tier> nvme;
   std::unique_ptr<RemoteTier> remote;
 };
 
@@ -373,7 +375,9 @@ class PlacementEngine {
   std::vector<TierUsage> Usage();
   DramTier* dram() const { return dram_; }
   HbmTier* hbm() const { return hbm_; }
-  NvmeTier* nvme() const { return nvme_; }
+  // The NVMe tier when it is an NvmeTier (nullptr without one, or when it
+  // is a metadata-only tier: use tier(TierKind::kNvme) for either).
+  NvmeTier* nvme() const { return nvme_file_; }
   Tier* tier(TierKind k) const { return tiers_[static_cast<int>(k)]; }
 
  private:
@@ -492,7 +496,8 @@ class PlacementEngine {
   std::array<Tier*, kNumTierKinds> tiers_{};
   HbmTier* hbm_ = nullptr;
   DramTier* dram_ = nullptr;
-  NvmeTier* nvme_ = nullptr;
+  Tier* nvme_ = nullptr;
+  NvmeTier* nvme_file_ = nullptr;  // nvme_ when it is an NvmeTier
   RemoteTier* remote_ = nullptr;
   std::array<std::atomic<uint64_t>, static_cast<int>(EngineMetric::kCount)> metrics_{};
 

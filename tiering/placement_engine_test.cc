@@ -642,8 +642,96 @@ TEST(EvictionPolicy, S3FifoSmallQueueFractionSetsHowLongANewObjectWaitsForReuse)
   EXPECT_FALSE(resident_after(0.3, 40));
 }
 
+// A cache of `capacity` unit objects run by `policy`: Access returns
+// whether `i` was resident, and stores it otherwise.
+class UnitCache {
+ public:
+  UnitCache(std::unique_ptr<EvictionPolicy> policy, size_t capacity)
+      : p_(std::move(policy)), capacity_(capacity) {}
+  bool Access(int i) {
+    ObjectKey id{KeyOf(i), Part::kWhole};
+    if (resident_.contains(id)) {
+      p_->OnAccess(id);
+      return true;
+    }
+    while (resident_.size() >= capacity_) {
+      auto v = p_->PickVictim([](const ObjectKey&) { return true; });
+      resident_.erase(*v);
+      p_->OnErase(*v);
+    }
+    p_->OnInsert(id, 1);
+    resident_.insert(id);
+    return false;
+  }
+
+ private:
+  std::unique_ptr<EvictionPolicy> p_;
+  size_t capacity_;
+  absl::flat_hash_set<ObjectKey> resident_;
+};
+
+TEST(EvictionPolicy, FreqLruKeepsAReusedObjectOverNewerOnesReadOnce) {
+  // Capacity 4: objects 1-3 are used once, object 0 twice, then 4-7 once
+  // each. LRU evicts 0 with the fourth of them; FLRU with a bonus of one
+  // tier's worth of uses (4) per extra use evicts 1-4 instead.
+  auto survives = [](double bonus) {
+    UnitCache c(NewEvictionPolicy(EvictionPolicyKind::kFreqLru, 4, {.flru_bonus = bonus}), 4);
+    for (int i : {1, 2, 3, 0, 0, 4, 5, 6, 7}) c.Access(i);
+    return c.Access(0);
+  };
+  EXPECT_TRUE(survives(1.0));
+  EXPECT_FALSE(survives(0.0));  // a bonus of 0 is LRU
+}
+
+TEST(EvictionPolicy, FreqLruLearnsToKeepAHotSetThroughAScan) {
+  // 2,000 hot objects, each used once per round between 4,000 objects used
+  // once, in a cache of 3,200: LRU never hits (every reuse distance is 6,000
+  // objects); FLRU starts as LRU, its miniature caches find that a bonus
+  // keeps the hot set, and most of the hot uses of later rounds hit.
+  auto hot_hit_ratio = [](EvictionPolicyKind kind) {
+    UnitCache c(NewEvictionPolicy(kind, 3200), 3200);
+    int hits = 0, uses = 0, next_scan = 1'000'000;
+    for (int round = 0; round < 12; ++round) {
+      for (int h = 0; h < 2000; ++h) {
+        const bool hit = c.Access(h);
+        if (round >= 8) {
+          hits += hit;
+          ++uses;
+        }
+        c.Access(next_scan++);
+        c.Access(next_scan++);
+      }
+    }
+    return double(hits) / uses;
+  };
+  EXPECT_EQ(hot_hit_ratio(EvictionPolicyKind::kLru), 0.0);
+  EXPECT_GT(hot_hit_ratio(EvictionPolicyKind::kFreqLru), 0.5);
+}
+
+TEST(EvictionPolicy, FreqLruStaysLruWhenRecencyIsEnough) {
+  // A loop over 100 objects in a cache of 150: every use after the first
+  // round hits under LRU, and FLRU must not lose any of them.
+  UnitCache c(NewEvictionPolicy(EvictionPolicyKind::kFreqLru, 150), 150);
+  int misses = 0;
+  for (int round = 0; round < 200; ++round) {
+    for (int i = 0; i < 100; ++i) misses += !c.Access(i);
+  }
+  EXPECT_EQ(misses, 100);
+}
+
+TEST(EvictionPolicy, ParseNamesEveryKind) {
+  for (auto kind : {EvictionPolicyKind::kLru, EvictionPolicyKind::kS3Fifo, EvictionPolicyKind::kArc,
+                    EvictionPolicyKind::kFreqLru}) {
+    EXPECT_EQ(ParseEvictionPolicy(EvictionPolicyName(kind)).value(), kind);
+  }
+  absl::Status st = ParseEvictionPolicy("lfu").status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(st.message()), ::testing::HasSubstr("flru"));
+}
+
 TEST(EvictionPolicy, PickVictimReturnsNulloptWhenEverythingIsPinned) {
-  for (auto kind : {EvictionPolicyKind::kLru, EvictionPolicyKind::kS3Fifo, EvictionPolicyKind::kArc}) {
+  for (auto kind : {EvictionPolicyKind::kLru, EvictionPolicyKind::kS3Fifo, EvictionPolicyKind::kArc,
+                    EvictionPolicyKind::kFreqLru}) {
     auto p = NewEvictionPolicy(kind, 100);
     for (int i = 0; i < 10; ++i) p->OnInsert({KeyOf(i), Part::kWhole}, 10);
     p->OnAccess({KeyOf(3), Part::kWhole});

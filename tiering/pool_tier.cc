@@ -12,7 +12,35 @@ int64_t NowUs() {
              std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
+class MetadataOnlyMemory : public PoolMemory {
+ public:
+  explicit MetadataOnlyMemory(uint64_t size) : size_(size) {}
+  uint64_t size() const override { return size_; }
+  absl::Status CopyIn(uint64_t, std::span<const uint8_t>) override { return absl::OkStatus(); }
+  absl::Status CopyOut(uint64_t, std::span<uint8_t>) override { return absl::OkStatus(); }
+
+ private:
+  uint64_t size_;
+};
+
+class MetadataTier : public PoolTier {
+ public:
+  MetadataTier(TierKind kind, uint64_t capacity, uint64_t alignment)
+      : PoolTier(kind, std::make_unique<MetadataOnlyMemory>(capacity), alignment) {}
+  // Nothing it holds survives anything, and nothing is verified.
+  TierCapabilities capabilities() const override { return TierCapabilities{}; }
+};
+
 }  // namespace
+
+std::unique_ptr<PoolMemory> NewMetadataOnlyMemory(uint64_t size) {
+  return std::make_unique<MetadataOnlyMemory>(size);
+}
+
+std::unique_ptr<PoolTier> NewMetadataTier(TierKind kind, uint64_t capacity_bytes,
+                                          uint64_t alignment) {
+  return std::make_unique<MetadataTier>(kind, capacity_bytes, alignment);
+}
 
 PoolTier::PoolTier(TierKind kind, std::unique_ptr<PoolMemory> memory, uint64_t alignment)
     : kind_(kind),

@@ -23,6 +23,11 @@ class PoolMemory {
   virtual absl::Status CopyOut(uint64_t offset, std::span<uint8_t> dst) = 0;
 };
 
+// A PoolMemory with no bytes behind it, for tiers that account space and
+// store nothing (DramTierOptions::metadata_only, NewMetadataTier): CopyIn
+// discards, CopyOut leaves `dst` as it is.
+std::unique_ptr<PoolMemory> NewMetadataOnlyMemory(uint64_t size);
+
 // Where an object sits inside the pool.
 struct PoolExtent {
   uint64_t offset = 0;
@@ -92,6 +97,15 @@ class PoolTier : public Tier {
   };
   absl::flat_hash_map<uint64_t, Extent> extents_ ABSL_GUARDED_BY(mu_);
 };
+
+// A tier of kind `kind` that holds `capacity_bytes` of objects (rounded to
+// `alignment`) by their lengths only: the extents, capacity and fullness of
+// a real tier, no bytes. The placement engine runs over it unchanged, so a
+// trace replay (tiering/replay.h) exercises the engine's own admission,
+// eviction, demotion and promotion at capacities no machine could allocate.
+// Reads succeed and leave the caller's buffer as it is.
+std::unique_ptr<PoolTier> NewMetadataTier(TierKind kind, uint64_t capacity_bytes,
+                                          uint64_t alignment = 4096);
 
 }  // namespace kvtier::tiering
 

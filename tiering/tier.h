@@ -141,6 +141,10 @@ class Tier {
   // Every object with its length (the engine rebuilds its map of a durable
   // tier from this at startup).
   virtual std::vector<std::pair<ObjectKey, uint64_t>> List() = 0;
+  // Waits until every Put that returned before the call is durable, and
+  // returns the first error of a background commit since the previous Flush.
+  // Tiers that make nothing durable in the background return OK at once.
+  virtual absl::Status Flush() { return absl::OkStatus(); }
 };
 
 }  // namespace kvtier::tiering

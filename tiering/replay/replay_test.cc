@@ -1,0 +1,165 @@
+#include "tiering/replay/replay.h"
+
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tiering/eviction.h"
+
+namespace kvtier::tiering::replay {
+namespace {
+
+// A small chunk (1 layer, 1 KV head, head_dim 16, 512 tokens, K16/V8):
+// 28,672 bytes once aligned to 4096.
+codec::ChunkSpec SmallChunk() {
+  bandwidth::ModelSpec m;
+  m.name = "tiny";
+  m.num_layers = 1;
+  m.num_kv_heads = 1;
+  m.head_dim = 16;
+  return ReplayChunkSpec(m, "k16v8", 512).value();
+}
+
+uint64_t Aligned() {
+  return codec::AlignUp(codec::ValidateSpec(SmallChunk())->total_bytes, 4096);
+}
+
+Trace MakeTrace(const std::string& text) { return ParseTrace(text, 512).value(); }
+
+ReplayOptions Options(uint64_t dram_chunks, uint64_t nvme_chunks, EvictionPolicyKind kind) {
+  ReplayOptions o;
+  o.chunk = SmallChunk();
+  o.dram_bytes = dram_chunks * Aligned();
+  o.nvme_bytes = nvme_chunks * Aligned();
+  o.engine.eviction = kind;
+  return o;
+}
+
+// Four requests over three chunks of DRAM, LRU; worked out by hand:
+//   [0,1,2] miss x3                         cache 0 1 2
+//   [0,1,3] prefix 0,1; 3 evicts 2          cache 0 1 3
+//   [0,2]   prefix 0; 2 evicts 1            cache 3 0 2
+//   [0,1,3] prefix 0; 1 missing, 3 stored: a chunk hit after a miss
+constexpr char kFourRequests[] =
+    "{\"timestamp\": 0, \"input_length\": 1536, \"hash_ids\": [0, 1, 2]}\n"
+    "{\"timestamp\": 1000, \"input_length\": 1536, \"hash_ids\": [0, 1, 3]}\n"
+    "{\"timestamp\": 2000, \"input_length\": 600, \"hash_ids\": [0, 2]}\n"
+    "{\"timestamp\": 3000, \"input_length\": 1300, \"hash_ids\": [0, 1, 3]}\n";
+
+TEST(ReplayTrace, LruOnAHandWrittenTraceHasTheKnownHits) {
+  auto r = ReplayTrace(MakeTrace(kFourRequests), Options(3, 0, EvictionPolicyKind::kLru));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->requests, 4u);
+  EXPECT_EQ(r->block_reads, 11u);
+  EXPECT_EQ(r->token_reads, 4972u);
+  EXPECT_EQ(r->prefix_hits, 4u);
+  EXPECT_EQ(r->chunk_hits, 5u);
+  EXPECT_EQ(r->prefix_hit_tokens, 2048u);  // 1024 + 512 + 512
+  EXPECT_EQ(r->tiers[static_cast<int>(TierKind::kDram)].hits, 4u);
+  EXPECT_DOUBLE_EQ(r->prefix_hit_ratio(), 4.0 / 11.0);
+  EXPECT_DOUBLE_EQ(r->trace_seconds, 3.0);
+  EXPECT_GT(r->saved_prefill_seconds, 0);
+  EXPECT_LT(r->saved_prefill_seconds, 2048.0 / 10000.0);  // loading costs something
+}
+
+TEST(ReplayTrace, NvmeHitsAreDemotedThenPromotedChunks) {
+  // One chunk of DRAM: [1] demotes 0 to NVMe (admitted after one use), and
+  // [0] reads it back from NVMe and promotes it.
+  ReplayOptions o = Options(1, 4, EvictionPolicyKind::kLru);
+  o.engine.nvme_admit_after_uses = 1;
+  auto r = ReplayTrace(MakeTrace("{\"timestamp\": 0, \"hash_ids\": [0]}\n"
+                                 "{\"timestamp\": 1, \"hash_ids\": [1]}\n"
+                                 "{\"timestamp\": 2, \"hash_ids\": [0]}\n"),
+                       o);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->prefix_hits, 1u);
+  EXPECT_EQ(r->tiers[static_cast<int>(TierKind::kNvme)].hits, 1u);
+  EXPECT_EQ(r->tiers[static_cast<int>(TierKind::kDram)].hits, 0u);
+  EXPECT_EQ(r->promotions, 1u);
+  EXPECT_EQ(r->demotions, 2u);  // 0, then 1 when 0 came back
+  EXPECT_EQ(r->tiers[static_cast<int>(TierKind::kNvme)].bytes_written, 2 * r->chunk_bytes);
+}
+
+TEST(ReplayTrace, ATierSmallerThanAChunkIsResourceExhausted) {
+  ReplayOptions o = Options(0, 0, EvictionPolicyKind::kLru);
+  EXPECT_EQ(ReplayTrace(MakeTrace(kFourRequests), o).status().code(), absl::StatusCode::kInvalidArgument);
+  o.dram_bytes = 4096;
+  EXPECT_EQ(ReplayTrace(MakeTrace(kFourRequests), o).status().code(),
+            absl::StatusCode::kResourceExhausted);
+}
+
+TEST(BeladyReplay, KeepsWhatIsReadSoonestAndBypassesTheRest) {
+  // Two chunks, reads 1 2 3 1 2 3: MIN keeps 1 and 2 and never stores 3
+  // (read later than both), so 1 and 2 hit once; LRU hits nothing.
+  Trace t = MakeTrace(
+      "{\"timestamp\": 0, \"hash_ids\": [1]}\n{\"timestamp\": 0, \"hash_ids\": [2]}\n"
+      "{\"timestamp\": 0, \"hash_ids\": [3]}\n{\"timestamp\": 0, \"hash_ids\": [1]}\n"
+      "{\"timestamp\": 0, \"hash_ids\": [2]}\n{\"timestamp\": 0, \"hash_ids\": [3]}\n");
+  ReplayOptions o = Options(2, 0, EvictionPolicyKind::kLru);
+  ReplayResult b = BeladyReplay(t, o);
+  EXPECT_EQ(b.capacity_chunks, 2u);
+  EXPECT_EQ(b.prefix_hits, 2u);
+  EXPECT_EQ(b.chunk_hits, 2u);
+  EXPECT_EQ(ReplayTrace(t, o)->prefix_hits, 0u);
+}
+
+TEST(BeladyReplay, IsAnUpperBoundOfEveryPolicy) {
+  Trace t = MakeTrace(kFourRequests);
+  for (uint64_t cap : {1, 2, 3, 5}) {
+    const uint64_t best = BeladyReplay(t, Options(cap, 0, EvictionPolicyKind::kLru)).chunk_hits;
+    for (auto kind : {EvictionPolicyKind::kLru, EvictionPolicyKind::kS3Fifo, EvictionPolicyKind::kArc,
+                      EvictionPolicyKind::kFreqLru}) {
+      EXPECT_LE(ReplayTrace(t, Options(cap, 0, kind))->chunk_hits, best) << cap;
+    }
+  }
+}
+
+TEST(ReplayTrace, ASharedRootChunkHitsEveryLaterRequest) {
+  // Chunk 0 (a shared system prompt) is read by every request; each request
+  // also brings two chunks never read again. Only the root is a prefix hit.
+  std::string text;
+  for (int i = 0; i < 20; ++i) {
+    text += "{\"timestamp\": " + std::to_string(i) + ", \"hash_ids\": [0, " + std::to_string(100 + 2 * i) +
+            ", " + std::to_string(101 + 2 * i) + "]}\n";
+  }
+  auto r = ReplayTrace(MakeTrace(text), Options(4, 0, EvictionPolicyKind::kFreqLru));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->prefix_hits, 19u);
+  EXPECT_EQ(r->chunk_hits, 19u);
+  EXPECT_EQ(r->block_reads, 60u);
+}
+
+TEST(ResultJson, HasTheRatiosAndTiers) {
+  auto r = ReplayTrace(MakeTrace(kFourRequests), Options(3, 2, EvictionPolicyKind::kFreqLru));
+  ASSERT_TRUE(r.ok()) << r.status();
+  auto j = nlohmann::json::parse(ResultJson(*r));
+  EXPECT_EQ(j["policy"], "flru");
+  EXPECT_DOUBLE_EQ(j["prefix_hit_ratio"].get<double>(), r->prefix_hit_ratio());
+  EXPECT_TRUE(j["tiers"].contains("dram"));
+  EXPECT_TRUE(j["tiers"].contains("nvme"));
+  EXPECT_DOUBLE_EQ(j["tiers"]["dram"]["prefix_token_hit_ratio"].get<double>() +
+                       j["tiers"]["nvme"]["prefix_token_hit_ratio"].get<double>(),
+                   r->prefix_token_hit_ratio());
+}
+
+TEST(PlanCapacity, SweepsTheGridAndDrawsIt) {
+  Trace t = MakeTrace(kFourRequests);
+  const uint64_t a = Aligned();
+  auto plan = PlanCapacity(t, Options(1, 0, EvictionPolicyKind::kFreqLru), {a, 2 * a, 3 * a}, {0, 2 * a});
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(plan->size(), 6u);
+  EXPECT_EQ((*plan)[2].dram_bytes, 3 * a);
+  EXPECT_EQ((*plan)[2].nvme_bytes, 0u);
+  for (const PlanPoint& p : *plan) EXPECT_LE(p.policy.prefix_hits, p.belady.chunk_hits);
+  const std::string svg = RenderPlanSvg(*plan);
+  EXPECT_THAT(svg, ::testing::StartsWith("<svg"));
+  EXPECT_THAT(svg, ::testing::HasSubstr("belady"));
+  // One line per NVMe size and Belady's.
+  size_t lines = 0;
+  for (size_t at = svg.find("<polyline"); at != std::string::npos; at = svg.find("<polyline", at + 1)) ++lines;
+  EXPECT_EQ(lines, 3u);
+}
+
+}  // namespace
+}  // namespace kvtier::tiering::replay
