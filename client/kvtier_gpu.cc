@@ -237,15 +237,43 @@ absl::StatusOr<HeldChunk> GpuPagedIo::HoldVerified(const Hash128& key,
 absl::StatusOr<Tier> GpuPagedIo::Load(const Hash128& key, const kernels::PagedKvLayout& cache,
                                       const kernels::BlockSpan& blocks, cudaStream_t stream,
                                       kernels::LayerRange layers) {
-  codec::ChunkHeader header;
-  KVTIER_ASSIGN_OR_RETURN(HeldChunk held, HoldVerified(key, &header));
-  absl::Status st =
-      kernels::DecodeScatter(header, Device(held.data.data()), cache, blocks, layers, stream);
-  if (st.ok()) st = Sync(stream);
-  absl::Status u = client_->Unhold(held);
-  if (!st.ok()) return st;
-  if (!u.ok()) return u;
-  return held.tier;
+  bool verify = false;
+  for (;;) {
+    KVTIER_ASSIGN_OR_RETURN(HeldChunk held, client_->Hold(key, verify));
+    // The header is checked before the launch (it sizes every read); the
+    // sections are hashed on the host while the kernel decodes them.
+    auto header = codec::ParseHeader(held.data);
+    absl::Status st = header.status();
+    if (st.ok() && header->layout.total_bytes != held.data.size()) {
+      st = absl::DataLossError(absl::StrCat("chunk ", key.ToHex(), " is ", held.data.size(),
+                                            " bytes, its header says ",
+                                            header->layout.total_bytes));
+    }
+    if (!st.ok()) {
+      (void)client_->Unhold(held);
+      return st;
+    }
+    st = kernels::DecodeScatter(*header, Device(held.data.data()), cache, blocks, layers, stream);
+    if (!st.ok()) {
+      (void)client_->Unhold(held);
+      return st;
+    }
+    auto checked = wire::VerifyChunkParallel(held.data);
+    st = Sync(stream);
+    absl::Status u = client_->Unhold(held);
+    if (!st.ok()) return st;
+    if (checked.ok()) {
+      if (!u.ok()) return u;
+      return held.tier;
+    }
+    // The reader's check failed: the slots hold what the kernel made of the
+    // bad bytes. The daemon checks the stored chunk (and drops it if corrupt).
+    if (verify) {
+      return absl::DataLossError(absl::StrCat("chunk ", key.ToHex(), " changed while read: ",
+                                              checked.status().message()));
+    }
+    verify = true;
+  }
 }
 
 absl::StatusOr<std::unique_ptr<LayerwiseLoad>> GpuPagedIo::BeginLayerwiseLoad(
@@ -263,11 +291,15 @@ absl::StatusOr<std::unique_ptr<LayerwiseLoad>> GpuPagedIo::BeginLayerwiseLoad(
     load->events_.push_back(ev);
   }
 
-  // Hold and check every chunk, a few at a time over the data-plane connections.
+  // Hold and check every chunk, a few at a time over the data-plane
+  // connections. The first layer group of chunk i is enqueued as soon as
+  // chunks 0..i are checked, so the copies overlap the checks of later chunks.
   const size_t n = chunks.size();
   std::vector<std::optional<HeldChunk>> held(n);
   std::vector<codec::ChunkHeader> headers(n);
   std::vector<absl::StatusOr<Tier>> results(n, absl::UnknownError("not loaded"));
+  absl::Mutex ready_mu;
+  std::vector<char> ready(n, 0);
   auto one = [&](size_t i) {
     auto h = HoldVerified(chunks[i].key, &headers[i]);
     if (!h.ok()) {
@@ -284,45 +316,55 @@ absl::StatusOr<std::unique_ptr<LayerwiseLoad>> GpuPagedIo::BeginLayerwiseLoad(
     results[i] = h->tier;
     held[i] = *h;
   };
+  auto mark = [&](size_t i) {
+    absl::MutexLock l(&ready_mu);
+    ready[i] = 1;
+  };
   const size_t workers = std::min(n, kParallelHolds);
-  if (workers <= 1) {
-    for (size_t i = 0; i < n; ++i) one(i);
-  } else {
-    std::atomic<size_t> next{0};
-    std::vector<std::thread> threads;
-    threads.reserve(workers - 1);
-    auto run = [&]() {
-      for (size_t i = next.fetch_add(1); i < n; i = next.fetch_add(1)) one(i);
-    };
-    for (size_t w = 0; w + 1 < workers; ++w) threads.emplace_back(run);
-    run();
-    for (std::thread& t : threads) t.join();
+  std::atomic<size_t> next{0};
+  std::vector<std::thread> threads;
+  threads.reserve(workers);
+  for (size_t w = 0; w < workers; ++w) {
+    threads.emplace_back([&]() {
+      for (size_t i = next.fetch_add(1); i < n; i = next.fetch_add(1)) {
+        one(i);
+        mark(i);
+      }
+    });
   }
+
+  // Enqueue group by group; nothing here waits for the device.
+  auto range_of = [&](uint32_t g) {
+    return kernels::LayerRange{g * layer_group, std::min(cache.num_layers, (g + 1) * layer_group)};
+  };
+  absl::Status launch;
+  for (size_t i = 0; i < n; ++i) {
+    ready_mu.LockWhen(absl::Condition(+[](char* c) { return *c != 0; }, &ready[i]));
+    ready_mu.Unlock();
+    if (!held[i] || !launch.ok()) continue;
+    launch = kernels::DecodeScatter(headers[i], Device(held[i]->data.data()), cache,
+                                    chunks[i].blocks, range_of(0), stream);
+  }
+  for (std::thread& t : threads) t.join();
   for (size_t i = 0; i < n; ++i) {
     if (held[i]) load->holds_.push_back(*held[i]);
   }
   load->results_ = std::move(results);
-
-  // Enqueue group by group; nothing here waits for the device.
-  for (uint32_t g = 0; g < groups; ++g) {
-    const kernels::LayerRange range{g * layer_group,
-                                    std::min(cache.num_layers, (g + 1) * layer_group)};
-    for (size_t i = 0; i < n; ++i) {
+  for (uint32_t g = 0; g < groups && launch.ok(); ++g) {
+    for (size_t i = 0; i < n && launch.ok() && g > 0; ++i) {
       if (!held[i]) continue;
-      absl::Status st = kernels::DecodeScatter(headers[i], Device(held[i]->data.data()), cache,
-                                               chunks[i].blocks, range, stream);
-      if (!st.ok()) {
-        (void)Sync(stream);  // earlier launches still read the holds
-        (void)load->Finish();
-        return st;
-      }
+      launch = kernels::DecodeScatter(headers[i], Device(held[i]->data.data()), cache,
+                                      chunks[i].blocks, range_of(g), stream);
     }
-    cudaError_t e = cudaEventRecord(load->events_[g], stream);
-    if (e != cudaSuccess) {
-      (void)Sync(stream);
-      (void)load->Finish();
-      return kernels::CudaStatus(e, "cudaEventRecord", __FILE__, __LINE__);
+    if (launch.ok()) {
+      launch = kernels::CudaStatus(cudaEventRecord(load->events_[g], stream), "cudaEventRecord",
+                                   __FILE__, __LINE__);
     }
+  }
+  if (!launch.ok()) {
+    (void)Sync(stream);  // earlier launches still read the holds
+    (void)load->Finish();
+    return launch;
   }
   return load;
 }

@@ -11,8 +11,8 @@
 //          encode layer l while it computes layer l + 1.
 //   Load:  Hold (the chunk's extent, pinned) -> the header and both section
 //          checksums are checked on the host (the reader's check; the daemon
-//          verified at put) -> kernels::DecodeScatter reads the extent over
-//          the mapping -> the stream is synchronized -> Unhold.
+//          verified at put) while kernels::DecodeScatter reads the extent
+//          over the mapping -> the stream is synchronized -> Unhold.
 //          A LayerwiseLoad holds and checks many chunks at once, then
 //          enqueues their decode layer group by layer group with a CUDA
 //          event per group, so that attention of layer l waits for layer l
@@ -173,9 +173,11 @@ class GpuPagedIo {
   // Decodes layers `layers` of chunk `key` into the same layers of the slots
   // at `blocks` of `cache` (the chunk's geometry must match the cache) and
   // returns the tier it came from. Returns after the kernel has finished
-  // (the extent is released then). NotFound on a miss; DataLoss if the chunk
-  // is corrupt (the daemon drops it); InvalidArgument for a
-  // geometry/cache/blocks/layers mismatch.
+  // (the extent is released then). The header is checked before the launch
+  // and the section checksums on the host while the kernel runs, so on
+  // DataLoss the slots at `blocks` hold undefined values. NotFound on a miss;
+  // DataLoss if the chunk is corrupt (the daemon drops it); InvalidArgument
+  // for a geometry/cache/blocks/layers mismatch (nothing launched).
   absl::StatusOr<Tier> Load(const Hash128& key, const kernels::PagedKvLayout& cache,
                             const kernels::BlockSpan& blocks, cudaStream_t stream,
                             kernels::LayerRange layers = {});
