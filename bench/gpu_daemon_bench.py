@@ -129,11 +129,12 @@ def main():
         single_store, single_load, batch_store, batch_load, batch_load_l1 = [], [], [], [], []
         for rep in range(reps):
             keys = [key(tag, rep * 100 + i) for i in range(BATCH)]
+            single_keys = [key(tag + 1, rep * 100 + i) for i in range(8)]
             # Single chunks: one store at a time.
             torch.cuda.synchronize()
             t0 = time.perf_counter()
             for i in range(8):
-                kg.store(client, keys[i], cache, ids[i], codec=codec)
+                kg.store(client, single_keys[i], cache, ids[i], codec=codec)
             single_store.append((time.perf_counter() - t0) / 8)
             # Batch: the rest from 4 threads, each on its own stream.
             t0 = time.perf_counter()
@@ -145,7 +146,7 @@ def main():
             torch.cuda.synchronize()
             t0 = time.perf_counter()
             for i in range(8):
-                kg.load(client, keys[i], cache, ids[i])
+                kg.load(client, single_keys[i], cache, ids[i])
             single_load.append((time.perf_counter() - t0) / 8)
             # Batch loads, layer-wise (one group of all layers, and groups of one layer).
             for group, acc in ((L, batch_load), (1, batch_load_l1)):
@@ -155,7 +156,7 @@ def main():
                 tiers = lw.finish()
                 acc.append((time.perf_counter() - t0) / BATCH)
                 assert all(t is not None for t in tiers), tiers
-            delete(client, keys)
+            delete(client, keys + single_keys)
 
         d2h_1 = pinned_copy_s(enc, 1, False)
         h2d_1 = pinned_copy_s(enc, 1, True)

@@ -18,7 +18,7 @@ export LD_LIBRARY_PATH=$PWD/lib:$PWD${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv >"$OUT/gpu.txt" 2>&1
 rc=0
 if step tests; then
-  for t in kernels_ref_test kernels_launch_test kernels_gpu_test; do
+  for t in kernels_ref_test kernels_launch_test kernels_gpu_test server_gpu_test; do
     # A hung kernel (e.g. a barrier never completing) fails its step, not the run.
     timeout 300 ./$t --gtest_output=json:"$OUT/$t.json" >"$OUT/$t.log" 2>&1 || rc=1
     tail -n 3 "$OUT/$t.log"
@@ -53,5 +53,6 @@ if step daemon; then
   rm -rf "$tmp"
 fi
 python3 kernel_merge_results.py "$OUT" || rc=1
-if step tests; then grep -h -E "FAILED|PASSED|SKIPPED" "$OUT"/kernels_*.log | head -40; fi
+if step tests; then grep -h -E "FAILED|PASSED|SKIPPED" "$OUT"/*_test.log | head -40; fi
+if step daemon; then grep -h -E "passed|failed|error" "$OUT"/python_gpu_test.log | tail -5; fi
 exit $rc
