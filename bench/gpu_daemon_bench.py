@@ -16,13 +16,15 @@ copy's GB/s: device-to-host for stores, host-to-device for loads).
 import concurrent.futures
 import ctypes
 import json
+import pathlib
 import sys
 import time
 
 import torch
 
-sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent / "python"))
-sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1] / "python"))
+# The package beside this script (the GPU bundle), else the repository's.
+_here = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(_here / "python" if (_here / "python").is_dir() else _here.parent / "python"))
 from kvtier import _torch_gpu as kg  # noqa: E402
 
 L, H, D, T, BS = 32, 8, 128, 256, 16
