@@ -78,7 +78,6 @@ class PendingStore {
 
  private:
   friend class GpuPagedIo;
-class ChunkHasher;
   PendingStore(GpuPagedIo* io, const codec::ChunkSpec& spec, const codec::ChunkLayout& layout,
                WritableSlot slot, uint32_t* workspace);
 
@@ -135,7 +134,6 @@ class LayerwiseLoad {
 
  private:
   friend class GpuPagedIo;
-class ChunkHasher;
   LayerwiseLoad(KvtierClient* client, uint32_t num_layers, uint32_t layer_group)
       : client_(client), num_layers_(num_layers), layer_group_(layer_group) {}
 
