@@ -26,6 +26,7 @@ import torch
 _here = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(_here / "python" if (_here / "python").is_dir() else _here.parent / "python"))
 import kvtier  # noqa: E402
+import kvtier.codec  # noqa: E402
 from kvtier import _torch_gpu as kg  # noqa: E402
 
 L, H, D, T, BS = 32, 8, 128, 256, 16
@@ -74,7 +75,8 @@ def pinned_copy_s(nbytes, n, to_device):
 
 def main():
     sock, out_path = sys.argv[1], sys.argv[2]
-    client = kvtier.Client(socket=sock)
+    # As many data-plane connections as concurrent stores.
+    client = kvtier.Client(socket=sock, max_data_connections=STORE_THREADS)
     nb = BATCH * (T // BS) + 16
     g = torch.Generator(device=DEV).manual_seed(1)
     layers = [torch.randn((2, nb, BS, H, D), generator=g, device=DEV).to(torch.bfloat16)
@@ -93,6 +95,14 @@ def main():
             kg.store(client, key(tag, 1000 + i), cache, ids[i], codec=codec)
             kg.load(client, key(tag, 1000 + i), cache, ids[i])
         enc = len(client.get_bytes(key(tag, 1000)))
+        # The reader's check of a load (header + both section checksums, K and V
+        # on two threads) on a chunk in the pool: what bounds one chunk's load.
+        with client.get(key(tag, 1000)) as held:
+            kvtier.codec.inspect_chunk(held.data)
+            t0 = time.perf_counter()
+            for _ in range(5):
+                kvtier.codec.inspect_chunk(held.data)
+            verify_s = (time.perf_counter() - t0) / 5
         delete(client, [key(tag, 1000 + i) for i in range(4)])
 
         reps = 3
@@ -139,6 +149,7 @@ def main():
                     "vs_pinned_memcpy": base / t}
 
         r = {"encoded_bytes_per_chunk": enc,
+             "host_verify_GBps": enc / verify_s / 1e9,
              "store_single": entry(median(single_store), d2h_1),
              "store_batch": entry(median(batch_store), d2h_b),
              "load_single": entry(median(single_load), h2d_1),
@@ -150,6 +161,7 @@ def main():
                                       "batch": r["load_batch_layerwise_group32"]["vs_pinned_memcpy"],
                                       "batch_group1": r["load_batch_layerwise_group1"]["vs_pinned_memcpy"]}
         results["codecs"][codec] = r
+        print(f"{codec:7s} host verify (reader's check)     {r['host_verify_GBps']:6.1f} GB/s", flush=True)
         for name in ("store_single", "store_batch", "load_single", "load_batch_layerwise_group32",
                      "load_batch_layerwise_group1"):
             e = r[name]

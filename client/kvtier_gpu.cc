@@ -18,9 +18,9 @@
 namespace kvtier::client {
 namespace {
 
-// Holds taken at once by a LayerwiseLoad: one per data-plane connection of
-// the client's default (ClientOptions::max_data_connections).
-constexpr size_t kParallelHolds = 4;
+// Chunks a LayerwiseLoad holds and checks at once (each check hashes K and V
+// on two threads; the holds share the client's data-plane connections).
+constexpr size_t kParallelHolds = 8;
 
 // A one-call Store encodes in this many layer ranges, so that hashing the
 // first ranges on the host overlaps encoding the later ones.
