@@ -162,8 +162,9 @@ void FreeCache(kvtier_gpu_cache* c) {
   if (c == nullptr) return;
   DeviceScope scope(c->device);
   {
+    // cudaFree, not cudaFreeAsync: the streams may be gone; it waits for the device.
     absl::MutexLock l(&c->mu);
-    for (auto& [stream, ws] : c->workspaces) cudaFreeAsync(ws.ptr, StreamOf(stream));
+    for (auto& [stream, ws] : c->workspaces) cudaFree(ws.ptr);
   }
   cudaFree(c->d_k);
   if (c->d_v != c->d_k) cudaFree(c->d_v);
@@ -268,8 +269,11 @@ void kvtier_gpu_cache_desc_init(kvtier_gpu_cache_desc* d) {
 int kvtier_gpu_cache_create(const kvtier_gpu_cache_desc* d, kvtier_gpu_cache** out) {
   if (out == nullptr) return Fail(absl::InvalidArgumentError("out is null"));
   *out = nullptr;
+  if (d == nullptr || d->struct_size < sizeof(kvtier_gpu_cache_desc)) {
+    return Fail(absl::InvalidArgumentError("cache desc: null or struct_size too small"));
+  }
   auto* c = new kvtier_gpu_cache;
-  c->device = CurrentDevice(d == nullptr ? -1 : d->device);
+  c->device = CurrentDevice(d->device);
   absl::Status st = CreateCache(d, c);
   if (!st.ok()) {
     FreeCache(c);
