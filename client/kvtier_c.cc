@@ -15,6 +15,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "client/kvtier_c_internal.h"
 #include "client/kvtier_client.h"
 #include "codec/chunk.h"
 #include "codec/codec.h"
@@ -27,10 +28,6 @@
 using kvtier::Hash128;
 using kvtier::client::KvtierClient;
 
-struct kvtier_client {
-  std::unique_ptr<KvtierClient> impl;
-};
-
 // A chunk read for the caller: either held in place in the daemon's pool
 // (zero-copy) or a private copy of an inline get.
 struct kvtier_held {
@@ -40,10 +37,11 @@ struct kvtier_held {
 };
 
 namespace {
-
 thread_local std::string g_last_error;
+}  // namespace
 
-// Records `st` as the calling thread's last error and returns its code.
+namespace kvtier::capi {
+
 int Fail(const absl::Status& st) {
   std::string msg(st.message());
   for (char& ch : msg) {
@@ -60,6 +58,13 @@ int Done(const absl::Status& st) {
   }
   return Fail(st);
 }
+
+}  // namespace kvtier::capi
+
+namespace {
+
+using kvtier::capi::Done;
+using kvtier::capi::Fail;
 
 int Invalid(const std::string& what) { return Fail(absl::InvalidArgumentError(what)); }
 

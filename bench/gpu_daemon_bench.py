@@ -1,0 +1,178 @@
+#!/usr/bin/env python3
+"""Store and load of Llama-3.1-8B chunks between a paged GPU cache and a running
+kvtierd (kvtier._torch_gpu over libkvtier), against a pinned cudaMemcpy of the
+same encoded bytes measured in the same run.
+
+Chunk: 32 layers, 8 kv heads, head_dim 128, 256 tokens; vLLM FlashAttention NHD
+BF16 cache, block size 16. Single chunks (one call at a time) and batches of 32
+(stores from STORE_THREADS threads on their own streams; loads as one layer-wise
+batch, one group of all layers and groups of one layer).
+
+Usage: gpu_daemon_bench.py SOCKET OUT.json   (libkvtier: $KVTIER_LIBRARY or the build)
+Prints and writes GB/s of encoded bytes and of 16-bit KV, and
+store_vs_pinned_memcpy / load_vs_pinned_memcpy (encoded GB/s over the pinned
+copy's GB/s: device-to-host for stores, host-to-device for loads).
+"""
+
+import concurrent.futures
+import json
+import pathlib
+import sys
+import time
+
+import torch
+
+# The package beside this script (the GPU bundle), else the repository's.
+_here = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(_here / "python" if (_here / "python").is_dir() else _here.parent / "python"))
+import kvtier  # noqa: E402
+import kvtier.codec  # noqa: E402
+from kvtier import _torch_gpu as kg  # noqa: E402
+
+L, H, D, T, BS = 32, 8, 128, 256, 16
+BATCH = 32
+STORE_THREADS = 8  # concurrent stores of a batch, each on its own stream
+KV16_BYTES = 2 * L * T * H * D * 2  # K and V, 16-bit
+DEV = torch.device("cuda", 0)
+
+
+def delete(client, keys):
+    for k in keys:
+        try:
+            client.delete(k)
+        except kvtier.NotFound:
+            pass
+
+
+def key(tag, i):
+    return bytes([0xBE, tag]) + i.to_bytes(14, "big")
+
+
+def median(xs):
+    xs = sorted(xs)
+    return xs[len(xs) // 2]
+
+
+def pinned_copy_s(nbytes, n, to_device):
+    """Seconds of n pinned copies of nbytes each, one after another (median of 5 reps)."""
+    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    dev = torch.empty(nbytes, dtype=torch.uint8, device=DEV)
+    host.fill_(1)
+    times = []
+    for rep in range(6):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            if to_device:
+                dev.copy_(host, non_blocking=True)
+            else:
+                host.copy_(dev, non_blocking=True)
+        torch.cuda.synchronize()
+        if rep:
+            times.append(time.perf_counter() - t0)
+    return median(times)
+
+
+def main():
+    sock, out_path = sys.argv[1], sys.argv[2]
+    # As many data-plane connections as concurrent stores.
+    client = kvtier.Client(socket=sock, max_data_connections=STORE_THREADS)
+    nb = BATCH * (T // BS) + 16
+    g = torch.Generator(device=DEV).manual_seed(1)
+    layers = [torch.randn((2, nb, BS, H, D), generator=g, device=DEV).to(torch.bfloat16)
+              for _ in range(L)]
+    cache = kg.PagedCache.from_vllm(layers, layout="flash_attn_nhd")
+    ids = [list(range(i * (T // BS), (i + 1) * (T // BS))) for i in range(BATCH)]
+    results = {"device": torch.cuda.get_device_name(DEV), "model": "Llama-3.1-8B",
+               "chunk": {"layers": L, "kv_heads": H, "head_dim": D, "tokens": T,
+                         "block_size": BS, "cache": "vllm flash_attn NHD bf16"},
+               "kv16_bytes_per_chunk": KV16_BYTES, "batch": BATCH, "codecs": {}}
+    streams = [torch.cuda.Stream(DEV) for _ in range(STORE_THREADS)]
+    for ci, codec in enumerate(["k16v8", "k16v16"]):
+        tag = 0x10 * (ci + 1)
+        # Warm up (slot and workspace pools, the first CUDA calls).
+        for i in range(4):
+            kg.store(client, key(tag, 1000 + i), cache, ids[i], codec=codec)
+            kg.load(client, key(tag, 1000 + i), cache, ids[i])
+        # The reader's check of a load (header + both section checksums, K and V
+        # on two threads), on a private copy (bytes go to the C API in place):
+        # what bounds one chunk's load.
+        chunk_bytes = client.get_bytes(key(tag, 1000))
+        kvtier.codec.inspect_chunk(chunk_bytes)
+        t0 = time.perf_counter()
+        for _ in range(5):
+            kvtier.codec.inspect_chunk(chunk_bytes)
+        verify_s = (time.perf_counter() - t0) / 5
+        enc = len(chunk_bytes)
+        delete(client, [key(tag, 1000 + i) for i in range(4)])
+
+        reps = 3
+        single_store, single_load, batch_store, batch_load, batch_load_l1 = [], [], [], [], []
+        for rep in range(reps):
+            keys = [key(tag, rep * 100 + i) for i in range(BATCH)]
+            single_keys = [key(tag + 1, rep * 100 + i) for i in range(8)]
+            # Single chunks: one store at a time.
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for i in range(8):
+                kg.store(client, single_keys[i], cache, ids[i], codec=codec)
+            single_store.append((time.perf_counter() - t0) / 8)
+            # Batch: 32 stores from STORE_THREADS threads, each on its own stream.
+            t0 = time.perf_counter()
+            with concurrent.futures.ThreadPoolExecutor(STORE_THREADS) as ex:
+                list(ex.map(lambda i: kg.store(client, keys[i], cache, ids[i], codec=codec,
+                                               stream=streams[i % STORE_THREADS]), range(BATCH)))
+            batch_store.append((time.perf_counter() - t0) / BATCH)
+            # Single loads.
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for i in range(8):
+                kg.load(client, single_keys[i], cache, ids[i])
+            single_load.append((time.perf_counter() - t0) / 8)
+            # Batch loads, layer-wise (one group of all layers, and groups of one layer).
+            for group, acc in ((L, batch_load), (1, batch_load_l1)):
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                lw = kg.load_layerwise(client, keys, cache, ids, layer_group=group)
+                tiers = lw.finish()
+                acc.append((time.perf_counter() - t0) / BATCH)
+                assert all(t is not None for t in tiers), tiers
+            delete(client, keys + single_keys)
+
+        d2h_1 = pinned_copy_s(enc, 1, False)
+        h2d_1 = pinned_copy_s(enc, 1, True)
+        d2h_b = pinned_copy_s(enc, BATCH, False) / BATCH
+        h2d_b = pinned_copy_s(enc, BATCH, True) / BATCH
+
+        def entry(t, base):
+            return {"s_per_chunk": t, "encoded_GBps": enc / t / 1e9,
+                    "kv16_GBps": KV16_BYTES / t / 1e9, "pinned_memcpy_GBps": enc / base / 1e9,
+                    "vs_pinned_memcpy": base / t}
+
+        r = {"encoded_bytes_per_chunk": enc,
+             "host_verify_GBps": enc / verify_s / 1e9,
+             "store_single": entry(median(single_store), d2h_1),
+             "store_batch": entry(median(batch_store), d2h_b),
+             "load_single": entry(median(single_load), h2d_1),
+             "load_batch_layerwise_group32": entry(median(batch_load), h2d_b),
+             "load_batch_layerwise_group1": entry(median(batch_load_l1), h2d_b)}
+        r["store_vs_pinned_memcpy"] = {"single": r["store_single"]["vs_pinned_memcpy"],
+                                       "batch": r["store_batch"]["vs_pinned_memcpy"]}
+        r["load_vs_pinned_memcpy"] = {"single": r["load_single"]["vs_pinned_memcpy"],
+                                      "batch": r["load_batch_layerwise_group32"]["vs_pinned_memcpy"],
+                                      "batch_group1": r["load_batch_layerwise_group1"]["vs_pinned_memcpy"]}
+        results["codecs"][codec] = r
+        print(f"{codec:7s} host verify (reader's check)     {r['host_verify_GBps']:6.1f} GB/s", flush=True)
+        for name in ("store_single", "store_batch", "load_single", "load_batch_layerwise_group32",
+                     "load_batch_layerwise_group1"):
+            e = r[name]
+            print(f"{codec:7s} {name:30s} {e['encoded_GBps']:6.1f} GB/s encoded "
+                  f"{e['kv16_GBps']:6.1f} GB/s kv16  pinned {e['pinned_memcpy_GBps']:6.1f} GB/s "
+                  f"ratio {e['vs_pinned_memcpy']:.2f}", flush=True)
+    with open(out_path, "w") as f:
+        json.dump(results, f, indent=2)
+    client.close()
+
+
+if __name__ == "__main__":
+    main()
