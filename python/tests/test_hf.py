@@ -1,0 +1,250 @@
+"""kvtier.hf on a tiny random Llama (CPU, BF16) against a real kvtierd.
+
+The reference of a prefix reuse is the same split computation without
+kvtier: prefill the cached prefix with the model, then run the rest of the
+prompt with that cache. K16/V16 chunks decode bit for bit, so kvtier's logits
+must equal the reference's exactly.
+"""
+from __future__ import annotations
+
+import ctypes
+import glob
+import os
+import signal
+import subprocess
+import time
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+import kvtier  # noqa: E402
+from kvtier import hf  # noqa: E402
+
+CHUNK = 32  # tokens per chunk: small, so prompts of a few chunks stay fast on a CPU
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _daemon_path() -> str:
+    env = os.environ.get("KVTIERD")
+    if env:
+        return env
+    for pattern in ("build/server/kvtierd", "build*/server/kvtierd"):
+        for path in sorted(glob.glob(os.path.join(_REPO, pattern))):
+            return path
+    pytest.skip("kvtierd is not built (set KVTIERD or build the server)")
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory):
+    """A kvtierd on a temporary socket, with a small DRAM and NVMe tier."""
+    data = tmp_path_factory.mktemp("kvtierd")
+    ready = data / "ready"
+    sock = data / "kvtierd.sock"
+    proc = subprocess.Popen(
+        [_daemon_path(), "--data-dir", str(data / "d"), "--socket", str(sock),
+         "--dram-gib", "0.0625", "--nvme-gib", "0.0625", "--dram-populate", "false",
+         "--log-level", "warn", "--ready-file", str(ready)])
+    deadline = time.monotonic() + 30
+    while not ready.exists():
+        if proc.poll() is not None:
+            pytest.fail(f"kvtierd exited with {proc.returncode}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail("kvtierd did not become ready in 30 s")
+        time.sleep(0.02)
+    yield str(sock)
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture
+def client(daemon):
+    with kvtier.Client(socket=daemon) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    """A tiny random Llama (GQA: 4 q heads, 2 kv heads), saved and loaded back
+    through the checkpoint path (save_pretrained / from_pretrained)."""
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+        rope_theta=500000.0)
+    built = transformers.LlamaForCausalLM(config).to(torch.bfloat16)
+    path = tmp_path_factory.mktemp("tiny-llama")
+    built.save_pretrained(path)
+    loaded = transformers.LlamaForCausalLM.from_pretrained(path, dtype=torch.bfloat16,
+                                                          attn_implementation="sdpa")
+    return loaded.eval()
+
+
+_SEED = [100]
+
+
+def _tokens(n: int) -> torch.Tensor:
+    """Fresh random token ids [1, n] (a new prompt for every call)."""
+    _SEED[0] += 1
+    g = torch.Generator().manual_seed(_SEED[0])
+    return torch.randint(0, 256, (1, n), generator=g)
+
+
+@torch.no_grad()
+def _split_reference(model, ids: torch.Tensor, split: int) -> torch.Tensor:
+    """Logits of ids[split:] after a prefill of ids[:split] (no kvtier)."""
+    if split == 0:
+        return model(input_ids=ids).logits
+    prefix = model(input_ids=ids[:, :split], use_cache=True)
+    return model(input_ids=ids[:, split:], past_key_values=prefix.past_key_values,
+                 use_cache=True).logits
+
+
+def _reuse(model, client, codec="k16v16", **kw):
+    return hf.PrefixReuse(model, client, codec=codec, chunk_tokens=CHUNK, **kw)
+
+
+def test_identity_comes_from_the_checkpoint(model, client):
+    reuse = _reuse(model, client)
+    assert reuse.identity.model_id == model.config._name_or_path
+    assert reuse.identity.kv_layout == hf.KV_LAYOUT
+    assert reuse.identity.codec == "k16v16"
+    assert reuse.identity.dtype == "bf16"
+    # The codec is part of the fingerprint: k16v8 and k16v16 chunks never mix.
+    assert _reuse(model, client, "k16v8").keys(_tokens(CHUNK)) != reuse.keys(_tokens(CHUNK))
+
+
+def test_k16v16_reuse_is_bit_identical_to_split_prefill(model, client):
+    reuse = _reuse(model, client)
+    ids = _tokens(2 * CHUNK + 21)
+    prefix = ids[:, :2 * CHUNK]
+    first = reuse.prefill(prefix)
+    assert first.loaded_tokens == 0 and first.stored_chunks == 2
+    second = reuse.prefill(ids)
+    assert second.loaded_tokens == 2 * CHUNK
+    assert second.tiers == ["dram", "dram"]
+    assert second.stored_chunks == 0
+    ref = _split_reference(model, ids, 2 * CHUNK)
+    assert second.logits.shape == ref.shape
+    assert torch.equal(second.logits, ref)
+
+
+def test_prompt_chunks_are_stored_and_a_second_request_hits(model, client):
+    reuse = _reuse(model, client)
+    ids = _tokens(3 * CHUNK + 5)
+    keys = reuse.keys(ids)
+    assert len(keys) == 3
+    assert client.lookup(keys) == []
+    first = reuse.prefill(ids)
+    assert first.loaded_tokens == 0 and first.stored_chunks == 3
+    assert client.lookup(keys) == ["dram"] * 3
+    second = reuse.prefill(ids)
+    assert second.loaded_tokens == 3 * CHUNK
+    assert second.hits == 3 and second.stored_chunks == 0
+    assert torch.equal(second.logits, _split_reference(model, ids, 3 * CHUNK))
+
+
+def test_whole_cached_prompt_still_runs_its_last_chunk(model, client):
+    reuse = _reuse(model, client)
+    ids = _tokens(2 * CHUNK)
+    reuse.prefill(ids)
+    again = reuse.prefill(ids)
+    # The last token's logits are the output, so at least one token runs.
+    assert again.loaded_tokens == CHUNK and again.hits == 2
+    assert torch.equal(again.logits, _split_reference(model, ids, CHUNK))
+
+
+def test_partial_hit_loads_the_shared_chunks_only(model, client):
+    reuse = _reuse(model, client)
+    a = _tokens(3 * CHUNK)
+    reuse.prefill(a)
+    b = torch.cat([a[:, :CHUNK], _tokens(2 * CHUNK + 3)], dim=1)
+    got = reuse.prefill(b)
+    assert got.loaded_tokens == CHUNK and got.hits == 1 and got.stored_chunks == 2
+    assert torch.equal(got.logits, _split_reference(model, b, CHUNK))
+    assert client.lookup(reuse.keys(b)) == ["dram"] * 3
+
+
+def test_miss_runs_the_whole_prompt(model, client):
+    reuse = _reuse(model, client)
+    ids = _tokens(CHUNK + 7)
+    got = reuse.prefill(ids, store=False)
+    assert got.loaded_tokens == 0 and got.hits == 0 and got.stored_chunks == 0
+    assert torch.equal(got.logits, _split_reference(model, ids, 0))
+    assert client.lookup(reuse.keys(ids)) == []
+
+
+def _corrupt_in_pool(client, key) -> None:
+    """Flips one payload byte of a stored chunk in place in the daemon's
+    shared-memory pool (bit rot in DRAM), through the client's mapping."""
+    with client.get(key) as chunk:
+        assert client.uses_shared_memory
+        # The view is read-only, the pool mapping under it is MAP_SHARED read-write.
+        with warnings.catch_warnings():  # torch warns that the view is not writable
+            warnings.simplefilter("ignore", UserWarning)
+            view = torch.frombuffer(chunk.data, dtype=torch.uint8)
+        address = view.data_ptr()
+        del view
+        byte = ctypes.c_ubyte.from_address(address + len(chunk.data) - 80)  # V payload
+        byte.value ^= 0x40
+
+
+def test_corrupt_chunk_falls_back_to_recompute(model, client):
+    reuse = _reuse(model, client)
+    ids = _tokens(3 * CHUNK + 9)
+    reuse.prefill(ids)
+    keys = reuse.keys(ids)
+    _corrupt_in_pool(client, keys[1])
+    got = reuse.prefill(ids)
+    # Chunk 0 loads; chunk 1 is DataLoss (kvtierd drops it), so the prompt
+    # from chunk 1 on is recomputed, and chunks 1 and 2 are stored again.
+    assert got.loaded_tokens == CHUNK
+    assert got.stored_chunks == 2
+    assert torch.equal(got.logits, _split_reference(model, ids, CHUNK))
+    assert client.lookup(keys) == ["dram"] * 3
+    again = reuse.prefill(ids)
+    assert again.loaded_tokens == 3 * CHUNK
+    assert torch.equal(again.logits, _split_reference(model, ids, 3 * CHUNK))
+
+
+def test_k16v8_reuse_is_close_to_split_prefill(model, client):
+    reuse = _reuse(model, client, "k16v8")
+    ids = _tokens(2 * CHUNK + 17)
+    reuse.prefill(ids[:, :2 * CHUNK])
+    got = reuse.prefill(ids)
+    assert got.loaded_tokens == 2 * CHUNK
+    ref = _split_reference(model, ids, 2 * CHUNK).float()
+    err = ((got.logits.float() - ref).norm() / ref.norm()).item()
+    assert 0 < err < 0.05
+
+
+def test_load_plan_can_decline_the_prefix(model, client):
+    # With an absurdly fast prefill, recomputing beats loading every chunk.
+    reuse = _reuse(model, client, prefill_tokens_per_s=1e15)
+    ids = _tokens(2 * CHUNK + 1)
+    reuse.prefill(ids)
+    got = reuse.prefill(ids)
+    assert got.hits == 2 and got.loaded_tokens == 0 and got.stored_chunks == 0
+    assert got.plan.load_chunks == 0
+
+
+def test_generate_continues_from_the_fetched_cache(model, client):
+    reuse = _reuse(model, client)
+    ids = _tokens(2 * CHUNK + 4)
+    reuse.prefill(ids[:, :2 * CHUNK])
+    fetched = reuse.fetch(ids)
+    assert fetched.tokens == 2 * CHUNK
+    out = model.generate(ids, past_key_values=fetched.cache, max_new_tokens=4, do_sample=False,
+                         min_new_tokens=4, attention_mask=torch.ones_like(ids))
+    assert out.shape == (1, ids.shape[1] + 4) and torch.equal(out[:, :ids.shape[1]], ids)
+    # generate's first step ran the prompt's last 4 tokens on the fetched prefix.
+    step = _split_reference(model, ids, 2 * CHUNK)[:, -1].argmax(-1)
+    assert out[0, ids.shape[1]].item() == step.item()
+    assert fetched.cache.get_seq_length() == ids.shape[1] + 3
