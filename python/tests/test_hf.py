@@ -21,6 +21,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import kvtier  # noqa: E402
+import kvtier.torch  # noqa: E402
 from kvtier import hf  # noqa: E402
 
 CHUNK = 32  # tokens per chunk: small, so prompts of a few chunks stay fast on a CPU
@@ -248,3 +249,89 @@ def test_generate_continues_from_the_fetched_cache(model, client):
     step = _split_reference(model, ids, 2 * CHUNK)[:, -1].argmax(-1)
     assert out[0, ids.shape[1]].item() == step.item()
     assert fetched.cache.get_seq_length() == ids.shape[1] + 3
+
+
+# ---- way (b): the fetched prefix kept K16/V8 in a paged cache ----------------------
+
+from kvtier import hf_paged  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def paged_model(model):
+    """The tiny Llama with kvtier's paged attention (SDPA for other caches)."""
+    import copy  # noqa: PLC0415
+    m = copy.deepcopy(model)
+    m.set_attn_implementation(hf_paged.ATTENTION)
+    return m
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+def test_paged_cache_holds_the_chunk_bytes_as_fetched(model, client):
+    reuse = _reuse(model, client, "k16v8")
+    g = reuse.geometry
+    torch.manual_seed(3)
+    shape = (g.num_layers, CHUNK, g.num_kv_heads, g.head_dim)
+    k = torch.randn(shape).to(torch.bfloat16)
+    v = (torch.randn(shape) * 3).to(torch.bfloat16)
+    chunk = kvtier.torch.encode_chunk(reuse.chunk_spec(), k, v)
+    cache = hf_paged.PagedKvCache.for_model(model, batch=2, max_tokens=2 * CHUNK)
+    cache.load_chunk(memoryview(chunk), CHUNK, sequences=[1])
+    cache.set_prefix(2 * CHUNK)
+    blocks = cache.block_table[1, CHUNK // 16:2 * CHUNK // 16]
+    codes, scales = hf_paged.quantize_blocks(v.float().view(g.num_layers, -1, 16, *shape[2:]))
+    _, v_decoded = kvtier.torch.decode_chunk(chunk)
+    for layer in range(g.num_layers):
+        held = cache.layers[layer]
+        assert torch.equal(held.keys[blocks].flatten(0, 1), k[layer])
+        # The codec's FP8 codes and scales, byte for byte (quantize_blocks is the same rule).
+        assert torch.equal(held.values[blocks].view(torch.uint8), codes[layer].view(torch.uint8))
+        assert torch.equal(held.v_scales[blocks], scales[layer])
+        gk, gv = cache.gather(layer)
+        assert torch.equal(gv[1].transpose(0, 1)[CHUNK:], v_decoded[layer])
+        assert torch.equal(gk[1].transpose(0, 1)[CHUNK:], k[layer])
+
+
+@pytest.mark.parametrize("codec", ["k16v16", "k16v8"])
+def test_paged_reuse_prefill_and_decode_match_the_dynamic_cache(model, paged_model, client, codec):
+    ids = _tokens(2 * CHUNK + 11)
+    _reuse(model, client, codec).prefill(ids[:, :2 * CHUNK])
+    reuse = hf_paged.PagedPrefixReuse(paged_model, client, codec=codec, chunk_tokens=CHUNK,
+                                      max_new_tokens=8, batch=1)
+    got = reuse.prefill(ids)
+    assert got.loaded_tokens == 2 * CHUNK and got.tiers == ["dram", "dram"]
+    assert isinstance(got.past_key_values, hf_paged.PagedKvCache)
+    ref = _reuse(model, client, codec).prefill(ids, store=False)
+    assert ref.loaded_tokens == 2 * CHUNK
+    # K16/V16 blocks hold the dynamic cache's bits: the same attention inputs.
+    close = torch.equal if codec == "k16v16" else (lambda x, y: _rel(x, y) < 0.05)
+    assert close(got.logits, ref.logits)
+    # Decode steps on both caches from the same tokens.
+    paged, dyn = got.past_key_values, ref.past_key_values
+    token = ref.logits[:, -1:].argmax(-1)
+    with torch.no_grad():
+        for _ in range(4):
+            a = model(input_ids=token, past_key_values=dyn, use_cache=True).logits
+            b = paged_model(input_ids=token, past_key_values=paged, use_cache=True).logits
+            assert close(b, a)
+            token = a[:, -1:].argmax(-1)
+    assert paged.seq_len == ids.shape[1] + 4
+
+
+def test_paged_cache_decodes_a_batch(paged_model, client):
+    ids = _tokens(CHUNK + 5)
+    cache = hf_paged.PagedKvCache.for_model(paged_model, batch=3, max_tokens=CHUNK + 16)
+    batch = ids.expand(3, -1)
+    with torch.no_grad():
+        first = paged_model(input_ids=batch, past_key_values=cache, use_cache=True).logits
+        step = paged_model(input_ids=first[:, -1:].argmax(-1), past_key_values=cache,
+                           use_cache=True).logits
+    assert cache.seq_len == CHUNK + 6
+    assert torch.equal(step[0], step[1]) and torch.equal(step[1], step[2])
+    with torch.no_grad():
+        one = paged_model(input_ids=ids, use_cache=True)
+        ref = paged_model(input_ids=first[:1, -1:].argmax(-1),
+                          past_key_values=one.past_key_values, use_cache=True).logits
+    assert _rel(step[:1], ref) < 0.05
