@@ -369,12 +369,23 @@ class PrefixReuse:
         if ids.dim() == 1:
             ids = ids.unsqueeze(0)
         fetched = self.fetch(ids, max_chunks=max_chunks)
-        run = ids[:, fetched.tokens:].to(self._device())
-        kwargs = dict(forward_kwargs)
-        if last_logits_only:
-            kwargs["logits_to_keep"] = 1
-        out = self.model(input_ids=run, past_key_values=fetched.cache, use_cache=True,
-                         output_hidden_states=output_hidden_state, **kwargs)
+        out = self._run(ids[:, fetched.tokens:], fetched.cache, last_logits_only,
+                        output_hidden_state, forward_kwargs)
+        finish = getattr(fetched.cache, "finish", None)
+        if finish is not None:
+            # A layer-by-layer load reports missing or corrupt chunks only once it is
+            # done: the run used them, so it is repeated on the chunks before the first.
+            tiers = finish()
+            fetched.tiers = list(tiers)
+            if None in tiers:
+                good = tiers.index(None)
+                result = self.prefill(ids, store=False, last_logits_only=last_logits_only,
+                                      output_hidden_state=output_hidden_state,
+                                      max_chunks=good, **forward_kwargs)
+                if store:  # kvtierd dropped the corrupt chunk: store from there on
+                    result.stored_chunks = self.store(ids, result.past_key_values,
+                                                      first_chunk=good)
+                return result
         hidden = out.hidden_states[-1] if output_hidden_state else None
         stored = 0
         if store:
@@ -382,6 +393,13 @@ class PrefixReuse:
             stored = self.store(ids, out.past_key_values, first_chunk=fetched.cached)
         return PrefillResult(out.logits, out.past_key_values, hidden, fetched.tokens, stored,
                              fetched.tiers, fetched.hits, fetched.plan)
+
+    def _run(self, run_ids, cache, last_logits_only, output_hidden_state, forward_kwargs):
+        kwargs = dict(forward_kwargs)
+        if last_logits_only:
+            kwargs["logits_to_keep"] = 1
+        return self.model(input_ids=run_ids.to(self._device()), past_key_values=cache,
+                          use_cache=True, output_hidden_states=output_hidden_state, **kwargs)
 
 
 def _gpu_has(name: str) -> bool:
