@@ -393,6 +393,11 @@ class PagedPrefixReuse(hf.PrefixReuse):
         cached = hits if loaded == chunks else loaded
         return hf.Fetched(cache, loaded * self.chunk_tokens, keys, tiers, hits, plan, cached)
 
+    def _run(self, run_ids, cache, last_logits_only, output_hidden_state, forward_kwargs):
+        if isinstance(cache, PagedKvCache) and run_ids.shape[0] != cache.batch:
+            run_ids = run_ids.expand(cache.batch, -1)
+        return super()._run(run_ids, cache, last_logits_only, output_hidden_state, forward_kwargs)
+
     def store(self, input_ids, cache, *, first_chunk: int = 0, durable: bool = False) -> int:
         if not isinstance(cache, PagedKvCache):
             return super().store(input_ids, cache, first_chunk=first_chunk, durable=durable)
