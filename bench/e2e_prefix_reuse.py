@@ -258,7 +258,8 @@ def main():
             store_rates.setdefault(codec, []).append((n * cb, t_store))
         del ref, pre_cache
         pre = None
-        torch.cuda.empty_cache() if device.type == "cuda" else None
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
         for codec in codecs:
             res["cases"].append(dict(prefix_tokens=P, codec=codec, source="recompute",
                                      ttft_s=recompute[P], ttft_runs_s=times))
