@@ -335,3 +335,94 @@ def test_paged_cache_decodes_a_batch(paged_model, client):
         ref = paged_model(input_ids=first[:1, -1:].argmax(-1),
                           past_key_values=one.past_key_values, use_cache=True).logits
     assert _rel(step[:1], ref) < 0.05
+
+
+def test_layerwise_cache_waits_for_each_layer_before_using_it(model):
+    waited = []
+    cache = hf.LayerwiseDynamicCache(model.config, waited.append, 2)
+    k = torch.zeros(1, 2, 3, 16, dtype=torch.bfloat16)
+    for layer in range(2):
+        cache.layers[layer].lazy_initialization(k, k)
+        cache.layers[layer].keys, cache.layers[layer].values = k.clone(), k.clone()
+    with torch.no_grad():
+        model(input_ids=_tokens(4), past_key_values=cache, use_cache=True)
+    assert waited == [0, 1]
+    assert cache.get_seq_length() == 7
+    cache.wait_all()
+    assert waited == [0, 1]
+
+
+# ---- GPU (skipped without a CUDA device and a libkvtier with the GPU path) ----------
+
+def _gpu_ready() -> bool:
+    return torch.cuda.is_available() and kvtier.has_cuda()
+
+
+gpu = pytest.mark.skipif(not _gpu_ready(), reason="needs a CUDA device and libkvtier with CUDA")
+
+
+@pytest.fixture(scope="module")
+def gpu_model(tmp_path_factory):
+    """A small random Llama on the GPU whose head_dim (64) the kernels support."""
+    if not _gpu_ready():
+        pytest.skip("needs a CUDA device and libkvtier with CUDA")
+    torch.manual_seed(1)
+    config = transformers.LlamaConfig(
+        vocab_size=256, hidden_size=256, intermediate_size=512, num_hidden_layers=3,
+        num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=2048)
+    path = tmp_path_factory.mktemp("small-llama")
+    transformers.LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(path)
+    return transformers.LlamaForCausalLM.from_pretrained(
+        path, dtype=torch.bfloat16, attn_implementation="sdpa").to("cuda").eval()
+
+
+@gpu
+def test_gpu_layerwise_k16v16_reuse_is_bit_identical_to_split_prefill(gpu_model, client):
+    reuse = _reuse(gpu_model, client)
+    ids = _tokens(3 * CHUNK + 13)
+    reuse.prefill(ids[:, :3 * CHUNK])          # stored from the GPU cache
+    got = reuse.prefill(ids)                   # loaded layer by layer on a side stream
+    assert got.loaded_tokens == 3 * CHUNK and got.tiers == ["dram"] * 3
+    ref = _split_reference(gpu_model, ids.cuda(), 3 * CHUNK)
+    assert torch.equal(got.logits, ref)
+    # The GPU store wrote the same chunk bytes the CPU codec decodes.
+    k, v = kvtier.torch.decode_chunk(client.get_bytes(reuse.keys(ids)[1]))
+    pre = gpu_model(input_ids=ids[:, :3 * CHUNK].cuda(), use_cache=True).past_key_values
+    ck, cv = hf.chunk_tensors(pre, 1, CHUNK)
+    assert torch.equal(k, ck.cpu()) and torch.equal(v, cv.cpu())
+
+
+@gpu
+def test_gpu_corrupt_chunk_in_a_layerwise_load_falls_back(gpu_model, client):
+    reuse = _reuse(gpu_model, client)
+    ids = _tokens(3 * CHUNK + 2)
+    reuse.prefill(ids)
+    _corrupt_in_pool(client, reuse.keys(ids)[2])
+    got = reuse.prefill(ids)
+    assert got.loaded_tokens == 2 * CHUNK and got.stored_chunks == 1
+    assert torch.equal(got.logits, _split_reference(gpu_model, ids.cuda(), 2 * CHUNK))
+
+
+@gpu
+def test_gpu_paged_decode_kernel_matches_the_dynamic_cache(gpu_model, client):
+    import copy  # noqa: PLC0415
+    paged_model = copy.deepcopy(gpu_model)
+    paged_model.set_attn_implementation(hf_paged.ATTENTION)
+    ids = _tokens(2 * CHUNK + 7)
+    _reuse(gpu_model, client, "k16v8").prefill(ids[:, :2 * CHUNK])
+    reuse = hf_paged.PagedPrefixReuse(paged_model, client, codec="k16v8", chunk_tokens=CHUNK,
+                                      max_new_tokens=8, batch=4)
+    got = reuse.prefill(ids)
+    ref = _reuse(gpu_model, client, "k16v8").prefill(ids, store=False)
+    dyn = ref.past_key_values
+    dyn.batch_repeat_interleave(4)
+    token = ref.logits[:, -1:].argmax(-1).expand(4, 1)
+    assert hf_paged._kernel_available()
+    with torch.no_grad():
+        for _ in range(4):
+            a = gpu_model(input_ids=token, past_key_values=dyn, use_cache=True).logits
+            b = paged_model(input_ids=token, past_key_values=got.past_key_values,
+                            use_cache=True).logits
+            assert not torch.isnan(b).any()
+            assert _rel(b, a) < 0.05
+            token = a[:, -1:].argmax(-1)
