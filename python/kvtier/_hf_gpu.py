@@ -41,11 +41,13 @@ class _Finishing(hf.LayerwiseDynamicCache):
         return self.load_tiers
 
 
-def fetch_layerwise(reuse: "hf.PrefixReuse", keys, chunks: int, hits: int, plan, device):
+def fetch_layerwise(reuse: "hf.PrefixReuse", keys, chunks: int, hits: int, plan, device,
+                    overlap: bool):
     """Starts loading chunks [0, chunks) into preallocated [1, heads, prefix, dim]
-    layers of a DynamicCache on a side stream, and returns a Fetched whose cache
-    waits for layer l when the model's layer l first uses it. The chunks'
-    status is known after the forward: PrefixReuse.prefill calls finish()."""
+    layers of a DynamicCache on a side stream. With overlap, returns a Fetched
+    whose cache waits for layer l when the model's layer l first uses it (the
+    chunks' status is known after the forward: finish()). Without, finishes
+    the load and keeps the chunks before the first that could not be used."""
     kvt = _kvt()
     g = reuse.geometry
     prefix = chunks * reuse.chunk_tokens
@@ -64,7 +66,16 @@ def fetch_layerwise(reuse: "hf.PrefixReuse", keys, chunks: int, hits: int, plan,
         # Filled in place by the load; DynamicLayer.update reads them after _wait.
         cache.layers[layer].lazy_initialization(ks[layer], vs[layer])
         cache.layers[layer].keys, cache.layers[layer].values = ks[layer], vs[layer]
-    return hf.Fetched(cache, prefix, keys, [], hits, plan, hits)
+    if overlap:
+        return hf.Fetched(cache, prefix, keys, [], hits, plan, hits)
+    tiers = cache.finish()
+    if None not in tiers:
+        return hf.Fetched(cache, prefix, keys, tiers, hits, plan, hits)
+    good = tiers.index(None)
+    for layer in cache.layers:
+        layer.keys = layer.keys[:, :, :good * reuse.chunk_tokens]
+        layer.values = layer.values[:, :, :good * reuse.chunk_tokens]
+    return hf.Fetched(cache, good * reuse.chunk_tokens, keys, tiers[:good], hits, plan, good)
 
 
 def store_chunks(reuse: "hf.PrefixReuse", keys, cache, first: int, held: int,

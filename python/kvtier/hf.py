@@ -273,13 +273,21 @@ class PrefixReuse:
     def _device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    def fetch(self, input_ids, max_chunks: Optional[int] = None) -> Fetched:
+    def fetch(self, input_ids, max_chunks: Optional[int] = None, *,
+              overlap: bool = False) -> Fetched:
         """Loads the longest usable cached prefix of the prompt into a new model cache.
 
         Returns a Fetched whose cache is empty (tokens 0) on a miss. A chunk
         that is missing, corrupt (DataLoss: kvtierd drops it) or of another
         geometry ends the prefix there; the prompt's remaining tokens are then
         recomputed by the prefill.
+
+        overlap (GPU path only): return while the layers are still arriving;
+        the cache waits for each layer on the device when the model first uses
+        it, and its ``finish()`` (after the forward) tells each chunk's tier, or
+        None for a chunk that could not be used, whose tokens the forward then
+        read unfilled (``prefill`` repeats the run in that case). Without
+        overlap the load is finished and checked before returning.
         """
         tokens = self._token_list(input_ids)
         keys = self.keys(tokens)
@@ -288,7 +296,7 @@ class PrefixReuse:
             chunks = min(chunks, max_chunks)
         device = self._device()
         if chunks and device.type == "cuda" and self.layerwise and _gpu_load_available():
-            return self._fetch_gpu(keys, chunks, hits, plan, device)
+            return self._fetch_gpu(keys, chunks, hits, plan, device, overlap)
         return self._fetch_cpu(keys, chunks, hits, plan, device)
 
     def _decode_chunks(self, keys: Sequence):
@@ -322,9 +330,9 @@ class PrefixReuse:
                 cache.update(k.to(device), v.to(device), layer)
         return Fetched(cache, len(decoded) * self.chunk_tokens, keys, tiers, hits, plan, cached)
 
-    def _fetch_gpu(self, keys, chunks, hits, plan, device) -> Fetched:
+    def _fetch_gpu(self, keys, chunks, hits, plan, device, overlap) -> Fetched:
         from kvtier import _hf_gpu
-        return _hf_gpu.fetch_layerwise(self, keys, chunks, hits, plan, device)
+        return _hf_gpu.fetch_layerwise(self, keys, chunks, hits, plan, device, overlap)
 
     # ---- store ---------------------------------------------------------------
 
@@ -337,7 +345,9 @@ class PrefixReuse:
         """
         tokens = self._token_list(input_ids)
         keys = self.keys(tokens)
-        if isinstance(cache, LayerwiseDynamicCache):
+        if hasattr(cache, "finish"):
+            cache.finish()
+        elif isinstance(cache, LayerwiseDynamicCache):
             cache.wait_all()
         held = min(len(keys), cache.get_seq_length() // self.chunk_tokens)
         if first_chunk >= held:
@@ -368,7 +378,7 @@ class PrefixReuse:
         ids = input_ids if isinstance(input_ids, torch.Tensor) else torch.tensor(input_ids)
         if ids.dim() == 1:
             ids = ids.unsqueeze(0)
-        fetched = self.fetch(ids, max_chunks=max_chunks)
+        fetched = self.fetch(ids, max_chunks=max_chunks, overlap=True)
         out = self._run(ids[:, fetched.tokens:], fetched.cache, last_logits_only,
                         output_hidden_state, forward_kwargs)
         finish = getattr(fetched.cache, "finish", None)

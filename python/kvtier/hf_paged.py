@@ -371,7 +371,10 @@ class PagedPrefixReuse(hf.PrefixReuse):
         self.max_new_tokens = max_new_tokens
         self.batch = batch
 
-    def fetch(self, input_ids, max_chunks: Optional[int] = None) -> hf.Fetched:
+    def fetch(self, input_ids, max_chunks: Optional[int] = None, *,
+              overlap: bool = False) -> hf.Fetched:
+        """As PrefixReuse.fetch, into a PagedKvCache (the chunk bytes copied as
+        they are; ``overlap`` has no effect)."""
         tokens = self._token_list(input_ids)
         keys = self.keys(tokens)
         chunks, hits, plan = self.plan(keys, len(tokens))
