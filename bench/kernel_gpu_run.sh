@@ -1,22 +1,24 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine from .gpubundle/ (see scripts/gpu-bundle): every GPU
 # test, then every kernel benchmark; logs and JSON go to $OUT (default ./out).
-# STEPS picks the parts (default "tests codec attention sdpa"): one device
-# call is limited to 10 minutes, and the codec bench alone takes about 5
-# (12 formats since the general encode path was tuned), so a call that needs
-# the attention numbers too runs STEPS="tests attention sdpa".
+# STEPS picks the parts (default "tests codec attention sdpa daemon"): one
+# device call is limited to 10 minutes, and the codec bench alone takes
+# about 5 (12 formats), so a call that needs the other numbers too leaves
+# "codec" out. "daemon" starts kvtierd on a temporary socket (DRAM tier, NVMe
+# tier in a temporary folder), runs the Python GPU tests (which start their
+# own kvtierd) and gpu_daemon_bench against it.
 set -uo pipefail
-STEPS=" ${STEPS:-tests codec attention sdpa} "
+STEPS=" ${STEPS:-tests codec attention sdpa daemon} "
 step() { [[ "$STEPS" == *" $1 "* ]]; }
 cd "$(dirname "$0")"
 OUT=${OUT:-./out}
 mkdir -p "$OUT"
-export LD_LIBRARY_PATH=$PWD${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export LD_LIBRARY_PATH=$PWD/lib:$PWD${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 [[ -f bins.tar.gz ]] && tar xzf bins.tar.gz  # scripts/gpu-bundle packs the binaries
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv >"$OUT/gpu.txt" 2>&1
 rc=0
 if step tests; then
-  for t in kernels_ref_test kernels_launch_test kernels_gpu_test; do
+  for t in kernels_ref_test kernels_launch_test kernels_gpu_test server_gpu_test; do
     # A hung kernel (e.g. a barrier never completing) fails its step, not the run.
     timeout 300 ./$t --gtest_output=json:"$OUT/$t.json" >"$OUT/$t.log" 2>&1 || rc=1
     tail -n 3 "$OUT/$t.log"
@@ -31,6 +33,26 @@ fi
 if step sdpa; then
   PYTHONUNBUFFERED=1 python3 kernel_sdpa_bench.py "$OUT/sdpa.json" 2>&1 | tee -a "$OUT/bench.log" || rc=1
 fi
+if step daemon; then
+  tmp=$(mktemp -d /tmp/kvtierd-XXXXXX)
+  ./kvtierd --data-dir "$tmp" --socket "$tmp/kvtierd.sock" --dram-gib 8 --nvme-gib 4 \
+    --dram-populate true --ready-file "$tmp/ready" --log-level warn >"$OUT/kvtierd.log" 2>&1 &
+  daemon=$!
+  for _ in $(seq 100); do [[ -f "$tmp/ready" ]] && break; sleep 0.1; done
+  export KVTIERD=$PWD/kvtierd KVTIER_LIBRARY=$PWD/libkvtier.so PYTHONPATH=$PWD/python
+  PYTHONUNBUFFERED=1 timeout 300 python3 -m pytest -q -rs python/tests/test_torch_gpu.py \
+    >"$OUT/python_gpu_test.log" 2>&1 || rc=1
+  tail -n 5 "$OUT/python_gpu_test.log"
+  if [[ -f "$tmp/ready" ]]; then
+    PYTHONUNBUFFERED=1 timeout 300 python3 gpu_daemon_bench.py "$tmp/kvtierd.sock" \
+      "$OUT/gpu_daemon.json" 2>&1 | tee -a "$OUT/bench.log" || rc=1
+  else
+    echo "kvtierd did not start" | tee -a "$OUT/bench.log"; cat "$OUT/kvtierd.log"; rc=1
+  fi
+  kill "$daemon" 2>/dev/null; wait "$daemon" 2>/dev/null
+  rm -rf "$tmp"
+fi
 python3 kernel_merge_results.py "$OUT" || rc=1
-if step tests; then grep -h -E "FAILED|PASSED|SKIPPED" "$OUT"/kernels_*.log | head -40; fi
+if step tests; then grep -h -E "FAILED|PASSED|SKIPPED" "$OUT"/*_test.log | head -40; fi
+if step daemon; then grep -h -E "passed|failed|error" "$OUT"/python_gpu_test.log | tail -5; fi
 exit $rc

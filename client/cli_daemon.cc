@@ -44,12 +44,7 @@ absl::StatusOr<std::unique_ptr<client::KvtierClient>> Connect(const ConnFlags& f
   o.tcp_addr = f.addr;
   o.populate_mapping = false;  // one chunk per invocation: fault in only its pages
   if (!f.token_file.empty()) {
-    auto t = ReadFile(f.token_file);
-    if (!t.ok()) return absl::InvalidArgumentError(absl::StrCat("token file: ", t.status().message()));
-    std::string tok = *t;
-    while (!tok.empty() && (tok.back() == '\n' || tok.back() == '\r' || tok.back() == ' ')) tok.pop_back();
-    size_t b = tok.find_first_not_of(" \t\r\n");
-    o.token = b == std::string::npos ? "" : tok.substr(b);
+    KVTIER_ASSIGN_OR_RETURN(o.token, client::ReadTokenFile(f.token_file));
   }
   return client::KvtierClient::Connect(o);
 }

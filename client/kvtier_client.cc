@@ -19,6 +19,7 @@
 #include "absl/synchronization/mutex.h"
 #include "client/kvtier_client_internal.h"
 #include "codec/prefix_key.h"
+#include "common/file.h"
 #include "common/status.h"
 #include "wire/chunk_check.h"
 #include "wire/shm_frames.h"
@@ -1032,6 +1033,28 @@ std::vector<absl::StatusOr<std::vector<uint8_t>>> KvtierClient::GetBatch(
   std::vector<absl::StatusOr<std::vector<uint8_t>>> out;
   for (auto& f : fs) out.push_back(f.get());
   return out;
+}
+
+absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
+  constexpr uint64_t kMaxTokenFileBytes = 4096;
+  auto bytes = ReadFileBytes(path, kMaxTokenFileBytes);
+  if (!bytes.ok()) {
+    return absl::Status(bytes.status().code(),
+                        absl::StrCat("token file: ", bytes.status().message()));
+  }
+  std::string_view text(reinterpret_cast<const char*>(bytes->data()), bytes->size());
+  const auto is_space = [](char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; };
+  while (!text.empty() && is_space(text.front())) text.remove_prefix(1);
+  while (!text.empty() && is_space(text.back())) text.remove_suffix(1);
+  if (text.empty()) return absl::InvalidArgumentError(absl::StrCat("token file ", path, " holds no token"));
+  for (char c : text) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u <= 0x20 || u == 0x7f) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "token file ", path, ": the token holds whitespace or a control character"));
+    }
+  }
+  return std::string(text);
 }
 
 }  // namespace kvtier::client

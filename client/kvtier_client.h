@@ -27,6 +27,13 @@ namespace kvtier::client {
 enum class Tier : uint8_t { kUnknown = 0, kHbm, kDram, kNvme, kRemote };
 const char* TierName(Tier t);  // "hbm", "dram", "nvme", "remote", "unknown"
 
+// Reads a bearer token file (what --token-file and token_file name): the
+// token is the file's text without leading and trailing whitespace.
+// NotFound if the file cannot be opened; InvalidArgument if it is not a
+// regular file, is larger than 4 KiB, holds no token, or the token holds
+// whitespace or control characters (a token travels in an HTTP header).
+absl::StatusOr<std::string> ReadTokenFile(const std::string& path);
+
 // The daemon's default socket, relative to the working directory.
 inline constexpr char kDefaultSocket[] = "./kvtier-data/kvtierd.sock";
 

@@ -1,5 +1,10 @@
 #include "client/kvtier_gpu.h"
 
+#include <algorithm>
+#include <atomic>
+#include <optional>
+#include <thread>
+
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "kernels/cuda_status.h"
@@ -7,6 +12,126 @@
 #include "wire/chunk_check.h"
 
 namespace kvtier::client {
+namespace {
+
+// Holds taken at once by a LayerwiseLoad: one per data-plane connection of
+// the client's default (ClientOptions::max_data_connections).
+constexpr size_t kParallelHolds = 4;
+
+absl::Status Sync(cudaStream_t stream) {
+  return kernels::CudaStatus(cudaStreamSynchronize(stream), "cudaStreamSynchronize", __FILE__,
+                             __LINE__);
+}
+
+}  // namespace
+
+// ---- PendingStore ----
+
+PendingStore::~PendingStore() {
+  if (slot_gone_) return;
+  // Launches may still write into the slot: wait before giving it back.
+  absl::Status st = next_layer_ > 0 || broken_ ? Sync(stream_) : absl::OkStatus();
+  if (workspace_ != nullptr) io_->ReturnWorkspace(workspace_, /*dirty=*/broken_ || !st.ok());
+  // A slot that a kernel may still write stays allocated until its lease ends.
+  if (st.ok()) (void)io_->client_->AbortSlot(slot_);
+}
+
+absl::Status PendingStore::EncodeLayers(const kernels::PagedKvLayout& cache,
+                                        const kernels::BlockSpan& blocks,
+                                        kernels::LayerRange layers, cudaStream_t stream) {
+  if (slot_gone_ || broken_) return absl::FailedPreconditionError("the store was committed or failed");
+  const uint32_t num_layers = spec_.geometry.num_layers;
+  KVTIER_RETURN_IF_ERROR(kernels::ValidateLayerRange(layers, num_layers));
+  if (layers.begin != next_layer_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layers [", layers.begin, ", ", layers.End(num_layers),
+                     ") do not continue the encoded layers [0, ", next_layer_, ")"));
+  }
+  KVTIER_RETURN_IF_ERROR(kernels::ValidateGatherEncode(spec_, cache, blocks, slot_.data.data(),
+                                                       workspace_, layers));
+  if (next_layer_ > 0 && stream != stream_) {
+    // The workspace serves one launch at a time: order the new stream after the old.
+    cudaEvent_t ev;
+    KVTIER_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    cudaError_t e = cudaEventRecord(ev, stream_);
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(stream, ev, 0);
+    cudaEventDestroy(ev);
+    KVTIER_CUDA_RETURN_IF_ERROR(e);
+  }
+  stream_ = stream;
+  absl::Status st = kernels::GatherEncode(spec_, cache, blocks, layers,
+                                          const_cast<uint8_t*>(io_->Device(slot_.data.data())),
+                                          workspace_, stream);
+  if (!st.ok()) {
+    broken_ = true;  // part of the chunk may be written, the workspace dirty
+    return st;
+  }
+  next_layer_ = layers.End(num_layers);
+  return absl::OkStatus();
+}
+
+absl::Status PendingStore::Commit(const Hash128& key, const PutOptions& options) {
+  if (slot_gone_ || broken_) return absl::FailedPreconditionError("the store was committed or failed");
+  if (next_layer_ != spec_.geometry.num_layers) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "layers [", next_layer_, ", ", spec_.geometry.num_layers, ") were not encoded"));
+  }
+  absl::Status st = Sync(stream_);
+  if (!st.ok()) {
+    broken_ = true;
+    return st;
+  }
+  io_->ReturnWorkspace(workspace_, /*dirty=*/false);
+  workspace_ = nullptr;
+  slot_gone_ = true;
+  // The kernels wrote everything but the checksums, straight into the slot.
+  st = codec::SealChunk(slot_.data);
+  if (!st.ok()) {
+    (void)io_->client_->AbortSlot(slot_);
+    return st;
+  }
+  return io_->client_->CommitSlot(slot_, key, options);
+}
+
+// ---- LayerwiseLoad ----
+
+LayerwiseLoad::~LayerwiseLoad() {
+  (void)Finish();
+  for (cudaEvent_t ev : events_) cudaEventDestroy(ev);
+}
+
+absl::Status LayerwiseLoad::WaitLayer(uint32_t layer, cudaStream_t stream) const {
+  if (layer >= num_layers_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layer ", layer, " is outside [0, ", num_layers_, ")"));
+  }
+  KVTIER_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream, LayerEvent(layer), 0));
+  return absl::OkStatus();
+}
+
+absl::Status LayerwiseLoad::Finish() {
+  if (finished_) return absl::OkStatus();
+  finished_ = true;
+  absl::Status first;
+  if (!events_.empty()) {
+    first = kernels::CudaStatus(cudaEventSynchronize(events_.back()), "cudaEventSynchronize",
+                                __FILE__, __LINE__);
+  }
+  if (!first.ok()) {
+    // The kernels may still read the extents: keep them held (their leases
+    // expire in the daemon) rather than let the daemon reuse them.
+    holds_.clear();
+    return first;
+  }
+  for (const HeldChunk& h : holds_) {
+    absl::Status u = client_->Unhold(h);
+    if (first.ok() && !u.ok()) first = u;
+  }
+  holds_.clear();
+  return first;
+}
+
+// ---- GpuPagedIo ----
 
 absl::StatusOr<std::unique_ptr<GpuPagedIo>> GpuPagedIo::Create(KvtierClient* client) {
   std::span<uint8_t> pool = client->mapped_pool();
@@ -18,73 +143,230 @@ absl::StatusOr<std::unique_ptr<GpuPagedIo>> GpuPagedIo::Create(KvtierClient* cli
       cudaHostRegister(pool.data(), pool.size(), cudaHostRegisterMapped | cudaHostRegisterPortable));
   void* dev = nullptr;
   cudaError_t e = cudaHostGetDevicePointer(&dev, pool.data(), 0);
-  uint32_t* ws = nullptr;
-  if (e == cudaSuccess) e = cudaMalloc(reinterpret_cast<void**>(&ws), kernels::kGatherEncodeWorkspaceBytes);
-  if (e == cudaSuccess) e = cudaMemset(ws, 0, kernels::kGatherEncodeWorkspaceBytes);
   if (e != cudaSuccess) {
-    if (ws != nullptr) cudaFree(ws);
     cudaHostUnregister(pool.data());
     return kernels::CudaStatus(e, "map the pool for the device", __FILE__, __LINE__);
   }
-  return std::unique_ptr<GpuPagedIo>(new GpuPagedIo(client, pool, static_cast<uint8_t*>(dev), ws));
+  return std::unique_ptr<GpuPagedIo>(new GpuPagedIo(client, pool, static_cast<uint8_t*>(dev)));
 }
 
 GpuPagedIo::~GpuPagedIo() {
-  absl::MutexLock l(&store_mu_);
-  cudaFree(workspace_);
+  absl::MutexLock l(&ws_mu_);
+  for (uint32_t* ws : all_workspaces_) cudaFree(ws);
   cudaHostUnregister(pool_.data());
+}
+
+absl::StatusOr<uint32_t*> GpuPagedIo::TakeWorkspace() {
+  {
+    absl::MutexLock l(&ws_mu_);
+    if (!free_workspaces_.empty()) {
+      uint32_t* ws = free_workspaces_.back();
+      free_workspaces_.pop_back();
+      return ws;
+    }
+  }
+  uint32_t* ws = nullptr;
+  KVTIER_CUDA_RETURN_IF_ERROR(
+      cudaMalloc(reinterpret_cast<void**>(&ws), kernels::kGatherEncodeWorkspaceBytes));
+  cudaError_t e = cudaMemset(ws, 0, kernels::kGatherEncodeWorkspaceBytes);
+  if (e == cudaSuccess) e = cudaDeviceSynchronize();  // the memset is on the legacy stream
+  if (e != cudaSuccess) {
+    cudaFree(ws);
+    return kernels::CudaStatus(e, "clear a GatherEncode workspace", __FILE__, __LINE__);
+  }
+  absl::MutexLock l(&ws_mu_);
+  all_workspaces_.push_back(ws);
+  return ws;
+}
+
+void GpuPagedIo::ReturnWorkspace(uint32_t* ws, bool dirty) {
+  absl::MutexLock l(&ws_mu_);
+  if (!dirty) {
+    free_workspaces_.push_back(ws);
+    return;
+  }
+  all_workspaces_.erase(std::find(all_workspaces_.begin(), all_workspaces_.end(), ws));
+  cudaFree(ws);
+}
+
+absl::StatusOr<std::unique_ptr<PendingStore>> GpuPagedIo::BeginStore(const codec::ChunkSpec& spec) {
+  KVTIER_ASSIGN_OR_RETURN(codec::ChunkLayout layout, codec::ValidateSpec(spec));
+  KVTIER_ASSIGN_OR_RETURN(uint32_t * ws, TakeWorkspace());
+  auto slot = client_->AllocateSlot(layout.total_bytes);
+  if (!slot.ok()) {
+    ReturnWorkspace(ws, /*dirty=*/false);
+    return slot.status();
+  }
+  return std::unique_ptr<PendingStore>(new PendingStore(this, spec, *slot, ws));
 }
 
 absl::Status GpuPagedIo::Store(const Hash128& key, const codec::ChunkSpec& spec,
                                const kernels::PagedKvLayout& cache,
                                const kernels::BlockSpan& blocks, cudaStream_t stream,
                                const PutOptions& options) {
-  KVTIER_ASSIGN_OR_RETURN(codec::ChunkLayout layout, codec::ValidateSpec(spec));
-  absl::MutexLock l(&store_mu_);
-  KVTIER_ASSIGN_OR_RETURN(WritableSlot slot, client_->AllocateSlot(layout.total_bytes));
-  absl::Status st = kernels::GatherEncode(spec, cache, blocks,
-                                          const_cast<uint8_t*>(Device(slot.data.data())),
-                                          workspace_, stream);
-  if (st.ok()) {
-    st = kernels::CudaStatus(cudaStreamSynchronize(stream), "cudaStreamSynchronize", __FILE__,
-                             __LINE__);
-  }
-  // The kernel wrote everything but the checksums, straight into the slot.
-  if (st.ok()) st = codec::SealChunk(slot.data);
-  if (!st.ok()) {
-    (void)client_->AbortSlot(slot);
-    return st;
-  }
-  return client_->CommitSlot(slot, key, options);
+  // Checked before a slot is taken: a mismatch allocates nothing.
+  alignas(16) const uint8_t probe_dst[16] = {};
+  const uint32_t probe_ws = 0;
+  KVTIER_RETURN_IF_ERROR(kernels::ValidateGatherEncode(spec, cache, blocks, probe_dst, &probe_ws));
+  KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<PendingStore> pending, BeginStore(spec));
+  KVTIER_RETURN_IF_ERROR(pending->EncodeLayers(cache, blocks, kernels::LayerRange{}, stream));
+  return pending->Commit(key, options);
 }
 
-absl::StatusOr<Tier> GpuPagedIo::Load(const Hash128& key, const kernels::PagedKvLayout& cache,
-                                      const kernels::BlockSpan& blocks, cudaStream_t stream) {
+absl::StatusOr<HeldChunk> GpuPagedIo::HoldVerified(const Hash128& key,
+                                                   codec::ChunkHeader* header) {
   bool verify = false;
   for (;;) {
     KVTIER_ASSIGN_OR_RETURN(HeldChunk held, client_->Hold(key, verify));
     // The reader's check of the bytes the kernel is about to read; on a
     // mismatch the daemon checks the stored chunk (and drops it if corrupt).
-    auto header = wire::VerifyChunkParallel(held.data);
-    if (!header.ok()) {
+    auto checked = wire::VerifyChunkParallel(held.data);
+    if (checked.ok()) {
+      *header = checked->header();
+      return held;
+    }
+    (void)client_->Unhold(held);
+    if (verify) {
+      return absl::DataLossError(absl::StrCat("chunk ", key.ToHex(), " changed while read: ",
+                                              checked.status().message()));
+    }
+    verify = true;
+  }
+}
+
+absl::StatusOr<Tier> GpuPagedIo::Load(const Hash128& key, const kernels::PagedKvLayout& cache,
+                                      const kernels::BlockSpan& blocks, cudaStream_t stream,
+                                      kernels::LayerRange layers) {
+  bool verify = false;
+  for (;;) {
+    KVTIER_ASSIGN_OR_RETURN(HeldChunk held, client_->Hold(key, verify));
+    // The header is checked before the launch (it sizes every read); the
+    // sections are hashed on the host while the kernel decodes them.
+    auto header = codec::ParseHeader(held.data);
+    absl::Status st = header.status();
+    if (st.ok() && header->layout.total_bytes != held.data.size()) {
+      st = absl::DataLossError(absl::StrCat("chunk ", key.ToHex(), " is ", held.data.size(),
+                                            " bytes, its header says ",
+                                            header->layout.total_bytes));
+    }
+    if (!st.ok()) {
       (void)client_->Unhold(held);
-      if (verify) {
-        return absl::DataLossError(absl::StrCat("chunk ", key.ToHex(), " changed while read: ",
-                                                header.status().message()));
-      }
-      verify = true;
-      continue;
+      return st;
     }
-    absl::Status st = kernels::DecodeScatter(header->header(), Device(held.data.data()), cache, blocks, stream);
-    if (st.ok()) {
-      st = kernels::CudaStatus(cudaStreamSynchronize(stream), "cudaStreamSynchronize", __FILE__,
-                               __LINE__);
+    st = kernels::DecodeScatter(*header, Device(held.data.data()), cache, blocks, layers, stream);
+    if (!st.ok()) {
+      (void)client_->Unhold(held);
+      return st;
     }
+    auto checked = wire::VerifyChunkParallel(held.data);
+    st = Sync(stream);
     absl::Status u = client_->Unhold(held);
     if (!st.ok()) return st;
-    if (!u.ok()) return u;
-    return held.tier;
+    if (checked.ok()) {
+      if (!u.ok()) return u;
+      return held.tier;
+    }
+    // The reader's check failed: the slots hold what the kernel made of the
+    // bad bytes. The daemon checks the stored chunk (and drops it if corrupt).
+    if (verify) {
+      return absl::DataLossError(absl::StrCat("chunk ", key.ToHex(), " changed while read: ",
+                                              checked.status().message()));
+    }
+    verify = true;
   }
+}
+
+absl::StatusOr<std::unique_ptr<LayerwiseLoad>> GpuPagedIo::BeginLayerwiseLoad(
+    std::span<const LayerwiseChunk> chunks, const kernels::PagedKvLayout& cache,
+    uint32_t layer_group, cudaStream_t stream) {
+  if (chunks.empty()) return absl::InvalidArgumentError("no chunks to load");
+  if (layer_group == 0) return absl::InvalidArgumentError("layer_group is 0");
+  KVTIER_RETURN_IF_ERROR(kernels::ValidatePagedKvLayout(cache));
+  const uint32_t groups = (cache.num_layers + layer_group - 1) / layer_group;
+  std::unique_ptr<LayerwiseLoad> load(new LayerwiseLoad(client_, cache.num_layers, layer_group));
+  load->events_.reserve(groups);
+  for (uint32_t g = 0; g < groups; ++g) {
+    cudaEvent_t ev;
+    KVTIER_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    load->events_.push_back(ev);
+  }
+
+  // Hold and check every chunk, a few at a time over the data-plane
+  // connections. The first layer group of chunk i is enqueued as soon as
+  // chunks 0..i are checked, so the copies overlap the checks of later chunks.
+  const size_t n = chunks.size();
+  std::vector<std::optional<HeldChunk>> held(n);
+  std::vector<codec::ChunkHeader> headers(n);
+  std::vector<absl::StatusOr<Tier>> results(n, absl::UnknownError("not loaded"));
+  absl::Mutex ready_mu;
+  std::vector<char> ready(n, 0);
+  auto one = [&](size_t i) {
+    auto h = HoldVerified(chunks[i].key, &headers[i]);
+    if (!h.ok()) {
+      results[i] = h.status();
+      return;
+    }
+    absl::Status v = kernels::ValidateDecodeScatter(headers[i], Device(h->data.data()), cache,
+                                                    chunks[i].blocks);
+    if (!v.ok()) {
+      (void)client_->Unhold(*h);
+      results[i] = v;
+      return;
+    }
+    results[i] = h->tier;
+    held[i] = *h;
+  };
+  auto mark = [&](size_t i) {
+    absl::MutexLock l(&ready_mu);
+    ready[i] = 1;
+  };
+  const size_t workers = std::min(n, kParallelHolds);
+  std::atomic<size_t> next{0};
+  std::vector<std::thread> threads;
+  threads.reserve(workers);
+  for (size_t w = 0; w < workers; ++w) {
+    threads.emplace_back([&]() {
+      for (size_t i = next.fetch_add(1); i < n; i = next.fetch_add(1)) {
+        one(i);
+        mark(i);
+      }
+    });
+  }
+
+  // Enqueue group by group; nothing here waits for the device.
+  auto range_of = [&](uint32_t g) {
+    return kernels::LayerRange{g * layer_group, std::min(cache.num_layers, (g + 1) * layer_group)};
+  };
+  absl::Status launch;
+  for (size_t i = 0; i < n; ++i) {
+    ready_mu.LockWhen(absl::Condition(+[](char* c) { return *c != 0; }, &ready[i]));
+    ready_mu.Unlock();
+    if (!held[i] || !launch.ok()) continue;
+    launch = kernels::DecodeScatter(headers[i], Device(held[i]->data.data()), cache,
+                                    chunks[i].blocks, range_of(0), stream);
+  }
+  for (std::thread& t : threads) t.join();
+  for (size_t i = 0; i < n; ++i) {
+    if (held[i]) load->holds_.push_back(*held[i]);
+  }
+  load->results_ = std::move(results);
+  for (uint32_t g = 0; g < groups && launch.ok(); ++g) {
+    for (size_t i = 0; i < n && launch.ok() && g > 0; ++i) {
+      if (!held[i]) continue;
+      launch = kernels::DecodeScatter(headers[i], Device(held[i]->data.data()), cache,
+                                      chunks[i].blocks, range_of(g), stream);
+    }
+    if (launch.ok()) {
+      launch = kernels::CudaStatus(cudaEventRecord(load->events_[g], stream), "cudaEventRecord",
+                                   __FILE__, __LINE__);
+    }
+  }
+  if (!launch.ok()) {
+    (void)Sync(stream);  // earlier launches still read the holds
+    (void)load->Finish();
+    return launch;
+  }
+  return load;
 }
 
 }  // namespace kvtier::client

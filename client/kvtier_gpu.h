@@ -7,20 +7,31 @@
 //          slot through the client's pool mapping (registered with
 //          cudaHostRegister, so the kernel writes host memory directly) ->
 //          codec::SealChunk on the host -> CommitSlot (the daemon verifies).
+//          A PendingStore splits this by layer ranges, so that a prefill can
+//          encode layer l while it computes layer l + 1.
 //   Load:  Hold (the chunk's extent, pinned) -> the header and both section
 //          checksums are checked on the host (the reader's check; the daemon
-//          verified at put) -> kernels::DecodeScatter reads the extent over
-//          the mapping -> the stream is synchronized -> Unhold.
+//          verified at put) while kernels::DecodeScatter reads the extent
+//          over the mapping -> the stream is synchronized -> Unhold.
+//          A LayerwiseLoad holds and checks many chunks at once, then
+//          enqueues their decode layer group by layer group with a CUDA
+//          event per group, so that attention of layer l waits for layer l
+//          only.
 //
-// Thread-safe: Store calls are serialized (they share the GatherEncode
-// workspace); Load calls run concurrently. The client must outlive this
-// object and keep its pool mapping (it does for its lifetime).
+// Thread-safe: any number of Store, Load and BeginStore / BeginLayerwiseLoad
+// calls may run at once (each launch of GatherEncode gets its own workspace
+// from a pool). A PendingStore or LayerwiseLoad is used by one thread at a
+// time. The client must outlive this object and keep its pool mapping (it
+// does for its lifetime); PendingStore and LayerwiseLoad objects must not
+// outlive the GpuPagedIo that made them.
 #ifndef KVTIER_CLIENT_KVTIER_GPU_H_
 #define KVTIER_CLIENT_KVTIER_GPU_H_
 
 #include <cuda_runtime_api.h>
 
 #include <memory>
+#include <span>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
@@ -32,17 +43,116 @@
 
 namespace kvtier::client {
 
+class GpuPagedIo;
+
+// A chunk being encoded into a slot of the daemon's pool, layer range by
+// layer range (GpuPagedIo::BeginStore). Destroyed without a successful
+// Commit, it waits for its launches and aborts the slot.
+class PendingStore {
+ public:
+  ~PendingStore();
+  PendingStore(const PendingStore&) = delete;
+  PendingStore& operator=(const PendingStore&) = delete;
+
+  // Enqueues the encode of `layers` of the spec's tokens at `blocks` of
+  // `cache` into the slot on `stream` (asynchronous, no host
+  // synchronization). Ranges come in order and without gaps: the first starts
+  // at layer 0, each next one where the previous ended; all on one stream
+  // (or on streams the caller orders). InvalidArgument for a range out of
+  // that order or a cache/blocks mismatch (nothing is launched);
+  // FailedPrecondition after Commit or a failed launch.
+  absl::Status EncodeLayers(const kernels::PagedKvLayout& cache, const kernels::BlockSpan& blocks,
+                            kernels::LayerRange layers, cudaStream_t stream);
+
+  // The layers encoded so far: [0, encoded_layers()).
+  uint32_t encoded_layers() const { return next_layer_; }
+
+  // Waits for the stream of the last EncodeLayers, seals the chunk and
+  // commits it as `key`. FailedPrecondition unless every layer was encoded;
+  // the daemon's codes otherwise. The slot is aborted on any error.
+  absl::Status Commit(const Hash128& key, const PutOptions& options = {});
+
+ private:
+  friend class GpuPagedIo;
+  PendingStore(GpuPagedIo* io, const codec::ChunkSpec& spec, WritableSlot slot, uint32_t* workspace)
+      : io_(io), spec_(spec), slot_(slot), workspace_(workspace) {}
+
+  GpuPagedIo* const io_;
+  const codec::ChunkSpec spec_;
+  const WritableSlot slot_;
+  uint32_t* workspace_;  // returned to io_'s pool once the encodes are done
+  cudaStream_t stream_ = nullptr;  // of the last EncodeLayers
+  uint32_t next_layer_ = 0;
+  bool slot_gone_ = false;  // committed or aborted
+  bool broken_ = false;     // a launch or the wait for it failed
+};
+
+// One chunk of a LayerwiseLoad: the key and where its tokens go.
+struct LayerwiseChunk {
+  Hash128 key;
+  kernels::BlockSpan blocks;
+};
+
+// A batch of chunks decoded layer group by layer group
+// (GpuPagedIo::BeginLayerwiseLoad). Every decode is enqueued when the object
+// is returned; layer group g (layers [g * layer_group, (g + 1) *
+// layer_group)) of every found chunk is in the cache once event(g) has
+// completed. The chunks stay held in the daemon until Finish.
+class LayerwiseLoad {
+ public:
+  // Finishes (waits for the last decode and unholds) if Finish was not called.
+  ~LayerwiseLoad();
+  LayerwiseLoad(const LayerwiseLoad&) = delete;
+  LayerwiseLoad& operator=(const LayerwiseLoad&) = delete;
+
+  uint32_t num_layers() const { return num_layers_; }
+  uint32_t layer_group() const { return layer_group_; }
+  // The event recorded after the decodes of the group that holds `layer`.
+  // REQUIRES: layer < num_layers().
+  cudaEvent_t LayerEvent(uint32_t layer) const { return events_[layer / layer_group_]; }
+
+  // Makes `stream` wait (on the device, cudaStreamWaitEvent) until `layer`
+  // of every found chunk is in the cache. Does not block the host; valid
+  // inside stream capture. InvalidArgument for a layer out of range.
+  absl::Status WaitLayer(uint32_t layer, cudaStream_t stream) const;
+
+  // What each chunk's load gave, in the order of the request: its tier, or
+  // NotFound (miss), DataLoss (corrupt; the daemon drops it) and the like;
+  // a chunk that failed was not decoded and its slots are untouched.
+  const std::vector<absl::StatusOr<Tier>>& results() const { return results_; }
+
+  // Blocks until every decode has finished, then ends the holds. Returns the
+  // first CUDA or unhold error (results() stays as it was); OK otherwise.
+  // Idempotent.
+  absl::Status Finish();
+
+ private:
+  friend class GpuPagedIo;
+  LayerwiseLoad(KvtierClient* client, uint32_t num_layers, uint32_t layer_group)
+      : client_(client), num_layers_(num_layers), layer_group_(layer_group) {}
+
+  KvtierClient* const client_;
+  const uint32_t num_layers_;
+  const uint32_t layer_group_;
+  std::vector<cudaEvent_t> events_;  // one per layer group
+  std::vector<HeldChunk> holds_;     // the chunks held until Finish
+  std::vector<absl::StatusOr<Tier>> results_;
+  bool finished_ = false;
+};
+
 class GpuPagedIo {
  public:
   // Registers `client`'s pool mapping with the current CUDA device (mapped,
-  // portable) and allocates the GatherEncode workspace. FailedPrecondition if
-  // the client moves bytes inline (no pool) or the device cannot map host
-  // memory; CUDA errors as Internal with file and line.
+  // portable). FailedPrecondition if the client moves bytes inline (no pool)
+  // or the device cannot map host memory; CUDA errors as Internal with file
+  // and line.
   static absl::StatusOr<std::unique_ptr<GpuPagedIo>> Create(KvtierClient* client);
-  // Unregisters the mapping and frees the workspace.
+  // Unregisters the mapping and frees the workspaces.
   ~GpuPagedIo();
   GpuPagedIo(const GpuPagedIo&) = delete;
   GpuPagedIo& operator=(const GpuPagedIo&) = delete;
+
+  KvtierClient* client() const { return client_; }
 
   // Encodes the spec.geometry.num_tokens tokens at `blocks` of `cache` as a
   // chunk of `spec` and stores it as `key`. Returns once the daemon has
@@ -55,26 +165,56 @@ class GpuPagedIo {
                      const kernels::PagedKvLayout& cache, const kernels::BlockSpan& blocks,
                      cudaStream_t stream, const PutOptions& options = {});
 
-  // Decodes chunk `key` into the slots at `blocks` of `cache` (the chunk's
-  // geometry must match the cache) and returns the tier it came from. Returns
-  // after the kernel has finished (the extent is released then). NotFound on
-  // a miss; DataLoss if the chunk is corrupt (the daemon drops it);
-  // InvalidArgument for a geometry/cache/blocks mismatch.
+  // Reserves a slot for a chunk of `spec` to be encoded by layer ranges
+  // (PendingStore::EncodeLayers) and stored by PendingStore::Commit.
+  // InvalidArgument for an invalid spec; the daemon's codes for the slot.
+  absl::StatusOr<std::unique_ptr<PendingStore>> BeginStore(const codec::ChunkSpec& spec);
+
+  // Decodes layers `layers` of chunk `key` into the same layers of the slots
+  // at `blocks` of `cache` (the chunk's geometry must match the cache) and
+  // returns the tier it came from. Returns after the kernel has finished
+  // (the extent is released then). The header is checked before the launch
+  // and the section checksums on the host while the kernel runs, so on
+  // DataLoss the slots at `blocks` hold undefined values. NotFound on a miss;
+  // DataLoss if the chunk is corrupt (the daemon drops it); InvalidArgument
+  // for a geometry/cache/blocks/layers mismatch (nothing launched).
   absl::StatusOr<Tier> Load(const Hash128& key, const kernels::PagedKvLayout& cache,
-                            const kernels::BlockSpan& blocks, cudaStream_t stream);
+                            const kernels::BlockSpan& blocks, cudaStream_t stream,
+                            kernels::LayerRange layers = {});
+
+  // Holds every chunk of `chunks` (over up to the client's data-plane
+  // connections at once), checks each one's header and checksums on the
+  // host and its geometry against `cache`, then enqueues on `stream`, for
+  // each group of `layer_group` layers, the decode of that group of every
+  // chunk that passed, followed by the group's event. Nothing on the host
+  // waits for the device. A chunk that misses or fails its checks is
+  // reported in results() and skipped. InvalidArgument (nothing held) for
+  // layer_group 0, an invalid cache, or an empty `chunks`; a launch error
+  // unholds everything and is returned.
+  absl::StatusOr<std::unique_ptr<LayerwiseLoad>> BeginLayerwiseLoad(
+      std::span<const LayerwiseChunk> chunks, const kernels::PagedKvLayout& cache,
+      uint32_t layer_group, cudaStream_t stream);
 
  private:
-  GpuPagedIo(KvtierClient* client, std::span<uint8_t> pool, uint8_t* device_pool,
-             uint32_t* workspace)
-      : client_(client), pool_(pool), device_pool_(device_pool), workspace_(workspace) {}
+  friend class PendingStore;
+  GpuPagedIo(KvtierClient* client, std::span<uint8_t> pool, uint8_t* device_pool)
+      : client_(client), pool_(pool), device_pool_(device_pool) {}
   // The device address of host bytes inside the registered pool.
   const uint8_t* Device(const uint8_t* host) const { return device_pool_ + (host - pool_.data()); }
+  // A zeroed GatherEncode workspace (from the pool, or a new one).
+  absl::StatusOr<uint32_t*> TakeWorkspace();
+  // Returns a workspace whose launches have all completed (it is zero
+  // again), or frees a `dirty` one (a launch failed part-way).
+  void ReturnWorkspace(uint32_t* ws, bool dirty);
+  // Holds `key` and checks its bytes (one retry with the daemon's verify).
+  absl::StatusOr<HeldChunk> HoldVerified(const Hash128& key, codec::ChunkHeader* header);
 
   KvtierClient* const client_;
   const std::span<uint8_t> pool_;
   uint8_t* const device_pool_;
-  absl::Mutex store_mu_;
-  uint32_t* const workspace_ ABSL_GUARDED_BY(store_mu_);
+  absl::Mutex ws_mu_;
+  std::vector<uint32_t*> free_workspaces_ ABSL_GUARDED_BY(ws_mu_);
+  std::vector<uint32_t*> all_workspaces_ ABSL_GUARDED_BY(ws_mu_);
 };
 
 }  // namespace kvtier::client

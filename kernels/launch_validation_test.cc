@@ -80,6 +80,22 @@ TEST(GatherEncodeLaunch, UnsupportedSizesAndFormatsAreInvalidArgument) {
             absl::StatusCode::kInvalidArgument);  // misaligned destination
 }
 
+TEST(GatherEncodeLaunch, EmptyOrOutOfRangeLayerRangeIsInvalidArgument) {
+  Fixture f;  // 2 layers
+  for (LayerRange r : {LayerRange{1, 1}, LayerRange{0, 3}, LayerRange{2, LayerRange::kAllLayers},
+                       LayerRange{1, 0}}) {
+    EXPECT_EQ(GatherEncode(f.spec, f.cache.layout, f.span, r, f.dst, f.ws, nullptr).code(),
+              absl::StatusCode::kInvalidArgument)
+        << r.begin << ".." << r.end;
+    EXPECT_EQ(ValidateGatherEncode(f.spec, f.cache.layout, f.span, f.dst, f.ws, r).code(),
+              absl::StatusCode::kInvalidArgument);
+  }
+  for (LayerRange r : {LayerRange{}, LayerRange{0, 1}, LayerRange{1, 2}, LayerRange{1, LayerRange::kAllLayers}}) {
+    EXPECT_TRUE(ValidateGatherEncode(f.spec, f.cache.layout, f.span, f.dst, f.ws, r).ok())
+        << r.begin << ".." << r.end;
+  }
+}
+
 TEST(DecodeScatterLaunch, InvalidInputIsInvalidArgument) {
   Fixture f;
   auto layout = codec::ValidateSpec(f.spec);

@@ -52,6 +52,8 @@ struct CodecParams {
   uint32_t first_slot;
   uint32_t num_tokens;
   uint32_t num_blocks_in_chunk;  // ceil(num_tokens / block_size)
+  uint32_t layer_begin;          // first layer of the launch (grid y = layer - layer_begin)
+  uint32_t layer_end;
   bool bf16;                     // the chunk dtype
   SectionArgs sec[2];            // K, V
   uint8_t* chunk;                // encode: destination; decode: source
@@ -74,7 +76,8 @@ struct Tile {
                                                         uint32_t head) {
     return (uint64_t{t0 + v / kVecsPerRow} * H + head) * HD + (v % kVecsPerRow) * kVecElems;
   }
-  // This CTA's tile (grid x = chunk block * kv heads + kv head, y = layer):
+  // This CTA's tile (grid x = chunk block * kv heads + kv head, y = layer -
+  // layer_begin):
   // kv heads H, kv head, chunk block, layer, first chunk token, tokens.
   struct Coords {
     uint32_t H, head, cb, layer, t0, nt;
@@ -82,7 +85,8 @@ struct Tile {
   static __device__ __forceinline__ Coords Here(const CodecParams& p) {
     const uint32_t H = p.cache.num_kv_heads;
     const uint32_t cb = blockIdx.x / H, t0 = cb * BS;
-    return {H, blockIdx.x % H, cb, blockIdx.y, t0, min(static_cast<uint32_t>(BS), p.num_tokens - t0)};
+    return {H, blockIdx.x % H, cb, p.layer_begin + blockIdx.y, t0,
+            min(static_cast<uint32_t>(BS), p.num_tokens - t0)};
   }
   // Cache block (x) and slot (y) of chunk token `token` (BlockSpan's map).
   static __device__ __forceinline__ uint2 CacheSlot(const int32_t* block_ids, uint32_t first_slot,
@@ -659,7 +663,9 @@ __global__ void __launch_bounds__(kThreads, kGeneral && Tile<HD, BS>::kPerThread
   }
 
   // The last CTA to finish writes the header with the OR of every CTA's
-  // non-finite flag, and leaves the workspace zero for the next launch.
+  // non-finite flag (and, for a launch after the one of layer 0, the flag
+  // that earlier launches left in the header), and leaves the workspace zero
+  // for the next launch.
   non_finite = __syncthreads_or(non_finite);
   bool last = false;
   if (threadIdx.x == 0) {
@@ -670,11 +676,16 @@ __global__ void __launch_bounds__(kThreads, kGeneral && Tile<HD, BS>::kPerThread
     if (last) {
       const uint32_t flags = atomicExch(p.workspace + kWsFlags, 0u) != 0 ? codec::kFlagNonFinite : 0u;
       atomicExch(p.workspace + kWsCount, 0u);
-      Header128 h = p.header;
-      h.w[3].x |= flags << 16;
       uint4* dst = reinterpret_cast<uint4*>(p.chunk);
+      if (p.layer_begin == 0) {
+        Header128 h = p.header;
+        h.w[3].x |= flags << 16;
 #pragma unroll
-      for (int i = 0; i < 8; ++i) dst[i] = h.w[i];
+        for (int i = 0; i < 8; ++i) dst[i] = h.w[i];
+      } else if (flags != 0) {
+        volatile uint32_t* w = reinterpret_cast<volatile uint32_t*>(p.chunk) + codec::kOffFlags / 4;
+        *w = *w | (flags << 16);
+      }
     }
   }
   if constexpr (kGeneral) {
@@ -682,7 +693,9 @@ __global__ void __launch_bounds__(kThreads, kGeneral && Tile<HD, BS>::kPerThread
     // read them before it counted itself.
     if (p.tensor_amax && __syncthreads_or(last)) {
       __threadfence();
-      for (uint32_t i = threadIdx.x; i < 2 * gridDim.y; i += kThreads) p.workspace[kWsAmax + i] = 0;
+      for (uint32_t i = threadIdx.x; i < 2 * gridDim.y; i += kThreads) {
+        p.workspace[kWsAmax + 2 * p.layer_begin + i] = 0;
+      }
     }
   }
 }
@@ -838,7 +851,7 @@ absl::StatusOr<Mode> ResolveMode(const char* name, DType cache_dtype, DType chun
 // Every check of both launchers, before anything touches the device.
 absl::StatusOr<CodecParams> Prepare(const codec::ChunkSpec& spec, const codec::ChunkLayout& layout,
                                     const PagedKvLayout& cache, const BlockSpan& blocks,
-                                    const uint8_t* chunk) {
+                                    LayerRange layers, const uint8_t* chunk) {
   KVTIER_RETURN_IF_ERROR(ValidatePagedKvLayout(cache));
   const codec::Geometry& g = spec.geometry;
   if (g.num_layers != cache.num_layers || g.num_kv_heads != cache.num_kv_heads ||
@@ -852,6 +865,7 @@ absl::StatusOr<CodecParams> Prepare(const codec::ChunkSpec& spec, const codec::C
   KVTIER_RETURN_IF_ERROR(CheckHeadDim(cache.head_dim));
   KVTIER_RETURN_IF_ERROR(CheckCodecBlockSize(cache.block_size));
   KVTIER_RETURN_IF_ERROR(ValidateBlockSpan(cache, blocks, g.num_tokens));
+  KVTIER_RETURN_IF_ERROR(ValidateLayerRange(layers, g.num_layers));
   if (chunk == nullptr) return absl::InvalidArgumentError("chunk pointer is null");
   if (reinterpret_cast<uintptr_t>(chunk) % 16 != 0) {
     return absl::InvalidArgumentError("chunk pointer is not 16-byte aligned");
@@ -865,6 +879,8 @@ absl::StatusOr<CodecParams> Prepare(const codec::ChunkSpec& spec, const codec::C
   p.first_slot = blocks.first_slot;
   p.num_tokens = g.num_tokens;
   p.num_blocks_in_chunk = g.num_blocks();
+  p.layer_begin = layers.begin;
+  p.layer_end = layers.End(g.num_layers);
   p.bf16 = spec.dtype == DType::kBF16;
   const codec::SectionLayout* secs[2] = {&layout.k, &layout.v};
   const DType cache_dtypes[2] = {cache.k_dtype, cache.v_dtype};
@@ -923,7 +939,7 @@ absl::Status Launch(const CodecParams& p, cudaStream_t stream) {
       fn = general ? Kernel<HD, BS>::general : Kernel<HD, BS>::fast;
     });
   }));
-  const dim3 grid(p.num_blocks_in_chunk * p.cache.num_kv_heads, p.cache.num_layers);
+  const dim3 grid(p.num_blocks_in_chunk * p.cache.num_kv_heads, p.layer_end - p.layer_begin);
   fn<<<grid, kThreads, 0, stream>>>(p);
   KVTIER_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();
@@ -932,9 +948,9 @@ absl::Status Launch(const CodecParams& p, cudaStream_t stream) {
 // GatherEncode's checks; fills the launch parameters.
 absl::StatusOr<CodecParams> PrepareEncode(const codec::ChunkSpec& spec_in,
                                           const PagedKvLayout& cache, const BlockSpan& blocks,
-                                          uint8_t* dst, uint32_t* workspace) {
+                                          LayerRange layers, uint8_t* dst, uint32_t* workspace) {
   KVTIER_ASSIGN_OR_RETURN(codec::ChunkLayout layout, codec::ValidateSpec(spec_in));
-  KVTIER_ASSIGN_OR_RETURN(CodecParams p, Prepare(spec_in, layout, cache, blocks, dst));
+  KVTIER_ASSIGN_OR_RETURN(CodecParams p, Prepare(spec_in, layout, cache, blocks, layers, dst));
   if (workspace == nullptr) return absl::InvalidArgumentError("workspace is null");
   codec::ChunkSpec spec = spec_in;
   spec.flags = 0;
@@ -948,9 +964,11 @@ absl::StatusOr<CodecParams> PrepareEncode(const codec::ChunkSpec& spec_in,
 }
 
 absl::StatusOr<CodecParams> PrepareDecode(const codec::ChunkHeader& header, const uint8_t* chunk,
-                                          const PagedKvLayout& cache, const BlockSpan& blocks) {
+                                          const PagedKvLayout& cache, const BlockSpan& blocks,
+                                          LayerRange layers) {
   KVTIER_ASSIGN_OR_RETURN(codec::ChunkLayout layout, codec::ValidateSpec(header.spec));
-  KVTIER_ASSIGN_OR_RETURN(CodecParams p, Prepare(header.spec, layout, cache, blocks, chunk));
+  KVTIER_ASSIGN_OR_RETURN(CodecParams p,
+                          Prepare(header.spec, layout, cache, blocks, layers, chunk));
   p.chunk = const_cast<uint8_t*>(chunk);  // read only by the decode kernel
   return p;
 }
@@ -960,16 +978,23 @@ absl::StatusOr<CodecParams> PrepareDecode(const codec::ChunkHeader& header, cons
 absl::Status GatherEncode(const codec::ChunkSpec& spec, const PagedKvLayout& cache,
                           const BlockSpan& blocks, uint8_t* dst, uint32_t* workspace,
                           cudaStream_t stream) {
-  KVTIER_ASSIGN_OR_RETURN(CodecParams p, PrepareEncode(spec, cache, blocks, dst, workspace));
+  return GatherEncode(spec, cache, blocks, LayerRange{}, dst, workspace, stream);
+}
+
+absl::Status GatherEncode(const codec::ChunkSpec& spec, const PagedKvLayout& cache,
+                          const BlockSpan& blocks, LayerRange layers, uint8_t* dst,
+                          uint32_t* workspace, cudaStream_t stream) {
+  KVTIER_ASSIGN_OR_RETURN(CodecParams p,
+                          PrepareEncode(spec, cache, blocks, layers, dst, workspace));
   if (p.tensor_amax) KVTIER_RETURN_IF_ERROR(Launch<AmaxK>(p, stream));
   return Launch<EncodeK>(p, stream);
 }
 
 absl::Status ValidateGatherEncode(const codec::ChunkSpec& spec, const PagedKvLayout& cache,
                                   const BlockSpan& blocks, const uint8_t* dst,
-                                  const uint32_t* workspace) {
+                                  const uint32_t* workspace, LayerRange layers) {
   // The kernels write through these pointers, but nothing is launched here.
-  return PrepareEncode(spec, cache, blocks, const_cast<uint8_t*>(dst),
+  return PrepareEncode(spec, cache, blocks, layers, const_cast<uint8_t*>(dst),
                        const_cast<uint32_t*>(workspace))
       .status();
 }
@@ -977,13 +1002,20 @@ absl::Status ValidateGatherEncode(const codec::ChunkSpec& spec, const PagedKvLay
 absl::Status DecodeScatter(const codec::ChunkHeader& header, const uint8_t* chunk,
                            const PagedKvLayout& cache, const BlockSpan& blocks,
                            cudaStream_t stream) {
-  KVTIER_ASSIGN_OR_RETURN(CodecParams p, PrepareDecode(header, chunk, cache, blocks));
+  return DecodeScatter(header, chunk, cache, blocks, LayerRange{}, stream);
+}
+
+absl::Status DecodeScatter(const codec::ChunkHeader& header, const uint8_t* chunk,
+                           const PagedKvLayout& cache, const BlockSpan& blocks,
+                           LayerRange layers, cudaStream_t stream) {
+  KVTIER_ASSIGN_OR_RETURN(CodecParams p, PrepareDecode(header, chunk, cache, blocks, layers));
   return Launch<DecodeK>(p, stream);
 }
 
 absl::Status ValidateDecodeScatter(const codec::ChunkHeader& header, const uint8_t* chunk,
-                                   const PagedKvLayout& cache, const BlockSpan& blocks) {
-  return PrepareDecode(header, chunk, cache, blocks).status();
+                                   const PagedKvLayout& cache, const BlockSpan& blocks,
+                                   LayerRange layers) {
+  return PrepareDecode(header, chunk, cache, blocks, layers).status();
 }
 
 }  // namespace kvtier::kernels

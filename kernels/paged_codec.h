@@ -57,12 +57,28 @@ absl::Status GatherEncode(const codec::ChunkSpec& spec, const PagedKvLayout& cac
                           const BlockSpan& blocks, uint8_t* dst, uint32_t* workspace,
                           cudaStream_t stream);
 
+// GatherEncode of layers [layers.begin, layers.end) only: writes those
+// layers' records of the K and V sections (data, scales, padding) and the
+// header, and leaves every other byte of `dst` as it is. A chunk may be
+// encoded in several range launches on one stream (e.g. layer by layer as a
+// prefill computes them); once they cover every layer and the chunk is
+// sealed it is byte-identical to the single launch's. The header's
+// non-finite flag is the OR over the launches: the launch whose range starts
+// at layer 0 writes the header afresh, later ones add their flag to it.
+// REQUIRES (besides GatherEncode's): the launch that covers layer 0 runs
+// before the other launches of the same chunk; launches of one chunk run in
+// stream order (one workspace serves one launch at a time).
+// InvalidArgument as GatherEncode, or for an empty or out-of-range `layers`.
+absl::Status GatherEncode(const codec::ChunkSpec& spec, const PagedKvLayout& cache,
+                          const BlockSpan& blocks, LayerRange layers, uint8_t* dst,
+                          uint32_t* workspace, cudaStream_t stream);
+
 // Every host-side check of GatherEncode, without launching anything (no
 // device needed): OK exactly when GatherEncode would launch. Errors as
 // GatherEncode's InvalidArgument cases.
 absl::Status ValidateGatherEncode(const codec::ChunkSpec& spec, const PagedKvLayout& cache,
                                   const BlockSpan& blocks, const uint8_t* dst,
-                                  const uint32_t* workspace);
+                                  const uint32_t* workspace, LayerRange layers = {});
 
 // Decodes the chunk at `chunk` (device memory or mapped pinned host memory)
 // whose parsed header is `header` into the cache slots at `blocks`: 16-bit
@@ -76,9 +92,19 @@ absl::Status DecodeScatter(const codec::ChunkHeader& header, const uint8_t* chun
                            const PagedKvLayout& cache, const BlockSpan& blocks,
                            cudaStream_t stream);
 
+// DecodeScatter of layers [layers.begin, layers.end) of the chunk into the
+// same layers of the cache; the other layers of the cache are untouched.
+// Launches of different ranges of one chunk are independent (any order, any
+// streams). InvalidArgument as DecodeScatter, or for an empty or
+// out-of-range `layers`. Asynchronous.
+absl::Status DecodeScatter(const codec::ChunkHeader& header, const uint8_t* chunk,
+                           const PagedKvLayout& cache, const BlockSpan& blocks,
+                           LayerRange layers, cudaStream_t stream);
+
 // Every host-side check of DecodeScatter, without launching anything.
 absl::Status ValidateDecodeScatter(const codec::ChunkHeader& header, const uint8_t* chunk,
-                                   const PagedKvLayout& cache, const BlockSpan& blocks);
+                                   const PagedKvLayout& cache, const BlockSpan& blocks,
+                                   LayerRange layers = {});
 
 }  // namespace kvtier::kernels
 

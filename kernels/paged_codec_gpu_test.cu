@@ -53,7 +53,9 @@ void RunCase(const Case& c, bool inject_non_finite = false) {
   host.Init(c.kind, *layout);
   host.FillValues(c.fill, 1234 + c.tokens);
   if (inject_non_finite && !IsSeparate(c.kind)) {
-    uint16_t* p = static_cast<uint16_t*>(host.layout.v_layers[0]);
+    // In the last layer: a chunk encoded by layer ranges carries the flag of
+    // a launch after the first.
+    uint16_t* p = static_cast<uint16_t*>(host.layout.v_layers[c.layers - 1]);
     for (int64_t i = 0; i < static_cast<int64_t>(LayerTensorElements(c.kind, *layout)); ++i) {
       p[i] = (i % 97 == 3) ? (c.dtype == DType::kBF16 ? 0x7FC0 : 0x7E00) : p[i];
       if (i % 101 == 5) p[i] = c.dtype == DType::kBF16 ? 0xFF80 : 0xFC00;  // -inf
@@ -162,6 +164,81 @@ void RunCase(const Case& c, bool inject_non_finite = false) {
     if (!gpu_out.v_tensors.empty()) ASSERT_EQ(gpu_out.v_tensors[l], expect.v_tensors[l]);
     if (!gpu_out.v_scales.empty()) ASSERT_EQ(gpu_out.v_scales[l], expect.v_scales[l]);
     if (!gpu_out.k_scales.empty()) ASSERT_EQ(gpu_out.k_scales[l], expect.k_scales[l]);
+  }
+
+  // Layer ranges: the chunk encoded range by range is the single launch's
+  // chunk; a range alone writes exactly its layers' records; a range decode
+  // writes exactly its layers, as the reference's.
+  if (c.layers >= 2) {
+    const uint32_t a = c.layers / 3 == 0 ? 1 : c.layers / 3;
+    const uint32_t b = a + (c.layers - a) / 2;
+    std::vector<LayerRange> split = {{0, a}, {a, b}, {b, c.layers}};
+    if (b == a) split = {{0, a}, {a, c.layers}};
+    std::vector<uint8_t> got(bytes);
+    auto fetch = [&]() {
+      if (c.pinned_dst) {
+        std::memcpy(got.data(), h_pinned, bytes);
+        return cudaSuccess;
+      }
+      return cudaMemcpy(got.data(), d_chunk, bytes, cudaMemcpyDeviceToHost);
+    };
+    auto poison = [&]() {
+      if (c.pinned_dst) {
+        std::memset(h_pinned, 0xCD, bytes);
+        return cudaSuccess;
+      }
+      return cudaMemset(d_chunk, 0xCD, bytes);
+    };
+    KVTIER_ASSERT_CUDA(poison());
+    for (const LayerRange& r : split) {
+      absl::Status rs = GatherEncode(spec, dev.layout, dev_span, r, d_chunk, ws, nullptr);
+      ASSERT_TRUE(rs.ok()) << rs;
+    }
+    KVTIER_ASSERT_CUDA(cudaDeviceSynchronize());
+    KVTIER_ASSERT_CUDA(fetch());
+    ASSERT_TRUE(codec::SealChunk(got).ok());
+    ASSERT_EQ(std::memcmp(got.data(), want->data(), bytes), 0) << "chunk encoded by layer ranges";
+
+    const LayerRange tail{1, c.layers};
+    KVTIER_ASSERT_CUDA(poison());
+    absl::Status rs = GatherEncode(spec, dev.layout, dev_span, tail, d_chunk, ws, nullptr);
+    ASSERT_TRUE(rs.ok()) << rs;
+    KVTIER_ASSERT_CUDA(cudaDeviceSynchronize());
+    KVTIER_ASSERT_CUDA(fetch());
+    std::vector<bool> inside(bytes, false);
+    for (const auto& [lo, hi] : LayerRecordBytes(header->layout, tail)) {
+      for (uint64_t i = lo; i < hi; ++i) inside[i] = true;
+    }
+    for (size_t i = codec::kHeaderSize; i < bytes; ++i) {
+      if (inside[i]) {
+        ASSERT_EQ(got[i], (*want)[i]) << "byte " << i << " of layers [1, " << c.layers << ")";
+      } else {
+        ASSERT_EQ(got[i], 0xCD) << "byte " << i << " outside layers [1, " << c.layers << ")";
+      }
+    }
+    ws_after.assign(kGatherEncodeWorkspaceBytes / 4, 1u);
+    KVTIER_ASSERT_CUDA(cudaMemcpy(ws_after.data(), ws, kGatherEncodeWorkspaceBytes,
+                                  cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < ws_after.size(); ++i) ASSERT_EQ(ws_after[i], 0u) << "workspace word " << i;
+
+    HostCache expect_r, gpu_r;
+    expect_r.Init(c.kind, *layout);
+    gpu_r.Init(c.kind, *layout);
+    expect_r.Poison(0x3A);
+    gpu_r.Poison(0x3A);
+    DeviceCache dst_r;
+    KVTIER_ASSERT_CUDA(dst_r.Upload(expect_r));
+    const LayerRange mid = split[1];
+    ASSERT_TRUE(ReferenceDecodeScatter(*want, expect_r.layout, host_span, mid).ok());
+    rs = DecodeScatter(*header, d_src, dst_r.layout, dev_span, mid, nullptr);
+    ASSERT_TRUE(rs.ok()) << rs;
+    KVTIER_ASSERT_CUDA(cudaDeviceSynchronize());
+    KVTIER_ASSERT_CUDA(dst_r.CopyTo(gpu_r));
+    for (uint32_t l = 0; l < c.layers; ++l) {
+      ASSERT_EQ(gpu_r.k_tensors[l], expect_r.k_tensors[l]) << "range decode, layer " << l;
+      if (!gpu_r.v_tensors.empty()) ASSERT_EQ(gpu_r.v_tensors[l], expect_r.v_tensors[l]);
+      if (!gpu_r.v_scales.empty()) ASSERT_EQ(gpu_r.v_scales[l], expect_r.v_scales[l]);
+    }
   }
   cudaFree(d_src);
   cudaFree(d_ids);

@@ -162,4 +162,14 @@ absl::Status ValidateBlockSpan(const PagedKvLayout& d, const BlockSpan& span,
   return absl::OkStatus();
 }
 
+absl::Status ValidateLayerRange(const LayerRange& layers, uint32_t num_layers) {
+  const uint32_t end = layers.End(num_layers);
+  if (layers.begin >= end || end > num_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("layers [", layers.begin, ", ", end,
+                                                   ") is not a non-empty range of [0, ",
+                                                   num_layers, ")"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace kvtier::kernels

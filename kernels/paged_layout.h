@@ -127,6 +127,22 @@ struct BlockSpan {
   }
 };
 
+// The layers [begin, end) of a chunk that one launch encodes or decodes, so
+// that an engine can overlap moving layer l + 1 with computing layer l. The
+// default covers every layer (end = kAllLayers stands for num_layers).
+struct LayerRange {
+  static constexpr uint32_t kAllLayers = 0xFFFFFFFFu;
+  uint32_t begin = 0;
+  uint32_t end = kAllLayers;
+
+  // end with kAllLayers resolved against a chunk of `num_layers` layers.
+  uint32_t End(uint32_t num_layers) const { return end == kAllLayers ? num_layers : end; }
+  bool IsAll(uint32_t num_layers) const { return begin == 0 && End(num_layers) == num_layers; }
+};
+
+// InvalidArgument unless begin < End(num_layers) <= num_layers.
+absl::Status ValidateLayerRange(const LayerRange& layers, uint32_t num_layers);
+
 // Checks a descriptor on the host: non-null pointer arrays (and scale arrays
 // for FP8 sections), supported dtypes, sizes > 0, head_dim a multiple of 8,
 // strides and offsets multiples of 8 elements (16-byte vector loads). The

@@ -135,5 +135,20 @@ TEST(ValidateBlockSpan, ChecksCountFirstSlotAndHostIds) {
   EXPECT_EQ(ValidateBlockSpan(*d, span, 10).code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST(ValidateLayerRange, AcceptsNonEmptyRangesWithinTheLayers) {
+  EXPECT_TRUE(ValidateLayerRange(LayerRange{}, 32).ok());
+  EXPECT_TRUE(ValidateLayerRange(LayerRange{31, 32}, 32).ok());
+  EXPECT_TRUE(ValidateLayerRange(LayerRange{5, LayerRange::kAllLayers}, 32).ok());
+  EXPECT_EQ(LayerRange{}.End(32), 32u);
+  EXPECT_TRUE(LayerRange{}.IsAll(32));
+  EXPECT_TRUE((LayerRange{0, 32}.IsAll(32)));
+  EXPECT_FALSE((LayerRange{1, 32}.IsAll(32)));
+  EXPECT_EQ(ValidateLayerRange(LayerRange{3, 3}, 32).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ValidateLayerRange(LayerRange{4, 3}, 32).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ValidateLayerRange(LayerRange{0, 33}, 32).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ValidateLayerRange(LayerRange{32, LayerRange::kAllLayers}, 32).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace kvtier::kernels

@@ -153,7 +153,7 @@ absl::StatusOr<std::vector<uint8_t>> ReferenceGatherEncode(const codec::ChunkSpe
 }
 
 absl::Status ReferenceDecodeScatter(std::span<const uint8_t> chunk, const PagedKvLayout& cache,
-                                    const BlockSpan& span) {
+                                    const BlockSpan& span, LayerRange layers) {
   KVTIER_ASSIGN_OR_RETURN(codec::DecodedChunk dec, codec::DecodeChunk(chunk));
   const codec::ChunkSpec& spec = dec.header.spec;
   const codec::ChunkLayout& layout = dec.header.layout;
@@ -161,6 +161,7 @@ absl::Status ReferenceDecodeScatter(std::span<const uint8_t> chunk, const PagedK
   KVTIER_RETURN_IF_ERROR(ValidatePagedKvLayout(cache));
   KVTIER_RETURN_IF_ERROR(CheckGeometry(spec, cache));
   KVTIER_RETURN_IF_ERROR(ValidateBlockSpan(cache, span, geo.num_tokens));
+  KVTIER_RETURN_IF_ERROR(ValidateLayerRange(layers, geo.num_layers));
   KVTIER_RETURN_IF_ERROR(
       CheckSectionPair("k", cache.k_dtype, spec.dtype, spec.k, span.first_slot));
   KVTIER_RETURN_IF_ERROR(
@@ -172,7 +173,7 @@ absl::Status ReferenceDecodeScatter(std::span<const uint8_t> chunk, const PagedK
     const uint8_t* base = chunk.data() + (is_v ? layout.v_offset : layout.k_offset);
     const std::vector<uint16_t>& values = is_v ? dec.v : dec.k;
     const bool pass = !Is16(is_v ? cache.v_dtype : cache.k_dtype);
-    for (uint32_t l = 0; l < geo.num_layers; ++l) {
+    for (uint32_t l = layers.begin; l < layers.End(geo.num_layers); ++l) {
       const uint8_t* data = base + sec.data_offset(l);
       const uint8_t* scale_bytes = base + sec.scale_offset(l);
       for (uint32_t t = 0; t < geo.num_tokens; ++t) {
@@ -246,6 +247,15 @@ absl::StatusOr<std::vector<float>> ReferenceDecodeAttention(const PagedKvLayout&
     }
   }
   return out;
+}
+
+std::vector<std::pair<uint64_t, uint64_t>> LayerRecordBytes(const codec::ChunkLayout& layout,
+                                                            LayerRange layers) {
+  const uint32_t end = layers.End(layout.geometry.num_layers);
+  return {{layout.k_offset + layout.k.layer_stride * layers.begin,
+           layout.k_offset + layout.k.layer_stride * end},
+          {layout.v_offset + layout.v.layer_stride * layers.begin,
+           layout.v_offset + layout.v.layer_stride * end}};
 }
 
 }  // namespace kvtier::kernels

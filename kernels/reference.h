@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -45,10 +46,19 @@ absl::StatusOr<std::vector<uint8_t>> ReferenceGatherEncode(const codec::ChunkSpe
 // Verifies and decodes `chunk` into the paged cache at `span`: 16-bit cache
 // sections receive codec::DecodeChunk's values; FP8 cache sections receive the
 // chunk's FP8 codes and scales unchanged (first_slot must be 0). Slots not
-// covered by the chunk are left untouched. Errors as ReferenceGatherEncode,
-// plus VerifyChunk's.
+// covered by the chunk are left untouched; with `layers`, only those layers
+// are written (DecodeScatter's layer ranges). Errors as
+// ReferenceGatherEncode, plus VerifyChunk's and ValidateLayerRange's.
 absl::Status ReferenceDecodeScatter(std::span<const uint8_t> chunk, const PagedKvLayout& cache,
-                                    const BlockSpan& span);
+                                    const BlockSpan& span, LayerRange layers = {});
+
+// The byte ranges [first, second) of a chunk of `layout` that hold layers
+// [layers.begin, layers.end): the K section's records, then the V section's
+// (each layer's record is data, scales and padding). GatherEncode of a layer
+// range writes exactly these bytes and the header.
+// REQUIRES: `layers` is valid for layout.geometry.num_layers.
+std::vector<std::pair<uint64_t, uint64_t>> LayerRecordBytes(const codec::ChunkLayout& layout,
+                                                            LayerRange layers);
 
 // FP32 reference of PagedDecodeAttention (kernels/paged_attention.h):
 // softmax(q . k * sm_scale) . v with K and V read through CacheElement.

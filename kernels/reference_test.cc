@@ -72,6 +72,51 @@ TEST(ReferenceGatherEncode, K16V16RoundTripsThroughEveryLayoutAndLeavesOtherSlot
   }
 }
 
+TEST(ReferenceDecodeScatter, LayerRangeWritesOnlyItsLayers) {
+  auto d = MakePagedKvLayout(CacheLayout::kVllmFlashAttnNHD, 5, 6, 16, 2, 64, DType::kBF16,
+                             DType::kBF16);
+  ASSERT_TRUE(d.ok());
+  HostCache src, full, ranged;
+  src.Init(CacheLayout::kVllmFlashAttnNHD, *d);
+  src.FillValues(Fill::kNormal, 21);
+  std::vector<int32_t> ids = testing::ShuffledBlocks(6, 3, 8);
+  BlockSpan span{ids.data(), ids.data(), 3, 2};
+  codec::ChunkSpec spec = Spec(*d, 40, DType::kBF16, {DType::kBF16, codec::ScaleGranularity::kNone},
+                               kFp8BH);
+  auto chunk = ReferenceGatherEncode(spec, src.layout, span);
+  ASSERT_TRUE(chunk.ok()) << chunk.status();
+  full.Init(CacheLayout::kVllmFlashAttnNHD, *d);
+  ranged.Init(CacheLayout::kVllmFlashAttnNHD, *d);
+  full.Poison(0x11);
+  ranged.Poison(0x11);
+  ASSERT_TRUE(ReferenceDecodeScatter(*chunk, full.layout, span).ok());
+  ASSERT_TRUE(ReferenceDecodeScatter(*chunk, ranged.layout, span, LayerRange{1, 3}).ok());
+  HostCache untouched;
+  untouched.Init(CacheLayout::kVllmFlashAttnNHD, *d);
+  untouched.Poison(0x11);
+  for (uint32_t l = 0; l < 5; ++l) {
+    const bool in = l >= 1 && l < 3;
+    EXPECT_EQ(ranged.k_tensors[l], in ? full.k_tensors[l] : untouched.k_tensors[l]) << l;
+  }
+  EXPECT_EQ(ReferenceDecodeScatter(*chunk, ranged.layout, span, LayerRange{3, 6}).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(LayerRecordBytes, CoverEachSectionsRecordsOfTheRange) {
+  codec::Geometry g{4, 2, 64, 32, 16};
+  auto layout = codec::ComputeLayout(g, {DType::kBF16, codec::ScaleGranularity::kNone}, kFp8BH);
+  ASSERT_TRUE(layout.ok());
+  auto all = LayerRecordBytes(*layout, LayerRange{});
+  ASSERT_EQ(all.size(), 2u);
+  EXPECT_EQ(all[0].first, layout->k_offset);
+  EXPECT_EQ(all[0].second, layout->k_offset + layout->k.bytes);
+  EXPECT_EQ(all[1].first, layout->v_offset);
+  EXPECT_EQ(all[1].second, layout->v_offset + layout->v.bytes);
+  auto one = LayerRecordBytes(*layout, LayerRange{2, 3});
+  EXPECT_EQ(one[0].second - one[0].first, layout->k.layer_stride);
+  EXPECT_EQ(one[1].first, layout->v_offset + 2 * layout->v.layer_stride);
+}
+
 TEST(ReferenceGatherEncode, Fp8CachePassesCodesAndScalesThrough) {
   auto d = MakePagedKvLayout(CacheLayout::kSeparateHND, 2, 6, 16, 2, 64, DType::kBF16,
                              DType::kFP8E4M3);

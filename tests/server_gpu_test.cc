@@ -164,5 +164,147 @@ TEST_F(ServerGpuTest, StoreWithAMismatchedSpecIsInvalidArgumentAndLeaksNoSlot) {
   cudaFree(d_ids);
 }
 
+// A BF16 vLLM FlashAttention cache of 4 layers with 64-token chunks at
+// shuffled blocks, on the device, with its host copy.
+struct LayerCase {
+  static constexpr uint32_t kLayers = 4, kHeads = 2, kDim = 64, kBlock = 16, kTokens = 64;
+  static constexpr uint32_t kNeed = kTokens / kBlock, kChunks = 3, kBlocks = kChunks * kNeed + 4;
+  HostCache host;
+  DeviceCache dev;
+  std::vector<int32_t> ids;  // kChunks * kNeed
+  int32_t* d_ids = nullptr;
+  codec::ChunkSpec spec;
+
+  void Init(uint64_t seed) {
+    auto layout = kernels::MakePagedKvLayout(CacheLayout::kVllmFlashAttnNHD, kLayers, kBlocks,
+                                             kBlock, kHeads, kDim, codec::DType::kBF16,
+                                             codec::DType::kBF16);
+    ASSERT_TRUE(layout.ok());
+    host.Init(CacheLayout::kVllmFlashAttnNHD, *layout);
+    host.FillValues(Fill::kNormal, seed);
+    ids = kernels::testing::ShuffledBlocks(kBlocks, kChunks * kNeed, seed + 1);
+    KVTIER_ASSERT_CUDA(dev.Upload(host));
+    KVTIER_ASSERT_CUDA(cudaMalloc(&d_ids, ids.size() * 4));
+    KVTIER_ASSERT_CUDA(cudaMemcpy(d_ids, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice));
+    auto fmt = codec::ParseCodec("k16v8", codec::DType::kBF16);
+    ASSERT_TRUE(fmt.ok());
+    spec.geometry = {kLayers, kHeads, kDim, kTokens, kBlock};
+    spec.k = fmt->k;
+    spec.v = fmt->v;
+  }
+  ~LayerCase() { cudaFree(d_ids); }
+  BlockSpan Span(uint32_t chunk) const {
+    return BlockSpan{d_ids + chunk * kNeed, ids.data() + chunk * kNeed, kNeed, 0};
+  }
+  BlockSpan HostSpan(uint32_t chunk) const {
+    return BlockSpan{ids.data() + chunk * kNeed, ids.data() + chunk * kNeed, kNeed, 0};
+  }
+};
+
+TEST_F(ServerGpuTest, StoreByLayerRangesIsTheChunkOfOneStore) {
+  LayerCase c;
+  ASSERT_NO_FATAL_FAILURE(c.Init(31));
+  cudaStream_t a, b;
+  KVTIER_ASSERT_CUDA(cudaStreamCreate(&a));
+  KVTIER_ASSERT_CUDA(cudaStreamCreate(&b));
+  ASSERT_TRUE(io_->Store(TestKey(40), c.spec, c.dev.layout, c.Span(0), a).ok());
+  auto pending = io_->BeginStore(c.spec);
+  ASSERT_TRUE(pending.ok()) << pending.status();
+  PendingStore& p = **pending;
+  EXPECT_EQ(p.EncodeLayers(c.dev.layout, c.Span(0), {1, 2}, a).code(),
+            absl::StatusCode::kInvalidArgument);  // must start at layer 0
+  ASSERT_TRUE(p.EncodeLayers(c.dev.layout, c.Span(0), {0, 1}, a).ok());
+  EXPECT_EQ(p.Commit(TestKey(41)).code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(p.EncodeLayers(c.dev.layout, c.Span(0), {1, 3}, b).ok());
+  ASSERT_TRUE(p.EncodeLayers(c.dev.layout, c.Span(0), {3, kernels::LayerRange::kAllLayers}, b).ok());
+  ASSERT_TRUE(p.Commit(TestKey(41)).ok());
+  auto one = client_->Get(TestKey(40));
+  auto ranged = client_->Get(TestKey(41));
+  ASSERT_TRUE(one.ok() && ranged.ok());
+  EXPECT_TRUE(*one == *ranged);
+  // An abandoned store gives its slot back.
+  {
+    auto q = io_->BeginStore(c.spec);
+    ASSERT_TRUE(q.ok());
+    ASSERT_TRUE((*q)->EncodeLayers(c.dev.layout, c.Span(1), {0, 2}, a).ok());
+  }
+  EXPECT_EQ(client_->Get(TestKey(42)).status().code(), absl::StatusCode::kNotFound);
+  cudaStreamDestroy(a);
+  cudaStreamDestroy(b);
+}
+
+TEST_F(ServerGpuTest, LoadOfALayerRangeWritesOnlyThoseLayers) {
+  LayerCase c;
+  ASSERT_NO_FATAL_FAILURE(c.Init(32));
+  ASSERT_TRUE(io_->Store(TestKey(50), c.spec, c.dev.layout, c.Span(0), nullptr).ok());
+  auto chunk = client_->Get(TestKey(50));
+  ASSERT_TRUE(chunk.ok());
+  HostCache expect, got;
+  expect.Init(CacheLayout::kVllmFlashAttnNHD, c.host.layout);
+  got.Init(CacheLayout::kVllmFlashAttnNHD, c.host.layout);
+  expect.Poison(0x77);
+  got.Poison(0x77);
+  DeviceCache dst;
+  KVTIER_ASSERT_CUDA(dst.Upload(expect));
+  ASSERT_TRUE(kernels::ReferenceDecodeScatter(*chunk, expect.layout, c.HostSpan(0), {1, 3}).ok());
+  auto tier = io_->Load(TestKey(50), dst.layout, c.Span(0), nullptr, {1, 3});
+  ASSERT_TRUE(tier.ok()) << tier.status();
+  KVTIER_ASSERT_CUDA(dst.CopyTo(got));
+  for (uint32_t l = 0; l < LayerCase::kLayers; ++l) {
+    ASSERT_EQ(got.k_tensors[l], expect.k_tensors[l]) << "layer " << l;
+  }
+  EXPECT_EQ(io_->Load(TestKey(50), dst.layout, c.Span(0), nullptr, {3, 9}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(ServerGpuTest, LayerwiseLoadDecodesEveryFoundChunkAndReportsTheMissing) {
+  LayerCase c;
+  ASSERT_NO_FATAL_FAILURE(c.Init(33));
+  std::vector<LayerwiseChunk> chunks;
+  for (uint32_t i = 0; i < LayerCase::kChunks; ++i) {
+    ASSERT_TRUE(io_->Store(TestKey(60 + i), c.spec, c.dev.layout, c.Span(i), nullptr).ok());
+    chunks.push_back({TestKey(60 + i), c.Span(i)});
+  }
+  chunks.insert(chunks.begin() + 1, LayerwiseChunk{TestKey(69), c.Span(0)});  // a miss
+  HostCache expect, got;
+  expect.Init(CacheLayout::kVllmFlashAttnNHD, c.host.layout);
+  got.Init(CacheLayout::kVllmFlashAttnNHD, c.host.layout);
+  expect.Poison(0x21);
+  got.Poison(0x21);
+  DeviceCache dst;
+  KVTIER_ASSERT_CUDA(dst.Upload(expect));
+  for (uint32_t i = 0; i < LayerCase::kChunks; ++i) {
+    auto chunk = client_->Get(TestKey(60 + i));
+    ASSERT_TRUE(chunk.ok());
+    ASSERT_TRUE(kernels::ReferenceDecodeScatter(*chunk, expect.layout, c.HostSpan(i)).ok());
+  }
+  cudaStream_t load_stream, compute;
+  KVTIER_ASSERT_CUDA(cudaStreamCreate(&load_stream));
+  KVTIER_ASSERT_CUDA(cudaStreamCreate(&compute));
+  auto lw = io_->BeginLayerwiseLoad(chunks, dst.layout, /*layer_group=*/3, load_stream);
+  ASSERT_TRUE(lw.ok()) << lw.status();
+  EXPECT_EQ((*lw)->LayerEvent(2), (*lw)->LayerEvent(0));
+  EXPECT_NE((*lw)->LayerEvent(3), (*lw)->LayerEvent(0));
+  for (uint32_t l = 0; l < LayerCase::kLayers; ++l) ASSERT_TRUE((*lw)->WaitLayer(l, compute).ok());
+  EXPECT_EQ((*lw)->WaitLayer(4, compute).code(), absl::StatusCode::kInvalidArgument);
+  KVTIER_ASSERT_CUDA(cudaStreamSynchronize(compute));  // every layer is in
+  KVTIER_ASSERT_CUDA(dst.CopyTo(got));
+  for (uint32_t l = 0; l < LayerCase::kLayers; ++l) {
+    ASSERT_EQ(got.k_tensors[l], expect.k_tensors[l]) << "layer " << l;
+  }
+  ASSERT_TRUE((*lw)->Finish().ok());
+  const auto& r = (*lw)->results();
+  ASSERT_EQ(r.size(), 4u);
+  EXPECT_EQ(r[1].status().code(), absl::StatusCode::kNotFound);
+  for (size_t i : {0, 2, 3}) {
+    ASSERT_TRUE(r[i].ok()) << r[i].status();
+    EXPECT_EQ(*r[i], Tier::kDram);
+  }
+  // Finish released the holds: the chunks can be deleted.
+  for (uint32_t i = 0; i < LayerCase::kChunks; ++i) EXPECT_TRUE(client_->Delete(TestKey(60 + i)).ok());
+  cudaStreamDestroy(load_stream);
+  cudaStreamDestroy(compute);
+}
+
 }  // namespace
 }  // namespace kvtier::client

@@ -1,0 +1,195 @@
+#!/usr/bin/env python3
+"""Store and load of Llama-3.1-8B chunks between a paged GPU cache and a running
+kvtierd (kvtier._torch_gpu over libkvtier), against a pinned cudaMemcpy of the
+same encoded bytes measured in the same run.
+
+Chunk: 32 layers, 8 kv heads, head_dim 128, 256 tokens; vLLM FlashAttention NHD
+BF16 cache, block size 16. Single chunks (one call at a time) and batches of 32
+(stores from 4 threads on their own streams; loads as one layer-wise batch).
+
+Usage: gpu_daemon_bench.py SOCKET OUT.json   (libkvtier: $KVTIER_LIBRARY or the build)
+Prints and writes GB/s of encoded bytes and of 16-bit KV, and
+store_vs_pinned_memcpy / load_vs_pinned_memcpy (encoded GB/s over the pinned
+copy's GB/s: device-to-host for stores, host-to-device for loads).
+"""
+
+import concurrent.futures
+import ctypes
+import json
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent / "python"))
+sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1] / "python"))
+from kvtier import _torch_gpu as kg  # noqa: E402
+
+L, H, D, T, BS = 32, 8, 128, 256, 16
+BATCH = 32
+KV16_BYTES = 2 * L * T * H * D * 2  # K and V, 16-bit
+DEV = torch.device("cuda", 0)
+
+
+class _ClientOptions(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("socket_path", ctypes.c_char_p),
+                ("tcp_addr", ctypes.c_char_p), ("token", ctypes.c_char_p),
+                ("token_file", ctypes.c_char_p), ("timeout_ms", ctypes.c_int64),
+                ("shared_memory", ctypes.c_int32), ("max_data_connections", ctypes.c_int32),
+                ("populate_mapping", ctypes.c_int32)]
+
+
+def open_client(sock):
+    lib = kg._lib()
+    lib.kvtier_client_options_init.argtypes = [ctypes.POINTER(_ClientOptions)]
+    lib.kvtier_client_open.argtypes = [ctypes.POINTER(_ClientOptions), ctypes.POINTER(ctypes.c_void_p)]
+    o = _ClientOptions()
+    lib.kvtier_client_options_init(ctypes.byref(o))
+    o.socket_path = sock.encode()
+    o.populate_mapping = 1
+    h = ctypes.c_void_p()
+    if lib.kvtier_client_open(ctypes.byref(o), ctypes.byref(h)) != 0:
+        raise SystemExit(f"connect: {lib.kvtier_last_error().decode()}")
+    return h.value
+
+
+def chunk_size(client, key):
+    lib = kg._lib()
+    lib.kvtier_get.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint8),
+                               ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_void_p),
+                               ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_int)]
+    lib.kvtier_release.argtypes = [ctypes.c_void_p]
+    held, data, size, tier = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_uint64(), ctypes.c_int()
+    assert lib.kvtier_get(ctypes.c_void_p(client), kg._u8(key), ctypes.byref(held),
+                          ctypes.byref(data), ctypes.byref(size), ctypes.byref(tier)) == 0
+    lib.kvtier_release(held)
+    return size.value
+
+
+def delete(client, keys):
+    lib = kg._lib()
+    lib.kvtier_delete.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint8)]
+    for k in keys:
+        lib.kvtier_delete(ctypes.c_void_p(client), kg._u8(k))
+
+
+def key(tag, i):
+    return bytes([0xBE, tag]) + i.to_bytes(14, "big")
+
+
+def median(xs):
+    xs = sorted(xs)
+    return xs[len(xs) // 2]
+
+
+def pinned_copy_s(nbytes, n, to_device):
+    """Seconds of n pinned copies of nbytes each, one after another (median of 5 reps)."""
+    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    dev = torch.empty(nbytes, dtype=torch.uint8, device=DEV)
+    host.fill_(1)
+    times = []
+    for rep in range(6):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            if to_device:
+                dev.copy_(host, non_blocking=True)
+            else:
+                host.copy_(dev, non_blocking=True)
+        torch.cuda.synchronize()
+        if rep:
+            times.append(time.perf_counter() - t0)
+    return median(times)
+
+
+def main():
+    sock, out_path = sys.argv[1], sys.argv[2]
+    client = open_client(sock)
+    nb = BATCH * (T // BS) + 16
+    g = torch.Generator(device=DEV).manual_seed(1)
+    layers = [torch.randn((2, nb, BS, H, D), generator=g, device=DEV).to(torch.bfloat16)
+              for _ in range(L)]
+    cache = kg.PagedCache.from_vllm(layers, layout="flash_attn_nhd")
+    ids = [list(range(i * (T // BS), (i + 1) * (T // BS))) for i in range(BATCH)]
+    results = {"device": torch.cuda.get_device_name(DEV), "model": "Llama-3.1-8B",
+               "chunk": {"layers": L, "kv_heads": H, "head_dim": D, "tokens": T,
+                         "block_size": BS, "cache": "vllm flash_attn NHD bf16"},
+               "kv16_bytes_per_chunk": KV16_BYTES, "batch": BATCH, "codecs": {}}
+    streams = [torch.cuda.Stream(DEV) for _ in range(4)]
+    for ci, codec in enumerate(["k16v8", "k16v16"]):
+        tag = 0x10 * (ci + 1)
+        # Warm up (slot and workspace pools, the first CUDA calls).
+        for i in range(4):
+            kg.store(client, key(tag, 1000 + i), cache, ids[i], codec=codec)
+            kg.load(client, key(tag, 1000 + i), cache, ids[i])
+        enc = chunk_size(client, key(tag, 1000))
+        delete(client, [key(tag, 1000 + i) for i in range(4)])
+
+        reps = 3
+        single_store, single_load, batch_store, batch_load, batch_load_l1 = [], [], [], [], []
+        for rep in range(reps):
+            keys = [key(tag, rep * 100 + i) for i in range(BATCH)]
+            single_keys = [key(tag + 1, rep * 100 + i) for i in range(8)]
+            # Single chunks: one store at a time.
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for i in range(8):
+                kg.store(client, single_keys[i], cache, ids[i], codec=codec)
+            single_store.append((time.perf_counter() - t0) / 8)
+            # Batch: the rest from 4 threads, each on its own stream.
+            t0 = time.perf_counter()
+            with concurrent.futures.ThreadPoolExecutor(4) as ex:
+                list(ex.map(lambda i: kg.store(client, keys[i], cache, ids[i], codec=codec,
+                                               stream=streams[i % 4]), range(BATCH)))
+            batch_store.append((time.perf_counter() - t0) / BATCH)
+            # Single loads.
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for i in range(8):
+                kg.load(client, single_keys[i], cache, ids[i])
+            single_load.append((time.perf_counter() - t0) / 8)
+            # Batch loads, layer-wise (one group of all layers, and groups of one layer).
+            for group, acc in ((L, batch_load), (1, batch_load_l1)):
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                lw = kg.load_layerwise(client, keys, cache, ids, layer_group=group)
+                tiers = lw.finish()
+                acc.append((time.perf_counter() - t0) / BATCH)
+                assert all(t is not None for t in tiers), tiers
+            delete(client, keys + single_keys)
+
+        d2h_1 = pinned_copy_s(enc, 1, False)
+        h2d_1 = pinned_copy_s(enc, 1, True)
+        d2h_b = pinned_copy_s(enc, BATCH, False) / BATCH
+        h2d_b = pinned_copy_s(enc, BATCH, True) / BATCH
+
+        def entry(t, base):
+            return {"s_per_chunk": t, "encoded_GBps": enc / t / 1e9,
+                    "kv16_GBps": KV16_BYTES / t / 1e9, "pinned_memcpy_GBps": enc / base / 1e9,
+                    "vs_pinned_memcpy": base / t}
+
+        r = {"encoded_bytes_per_chunk": enc,
+             "store_single": entry(median(single_store), d2h_1),
+             "store_batch": entry(median(batch_store), d2h_b),
+             "load_single": entry(median(single_load), h2d_1),
+             "load_batch_layerwise_group32": entry(median(batch_load), h2d_b),
+             "load_batch_layerwise_group1": entry(median(batch_load_l1), h2d_b)}
+        r["store_vs_pinned_memcpy"] = {"single": r["store_single"]["vs_pinned_memcpy"],
+                                       "batch": r["store_batch"]["vs_pinned_memcpy"]}
+        r["load_vs_pinned_memcpy"] = {"single": r["load_single"]["vs_pinned_memcpy"],
+                                      "batch": r["load_batch_layerwise_group32"]["vs_pinned_memcpy"],
+                                      "batch_group1": r["load_batch_layerwise_group1"]["vs_pinned_memcpy"]}
+        results["codecs"][codec] = r
+        for name in ("store_single", "store_batch", "load_single", "load_batch_layerwise_group32",
+                     "load_batch_layerwise_group1"):
+            e = r[name]
+            print(f"{codec:7s} {name:30s} {e['encoded_GBps']:6.1f} GB/s encoded "
+                  f"{e['kv16_GBps']:6.1f} GB/s kv16  pinned {e['pinned_memcpy_GBps']:6.1f} GB/s "
+                  f"ratio {e['vs_pinned_memcpy']:.2f}", flush=True)
+    with open(out_path, "w") as f:
+        json.dump(results, f, indent=2)
+    kg.close_gpu(client)
+
+
+if __name__ == "__main__":
+    main()
