@@ -313,7 +313,7 @@ def main():
     # NVMe: the shutdown flush writes DRAM to NVMe; the restarted daemon's DRAM is empty.
     probe = prompt(16 * C + 1)
     reuse_for(codecs[0], client).prefill(probe, last_logits_only=True)
-    client.close()
+    close(client)
     res["daemon_stop_flush_s"] = daemon.stop()
     res["daemon_restart_s"] = daemon.start()
     client = kvtier.Client(socket=daemon.socket)
@@ -351,7 +351,7 @@ def main():
     res["k16v8_logits_rel_l2"] = f.get("k16v8_logits_rel_l2_mean")
     res["decode"] = decode(args, model, client, device, prompt, reuse_for)
 
-    client.close()
+    close(client)
     daemon.stop()
     shutil.rmtree(data_dir, ignore_errors=True)
     res["wall_s"] = time.perf_counter() - t0
@@ -361,6 +361,12 @@ def main():
     log(json.dumps({k: v for k, v in res.items() if k not in ("cases", "fidelity", "decode")},
                    indent=1))
     log(f"wrote {args.out}")
+
+
+def close(client):
+    if "close_gpu" in kvtier.torch.__all__:
+        kvtier.torch.close_gpu(client)  # unregisters the pool mapping from CUDA
+    client.close()
 
 
 def _plan_fields(plan, keys, ttft_load, ttft_recompute):

@@ -69,6 +69,8 @@ def daemon(tmp_path_factory):
 def client(daemon):
     with kvtier.Client(socket=daemon) as c:
         yield c
+        if "close_gpu" in kvtier.torch.__all__:
+            kvtier.torch.close_gpu(c)  # the pool's CUDA registration ends with the client
 
 
 @pytest.fixture(scope="module")
