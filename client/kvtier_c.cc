@@ -227,9 +227,10 @@ int kvtier_get(kvtier_client* c, const uint8_t key[16], kvtier_held** held, cons
     *size = hold->data.size();
     h->hold = *hold;
   } else {
-    auto got = c->impl->Get(k);
+    auto got = c->impl->GetWithTier(k);
     if (!got.ok()) return Fail(got.status());
-    h->copy = *std::move(got);
+    h->copy = std::move(got->first);
+    t = got->second;
     *data = h->copy.data();
     *size = h->copy.size();
   }
@@ -329,7 +330,7 @@ void kvtier_model_identity_init(kvtier_model_identity* id) {
   *id = kvtier_model_identity{};
   id->struct_size = sizeof(kvtier_model_identity);
   id->dtype = "bf16";
-  id->kv_layout = "vllm-flash-nhd";
+  id->kv_layout = "nhd";
   id->codec = "k16v8";
   id->tp_world_size = 1;
   id->tp_rank = 0;

@@ -149,7 +149,7 @@ typedef struct kvtier_model_identity {
 } kvtier_model_identity;
 
 /* Fills `id` with the CLI's defaults (`kvtier keys`): dtype "bf16",
- * kv_layout "vllm-flash-nhd", codec "k16v8", tp 1/0. */
+ * kv_layout "nhd", codec "k16v8", tp 1/0. */
 KVTIER_C_EXPORT void kvtier_model_identity_init(kvtier_model_identity* id);
 KVTIER_C_EXPORT int kvtier_fingerprint(const kvtier_model_identity* id, uint8_t out[16]);
 /* Keys of the full chunks of tokens[0..n) (and of a trailing partial chunk

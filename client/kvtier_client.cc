@@ -328,6 +328,10 @@ class ClientImpl final : public KvtierClient {
     req.set_version(kProtocolVersion);
     pb::HealthResponse resp;
     grpc::Status s = stub_->Health(&ctx, req, &resp);
+    if (s.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
+      return absl::UnauthenticatedError(
+          absl::StrCat("kvtierd at ", Target(), " refused the token: ", s.error_message()));
+    }
     if (!s.ok()) {
       return absl::UnavailableError(absl::StrCat("kvtierd not reachable at ", Target(), ": ",
                                                  s.error_message()));
@@ -568,6 +572,12 @@ class ClientImpl final : public KvtierClient {
     std::vector<uint8_t> out;
     KVTIER_RETURN_IF_ERROR(GetImpl(key, nullptr, &out).status());
     return out;
+  }
+
+  absl::StatusOr<std::pair<std::vector<uint8_t>, Tier>> GetWithTier(const Hash128& key) override {
+    std::vector<uint8_t> out;
+    KVTIER_ASSIGN_OR_RETURN(auto got, GetImpl(key, nullptr, &out));
+    return std::make_pair(std::move(out), got.second);
   }
 
   absl::StatusOr<std::pair<uint64_t, Tier>> GetInto(const Hash128& key,

@@ -195,6 +195,13 @@ class KvtierClient {
   // client's own calls that could see the pin (Put, Delete, Pin, Release,
   // Prefetch, Stats, slot calls) wait for it first.
   virtual absl::StatusOr<std::vector<uint8_t>> Get(const Hash128& key) = 0;
+  // Get, and the tier the chunk came from (kUnknown where the client cannot
+  // tell).
+  virtual absl::StatusOr<std::pair<std::vector<uint8_t>, Tier>> GetWithTier(const Hash128& key) {
+    auto bytes = Get(key);
+    if (!bytes.ok()) return bytes.status();
+    return std::make_pair(*std::move(bytes), Tier::kUnknown);
+  }
   // Copies the chunk into `out` and returns its length and tier.
   // InvalidArgument if `out` is too small.
   virtual absl::StatusOr<std::pair<uint64_t, Tier>> GetInto(const Hash128& key,

@@ -49,7 +49,12 @@ Hash128 Hash128::Of(std::span<const uint8_t> data, uint64_t seed) {
 }
 
 Hash128 Hash128::OfParts(std::initializer_list<std::span<const uint8_t>> parts, uint64_t seed) {
+  // A state on the stack must be initialized before a seeded reset: the
+  // reset skips deriving the secret from the seed when the state's stale
+  // seed field already equals `seed`, and would then hash with whatever
+  // bytes the stack held (xxhash.h, XXH3_INITSTATE).
   XXH3_state_t state;
+  XXH3_INITSTATE(&state);
   XXH3_128bits_reset_withSeed(&state, seed);
   for (std::span<const uint8_t> p : parts) XXH3_128bits_update(&state, p.data(), p.size());
   return Canonical(XXH3_128bits_digest(&state));

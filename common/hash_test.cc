@@ -1,6 +1,8 @@
 #include "common/hash.h"
 
+#include <span>
 #include <unordered_set>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -9,6 +11,34 @@ namespace kvtier {
 namespace {
 
 using ::testing::HasSubstr;
+
+// Fills the stack below the caller so that an XXH3_state_t (64-byte
+// aligned) that the next call at the same depth puts there starts with a
+// stale seed field equal to the seed it is reset with (byte 552 of the
+// state, word 5 of its 64-byte line), no external secret and a zeroed
+// custom secret.
+[[gnu::noinline]] uint64_t PoisonStack(uint64_t seed) {
+  alignas(64) volatile uint64_t words[4096];
+  for (size_t i = 0; i < 4096; ++i) words[i] = i % 8 == 5 ? seed : 0;
+  return words[13];
+}
+
+[[gnu::noinline]] Hash128 HashInParts(std::span<const uint8_t> a, std::span<const uint8_t> b,
+                                      uint64_t seed) {
+  return Hash128::OfParts({a, b}, seed);
+}
+
+TEST(Hash128, OfPartsIgnoresStaleStackState) {
+  const uint64_t seed = 0x6b7674696572'4b59ull;
+  std::vector<uint8_t> data(1100);
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<uint8_t>(i * 7);
+  const Hash128 want = Hash128::Of(data, seed);
+  const std::span<const uint8_t> all(data);
+  for (int round = 0; round < 8; ++round) {
+    EXPECT_EQ(PoisonStack(seed), seed);
+    EXPECT_EQ(HashInParts(all.first(16), all.subspan(16), seed), want) << "round " << round;
+  }
+}
 
 TEST(Hash128, HexRoundTrips) {
   Hash128 h = Hash128::Of(std::string_view("kvtier"), 7);

@@ -1,0 +1,229 @@
+"""Loads libkvtier.so (the C API of client/kvtier_c.h) with ctypes.
+
+ctypes instead of a compiled extension: one build of libkvtier serves every
+Python version (the CI machine's 3.11, the GPU machine's 3.12) with no
+per-interpreter build step, and the C API is small and stable
+(kvtier_abi_version). Every call releases the GIL while it runs.
+
+Search order for the library: $KVTIER_LIBRARY, kvtier/_lib/libkvtier.so
+inside the installed package, then the build folders of the source tree this
+package sits in (build/, build-dev/, ...).
+"""
+from __future__ import annotations
+
+import ctypes
+import glob
+import os
+import threading
+from ctypes import (POINTER, c_char, c_char_p, c_double, c_int, c_int32,
+                    c_int64, c_size_t, c_uint8, c_uint16, c_uint32, c_uint64,
+                    c_void_p)
+
+ABI_VERSION = 1
+
+_here = os.path.dirname(os.path.abspath(__file__))
+
+
+def _candidates():
+    env = os.environ.get("KVTIER_LIBRARY")
+    if env:
+        yield env
+        return
+    yield os.path.join(_here, "_lib", "libkvtier.so")
+    repo = os.path.dirname(os.path.dirname(_here))
+    for pattern in ("build/client/libkvtier.so", "build*/client/libkvtier.so"):
+        for path in sorted(glob.glob(os.path.join(repo, pattern))):
+            yield path
+
+
+class ClientOptions(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_size_t),
+        ("socket_path", c_char_p),
+        ("tcp_addr", c_char_p),
+        ("token", c_char_p),
+        ("token_file", c_char_p),
+        ("timeout_ms", c_int64),
+        ("shared_memory", c_int32),
+        ("max_data_connections", c_int32),
+        ("populate_mapping", c_int32),
+    ]
+
+
+class LoadPlanC(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_size_t),
+        ("hits", c_size_t),
+        ("load_chunks", c_size_t),
+        ("load_chunks_us", c_double),
+        ("saved_us", c_double),
+        ("tiers", POINTER(c_uint8)),
+        ("chunk_bytes", POINTER(c_uint64)),
+        ("load_us", POINTER(c_double)),
+    ]
+
+
+class ModelIdentityC(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_size_t),
+        ("model_id", c_char_p),
+        ("revision", c_char_p),
+        ("dtype", c_char_p),
+        ("kv_layout", c_char_p),
+        ("codec", c_char_p),
+        ("tp_world_size", c_uint32),
+        ("tp_rank", c_uint32),
+    ]
+
+
+class ChunkSpecC(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_size_t),
+        ("fingerprint", c_uint8 * 16),
+        ("num_layers", c_uint32),
+        ("num_kv_heads", c_uint32),
+        ("head_dim", c_uint32),
+        ("num_tokens", c_uint32),
+        ("block_size", c_uint32),
+        ("dtype", c_char_p),
+        ("codec", c_char_p),
+    ]
+
+
+class ChunkInfoC(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_size_t),
+        ("fingerprint", c_uint8 * 16),
+        ("num_layers", c_uint32),
+        ("num_kv_heads", c_uint32),
+        ("head_dim", c_uint32),
+        ("num_tokens", c_uint32),
+        ("block_size", c_uint32),
+        ("dtype", c_char * 8),
+        ("codec", c_char * 64),
+        ("total_bytes", c_uint64),
+    ]
+
+
+_KEY = POINTER(c_uint8)
+
+_SIGNATURES = {
+    "kvtier_abi_version": (c_int, []),
+    "kvtier_version": (c_char_p, []),
+    "kvtier_last_error": (c_char_p, []),
+    "kvtier_free": (None, [c_void_p]),
+    "kvtier_has_cuda": (c_int, []),
+    "kvtier_client_options_init": (None, [POINTER(ClientOptions)]),
+    "kvtier_client_open": (c_int, [POINTER(ClientOptions), POINTER(c_void_p)]),
+    "kvtier_client_close": (None, [c_void_p]),
+    "kvtier_client_uses_shared_memory": (c_int, [c_void_p]),
+    "kvtier_put": (c_int, [c_void_p, _KEY, c_void_p, c_uint64, c_int]),
+    "kvtier_get": (c_int, [c_void_p, _KEY, POINTER(c_void_p), POINTER(c_void_p),
+                           POINTER(c_uint64), POINTER(c_int)]),
+    "kvtier_release": (c_int, [c_void_p]),
+    "kvtier_delete": (c_int, [c_void_p, _KEY]),
+    "kvtier_lookup": (c_int, [c_void_p, _KEY, c_size_t, POINTER(c_uint8), POINTER(c_size_t)]),
+    "kvtier_plan_load": (c_int, [c_void_p, _KEY, c_size_t, c_double, c_uint32,
+                                 POINTER(LoadPlanC)]),
+    "kvtier_prefetch": (c_int, [c_void_p, _KEY, c_size_t, c_uint32, POINTER(c_int)]),
+    "kvtier_stats_json": (c_int, [c_void_p, POINTER(c_void_p)]),
+    "kvtier_model_identity_init": (None, [POINTER(ModelIdentityC)]),
+    "kvtier_fingerprint": (c_int, [POINTER(ModelIdentityC), _KEY]),
+    "kvtier_chunk_keys": (c_int, [_KEY, POINTER(c_uint32), c_size_t, c_uint32, c_int, _KEY,
+                                  POINTER(c_size_t)]),
+    "kvtier_chunk_bytes": (c_int, [POINTER(ChunkSpecC), POINTER(c_uint64)]),
+    "kvtier_encode_chunk": (c_int, [POINTER(ChunkSpecC), c_void_p, c_void_p, c_void_p,
+                                    c_uint64]),
+    "kvtier_chunk_inspect": (c_int, [c_void_p, c_uint64, POINTER(ChunkInfoC)]),
+    "kvtier_decode_chunk": (c_int, [c_void_p, c_uint64, c_void_p, c_void_p, c_uint64]),
+    "kvtier_decode_chunk_layers": (c_int, [c_void_p, c_uint64, c_uint32, c_uint32, c_void_p,
+                                           c_void_p, c_uint64]),
+}
+
+_lock = threading.Lock()
+_lib = None
+
+
+def load():
+    """The loaded library (loaded once). ImportError naming every place tried."""
+    global _lib
+    with _lock:
+        if _lib is not None:
+            return _lib
+        tried = []
+        for path in _candidates():
+            if not os.path.exists(path):
+                tried.append(f"{path} (absent)")
+                continue
+            try:
+                lib = ctypes.CDLL(path)
+            except OSError as e:
+                tried.append(f"{path} ({e})")
+                continue
+            for name, (restype, argtypes) in _SIGNATURES.items():
+                fn = getattr(lib, name)
+                fn.restype = restype
+                fn.argtypes = argtypes
+            abi = lib.kvtier_abi_version()
+            if abi != ABI_VERSION:
+                tried.append(f"{path} (ABI {abi}, this package needs {ABI_VERSION})")
+                continue
+            lib.path = path
+            _lib = lib
+            return lib
+        raise ImportError("kvtier: libkvtier.so not found or unusable; set KVTIER_LIBRARY. Tried: "
+                          + "; ".join(tried))
+
+
+def last_error() -> str:
+    msg = load().kvtier_last_error()
+    return msg.decode("utf-8", "replace") if msg else ""
+
+
+def check(rc: int) -> None:
+    """Raises the exception for a non-zero status of the C API."""
+    if rc != 0:
+        from kvtier.errors import error_for
+        raise error_for(rc, last_error())
+
+
+def key_arg(key: bytes):
+    """A ctypes pointer to the 16 bytes of `key` (bytes, already checked)."""
+    return ctypes.cast(ctypes.c_char_p(key), _KEY)
+
+
+def keys_arg(keys: list[bytes]):
+    joined = b"".join(keys)
+    buf = (c_uint8 * max(1, len(joined))).from_buffer_copy(joined or b"\0")
+    return buf
+
+
+def buffer_address(obj, writable: bool = False):
+    """(address, nbytes, keepalive) of a C-contiguous buffer-protocol object.
+
+    Writable buffers and bytes are passed in place; another read-only buffer
+    is copied once (ctypes cannot take its address). Keep `keepalive` alive
+    for as long as the address is used."""
+    mv = memoryview(obj)
+    if not mv.c_contiguous:
+        raise ValueError("buffer is not C-contiguous")
+    n = mv.nbytes
+    if n == 0:
+        return None, 0, mv
+    if isinstance(obj, bytes):
+        if writable:
+            raise ValueError("bytes are read-only")
+        return ctypes.cast(ctypes.c_char_p(obj), c_void_p).value, n, obj
+    if mv.readonly:
+        if writable:
+            raise ValueError("buffer is read-only")
+        copy = (c_char * n).from_buffer_copy(mv.cast("B"))
+        return ctypes.addressof(copy), n, copy
+    flat = mv.cast("B")
+    arr = (c_char * n).from_buffer(flat)
+    return ctypes.addressof(arr), n, (arr, flat)
+
+
+__all__ = ["load", "check", "last_error", "ClientOptions", "LoadPlanC", "ModelIdentityC",
+           "ChunkSpecC", "ChunkInfoC", "key_arg", "keys_arg", "buffer_address", "c_uint16",
+           "c_uint32"]

@@ -1,0 +1,282 @@
+"""kvtier.Client: a connection to kvtierd (libkvtier's KvtierClient).
+
+Over the daemon's Unix socket chunk bytes move through its shared-memory pool:
+a put copies into a pool slot, a get hands out the chunk where it lies in the
+pool (zero-copy, pinned in the daemon until released). Over TCP (addr=) bytes
+travel inline and a bearer token is required.
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+from kvtier import _native
+from kvtier.errors import KvtierError
+from kvtier.keys import Key, as_key
+
+TIER_NAMES = {0: "unknown", 1: "hbm", 2: "dram", 3: "nvme", 4: "remote"}
+
+
+class _Hold:
+    """Owns one kvtier_held handle; releases it when released or collected.
+    The ctypes array that maps the chunk's bytes references it, so the hold
+    outlives every view of those bytes."""
+
+    __slots__ = ("_handle", "_lib", "__weakref__")
+
+    def __init__(self, handle, lib):
+        self._handle = handle
+        self._lib = lib
+
+    def release(self) -> None:
+        handle, self._handle = self._handle, None
+        if handle:
+            _native.check(self._lib.kvtier_release(handle))
+
+    def __del__(self):
+        handle, self._handle = self._handle, None
+        if handle:
+            self._lib.kvtier_release(handle)
+
+
+class Chunk:
+    """A chunk read from kvtierd. `data` is a read-only memoryview of its bytes:
+    in place in the daemon's pool when the client maps it (the chunk stays
+    pinned there until release()), else a private copy. The checksums of the
+    bytes were verified when it was read.
+
+    The hold lasts while any view of the bytes exists: release() (or the end
+    of a `with` block) drops the chunk's own view, and the hold ends as soon
+    as no slice or array made from `data` is left. A view can never outlive
+    the bytes it shows."""
+
+    def __init__(self, hold: _Hold, address: int, size: int, tier: str):
+        arr = (ctypes.c_ubyte * size).from_address(address) if size else (ctypes.c_ubyte * 0)()
+        arr._kvtier_hold = hold  # the hold lives as long as the bytes are viewed
+        self._hold = hold
+        self._view = memoryview(arr).cast("B").toreadonly()
+        self.tier = tier
+        self.size = size
+
+    @property
+    def data(self) -> memoryview:
+        if self._view is None:
+            raise ValueError("chunk was released")
+        return self._view
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __bytes__(self) -> bytes:
+        return bytes(self.data)
+
+    def release(self) -> None:
+        """Drops this chunk's view of its bytes. The hold ends at once when no
+        other view of them exists, else when the last one is gone."""
+        if self._view is None:
+            return
+        view, self._view = self._view, None
+        hold, self._hold = self._hold, None
+        try:
+            view.release()
+        except BufferError:
+            pass  # views exported from it keep the bytes, and the hold, alive
+        del view, hold
+
+    def __enter__(self) -> "Chunk":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        state = "released" if self._view is None else f"{self.size} bytes"
+        return f"<kvtier.Chunk {state} from {self.tier}>"
+
+
+@dataclass
+class LoadPlan:
+    """The cached prefix of a request and what loading it costs.
+
+    hits: leading keys that are cached; tiers/chunk_bytes/load_us: per hit.
+    load_chunks: leading hits worth loading rather than recomputing (with a
+    prefill rate; without one, every hit); load_chunks_us: their estimated
+    load time; saved_us: the recompute time that loading them saves."""
+    hits: int
+    load_chunks: int
+    load_chunks_us: float
+    saved_us: float
+    tiers: list = field(default_factory=list)
+    chunk_bytes: list = field(default_factory=list)
+    load_us: list = field(default_factory=list)
+
+
+class Client:
+    """A client of kvtierd; safe to share between threads.
+
+    socket: the daemon's Unix socket (default ./kvtier-data/kvtierd.sock);
+    addr: "HOST:PORT" of its TCP listener instead (bytes travel inline);
+    token / token_file: the bearer token (required on TCP);
+    timeout_ms: deadline of each call; shared_memory: map the daemon's pool
+    (Unix socket only). Raises Unavailable if the daemon does not answer."""
+
+    def __init__(self, socket: Optional[str] = None, addr: Optional[str] = None,
+                 token: Optional[str] = None, token_file: Optional[str] = None,
+                 timeout_ms: int = 60000, shared_memory: bool = True,
+                 max_data_connections: Optional[int] = None):
+        self._lib = _native.load()
+        opts = _native.ClientOptions()
+        self._lib.kvtier_client_options_init(ctypes.byref(opts))
+        if socket is not None:
+            opts.socket_path = os.fsencode(socket)
+        if addr is not None:
+            opts.tcp_addr = addr.encode()
+        if token is not None:
+            opts.token = token.encode()
+        if token_file is not None:
+            opts.token_file = os.fsencode(token_file)
+        opts.timeout_ms = int(timeout_ms)
+        opts.shared_memory = 1 if shared_memory else 0
+        if max_data_connections is not None:
+            opts.max_data_connections = int(max_data_connections)
+        handle = ctypes.c_void_p()
+        self._handle = None
+        _native.check(self._lib.kvtier_client_open(ctypes.byref(opts), ctypes.byref(handle)))
+        self._handle = handle
+
+    # -- lifetime --
+    def close(self) -> None:
+        """Closes the connection. Chunks still held keep their holds until
+        released; do not use them after close."""
+        handle, self._handle = self._handle, None
+        if handle:
+            self._lib.kvtier_client_close(handle)
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _h(self):
+        if not self._handle:
+            raise ValueError("client is closed")
+        return self._handle
+
+    @property
+    def uses_shared_memory(self) -> bool:
+        return bool(self._lib.kvtier_client_uses_shared_memory(self._h()))
+
+    # -- chunks --
+    def put(self, key: Key, data, durable: bool = False) -> None:
+        """Stores an encoded chunk (any contiguous buffer). The daemon verifies
+        it first: InvalidArgument / DataLoss for bad bytes. durable: return
+        only once it is committed on the NVMe tier."""
+        k = as_key(key)
+        addr, n, keep = _native.buffer_address(data)
+        _native.check(self._lib.kvtier_put(self._h(), _native.key_arg(k), addr, n, int(durable)))
+        del keep
+
+    def get(self, key: Key) -> Chunk:
+        """The chunk's bytes, verified (see Chunk). NotFound on a miss,
+        DataLoss if the stored chunk is corrupt (the daemon drops it)."""
+        k = as_key(key)
+        held = ctypes.c_void_p()
+        data = ctypes.c_void_p()
+        size = ctypes.c_uint64()
+        tier = ctypes.c_int()
+        _native.check(self._lib.kvtier_get(self._h(), _native.key_arg(k), ctypes.byref(held),
+                                           ctypes.byref(data), ctypes.byref(size),
+                                           ctypes.byref(tier)))
+        hold = _Hold(held, self._lib)
+        return Chunk(hold, data.value or 0, size.value, TIER_NAMES.get(tier.value, "unknown"))
+
+    def get_bytes(self, key: Key) -> bytes:
+        """A copy of the chunk's bytes (get + release)."""
+        with self.get(key) as chunk:
+            return bytes(chunk.data)
+
+    def delete(self, key: Key) -> None:
+        _native.check(self._lib.kvtier_delete(self._h(), _native.key_arg(as_key(key))))
+
+    # -- lookups --
+    def lookup(self, keys: Sequence[Key]) -> list[str]:
+        """Fastest tier of each key of the longest cached prefix of `keys`
+        (keys in prefix order); its length is the number of cached chunks."""
+        ks = [as_key(k) for k in keys]
+        tiers = (ctypes.c_uint8 * max(1, len(ks)))()
+        hits = ctypes.c_size_t()
+        _native.check(self._lib.kvtier_lookup(self._h(), _native.keys_arg(ks), len(ks), tiers,
+                                              ctypes.byref(hits)))
+        return [TIER_NAMES.get(tiers[i], "unknown") for i in range(hits.value)]
+
+    def plan_load(self, keys: Sequence[Key], prefill_tokens_per_s: float = 0.0,
+                  tokens_per_chunk: int = 256) -> LoadPlan:
+        """The cached prefix with each hit's size and estimated load time;
+        with the engine's prefill rate, how many leading hits are worth
+        loading rather than recomputing."""
+        ks = [as_key(k) for k in keys]
+        n = max(1, len(ks))
+        tiers = (ctypes.c_uint8 * n)()
+        sizes = (ctypes.c_uint64 * n)()
+        load_us = (ctypes.c_double * n)()
+        p = _native.LoadPlanC()
+        p.struct_size = ctypes.sizeof(p)
+        p.tiers = tiers
+        p.chunk_bytes = sizes
+        p.load_us = load_us
+        _native.check(self._lib.kvtier_plan_load(self._h(), _native.keys_arg(ks), len(ks),
+                                                 float(prefill_tokens_per_s),
+                                                 int(tokens_per_chunk), ctypes.byref(p)))
+        h = p.hits
+        return LoadPlan(h, p.load_chunks, p.load_chunks_us, p.saved_us,
+                        [TIER_NAMES.get(tiers[i], "unknown") for i in range(h)],
+                        [sizes[i] for i in range(h)], [load_us[i] for i in range(h)])
+
+    def prefetch(self, keys: Sequence[Key], deadline_ms: int = 1000) -> bool:
+        """Moves present chunks into DRAM; True if all arrived in time."""
+        ks = [as_key(k) for k in keys]
+        done = ctypes.c_int()
+        _native.check(self._lib.kvtier_prefetch(self._h(), _native.keys_arg(ks), len(ks),
+                                                int(deadline_ms), ctypes.byref(done)))
+        return bool(done.value)
+
+    def stats(self) -> dict:
+        """{"tiers": [{"tier", "capacity_bytes", "used_bytes", "chunks",
+        "read_bytes_per_s", "write_bytes_per_s"}], "counters": {name: n}}"""
+        out = ctypes.c_void_p()
+        _native.check(self._lib.kvtier_stats_json(self._h(), ctypes.byref(out)))
+        try:
+            return json.loads(ctypes.string_at(out.value).decode())
+        finally:
+            self._lib.kvtier_free(out)
+
+    # -- GPU paged caches (kvtier.torch) --
+    def store(self, key: Key, cache, block_ids, codec: str = "k16v8", **kwargs) -> None:
+        """Encodes the tokens at `block_ids` of a GPU paged cache straight into
+        the daemon's pool and stores them as `key` (kvtier.torch.store)."""
+        from kvtier import torch as kt
+        kt.store(self, key, cache, block_ids, codec=codec, **kwargs)
+
+    def load(self, key: Key, cache, block_ids, **kwargs) -> str:
+        """Decodes chunk `key` from the daemon's pool into the GPU paged cache
+        at `block_ids`; returns the tier it came from (kvtier.torch.load)."""
+        from kvtier import torch as kt
+        return kt.load(self, key, cache, block_ids, **kwargs)
+
+    @property
+    def handle(self):
+        """The C handle (kvtier_client*), for kvtier.torch."""
+        return self._h()
+
+
+__all__ = ["Client", "Chunk", "LoadPlan", "TIER_NAMES", "KvtierError"]

@@ -1,0 +1,286 @@
+"""kvtier.Client against a real kvtierd: put/get/lookup/plan/stats, keys equal
+to the CLI's, errors, hostile input, and a killed daemon."""
+from __future__ import annotations
+
+import os
+import random
+import re
+import struct
+import subprocess
+
+import pytest
+
+import kvtier
+from kvtier import codec
+
+FP = kvtier.ModelIdentity("test/model", codec="k16v16").fingerprint()
+
+
+def bf16_bits(n: int, seed: int) -> bytes:
+    """n bf16 values in [-2, 2) as raw bits (the top half of float32s)."""
+    rnd = random.Random(seed)
+    floats = struct.pack(f"<{n}f", *(rnd.uniform(-2, 2) for _ in range(n)))
+    return b"".join(floats[i + 2:i + 4] for i in range(0, len(floats), 4))
+
+
+def make_chunk(seed: int = 0, codec_name: str = "k16v16", tokens: int = 32, layers: int = 2):
+    spec = codec.ChunkSpec(FP, num_layers=layers, num_kv_heads=2, head_dim=64,
+                           num_tokens=tokens, block_size=16, codec=codec_name)
+    k = bf16_bits(spec.elements, seed)
+    v = bf16_bits(spec.elements, seed + 1000)
+    return spec, k, v, bytes(codec.encode_chunk(spec, k, v))
+
+
+def key_of(i: int) -> bytes:
+    return kvtier.chunk_keys(FP, [i] * 16, chunk_tokens=16)[0]
+
+
+def test_put_get_round_trip_zero_copy(daemon):
+    spec, k, v, chunk = make_chunk()
+    with kvtier.Client(socket=daemon.socket) as c:
+        assert c.uses_shared_memory
+        c.put(key_of(1), chunk)
+        with c.get(key_of(1)) as got:
+            assert got.tier == "dram"
+            assert len(got) == len(chunk)
+            assert got.data.readonly
+            assert bytes(got.data) == chunk
+            info, k2, v2 = codec.decode_chunk(got.data)
+        assert (info.num_layers, info.num_tokens, info.codec) == (2, 32, "k16v16")
+        assert bytes(k2) == k and bytes(v2) == v  # k16v16 is lossless
+        # The same key given as hex.
+        assert c.get_bytes(kvtier.key_hex(key_of(1))) == chunk
+
+
+def test_get_miss_is_not_found(daemon):
+    with kvtier.Client(socket=daemon.socket) as c:
+        with pytest.raises(kvtier.NotFound) as e:
+            c.get(key_of(99))
+        assert e.value.code == 5
+        assert isinstance(e.value, KeyError) and isinstance(e.value, kvtier.KvtierError)
+        assert e.value.reason
+
+
+def test_lookup_plan_delete_stats(daemon):
+    keys = [key_of(i) for i in range(4)]
+    with kvtier.Client(socket=daemon.socket) as c:
+        for i in (0, 1, 3):  # a hole at 2: the cached prefix is 2 chunks
+            c.put(keys[i], make_chunk(seed=i)[3])
+        assert c.lookup(keys) == ["dram", "dram"]
+        assert c.lookup([]) == []
+        plan = c.plan_load(keys, prefill_tokens_per_s=1000.0, tokens_per_chunk=32)
+        assert plan.hits == 2 and plan.tiers == ["dram", "dram"]
+        assert plan.chunk_bytes == [len(make_chunk()[3])] * 2
+        assert all(us > 0 for us in plan.load_us)
+        # At 1000 tokens/s a 32-token chunk costs 32 ms to recompute: loading
+        # a small chunk from DRAM pays.
+        assert plan.load_chunks == 2 and plan.saved_us > plan.load_chunks_us
+        stats = c.stats()
+        dram = [t for t in stats["tiers"] if t["tier"] == "dram"][0]
+        assert dram["chunks"] == 3 and dram["used_bytes"] > 0
+        assert isinstance(stats["counters"], dict)
+        c.delete(keys[1])
+        assert c.lookup(keys) == ["dram"]
+        with pytest.raises(kvtier.NotFound):
+            c.delete(keys[1])
+
+
+def test_prefetch_from_nvme(daemon):
+    with kvtier.Client(socket=daemon.socket) as c:
+        c.put(key_of(7), make_chunk(seed=7)[3], durable=True)
+        assert c.prefetch([key_of(7)], deadline_ms=5000)
+        assert c.lookup([key_of(7)]) == ["dram"]
+
+
+def test_prefix_keys_match_cli(kvtier_cli):
+    tokens = list(range(1000, 1600))
+    cases = [
+        dict(),
+        dict(codec="k16v16", kv_layout="hnd", dtype="fp16", revision="abc", tp_world_size=2,
+             tp_rank=1),
+    ]
+    for kw in cases:
+        for chunk_tokens, partial in ((256, False), (128, True)):
+            ours = kvtier.prefix_keys("meta-llama/Llama-3.1-8B", tokens, chunk_tokens,
+                                      partial=partial, **kw)
+            args = [kvtier_cli, "keys", "--model-id", "meta-llama/Llama-3.1-8B", "--tokens",
+                    ",".join(map(str, tokens)), "--chunk-tokens", str(chunk_tokens)]
+            flags = {"codec": "--codec", "kv_layout": "--kv-layout", "dtype": "--dtype",
+                     "revision": "--revision", "tp_world_size": "--tp-size",
+                     "tp_rank": "--tp-rank"}
+            for name, value in kw.items():
+                args += [flags[name], str(value)]
+            if partial:
+                args.append("--partial")
+            out = subprocess.run(args, check=True, capture_output=True, text=True).stdout
+            cli = re.findall(r"^chunk \d+ ([0-9a-f]{32})$", out, re.M)
+            assert [kvtier.key_hex(k) for k in ours] == cli
+            assert len(cli) == len(tokens) // chunk_tokens + (1 if partial else 0)
+
+
+def test_prefix_keys_chain():
+    tokens = list(range(512))
+    a = kvtier.prefix_keys("m", tokens)
+    b = kvtier.prefix_keys("m", tokens[:256] + [7] * 256)
+    assert a[0] == b[0] and a[1] != b[1]  # same first chunk, different second
+    assert kvtier.prefix_keys("other", tokens)[0] != a[0]
+    assert kvtier.prefix_keys("m", tokens[:255]) == []
+
+
+def test_hostile_keys_and_arguments(daemon):
+    with kvtier.Client(socket=daemon.socket) as c:
+        for bad in (b"short", b"x" * 17, "zz" * 16, "abc", ""):
+            with pytest.raises(kvtier.InvalidArgument):
+                c.get(bad)
+        with pytest.raises(TypeError):
+            c.get(12345)
+        with pytest.raises(TypeError):
+            c.put(key_of(1), 12345)
+        with pytest.raises(kvtier.InvalidArgument):
+            kvtier.prefix_keys("m", [-1, 2, 3])
+        with pytest.raises(kvtier.InvalidArgument):
+            kvtier.prefix_keys("m", [2**32])
+        with pytest.raises(kvtier.InvalidArgument):
+            kvtier.prefix_keys("m", [1, 2], chunk_tokens=0)
+        with pytest.raises(kvtier.InvalidArgument):
+            kvtier.prefix_keys("", [1, 2])  # empty model id
+        with pytest.raises(kvtier.InvalidArgument):
+            kvtier.ModelIdentity("m", tp_world_size=1, tp_rank=1).fingerprint()
+
+
+def test_put_rejects_bad_chunks_and_keeps_good_ones(daemon):
+    spec, k, v, chunk = make_chunk()
+    with kvtier.Client(socket=daemon.socket) as c:
+        c.put(key_of(1), chunk)
+        with pytest.raises(kvtier.InvalidArgument):
+            c.put(key_of(2), b"not a chunk" * 20)
+        with pytest.raises(kvtier.KvtierError):
+            c.put(key_of(2), b"")
+        with pytest.raises(kvtier.KvtierError):
+            c.put(key_of(2), chunk[:-1])  # truncated
+        flipped = bytearray(chunk)
+        flipped[-10] ^= 0x40  # a payload bit: the V checksum no longer matches
+        with pytest.raises(kvtier.DataLoss):
+            c.put(key_of(2), flipped)
+        oversized = chunk + b"\0" * 64
+        with pytest.raises(kvtier.KvtierError):
+            c.put(key_of(2), oversized)
+        assert c.lookup([key_of(2)]) == []
+        assert c.get_bytes(key_of(1)) == chunk  # nothing lost
+
+
+def pinned(client, key) -> bool:
+    """True while a hold pins the chunk: the daemon refuses to delete it."""
+    try:
+        client.delete(key)
+    except kvtier.KvtierError as e:
+        assert not isinstance(e, kvtier.NotFound)
+        return True
+    return False
+
+
+def test_chunk_release_rules(daemon):
+    chunk_bytes = make_chunk()[3]
+    with kvtier.Client(socket=daemon.socket) as c:
+        c.put(key_of(1), chunk_bytes)
+        chunk = c.get(key_of(1))
+        view = chunk.data[10:20]  # a slice keeps the bytes, and the hold, alive
+        chunk.release()
+        chunk.release()  # idempotent
+        with pytest.raises(ValueError):
+            chunk.data
+        assert bytes(view) == chunk_bytes[10:20]
+        assert pinned(c, key_of(1))
+        del view
+        assert not pinned(c, key_of(1))  # the last view gone: hold ended, chunk deleted
+        # A chunk left to the garbage collector ends its hold too.
+        c.put(key_of(1), chunk_bytes)
+        c.get(key_of(1))
+        assert not pinned(c, key_of(1))
+
+
+def test_codec_hostile_input():
+    spec, k, v, chunk = make_chunk(codec_name="k16v8")
+    info = codec.inspect_chunk(chunk)
+    assert info.codec == "k16v8" and info.total_bytes == len(chunk)
+    assert codec.chunk_bytes(spec) == len(chunk)
+    for bad in (chunk[:-1], chunk[:100], b"", chunk + b"\0"):
+        with pytest.raises(kvtier.KvtierError):
+            codec.inspect_chunk(bad)
+    corrupt = bytearray(chunk)
+    corrupt[200] ^= 1
+    with pytest.raises(kvtier.DataLoss):
+        codec.decode_chunk(corrupt)
+    header = bytearray(chunk)
+    header[24] = 0xFF  # num_layers: the header checksum no longer matches
+    with pytest.raises(kvtier.KvtierError):
+        codec.decode_chunk(header)
+    with pytest.raises(kvtier.InvalidArgument):
+        codec.decode_chunk(chunk, layers=(1, 5))
+    with pytest.raises(kvtier.InvalidArgument):
+        codec.encode_chunk(spec, k[:-2], v)
+    with pytest.raises(kvtier.InvalidArgument):
+        codec.chunk_bytes(codec.ChunkSpec(FP, 2, 2, 64, 32, codec="k99v99"))
+    with pytest.raises(kvtier.InvalidArgument):
+        codec.chunk_bytes(codec.ChunkSpec(FP, 0, 2, 64, 32))
+
+
+def test_codec_k16v8_close_and_layer_ranges():
+    spec, k, v, chunk = make_chunk(codec_name="k16v8", layers=3)
+    info, k2, v2 = codec.decode_chunk(chunk)
+    assert bytes(k2) == k  # keys stay 16-bit
+    def floats(bits):
+        return [struct.unpack("<f", b"\0\0" + bits[i:i + 2])[0] for i in range(0, len(bits), 2)]
+    a, b = floats(v), floats(bytes(v2))
+    err = max(abs(x - y) for x, y in zip(a, b))
+    assert 0 < err < 0.15  # FP8 e4m3 with per-(block, head) scales over [-2, 2)
+    _, k_mid, v_mid = codec.decode_chunk(chunk, layers=(1, 2))
+    per_layer = len(k2) // 3
+    assert bytes(k_mid) == bytes(k2[per_layer:2 * per_layer])
+    assert bytes(v_mid) == bytes(v2[per_layer:2 * per_layer])
+
+
+def test_missing_daemon_and_killed_daemon(tmp_path, daemon):
+    with pytest.raises(kvtier.Unavailable):
+        kvtier.Client(socket=str(tmp_path / "nothing.sock"), timeout_ms=2000)
+    c = kvtier.Client(socket=daemon.socket, timeout_ms=2000)
+    c.put(key_of(1), make_chunk()[3])
+    daemon.kill()
+    with pytest.raises(kvtier.KvtierError) as e:
+        c.lookup([key_of(1)])
+    assert e.value.code in (14, 4)  # UNAVAILABLE, or the deadline of a dead peer
+    assert e.value.reason
+    with pytest.raises(kvtier.KvtierError):
+        c.get(key_of(1))
+    c.close()
+    with pytest.raises(ValueError):
+        c.lookup([key_of(1)])
+
+
+def test_tcp_with_token_file(tmp_path):
+    from conftest import Daemon
+    token = tmp_path / "token"
+    token.write_text("0123456789abcdef0123456789abcdef-test\n")
+    os.chmod(token, 0o600)
+    d = Daemon(tmp_path / "d", extra=("--listen-tcp", "127.0.0.1:0", "--token-file",
+                                      str(token))).start()
+    try:
+        port = re.search(r"tcp port (\d+)", open(d.ready).read()).group(1)
+        chunk = make_chunk()[3]
+        with kvtier.Client(addr=f"127.0.0.1:{port}", token_file=str(token)) as c:
+            assert not c.uses_shared_memory
+            c.put(key_of(3), chunk)
+            with c.get(key_of(3)) as got:
+                assert bytes(got.data) == chunk and got.tier == "dram"
+        with pytest.raises(kvtier.Unauthenticated):
+            kvtier.Client(addr=f"127.0.0.1:{port}", token="wrong", timeout_ms=5000)
+        empty = tmp_path / "empty"
+        empty.write_text("  \n")
+        with pytest.raises(kvtier.InvalidArgument):
+            kvtier.Client(addr=f"127.0.0.1:{port}", token_file=str(empty))
+        with pytest.raises(kvtier.NotFound):
+            kvtier.Client(addr=f"127.0.0.1:{port}", token_file=str(tmp_path / "absent"))
+        with pytest.raises(kvtier.InvalidArgument):
+            kvtier.Client(addr=f"127.0.0.1:{port}", token="a", token_file=str(token))
+    finally:
+        d.kill()
