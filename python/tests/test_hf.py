@@ -8,11 +8,6 @@ must equal the reference's exactly.
 from __future__ import annotations
 
 import ctypes
-import glob
-import os
-import signal
-import subprocess
-import time
 import warnings
 
 import pytest
@@ -21,53 +16,24 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import kvtier  # noqa: E402
+from conftest import Daemon  # noqa: E402
 import kvtier.torch  # noqa: E402
 from kvtier import hf  # noqa: E402
 
 CHUNK = 32  # tokens per chunk: small, so prompts of a few chunks stay fast on a CPU
-_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def _daemon_path() -> str:
-    env = os.environ.get("KVTIERD")
-    if env:
-        return env
-    for pattern in ("build/server/kvtierd", "build*/server/kvtierd"):
-        for path in sorted(glob.glob(os.path.join(_REPO, pattern))):
-            return path
-    pytest.skip("kvtierd is not built (set KVTIERD or build the server)")
 
 
 @pytest.fixture(scope="module")
-def daemon(tmp_path_factory):
-    """A kvtierd on a temporary socket, with a small DRAM and NVMe tier."""
-    data = tmp_path_factory.mktemp("kvtierd")
-    ready = data / "ready"
-    sock = data / "kvtierd.sock"
-    proc = subprocess.Popen(
-        [_daemon_path(), "--data-dir", str(data / "d"), "--socket", str(sock),
-         "--dram-gib", "0.0625", "--nvme-gib", "0.0625", "--dram-populate", "false",
-         "--log-level", "warn", "--ready-file", str(ready)])
-    deadline = time.monotonic() + 30
-    while not ready.exists():
-        if proc.poll() is not None:
-            pytest.fail(f"kvtierd exited with {proc.returncode}")
-        if time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail("kvtierd did not become ready in 30 s")
-        time.sleep(0.02)
-    yield str(sock)
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+def hf_daemon(tmp_path_factory):
+    """One kvtierd for the module's tests (conftest.Daemon), with room for a few prompts."""
+    d = Daemon(tmp_path_factory.mktemp("kvtierd")).start()
+    yield d
+    d.stop()
 
 
 @pytest.fixture
-def client(daemon):
-    with kvtier.Client(socket=daemon) as c:
+def client(hf_daemon):
+    with kvtier.Client(socket=hf_daemon.socket) as c:
         yield c
         if "close_gpu" in kvtier.torch.__all__:
             kvtier.torch.close_gpu(c)  # the pool's CUDA registration ends with the client
