@@ -33,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 
 import torch
 
@@ -210,150 +211,157 @@ def main():
         "kvtier_gpu_path": bool(kvtier.has_cuda()) and device.type == "cuda",
         "suffix_tokens": S, "chunk_tokens": C, "cases": [],
     }
-    data_dir = tempfile.mkdtemp(prefix="kvtier-e2e-")
-    daemon = Daemon(args.kvtierd, data_dir, args.dram_gib, args.nvme_gib)
-    res["daemon_start_s"] = daemon.start()
-    client = kvtier.Client(socket=daemon.socket)
-    gen = torch.Generator().manual_seed(1)
+    daemon = None
+    try:
+        data_dir = tempfile.mkdtemp(prefix="kvtier-e2e-")
+        daemon = Daemon(args.kvtierd, data_dir, args.dram_gib, args.nvme_gib)
+        res["daemon_start_s"] = daemon.start()
+        client = kvtier.Client(socket=daemon.socket)
+        gen = torch.Generator().manual_seed(1)
 
-    def prompt(n):
-        return torch.randint(0, vocab, (1, n), generator=gen)
+        def prompt(n):
+            return torch.randint(0, vocab, (1, n), generator=gen)
 
-    def reuse_for(codec, cl, **kw):
-        return hf.PrefixReuse(model, cl, codec=codec, chunk_tokens=C, **kw)
+        def reuse_for(codec, cl, **kw):
+            return hf.PrefixReuse(model, cl, codec=codec, chunk_tokens=C, **kw)
 
-    # Warm-up: kernels, the pool's CUDA registration, allocator.
-    warm = prompt(4 * C + 16)
-    for codec in codecs:
-        r = reuse_for(codec, client)
-        r.prefill(warm[:, :4 * C], last_logits_only=True)
-        r.prefill(warm, store=False, last_logits_only=True)
-    forward(model, warm.to(device))
-
-    prompts, rates, recompute = {}, {}, {}
-    chunk_bytes = {}
-    store_rates = {}
-    for P in prefixes:
-        ids = prompt(P + S)
-        prompts[P] = ids
-        dev_ids = ids.to(device)
-        # Full recompute: the whole prompt through the model.
-        times = []
-        for _ in range(args.reps):
-            t, _ = timed(device, lambda: forward(model, dev_ids))
-            times.append(t)
-        recompute[P] = min(times)
-        rates[P] = (P + S) / recompute[P]
-        # The split reference: the prefix, then the suffix on its cache (no kvtier).
-        _, pre = timed(device, lambda: forward(model, dev_ids[:, :P]))
-        _, ref = timed(device, lambda: forward(model, dev_ids[:, P:], pre.past_key_values))
-        ref_logits = ref.logits[:, -1].float().cpu()
-        # The prefix cache as the split reference holds it, stored through kvtier.
-        pre_cache = pre.past_key_values
+        # Warm-up: kernels, the pool's CUDA registration, allocator.
+        warm = prompt(4 * C + 16)
         for codec in codecs:
             r = reuse_for(codec, client)
-            t_store, n = timed(device, lambda: r.store(ids[:, :P], pre_cache))
-            cb = client.plan_load(r.keys(ids)[:1]).chunk_bytes[0]
-            chunk_bytes[codec] = cb
-            store_rates.setdefault(codec, []).append((n * cb, t_store))
-        del ref, pre_cache
-        pre = None
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-        for codec in codecs:
-            res["cases"].append(dict(prefix_tokens=P, codec=codec, source="recompute",
-                                     ttft_s=recompute[P], ttft_runs_s=times))
-            r = reuse_for(codec, client)
-            keys = r.keys(ids)[:P // C]
-            plan = client.plan_load(keys, rates[P], C)
-            runs = []
+            r.prefill(warm[:, :4 * C], last_logits_only=True)
+            r.prefill(warm, store=False, last_logits_only=True)
+        forward(model, warm.to(device))
+
+        prompts, rates, recompute = {}, {}, {}
+        chunk_bytes = {}
+        store_rates = {}
+        for P in prefixes:
+            ids = prompt(P + S)
+            prompts[P] = ids
+            dev_ids = ids.to(device)
+            # Full recompute: the whole prompt through the model.
+            times = []
             for _ in range(args.reps):
-                t, out = timed(device, lambda: r.prefill(ids, store=False, last_logits_only=True))
-                runs.append(t)
-                assert out.loaded_tokens == P, (out.loaded_tokens, P)
-            logits = out.logits[:, -1].float().cpu()
-            case = dict(prefix_tokens=P, codec=codec, source="dram", ttft_s=min(runs),
-                        ttft_runs_s=runs, tiers=sorted(set(out.tiers)),
-                        logits_rel_l2_vs_split=rel_l2(logits, ref_logits),
-                        logits_bitexact_vs_split=bool(torch.equal(logits, ref_logits)))
-            case.update(_plan_fields(plan, keys, min(runs), recompute[P]))
-            res["cases"].append(case)
-            log(f"P={P} {codec}: recompute {recompute[P] * 1e3:.1f} ms, dram "
-                f"{min(runs) * 1e3:.1f} ms, plan {case['plan_choice']}, "
-                f"rel {case['logits_rel_l2_vs_split']:.2e}")
-            del out
-        del dev_ids
+                t, _ = timed(device, lambda: forward(model, dev_ids))
+                times.append(t)
+            recompute[P] = min(times)
+            rates[P] = (P + S) / recompute[P]
+            # The split reference: the prefix, then the suffix on its cache (no kvtier).
+            _, pre = timed(device, lambda: forward(model, dev_ids[:, :P]))
+            _, ref = timed(device, lambda: forward(model, dev_ids[:, P:], pre.past_key_values))
+            ref_logits = ref.logits[:, -1].float().cpu()
+            # The prefix cache as the split reference holds it, stored through kvtier.
+            pre_cache = pre.past_key_values
+            for codec in codecs:
+                r = reuse_for(codec, client)
+                t_store, n = timed(device, lambda: r.store(ids[:, :P], pre_cache))
+                cb = client.plan_load(r.keys(ids)[:1]).chunk_bytes[0]
+                chunk_bytes[codec] = cb
+                store_rates.setdefault(codec, []).append((n * cb, t_store))
+            del ref, pre_cache
+            pre = None
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+            for codec in codecs:
+                res["cases"].append(dict(prefix_tokens=P, codec=codec, source="recompute",
+                                         ttft_s=recompute[P], ttft_runs_s=times))
+                r = reuse_for(codec, client)
+                keys = r.keys(ids)[:P // C]
+                plan = client.plan_load(keys, rates[P], C)
+                runs = []
+                for _ in range(args.reps):
+                    t, out = timed(device, lambda: r.prefill(ids, store=False, last_logits_only=True))
+                    runs.append(t)
+                    assert out.loaded_tokens == P, (out.loaded_tokens, P)
+                logits = out.logits[:, -1].float().cpu()
+                case = dict(prefix_tokens=P, codec=codec, source="dram", ttft_s=min(runs),
+                            ttft_runs_s=runs, tiers=sorted(set(out.tiers)),
+                            logits_rel_l2_vs_split=rel_l2(logits, ref_logits),
+                            logits_bitexact_vs_split=bool(torch.equal(logits, ref_logits)))
+                case.update(_plan_fields(plan, keys, min(runs), recompute[P]))
+                res["cases"].append(case)
+                log(f"P={P} {codec}: recompute {recompute[P] * 1e3:.1f} ms, dram "
+                    f"{min(runs) * 1e3:.1f} ms, plan {case['plan_choice']}, "
+                    f"rel {case['logits_rel_l2_vs_split']:.2e}")
+                del out
+            del dev_ids
 
-    # Store throughput against a pinned device->host copy of the same bytes.
-    h2d, d2h = pinned_copy_gbps(device, 1 << 30)
-    res["pinned_h2d_gbps"], res["pinned_d2h_gbps"] = h2d, d2h
-    store_gbps = {c: sum(b for b, _ in v) / sum(t for _, t in v) / 1e9
-                  for c, v in store_rates.items()}
-    res["store_gbps"] = store_gbps
-    res["store_vs_pinned_memcpy"] = {c: (g / d2h if d2h else None) for c, g in store_gbps.items()}
+        # Store throughput against a pinned device->host copy of the same bytes.
+        h2d, d2h = pinned_copy_gbps(device, 1 << 30)
+        res["pinned_h2d_gbps"], res["pinned_d2h_gbps"] = h2d, d2h
+        store_gbps = {c: sum(b for b, _ in v) / sum(t for _, t in v) / 1e9
+                      for c, v in store_rates.items()}
+        res["store_gbps"] = store_gbps
+        res["store_vs_pinned_memcpy"] = {c: (g / d2h if d2h else None) for c, g in store_gbps.items()}
 
-    # Load throughput: the largest prefix's chunks fetched (no compute), against
-    # a pinned host->device copy of the same bytes.
-    P = max(prefixes)
-    load_gbps = {}
-    for codec in codecs:
-        r = reuse_for(codec, client)
-
-        def fetch_all():
-            f = r.fetch(prompts[P])
-            if hasattr(f.cache, "finish"):
-                f.cache.finish()
-            return f
-        t, f = timed(device, fetch_all)
-        load_gbps[codec] = (f.tokens // C) * chunk_bytes[codec] / t / 1e9
-        del f
-    res["load_gbps"] = load_gbps
-    res["load_vs_pinned_memcpy"] = {c: (g / h2d if h2d else None) for c, g in load_gbps.items()}
-
-    # NVMe: the shutdown flush writes DRAM to NVMe; the restarted daemon's DRAM is empty.
-    probe = prompt(16 * C + 1)
-    reuse_for(codecs[0], client).prefill(probe, last_logits_only=True)
-    close(client)
-    res["daemon_stop_flush_s"] = daemon.stop()
-    res["daemon_restart_s"] = daemon.start()
-    client = kvtier.Client(socket=daemon.socket)
-    # Reading the probe's chunks lets kvtierd measure its NVMe read bandwidth,
-    # which its load plans then use; it also registers the new pool with CUDA.
-    reuse_for(codecs[0], client).prefill(probe, store=False, last_logits_only=True)
-    for P in prefixes:
+        # Load throughput: the largest prefix's chunks fetched (no compute), against
+        # a pinned host->device copy of the same bytes.
+        P = max(prefixes)
+        load_gbps = {}
         for codec in codecs:
             r = reuse_for(codec, client)
-            keys = r.keys(prompts[P])[:P // C]
-            before = client.lookup(keys)
-            plan = client.plan_load(keys, rates[P], C)
-            t, out = timed(device, lambda: r.prefill(prompts[P], store=False,
-                                                     last_logits_only=True))
-            case = dict(prefix_tokens=P, codec=codec, source="nvme", ttft_s=t,
-                        tiers_before=sorted(set(before)), tiers=sorted(set(out.tiers)),
-                        loaded_tokens=out.loaded_tokens)
-            case.update(_plan_fields(plan, keys, t, recompute[P]))
-            res["cases"].append(case)
-            log(f"P={P} {codec}: nvme {t * 1e3:.1f} ms (tiers before {case['tiers_before']}), "
-                f"plan {case['plan_choice']}")
-            del out
-    res["plans_correct"] = all(c.get("plan_correct", True) for c in res["cases"])
-    dram32 = [c for c in res["cases"] if c["source"] == "dram" and c["codec"] == "k16v8"
-              and c["prefix_tokens"] == max(prefixes)]
-    if dram32:
-        res["ttft_speedup_dram_32k_k16v8"] = recompute[max(prefixes)] / dram32[0]["ttft_s"]
-        res["ttft_speedup_dram_32k_k16v8_prefix_tokens"] = max(prefixes)
 
-    res["fidelity"] = fidelity(args, model, client, device, prompt, codecs, reuse_for)
-    f = res["fidelity"]
-    exact = [c["logits_bitexact_vs_split"] for c in res["cases"]
-             if c["codec"] == "k16v16" and c["source"] == "dram"]
-    res["k16v16_logits_bitexact"] = bool(f.get("k16v16_bitexact_all", True) and all(exact))
-    res["k16v8_logits_rel_l2"] = f.get("k16v8_logits_rel_l2_mean")
-    res["decode"] = decode(args, model, client, device, prompt, reuse_for)
+            def fetch_all():
+                f = r.fetch(prompts[P])
+                if hasattr(f.cache, "finish"):
+                    f.cache.finish()
+                return f
+            t, f = timed(device, fetch_all)
+            load_gbps[codec] = (f.tokens // C) * chunk_bytes[codec] / t / 1e9
+            del f
+        res["load_gbps"] = load_gbps
+        res["load_vs_pinned_memcpy"] = {c: (g / h2d if h2d else None) for c, g in load_gbps.items()}
 
-    close(client)
-    daemon.stop()
-    shutil.rmtree(data_dir, ignore_errors=True)
+        # NVMe: the shutdown flush writes DRAM to NVMe; the restarted daemon's DRAM is empty.
+        probe = prompt(16 * C + 1)
+        reuse_for(codecs[0], client).prefill(probe, last_logits_only=True)
+        close(client)
+        res["daemon_stop_flush_s"] = daemon.stop()
+        res["daemon_restart_s"] = daemon.start()
+        client = kvtier.Client(socket=daemon.socket)
+        # Reading the probe's chunks lets kvtierd measure its NVMe read bandwidth,
+        # which its load plans then use; it also registers the new pool with CUDA.
+        reuse_for(codecs[0], client).prefill(probe, store=False, last_logits_only=True)
+        for P in prefixes:
+            for codec in codecs:
+                r = reuse_for(codec, client)
+                keys = r.keys(prompts[P])[:P // C]
+                before = client.lookup(keys)
+                plan = client.plan_load(keys, rates[P], C)
+                t, out = timed(device, lambda: r.prefill(prompts[P], store=False,
+                                                         last_logits_only=True))
+                case = dict(prefix_tokens=P, codec=codec, source="nvme", ttft_s=t,
+                            tiers_before=sorted(set(before)), tiers=sorted(set(out.tiers)),
+                            loaded_tokens=out.loaded_tokens)
+                case.update(_plan_fields(plan, keys, t, recompute[P]))
+                res["cases"].append(case)
+                log(f"P={P} {codec}: nvme {t * 1e3:.1f} ms (tiers before {case['tiers_before']}), "
+                    f"plan {case['plan_choice']}")
+                del out
+        res["plans_correct"] = all(c.get("plan_correct", True) for c in res["cases"])
+        dram32 = [c for c in res["cases"] if c["source"] == "dram" and c["codec"] == "k16v8"
+                  and c["prefix_tokens"] == max(prefixes)]
+        if dram32:
+            res["ttft_speedup_dram_32k_k16v8"] = recompute[max(prefixes)] / dram32[0]["ttft_s"]
+            res["ttft_speedup_dram_32k_k16v8_prefix_tokens"] = max(prefixes)
+
+        res["fidelity"] = fidelity(args, model, client, device, prompt, codecs, reuse_for)
+        f = res["fidelity"]
+        exact = [c["logits_bitexact_vs_split"] for c in res["cases"]
+                 if c["codec"] == "k16v16" and c["source"] == "dram"]
+        res["k16v16_logits_bitexact"] = bool(f.get("k16v16_bitexact_all", True) and all(exact))
+        res["k16v8_logits_rel_l2"] = f.get("k16v8_logits_rel_l2_mean")
+        res["decode"] = decode(args, model, client, device, prompt, reuse_for)
+
+        close(client)
+        daemon.stop()
+        shutil.rmtree(data_dir, ignore_errors=True)
+    except Exception:  # the numbers measured so far are still written
+        res["error"] = traceback.format_exc()
+        log(res["error"])
+        if daemon is not None and daemon.proc is not None:
+            daemon.proc.kill()
     res["wall_s"] = time.perf_counter() - t0
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as fh:

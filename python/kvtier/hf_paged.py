@@ -383,18 +383,50 @@ class PagedPrefixReuse(hf.PrefixReuse):
         cache = PagedKvCache.for_model(self.model, batch=self.batch,
                                        max_tokens=len(tokens) + self.max_new_tokens,
                                        codec=self.codec, block_size=self.block_size)
-        tiers = []
-        for i, key in enumerate(keys[:chunks]):
-            try:
-                with self.client.get(key) as chunk:
-                    cache.load_chunk(chunk.data, i * self.chunk_tokens)
-                    tiers.append(chunk.tier)
-            except hf._UNUSABLE:
-                break
+        if cache.device.type == "cuda" and hf._gpu_has("load"):
+            tiers = self._load_gpu(cache, keys[:chunks])
+        else:
+            tiers = []
+            for i, key in enumerate(keys[:chunks]):
+                try:
+                    with self.client.get(key) as chunk:
+                        cache.load_chunk(chunk.data, i * self.chunk_tokens)
+                        tiers.append(chunk.tier)
+                except hf._UNUSABLE:
+                    break
         loaded = len(tiers)
         cache.set_prefix(loaded * self.chunk_tokens)
         cached = hits if loaded == chunks else loaded
         return hf.Fetched(cache, loaded * self.chunk_tokens, keys, tiers, hits, plan, cached)
+
+    def _load_gpu(self, cache: PagedKvCache, keys) -> list:
+        """Loads chunks into sequence 0's blocks with kvtier.torch.load (the K and V
+        sections land as they are: FP8 codes and scales copied, not requantized),
+        then copies those blocks to the other sequences. Returns the tiers of the
+        leading chunks that loaded."""
+        from kvtier import _hf_gpu
+        kvt = hf._kvtorch()
+        desc = _hf_gpu.paged_descriptor(cache)
+        per = self.chunk_tokens // cache.block_size
+        tiers = []
+        for i, key in enumerate(keys):
+            try:
+                tiers.append(kvt.load(self.client, key, desc,
+                                      cache._host_table[0, i * per:(i + 1) * per].tolist()))
+            except hf._UNUSABLE:
+                break
+        nb = len(tiers) * per
+        if nb and cache.batch > 1:
+            src, dst = cache.block_table[0, :nb], cache.block_table[1:, :nb]
+            for layer in cache.layers:
+                layer.keys[dst] = layer.keys[src].unsqueeze(0).expand(cache.batch - 1,
+                                                                      *layer.keys[src].shape)
+                layer.values[dst] = layer.values[src].unsqueeze(0).expand(
+                    cache.batch - 1, *layer.values[src].shape)
+                if cache.fp8_v:
+                    layer.v_scales[dst] = layer.v_scales[src].unsqueeze(0).expand(
+                        cache.batch - 1, *layer.v_scales[src].shape)
+        return tiers
 
     def _run(self, run_ids, cache, last_logits_only, output_hidden_state, forward_kwargs):
         if isinstance(cache, PagedKvCache) and run_ids.shape[0] != cache.batch:
