@@ -117,7 +117,7 @@ def _find_library() -> ctypes.CDLL:
     try:  # the package's loader (kvtier/_native.py), where it exists
         from kvtier import _native  # type: ignore
 
-        return _native.lib
+        return _native.load()
     except ImportError:
         pass
     candidates = []
