@@ -223,13 +223,13 @@ class PagedKvCache(Cache):
             flat[:, start - first * self.block_size:start - first * self.block_size + n] = \
                 v.transpose(1, 2).float()
             codes, scales = quantize_blocks(dense)
-            layer.values[touched] = codes
+            _raw(layer.values)[touched] = _raw(codes)
             layer.v_scales[touched] = scales
         layer.length = start + n
 
     def _dequant_blocks(self, layer: PagedLayer, blocks: torch.Tensor) -> torch.Tensor:
         """V of `blocks` ([...] block ids) as float32 [..., block_size, heads, dim]."""
-        codes = layer.values[blocks].float()
+        codes = _raw(layer.values)[blocks].view(layer.values.dtype).float()
         if not self.fp8_v:
             return codes
         return codes * layer.v_scales[blocks][..., None, :, None]
@@ -266,7 +266,7 @@ class PagedKvCache(Cache):
             v = raw[v_at:v_at + v_elem * elements].view(self.v_dtype).view(block_shape)
             k, v = k.to(self.device), v.to(self.device)
             layer.keys[blocks] = k.repeat(len(seqs), 1, 1, 1)
-            layer.values[blocks] = v.repeat(len(seqs), 1, 1, 1)
+            _raw(layer.values)[blocks] = _raw(v).repeat(len(seqs), 1, 1, 1)
             if self.fp8_v:
                 sc_at = v_at + s.v_data
                 sc = raw[sc_at:sc_at + 4 * s.v_scales].view(torch.float32).view(
@@ -294,6 +294,12 @@ class PagedKvCache(Cache):
         else:
             v = layer.values[blocks].flatten(1, 2)[:, :n]
         return k.transpose(1, 2), v.transpose(1, 2)
+
+
+def _raw(t: torch.Tensor) -> torch.Tensor:
+    """FP8 tensors as uint8 views for indexing (index and index_put cover every
+    dtype through bytes; not every build covers float8)."""
+    return t.view(torch.uint8) if t.element_size() == 1 else t
 
 
 def quantize_blocks(x: torch.Tensor):
@@ -421,8 +427,9 @@ class PagedPrefixReuse(hf.PrefixReuse):
             for layer in cache.layers:
                 layer.keys[dst] = layer.keys[src].unsqueeze(0).expand(cache.batch - 1,
                                                                       *layer.keys[src].shape)
-                layer.values[dst] = layer.values[src].unsqueeze(0).expand(
-                    cache.batch - 1, *layer.values[src].shape)
+                values = _raw(layer.values)
+                values[dst] = values[src].unsqueeze(0).expand(cache.batch - 1,
+                                                              *values[src].shape)
                 if cache.fp8_v:
                     layer.v_scales[dst] = layer.v_scales[src].unsqueeze(0).expand(
                         cache.batch - 1, *layer.v_scales[src].shape)

@@ -337,7 +337,7 @@ def gpu_model(tmp_path_factory):
     torch.manual_seed(1)
     config = transformers.LlamaConfig(
         vocab_size=256, hidden_size=256, intermediate_size=512, num_hidden_layers=3,
-        num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=2048)
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048)
     path = tmp_path_factory.mktemp("small-llama")
     transformers.LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(path)
     return transformers.LlamaForCausalLM.from_pretrained(
