@@ -58,8 +58,8 @@ def fetch_layerwise(reuse: "hf.PrefixReuse", keys, chunks: int, hits: int, plan,
     side = torch.cuda.Stream(device=device)
     side.wait_stream(torch.cuda.current_stream(device))  # the tensors exist before the decode
     spans = [_span(i, reuse.chunk_tokens, reuse.block_size) for i in range(chunks)]
-    load = kvt.load_layerwise(reuse.client, keys[:chunks], paged, spans, layer_group=1,
-                              stream=side)
+    load = kvt.load_layerwise(reuse.client, keys[:chunks], paged, spans,
+                              layer_group=min(reuse.layer_group, g.num_layers), stream=side)
     cache = _Finishing(reuse.model.config, load, g.num_layers, side)
     cache._paged = paged  # the descriptor lives as long as the load may write
     for layer in range(g.num_layers):

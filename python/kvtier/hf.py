@@ -211,6 +211,9 @@ class PrefixReuse:
     model_id, revision: override the identity's (see model_identity).
     layerwise: on a CUDA model with the GPU path, overlap the load with the
       suffix's compute layer by layer (default True).
+    layer_group: layers per step of that load (one decode launch per chunk and
+      group, all enqueued before the model's forward is): larger groups enqueue
+      fewer launches, smaller ones let the first layers start sooner. Default 4.
 
     Not thread-safe: one prefill at a time per object.
     """
@@ -218,7 +221,7 @@ class PrefixReuse:
     def __init__(self, model: torch.nn.Module, client: kvtier.Client, *, codec: str = "k16v8",
                  chunk_tokens: int = 256, block_size: int = 16, prefill_tokens_per_s: float = 0.0,
                  model_id: Optional[str] = None, revision: Optional[str] = None,
-                 layerwise: bool = True):
+                 layerwise: bool = True, layer_group: int = 4):
         if chunk_tokens <= 0 or chunk_tokens % block_size:
             raise ValueError(f"chunk_tokens {chunk_tokens} must be a positive multiple of {block_size}")
         self.model = model
@@ -228,6 +231,7 @@ class PrefixReuse:
         self.block_size = block_size
         self.prefill_tokens_per_s = float(prefill_tokens_per_s)
         self.layerwise = layerwise
+        self.layer_group = layer_group
         self.geometry = kv_geometry(model)
         self.identity = model_identity(model, codec, model_id=model_id, revision=revision)
         self._fingerprint = self.identity.fingerprint()
