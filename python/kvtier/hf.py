@@ -38,6 +38,7 @@ cache, so loading overlaps the suffix's compute.
 """
 from __future__ import annotations
 
+import array
 import dataclasses
 import importlib
 from typing import Callable, Optional, Sequence
@@ -250,7 +251,11 @@ class PrefixReuse:
 
     def keys(self, input_ids) -> list:
         """Keys (bytes(16) each) of the prompt's full chunks."""
-        return kvtier.prefix_keys(self.identity, self._token_list(input_ids), self.chunk_tokens)
+        tokens = self._token_list(input_ids)
+        if not tokens:
+            return []
+        # array('I') reaches libkvtier without a per-token conversion.
+        return kvtier.chunk_keys(self._fingerprint, array.array("I", tokens), self.chunk_tokens)
 
     def chunk_spec(self) -> kvtier.ChunkSpec:
         """The ChunkSpec of this model's chunks."""

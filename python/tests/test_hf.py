@@ -394,3 +394,14 @@ def test_gpu_paged_decode_kernel_matches_the_dynamic_cache(gpu_model, client):
             assert not torch.isnan(b).any()
             assert _rel(b, a) < 0.05
             token = a[:, -1:].argmax(-1)
+
+
+def test_keys_of_an_array_of_token_ids_equal_those_of_a_list(model, client):
+    import array  # noqa: PLC0415
+    reuse = _reuse(model, client)
+    ids = _tokens(3 * CHUNK + 7)[0].tolist()
+    fp = reuse.identity.fingerprint()
+    assert kvtier.chunk_keys(fp, array.array("I", ids), CHUNK) == kvtier.chunk_keys(fp, ids, CHUNK)
+    assert kvtier.chunk_keys(fp, array.array("I", ids), CHUNK, partial=True) == \
+        kvtier.prefix_keys(reuse.identity, ids, CHUNK, partial=True)
+    assert reuse.keys(ids) == kvtier.prefix_keys(reuse.identity, ids, CHUNK)
