@@ -240,22 +240,24 @@ class PrefixReuse:
     # ---- keys and plan -------------------------------------------------------
 
     @staticmethod
-    def _token_list(input_ids) -> list:
+    def _token_list(input_ids) -> array.array:
+        """The prompt's token ids as array('I') (what kvtier.chunk_keys takes as it is)."""
+        if isinstance(input_ids, array.array) and input_ids.typecode == "I":
+            return input_ids
         if isinstance(input_ids, torch.Tensor):
             if input_ids.dim() == 2:
                 if input_ids.shape[0] != 1:
                     raise ValueError("kvtier.hf handles one prompt at a time (batch 1)")
                 input_ids = input_ids[0]
-            return input_ids.tolist()
-        return list(input_ids)
+            input_ids = input_ids.tolist()
+        return array.array("I", input_ids)  # OverflowError outside [0, 2^32)
 
     def keys(self, input_ids) -> list:
         """Keys (bytes(16) each) of the prompt's full chunks."""
         tokens = self._token_list(input_ids)
         if not tokens:
             return []
-        # array('I') reaches libkvtier without a per-token conversion.
-        return kvtier.chunk_keys(self._fingerprint, array.array("I", tokens), self.chunk_tokens)
+        return kvtier.chunk_keys(self._fingerprint, tokens, self.chunk_tokens)
 
     def chunk_spec(self) -> kvtier.ChunkSpec:
         """The ChunkSpec of this model's chunks."""
