@@ -5,7 +5,8 @@ same encoded bytes measured in the same run.
 
 Chunk: 32 layers, 8 kv heads, head_dim 128, 256 tokens; vLLM FlashAttention NHD
 BF16 cache, block size 16. Single chunks (one call at a time) and batches of 32
-(stores from 4 threads on their own streams; loads as one layer-wise batch).
+(stores from STORE_THREADS threads on their own streams; loads as one layer-wise
+batch, one group of all layers and groups of one layer).
 
 Usage: gpu_daemon_bench.py SOCKET OUT.json   (libkvtier: $KVTIER_LIBRARY or the build)
 Prints and writes GB/s of encoded bytes and of 16-bit KV, and
@@ -14,63 +15,32 @@ copy's GB/s: device-to-host for stores, host-to-device for loads).
 """
 
 import concurrent.futures
-import ctypes
 import json
+import pathlib
 import sys
 import time
 
 import torch
 
-sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent / "python"))
-sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1] / "python"))
+# The package beside this script (the GPU bundle), else the repository's.
+_here = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(_here / "python" if (_here / "python").is_dir() else _here.parent / "python"))
+import kvtier  # noqa: E402
 from kvtier import _torch_gpu as kg  # noqa: E402
 
 L, H, D, T, BS = 32, 8, 128, 256, 16
 BATCH = 32
+STORE_THREADS = 8  # concurrent stores of a batch, each on its own stream
 KV16_BYTES = 2 * L * T * H * D * 2  # K and V, 16-bit
 DEV = torch.device("cuda", 0)
 
 
-class _ClientOptions(ctypes.Structure):
-    _fields_ = [("struct_size", ctypes.c_size_t), ("socket_path", ctypes.c_char_p),
-                ("tcp_addr", ctypes.c_char_p), ("token", ctypes.c_char_p),
-                ("token_file", ctypes.c_char_p), ("timeout_ms", ctypes.c_int64),
-                ("shared_memory", ctypes.c_int32), ("max_data_connections", ctypes.c_int32),
-                ("populate_mapping", ctypes.c_int32)]
-
-
-def open_client(sock):
-    lib = kg._lib()
-    lib.kvtier_client_options_init.argtypes = [ctypes.POINTER(_ClientOptions)]
-    lib.kvtier_client_open.argtypes = [ctypes.POINTER(_ClientOptions), ctypes.POINTER(ctypes.c_void_p)]
-    o = _ClientOptions()
-    lib.kvtier_client_options_init(ctypes.byref(o))
-    o.socket_path = sock.encode()
-    o.populate_mapping = 1
-    h = ctypes.c_void_p()
-    if lib.kvtier_client_open(ctypes.byref(o), ctypes.byref(h)) != 0:
-        raise SystemExit(f"connect: {lib.kvtier_last_error().decode()}")
-    return h.value
-
-
-def chunk_size(client, key):
-    lib = kg._lib()
-    lib.kvtier_get.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint8),
-                               ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_void_p),
-                               ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_int)]
-    lib.kvtier_release.argtypes = [ctypes.c_void_p]
-    held, data, size, tier = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_uint64(), ctypes.c_int()
-    assert lib.kvtier_get(ctypes.c_void_p(client), kg._u8(key), ctypes.byref(held),
-                          ctypes.byref(data), ctypes.byref(size), ctypes.byref(tier)) == 0
-    lib.kvtier_release(held)
-    return size.value
-
-
 def delete(client, keys):
-    lib = kg._lib()
-    lib.kvtier_delete.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint8)]
     for k in keys:
-        lib.kvtier_delete(ctypes.c_void_p(client), kg._u8(k))
+        try:
+            client.delete(k)
+        except kvtier.NotFound:
+            pass
 
 
 def key(tag, i):
@@ -104,7 +74,7 @@ def pinned_copy_s(nbytes, n, to_device):
 
 def main():
     sock, out_path = sys.argv[1], sys.argv[2]
-    client = open_client(sock)
+    client = kvtier.Client(socket=sock)
     nb = BATCH * (T // BS) + 16
     g = torch.Generator(device=DEV).manual_seed(1)
     layers = [torch.randn((2, nb, BS, H, D), generator=g, device=DEV).to(torch.bfloat16)
@@ -115,14 +85,14 @@ def main():
                "chunk": {"layers": L, "kv_heads": H, "head_dim": D, "tokens": T,
                          "block_size": BS, "cache": "vllm flash_attn NHD bf16"},
                "kv16_bytes_per_chunk": KV16_BYTES, "batch": BATCH, "codecs": {}}
-    streams = [torch.cuda.Stream(DEV) for _ in range(4)]
+    streams = [torch.cuda.Stream(DEV) for _ in range(STORE_THREADS)]
     for ci, codec in enumerate(["k16v8", "k16v16"]):
         tag = 0x10 * (ci + 1)
         # Warm up (slot and workspace pools, the first CUDA calls).
         for i in range(4):
             kg.store(client, key(tag, 1000 + i), cache, ids[i], codec=codec)
             kg.load(client, key(tag, 1000 + i), cache, ids[i])
-        enc = chunk_size(client, key(tag, 1000))
+        enc = len(client.get_bytes(key(tag, 1000)))
         delete(client, [key(tag, 1000 + i) for i in range(4)])
 
         reps = 3
@@ -136,11 +106,11 @@ def main():
             for i in range(8):
                 kg.store(client, single_keys[i], cache, ids[i], codec=codec)
             single_store.append((time.perf_counter() - t0) / 8)
-            # Batch: the rest from 4 threads, each on its own stream.
+            # Batch: 32 stores from STORE_THREADS threads, each on its own stream.
             t0 = time.perf_counter()
-            with concurrent.futures.ThreadPoolExecutor(4) as ex:
+            with concurrent.futures.ThreadPoolExecutor(STORE_THREADS) as ex:
                 list(ex.map(lambda i: kg.store(client, keys[i], cache, ids[i], codec=codec,
-                                               stream=streams[i % 4]), range(BATCH)))
+                                               stream=streams[i % STORE_THREADS]), range(BATCH)))
             batch_store.append((time.perf_counter() - t0) / BATCH)
             # Single loads.
             torch.cuda.synchronize()
@@ -188,7 +158,7 @@ def main():
                   f"ratio {e['vs_pinned_memcpy']:.2f}", flush=True)
     with open(out_path, "w") as f:
         json.dump(results, f, indent=2)
-    kg.close_gpu(client)
+    client.close()
 
 
 if __name__ == "__main__":

@@ -2,8 +2,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
+#include <memory>
 #include <optional>
 #include <thread>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
@@ -18,6 +21,10 @@ namespace {
 // the client's default (ClientOptions::max_data_connections).
 constexpr size_t kParallelHolds = 4;
 
+// A one-call Store encodes in this many layer ranges, so that hashing the
+// first ranges on the host overlaps encoding the later ones.
+constexpr uint32_t kStoreRanges = 4;
+
 absl::Status Sync(cudaStream_t stream) {
   return kernels::CudaStatus(cudaStreamSynchronize(stream), "cudaStreamSynchronize", __FILE__,
                              __LINE__);
@@ -25,9 +32,105 @@ absl::Status Sync(cudaStream_t stream) {
 
 }  // namespace
 
+// Computes the K and V section checksums of a chunk being encoded, one
+// thread per section: each layer range is hashed once the event recorded
+// after its encode has completed (ranges arrive in layer order).
+class ChunkHasher {
+ public:
+  ChunkHasher(std::span<const uint8_t> chunk, const codec::ChunkLayout& layout)
+      : chunk_(chunk), layout_(layout) {
+    if (cudaGetDevice(&device_) != cudaSuccess) device_ = 0;
+    for (int s = 0; s < 2; ++s) threads_[s] = std::thread([this, s] { Run(s); });
+  }
+  // Waits for every range added (their encodes included).
+  ~ChunkHasher() {
+    Close();
+    for (cudaEvent_t ev : events_) cudaEventDestroy(ev);
+  }
+
+  // Hashes layers [begin, end) once `event` has completed; takes the event.
+  void Add(cudaEvent_t event, uint32_t begin, uint32_t end) {
+    absl::MutexLock l(&mu_);
+    events_.push_back(event);
+    ranges_.push_back({begin, end});
+  }
+
+  // Waits for every range and returns the K and V checksums, or the first
+  // CUDA error of the waits.
+  absl::StatusOr<std::pair<uint64_t, uint64_t>> Finish() {
+    Close();
+    for (const absl::Status& st : status_) KVTIER_RETURN_IF_ERROR(st);
+    return std::make_pair(sums_[0].Digest(), sums_[1].Digest());
+  }
+
+ private:
+  void Close() {
+    {
+      absl::MutexLock l(&mu_);
+      closed_ = true;
+    }
+    for (std::thread& t : threads_) {
+      if (t.joinable()) t.join();
+    }
+  }
+
+  void Run(int s) {
+    cudaSetDevice(device_);  // the events' device
+    const codec::SectionLayout& sec = s == 0 ? layout_.k : layout_.v;
+    const uint64_t base = s == 0 ? layout_.k_offset : layout_.v_offset;
+    for (size_t next = 0;; ++next) {
+      cudaEvent_t ev;
+      std::pair<uint32_t, uint32_t> r;
+      {
+        struct Wait {
+          ChunkHasher* h;
+          size_t next;
+          bool Ready() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(h->mu_) {
+            return h->closed_ || h->ranges_.size() > next;
+          }
+        } wait{this, next};
+        absl::MutexLock l(&mu_);
+        mu_.Await(absl::Condition(&wait, &Wait::Ready));
+        if (ranges_.size() <= next) return;
+        ev = events_[next];
+        r = ranges_[next];
+      }
+      if (!status_[s].ok()) continue;  // drain, but hash nothing more
+      status_[s] = kernels::CudaStatus(cudaEventSynchronize(ev), "cudaEventSynchronize",
+                                       __FILE__, __LINE__);
+      if (!status_[s].ok()) continue;
+      sums_[s].Update(chunk_.subspan(base + sec.layer_stride * r.first,
+                                     sec.layer_stride * (r.second - r.first)));
+    }
+  }
+
+  const std::span<const uint8_t> chunk_;
+  const codec::ChunkLayout layout_;
+  int device_ = 0;
+  absl::Mutex mu_;
+  std::vector<cudaEvent_t> events_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::pair<uint32_t, uint32_t>> ranges_ ABSL_GUARDED_BY(mu_);
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  // Each written by its own thread only, read after the join.
+  Checksum64Stream sums_[2];
+  absl::Status status_[2];
+  std::thread threads_[2];
+};
+
 // ---- PendingStore ----
 
+PendingStore::PendingStore(GpuPagedIo* io, const codec::ChunkSpec& spec,
+                           const codec::ChunkLayout& layout, WritableSlot slot,
+                           uint32_t* workspace)
+    : io_(io),
+      spec_(spec),
+      layout_(layout),
+      slot_(slot),
+      hasher_(std::make_unique<ChunkHasher>(slot.data, layout)),
+      workspace_(workspace) {}
+
 PendingStore::~PendingStore() {
+  hasher_.reset();  // waits for the ranges it was given
   if (slot_gone_) return;
   // Launches may still write into the slot: wait before giving it back.
   absl::Status st = next_layer_ > 0 || broken_ ? Sync(stream_) : absl::OkStatus();
@@ -66,6 +169,17 @@ absl::Status PendingStore::EncodeLayers(const kernels::PagedKvLayout& cache,
     broken_ = true;  // part of the chunk may be written, the workspace dirty
     return st;
   }
+  cudaEvent_t ev;
+  cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+  if (e == cudaSuccess) {
+    e = cudaEventRecord(ev, stream);
+    if (e != cudaSuccess) cudaEventDestroy(ev);
+  }
+  if (e != cudaSuccess) {
+    broken_ = true;
+    return kernels::CudaStatus(e, "record the encode's event", __FILE__, __LINE__);
+  }
+  hasher_->Add(ev, layers.begin, layers.End(num_layers));
   next_layer_ = layers.End(num_layers);
   return absl::OkStatus();
 }
@@ -76,20 +190,20 @@ absl::Status PendingStore::Commit(const Hash128& key, const PutOptions& options)
     return absl::FailedPreconditionError(absl::StrCat(
         "layers [", next_layer_, ", ", spec_.geometry.num_layers, ") were not encoded"));
   }
-  absl::Status st = Sync(stream_);
-  if (!st.ok()) {
+  // The last range's event completes after every launch of the store.
+  auto sums = hasher_->Finish();
+  if (!sums.ok()) {
     broken_ = true;
-    return st;
+    return sums.status();
   }
   io_->ReturnWorkspace(workspace_, /*dirty=*/false);
   workspace_ = nullptr;
   slot_gone_ = true;
-  // The kernels wrote everything but the checksums, straight into the slot.
-  st = codec::SealChunk(slot_.data);
-  if (!st.ok()) {
-    (void)io_->client_->AbortSlot(slot_);
-    return st;
-  }
+  // The kernels wrote everything but the checksums, straight into the slot
+  // (the header with its flags): seal it as codec::SealChunk would.
+  codec::ChunkSpec spec = spec_;
+  std::memcpy(&spec.flags, slot_.data.data() + codec::kOffFlags, sizeof(spec.flags));
+  codec::WriteHeader(spec, layout_, sums->first, sums->second, slot_.data.first(codec::kHeaderSize));
   return io_->client_->CommitSlot(slot_, key, options);
 }
 
@@ -197,7 +311,7 @@ absl::StatusOr<std::unique_ptr<PendingStore>> GpuPagedIo::BeginStore(const codec
     ReturnWorkspace(ws, /*dirty=*/false);
     return slot.status();
   }
-  return std::unique_ptr<PendingStore>(new PendingStore(this, spec, *slot, ws));
+  return std::unique_ptr<PendingStore>(new PendingStore(this, spec, layout, *slot, ws));
 }
 
 absl::Status GpuPagedIo::Store(const Hash128& key, const codec::ChunkSpec& spec,
@@ -209,7 +323,12 @@ absl::Status GpuPagedIo::Store(const Hash128& key, const codec::ChunkSpec& spec,
   const uint32_t probe_ws = 0;
   KVTIER_RETURN_IF_ERROR(kernels::ValidateGatherEncode(spec, cache, blocks, probe_dst, &probe_ws));
   KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<PendingStore> pending, BeginStore(spec));
-  KVTIER_RETURN_IF_ERROR(pending->EncodeLayers(cache, blocks, kernels::LayerRange{}, stream));
+  const uint32_t layers = spec.geometry.num_layers;
+  const uint32_t step = (layers + kStoreRanges - 1) / kStoreRanges;
+  for (uint32_t b = 0; b < layers; b += step) {
+    KVTIER_RETURN_IF_ERROR(
+        pending->EncodeLayers(cache, blocks, {b, std::min(layers, b + step)}, stream));
+  }
   return pending->Commit(key, options);
 }
 

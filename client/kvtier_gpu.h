@@ -44,6 +44,7 @@
 namespace kvtier::client {
 
 class GpuPagedIo;
+class ChunkHasher;
 
 // A chunk being encoded into a slot of the daemon's pool, layer range by
 // layer range (GpuPagedIo::BeginStore). Destroyed without a successful
@@ -67,19 +68,24 @@ class PendingStore {
   // The layers encoded so far: [0, encoded_layers()).
   uint32_t encoded_layers() const { return next_layer_; }
 
-  // Waits for the stream of the last EncodeLayers, seals the chunk and
-  // commits it as `key`. FailedPrecondition unless every layer was encoded;
-  // the daemon's codes otherwise. The slot is aborted on any error.
+  // Waits for the encodes, seals the chunk and commits it as `key`. The
+  // section checksums are computed on host threads layer range by layer
+  // range as each range's encode completes, so most of the hashing overlaps
+  // the encodes (and, layer by layer, the caller's compute).
+  // FailedPrecondition unless every layer was encoded; the daemon's codes
+  // otherwise. The slot is aborted on any error.
   absl::Status Commit(const Hash128& key, const PutOptions& options = {});
 
  private:
   friend class GpuPagedIo;
-  PendingStore(GpuPagedIo* io, const codec::ChunkSpec& spec, WritableSlot slot, uint32_t* workspace)
-      : io_(io), spec_(spec), slot_(slot), workspace_(workspace) {}
+  PendingStore(GpuPagedIo* io, const codec::ChunkSpec& spec, const codec::ChunkLayout& layout,
+               WritableSlot slot, uint32_t* workspace);
 
   GpuPagedIo* const io_;
   const codec::ChunkSpec spec_;
+  const codec::ChunkLayout layout_;
   const WritableSlot slot_;
+  std::unique_ptr<ChunkHasher> hasher_;  // hashes the K and V sections as ranges complete
   uint32_t* workspace_;  // returned to io_'s pool once the encodes are done
   cudaStream_t stream_ = nullptr;  // of the last EncodeLayers
   uint32_t next_layer_ = 0;

@@ -1,5 +1,6 @@
 #include "common/hash.h"
 
+#include <algorithm>
 #include <span>
 #include <unordered_set>
 #include <vector>
@@ -82,6 +83,21 @@ TEST(Hash128, WorksInHashSets) {
 TEST(Checksum64, MatchesKnownXxh3Value) {
   // XXH3-64 of the empty input with seed 0 (xxHash's published value).
   EXPECT_EQ(Checksum64({}), 0x2D06800538D394C2ull);
+}
+
+TEST(Checksum64Stream, PiecesGiveTheChecksumOfTheWhole) {
+  std::vector<uint8_t> data(3 * 1024 * 1024 + 77);
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<uint8_t>(i * 131 + (i >> 9));
+  const std::span<const uint8_t> all(data);
+  for (size_t piece : {size_t{1}, size_t{63}, size_t{4096}, size_t{1} << 20, data.size()}) {
+    Checksum64Stream s;
+    for (size_t o = 0; o < data.size(); o += piece) {
+      s.Update(all.subspan(o, std::min(piece, data.size() - o)));
+    }
+    EXPECT_EQ(s.Digest(), Checksum64(all)) << "pieces of " << piece;
+  }
+  Checksum64Stream empty;
+  EXPECT_EQ(empty.Digest(), Checksum64({}));
 }
 
 }  // namespace

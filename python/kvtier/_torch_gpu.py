@@ -14,6 +14,8 @@ import ctypes
 import math
 import os
 import pathlib
+import threading
+import weakref
 from typing import Iterable, Optional, Sequence, Union
 
 import torch
@@ -114,12 +116,12 @@ _lib_cache: Optional[ctypes.CDLL] = None
 
 
 def _find_library() -> ctypes.CDLL:
-    try:  # the package's loader (kvtier/_native.py), where it exists
-        from kvtier import _native  # type: ignore
-
+    try:  # the package's loader (kvtier/_native.py)
+        from kvtier import _native
+    except ImportError:  # this module alone (e.g. copied without the package)
+        _native = None
+    if _native is not None:
         return _native.load()
-    except ImportError:
-        pass
     candidates = []
     if os.environ.get("KVTIER_LIBRARY"):
         candidates.append(pathlib.Path(os.environ["KVTIER_LIBRARY"]))
@@ -136,6 +138,8 @@ def _lib() -> ctypes.CDLL:
     global _lib_cache
     if _lib_cache is None:
         lib = _find_library()
+        if not lib.kvtier_has_cuda():
+            raise ImportError(f"libkvtier ({getattr(lib, 'path', lib._name)}) was built without CUDA")
         for name, (res, args) in _SIGNATURES.items():
             fn = getattr(lib, name)
             fn.restype = res
@@ -145,14 +149,15 @@ def _lib() -> ctypes.CDLL:
 
 
 def _check(rc: int) -> None:
+    """Raises the package's exception for a non-zero status (InvalidArgument is a ValueError)."""
     if rc == 0:
         return
     try:
-        from kvtier import _native  # type: ignore
-
-        _native.check(rc)
+        from kvtier import _native
     except ImportError:
-        pass
+        _native = None
+    if _native is not None:
+        _native.check(rc)
     reason = (_lib().kvtier_last_error() or b"").decode(errors="replace")
     if rc == 3:
         raise ValueError(reason)
@@ -214,38 +219,59 @@ def _layer_range(layers, num_layers: int) -> tuple[int, int]:
 
 
 def _client_handle(client) -> int:
-    """The kvtier_client* of a kvtier.Client (or a raw handle)."""
+    """The kvtier_client* of a kvtier.Client (or of a raw handle)."""
     if isinstance(client, int):
         return client
     if isinstance(client, ctypes.c_void_p):
         return client.value or 0
-    for attr in ("_handle", "handle", "_ptr", "_c"):
-        h = getattr(client, attr, None)
-        if h is not None:
-            return h.value if isinstance(h, ctypes.c_void_p) else int(h)
-    raise TypeError(f"{type(client).__name__} is not a kvtier client")
+    h = getattr(client, "handle", None)  # kvtier.Client: raises once closed
+    if h is None:
+        raise TypeError(f"{type(client).__name__} is not a kvtier client")
+    return h.value if isinstance(h, ctypes.c_void_p) else int(h)
 
 
-_gpus: dict = {}
+# kvtier_gpu handles per client and device: {client: {device index: handle}}.
+# A kvtier.Client is a weak key (its handles close with it: Client.close
+# calls close_gpu); a raw handle is a plain key.
+_gpus_by_client: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_gpus_by_handle: dict = {}
+_gpus_lock = threading.Lock()
+
+
+def _close_handles(handles: dict) -> None:
+    for g in handles.values():
+        _lib().kvtier_gpu_close(_vp(g))
+    handles.clear()
 
 
 def _gpu(client, device: torch.device) -> int:
     h = _client_handle(client)
     idx = device.index if device.index is not None else torch.cuda.current_device()
-    key = (h, idx)
-    g = _gpus.get(key)
-    if g is None:
-        out = _vp()
-        _check(_lib().kvtier_gpu_open(_vp(h), idx, ctypes.byref(out)))
-        g = _gpus[key] = out.value
+    with _gpus_lock:
+        if isinstance(client, (int, ctypes.c_void_p)):
+            handles = _gpus_by_handle.setdefault(h, {})
+        else:
+            handles = _gpus_by_client.get(client)
+            if handles is None:
+                handles = _gpus_by_client[client] = {}
+                weakref.finalize(client, _close_handles, handles)
+        g = handles.get(idx)
+        if g is None:
+            out = _vp()
+            _check(_lib().kvtier_gpu_open(_vp(h), idx, ctypes.byref(out)))
+            g = handles[idx] = out.value
     return g
 
 
 def close_gpu(client) -> None:
-    """Unregisters the client's pool from CUDA; call before closing the client."""
-    h = _client_handle(client)
-    for key in [k for k in _gpus if k[0] == h]:
-        _lib().kvtier_gpu_close(_vp(_gpus.pop(key)))
+    """Unregisters the client's pool from CUDA (kvtier.Client.close calls it)."""
+    with _gpus_lock:
+        if isinstance(client, (int, ctypes.c_void_p)):
+            handles = _gpus_by_handle.pop(_client_handle(client), None)
+        else:
+            handles = _gpus_by_client.pop(client, None)
+    if handles:
+        _close_handles(handles)
 
 
 # ---- PagedCache ----------------------------------------------------------------------

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import sys
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
@@ -151,6 +152,8 @@ class Client:
     def close(self) -> None:
         """Closes the connection. Chunks still held keep their holds until
         released; do not use them after close."""
+        if self._handle and "kvtier._torch_gpu" in sys.modules:
+            sys.modules["kvtier._torch_gpu"].close_gpu(self)  # before the pool is unmapped
         handle, self._handle = self._handle, None
         if handle:
             self._lib.kvtier_client_close(handle)

@@ -1,16 +1,6 @@
-"""kvtier's GPU path for PyTorch (kvtier/_torch_gpu.py) against a kvtierd started
-on a temporary socket. Skipped without CUDA, a GPU build of libkvtier or kvtierd.
-
-kvtierd: $KVTIERD, else build*/server/kvtierd of the repository.
-"""
-
-import ctypes
-import os
-import pathlib
-import shutil
-import subprocess
-import tempfile
-import time
+"""kvtier's GPU path for PyTorch (kvtier/_torch_gpu.py, re-exported by
+kvtier.torch) against a real kvtierd (conftest.Daemon). Skipped without torch,
+a CUDA device or a libkvtier built with CUDA."""
 
 import pytest
 
@@ -18,115 +8,34 @@ torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
     pytest.skip("no CUDA device", allow_module_level=True)
 
+import kvtier  # noqa: E402
 from kvtier import _torch_gpu as kg  # noqa: E402
+from kvtier import torch as kt  # noqa: E402
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+from conftest import Daemon  # noqa: E402
+
 DEV = torch.device("cuda", 0)
 
 
-def _kvtierd():
-    if os.environ.get("KVTIERD"):
-        return os.environ["KVTIERD"]
-    found = sorted(ROOT.glob("build*/server/kvtierd"))
-    return str(found[0]) if found else None
-
-
 @pytest.fixture(scope="module")
-def lib():
+def client(tmp_path_factory):
     try:
         lib = kg._lib()
     except (ImportError, OSError) as e:
         pytest.skip(f"libkvtier: {e}")
     if not lib.kvtier_has_cuda():
         pytest.skip("libkvtier was built without CUDA")
-    return lib
+    d = Daemon(tmp_path_factory.mktemp("kvtierd"), dram_gib="2", nvme_gib="1").start()
+    c = kvtier.Client(socket=d.socket)
+    yield c
+    c.close()
+    d.stop()
 
 
-class _ClientOptions(ctypes.Structure):
-    _fields_ = [("struct_size", ctypes.c_size_t), ("socket_path", ctypes.c_char_p),
-                ("tcp_addr", ctypes.c_char_p), ("token", ctypes.c_char_p),
-                ("token_file", ctypes.c_char_p), ("timeout_ms", ctypes.c_int64),
-                ("shared_memory", ctypes.c_int32), ("max_data_connections", ctypes.c_int32),
-                ("populate_mapping", ctypes.c_int32)]
-
-
-@pytest.fixture(scope="module")
-def daemon():
-    exe = _kvtierd()
-    if exe is None:
-        pytest.skip("kvtierd not built (set KVTIERD)")
-    d = tempfile.mkdtemp(prefix="kvtier-pytest-")
-    sock = os.path.join(d, "kvtierd.sock")
-    ready = os.path.join(d, "ready")
-    p = subprocess.Popen([exe, "--data-dir", d, "--socket", sock, "--dram-gib", "2",
-                          "--nvme-gib", "1", "--ready-file", ready, "--log-level", "warn"])
-    for _ in range(300):
-        if os.path.exists(ready) or p.poll() is not None:
-            break
-        time.sleep(0.05)
-    if not os.path.exists(ready):
-        p.kill()
-        pytest.fail(f"kvtierd did not start (exit {p.poll()})")
-    yield sock
-    p.terminate()
-    try:
-        p.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        p.kill()
-    shutil.rmtree(d, ignore_errors=True)
-
-
-@pytest.fixture(scope="module")
-def client(lib, daemon):
-    """A raw kvtier_client* (the package's Client, where present, wraps the same)."""
-    lib.kvtier_client_options_init.argtypes = [ctypes.POINTER(_ClientOptions)]
-    lib.kvtier_client_open.argtypes = [ctypes.POINTER(_ClientOptions), ctypes.POINTER(ctypes.c_void_p)]
-    lib.kvtier_client_close.argtypes = [ctypes.c_void_p]
-    o = _ClientOptions()
-    lib.kvtier_client_options_init(ctypes.byref(o))
-    o.socket_path = daemon.encode()
-    h = ctypes.c_void_p()
-    assert lib.kvtier_client_open(ctypes.byref(o), ctypes.byref(h)) == 0, lib.kvtier_last_error()
-    yield h.value
-    kg.close_gpu(h.value)
-    lib.kvtier_client_close(h)
-
-
-def _get(lib, client, key: bytes) -> bytes:
-    lib.kvtier_get.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint8),
-                               ctypes.POINTER(ctypes.c_void_p),
-                               ctypes.POINTER(ctypes.POINTER(ctypes.c_uint8)),
-                               ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_int)]
-    lib.kvtier_release.argtypes = [ctypes.c_void_p]
-    held, data, size, tier = (ctypes.c_void_p(), ctypes.POINTER(ctypes.c_uint8)(),
-                              ctypes.c_uint64(), ctypes.c_int())
-    rc = lib.kvtier_get(ctypes.c_void_p(client), kg._u8(key), ctypes.byref(held),
-                        ctypes.byref(data), ctypes.byref(size), ctypes.byref(tier))
-    assert rc == 0, lib.kvtier_last_error()
-    out = ctypes.string_at(data, size.value)
-    lib.kvtier_release(held)
-    return out
-
-
-def _decode_cpu(lib, chunk: bytes, layers, tokens, heads, dim):
-    """The CPU codec's values of a chunk: kvtier.torch.decode_chunk where the package
-    has it, else kvtier_decode_chunk. [layers, tokens, heads, dim] each."""
-    try:
-        from kvtier import torch as kt  # type: ignore
-
-        k, v = kt.decode_chunk(chunk)
-        return k.view(torch.int16), v.view(torch.int16)
-    except (ImportError, AttributeError):
-        pass
-    n = layers * tokens * heads * dim
-    k = torch.empty(n, dtype=torch.int16)
-    v = torch.empty(n, dtype=torch.int16)
-    lib.kvtier_decode_chunk.argtypes = [ctypes.c_char_p, ctypes.c_uint64, ctypes.c_void_p,
-                                        ctypes.c_void_p, ctypes.c_uint64]
-    rc = lib.kvtier_decode_chunk(chunk, len(chunk), k.data_ptr(), v.data_ptr(), n)
-    assert rc == 0, lib.kvtier_last_error()
-    shape = (layers, tokens, heads, dim)
-    return k.view(shape), v.view(shape)
+def _decode_cpu(chunk: bytes):
+    """The CPU codec's values of a chunk, [layers, tokens, heads, dim] as int16 bits."""
+    k, v = kt.decode_chunk(chunk)
+    return k.view(torch.int16), v.view(torch.int16)
 
 
 L, H, D, BS, T = 4, 8, 128, 16, 256
@@ -170,26 +79,27 @@ def test_k16v16_round_trip_is_bit_exact(client, layout):
     src_layers, src = _vllm_cache(1, layout=layout)
     ids = list(range(3, 3 + T // BS))
     key = _key(10 + ["flash_attn_nhd", "flash_attn_hnd", "flashinfer_nhd", "flashinfer_hnd"].index(layout))
-    kg.store(client, key, src, ids, codec="k16v16")
+    kt.store(client, key, src, ids, codec="k16v16")
     dst_layers, dst = _vllm_cache(2, layout=layout)
     for t in dst_layers:
         t.zero_()
     out_ids = list(range(40, 40 + T // BS))[::-1]
     tier = kg.load(client, key, dst, out_ids)
     assert tier == "dram"
+    assert client.load(key, dst, out_ids) == "dram"  # Client.load delegates here
     k0, v0 = _gather(src_layers, ids, layout)
     k1, v1 = _gather(dst_layers, out_ids, layout)
     assert torch.equal(k0.view(torch.int16), k1.view(torch.int16))
     assert torch.equal(v0.view(torch.int16), v1.view(torch.int16))
 
 
-def test_k16v8_load_matches_the_cpu_codec(lib, client):
+def test_k16v8_load_matches_the_cpu_codec(client):
     src_layers, src = _vllm_cache(3)
     ids = list(range(0, 2 * (T // BS), 2))
     key = _key(100)
     kg.store(client, key, src, ids, codec="k16v8", fingerprint=b"\x07" * 16)
-    chunk = _get(lib, client, key)
-    kc, vc = _decode_cpu(lib, chunk, L, T, H, D)
+    chunk = client.get_bytes(key)
+    kc, vc = _decode_cpu(chunk)
     dst_layers, dst = _vllm_cache(4)
     out_ids = list(range(NB - T // BS, NB))
     assert kg.load(client, key, dst, out_ids) == "dram"
@@ -200,7 +110,7 @@ def test_k16v8_load_matches_the_cpu_codec(lib, client):
     assert torch.equal(k0.view(torch.int16), k1.view(torch.int16)), "K stays 16-bit"
 
 
-def test_store_by_layer_ranges_gives_the_same_chunk(lib, client):
+def test_store_by_layer_ranges_gives_the_same_chunk(client):
     _, src = _vllm_cache(5)
     ids = list(range(T // BS))
     kg.store(client, _key(200), src, ids, codec="k16v8")
@@ -210,7 +120,7 @@ def test_store_by_layer_ranges_gives_the_same_chunk(lib, client):
         op.encode_layers(ids, (1, 3), stream=side)
         op.encode_layers(ids, 3, stream=side)
         op.commit(_key(201))
-    assert _get(lib, client, _key(200)) == _get(lib, client, _key(201))
+    assert client.get_bytes(_key(200)) == client.get_bytes(_key(201))
     op = kg.begin_store(client, src, T)
     with pytest.raises(ValueError):
         op.encode_layers(ids, (1, 2))  # must start at layer 0
@@ -253,6 +163,8 @@ def test_layerwise_load_of_a_batch(client):
     tiers = lw.finish()
     assert tiers == ["dram"] * n + [None]
     assert lw.statuses[-1] == 5  # NOT_FOUND
+    with pytest.raises(kvtier.NotFound):
+        kg.load(client, missing, dst, [60])
     torch.cuda.synchronize()
     for l in range(L):
         assert torch.equal(dst_layers[l][:, : n * T // BS].view(torch.int16),
