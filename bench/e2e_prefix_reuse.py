@@ -326,7 +326,7 @@ def main():
         # NVMe: the shutdown flush writes DRAM to NVMe; the restarted daemon's DRAM is empty.
         probe = prompt(16 * C + 1)
         reuse_for(codecs[0], client).prefill(probe, last_logits_only=True)
-        close(client)
+        client.close()
         res["daemon_stop_flush_s"] = daemon.stop()
         res["daemon_restart_s"] = daemon.start()
         client = kvtier.Client(socket=daemon.socket)
@@ -368,7 +368,7 @@ def main():
         guarded(res, "decode", lambda: res.__setitem__(
             "decode", decode(args, model, client, device, prompt, reuse_for)))
 
-        close(client)
+        client.close()
         daemon.stop()
         shutil.rmtree(data_dir, ignore_errors=True)
     except Exception:  # the numbers measured so far are still written
@@ -414,12 +414,6 @@ def sweep_ttft(args, res, model, client, device, ids, P):
     runs = [timed(device, serial)[0] for _ in range(args.reps)]
     res["ttft_dram_k16v8_load_then_compute_s"] = min(runs)
     res["ttft_sweep_prefix_tokens"] = P
-
-
-def close(client):
-    if "close_gpu" in kvtier.torch.__all__:
-        kvtier.torch.close_gpu(client)  # unregisters the pool mapping from CUDA
-    client.close()
 
 
 def _plan_fields(plan, keys, ttft_load, ttft_recompute):
