@@ -16,9 +16,9 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import kvtier  # noqa: E402
-from conftest import Daemon  # noqa: E402
 import kvtier.torch  # noqa: E402
-from kvtier import hf  # noqa: E402
+from conftest import Daemon  # noqa: E402
+from kvtier import hf, hf_paged  # noqa: E402
 
 CHUNK = 32  # tokens per chunk: small, so prompts of a few chunks stay fast on a CPU
 
@@ -218,9 +218,6 @@ def test_generate_continues_from_the_fetched_cache(model, client):
 
 
 # ---- way (b): the fetched prefix kept K16/V8 in a paged cache ----------------------
-
-from kvtier import hf_paged  # noqa: E402
-
 
 @pytest.fixture(scope="module")
 def paged_model(model):
