@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/checksum_stream.h"
 #include "common/status.h"
 #include "kernels/cuda_status.h"
 #include "kernels/paged_codec.h"

@@ -53,21 +53,6 @@ struct Hash128 {
 // XXH3-64 of `data` with seed 0: the checksum of the chunk format.
 uint64_t Checksum64(std::span<const uint8_t> data);
 
-// Checksum64 of data that arrives in pieces: Digest() after Update(a),
-// Update(b) equals Checksum64 of a followed by b. Not thread-safe.
-class Checksum64Stream {
- public:
-  Checksum64Stream();
-  ~Checksum64Stream();
-  Checksum64Stream(const Checksum64Stream&) = delete;
-  Checksum64Stream& operator=(const Checksum64Stream&) = delete;
-  void Update(std::span<const uint8_t> data);
-  uint64_t Digest() const;
-
- private:
-  void* state_;  // XXH3_state_t (xxhash.h stays out of this header)
-};
-
 }  // namespace kvtier
 
 template <>

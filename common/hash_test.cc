@@ -5,6 +5,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "common/checksum_stream.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
