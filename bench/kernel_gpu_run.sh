@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine from .gpubundle/ (see scripts/gpu-bundle): every GPU
 # test, then every kernel benchmark; logs and JSON go to $OUT (default ./out).
-# STEPS picks the parts (default "tests codec attention sdpa daemon"): one
+# STEPS picks the parts (default "tests codec attention sdpa daemon"; "hf" runs
+# kvtier.hf's tests and bench/e2e_prefix_reuse.py, about 3 minutes): one
 # device call is limited to 10 minutes, and the codec bench alone takes
 # about 5 (12 formats), so a call that needs the other numbers too leaves
 # "codec" out. "daemon" starts kvtierd on a temporary socket (DRAM tier, NVMe
@@ -55,6 +56,16 @@ if step daemon; then
   fi
   kill "$daemon" 2>/dev/null; wait "$daemon" 2>/dev/null
   rm -rf "$tmp"
+fi
+if step hf; then
+  # kvtier.hf: its tests (GPU ones included; each starts its own kvtierd), then
+  # the end-to-end prefix-reuse benchmark (its own kvtierd, restarted for NVMe).
+  export KVTIERD=$PWD/kvtierd KVTIER_LIBRARY=$PWD/libkvtier.so
+  (cd python/tests && PYTHONUNBUFFERED=1 timeout 150 python3 -m pytest -q -rs -p no:cacheprovider \
+    test_hf.py >"$OUT/python_hf_test.log" 2>&1) || rc=1
+  tail -n 5 "$OUT/python_hf_test.log"
+  PYTHONUNBUFFERED=1 timeout 330 python3 bench/e2e_prefix_reuse.py --kvtierd "$PWD/kvtierd" \
+    --out "$OUT/e2e_prefix_reuse.json" 2>&1 | tee -a "$OUT/bench.log" | tail -n 40 || rc=1
 fi
 python3 kernel_merge_results.py "$OUT" || rc=1
 if step tests; then grep -h -E "FAILED|PASSED|SKIPPED" "$OUT"/*_test.log | head -40; fi

@@ -3,6 +3,7 @@ fingerprint (DESIGN.md "Keys"), computed by libkvtier so that every binding
 and the `kvtier keys` command give the same bytes."""
 from __future__ import annotations
 
+import array
 import ctypes
 from dataclasses import dataclass
 from typing import Iterable, Sequence, Union
@@ -81,15 +82,25 @@ def _token_array(token_ids: Iterable[int]):
 def chunk_keys(fingerprint: Key, token_ids: Sequence[int], chunk_tokens: int = 256,
                partial: bool = False) -> list[bytes]:
     """Keys of the full chunks of `token_ids` (and of a trailing partial
-    chunk with `partial`) under `fingerprint`."""
+    chunk with `partial`) under `fingerprint`. An ``array.array`` of 4-byte
+    unsigned ints (typecode "I") is passed to libkvtier as it is, with no
+    per-token conversion (a 32K-token prompt: tens of microseconds against
+    milliseconds for a list)."""
     lib = _native.load()
     fp = as_key(fingerprint)
-    if hasattr(token_ids, "tolist"):
-        token_ids = token_ids.tolist()
-    if any(t < 0 or t > 0xFFFFFFFF for t in token_ids):
-        from kvtier.errors import InvalidArgument
-        raise InvalidArgument(3, "token ids must be integers in [0, 2^32)")
-    tokens, n = _token_array(token_ids)
+    keep = None
+    if isinstance(token_ids, array.array) and token_ids.typecode == "I" \
+            and token_ids.itemsize == 4 and len(token_ids):
+        keep = token_ids
+        address, n = token_ids.buffer_info()
+        tokens = ctypes.cast(address, ctypes.POINTER(ctypes.c_uint32))
+    else:
+        if hasattr(token_ids, "tolist"):
+            token_ids = token_ids.tolist()
+        if any(t < 0 or t > 0xFFFFFFFF for t in token_ids):
+            from kvtier.errors import InvalidArgument
+            raise InvalidArgument(3, "token ids must be integers in [0, 2^32)")
+        tokens, n = _token_array(token_ids)
     if chunk_tokens <= 0:
         from kvtier.errors import InvalidArgument
         raise InvalidArgument(3, "chunk_tokens must be positive")
@@ -98,6 +109,7 @@ def chunk_keys(fingerprint: Key, token_ids: Sequence[int], chunk_tokens: int = 2
     count = ctypes.c_size_t()
     _native.check(lib.kvtier_chunk_keys(_native.key_arg(fp), tokens, n, chunk_tokens,
                                         int(partial), out, ctypes.byref(count)))
+    del keep
     raw = bytes(out)
     return [raw[16 * i:16 * i + 16] for i in range(count.value)]
 
