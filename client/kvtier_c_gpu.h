@@ -128,13 +128,15 @@ KVTIER_C_EXPORT int kvtier_gpu_load(kvtier_gpu* gpu, const uint8_t key[16],
                                     uint32_t num_ids, uint32_t first_slot, uint32_t layer_begin,
                                     uint32_t layer_end, uint64_t stream, int* tier);
 
-/* Loads n chunks layer group by layer group: holds and checks them all
- * (several at once), then queues on `stream`, for each group of layer_group
- * layers, that group's decode of every found chunk and an event. Chunk i
- * goes to block ids block_ids[offsets[i] .. offsets[i] + num_ids[i]) (host
- * memory) from first_slots[i] (NULL: 0). Returns without waiting for the
- * device. A missing or corrupt chunk does not fail the call: finish reports
- * it. */
+/* Loads n chunks layer group by layer group: holds them and checks their
+ * headers (several at once), then queues on `stream`, for each group of
+ * layer_group layers, that group's decode of every found chunk and an event.
+ * Chunk i goes to block ids block_ids[offsets[i] .. offsets[i] + num_ids[i])
+ * (host memory) from first_slots[i] (NULL: 0). Returns without waiting for
+ * the device. The chunks' checksums are verified on host threads while they
+ * decode: a missing or corrupt chunk does not fail the call, finish reports
+ * it, and the slots of a chunk reported corrupt hold what was read (use none
+ * of a load's slots before finish has said which chunks are good). */
 KVTIER_C_EXPORT int kvtier_gpu_load_layerwise(kvtier_gpu* gpu, const uint8_t* keys, size_t n,
                                               const kvtier_gpu_cache* cache,
                                               const int32_t* block_ids, const uint64_t* offsets,

@@ -224,9 +224,27 @@ absl::Status LayerwiseLoad::WaitLayer(uint32_t layer, cudaStream_t stream) const
   return absl::OkStatus();
 }
 
+void LayerwiseLoad::VerifyHeld() {
+  for (size_t i = next_verify_.fetch_add(1); i < holds_.size(); i = next_verify_.fetch_add(1)) {
+    if (!holds_[i].has_value()) continue;
+    auto checked = wire::VerifyChunkParallel(holds_[i]->data);
+    if (checked.ok()) continue;
+    // The reader's check failed: the daemon checks the stored chunk (and
+    // drops it if corrupt). The decoded slots came from the bytes read here
+    // either way.
+    auto again = client_->Hold(keys_[i], /*verify=*/true);
+    if (again.ok()) (void)client_->Unhold(*again);
+    results_[i] = absl::DataLossError(absl::StrCat("chunk ", keys_[i].ToHex(),
+                                                   " failed the reader's check: ",
+                                                   checked.status().message()));
+  }
+}
+
 absl::Status LayerwiseLoad::Finish() {
   if (finished_) return absl::OkStatus();
   finished_ = true;
+  for (std::thread& t : verifiers_) t.join();
+  verifiers_.clear();
   absl::Status first;
   if (!events_.empty()) {
     first = kernels::CudaStatus(cudaEventSynchronize(events_.back()), "cudaEventSynchronize",
@@ -238,8 +256,9 @@ absl::Status LayerwiseLoad::Finish() {
     holds_.clear();
     return first;
   }
-  for (const HeldChunk& h : holds_) {
-    absl::Status u = client_->Unhold(h);
+  for (const std::optional<HeldChunk>& h : holds_) {
+    if (!h.has_value()) continue;
+    absl::Status u = client_->Unhold(*h);
     if (first.ok() && !u.ok()) first = u;
   }
   holds_.clear();
@@ -333,27 +352,6 @@ absl::Status GpuPagedIo::Store(const Hash128& key, const codec::ChunkSpec& spec,
   return pending->Commit(key, options);
 }
 
-absl::StatusOr<HeldChunk> GpuPagedIo::HoldVerified(const Hash128& key,
-                                                   codec::ChunkHeader* header) {
-  bool verify = false;
-  for (;;) {
-    KVTIER_ASSIGN_OR_RETURN(HeldChunk held, client_->Hold(key, verify));
-    // The reader's check of the bytes the kernel is about to read; on a
-    // mismatch the daemon checks the stored chunk (and drops it if corrupt).
-    auto checked = wire::VerifyChunkParallel(held.data);
-    if (checked.ok()) {
-      *header = checked->header();
-      return held;
-    }
-    (void)client_->Unhold(held);
-    if (verify) {
-      return absl::DataLossError(absl::StrCat("chunk ", key.ToHex(), " changed while read: ",
-                                              checked.status().message()));
-    }
-    verify = true;
-  }
-}
-
 absl::StatusOr<Tier> GpuPagedIo::Load(const Hash128& key, const kernels::PagedKvLayout& cache,
                                       const kernels::BlockSpan& blocks, cudaStream_t stream,
                                       kernels::LayerRange layers) {
@@ -411,9 +409,11 @@ absl::StatusOr<std::unique_ptr<LayerwiseLoad>> GpuPagedIo::BeginLayerwiseLoad(
     load->events_.push_back(ev);
   }
 
-  // Hold and check every chunk, a few at a time over the data-plane
-  // connections. The first layer group of chunk i is enqueued as soon as
-  // chunks 0..i are checked, so the copies overlap the checks of later chunks.
+  // Hold every chunk and check its header, a few at a time over the
+  // data-plane connections. The first layer group of chunk i is enqueued as
+  // soon as chunks 0..i are held, so the copies overlap the later holds; the
+  // sections are hashed after the launches (VerifyHeld), so the checks
+  // overlap the decodes instead of preceding them.
   const size_t n = chunks.size();
   std::vector<std::optional<HeldChunk>> held(n);
   std::vector<codec::ChunkHeader> headers(n);
@@ -421,13 +421,25 @@ absl::StatusOr<std::unique_ptr<LayerwiseLoad>> GpuPagedIo::BeginLayerwiseLoad(
   absl::Mutex ready_mu;
   std::vector<char> ready(n, 0);
   auto one = [&](size_t i) {
-    auto h = HoldVerified(chunks[i].key, &headers[i]);
+    // The header is checked before the launch (it sizes every read); the
+    // sections are hashed while the kernels decode them (VerifyHeld).
+    auto h = client_->Hold(chunks[i].key, /*verify=*/false);
     if (!h.ok()) {
       results[i] = h.status();
       return;
     }
-    absl::Status v = kernels::ValidateDecodeScatter(headers[i], Device(h->data.data()), cache,
-                                                    chunks[i].blocks);
+    auto header = codec::ParseHeader(h->data);
+    absl::Status v = header.status();
+    if (v.ok() && header->layout.total_bytes != h->data.size()) {
+      v = absl::DataLossError(absl::StrCat("chunk ", chunks[i].key.ToHex(), " is ",
+                                           h->data.size(), " bytes, its header says ",
+                                           header->layout.total_bytes));
+    }
+    if (v.ok()) {
+      headers[i] = *header;
+      v = kernels::ValidateDecodeScatter(headers[i], Device(h->data.data()), cache,
+                                         chunks[i].blocks);
+    }
     if (!v.ok()) {
       (void)client_->Unhold(*h);
       results[i] = v;
@@ -466,9 +478,9 @@ absl::StatusOr<std::unique_ptr<LayerwiseLoad>> GpuPagedIo::BeginLayerwiseLoad(
                                     chunks[i].blocks, range_of(0), stream);
   }
   for (std::thread& t : threads) t.join();
-  for (size_t i = 0; i < n; ++i) {
-    if (held[i]) load->holds_.push_back(*held[i]);
-  }
+  load->keys_.reserve(n);
+  for (const LayerwiseChunk& c : chunks) load->keys_.push_back(c.key);
+  load->holds_ = held;  // `held` still serves the launches below
   load->results_ = std::move(results);
   for (uint32_t g = 0; g < groups && launch.ok(); ++g) {
     for (size_t i = 0; i < n && launch.ok() && g > 0; ++i) {
@@ -481,6 +493,9 @@ absl::StatusOr<std::unique_ptr<LayerwiseLoad>> GpuPagedIo::BeginLayerwiseLoad(
                                    __FILE__, __LINE__);
     }
   }
+  // The reader's check of every held chunk, while the decodes run.
+  LayerwiseLoad* const lw = load.get();
+  for (size_t w = 0; w < workers; ++w) lw->verifiers_.emplace_back([lw] { lw->VerifyHeld(); });
   if (!launch.ok()) {
     (void)Sync(stream);  // earlier launches still read the holds
     (void)load->Finish();

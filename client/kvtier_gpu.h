@@ -29,7 +29,11 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <memory>
+#include <optional>
+#include <thread>
+#include <vector>
 #include <span>
 #include <vector>
 
@@ -123,13 +127,18 @@ class LayerwiseLoad {
   absl::Status WaitLayer(uint32_t layer, cudaStream_t stream) const;
 
   // What each chunk's load gave, in the order of the request: its tier, or
-  // NotFound (miss), DataLoss (corrupt; the daemon drops it) and the like;
-  // a chunk that failed was not decoded and its slots are untouched.
+  // NotFound (miss), DataLoss (corrupt; the daemon drops it) and the like.
+  // Final only after Finish: the sections of every held chunk are hashed on
+  // host threads while the kernels decode them (only the header is checked
+  // before the launch), so a chunk whose bytes fail that check has been
+  // decoded and its slots hold what was read; it is reported DataLoss here
+  // and its slots must not be used. A chunk that failed before its launch
+  // (a miss, a bad header) was not decoded and its slots are untouched.
   const std::vector<absl::StatusOr<Tier>>& results() const { return results_; }
 
-  // Blocks until every decode has finished, then ends the holds. Returns the
-  // first CUDA or unhold error (results() stays as it was); OK otherwise.
-  // Idempotent.
+  // Blocks until every chunk is checked and every decode has finished, then
+  // ends the holds. Returns the first CUDA or unhold error (results() stays
+  // as it was); OK otherwise. Idempotent.
   absl::Status Finish();
 
  private:
@@ -137,12 +146,21 @@ class LayerwiseLoad {
   LayerwiseLoad(KvtierClient* client, uint32_t num_layers, uint32_t layer_group)
       : client_(client), num_layers_(num_layers), layer_group_(layer_group) {}
 
+  // Hashes the sections of held chunks until none is left (a verifier
+  // thread's loop); records DataLoss in results_ for a chunk that fails.
+  void VerifyHeld();
+
   KvtierClient* const client_;
   const uint32_t num_layers_;
   const uint32_t layer_group_;
   std::vector<cudaEvent_t> events_;  // one per layer group
-  std::vector<HeldChunk> holds_;     // the chunks held until Finish
+  std::vector<Hash128> keys_;        // per chunk of the request
+  // Per chunk: its hold, until Finish (empty for a chunk that failed first).
+  std::vector<std::optional<HeldChunk>> holds_;
+  // Per chunk; a verifier writes only the entries of the chunks it checks.
   std::vector<absl::StatusOr<Tier>> results_;
+  std::atomic<size_t> next_verify_{0};
+  std::vector<std::thread> verifiers_;  // joined by Finish
   bool finished_ = false;
 };
 
@@ -212,8 +230,6 @@ class GpuPagedIo {
   // Returns a workspace whose launches have all completed (it is zero
   // again), or frees a `dirty` one (a launch failed part-way).
   void ReturnWorkspace(uint32_t* ws, bool dirty);
-  // Holds `key` and checks its bytes (one retry with the daemon's verify).
-  absl::StatusOr<HeldChunk> HoldVerified(const Hash128& key, codec::ChunkHeader* header);
 
   KvtierClient* const client_;
   const std::span<uint8_t> pool_;

@@ -306,5 +306,44 @@ TEST_F(ServerGpuTest, LayerwiseLoadDecodesEveryFoundChunkAndReportsTheMissing) {
   cudaStreamDestroy(compute);
 }
 
+TEST_F(ServerGpuTest, LayerwiseLoadReportsAChunkCorruptedInThePoolAtFinish) {
+  LayerCase c;
+  ASSERT_NO_FATAL_FAILURE(c.Init(34));
+  std::vector<LayerwiseChunk> chunks;
+  for (uint32_t i = 0; i < LayerCase::kChunks; ++i) {
+    ASSERT_TRUE(io_->Store(TestKey(80 + i), c.spec, c.dev.layout, c.Span(i), nullptr).ok());
+    chunks.push_back({TestKey(80 + i), c.Span(i)});
+  }
+  // Bit rot in DRAM: one V payload byte of chunk 1 flips in the pool, after
+  // the daemon verified it at put.
+  {
+    auto held = client_->Hold(TestKey(81));
+    ASSERT_TRUE(held.ok()) << held.status();
+    auto* p = const_cast<uint8_t*>(held->data.data()) + held->data.size() - 80;
+    *p ^= 0x40;
+    ASSERT_TRUE(client_->Unhold(*held).ok());
+  }
+  DeviceCache dst;
+  HostCache poisoned;
+  poisoned.Init(CacheLayout::kVllmFlashAttnNHD, c.host.layout);
+  poisoned.Poison(0x21);
+  KVTIER_ASSERT_CUDA(dst.Upload(poisoned));
+  cudaStream_t stream;
+  KVTIER_ASSERT_CUDA(cudaStreamCreate(&stream));
+  auto lw = io_->BeginLayerwiseLoad(chunks, dst.layout, /*layer_group=*/2, stream);
+  ASSERT_TRUE(lw.ok()) << lw.status();
+  ASSERT_TRUE((*lw)->Finish().ok());
+  const auto& r = (*lw)->results();
+  ASSERT_EQ(r.size(), size_t{LayerCase::kChunks});
+  EXPECT_EQ(r[1].status().code(), absl::StatusCode::kDataLoss) << r[1].status();
+  for (uint32_t i = 0; i < LayerCase::kChunks; ++i) {
+    if (i != 1) EXPECT_TRUE(r[i].ok()) << i << ": " << r[i].status();
+  }
+  // The corrupt chunk is never served as good again.
+  const absl::StatusCode code = client_->Get(TestKey(81)).status().code();
+  EXPECT_TRUE(code == absl::StatusCode::kDataLoss || code == absl::StatusCode::kNotFound) << code;
+  cudaStreamDestroy(stream);
+}
+
 }  // namespace
 }  // namespace kvtier::client

@@ -688,10 +688,13 @@ class LayerwiseLoad:
 def load_layerwise(client, keys: Sequence, cache: PagedCache, block_ids_per_key: Sequence,
                    layer_group: int = 1, stream=None,
                    first_slots: Optional[Sequence[int]] = None) -> LayerwiseLoad:
-    """Holds and checks every chunk of ``keys`` (several at once), then queues on
-    ``stream``, per group of ``layer_group`` layers, the decode of that group of every
-    found chunk followed by an event. Returns without waiting for the device: call
-    ``wait_layer(l)`` before computing layer l, ``finish()`` at the end."""
+    """Holds every chunk of ``keys`` and checks its header (several at once), then
+    queues on ``stream``, per group of ``layer_group`` layers, the decode of that group
+    of every found chunk followed by an event. Returns without waiting for the device:
+    call ``wait_layer(l)`` before computing layer l, ``finish()`` at the end. The
+    chunks' checksums are verified on host threads while they decode, so what the
+    load put in the cache is trustworthy only for the chunks that ``finish()`` reports
+    good; a chunk it reports corrupt (DataLoss) was decoded from bad bytes."""
     keys = list(keys)
     per = list(block_ids_per_key)
     if not keys or len(keys) != len(per):
