@@ -19,7 +19,7 @@ constexpr const char* kMetricNames[] = {
     "puts",      "gets",       "hits_hbm",          "hits_dram",      "hits_nvme",
     "misses",    "evictions",  "demotions",         "promotions",     "admission_rejects",
     "data_loss", "leases_expired", "slots_expired", "prefetched", "hits_remote",
-    "remote_errors",
+    "remote_errors", "holds_refused",
 };
 static_assert(sizeof(kMetricNames) / sizeof(kMetricNames[0]) ==
                   static_cast<size_t>(EngineMetric::kCount),
@@ -327,6 +327,7 @@ void PlacementEngine::ExpireLocked(int64_t now) {
       auto c = chunks_.find(k);
       if (c != chunks_.end()) --c->second.pins;
     }
+    held_bytes_ -= it->second.held_bytes;
     Count(EngineMetric::kLeasesExpired);
     leases_.erase(it++);
   }
@@ -336,6 +337,7 @@ void PlacementEngine::ExpireLocked(int64_t now) {
       continue;
     }
     (void)dram_->AbortSlot(it->second.extent);
+    held_bytes_ -= it->second.held_bytes;
     Count(EngineMetric::kSlotsExpired);
     slots_.erase(it++);
   }
@@ -577,32 +579,13 @@ absl::StatusOr<SharedRead> PlacementEngine::GetShared(const Hash128& key, int64_
     KVTIER_ASSIGN_OR_RETURN(ChunkState * st, StartReadLocked(key));
     shape = {st->bytes, st->k_object_bytes, st->split};
     r.chunk_bytes = st->bytes;
-    if (!st->split && (st->where[0] & Bit(TierKind::kDram))) {
-      // Whole in DRAM: pinned where it is. The pin keeps the extent (no
-      // eviction, move or delete), so the reference is only for the offset.
-      auto ref = dram_->AcquireRef({key, Part::kWhole});
-      if (ref.ok()) {
-        dram_->ReleaseRef(*ref);
-        KVTIER_ASSIGN_OR_RETURN(r.lease_id, NewIdLocked());
-        ++st->pins;
-        r.expires_at_us = now + LeaseUs(ttl_ms);
-        leases_[r.lease_id] = LeaseState{{key}, r.expires_at_us};
-        r.extent = PoolExtent{ref->offset, st->bytes};
-        r.bytes = std::span<const uint8_t>(dram_->base() + ref->offset, st->bytes);
-        r.tier = fetched ? TierKind::kRemote : TierKind::kDram;
-        CountHit(TierKind::kDram);
-        return r;
-      }
-    }
+    KVTIER_ASSIGN_OR_RETURN(bool pinned, PinInDramLocked(key, st, ttl_ms, now, fetched, &r));
+    if (pinned) return r;
     // Pinned (without a lease) while a scratch slot is made and filled, so
     // that making room for the slot cannot evict it.
     ++st->pins;
   }
-  auto unpin = [&] {
-    absl::MutexLock l(&mu_);
-    auto it = chunks_.find(key);
-    if (it != chunks_.end() && it->second.pins > 0) --it->second.pins;
-  };
+  auto unpin = [&] { UnpinOne(key); };
   auto slot = AllocateSlotOf(shape.bytes, ttl_ms, /*scratch=*/true);
   if (!slot.ok()) {
     unpin();
@@ -620,6 +603,156 @@ absl::StatusOr<SharedRead> PlacementEngine::GetShared(const Hash128& key, int64_
   r.slot_id = slot->id;
   r.expires_at_us = slot->expires_at_us;
   return r;
+}
+
+absl::StatusOr<bool> PlacementEngine::PinInDramLocked(const Hash128& key, ChunkState* st,
+                                                      int64_t ttl_ms, int64_t now, bool fetched,
+                                                      SharedRead* r) {
+  if (st->split || (st->where[0] & Bit(TierKind::kDram)) == 0) return false;
+  // Whole in DRAM: pinned where it is. The pin keeps the extent (no
+  // eviction, move or delete), so the reference is only for the offset.
+  auto ref = dram_->AcquireRef({key, Part::kWhole});
+  if (!ref.ok()) return false;
+  dram_->ReleaseRef(*ref);
+  KVTIER_RETURN_IF_ERROR(ChargeHeldLocked(st->bytes));
+  auto id = NewIdLocked();
+  if (!id.ok()) {
+    held_bytes_ -= st->bytes;
+    return id.status();
+  }
+  r->chunk_bytes = st->bytes;
+  r->lease_id = *id;
+  ++st->pins;
+  r->expires_at_us = now + LeaseUs(ttl_ms);
+  leases_[r->lease_id] = LeaseState{{key}, r->expires_at_us, st->bytes};
+  r->extent = PoolExtent{ref->offset, st->bytes};
+  r->bytes = std::span<const uint8_t>(dram_->base() + ref->offset, st->bytes);
+  r->tier = fetched ? TierKind::kRemote : TierKind::kDram;
+  CountHit(TierKind::kDram);
+  return true;
+}
+
+void PlacementEngine::UnpinOne(const Hash128& key) {
+  absl::MutexLock l(&mu_);
+  auto it = chunks_.find(key);
+  if (it != chunks_.end() && it->second.pins > 0) --it->second.pins;
+}
+
+absl::Status PlacementEngine::ChargeHeldLocked(uint64_t bytes) {
+  const uint64_t cap = options_.max_held_bytes;
+  if (cap != 0 && (bytes > cap || held_bytes_ > cap - bytes)) {
+    Count(EngineMetric::kHoldsRefused);
+    return absl::ResourceExhaustedError(
+        absl::StrCat("holding ", bytes, " more bytes would exceed the held-bytes limit (",
+                     held_bytes_, " of ", cap, " held)"));
+  }
+  held_bytes_ += bytes;
+  return absl::OkStatus();
+}
+
+uint64_t PlacementEngine::held_bytes() {
+  absl::MutexLock l(&mu_);
+  ExpireLocked(Now());
+  return held_bytes_;
+}
+
+std::vector<absl::StatusOr<SharedRead>> PlacementEngine::GetSharedBatch(
+    std::span<const Hash128> keys, int64_t ttl_ms, const GetOptions& opts) {
+  std::vector<absl::StatusOr<SharedRead>> out(keys.size(), absl::NotFoundError("chunk not stored"));
+  if (!dram_) {
+    for (auto& r : out) r = absl::FailedPreconditionError("no DRAM tier");
+    return out;
+  }
+  // Chunks whole in DRAM are pinned in place; chunks whole on NVMe only are
+  // pinned (no lease) for the batched read; the rest go through GetShared.
+  std::vector<size_t> nvme, single;
+  std::vector<uint64_t> nvme_bytes;
+  {
+    absl::MutexLock l(&mu_);
+    const int64_t now = Now();
+    ExpireLocked(now);
+    for (size_t i = 0; i < keys.size(); ++i) {
+      auto it = chunks_.find(keys[i]);
+      if (it == chunks_.end()) {
+        single.push_back(i);  // a miss here; GetShared asks the remote tier and counts it
+        continue;
+      }
+      ChunkState& st = it->second;
+      const uint8_t whole = st.where[0];
+      if (!st.split && (whole & Bit(TierKind::kDram)) != 0) {
+        auto started = StartReadLocked(keys[i]);
+        if (!started.ok()) {
+          out[i] = started.status();
+          continue;
+        }
+        SharedRead r;
+        auto pinned = PinInDramLocked(keys[i], *started, ttl_ms, now, false, &r);
+        if (!pinned.ok()) {
+          out[i] = pinned.status();
+        } else if (*pinned) {
+          out[i] = std::move(r);
+        } else {
+          single.push_back(i);
+        }
+      } else if (nvme_ != nullptr && !st.split && whole == Bit(TierKind::kNvme)) {
+        (void)StartReadLocked(keys[i]);
+        ++st.pins;
+        nvme.push_back(i);
+        nvme_bytes.push_back(st.bytes);
+      } else {
+        single.push_back(i);
+      }
+    }
+  }
+  // One scratch slot per NVMe chunk, then every read in one submission.
+  std::vector<ObjectKey> ids;
+  std::vector<std::span<uint8_t>> dst;
+  std::vector<Slot> slots;
+  std::vector<size_t> reading;
+  for (size_t j = 0; j < nvme.size(); ++j) {
+    const size_t i = nvme[j];
+    auto slot = AllocateSlotOf(nvme_bytes[j], ttl_ms, /*scratch=*/true);
+    if (!slot.ok()) {
+      UnpinOne(keys[i]);
+      out[i] = slot.status();
+      continue;
+    }
+    ids.push_back({keys[i], Part::kWhole});
+    dst.emplace_back(dram_->base() + slot->extent.offset, nvme_bytes[j]);
+    slots.push_back(*slot);
+    reading.push_back(i);
+  }
+  std::vector<absl::Status> read = nvme_->ReadBatch(ids, dst);
+  for (size_t j = 0; j < reading.size(); ++j) {
+    const size_t i = reading[j];
+    if (!read[j].ok()) {
+      // Moved, evicted or corrupt meanwhile: GetShared's read handles each
+      // case (a corrupt copy is dropped) and answers for the key.
+      (void)AbortSlot(slots[j].id);
+      UnpinOne(keys[i]);
+      single.push_back(i);
+      continue;
+    }
+    CountHit(TierKind::kNvme);
+    if (opts.promote.value_or(options_.promote_on_hit)) {
+      ObjectKey w{keys[i], Part::kWhole};
+      if (StoreWithEviction(TierKind::kDram, w, dst[j], kBackground).ok()) {
+        NoteStored(TierKind::kDram, w, dst[j].size(), false, dst[j].size());
+        Count(EngineMetric::kPromotions);
+      }
+    }
+    UnpinOne(keys[i]);
+    SharedRead r;
+    r.tier = TierKind::kNvme;
+    r.chunk_bytes = dst[j].size();
+    r.extent = PoolExtent{slots[j].extent.offset, dst[j].size()};
+    r.bytes = dst[j];
+    r.slot_id = slots[j].id;
+    r.expires_at_us = slots[j].expires_at_us;
+    out[i] = std::move(r);
+  }
+  for (size_t i : single) out[i] = GetShared(keys[i], ttl_ms, opts);
+  return out;
 }
 
 absl::StatusOr<uint64_t> PlacementEngine::NewIdLocked() {
@@ -831,8 +964,31 @@ absl::Status PlacementEngine::Release(uint64_t lease_id) {
     auto c = chunks_.find(k);
     if (c != chunks_.end()) --c->second.pins;
   }
+  held_bytes_ -= it->second.held_bytes;
   leases_.erase(it);
   return absl::OkStatus();
+}
+
+absl::StatusOr<Lease> PlacementEngine::Hold(std::span<const Hash128> keys, int64_t ttl_ms) {
+  absl::MutexLock l(&mu_);
+  const int64_t now = Now();
+  ExpireLocked(now);
+  uint64_t bytes = 0;
+  for (const Hash128& k : keys) {
+    auto it = chunks_.find(k);
+    if (it == chunks_.end()) return absl::NotFoundError(absl::StrCat("chunk ", k.ToHex(), " not stored"));
+    bytes += it->second.bytes;
+  }
+  KVTIER_RETURN_IF_ERROR(ChargeHeldLocked(bytes));
+  auto id = NewIdLocked();
+  if (!id.ok()) {
+    held_bytes_ -= bytes;
+    return id.status();
+  }
+  for (const Hash128& k : keys) ++chunks_[k].pins;
+  const int64_t exp = now + LeaseUs(ttl_ms);
+  leases_[*id] = LeaseState{std::vector<Hash128>(keys.begin(), keys.end()), exp, bytes};
+  return Lease{*id, exp};
 }
 
 absl::StatusOr<Slot> PlacementEngine::AllocateSlot(uint64_t bytes, int64_t ttl_ms) {
@@ -852,8 +1008,14 @@ absl::StatusOr<Slot> PlacementEngine::AllocateSlotOf(uint64_t bytes, int64_t ttl
         (void)dram_->AbortSlot(*ext);
         return id.status();
       }
+      if (scratch) {
+        if (absl::Status c = ChargeHeldLocked(ext->length); !c.ok()) {
+          (void)dram_->AbortSlot(*ext);
+          return c;
+        }
+      }
       int64_t exp = Now() + LeaseUs(ttl_ms);
-      slots_[*id] = SlotState{*ext, exp, scratch};
+      slots_[*id] = SlotState{*ext, exp, scratch, scratch ? ext->length : 0};
       return Slot{*id, *ext, exp};
     }
     if (!IsTierFull(ext.status()) || bytes > dram_->capacity_bytes()) return ext.status();
@@ -868,6 +1030,7 @@ absl::Status PlacementEngine::AbortSlot(uint64_t slot_id) {
   auto it = slots_.find(slot_id);
   if (it == slots_.end()) return absl::NotFoundError("slot unknown or expired");
   absl::Status st = dram_->AbortSlot(it->second.extent);
+  held_bytes_ -= it->second.held_bytes;
   slots_.erase(it);
   return st;
 }
@@ -966,6 +1129,8 @@ absl::Status PlacementEngine::CommitTakenSlot(const PoolExtent& ext,
 }
 
 absl::Status PlacementEngine::Promote(const Hash128& key) {
+  // A chunk only the remote tier has is fetched into DRAM.
+  if (dram_ != nullptr) KVTIER_RETURN_IF_ERROR(FetchIfMissing(key, true).status());
   uint64_t bytes;
   {
     absl::MutexLock l(&mu_);

@@ -105,6 +105,11 @@ struct PlacementEngineOptions {
   Clock* clock = nullptr;
   // Load-time estimates of EstimatePrefixLoad. Default: LoadCostModel{}
   LoadCostModel load_cost;
+  // Most bytes that holds may keep in place at once: the chunks of Hold
+  // leases, the chunks GetShared pins in DRAM and GetShared's scratch slots
+  // (Pin is not counted). A hold beyond it is ResourceExhausted, so that
+  // readers cannot pin the whole DRAM tier. 0: no limit. Default: 0
+  uint64_t max_held_bytes = 0;
 };
 
 // Per-call options of Put.
@@ -217,6 +222,7 @@ enum class EngineMetric : int {
   kPrefetched,
   kHitsRemote,
   kRemoteErrors,
+  kHoldsRefused,  // holds refused at PlacementEngineOptions::max_held_bytes
   kCount,
 };
 const char* EngineMetricName(EngineMetric m);
@@ -278,6 +284,14 @@ class PlacementEngine {
   // FailedPrecondition without a DRAM tier.
   absl::StatusOr<SharedRead> GetShared(const Hash128& key, int64_t ttl_ms = 0,
                                        const GetOptions& options = {});
+  // GetShared of every key, one result per key in order. The chunks stored
+  // whole on NVMe only are read into their scratch slots with one
+  // submission to the NVMe tier (NvmeTier::ReadBatch), so the device queue
+  // fills; the rest are read as GetShared reads them. A key that appears
+  // twice gets two holds.
+  std::vector<absl::StatusOr<SharedRead>> GetSharedBatch(std::span<const Hash128> keys,
+                                                         int64_t ttl_ms = 0,
+                                                         const GetOptions& options = {});
   // Chunk length. NotFound on a miss. With `allow_remote` and a remote
   // tier, a local miss fetches the chunk from the remote tier first (so the
   // Get or Locate that follows is local).
@@ -322,6 +336,13 @@ class PlacementEngine {
   absl::StatusOr<Lease> Renew(uint64_t lease_id, int64_t ttl_ms = 0);
   // Ends a lease. NotFound if unknown or expired.
   absl::Status Release(uint64_t lease_id);
+  // Pin of chunks stored here (the remote tier is not asked), counted as
+  // held bytes (PlacementEngineOptions::max_held_bytes): what a client holds
+  // between planning a load and loading it. NotFound (nothing held) if a
+  // key is missing; ResourceExhausted (nothing held) beyond the limit.
+  absl::StatusOr<Lease> Hold(std::span<const Hash128> keys, int64_t ttl_ms = 0);
+  // Bytes held now (see PlacementEngineOptions::max_held_bytes).
+  uint64_t held_bytes();
 
   // Slots. The engine is the one table of slots: id, extent, expiry, and
   // whether a client may write and commit it (AllocateSlot) or only read it
@@ -390,11 +411,13 @@ class PlacementEngine {
   struct LeaseState {
     std::vector<Hash128> keys;
     int64_t expires_at_us;
+    uint64_t held_bytes = 0;  // counted in held_bytes_ (Hold, GetShared)
   };
   struct SlotState {
     PoolExtent extent;
     int64_t expires_at_us;
     bool scratch = false;  // GetShared's copy: read only, never committed
+    uint64_t held_bytes = 0;  // counted in held_bytes_ (scratch slots)
   };
 
   PlacementEngine(const PlacementEngineOptions& o, EngineTiers tiers);
@@ -409,6 +432,15 @@ class PlacementEngine {
   absl::Status PutLocal(const Hash128& key, std::span<const uint8_t> chunk,
                         const codec::ChunkHeader& header, const PutOptions& opts);
   absl::StatusOr<Slot> AllocateSlotOf(uint64_t bytes, int64_t ttl_ms, bool scratch);
+  // Counts `bytes` more as held; ResourceExhausted (counted in
+  // kHoldsRefused) beyond options.max_held_bytes.
+  absl::Status ChargeHeldLocked(uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // GetShared's in-place hand-out of a chunk whole in DRAM: pins it under a
+  // new lease. False (nothing done) if the DRAM copy is not readable.
+  absl::StatusOr<bool> PinInDramLocked(const Hash128& key, ChunkState* st, int64_t ttl_ms,
+                                       int64_t now, bool fetched, SharedRead* r)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void UnpinOne(const Hash128& key) ABSL_LOCKS_EXCLUDED(mu_);
   // Removes client slot `slot_id` from the table and returns its extent, now
   // the caller's. NotFound for an unknown, expired or scratch slot.
   absl::StatusOr<PoolExtent> TakeClientSlot(uint64_t slot_id) ABSL_LOCKS_EXCLUDED(mu_);
@@ -501,6 +533,7 @@ class PlacementEngine {
   std::array<std::unique_ptr<EvictionPolicy>, kNumTierKinds> policies_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, LeaseState> leases_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, SlotState> slots_ ABSL_GUARDED_BY(mu_);
+  uint64_t held_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   // Random bytes for ids, drawn 256 at a time (one getrandom call that is
   // never short or interrupted); id_pool_next_ is the next unused one.
   std::array<uint64_t, 32> id_pool_ ABSL_GUARDED_BY(mu_){};
