@@ -1399,9 +1399,10 @@ std::vector<absl::Status> KvtierClient::PutBatch(std::span<const Hash128> keys,
 namespace {
 
 // Copies each held chunk into the buffer `dst(i, bytes)` gives for it,
-// checking it in the same pass; `result(i, st)` gets each outcome: OK,
-// InvalidArgument from `dst`, or the copy's DataLoss (the caller retries
-// those one by one, as a single get does).
+// checking it in the same pass; `result(i, st)` gets each outcome: OK, the
+// hold's error, InvalidArgument from `dst`, or the copy's DataLoss. Callers
+// retry DataLoss and a hold refused at the held-bytes limit one key at a
+// time, as a single get does (once the batch is unheld).
 template <typename Dst, typename Result>
 void CopyHeldChunks(std::span<const absl::StatusOr<HeldChunk>> held, Dst dst, Result result) {
   for (size_t i = 0; i < held.size(); ++i) {
@@ -1453,7 +1454,7 @@ std::vector<absl::StatusOr<std::pair<uint64_t, Tier>>> KvtierClient::GetBatchInt
       [&](size_t i, absl::Status st) {
         if (st.ok()) {
           out[i] = std::make_pair(static_cast<uint64_t>((*held)[i]->data.size()), (*held)[i]->tier);
-        } else if (absl::IsDataLoss(st)) {
+        } else if (absl::IsDataLoss(st) || absl::IsResourceExhausted(st)) {
           retry.push_back(i);
         } else {
           out[i] = std::move(st);
@@ -1481,7 +1482,7 @@ std::vector<absl::StatusOr<std::vector<uint8_t>>> KvtierClient::GetBatch(
           [&](size_t i, absl::Status st) {
             if (st.ok()) {
               out[i] = std::move(bufs[i]);
-            } else if (absl::IsDataLoss(st)) {
+            } else if (absl::IsDataLoss(st) || absl::IsResourceExhausted(st)) {
               retry.push_back(i);
             } else {
               out[i] = std::move(st);
