@@ -16,6 +16,7 @@
 #include "gtest/gtest.h"
 #include "server/daemon.h"
 #include "server/test_util.h"
+#include "tiering/placement_engine.h"
 #include "tests/raw_data_plane.h"
 #include "wire/shm_frames.h"
 
@@ -65,13 +66,12 @@ class CtlTest : public ::testing::Test {
     return 0;
   }
 
-  // Stores `chunk` as `key` on the NVMe tier only, through a raw put.
+  // Stores `chunk` as `key` on the NVMe tier only (the engine of the
+  // in-process daemon: no client op chooses a tier).
   void PutOnNvme(const Hash128& key, const std::vector<uint8_t>& chunk) {
-    RawDataPlane dp(daemon_->shm_socket_path());
-    ASSERT_TRUE(dp.ok()) << dp.error();
-    const uint64_t slot = dp.SlotWith(chunk);
-    dp.Send(Op::kPutBegin, RawDataPlane::Begin(slot, key, /*tier=*/3));
-    ASSERT_EQ(dp.Call(Op::kPutCommit, RawDataPlane::U64(chunk.size())), kOk);
+    tiering::PutOptions po;
+    po.tier = tiering::TierKind::kNvme;
+    ASSERT_TRUE(daemon_->engine()->Put(key, chunk, po).ok());
   }
 
   static std::vector<uint8_t> Keys(std::vector<uint8_t> head, std::span<const Hash128> keys) {
