@@ -22,7 +22,8 @@
 //     the same run; a batched get of 8 chunks from DRAM against memcpy of
 //     the same bytes, and from NVMe against raw io_uring O_DIRECT reads of
 //     the same extents, request size and queue depth; the time to load a
-//     prefix from NVMe with and without a prefetch issued 10/50/200 ms ahead.
+//     prefix from NVMe (in batches of 8 chunks) with and without a prefetch
+//     issued 10/50/200 ms ahead; --prefetch-chunks 128 is a 32K-token prefix.
 //
 // Usage: server_bench [--json FILE] [--reps N] [--seconds S] [--check-thread 0|1]
 //                     [--put-check-threads 0|1|2] [--ctl-only]
@@ -42,6 +43,7 @@
 
 #include "bench/bench_util.h"
 #include "bench/llama_chunk.h"
+#include "bench/raw_io.h"
 #include "client/kvtier_client.h"
 #include "codec/chunk.h"
 #include "codec/codec.h"
@@ -288,10 +290,8 @@ std::string RunCtl(server::Daemon* daemon, const std::vector<uint8_t>& chunk, in
     std::vector<tiering::IoRequest> rq;
     for (int i = 0; i < kBatch; ++i) {
       const uint64_t off = nvme->OffsetOf({bkeys[i], tiering::Part::kWhole}).value();
-      for (uint64_t d = 0; d < rounded; d += 1 << 20) {
-        rq.push_back({tiering::IoRequest::Op::kRead, off + d, raw_dst.data() + i * rounded + d,
-                      std::min<uint64_t>(1 << 20, rounded - d)});
-      }
+      bench::AppendRawRequests(tiering::IoRequest::Op::kRead, raw_dst.data() + i * rounded, off,
+                               rounded, uint64_t{1} << 20, &rq);
     }
     auto t0 = Clock::now();
     if (!dev->Submit(rq).ok()) std::abort();
@@ -345,9 +345,14 @@ std::string RunCtl(server::Daemon* daemon, const std::vector<uint8_t>& chunk, in
         if (!c->PrefetchWithin(pkeys, 0, 0).ok()) std::abort();
         std::this_thread::sleep_for(std::chrono::milliseconds(lead));
       }
+      // The load: batches of kBatch chunks, one after the other.
       auto t0 = Clock::now();
-      for (const auto& g : c->GetBatchInto(pkeys, pouts)) {
-        if (!g.ok()) std::abort();
+      for (int at = 0; at < prefetch_chunks; at += kBatch) {
+        const int n = std::min(kBatch, prefetch_chunks - at);
+        for (const auto& g : c->GetBatchInto(std::span<const Hash128>(pkeys).subspan(at, n),
+                                             std::span<const std::span<uint8_t>>(pouts).subspan(at, n))) {
+          if (!g.ok()) std::abort();
+        }
       }
       load_ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
     }
@@ -386,8 +391,11 @@ int main(int argc, char** argv) {
                      ("kvtier-server-bench-" + std::to_string(::getpid()))).string();
   server::DaemonOptions o;
   o.data_dir = dir;
-  o.dram_gib = 2.0;
-  o.nvme_gib = 2.0;
+  // Room for the prefix of the prefetch measurement (24 MiB chunks) and
+  // more, in DRAM and on NVMe.
+  const double prefix_gib = prefetch_chunks * 24.0 / 1024;
+  o.dram_gib = std::max(2.0, 1.5 * prefix_gib + 0.5);
+  o.nvme_gib = std::max(2.0, 1.5 * prefix_gib + 0.5);
   o.hbm_gib = 0;
   o.log_level = "off";
   o.put_check_threads = static_cast<uint32_t>(put_check_threads);

@@ -1297,6 +1297,10 @@ class ClientImpl final : public KvtierClient {
     return pool_ ? pool_->all() : std::span<uint8_t>();
   }
 
+  absl::Status CopyHeldChunk(std::span<uint8_t> dst, std::span<const uint8_t> src) override {
+    return (verifier_ ? verifier_->CopyVerified(dst, src) : wire::CopyVerified(dst, src)).status();
+  }
+
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<pb::Kvtier::StubInterface> owned_;
   pb::Kvtier::StubInterface* stub_;
@@ -1403,8 +1407,9 @@ namespace {
 // hold's error, InvalidArgument from `dst`, or the copy's DataLoss. Callers
 // retry DataLoss and a hold refused at the held-bytes limit one key at a
 // time, as a single get does (once the batch is unheld).
-template <typename Dst, typename Result>
-void CopyHeldChunks(std::span<const absl::StatusOr<HeldChunk>> held, Dst dst, Result result) {
+template <typename Copy, typename Dst, typename Result>
+void CopyHeldChunks(std::span<const absl::StatusOr<HeldChunk>> held, Copy copy, Dst dst,
+                    Result result) {
   for (size_t i = 0; i < held.size(); ++i) {
     if (!held[i].ok()) {
       result(i, held[i].status());
@@ -1415,7 +1420,7 @@ void CopyHeldChunks(std::span<const absl::StatusOr<HeldChunk>> held, Dst dst, Re
       result(i, out.status());
       continue;
     }
-    result(i, wire::CopyVerified(*out, held[i]->data).status());
+    result(i, copy(*out, held[i]->data));
   }
 }
 
@@ -1428,6 +1433,10 @@ std::vector<HeldChunk> HeldOnes(std::span<const absl::StatusOr<HeldChunk>> held)
 }
 
 }  // namespace
+
+absl::Status KvtierClient::CopyHeldChunk(std::span<uint8_t> dst, std::span<const uint8_t> src) {
+  return wire::CopyVerified(dst, src).status();
+}
 
 std::vector<absl::StatusOr<std::pair<uint64_t, Tier>>> KvtierClient::GetBatchInto(
     std::span<const Hash128> keys, std::span<const std::span<uint8_t>> outs) {
@@ -1442,8 +1451,11 @@ std::vector<absl::StatusOr<std::pair<uint64_t, Tier>>> KvtierClient::GetBatchInt
     return out;
   }
   std::vector<size_t> retry;
+  auto copy = [this](std::span<uint8_t> d, std::span<const uint8_t> s) {
+    return CopyHeldChunk(d, s);
+  };
   CopyHeldChunks(
-      *held,
+      *held, copy,
       [&](size_t i, uint64_t bytes) -> absl::StatusOr<std::span<uint8_t>> {
         if (outs[i].size() < bytes) {
           return absl::InvalidArgumentError(
@@ -1473,8 +1485,11 @@ std::vector<absl::StatusOr<std::vector<uint8_t>>> KvtierClient::GetBatch(
       std::vector<std::vector<uint8_t>> bufs(keys.size());
       std::vector<absl::StatusOr<std::vector<uint8_t>>> out(keys.size());
       std::vector<size_t> retry;
+      auto copy = [this](std::span<uint8_t> d, std::span<const uint8_t> s) {
+        return CopyHeldChunk(d, s);
+      };
       CopyHeldChunks(
-          *held,
+          *held, copy,
           [&](size_t i, uint64_t bytes) -> absl::StatusOr<std::span<uint8_t>> {
             bufs[i].resize(bytes);
             return std::span<uint8_t>(bufs[i]);

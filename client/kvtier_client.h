@@ -324,6 +324,13 @@ class KvtierClient {
       const PutOptions& options = {}) {
     return absl::FailedPreconditionError("no data plane");
   }
+
+ protected:
+  // Copies `src` (a held chunk) into `dst` (at least as large) and checks
+  // the checksums of what it copied in the same pass (wire::CopyVerified):
+  // OK, or DataLoss. GetBatchInto and GetBatch copy with it; a client with a
+  // helper thread overrides it to hash on that thread.
+  virtual absl::Status CopyHeldChunk(std::span<uint8_t> dst, std::span<const uint8_t> src);
 };
 
 }  // namespace kvtier::client

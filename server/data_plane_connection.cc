@@ -408,10 +408,13 @@ absl::Status DataPlaneConnection::OnPlan(wire::shm::Reader& r, uint32_t n, bool 
     KVTIER_ASSIGN_OR_RETURN(h.plan, service_->PlanLoad(keys, rate, tokens_per_chunk));
   }
   const tiering::PrefixLoadEstimate& e = h.plan.estimate;
-  // With a hold, the chunks to load are the ones held.
+  // With a hold, the chunks to load are the ones held (every hit without a
+  // rate, whose time saved is then unknown: 0).
   const uint32_t load = hold ? h.held_chunks : static_cast<uint32_t>(h.plan.decision.chunks);
+  double load_us = 0;
+  for (uint32_t i = 0; i < load && i < e.load_us.size(); ++i) load_us += e.load_us[i];
   w.U32(static_cast<uint32_t>(e.tiers.size())).U32(load);
-  w.F64(h.plan.decision.load_us).F64(h.plan.decision.saved_us());
+  w.F64(load_us).F64(h.plan.decision.chunks > 0 ? h.plan.decision.saved_us() : 0.0);
   w.U64(h.lease.id).U64(static_cast<uint64_t>(h.lease.expires_at_us));
   for (size_t i = 0; i < e.tiers.size(); ++i) {
     w.U8(TierNumber(e.tiers[i])).U8(0).U16(0).U32(0).U64(e.bytes[i]).F64(e.load_us[i]);

@@ -250,10 +250,12 @@ absl::StatusOr<std::vector<absl::StatusOr<GetResult>>> KvService::GetBatchShared
       continue;
     }
     const tiering::SharedRead& sr = *reads[i];
-    // As Get (kShm): a scratch copy is checked, a chunk in place only on
-    // request.
+    // As Get (kShm): a scratch copy is checked (unless the tier checked it
+    // as it read it), a chunk in place only on request.
     absl::Status st;
-    if (sr.slot_id != 0 || verify) st = wire::VerifyChunkParallel(sr.bytes).status();
+    if ((sr.slot_id != 0 && !sr.verified) || verify) {
+      st = wire::VerifyChunkParallel(sr.bytes).status();
+    }
     if (!st.ok()) {
       (void)(sr.lease_id != 0 ? engine_->Release(sr.lease_id) : engine_->AbortSlot(sr.slot_id));
       out.push_back(DropCorrupt(keys[i], st));

@@ -722,7 +722,8 @@ std::vector<absl::StatusOr<SharedRead>> PlacementEngine::GetSharedBatch(
     slots.push_back(*slot);
     reading.push_back(i);
   }
-  std::vector<absl::Status> read = nvme_->ReadBatch(ids, dst);
+  std::vector<absl::Status> read;
+  if (!ids.empty()) read = nvme_->ReadBatch(ids, dst);
   for (size_t j = 0; j < reading.size(); ++j) {
     const size_t i = reading[j];
     if (!read[j].ok()) {
@@ -749,6 +750,7 @@ std::vector<absl::StatusOr<SharedRead>> PlacementEngine::GetSharedBatch(
     r.bytes = dst[j];
     r.slot_id = slots[j].id;
     r.expires_at_us = slots[j].expires_at_us;
+    r.verified = true;  // NvmeTier::ReadBatch checked every section as it arrived
     out[i] = std::move(r);
   }
   for (size_t i : single) out[i] = GetShared(keys[i], ttl_ms, opts);
@@ -1008,14 +1010,15 @@ absl::StatusOr<Slot> PlacementEngine::AllocateSlotOf(uint64_t bytes, int64_t ttl
         (void)dram_->AbortSlot(*ext);
         return id.status();
       }
+      // A scratch slot counts the chunk's bytes, as a pin in place does.
       if (scratch) {
-        if (absl::Status c = ChargeHeldLocked(ext->length); !c.ok()) {
+        if (absl::Status c = ChargeHeldLocked(bytes); !c.ok()) {
           (void)dram_->AbortSlot(*ext);
           return c;
         }
       }
       int64_t exp = Now() + LeaseUs(ttl_ms);
-      slots_[*id] = SlotState{*ext, exp, scratch, scratch ? ext->length : 0};
+      slots_[*id] = SlotState{*ext, exp, scratch, scratch ? bytes : 0};
       return Slot{*id, *ext, exp};
     }
     if (!IsTierFull(ext.status()) || bytes > dram_->capacity_bytes()) return ext.status();

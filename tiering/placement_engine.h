@@ -199,6 +199,9 @@ struct SharedRead {
   // Otherwise the chunk was copied into a scratch slot: AbortSlot(slot_id).
   uint64_t slot_id = 0;
   int64_t expires_at_us = 0;  // when the lease or the slot ends
+  // The scratch copy's checksums were checked as it was read (a chunk whole
+  // on NVMe read by GetSharedBatch): a caller need not hash it again.
+  bool verified = false;
 };
 
 // Counters; EngineMetricName() names them (a test checks the table).
