@@ -479,24 +479,29 @@ absl::StatusOr<TierKind> PlacementEngine::ReadObject(const ObjectKey& id, std::s
       continue;
     }
     if (absl::IsDataLoss(st)) {
-      Count(EngineMetric::kDataLoss);
-      std::vector<std::pair<ObjectKey, TierKind>> dead;
-      {
-        absl::MutexLock l(&mu_);
-        Forget(id, src);
-        auto it = chunks_.find(id.key);
-        if (it != chunks_.end() && it->second.where[PartIndex(id.part)] != 0) continue;
-        if (it != chunks_.end()) {
-          TakeCopiesLocked(id.key, it->second, 0, &dead);
-          chunks_.erase(it);
-        }
-      }
-      for (auto& [o, k] : dead) (void)tiers_[static_cast<int>(k)]->Erase(o);
+      if (DropCorruptCopy(id, src)) continue;
       return st;
     }
     return st;
   }
   return absl::UnavailableError("chunk kept moving during the read; retry");
+}
+
+bool PlacementEngine::DropCorruptCopy(const ObjectKey& id, TierKind src) {
+  Count(EngineMetric::kDataLoss);
+  std::vector<std::pair<ObjectKey, TierKind>> dead;
+  {
+    absl::MutexLock l(&mu_);
+    Forget(id, src);
+    auto it = chunks_.find(id.key);
+    if (it != chunks_.end() && it->second.where[PartIndex(id.part)] != 0) return true;
+    if (it != chunks_.end()) {
+      TakeCopiesLocked(id.key, it->second, 0, &dead);
+      chunks_.erase(it);
+    }
+  }
+  for (auto& [o, k] : dead) (void)tiers_[static_cast<int>(k)]->Erase(o);
+  return false;
 }
 
 absl::StatusOr<PlacementEngine::ChunkState*> PlacementEngine::StartReadLocked(const Hash128& key) {
@@ -727,11 +732,16 @@ std::vector<absl::StatusOr<SharedRead>> PlacementEngine::GetSharedBatch(
   for (size_t j = 0; j < reading.size(); ++j) {
     const size_t i = reading[j];
     if (!read[j].ok()) {
-      // Moved, evicted or corrupt meanwhile: GetShared's read handles each
-      // case (a corrupt copy is dropped) and answers for the key.
       (void)AbortSlot(slots[j].id);
       UnpinOne(keys[i]);
-      single.push_back(i);
+      // A corrupt copy (the tier dropped it) ends the chunk unless another
+      // copy remains; that one, or a chunk moved or evicted meanwhile, is
+      // read as GetShared reads it.
+      if (absl::IsDataLoss(read[j]) && !DropCorruptCopy(ids[j], TierKind::kNvme)) {
+        out[i] = read[j];
+      } else {
+        single.push_back(i);
+      }
       continue;
     }
     CountHit(TierKind::kNvme);

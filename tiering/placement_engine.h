@@ -487,6 +487,10 @@ class PlacementEngine {
   void ExpireLocked(int64_t now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Reads object `id` from the fastest tier holding it; drops corrupt copies.
   absl::StatusOr<TierKind> ReadObject(const ObjectKey& id, std::span<uint8_t> out);
+  // A copy of `id` in tier `src` failed its checksums (the tier dropped it):
+  // counts kDataLoss and forgets the copy. True if another copy of the part
+  // remains (to be read instead); otherwise drops the whole chunk.
+  bool DropCorruptCopy(const ObjectKey& id, TierKind src) ABSL_LOCKS_EXCLUDED(mu_);
   // The start of every read (Get, GetShared): counts kGets, and on a miss
   // kMisses (NotFound); on a hit records the use (uses, the eviction
   // policies' access) and returns the chunk's state.
