@@ -108,6 +108,7 @@ PlacementEngine::~PlacementEngine() {
   if (maintenance_thread_.joinable()) maintenance_thread_.join();
   absl::MutexLock l(&bg_mu_);
   for (auto& job : prefetch_queue_) job.done.set_value(absl::CancelledError("engine stopped"));
+  for (auto& [key, extent] : promote_queue_) (void)dram_->AbortSlot(extent);
 }
 
 void PlacementEngine::Bootstrap() {
@@ -746,10 +747,11 @@ std::vector<absl::StatusOr<SharedRead>> PlacementEngine::GetSharedBatch(
     }
     CountHit(TierKind::kNvme);
     if (opts.promote.value_or(options_.promote_on_hit)) {
-      ObjectKey w{keys[i], Part::kWhole};
-      if (StoreWithEviction(TierKind::kDram, w, dst[j], kBackground).ok()) {
-        NoteStored(TierKind::kDram, w, dst[j].size(), false, dst[j].size());
-        Count(EngineMetric::kPromotions);
+      absl::MutexLock l(&mu_);
+      auto it = slots_.find(slots[j].id);
+      if (it != slots_.end()) {
+        it->second.promote = true;
+        it->second.key = keys[i];
       }
     }
     UnpinOne(keys[i]);
@@ -1042,8 +1044,17 @@ absl::Status PlacementEngine::AbortSlot(uint64_t slot_id) {
   ExpireLocked(Now());
   auto it = slots_.find(slot_id);
   if (it == slots_.end()) return absl::NotFoundError("slot unknown or expired");
-  absl::Status st = dram_->AbortSlot(it->second.extent);
   held_bytes_ -= it->second.held_bytes;
+  if (it->second.promote) {
+    // Lock order: mu_, then bg_mu_.
+    absl::MutexLock b(&bg_mu_);
+    if (!stopping_) {
+      promote_queue_.emplace_back(it->second.key, it->second.extent);
+      slots_.erase(it);
+      return absl::OkStatus();
+    }
+  }
+  absl::Status st = dram_->AbortSlot(it->second.extent);
   slots_.erase(it);
   return st;
 }
@@ -1177,16 +1188,43 @@ std::future<absl::Status> PlacementEngine::Prefetch(std::vector<Hash128> keys) {
   return f;
 }
 
+void PlacementEngine::PromoteFromSlot(const Hash128& key, const PoolExtent& extent) {
+  // The slot was the client's to read (through a writable mapping): its
+  // bytes are checked before they become a stored copy.
+  const bool whole =
+      codec::VerifyChunk({dram_->base() + extent.offset, extent.length}).ok();
+  const ObjectKey w{key, Part::kWhole};
+  absl::MutexLock l(&mu_);
+  auto it = chunks_.find(key);
+  if (whole && it != chunks_.end() && !it->second.split && it->second.bytes == extent.length &&
+      (it->second.where[0] & (Bit(TierKind::kHbm) | Bit(TierKind::kDram))) == 0 &&
+      dram_->CommitSlot(w, extent).ok()) {
+    it->second.where[0] |= Bit(TierKind::kDram);
+    policies_[static_cast<int>(TierKind::kDram)]->OnInsert(w, extent.length);
+    Count(EngineMetric::kPromotions);
+    return;
+  }
+  (void)dram_->AbortSlot(extent);
+}
+
 void PlacementEngine::PrefetchLoop() {
   for (;;) {
     PrefetchJob job;
     {
       absl::MutexLock l(&bg_mu_);
       auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(bg_mu_) {
-        return stopping_ || !prefetch_queue_.empty();
+        return stopping_ || !prefetch_queue_.empty() || !promote_queue_.empty();
       };
       bg_mu_.Await(absl::Condition(&ready));
       if (stopping_) return;
+      if (!promote_queue_.empty()) {
+        const auto [key, extent] = promote_queue_.front();
+        promote_queue_.pop_front();
+        bg_mu_.Unlock();
+        PromoteFromSlot(key, extent);
+        bg_mu_.Lock();
+        continue;
+      }
       job = std::move(prefetch_queue_.front());
       prefetch_queue_.pop_front();
     }

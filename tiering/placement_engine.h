@@ -291,7 +291,10 @@ class PlacementEngine {
   // whole on NVMe only are read into their scratch slots with one
   // submission to the NVMe tier (NvmeTier::ReadBatch), so the device queue
   // fills; the rest are read as GetShared reads them. A key that appears
-  // twice gets two holds.
+  // twice gets two holds. Promotion (promote_on_hit) of a chunk read from
+  // NVMe here costs the read no copy: when its scratch slot is freed
+  // (AbortSlot), the background thread checks the slot's bytes again and
+  // makes the slot the chunk's DRAM copy.
   std::vector<absl::StatusOr<SharedRead>> GetSharedBatch(std::span<const Hash128> keys,
                                                          int64_t ttl_ms = 0,
                                                          const GetOptions& options = {});
@@ -421,6 +424,9 @@ class PlacementEngine {
     int64_t expires_at_us;
     bool scratch = false;  // GetShared's copy: read only, never committed
     uint64_t held_bytes = 0;  // counted in held_bytes_ (scratch slots)
+    // A scratch copy of chunk `key` read from NVMe, promoted when freed.
+    bool promote = false;
+    Hash128 key;
   };
 
   PlacementEngine(const PlacementEngineOptions& o, EngineTiers tiers);
@@ -518,6 +524,10 @@ class PlacementEngine {
                         std::vector<std::pair<ObjectKey, TierKind>>* out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Promote(const Hash128& key);
+  // Makes the freed scratch slot `extent`, a copy of chunk `key`, the
+  // chunk's DRAM copy if its bytes still verify and the chunk is still on
+  // NVMe only; frees it otherwise.
+  void PromoteFromSlot(const Hash128& key, const PoolExtent& extent);
   void PrefetchLoop();
   void MaintenanceLoop();
   // Admission history: remembers the uses of a chunk that eviction dropped,
@@ -555,6 +565,8 @@ class PlacementEngine {
   };
   absl::Mutex bg_mu_;
   std::deque<PrefetchJob> prefetch_queue_ ABSL_GUARDED_BY(bg_mu_);
+  // Freed scratch slots to promote (PromoteFromSlot), on the same thread.
+  std::deque<std::pair<Hash128, PoolExtent>> promote_queue_ ABSL_GUARDED_BY(bg_mu_);
   bool stopping_ ABSL_GUARDED_BY(bg_mu_) = false;
   std::thread prefetch_thread_;
   std::thread maintenance_thread_;

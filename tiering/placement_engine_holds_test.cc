@@ -3,6 +3,8 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <thread>
 #include <vector>
 
 #include "common/testing/temp_dir.h"
@@ -50,12 +52,31 @@ TEST(PlacementEngineHolds, BatchServesDramInPlaceNvmeThroughScratchAndNamesMisse
   }
   EXPECT_EQ(e->metric(EngineMetric::kHitsNvme), 2u);
   EXPECT_EQ(e->metric(EngineMetric::kMisses), 1u);
-  EXPECT_EQ(e->metric(EngineMetric::kPromotions), 2u);  // promote_on_hit
   EXPECT_EQ(e->held_bytes(), 3 * got[0]->chunk_bytes);  // the pin, two scratch slots
+  // A scratch slot written through the (writable) pool is not promoted.
+  const_cast<uint8_t*>(got[3]->bytes.data())[got[3]->bytes.size() - 5] ^= 1;
   ASSERT_TRUE(e->Release(got[0]->lease_id).ok());
   ASSERT_TRUE(e->AbortSlot(got[2]->slot_id).ok());
   ASSERT_TRUE(e->AbortSlot(got[3]->slot_id).ok());
   EXPECT_EQ(e->held_bytes(), 0u);
+  // Promotion (promote_on_hit) makes the freed scratch slot the DRAM copy,
+  // on the background thread.
+  std::vector<Hash128> nvme_keys = {KeyOf(2), KeyOf(3)};
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (e->metric(EngineMetric::kPromotions) < 1 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the second is not promoted
+  EXPECT_EQ(e->metric(EngineMetric::kPromotions), 1u);
+  auto tiers = e->LookupPrefix(nvme_keys);
+  ASSERT_EQ(tiers.size(), 2u);
+  EXPECT_EQ(tiers[0], TierKind::kDram);
+  EXPECT_EQ(tiers[1], TierKind::kNvme);
+  std::vector<uint8_t> out(MakeChunk(2).size());
+  auto t = e->Get(KeyOf(2), out);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(*t, TierKind::kDram);
+  EXPECT_EQ(out, MakeChunk(2));
 }
 
 TEST(PlacementEngineHolds, CorruptNvmeChunkInABatchIsDataLossAndTheRestAreServed) {
