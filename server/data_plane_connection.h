@@ -3,7 +3,8 @@
 // against the KvService, answers, and when the client goes frees what the
 // connection got.
 //
-// The connection keeps the ids it got (kAllocate, kGet), and only those: the
+// The connection keeps the ids it got (kAllocate, kGet, their batch forms,
+// kPlanAndHold), and only those: the
 // placement engine is the one table of slots and leases (extents, expiry).
 // The ids scope kRelease, kAbortSlot and kPutBegin to this connection, and
 // are what it frees when it closes; an id the engine has ended (expired,
