@@ -4,10 +4,10 @@
 // connection got.
 //
 // The connection keeps the ids it got (kAllocate, kGet, their batch forms,
-// kPlanAndHold), and only those: the
-// placement engine is the one table of slots and leases (extents, expiry).
-// The ids scope kRelease, kAbortSlot and kPutBegin to this connection, and
-// are what it frees when it closes; an id the engine has ended (expired,
+// kPlanAndHold), and only those: the placement engine is the one table of
+// slots and leases (extents, expiry). The ids scope kRelease, kAbortSlot,
+// kPutBegin and the batch releases and commits to this connection, and are
+// what it frees when it closes; an id the engine has ended (expired,
 // committed) is forgotten when the connection is at its limit.
 #ifndef KVTIER_SERVER_DATA_PLANE_CONNECTION_H_
 #define KVTIER_SERVER_DATA_PLANE_CONNECTION_H_
