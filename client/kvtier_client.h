@@ -55,7 +55,7 @@ struct ClientOptions {
   // Default: true
   bool populate_mapping = true;
   // Most connections to the daemon's shared-memory data plane (one per
-  // put, get, hold or unhold in flight; allocate, put, get and release go
+  // call in flight: put, get, hold, unhold, lookup, plan, batch, prefetch go
   // over them as small binary frames instead of gRPC calls). Calls beyond
   // them, and every call when the daemon does not serve the data plane, use
   // gRPC. 0 = gRPC only. Default: 4
