@@ -40,6 +40,11 @@ std::optional<TierKind> Fastest(uint8_t mask) {
 // victim (other threads may be freeing space) before giving up.
 constexpr int kMaxEvictionsPerStore = 100000;
 constexpr int kMaxIdleRounds = 3;
+// A prefetch reads whole NVMe chunks in groups of at most this many chunks
+// or bytes, each group in one submission (the device queue full, and DRAM
+// taken a group at a time).
+constexpr size_t kPrefetchGroupChunks = 16;
+constexpr uint64_t kPrefetchGroupBytes = uint64_t{256} << 20;
 
 // Stores that no caller waits on (demotion, promotion): not synced, and the
 // tier checks the header itself (the bytes come from another tier).
@@ -1009,34 +1014,36 @@ absl::StatusOr<Slot> PlacementEngine::AllocateSlot(uint64_t bytes, int64_t ttl_m
   return AllocateSlotOf(bytes, ttl_ms, /*scratch=*/false);
 }
 
-absl::StatusOr<Slot> PlacementEngine::AllocateSlotOf(uint64_t bytes, int64_t ttl_ms, bool scratch) {
-  if (!dram_) return absl::FailedPreconditionError("no DRAM tier");
-  if (bytes < codec::kHeaderSize) return absl::InvalidArgumentError("slot smaller than a chunk header");
+absl::StatusOr<PoolExtent> PlacementEngine::ReserveDram(uint64_t bytes) {
   int idle = 0;
   for (int i = 0; i < kMaxEvictionsPerStore; ++i) {
     auto ext = dram_->ReserveSlot(bytes);
-    if (ext.ok()) {
-      absl::MutexLock l(&mu_);
-      auto id = NewIdLocked();
-      if (!id.ok()) {
-        (void)dram_->AbortSlot(*ext);
-        return id.status();
-      }
-      // A scratch slot counts the chunk's bytes, as a pin in place does.
-      if (scratch) {
-        if (absl::Status c = ChargeHeldLocked(bytes); !c.ok()) {
-          (void)dram_->AbortSlot(*ext);
-          return c;
-        }
-      }
-      int64_t exp = Now() + LeaseUs(ttl_ms);
-      slots_[*id] = SlotState{*ext, exp, scratch, scratch ? bytes : 0};
-      return Slot{*id, *ext, exp};
-    }
-    if (!IsTierFull(ext.status()) || bytes > dram_->capacity_bytes()) return ext.status();
-    if (!EvictOne(TierKind::kDram) && ++idle > kMaxIdleRounds) return ext.status();
+    if (ext.ok() || !IsTierFull(ext.status()) || bytes > dram_->capacity_bytes()) return ext;
+    if (!EvictOne(TierKind::kDram) && ++idle > kMaxIdleRounds) return ext;
   }
   return TierFullError("dram: eviction did not make room for a slot");
+}
+
+absl::StatusOr<Slot> PlacementEngine::AllocateSlotOf(uint64_t bytes, int64_t ttl_ms, bool scratch) {
+  if (!dram_) return absl::FailedPreconditionError("no DRAM tier");
+  if (bytes < codec::kHeaderSize) return absl::InvalidArgumentError("slot smaller than a chunk header");
+  KVTIER_ASSIGN_OR_RETURN(PoolExtent ext, ReserveDram(bytes));
+  absl::MutexLock l(&mu_);
+  auto id = NewIdLocked();
+  if (!id.ok()) {
+    (void)dram_->AbortSlot(ext);
+    return id.status();
+  }
+  // A scratch slot counts the chunk's bytes, as a pin in place does.
+  if (scratch) {
+    if (absl::Status c = ChargeHeldLocked(bytes); !c.ok()) {
+      (void)dram_->AbortSlot(ext);
+      return c;
+    }
+  }
+  int64_t exp = Now() + LeaseUs(ttl_ms);
+  slots_[*id] = SlotState{ext, exp, scratch, scratch ? bytes : 0};
+  return Slot{*id, ext, exp};
 }
 
 absl::Status PlacementEngine::AbortSlot(uint64_t slot_id) {
@@ -1228,13 +1235,81 @@ void PlacementEngine::PrefetchLoop() {
       job = std::move(prefetch_queue_.front());
       prefetch_queue_.pop_front();
     }
+    // Chunks whole on NVMe only are read in groups, each group with one
+    // submission straight into DRAM space that becomes their DRAM copies;
+    // the rest (remote only, split) go through Promote.
     absl::Status first;
+    auto note = [&first](absl::Status st) {
+      if (!st.ok() && first.ok()) first = std::move(st);
+    };
+    std::vector<std::pair<Hash128, uint64_t>> group;
+    uint64_t group_bytes = 0;
     for (const Hash128& k : job.keys) {
-      absl::Status st = Promote(k);
-      if (!st.ok() && first.ok()) first = st;
+      std::optional<uint64_t> nvme_only;
+      if (nvme_ != nullptr && dram_ != nullptr) {
+        absl::MutexLock l(&mu_);
+        auto it = chunks_.find(k);
+        if (it != chunks_.end() && !it->second.split && it->second.where[0] == Bit(TierKind::kNvme)) {
+          nvme_only = it->second.bytes;
+        }
+      }
+      if (!nvme_only) {
+        note(Promote(k));
+        continue;
+      }
+      group.emplace_back(k, *nvme_only);
+      group_bytes += *nvme_only;
+      if (group.size() >= kPrefetchGroupChunks || group_bytes >= kPrefetchGroupBytes) {
+        note(PrefetchGroup(group));
+        group.clear();
+        group_bytes = 0;
+      }
     }
+    if (!group.empty()) note(PrefetchGroup(group));
     job.done.set_value(first);
   }
+}
+
+absl::Status PlacementEngine::PrefetchGroup(std::span<const std::pair<Hash128, uint64_t>> chunks) {
+  absl::Status first;
+  std::vector<ObjectKey> ids;
+  std::vector<PoolExtent> extents;
+  std::vector<std::span<uint8_t>> dst;
+  for (const auto& [key, bytes] : chunks) {
+    auto ext = ReserveDram(bytes);
+    if (!ext.ok()) {
+      if (first.ok()) first = ext.status();
+      continue;
+    }
+    ids.push_back({key, Part::kWhole});
+    extents.push_back(*ext);
+    dst.emplace_back(dram_->base() + ext->offset, bytes);
+  }
+  if (ids.empty()) return first;
+  // Each chunk's checksums are checked as it arrives (NvmeTier::ReadBatch).
+  std::vector<absl::Status> read = nvme_->ReadBatch(ids, dst);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (!read[i].ok()) {
+      (void)dram_->AbortSlot(extents[i]);
+      if (absl::IsDataLoss(read[i])) {
+        (void)DropCorruptCopy(ids[i], TierKind::kNvme);
+        if (first.ok()) first = read[i];
+      }
+      continue;  // NotFound: deleted or moved meanwhile, nothing to prefetch
+    }
+    absl::MutexLock l(&mu_);
+    auto it = chunks_.find(ids[i].key);
+    if (it != chunks_.end() && !it->second.split && it->second.bytes == extents[i].length &&
+        (it->second.where[0] & (Bit(TierKind::kHbm) | Bit(TierKind::kDram))) == 0 &&
+        dram_->CommitSlot(ids[i], extents[i]).ok()) {
+      it->second.where[0] |= Bit(TierKind::kDram);
+      policies_[static_cast<int>(TierKind::kDram)]->OnInsert(ids[i], extents[i].length);
+      Count(EngineMetric::kPrefetched);
+      continue;
+    }
+    (void)dram_->AbortSlot(extents[i]);
+  }
+  return first;
 }
 
 void PlacementEngine::RunMaintenance() {

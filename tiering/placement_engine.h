@@ -528,6 +528,14 @@ class PlacementEngine {
   // chunk's DRAM copy if its bytes still verify and the chunk is still on
   // NVMe only; frees it otherwise.
   void PromoteFromSlot(const Hash128& key, const PoolExtent& extent);
+  // Prefetch of (key, chunk bytes) chunks whole on NVMe only: one batched
+  // read into reserved DRAM space that becomes each chunk's DRAM copy. The
+  // first error (DRAM full, a corrupt copy, which is dropped); chunks
+  // deleted or moved meanwhile are skipped.
+  absl::Status PrefetchGroup(std::span<const std::pair<Hash128, uint64_t>> chunks);
+  // Reserves `bytes` of DRAM, evicting as needed. ResourceExhausted if no
+  // room can be made.
+  absl::StatusOr<PoolExtent> ReserveDram(uint64_t bytes);
   void PrefetchLoop();
   void MaintenanceLoop();
   // Admission history: remembers the uses of a chunk that eviction dropped,
