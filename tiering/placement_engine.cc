@@ -8,6 +8,8 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "codec/chunk.h"
 #include "common/status.h"
 #include "bandwidth/model.h"
@@ -41,10 +43,13 @@ std::optional<TierKind> Fastest(uint8_t mask) {
 constexpr int kMaxEvictionsPerStore = 100000;
 constexpr int kMaxIdleRounds = 3;
 // A prefetch reads whole NVMe chunks in groups of at most this many chunks
-// or bytes, each group in one submission (the device queue full, and DRAM
-// taken a group at a time).
-constexpr size_t kPrefetchGroupChunks = 16;
-constexpr uint64_t kPrefetchGroupBytes = uint64_t{256} << 20;
+// or bytes, each group in one submission: enough requests to keep the
+// device queue full (32 of 1 MiB), few enough that chunks reach DRAM (and
+// a load that follows finds them there) a group at a time.
+constexpr size_t kPrefetchGroupChunks = 8;
+// How long a batched read waits for the chunks a prefetch is reading.
+constexpr int64_t kPrefetchWaitMs = 10000;
+constexpr uint64_t kPrefetchGroupBytes = uint64_t{64} << 20;
 
 // Stores that no caller waits on (demotion, promotion): not synced, and the
 // tier checks the header itself (the bytes come from another tier).
@@ -680,6 +685,14 @@ std::vector<absl::StatusOr<SharedRead>> PlacementEngine::GetSharedBatch(
   std::vector<uint64_t> nvme_bytes;
   {
     absl::MutexLock l(&mu_);
+    const absl::Time until = absl::Now() + absl::Milliseconds(kPrefetchWaitMs);
+    for (size_t i = 0; i < keys.size();) {
+      if (!prefetching_.contains(keys[i])) {
+        ++i;
+      } else if (prefetch_done_.WaitWithDeadline(&mu_, until)) {
+        break;  // waited long enough: read what is still being prefetched too
+      }
+    }
     const int64_t now = Now();
     ExpireLocked(now);
     for (size_t i = 0; i < keys.size(); ++i) {
@@ -1286,8 +1299,16 @@ absl::Status PlacementEngine::PrefetchGroup(std::span<const std::pair<Hash128, u
     dst.emplace_back(dram_->base() + ext->offset, bytes);
   }
   if (ids.empty()) return first;
+  {
+    absl::MutexLock l(&mu_);
+    for (const ObjectKey& id : ids) prefetching_.insert(id.key);
+  }
   // Each chunk's checksums are checked as it arrives (NvmeTier::ReadBatch).
   std::vector<absl::Status> read = nvme_->ReadBatch(ids, dst);
+  auto done = [this](const Hash128& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    prefetching_.erase(key);
+    prefetch_done_.SignalAll();
+  };
   for (size_t i = 0; i < ids.size(); ++i) {
     if (!read[i].ok()) {
       (void)dram_->AbortSlot(extents[i]);
@@ -1295,9 +1316,12 @@ absl::Status PlacementEngine::PrefetchGroup(std::span<const std::pair<Hash128, u
         (void)DropCorruptCopy(ids[i], TierKind::kNvme);
         if (first.ok()) first = read[i];
       }
+      absl::MutexLock l(&mu_);
+      done(ids[i].key);
       continue;  // NotFound: deleted or moved meanwhile, nothing to prefetch
     }
     absl::MutexLock l(&mu_);
+    done(ids[i].key);
     auto it = chunks_.find(ids[i].key);
     if (it != chunks_.end() && !it->second.split && it->second.bytes == extents[i].length &&
         (it->second.where[0] & (Bit(TierKind::kHbm) | Bit(TierKind::kDram))) == 0 &&

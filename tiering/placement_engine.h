@@ -291,7 +291,9 @@ class PlacementEngine {
   // whole on NVMe only are read into their scratch slots with one
   // submission to the NVMe tier (NvmeTier::ReadBatch), so the device queue
   // fills; the rest are read as GetShared reads them. A key that appears
-  // twice gets two holds. Promotion (promote_on_hit) of a chunk read from
+  // twice gets two holds. A chunk that a prefetch is reading into DRAM is
+  // waited for (at most 10 s), then handed out from DRAM.
+  // Promotion (promote_on_hit) of a chunk read from
   // NVMe here costs the read no copy: when its scratch slot is freed
   // (AbortSlot), the background thread checks the slot's bytes again and
   // makes the slot the chunk's DRAM copy.
@@ -559,6 +561,10 @@ class PlacementEngine {
   absl::flat_hash_map<uint64_t, LeaseState> leases_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, SlotState> slots_ ABSL_GUARDED_BY(mu_);
   uint64_t held_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // Chunks a prefetch group is reading into DRAM now; a batched read waits
+  // for them (prefetch_done_) instead of reading them a second time.
+  absl::flat_hash_set<Hash128> prefetching_ ABSL_GUARDED_BY(mu_);
+  absl::CondVar prefetch_done_;
   // Random bytes for ids, drawn 256 at a time (one getrandom call that is
   // never short or interrupted); id_pool_next_ is the next unused one.
   std::array<uint64_t, 32> id_pool_ ABSL_GUARDED_BY(mu_){};
