@@ -349,6 +349,11 @@ void PlacementEngine::ExpireLocked(int64_t now) {
     }
     (void)dram_->AbortSlot(it->second.extent);
     held_bytes_ -= it->second.held_bytes;
+    if (it->second.promote) {
+      if (auto ld = loading_.find(it->second.key); ld != loading_.end() && --ld->second == 0) {
+        loading_.erase(ld);
+      }
+    }
     Count(EngineMetric::kSlotsExpired);
     slots_.erase(it++);
   }
@@ -721,6 +726,7 @@ std::vector<absl::StatusOr<SharedRead>> PlacementEngine::GetSharedBatch(
       } else if (nvme_ != nullptr && !st.split && whole == Bit(TierKind::kNvme)) {
         (void)StartReadLocked(keys[i]);
         ++st.pins;
+        ++loading_[keys[i]];
         nvme.push_back(i);
         nvme_bytes.push_back(st.bytes);
       } else {
@@ -728,6 +734,13 @@ std::vector<absl::StatusOr<SharedRead>> PlacementEngine::GetSharedBatch(
       }
     }
   }
+  // Ends a chunk's entry in loading_ (once read, or once its scratch copy
+  // is promoted or dropped).
+  auto loaded = [this](const Hash128& key) {
+    absl::MutexLock l(&mu_);
+    auto it = loading_.find(key);
+    if (it != loading_.end() && --it->second == 0) loading_.erase(it);
+  };
   // One scratch slot per NVMe chunk, then every read in one submission.
   std::vector<ObjectKey> ids;
   std::vector<std::span<uint8_t>> dst;
@@ -738,6 +751,7 @@ std::vector<absl::StatusOr<SharedRead>> PlacementEngine::GetSharedBatch(
     auto slot = AllocateSlotOf(nvme_bytes[j], ttl_ms, /*scratch=*/true);
     if (!slot.ok()) {
       UnpinOne(keys[i]);
+      loaded(keys[i]);
       out[i] = slot.status();
       continue;
     }
@@ -753,6 +767,7 @@ std::vector<absl::StatusOr<SharedRead>> PlacementEngine::GetSharedBatch(
     if (!read[j].ok()) {
       (void)AbortSlot(slots[j].id);
       UnpinOne(keys[i]);
+      loaded(keys[i]);
       // A corrupt copy (the tier dropped it) ends the chunk unless another
       // copy remains; that one, or a chunk moved or evicted meanwhile, is
       // read as GetShared reads it.
@@ -764,14 +779,18 @@ std::vector<absl::StatusOr<SharedRead>> PlacementEngine::GetSharedBatch(
       continue;
     }
     CountHit(TierKind::kNvme);
+    bool promote = false;
     if (opts.promote.value_or(options_.promote_on_hit)) {
       absl::MutexLock l(&mu_);
       auto it = slots_.find(slots[j].id);
       if (it != slots_.end()) {
-        it->second.promote = true;
+        // The loading_ entry then ends with the promotion (PromoteFromSlot,
+        // or the slot's expiry).
+        it->second.promote = promote = true;
         it->second.key = keys[i];
       }
     }
+    if (!promote) loaded(keys[i]);
     UnpinOne(keys[i]);
     SharedRead r;
     r.tier = TierKind::kNvme;
@@ -1074,6 +1093,11 @@ absl::Status PlacementEngine::AbortSlot(uint64_t slot_id) {
       return absl::OkStatus();
     }
   }
+  if (it->second.promote) {  // stopping: not promoted
+    if (auto ld = loading_.find(it->second.key); ld != loading_.end() && --ld->second == 0) {
+      loading_.erase(ld);
+    }
+  }
   absl::Status st = dram_->AbortSlot(it->second.extent);
   slots_.erase(it);
   return st;
@@ -1215,6 +1239,7 @@ void PlacementEngine::PromoteFromSlot(const Hash128& key, const PoolExtent& exte
       codec::VerifyChunk({dram_->base() + extent.offset, extent.length}).ok();
   const ObjectKey w{key, Part::kWhole};
   absl::MutexLock l(&mu_);
+  if (auto ld = loading_.find(key); ld != loading_.end() && --ld->second == 0) loading_.erase(ld);
   auto it = chunks_.find(key);
   if (whole && it != chunks_.end() && !it->second.split && it->second.bytes == extent.length &&
       (it->second.where[0] & (Bit(TierKind::kHbm) | Bit(TierKind::kDram))) == 0 &&
@@ -1263,6 +1288,7 @@ void PlacementEngine::PrefetchLoop() {
         absl::MutexLock l(&mu_);
         auto it = chunks_.find(k);
         if (it != chunks_.end() && !it->second.split && it->second.where[0] == Bit(TierKind::kNvme)) {
+          if (loading_.contains(k)) continue;  // a batched read has it: promoted after it
           nvme_only = it->second.bytes;
         }
       }

@@ -565,6 +565,10 @@ class PlacementEngine {
   // for them (prefetch_done_) instead of reading them a second time.
   absl::flat_hash_set<Hash128> prefetching_ ABSL_GUARDED_BY(mu_);
   absl::CondVar prefetch_done_;
+  // Chunks a batched read is reading from NVMe, or whose scratch copy waits
+  // to be promoted (a key may be in it more than once): a prefetch skips
+  // them rather than read them a second time.
+  absl::flat_hash_map<Hash128, int> loading_ ABSL_GUARDED_BY(mu_);
   // Random bytes for ids, drawn 256 at a time (one getrandom call that is
   // never short or interrupted); id_pool_next_ is the next unused one.
   std::array<uint64_t, 32> id_pool_ ABSL_GUARDED_BY(mu_){};
