@@ -139,6 +139,37 @@ TEST_F(CtlTest, LookupAndHoldHoldsExactlyThePlannedChunksUntilReleased) {
   EXPECT_TRUE(c->ReleasePlan(*empty).ok());
 }
 
+// Without a data-plane connection (max_data_connections 0) the same calls
+// go over gRPC: PlanLoad and Pin, Hold per key.
+TEST_F(CtlTest, LookupAndHoldAndBatchesFallBackToGrpc) {
+  client::ClientOptions o;
+  o.socket_path = daemon_->socket_path();
+  o.max_data_connections = 0;
+  o.timeout_ms = 10000;
+  auto c = client::KvtierClient::Connect(o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  PutChunks(**c, 115, 2);
+  std::vector<Hash128> keys = {TestKey(115), TestKey(116), TestKey(117)};
+  auto h = (*c)->LookupAndHold(keys);
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_EQ(h->plan.load_chunks, 2u);
+  EXPECT_EQ(h->connection, 0u);
+  ASSERT_NE(h->lease_id, 0u);
+  EXPECT_EQ((*c)->Delete(TestKey(115)).code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE((*c)->ReleasePlan(*h).ok());
+  auto held = (*c)->HoldBatch(keys);
+  ASSERT_TRUE(held.ok()) << held.status();
+  EXPECT_TRUE((*held)[0].ok() && (*held)[1].ok());
+  EXPECT_EQ((*held)[2].status().code(), absl::StatusCode::kNotFound);
+  std::vector<client::HeldChunk> ones = {*(*held)[0], *(*held)[1]};
+  EXPECT_TRUE((*c)->UnholdBatch(ones).ok());
+  auto got = (*c)->GetBatch(keys);
+  ASSERT_EQ(got.size(), 3u);
+  ASSERT_TRUE(got[1].ok());
+  EXPECT_EQ(*got[1], MakeChunk(116));
+  EXPECT_TRUE((*c)->Delete(TestKey(115)).ok());
+}
+
 TEST_F(CtlTest, LeasesOfHoldsExpireAndAreCounted) {
   auto c = Client();
   ASSERT_TRUE(c);
