@@ -1,6 +1,7 @@
 #include "client/kvtier_client.h"
 
 #include <poll.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -292,6 +293,8 @@ class DataConn {
         if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
           return Broken(absl::StrCat("recv: ", std::strerror(errno)));
         }
+        // The daemon's thread may be waiting for this core: let it run.
+        sched_yield();
       } while (std::chrono::steady_clock::now() < until);
     }
     while (got < n) {

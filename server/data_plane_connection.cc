@@ -1,6 +1,7 @@
 #include "server/data_plane_connection.h"
 
 #include <poll.h>
+#include <sched.h>
 #include <sys/socket.h>
 
 #include <algorithm>
@@ -92,6 +93,9 @@ bool FrameReader::Fill(size_t n, bool idle_ok, int64_t spin_us) {
       }
       if (k == 0) return false;
       if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return false;
+      // The client may be waiting for this core (a host with fewer free
+      // cores than polling threads): let it run.
+      sched_yield();
     } while (Clock::now() < until);
   }
   while (end_ < n) {
