@@ -16,14 +16,26 @@
 // over (the H100 host's 300 MiB), the plain memcpy baseline copies cache to
 // cache.
 //
+//  3. The control plane (RunCtl): the lookup of 8 keys over the data plane
+//     (1 client p50/p99; keys/s with 16 clients) against a raw Unix-socket
+//     ping-pong of the same frame sizes, blocking and spinning, measured in
+//     the same run; a batched get of 8 chunks from DRAM against memcpy of
+//     the same bytes, and from NVMe against raw io_uring O_DIRECT reads of
+//     the same extents, request size and queue depth; the time to load a
+//     prefix from NVMe (in batches of 8 chunks) with and without a prefetch
+//     issued 10/50/200 ms ahead; --prefetch-chunks 128 is a 32K-token prefix.
+//
 // Usage: server_bench [--json FILE] [--reps N] [--seconds S] [--check-thread 0|1]
-//                     [--put-check-threads 0|1|2]
+//                     [--put-check-threads 0|1|2] [--ctl-only]
+//                     [--prefetch-chunks N]
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <sys/socket.h>
+#include <unistd.h>
 #include <span>
 #include <string>
 #include <thread>
@@ -31,6 +43,7 @@
 
 #include "bench/bench_util.h"
 #include "bench/llama_chunk.h"
+#include "bench/raw_io.h"
 #include "client/kvtier_client.h"
 #include "codec/chunk.h"
 #include "codec/codec.h"
@@ -38,6 +51,8 @@
 #include "wire/chunk_check.h"
 #include "server/daemon.h"
 #include "server/shm_channel.h"
+#include "tiering/io.h"
+#include "tiering/placement_engine.h"
 
 using namespace kvtier;
 using Clock = std::chrono::steady_clock;
@@ -100,25 +115,327 @@ LookupResult BenchLookups(const std::string& sock, const std::vector<Hash128>& k
   return {clients, all.size(), s, Percentile(all, 0.5), Percentile(all, 0.99)};
 }
 
+
+// A raw Unix-socket round trip: `req` bytes one way, `rep` bytes back, with
+// the peer a thread that echoes; `spin` polls (MSG_DONTWAIT) instead of
+// blocking, as the data plane does. Microseconds per round trip.
+std::vector<double> UdsPingPong(size_t req, size_t rep, bool spin, double seconds) {
+  int sv[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0) std::abort();
+  auto read_full = [spin](int fd, uint8_t* p, size_t n) {
+    for (size_t got = 0; got < n;) {
+      const ssize_t k = ::recv(fd, p + got, n - got, spin ? MSG_DONTWAIT : 0);
+      if (k > 0) got += static_cast<size_t>(k);
+      else if (k == 0) return false;
+    }
+    return true;
+  };
+  std::thread echo([&] {
+    std::vector<uint8_t> b(std::max(req, rep));
+    while (read_full(sv[1], b.data(), req)) {
+      if (::send(sv[1], b.data(), rep, MSG_NOSIGNAL) != static_cast<ssize_t>(rep)) break;
+    }
+  });
+  std::vector<uint8_t> b(std::max(req, rep));
+  std::vector<double> lat;
+  const auto end = Clock::now() + std::chrono::duration<double>(seconds);
+  for (int i = 0; Clock::now() < end; ++i) {
+    auto t0 = Clock::now();
+    if (::send(sv[0], b.data(), req, MSG_NOSIGNAL) != static_cast<ssize_t>(req)) std::abort();
+    if (!read_full(sv[0], b.data(), rep)) std::abort();
+    if (i >= 100) lat.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+  }
+  ::shutdown(sv[0], SHUT_RDWR);
+  echo.join();
+  ::close(sv[0]);
+  ::close(sv[1]);
+  return lat;
+}
+
+// The control-plane measurements (section 3 of the header), as JSON fields.
+std::string RunCtl(server::Daemon* daemon, const std::vector<uint8_t>& chunk, int reps,
+                   double seconds, int prefetch_chunks) {
+  const std::string sock = daemon->socket_path();
+  tiering::PlacementEngine* engine = daemon->engine();
+  char buf[512];
+  std::string json;
+  auto field = [&](const char* name, double v) {
+    std::snprintf(buf, sizeof(buf), ",\"%s\":%.3f", name, v);
+    json += buf;
+  };
+
+  // Lookups over the data plane: 8 keys, 4 cached.
+  std::vector<Hash128> keys;
+  for (int i = 0; i < 8; ++i) keys.push_back(Hash128::Of("bench-ctl-lookup-" + std::to_string(i), 5));
+  auto c = Connect(sock, true);
+  const std::vector<uint8_t> small =
+      codec::EncodeChunk(
+          codec::testing::MakeSpec({2, 2, 64, 16, 16}, codec::DType::kBF16,
+                                   {codec::DType::kBF16, codec::ScaleGranularity::kNone},
+                                   {codec::DType::kFP8E4M3, codec::ScaleGranularity::kPerBlockHead}),
+          codec::KvView{std::vector<uint16_t>(2 * 16 * 2 * 64, 0x3f80),
+                        std::vector<uint16_t>(2 * 16 * 2 * 64, 0x3f80)})
+          .value();
+  for (int i = 0; i < 4; ++i) {
+    if (!c->Put(keys[i], small).ok()) std::abort();
+  }
+  // Frame sizes of that lookup: header + 8 + 8 keys; header + 8 + 4 tiers.
+  const size_t req = wire::shm::kRequestHeaderBytes + 8 + 8 * 16;
+  const size_t rep = wire::shm::kResponseHeaderBytes + 8 + 4;
+  const std::vector<double> uds = UdsPingPong(req, rep, false, seconds);
+  const std::vector<double> uds_spin = UdsPingPong(req, rep, true, seconds);
+  auto lookup_run = [&](int clients) {
+    std::vector<std::vector<double>> lat(clients);
+    std::vector<std::thread> ts;
+    std::atomic<int> ready{0};
+    std::atomic<bool> go{false};
+    for (int i = 0; i < clients; ++i) {
+      ts.emplace_back([&, i] {
+        auto cl = Connect(sock, true);
+        for (int k = 0; k < 100; ++k) (void)cl->Lookup(keys);
+        ++ready;
+        while (!go.load()) std::this_thread::yield();
+        const auto end = Clock::now() + std::chrono::duration<double>(seconds);
+        while (Clock::now() < end) {
+          auto t0 = Clock::now();
+          auto r = cl->Lookup(keys);
+          if (!r.ok() || r->size() != 4) std::abort();
+          lat[i].push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+        }
+      });
+    }
+    while (ready.load() < clients) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    const auto t0 = Clock::now();
+    go = true;
+    for (auto& t : ts) t.join();
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    std::vector<double> all;
+    for (auto& v : lat) all.insert(all.end(), v.begin(), v.end());
+    return std::make_pair(all, s);
+  };
+  auto [one, one_s] = lookup_run(1);
+  auto [many, many_s] = lookup_run(16);
+  // Lookup-and-hold: the plan and the hold of its chunks in one call (the
+  // release, a second call, is not timed).
+  std::vector<double> hold_lat;
+  {
+    const auto end = Clock::now() + std::chrono::duration<double>(seconds);
+    for (int i = 0; Clock::now() < end; ++i) {
+      auto t0 = Clock::now();
+      auto h = c->LookupAndHold(keys);
+      const double us = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+      if (!h.ok() || h->plan.load_chunks != 4 || !c->ReleasePlan(*h).ok()) std::abort();
+      if (i >= 100) hold_lat.push_back(us);
+    }
+  }
+  std::printf("\ncontrol plane: lookup of 8 keys (4 cached) over the data plane\n");
+  std::printf("  uds ping-pong (blocking) p50 %.1f us p99 %.1f us; spinning p50 %.1f us p99 %.1f us\n",
+              Median(uds), Percentile(uds, 0.99), Median(uds_spin), Percentile(uds_spin, 0.99));
+  std::printf("  lookup 1 client p50 %.1f us p99 %.1f us (%.2fx / %.2fx the blocking ping-pong)\n",
+              Median(one), Percentile(one, 0.99), Median(one) / Median(uds),
+              Percentile(one, 0.99) / Percentile(uds, 0.99));
+  std::printf("  16 clients: %.0f lookups/s, %.0f keys/s\n", many.size() / many_s,
+              8 * many.size() / many_s);
+  std::printf("  lookup-and-hold, 1 client: p50 %.1f us p99 %.1f us\n", Median(hold_lat),
+              Percentile(hold_lat, 0.99));
+  field("uds_pingpong_p50_us", Median(uds));
+  field("uds_pingpong_p99_us", Percentile(uds, 0.99));
+  field("uds_spin_pingpong_p50_us", Median(uds_spin));
+  field("uds_spin_pingpong_p99_us", Percentile(uds_spin, 0.99));
+  field("lookup_p50_us_1_client", Median(one));
+  field("lookup_p99_us_1_client", Percentile(one, 0.99));
+  field("lookup_p50_vs_uds_pingpong", Median(one) / Median(uds));
+  field("lookup_p99_vs_uds_pingpong", Percentile(one, 0.99) / Percentile(uds, 0.99));
+  field("lookup_keys_per_s_16_clients", 8 * many.size() / many_s);
+  field("lookup_and_hold_p50_us_1_client", Median(hold_lat));
+  field("lookup_and_hold_p99_us_1_client", Percentile(hold_lat, 0.99));
+  field("lookup_p50_us_16_clients", Median(many));
+  field("lookup_p99_us_16_clients", Percentile(many, 0.99));
+
+  // Batched gets of 8 chunks: from DRAM vs memcpy; from NVMe vs raw reads.
+  constexpr int kBatch = 8;
+  const size_t bytes = chunk.size();
+  std::vector<Hash128> bkeys;
+  for (int i = 0; i < kBatch; ++i) bkeys.push_back(Hash128::Of("bench-ctl-batch-" + std::to_string(i), 5));
+  std::vector<std::vector<uint8_t>> dsts(kBatch, std::vector<uint8_t>(bytes, 1));
+  std::vector<std::span<uint8_t>> outs(dsts.begin(), dsts.end());
+  std::vector<std::span<const uint8_t>> srcs(kBatch, std::span<const uint8_t>(chunk));
+  for (const absl::Status& st : c->PutBatch(bkeys, srcs)) {
+    if (!st.ok()) std::abort();
+  }
+  std::vector<double> dram_ratio, dram_s, memcpy_s;
+  for (int r = 0; r < reps; ++r) {
+    auto t0 = Clock::now();
+    for (int i = 0; i < kBatch; ++i) std::memcpy(dsts[i].data(), chunk.data(), bytes);
+    const double m = std::chrono::duration<double>(Clock::now() - t0).count();
+    t0 = Clock::now();
+    for (const auto& g : c->GetBatchInto(bkeys, outs)) {
+      if (!g.ok() || g->second != client::Tier::kDram) std::abort();
+    }
+    const double g = std::chrono::duration<double>(Clock::now() - t0).count();
+    memcpy_s.push_back(m);
+    dram_s.push_back(g);
+    dram_ratio.push_back(m / g);
+  }
+  const double gb = kBatch * bytes / 1e9;
+  std::printf("  batched DRAM get, %d x %.1f MiB: %.2f GB/s vs memcpy %.2f GB/s: %.3f\n", kBatch,
+              bytes / 1048576.0, gb / Median(dram_s), gb / Median(memcpy_s), Median(dram_ratio));
+  field("dram_batch_get_gbps", gb / Median(dram_s));
+  field("dram_batch_memcpy_gbps", gb / Median(memcpy_s));
+  field("dram_batch_get_vs_memcpy", Median(dram_ratio));
+
+  tiering::NvmeTier* nvme = engine->nvme();
+  auto to_nvme = [&](std::span<const Hash128> ks) {
+    for (const Hash128& k : ks) {
+      (void)engine->Delete(k);
+      tiering::PutOptions po;
+      po.tier = tiering::TierKind::kNvme;
+      if (!engine->Put(k, chunk, po).ok()) std::abort();
+    }
+    if (!nvme->Flush().ok()) std::abort();
+  };
+  // The raw baseline: a second O_DIRECT io_uring handle on the tier's data
+  // file reads the very extents, 1 MiB requests, queue depth 32, all in one
+  // submission.
+  auto env = tiering::NewUringIoEnv({});
+  auto dev = env->OpenDevice(nvme->data_path(), nvme->capacity_bytes()).value();
+  const uint64_t rounded = (bytes + 4095) / 4096 * 4096;
+  tiering::AlignedBuffer raw_dst(kBatch * rounded, 4096);
+  // The same reads into pool pages (a slot of the DRAM tier's shared
+  // memory, where the daemon's batch reads land), to tell the device from
+  // the destination: O_DIRECT into shared-memory pages can cost more than
+  // into private ones.
+  std::vector<tiering::Slot> pool_slots;
+  for (int i = 0; i < kBatch; ++i) pool_slots.push_back(engine->AllocateSlot(rounded, 60000).value());
+  std::vector<double> nvme_ratio, hold_ratio, hold_pool_ratio, nvme_s, raw_s, hold_s, raw_pool_s;
+  for (int r = 0; r < reps; ++r) {
+    to_nvme(bkeys);
+    std::vector<tiering::IoRequest> rq_pool;
+    for (int i = 0; i < kBatch; ++i) {
+      const uint64_t off = nvme->OffsetOf({bkeys[i], tiering::Part::kWhole}).value();
+      bench::AppendRawRequests(tiering::IoRequest::Op::kRead,
+                               engine->dram()->base() + pool_slots[i].extent.offset, off, rounded,
+                               uint64_t{1} << 20, &rq_pool);
+    }
+    auto tp = Clock::now();
+    if (!dev->Submit(rq_pool).ok()) std::abort();
+    const double raw_pool = std::chrono::duration<double>(Clock::now() - tp).count();
+    std::vector<tiering::IoRequest> rq;
+    for (int i = 0; i < kBatch; ++i) {
+      const uint64_t off = nvme->OffsetOf({bkeys[i], tiering::Part::kWhole}).value();
+      bench::AppendRawRequests(tiering::IoRequest::Op::kRead, raw_dst.data() + i * rounded, off,
+                               rounded, uint64_t{1} << 20, &rq);
+    }
+    auto t0 = Clock::now();
+    if (!dev->Submit(rq).ok()) std::abort();
+    const double raw = std::chrono::duration<double>(Clock::now() - t0).count();
+    t0 = Clock::now();
+    for (const auto& g : c->GetBatchInto(bkeys, outs)) {
+      if (!g.ok() || g->second != client::Tier::kNvme) std::abort();
+    }
+    const double got = std::chrono::duration<double>(Clock::now() - t0).count();
+    to_nvme(bkeys);
+    t0 = Clock::now();
+    auto held = c->HoldBatch(bkeys).value();
+    const double hold = std::chrono::duration<double>(Clock::now() - t0).count();
+    std::vector<client::HeldChunk> hs;
+    for (auto& h : held) hs.push_back(h.value());
+    (void)c->UnholdBatch(hs);
+    raw_s.push_back(raw);
+    raw_pool_s.push_back(raw_pool);
+    nvme_s.push_back(got);
+    hold_s.push_back(hold);
+    nvme_ratio.push_back(raw / got);
+    hold_ratio.push_back(raw / hold);
+    hold_pool_ratio.push_back(raw_pool / hold);
+  }
+  for (const tiering::Slot& sl : pool_slots) (void)engine->AbortSlot(sl.id);
+  std::printf("  batched NVMe get, %d chunks: %.2f GB/s (hold only %.2f GB/s) vs raw io_uring "
+              "O_DIRECT qd32 %.2f GB/s: %.3f (hold only %.3f)\n",
+              kBatch, gb / Median(nvme_s), gb / Median(hold_s), gb / Median(raw_s),
+              Median(nvme_ratio), Median(hold_ratio));
+  std::printf("    raw reads into pool pages %.2f GB/s: hold only %.3f of them\n",
+              gb / Median(raw_pool_s), Median(hold_pool_ratio));
+  field("nvme_batch_get_gbps", gb / Median(nvme_s));
+  field("nvme_batch_hold_gbps", gb / Median(hold_s));
+  field("nvme_raw_uring_gbps", gb / Median(raw_s));
+  field("nvme_batch_get_vs_raw_uring", Median(nvme_ratio));
+  field("nvme_batch_hold_vs_raw_uring", Median(hold_ratio));
+  field("nvme_raw_uring_into_pool_gbps", gb / Median(raw_pool_s));
+  field("nvme_batch_hold_vs_raw_uring_into_pool", Median(hold_pool_ratio));
+
+  // Prefetch: load a prefix of `prefetch_chunks` chunks from NVMe with no
+  // prefetch, and with one issued 10/50/200 ms before the load.
+  for (const Hash128& k : bkeys) (void)engine->Delete(k);
+  std::vector<Hash128> pkeys;
+  for (int i = 0; i < prefetch_chunks; ++i) {
+    pkeys.push_back(Hash128::Of("bench-ctl-prefix-" + std::to_string(i), 5));
+  }
+  std::vector<std::vector<uint8_t>> pdst(prefetch_chunks, std::vector<uint8_t>(bytes));
+  std::vector<std::span<uint8_t>> pouts(pdst.begin(), pdst.end());
+  std::snprintf(buf, sizeof(buf), ",\"prefetch_prefix_tokens\":%d", prefetch_chunks * 256);
+  json += buf;
+  std::printf("  load of a %d-token prefix (%d chunks) from NVMe:", prefetch_chunks * 256,
+              prefetch_chunks);
+  for (int lead : {-1, 10, 50, 200}) {
+    std::vector<double> load_ms;
+    for (int r = 0; r < std::max(1, reps / 3); ++r) {
+      to_nvme(pkeys);
+      if (lead >= 0) {
+        if (!c->PrefetchWithin(pkeys, 0, 0).ok()) std::abort();
+        std::this_thread::sleep_for(std::chrono::milliseconds(lead));
+      }
+      // The load: batches of kBatch chunks, one after the other.
+      auto t0 = Clock::now();
+      for (int at = 0; at < prefetch_chunks; at += kBatch) {
+        const int n = std::min(kBatch, prefetch_chunks - at);
+        for (const auto& g : c->GetBatchInto(std::span<const Hash128>(pkeys).subspan(at, n),
+                                             std::span<const std::span<uint8_t>>(pouts).subspan(at, n))) {
+          if (!g.ok()) std::abort();
+        }
+      }
+      load_ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+    }
+    std::printf(" %s %.1f ms;", lead < 0 ? "no prefetch" : (std::to_string(lead) + " ms ahead").c_str(),
+                Median(load_ms));
+    if (lead < 0) {
+      field("prefix_load_ms_no_prefetch", Median(load_ms));
+    } else {
+      std::snprintf(buf, sizeof(buf), ",\"prefix_load_ms_prefetch_%dms_ahead\":%.3f", lead,
+                    Median(load_ms));
+      json += buf;
+    }
+  }
+  std::printf("\n");
+  for (const Hash128& k : pkeys) (void)engine->Delete(k);
+  return json;
+}
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string json_path;
   int reps = 15;
   double seconds = 2.0;
+  bool ctl_only = false;
+  int prefetch_chunks = 32;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
     else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--seconds") && i + 1 < argc) seconds = std::atof(argv[++i]);
     else if (!std::strcmp(argv[i], "--check-thread") && i + 1 < argc) check_thread = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--put-check-threads") && i + 1 < argc) put_check_threads = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--ctl-only")) ctl_only = true;
+    else if (!std::strcmp(argv[i], "--prefetch-chunks") && i + 1 < argc) prefetch_chunks = std::atoi(argv[++i]);
   }
   std::string dir = (std::filesystem::temp_directory_path() /
                      ("kvtier-server-bench-" + std::to_string(::getpid()))).string();
   server::DaemonOptions o;
   o.data_dir = dir;
-  o.dram_gib = 1.0;
-  o.nvme_gib = 0.5;
+  // Room for the prefix of the prefetch measurement (24 MiB chunks) and
+  // more, in DRAM and on NVMe.
+  const double prefix_gib = prefetch_chunks * 24.0 / 1024;
+  o.dram_gib = std::max(2.0, 1.5 * prefix_gib + 0.5);
+  o.nvme_gib = std::max(2.0, 1.5 * prefix_gib + 0.5);
   o.hbm_gib = 0;
   o.log_level = "off";
   o.put_check_threads = static_cast<uint32_t>(put_check_threads);
@@ -131,6 +448,26 @@ int main(int argc, char** argv) {
   std::printf("machine: %s\n", bench::CpuName().c_str());
   std::printf("chunk: Llama-3.1-8B, 256 tokens, K16/V8: %zu bytes (%.2f MiB)\n", bytes,
               bytes / 1048576.0);
+
+  const std::string ctl_json = RunCtl(daemon.get(), chunk, reps, seconds, prefetch_chunks);
+  if (ctl_only) {
+    std::string json = "{\"benchmark\":\"server-ctl\",\"machine\":\"" + bench::CpuName() +
+                       "\",\"hardware_threads\":" +
+                       std::to_string(std::thread::hardware_concurrency()) + ",\"chunk_bytes\":" +
+                       std::to_string(bytes) + ",\"reps\":" + std::to_string(reps) + ctl_json + "}\n";
+    if (!json_path.empty()) {
+      FILE* f = std::fopen(json_path.c_str(), "w");
+      if (f) {
+        std::fputs(json.c_str(), f);
+        std::fclose(f);
+      }
+    }
+    (void)daemon->Shutdown();
+    daemon.reset();
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+    return 0;
+  }
 
   // --- Lookups.
   auto c0 = Connect(sock, true);
@@ -454,6 +791,9 @@ int main(int argc, char** argv) {
                 rows[12].s / rows[8].s, rows[12].s / rows[9].s, put_threads, gbps(rows[13].s),
                 rows[13].s / rows[9].s, Median(get_cold_ratio), put_how, get_threads);
   json += buf;
+  // The control-plane fields go inside the object.
+  json.resize(json.size() - 2);
+  json += ctl_json + "}\n";
   if (!json_path.empty()) {
     FILE* f = std::fopen(json_path.c_str(), "w");
     if (f) {

@@ -35,6 +35,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/raw_io.h"
 #include "codec/codec.h"
 #include "tiering/placement_engine.h"
 
@@ -185,7 +186,7 @@ std::string Nvme(const std::string& base) {
   std::span<const uint8_t> aligned(asrc.data(), chunk.size());
   auto raw_reqs = [&](IoRequest::Op op, uint8_t* buf, uint64_t off) {
     std::vector<IoRequest> r;
-    for (uint64_t d = 0; d < alloc; d += io) r.push_back({op, off + d, buf + d, std::min(io, alloc - d)});
+    bench::AppendRawRequests(op, buf, off, alloc, io, &r);
     return r;
   };
   // Engine puts to the NVMe tier. Non-durable: acknowledged once the data is

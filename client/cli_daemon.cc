@@ -1,4 +1,4 @@
-// `kvtier put|get|delete|lookup|stats`: talk to a running kvtierd through
+// `kvtier put|get|delete|lookup|prefetch|stats`: talk to a running kvtierd through
 // libkvtier (client/kvtier_client.h).
 #include <cstdio>
 #include <fstream>
@@ -168,6 +168,37 @@ void RegisterDaemonCommands(CLI::App& app, CommandResult& result) {
                     plan.saved_us / 1e3);
       }
       if (plan.tiers.empty()) return CacheMiss("no cached prefix");
+      return absl::OkStatus();
+    }));
+  }
+  {
+    auto* cmd = app.add_subcommand(
+        "prefetch", "move the leading NVMe- or remote-resident chunks of a cached prefix into DRAM");
+    auto f = std::make_shared<ConnFlags>();
+    auto keys = std::make_shared<std::string>();
+    auto budget_mib = std::make_shared<double>(0);
+    auto wait_ms = std::make_shared<uint32_t>(0);
+    AddConnFlags(cmd, f.get());
+    cmd->add_option("--keys", *keys, "comma-separated chunk keys, in prefix order")->required();
+    cmd->add_option("--budget-mib", *budget_mib,
+                    "most MiB to move (the leading chunks that fit); 0: no limit")
+        ->capture_default_str();
+    cmd->add_option("--wait-ms", *wait_ms, "wait up to this long for the chunks to arrive; 0: return at once")
+        ->capture_default_str();
+    cmd->callback(Action(result, [=]() -> absl::Status {
+      std::vector<Hash128> ks;
+      for (absl::string_view part : absl::StrSplit(AsAbsl(*keys), ',', absl::SkipEmpty())) {
+        KVTIER_ASSIGN_OR_RETURN(Hash128 k, ParseKey(std::string(part)));
+        ks.push_back(k);
+      }
+      if (ks.empty()) return absl::InvalidArgumentError("--keys is empty");
+      if (!(*budget_mib >= 0)) return absl::InvalidArgumentError("--budget-mib must be >= 0");
+      KVTIER_ASSIGN_OR_RETURN(auto c, Connect(*f));
+      const auto budget = static_cast<uint64_t>(*budget_mib * 1048576.0);
+      KVTIER_ASSIGN_OR_RETURN(client::PrefetchResult r, c->PrefetchWithin(ks, budget, *wait_ms));
+      std::printf("prefetch: %u chunks, %llu bytes queued%s\n", r.keys,
+                  static_cast<unsigned long long>(r.bytes),
+                  *wait_ms == 0 ? "" : (r.completed ? ", in DRAM" : ", not all in DRAM yet"));
       return absl::OkStatus();
     }));
   }

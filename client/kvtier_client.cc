@@ -1,6 +1,7 @@
 #include "client/kvtier_client.h"
 
 #include <poll.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -14,6 +15,7 @@
 #include <optional>
 #include <thread>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -188,6 +190,41 @@ class DataConn {
     return Receive(op, out, out_n);
   }
 
+  // Call of a batch op, whose answer has a variable length (at most
+  // kMaxReplyPayloadBytes; the caller checks it against what it asked).
+  absl::Status CallBatch(Op op, const uint8_t* payload, uint32_t n, std::vector<uint8_t>* out) {
+    using wire::shm::kResponseHeaderBytes;
+    KVTIER_RETURN_IF_ERROR(Settle());
+    KVTIER_RETURN_IF_ERROR(Send(op, payload, n));
+    uint8_t hdr[kResponseHeaderBytes];
+    KVTIER_RETURN_IF_ERROR(ReadFull(hdr, sizeof(hdr), kAnswerSpinUs));
+    wire::shm::Reader r(hdr);
+    const uint16_t version = r.U16(), got_op = r.U16();
+    const uint32_t code = r.U32(), len = r.U32();
+    if (version != wire::shm::kVersion) {
+      return Broken(absl::StrCat("answer of data-plane protocol version ", version));
+    }
+    if (code != 0) {
+      if (len > wire::shm::kMaxErrorMessageBytes) return Broken("oversized error answer");
+      std::string msg(len, '\0');
+      KVTIER_RETURN_IF_ERROR(ReadFull(reinterpret_cast<uint8_t*>(msg.data()), len));
+      if (got_op != static_cast<uint16_t>(op)) broken_ = true;
+      const auto c = code <= 16 ? static_cast<absl::StatusCode>(code) : absl::StatusCode::kUnknown;
+      return absl::Status(c, msg);
+    }
+    if (got_op != static_cast<uint16_t>(op) || len > wire::shm::kMaxReplyPayloadBytes) {
+      return Broken(absl::StrCat("answer to data-plane op ", got_op, " with ", len,
+                                 " bytes; expected op ", static_cast<int>(op)));
+    }
+    out->resize(len);
+    return ReadFull(out->data(), len);
+  }
+
+  // A malformed answer: the connection is closed (what it held is freed).
+  absl::Status BadAnswer(Op op) {
+    return Broken(absl::StrCat("malformed answer to data-plane op ", static_cast<int>(op)));
+  }
+
   // Sends a request whose answer is read later, by Settle (every Call
   // settles first): the release after a get, a spare slot's allocation or
   // abort. REQUIRES: op is kRelease, kAllocate or kAbortSlot.
@@ -256,6 +293,8 @@ class DataConn {
         if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
           return Broken(absl::StrCat("recv: ", std::strerror(errno)));
         }
+        // The daemon's thread may be waiting for this core: let it run.
+        sched_yield();
       } while (std::chrono::steady_clock::now() < until);
     }
     while (got < n) {
@@ -374,6 +413,9 @@ class ClientImpl final : public KvtierClient {
   bool checks_on_helper_thread() const override { return verifier_ != nullptr; }
 
   absl::StatusOr<std::vector<Tier>> Lookup(std::span<const Hash128> keys) override {
+    if (pool_ && keys.size() <= kMaxBatchKeys) {
+      if (ConnLease c = AcquireConn()) return LookupOver(*c, keys);
+    }
     pb::LookupRequest req;
     req.set_version(kProtocolVersion);
     for (const Hash128& k : keys) req.add_keys(KeyBytes(k));
@@ -386,6 +428,13 @@ class ClientImpl final : public KvtierClient {
 
   absl::StatusOr<LoadPlan> PlanLoad(std::span<const Hash128> keys, double prefill_tokens_per_s,
                                     uint32_t tokens_per_chunk) override {
+    if (pool_ && keys.size() <= kMaxBatchKeys) {
+      if (ConnLease c = AcquireConn()) {
+        KVTIER_ASSIGN_OR_RETURN(HeldPlan h,
+                                PlanOver(*c, keys, prefill_tokens_per_s, tokens_per_chunk, 0, false));
+        return std::move(h.plan);
+      }
+    }
     pb::LookupRequest req;
     req.set_version(kProtocolVersion);
     for (const Hash128& k : keys) req.add_keys(KeyBytes(k));
@@ -410,6 +459,313 @@ class ClientImpl final : public KvtierClient {
     plan.load_chunks_us = resp.load_chunks_us();
     plan.saved_us = resp.saved_us();
     return plan;
+  }
+
+  // The keys after a batch header (kLookup, kPlanLoad, kGetBatch, kPrefetch).
+  static void WriteKeys(wire::shm::Writer& w, std::span<const Hash128> keys) {
+    for (const Hash128& k : keys) w.Raw(k.bytes.data(), wire::shm::kKeyBytes);
+  }
+
+  absl::StatusOr<std::vector<Tier>> LookupOver(DataConn& c, std::span<const Hash128> keys) {
+    namespace w = wire::shm;
+    std::vector<uint8_t> req(w::kBatchHeaderBytes + keys.size() * w::kKeyBytes), rep;
+    w::Writer b(req.data());
+    b.U32(static_cast<uint32_t>(keys.size())).U32(0);
+    WriteKeys(b, keys);
+    KVTIER_RETURN_IF_ERROR(c.CallBatch(DataConn::Op::kLookup, req.data(), b.size(), &rep));
+    if (rep.size() < w::kBatchHeaderBytes) return c.BadAnswer(DataConn::Op::kLookup);
+    w::Reader r(rep.data());
+    const uint32_t hits = r.U32();
+    if (hits > keys.size() || rep.size() != w::kBatchHeaderBytes + hits) {
+      return c.BadAnswer(DataConn::Op::kLookup);
+    }
+    (void)r.U32();
+    std::vector<Tier> out(hits);
+    for (Tier& t : out) t = FromProto(r.U8());
+    return out;
+  }
+
+  absl::StatusOr<HeldPlan> PlanOver(DataConn& c, std::span<const Hash128> keys, double rate,
+                                    uint32_t tokens_per_chunk, uint32_t lease_ms, bool hold) {
+    namespace w = wire::shm;
+    const DataConn::Op op = hold ? DataConn::Op::kPlanAndHold : DataConn::Op::kPlanLoad;
+    std::vector<uint8_t> req(w::kPlanBytes + keys.size() * w::kKeyBytes), rep;
+    w::Writer b(req.data());
+    b.U32(static_cast<uint32_t>(keys.size())).U32(tokens_per_chunk).F64(rate);
+    b.U32(hold ? lease_ms : 0).U32(0);
+    WriteKeys(b, keys);
+    KVTIER_RETURN_IF_ERROR(c.CallBatch(op, req.data(), b.size(), &rep));
+    if (rep.size() < w::kPlanReplyBytes) return c.BadAnswer(op);
+    w::Reader r(rep.data());
+    const uint32_t hits = r.U32(), load = r.U32();
+    if (hits > keys.size() || load > hits ||
+        rep.size() != w::kPlanReplyBytes + uint64_t{hits} * w::kPlanHitBytes) {
+      return c.BadAnswer(op);
+    }
+    HeldPlan h;
+    h.plan.load_chunks = load;
+    h.plan.load_chunks_us = r.F64();
+    h.plan.saved_us = r.F64();
+    h.lease_id = r.U64();
+    h.expires_at_us = static_cast<int64_t>(r.U64());
+    h.connection = h.lease_id != 0 ? c.serial() : 0;
+    for (uint32_t i = 0; i < hits; ++i) {
+      h.plan.tiers.push_back(FromProto(r.U8()));
+      (void)r.U8();
+      (void)r.U16();
+      (void)r.U32();
+      h.plan.chunk_bytes.push_back(r.U64());
+      h.plan.load_us.push_back(r.F64());
+    }
+    return h;
+  }
+
+  absl::StatusOr<HeldPlan> LookupAndHold(std::span<const Hash128> keys, double rate,
+                                         uint32_t tokens_per_chunk, uint32_t lease_ms) override {
+    if (pool_ && keys.size() <= kMaxBatchKeys) {
+      if (ConnLease c = AcquireConn()) {
+        return PlanOver(*c, keys, rate, tokens_per_chunk, lease_ms, true);
+      }
+    }
+    HeldPlan h;
+    KVTIER_ASSIGN_OR_RETURN(h.plan, PlanLoad(keys, rate, tokens_per_chunk));
+    if (rate <= 0) h.plan.load_chunks = h.plan.tiers.size();
+    if (h.plan.load_chunks == 0) return h;
+    KVTIER_ASSIGN_OR_RETURN(h.lease_id, Pin(keys.first(h.plan.load_chunks), lease_ms));
+    return h;
+  }
+
+  absl::Status ReleasePlan(const HeldPlan& plan) override {
+    if (plan.lease_id == 0) return absl::OkStatus();
+    if (plan.connection != 0) {
+      if (ConnLease c = AcquireConnBySerial(plan.connection)) {
+        uint8_t req[wire::shm::kU64Bytes];
+        wire::shm::Writer(req).U64(plan.lease_id);
+        return (*c).Call(DataConn::Op::kRelease, req, sizeof(req), nullptr, 0);
+      }
+    }
+    return Release(plan.lease_id);
+  }
+
+  absl::StatusOr<std::vector<absl::StatusOr<HeldChunk>>> HoldBatch(std::span<const Hash128> keys,
+                                                                   bool verify) override {
+    namespace w = wire::shm;
+    if (!pool_) return absl::FailedPreconditionError("no shared-memory pool mapped");
+    if (keys.size() > kMaxBatchKeys) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(keys.size(), " keys in one batch; the limit is ", kMaxBatchKeys));
+    }
+    absl::flat_hash_set<Hash128> seen;
+    for (const Hash128& k : keys) {
+      if (!seen.insert(k).second) {
+        return absl::InvalidArgumentError(absl::StrCat("key ", k.ToHex(), " twice in one batch"));
+      }
+    }
+    std::vector<absl::StatusOr<HeldChunk>> out;
+    ConnLease c = AcquireConn();
+    if (!c) {
+      for (const Hash128& k : keys) out.push_back(HoldRpc(k, verify));
+      return out;
+    }
+    std::vector<uint8_t> req(w::kGetBatchBytes + keys.size() * w::kKeyBytes), rep;
+    w::Writer b(req.data());
+    b.U32(static_cast<uint32_t>(keys.size())).U32(0).U8(verify ? 1 : 0).U8(0).U16(0).U32(0);
+    WriteKeys(b, keys);
+    KVTIER_RETURN_IF_ERROR((*c).CallBatch(DataConn::Op::kGetBatch, req.data(), b.size(), &rep));
+    if (rep.size() != w::kBatchHeaderBytes + keys.size() * w::kGetBatchItemBytes) {
+      return (*c).BadAnswer(DataConn::Op::kGetBatch);
+    }
+    w::Reader r(rep.data());
+    if (r.U32() != keys.size()) return (*c).BadAnswer(DataConn::Op::kGetBatch);
+    (void)r.U32();
+    for (size_t i = 0; i < keys.size(); ++i) {
+      const uint32_t code = r.U32();
+      HeldChunk h;
+      h.tier = FromProto(r.U8());
+      (void)r.U8();
+      (void)r.U16();
+      (void)r.U64();  // chunk bytes: the extent's length
+      const uint64_t offset = r.U64(), length = r.U64();
+      h.lease_id = r.U64();
+      h.scratch_slot_id = r.U64();
+      h.connection = (*c).serial();
+      if (code != 0) {
+        const auto sc = code <= 16 ? static_cast<absl::StatusCode>(code) : absl::StatusCode::kUnknown;
+        out.push_back(absl::Status(sc, absl::StrCat("chunk ", keys[i].ToHex(), ": ",
+                                                    absl::StatusCodeToString(sc))));
+        continue;
+      }
+      auto range = pool_->Range(offset, length);
+      if (!range.ok() || (h.lease_id == 0) == (h.scratch_slot_id == 0)) {
+        (void)UnholdOver(*c, h);
+        out.push_back(absl::InternalError("daemon answered a hold outside the pool"));
+        continue;
+      }
+      h.data = *range;
+      out.push_back(h);
+    }
+    return out;
+  }
+
+  absl::Status UnholdBatch(std::span<const HeldChunk> chunks) override {
+    namespace w = wire::shm;
+    absl::Status first;
+    auto note = [&first](absl::Status st) {
+      if (first.ok()) first = std::move(st);
+    };
+    // The holds of each data-plane connection go back over it, in frames of
+    // at most kMaxBatchItems.
+    absl::flat_hash_map<uint64_t, std::vector<const HeldChunk*>> by_conn;
+    for (const HeldChunk& h : chunks) {
+      if (h.lease_id == 0 && h.scratch_slot_id == 0) continue;
+      if (h.connection == 0) {
+        note(Unhold(h));
+      } else {
+        by_conn[h.connection].push_back(&h);
+      }
+    }
+    for (auto& [serial, hs] : by_conn) {
+      ConnLease c = AcquireConnBySerial(serial);
+      if (!c) {
+        for (const HeldChunk* h : hs) note(Unhold(*h));
+        continue;
+      }
+      for (size_t at = 0; at < hs.size(); at += w::kMaxBatchItems) {
+        const size_t n = std::min<size_t>(w::kMaxBatchItems, hs.size() - at);
+        std::vector<uint8_t> req(w::kBatchHeaderBytes + n * w::kReleaseItemBytes), rep;
+        w::Writer b(req.data());
+        b.U32(static_cast<uint32_t>(n)).U32(0);
+        for (size_t i = 0; i < n; ++i) b.U64(hs[at + i]->lease_id).U64(hs[at + i]->lease_id != 0 ? 0 : hs[at + i]->scratch_slot_id);
+        absl::Status st = (*c).CallBatch(DataConn::Op::kReleaseBatch, req.data(), b.size(), &rep);
+        if (!st.ok()) {
+          note(st);
+          break;
+        }
+        if (rep.size() != w::kBatchHeaderBytes + n * 4) {
+          note((*c).BadAnswer(DataConn::Op::kReleaseBatch));
+          break;
+        }
+        w::Reader r(rep.data());
+        (void)r.U32();
+        (void)r.U32();
+        for (size_t i = 0; i < n; ++i) {
+          const uint32_t code = r.U32();
+          if (code != 0) {
+            const auto sc = code <= 16 ? static_cast<absl::StatusCode>(code) : absl::StatusCode::kUnknown;
+            note(absl::Status(sc, "unhold of a chunk the daemon no longer held for this client"));
+          }
+        }
+      }
+    }
+    return first;
+  }
+
+  absl::StatusOr<PrefetchResult> PrefetchWithin(std::span<const Hash128> keys, uint64_t byte_budget,
+                                                uint32_t deadline_ms) override {
+    namespace w = wire::shm;
+    if (pool_ && keys.size() <= kMaxBatchKeys) {
+      if (ConnLease c = AcquireConn()) {
+        std::vector<uint8_t> req(w::kPrefetchBytes + keys.size() * w::kKeyBytes), rep;
+        w::Writer b(req.data());
+        b.U32(static_cast<uint32_t>(keys.size())).U32(deadline_ms).U64(byte_budget);
+        WriteKeys(b, keys);
+        KVTIER_RETURN_IF_ERROR((*c).CallBatch(DataConn::Op::kPrefetch, req.data(), b.size(), &rep));
+        if (rep.size() != w::kPrefetchReplyBytes) return (*c).BadAnswer(DataConn::Op::kPrefetch);
+        w::Reader r(rep.data());
+        PrefetchResult out;
+        out.completed = r.U8() != 0;
+        (void)r.U8();
+        (void)r.U16();
+        out.keys = r.U32();
+        out.bytes = r.U64();
+        return out;
+      }
+    }
+    if (byte_budget != 0) {
+      return absl::FailedPreconditionError("a prefetch byte budget needs the shared-memory data plane");
+    }
+    PrefetchResult out;
+    KVTIER_ASSIGN_OR_RETURN(out.completed, Prefetch(keys, deadline_ms));
+    return out;
+  }
+
+  absl::StatusOr<std::vector<absl::Status>> PutBatchShared(
+      std::span<const Hash128> keys, std::span<const std::span<const uint8_t>> chunks,
+      const PutOptions& options) override {
+    namespace w = wire::shm;
+    if (!pool_) return absl::FailedPreconditionError("no shared-memory pool mapped");
+    if (keys.size() != chunks.size() || keys.empty() || keys.size() > kMaxBatchKeys) {
+      return absl::FailedPreconditionError("not a batch for one data-plane exchange");
+    }
+    absl::flat_hash_set<Hash128> seen;
+    for (const Hash128& k : keys) {
+      if (!seen.insert(k).second) return absl::FailedPreconditionError("a key twice in one batch");
+    }
+    WaitForReleases();
+    ConnLease c = AcquireConn();
+    if (!c) return absl::FailedPreconditionError("no data-plane connection free");
+    const size_t n = keys.size();
+    std::vector<uint8_t> req(w::kBatchHeaderBytes + n * w::kU64Bytes), rep;
+    {
+      w::Writer b(req.data());
+      b.U32(static_cast<uint32_t>(n)).U32(0);
+      for (const auto& ch : chunks) b.U64(ch.size());
+      KVTIER_RETURN_IF_ERROR(
+          (*c).CallBatch(DataConn::Op::kAllocateBatch, req.data(), b.size(), &rep));
+    }
+    if (rep.size() != w::kBatchHeaderBytes + n * w::kSlotReplyBytes) {
+      return (*c).BadAnswer(DataConn::Op::kAllocateBatch);
+    }
+    std::vector<uint64_t> ids(n);
+    std::vector<std::span<uint8_t>> dst(n);
+    absl::Status bad;
+    {
+      w::Reader r(rep.data());
+      (void)r.U32();
+      (void)r.U32();
+      for (size_t i = 0; i < n; ++i) {
+        ids[i] = r.U64();
+        const uint64_t offset = r.U64(), length = r.U64();
+        (void)r.U64();
+        auto range = pool_->Range(offset, length);
+        if (!range.ok() || range->size() != chunks[i].size()) {
+          bad = absl::InternalError("daemon returned a slot outside the pool or of another size");
+        } else {
+          dst[i] = *range;
+        }
+      }
+    }
+    if (!bad.ok()) {
+      for (uint64_t id : ids) {
+        uint8_t a[w::kU64Bytes];
+        w::Writer(a).U64(id);
+        (void)(*c).Call(DataConn::Op::kAbortSlot, a, sizeof(a), nullptr, 0);
+      }
+      return bad;
+    }
+    // Non-temporal stores: the daemon's check reads the chunks from memory.
+    for (size_t i = 0; i < n; ++i) wire::StreamCopy(dst[i], chunks[i]);
+    req.resize(w::kCommitBatchBytes + n * w::kCommitItemBytes);
+    w::Writer b(req.data());
+    b.U32(static_cast<uint32_t>(n)).U8(options.durable ? 1 : 0).U8(0).U16(0);
+    for (size_t i = 0; i < n; ++i) b.U64(ids[i]).Raw(keys[i].bytes.data(), w::kKeyBytes);
+    KVTIER_RETURN_IF_ERROR((*c).CallBatch(DataConn::Op::kCommitBatch, req.data(), b.size(), &rep));
+    if (rep.size() != w::kBatchHeaderBytes + n * 4) return (*c).BadAnswer(DataConn::Op::kCommitBatch);
+    w::Reader r(rep.data());
+    (void)r.U32();
+    (void)r.U32();
+    std::vector<absl::Status> out;
+    for (size_t i = 0; i < n; ++i) {
+      const uint32_t code = r.U32();
+      if (code == 0) {
+        out.push_back(absl::OkStatus());
+        continue;
+      }
+      const auto sc = code <= 16 ? static_cast<absl::StatusCode>(code) : absl::StatusCode::kUnknown;
+      out.push_back(absl::Status(sc, absl::StrCat("put of chunk ", keys[i].ToHex(),
+                                                  " refused: ", absl::StatusCodeToString(sc))));
+    }
+    return out;
   }
 
   absl::Status Put(const Hash128& key, std::span<const uint8_t> chunk,
@@ -944,6 +1300,10 @@ class ClientImpl final : public KvtierClient {
     return pool_ ? pool_->all() : std::span<uint8_t>();
   }
 
+  absl::Status CopyHeldChunk(std::span<uint8_t> dst, std::span<const uint8_t> src) override {
+    return (verifier_ ? verifier_->CopyVerified(dst, src) : wire::CopyVerified(dst, src)).status();
+  }
+
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<pb::Kvtier::StubInterface> owned_;
   pb::Kvtier::StubInterface* stub_;
@@ -1025,6 +1385,13 @@ std::future<absl::StatusOr<std::vector<Tier>>> KvtierClient::LookupAsync(std::ve
 std::vector<absl::Status> KvtierClient::PutBatch(std::span<const Hash128> keys,
                                                  std::span<const std::span<const uint8_t>> chunks,
                                                  const PutOptions& options) {
+  if (uses_shared_memory()) {
+    auto shared = PutBatchShared(keys, chunks, options);
+    if (shared.ok()) return *std::move(shared);
+    if (!absl::IsFailedPrecondition(shared.status())) {
+      return std::vector<absl::Status>(keys.size(), shared.status());
+    }
+  }
   std::vector<absl::Status> out(keys.size());
   if (chunks.size() != keys.size()) {
     for (auto& s : out) s = absl::InvalidArgumentError("keys and chunks differ in number");
@@ -1036,8 +1403,114 @@ std::vector<absl::Status> KvtierClient::PutBatch(std::span<const Hash128> keys,
   return out;
 }
 
+namespace {
+
+// Copies each held chunk into the buffer `dst(i, bytes)` gives for it,
+// checking it in the same pass; `result(i, st)` gets each outcome: OK, the
+// hold's error, InvalidArgument from `dst`, or the copy's DataLoss. Callers
+// retry DataLoss and a hold refused at the held-bytes limit one key at a
+// time, as a single get does (once the batch is unheld).
+template <typename Copy, typename Dst, typename Result>
+void CopyHeldChunks(std::span<const absl::StatusOr<HeldChunk>> held, Copy copy, Dst dst,
+                    Result result) {
+  for (size_t i = 0; i < held.size(); ++i) {
+    if (!held[i].ok()) {
+      result(i, held[i].status());
+      continue;
+    }
+    absl::StatusOr<std::span<uint8_t>> out = dst(i, held[i]->data.size());
+    if (!out.ok()) {
+      result(i, out.status());
+      continue;
+    }
+    result(i, copy(*out, held[i]->data));
+  }
+}
+
+std::vector<HeldChunk> HeldOnes(std::span<const absl::StatusOr<HeldChunk>> held) {
+  std::vector<HeldChunk> out;
+  for (const auto& h : held) {
+    if (h.ok()) out.push_back(*h);
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::Status KvtierClient::CopyHeldChunk(std::span<uint8_t> dst, std::span<const uint8_t> src) {
+  return wire::CopyVerified(dst, src).status();
+}
+
+std::vector<absl::StatusOr<std::pair<uint64_t, Tier>>> KvtierClient::GetBatchInto(
+    std::span<const Hash128> keys, std::span<const std::span<uint8_t>> outs) {
+  std::vector<absl::StatusOr<std::pair<uint64_t, Tier>>> out(
+      keys.size(), absl::InvalidArgumentError("keys and buffers differ in number"));
+  if (outs.size() != keys.size()) return out;
+  auto held = uses_shared_memory() ? HoldBatch(keys)
+                                   : absl::StatusOr<std::vector<absl::StatusOr<HeldChunk>>>(
+                                         absl::FailedPreconditionError("no shared memory"));
+  if (!held.ok()) {
+    for (size_t i = 0; i < keys.size(); ++i) out[i] = GetInto(keys[i], outs[i]);
+    return out;
+  }
+  std::vector<size_t> retry;
+  auto copy = [this](std::span<uint8_t> d, std::span<const uint8_t> s) {
+    return CopyHeldChunk(d, s);
+  };
+  CopyHeldChunks(
+      *held, copy,
+      [&](size_t i, uint64_t bytes) -> absl::StatusOr<std::span<uint8_t>> {
+        if (outs[i].size() < bytes) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("buffer of ", outs[i].size(), " bytes; the chunk is ", bytes));
+        }
+        return outs[i].first(bytes);
+      },
+      [&](size_t i, absl::Status st) {
+        if (st.ok()) {
+          out[i] = std::make_pair(static_cast<uint64_t>((*held)[i]->data.size()), (*held)[i]->tier);
+        } else if (absl::IsDataLoss(st) || absl::IsResourceExhausted(st)) {
+          retry.push_back(i);
+        } else {
+          out[i] = std::move(st);
+        }
+      });
+  (void)UnholdBatch(HeldOnes(*held));
+  for (size_t i : retry) out[i] = GetInto(keys[i], outs[i]);
+  return out;
+}
+
 std::vector<absl::StatusOr<std::vector<uint8_t>>> KvtierClient::GetBatch(
     std::span<const Hash128> keys) {
+  if (uses_shared_memory()) {
+    auto held = HoldBatch(keys);
+    if (held.ok()) {
+      std::vector<std::vector<uint8_t>> bufs(keys.size());
+      std::vector<absl::StatusOr<std::vector<uint8_t>>> out(keys.size());
+      std::vector<size_t> retry;
+      auto copy = [this](std::span<uint8_t> d, std::span<const uint8_t> s) {
+        return CopyHeldChunk(d, s);
+      };
+      CopyHeldChunks(
+          *held, copy,
+          [&](size_t i, uint64_t bytes) -> absl::StatusOr<std::span<uint8_t>> {
+            bufs[i].resize(bytes);
+            return std::span<uint8_t>(bufs[i]);
+          },
+          [&](size_t i, absl::Status st) {
+            if (st.ok()) {
+              out[i] = std::move(bufs[i]);
+            } else if (absl::IsDataLoss(st) || absl::IsResourceExhausted(st)) {
+              retry.push_back(i);
+            } else {
+              out[i] = std::move(st);
+            }
+          });
+      (void)UnholdBatch(HeldOnes(*held));
+      for (size_t i : retry) out[i] = Get(keys[i]);
+      return out;
+    }
+  }
   std::vector<std::future<absl::StatusOr<std::vector<uint8_t>>>> fs;
   for (const Hash128& k : keys) fs.push_back(GetAsync(k));
   std::vector<absl::StatusOr<std::vector<uint8_t>>> out;

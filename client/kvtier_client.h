@@ -55,7 +55,7 @@ struct ClientOptions {
   // Default: true
   bool populate_mapping = true;
   // Most connections to the daemon's shared-memory data plane (one per
-  // put, get, hold or unhold in flight; allocate, put, get and release go
+  // call in flight: put, get, hold, unhold, lookup, plan, batch, prefetch go
   // over them as small binary frames instead of gRPC calls). Calls beyond
   // them, and every call when the daemon does not serve the data plane, use
   // gRPC. 0 = gRPC only. Default: 4
@@ -102,6 +102,29 @@ struct LoadPlan {
   double load_chunks_us = 0;
   double saved_us = 0;
 };
+
+// A load plan whose chunks to load are held until ReleasePlan or the lease
+// expires (KvtierClient::LookupAndHold): nothing in plan.load_chunks is
+// evicted, moved or deleted meanwhile.
+struct HeldPlan {
+  LoadPlan plan;          // plan.load_chunks: the leading hits held
+  uint64_t lease_id = 0;  // 0: nothing held
+  int64_t expires_at_us = 0;  // on the daemon's clock
+  // Which data-plane connection holds the lease (0: gRPC); the daemon ends
+  // the hold when that connection closes.
+  uint64_t connection = 0;
+};
+
+// What KvtierClient::PrefetchWithin queued.
+struct PrefetchResult {
+  bool completed = false;  // the queued chunks reached DRAM within the wait
+  uint32_t keys = 0;       // chunks queued (the leading ones within the budget)
+  uint64_t bytes = 0;      // their bytes
+};
+
+// Most keys one batch call (HoldBatch, GetBatchInto, PutBatch over the data
+// plane) carries in one frame.
+inline constexpr size_t kMaxBatchKeys = 1024;
 
 struct TierStats {
   Tier tier = Tier::kUnknown;
@@ -171,6 +194,22 @@ class KvtierClient {
   virtual absl::StatusOr<LoadPlan> PlanLoad(std::span<const Hash128> keys,
                                             double prefill_tokens_per_s = 0,
                                             uint32_t tokens_per_chunk = 256) = 0;
+  // PlanLoad that also holds the chunks the plan says to load (every hit
+  // without a rate) under one lease of `lease_ms` (0: the daemon's default),
+  // in one round trip over the data plane (gRPC PlanLoad and Pin
+  // otherwise). A client that closes or dies releases its holds at once.
+  // ResourceExhausted (nothing held) when the daemon's held-bytes limit
+  // (kvtierd --max-held-share) would be passed.
+  virtual absl::StatusOr<HeldPlan> LookupAndHold(std::span<const Hash128> keys,
+                                                 double prefill_tokens_per_s = 0,
+                                                 uint32_t tokens_per_chunk = 256,
+                                                 uint32_t lease_ms = 0) {
+    return absl::UnimplementedError("LookupAndHold");
+  }
+  // Ends the hold of a plan. NotFound if it expired or was released.
+  virtual absl::Status ReleasePlan(const HeldPlan& plan) {
+    return absl::UnimplementedError("ReleasePlan");
+  }
   // Keys of the tokens and how many leading chunks are cached.
   absl::StatusOr<PrefixHit> LongestCachedPrefix(const Hash128& fingerprint,
                                                 std::span<const uint32_t> tokens,
@@ -212,6 +251,31 @@ class KvtierClient {
   // NotFound on a miss; DataLoss when `verify` finds the chunk corrupt.
   virtual absl::StatusOr<HeldChunk> Hold(const Hash128& key, bool verify = false) = 0;
   virtual absl::Status Unhold(const HeldChunk& chunk) = 0;
+  // Hold of every key in one data-plane call (Hold per key without one):
+  // one result per key in order, a miss being that key's NotFound. The
+  // chunks on NVMe are read with one submission to the daemon's io_uring
+  // queue. InvalidArgument for the whole batch for more than kMaxBatchKeys
+  // keys or a key that appears twice.
+  virtual absl::StatusOr<std::vector<absl::StatusOr<HeldChunk>>> HoldBatch(
+      std::span<const Hash128> keys, bool verify = false) {
+    return absl::UnimplementedError("HoldBatch");
+  }
+  // Unhold of every chunk, one data-plane call per connection that holds
+  // some. The first error, if any (every hold is still ended).
+  virtual absl::Status UnholdBatch(std::span<const HeldChunk> chunks) {
+    absl::Status first;
+    for (const HeldChunk& c : chunks) {
+      absl::Status st = Unhold(c);
+      if (first.ok()) first = st;
+    }
+    return first;
+  }
+  // GetInto of every key: HoldBatch, then each chunk copied into its buffer
+  // and checked in the same pass (a mismatch is retried as GetInto does),
+  // then UnholdBatch. One result per key: its length and tier, or NotFound,
+  // DataLoss, InvalidArgument (buffer too small).
+  std::vector<absl::StatusOr<std::pair<uint64_t, Tier>>> GetBatchInto(
+      std::span<const Hash128> keys, std::span<const std::span<uint8_t>> outs);
   // The client's read-write mapping of the whole pool (empty without shared
   // memory): for registering it with a device (cudaHostRegister).
   virtual std::span<uint8_t> mapped_pool() const = 0;
@@ -219,6 +283,16 @@ class KvtierClient {
   virtual absl::Status Delete(const Hash128& key) = 0;
   // True if every present key reached DRAM within `deadline_ms`.
   virtual absl::StatusOr<bool> Prefetch(std::span<const Hash128> keys, uint32_t deadline_ms) = 0;
+  // Moves the leading chunks of the cached prefix of `keys` that are on
+  // NVMe or remote only into DRAM, as many as fit in `byte_budget` bytes
+  // (0: no limit), waiting up to `deadline_ms` (0: not at all). For an
+  // engine to call when it admits a request, ahead of the load. Over the
+  // data plane; over gRPC only without a budget (FailedPrecondition).
+  virtual absl::StatusOr<PrefetchResult> PrefetchWithin(std::span<const Hash128> keys,
+                                                        uint64_t byte_budget,
+                                                        uint32_t deadline_ms) {
+    return absl::UnimplementedError("PrefetchWithin");
+  }
   // Returns the lease id; the pins end at Release or after `ttl_ms`.
   virtual absl::StatusOr<uint64_t> Pin(std::span<const Hash128> keys, uint32_t ttl_ms) = 0;
   virtual absl::Status Release(uint64_t lease_id) = 0;
@@ -231,11 +305,32 @@ class KvtierClient {
   std::future<absl::StatusOr<std::vector<uint8_t>>> GetAsync(const Hash128& key);
   std::future<absl::StatusOr<std::vector<Tier>>> LookupAsync(std::vector<Hash128> keys);
 
-  // Batches: every key in flight at once; one status per key, in order.
+  // Batches: one status per key, in order. Through shared memory with a
+  // data-plane connection free, a batch of at most kMaxBatchKeys distinct
+  // keys is one call each way (PutBatch: the slots allocated at once, the
+  // chunks copied, then one commit whose every chunk the daemon verifies;
+  // GetBatch: GetBatchInto); otherwise every key is in flight at once on
+  // its own call.
   std::vector<absl::Status> PutBatch(std::span<const Hash128> keys,
                                      std::span<const std::span<const uint8_t>> chunks,
                                      const PutOptions& options = {});
   std::vector<absl::StatusOr<std::vector<uint8_t>>> GetBatch(std::span<const Hash128> keys);
+
+  // PutBatch in one data-plane exchange, as PutBatch describes.
+  // FailedPrecondition when it cannot be done that way (no data plane, too
+  // many or repeated keys), with nothing stored.
+  virtual absl::StatusOr<std::vector<absl::Status>> PutBatchShared(
+      std::span<const Hash128> keys, std::span<const std::span<const uint8_t>> chunks,
+      const PutOptions& options = {}) {
+    return absl::FailedPreconditionError("no data plane");
+  }
+
+ protected:
+  // Copies `src` (a held chunk) into `dst` (at least as large) and checks
+  // the checksums of what it copied in the same pass (wire::CopyVerified):
+  // OK, or DataLoss. GetBatchInto and GetBatch copy with it; a client with a
+  // helper thread overrides it to hash on that thread.
+  virtual absl::Status CopyHeldChunk(std::span<uint8_t> dst, std::span<const uint8_t> src);
 };
 
 }  // namespace kvtier::client

@@ -195,6 +195,11 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   eo.default_lease_ms = options.default_lease_ms;
   eo.nvme_admit_after_uses = options.nvme_admit_after_uses;
   KVTIER_ASSIGN_OR_RETURN(eo.eviction, tiering::ParseEvictionPolicy(options.eviction));
+  if (tiers.dram != nullptr) {
+    eo.max_held_bytes = std::max<uint64_t>(
+        1, static_cast<uint64_t>(options.max_held_share *
+                                 static_cast<double>(tiers.dram->capacity_bytes())));
+  }
   KVTIER_ASSIGN_OR_RETURN(d->engine_, tiering::PlacementEngine::Create(eo, std::move(tiers)));
   if (d->peer_service_) d->peer_service_->set_engine(d->engine_.get());
 

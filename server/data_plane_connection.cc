@@ -1,6 +1,7 @@
 #include "server/data_plane_connection.h"
 
 #include <poll.h>
+#include <sched.h>
 #include <sys/socket.h>
 
 #include <algorithm>
@@ -8,6 +9,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/status.h"
 #include "server/metrics.h"
 #include "tiering/placement_engine.h"
 
@@ -18,20 +20,25 @@ using wire::shm::Op;
 using Clock = std::chrono::steady_clock;
 
 // One answer frame; false if it could not be sent (the peer is gone).
-bool Answer(int fd, uint16_t op, const absl::Status& st, const uint8_t* payload, uint32_t n) {
-  uint8_t buf[wire::shm::kResponseHeaderBytes + wire::shm::kMaxErrorMessageBytes];
-  absl::string_view msg = st.message().substr(0, wire::shm::kMaxErrorMessageBytes);
+// `frame` has kResponseHeaderBytes of room before the `n` payload bytes
+// (unused on an error, whose payload is the message).
+bool Answer(int fd, uint16_t op, const absl::Status& st, uint8_t* frame, uint32_t n) {
+  using wire::shm::kResponseHeaderBytes;
+  uint8_t err[kResponseHeaderBytes + wire::shm::kMaxErrorMessageBytes];
   if (!st.ok()) {
-    payload = reinterpret_cast<const uint8_t*>(msg.data());
+    absl::string_view msg = st.message().substr(0, wire::shm::kMaxErrorMessageBytes);
+    frame = err;
     n = static_cast<uint32_t>(msg.size());
+    std::memcpy(err + kResponseHeaderBytes, msg.data(), msg.size());
   }
-  wire::shm::Writer w(buf);
-  w.U16(wire::shm::kVersion).U16(op).U32(static_cast<uint32_t>(st.code())).U32(n).Raw(payload, n);
+  wire::shm::Writer w(frame);
+  w.U16(wire::shm::kVersion).U16(op).U32(static_cast<uint32_t>(st.code())).U32(n);
+  const size_t total = kResponseHeaderBytes + n;
   // The socket has a send timeout, so a signal interrupts send() even under
   // SA_RESTART (socket(7)); tests saw EINTR on such sockets in this process.
   // Retry, and finish a partial write.
-  for (size_t sent = 0; sent < w.size();) {
-    const ssize_t k = ::send(fd, buf + sent, w.size() - sent, MSG_NOSIGNAL);
+  for (size_t sent = 0; sent < total;) {
+    const ssize_t k = ::send(fd, frame + sent, total - sent, MSG_NOSIGNAL);
     if (k < 0 && errno == EINTR) continue;
     if (k <= 0) return false;
     sent += static_cast<size_t>(k);
@@ -86,6 +93,9 @@ bool FrameReader::Fill(size_t n, bool idle_ok, int64_t spin_us) {
       }
       if (k == 0) return false;
       if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return false;
+      // The client may be waiting for this core (a host with fewer free
+      // cores than polling threads): let it run.
+      sched_yield();
     } while (Clock::now() < until);
   }
   while (end_ < n) {
@@ -113,7 +123,9 @@ DataPlaneConnection::DataPlaneConnection(int fd, KvService* service, ServerMetri
       metrics_(metrics),
       options_(options),
       put_check_threads_(put_check_threads),
-      in_(fd, options.frame_timeout_ms) {}
+      in_(fd, options.frame_timeout_ms),
+      payload_(wire::shm::kMaxRequestPayloadBytes),
+      answer_(wire::shm::kResponseHeaderBytes + wire::shm::kMaxReplyPayloadBytes) {}
 
 DataPlaneConnection::~DataPlaneConnection() {
   // The client is gone (or broke the protocol): free what it held (the slot
@@ -123,16 +135,23 @@ DataPlaneConnection::~DataPlaneConnection() {
 }
 
 absl::Status DataPlaneConnection::CheckFrame(uint16_t version, uint16_t op, uint32_t len) const {
-  const int64_t want = wire::shm::RequestBytes(op);
+  const wire::shm::RequestShape shape = wire::shm::ShapeOf(op);
   if (version != wire::shm::kVersion) {
     return absl::InvalidArgumentError(absl::StrCat("data-plane protocol version ", version,
                                                    " not served; this daemon speaks ",
                                                    wire::shm::kVersion));
   }
-  if (want < 0) return absl::InvalidArgumentError(absl::StrCat("unknown data-plane op ", op));
-  if (len != want) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("data-plane op ", op, " with ", len, " payload bytes; it takes ", want));
+  if (shape.fixed == wire::shm::kUnknownOp.fixed) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown data-plane op ", op));
+  }
+  if (!wire::shm::PayloadLengthFits(op, len)) {
+    if (shape.item == 0) {
+      return absl::InvalidArgumentError(absl::StrCat("data-plane op ", op, " with ", len,
+                                                     " payload bytes; it takes ", shape.fixed));
+    }
+    return absl::InvalidArgumentError(absl::StrCat(
+        "data-plane op ", op, " with ", len, " payload bytes; it takes ", shape.fixed, " + n x ",
+        shape.item, " with n <= ", wire::shm::kMaxBatchItems));
   }
   if ((op == static_cast<uint16_t>(Op::kPutProgress) || op == static_cast<uint16_t>(Op::kPutRange) ||
        op == static_cast<uint16_t>(Op::kPutCommit)) &&
@@ -162,12 +181,19 @@ void DataPlaneConnection::Run() {
     }
     in_.Consume(kRequestHeaderBytes);
     if (!in_.Fill(len, /*idle_ok=*/false)) return;  // truncated frame
-    uint8_t payload[wire::shm::kMaxRequestPayloadBytes];
-    std::memcpy(payload, in_.data(), len);
+    std::memcpy(payload_.data(), in_.data(), len);
     in_.Consume(len);
-    wire::shm::Reader r(payload);
-    uint8_t reply[std::max(wire::shm::kSlotReplyBytes, wire::shm::kGetReplyBytes)];
-    wire::shm::Writer w(reply);
+    if (!wire::shm::BatchCountMatches(op, payload_.data(), len)) {
+      (void)Answer(fd_, op,
+                   absl::InvalidArgumentError(absl::StrCat(
+                       "data-plane op ", op, ": the item count does not match ", len,
+                       " payload bytes")),
+                   nullptr, 0);
+      return;
+    }
+    wire::shm::Reader r(payload_.data());
+    wire::shm::Writer w(answer_.data() + wire::shm::kResponseHeaderBytes);
+    const uint32_t n = wire::shm::ShapeOf(op).item != 0 ? r.U32() : 0;
     absl::Status st;
     const auto t0 = Clock::now();
     switch (static_cast<Op>(op)) {
@@ -180,15 +206,46 @@ void DataPlaneConnection::Run() {
       case Op::kGet: st = OnGet(r, w, t0); break;
       case Op::kRelease: st = OnRelease(r, t0); break;
       case Op::kAbortSlot: st = OnAbortSlot(r, t0); break;
+      case Op::kLookup:
+        st = OnLookup(r, n, w);
+        metrics_->Record(Method::kLookup, static_cast<int>(st.code()), SecondsSince(t0));
+        break;
+      case Op::kPlanLoad:
+      case Op::kPlanAndHold:
+        st = OnPlan(r, n, op == static_cast<uint16_t>(Op::kPlanAndHold), w);
+        metrics_->Record(Method::kLookup, static_cast<int>(st.code()), SecondsSince(t0));
+        break;
+      case Op::kGetBatch:
+        st = OnGetBatch(r, n, w);
+        metrics_->Record(Method::kGet, static_cast<int>(st.code()), SecondsSince(t0));
+        break;
+      case Op::kReleaseBatch:
+        st = OnReleaseBatch(r, n, w);
+        metrics_->Record(Method::kRelease, static_cast<int>(st.code()), SecondsSince(t0));
+        break;
+      case Op::kPrefetch:
+        st = OnPrefetch(r, n, w);
+        metrics_->Record(Method::kPrefetch, static_cast<int>(st.code()), SecondsSince(t0));
+        break;
+      case Op::kAllocateBatch:
+        st = OnAllocateBatch(r, n, w);
+        metrics_->Record(Method::kAllocateSlot, static_cast<int>(st.code()), SecondsSince(t0));
+        break;
+      case Op::kCommitBatch:
+        st = OnCommitBatch(r, n, w);
+        metrics_->Record(Method::kPut, static_cast<int>(st.code()), SecondsSince(t0));
+        break;
     }
-    if (!Answer(fd_, op, st, reply, st.ok() ? static_cast<uint32_t>(w.size()) : 0)) return;
+    if (!Answer(fd_, op, st, answer_.data(), st.ok() ? static_cast<uint32_t>(w.size()) : 0)) {
+      return;
+    }
   }
 }
 
-bool DataPlaneConnection::Room() {
-  if (slots_.size() + leases_.size() < options_.max_open_per_connection) return true;
+bool DataPlaneConnection::Room(size_t n) {
+  if (slots_.size() + leases_.size() + n <= options_.max_open_per_connection) return true;
   service_->ForgetEnded(slots_, leases_);
-  return slots_.size() + leases_.size() < options_.max_open_per_connection;
+  return slots_.size() + leases_.size() + n <= options_.max_open_per_connection;
 }
 
 absl::Status DataPlaneConnection::Full() const {
@@ -319,6 +376,170 @@ absl::Status DataPlaneConnection::OnAbortSlot(wire::shm::Reader& r, Clock::time_
   absl::Status st = slots_.erase(id) > 0 ? service_->AbortSlot(id) : UnknownSlotError(id);
   metrics_->Record(Method::kAbortSlot, static_cast<int>(st.code()), SecondsSince(t0));
   return st;
+}
+
+std::vector<Hash128> DataPlaneConnection::ReadKeys(wire::shm::Reader& r, uint32_t n) {
+  std::vector<Hash128> keys(n);
+  for (Hash128& k : keys) r.Raw(k.bytes.data(), wire::shm::kKeyBytes);
+  return keys;
+}
+
+absl::Status DataPlaneConnection::OnLookup(wire::shm::Reader& r, uint32_t n,
+                                           wire::shm::Writer& w) {
+  if (r.U32() != 0) return absl::InvalidArgumentError("lookup with nonzero reserved bytes");
+  const std::vector<Hash128> keys = ReadKeys(r, n);
+  KVTIER_ASSIGN_OR_RETURN(std::vector<tiering::TierKind> tiers, service_->Lookup(keys));
+  w.U32(static_cast<uint32_t>(tiers.size())).U32(0);
+  for (tiering::TierKind t : tiers) w.U8(TierNumber(t));
+  return absl::OkStatus();
+}
+
+absl::Status DataPlaneConnection::OnPlan(wire::shm::Reader& r, uint32_t n, bool hold,
+                                         wire::shm::Writer& w) {
+  const uint32_t tokens_per_chunk = r.U32();
+  const double rate = r.F64();
+  const uint32_t lease_ms = r.U32(), zero = r.U32();
+  if (zero != 0 || (!hold && lease_ms != 0)) {
+    return absl::InvalidArgumentError("plan with nonzero reserved bytes");
+  }
+  const std::vector<Hash128> keys = ReadKeys(r, n);
+  KvService::HeldPlan h;
+  if (hold) {
+    if (!Room()) return Full();
+    KVTIER_ASSIGN_OR_RETURN(h, service_->PlanAndHold(keys, rate, tokens_per_chunk, lease_ms));
+    if (h.lease.id != 0) leases_.insert(h.lease.id);
+  } else {
+    KVTIER_ASSIGN_OR_RETURN(h.plan, service_->PlanLoad(keys, rate, tokens_per_chunk));
+  }
+  const tiering::PrefixLoadEstimate& e = h.plan.estimate;
+  // With a hold, the chunks to load are the ones held (every hit without a
+  // rate, whose time saved is then unknown: 0).
+  const uint32_t load = hold ? h.held_chunks : static_cast<uint32_t>(h.plan.decision.chunks);
+  double load_us = 0;
+  for (uint32_t i = 0; i < load && i < e.load_us.size(); ++i) load_us += e.load_us[i];
+  w.U32(static_cast<uint32_t>(e.tiers.size())).U32(load);
+  w.F64(load_us).F64(h.plan.decision.chunks > 0 ? h.plan.decision.saved_us() : 0.0);
+  w.U64(h.lease.id).U64(static_cast<uint64_t>(h.lease.expires_at_us));
+  for (size_t i = 0; i < e.tiers.size(); ++i) {
+    w.U8(TierNumber(e.tiers[i])).U8(0).U16(0).U32(0).U64(e.bytes[i]).F64(e.load_us[i]);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DataPlaneConnection::OnGetBatch(wire::shm::Reader& r, uint32_t n,
+                                             wire::shm::Writer& w) {
+  const uint32_t lease_ms = r.U32();
+  const uint8_t verify = r.U8();
+  uint8_t zero = 0;
+  for (int i = 0; i < 7; ++i) zero |= r.U8();
+  if (verify > 1 || zero != 0) return absl::InvalidArgumentError("get batch with nonzero reserved bytes");
+  const std::vector<Hash128> keys = ReadKeys(r, n);
+  if (!Room(n)) return Full();
+  KVTIER_ASSIGN_OR_RETURN(auto results, service_->GetBatchShared(keys, lease_ms, verify != 0));
+  w.U32(n).U32(0);
+  uint64_t bytes = 0;
+  for (const absl::StatusOr<GetResult>& g : results) {
+    if (!g.ok()) {
+      w.U32(static_cast<uint32_t>(g.status().code())).U32(0).U64(0).U64(0).U64(0).U64(0).U64(0);
+      continue;
+    }
+    if (g->lease_id != 0) leases_.insert(g->lease_id);
+    if (g->scratch_slot_id != 0) slots_.insert(g->scratch_slot_id);
+    w.U32(0).U8(TierNumber(g->tier)).U8(0).U16(0).U64(g->chunk_bytes);
+    w.U64(g->extent.offset).U64(g->extent.length).U64(g->lease_id).U64(g->scratch_slot_id);
+    bytes += g->chunk_bytes;
+  }
+  metrics_->Add(ServerMetric::kBytesGetShm, bytes);
+  return absl::OkStatus();
+}
+
+absl::Status DataPlaneConnection::OnReleaseBatch(wire::shm::Reader& r, uint32_t n,
+                                                 wire::shm::Writer& w) {
+  if (r.U32() != 0) return absl::InvalidArgumentError("release batch with nonzero reserved bytes");
+  w.U32(n).U32(0);
+  for (uint32_t i = 0; i < n; ++i) {
+    const uint64_t lease = r.U64(), slot = r.U64();
+    absl::Status st;
+    if ((lease == 0) == (slot == 0)) {
+      st = absl::InvalidArgumentError("a release item names one lease or one scratch slot");
+    } else if (lease != 0) {
+      st = leases_.erase(lease) > 0 ? service_->Release(lease) : UnknownLeaseError(lease);
+    } else {
+      st = slots_.erase(slot) > 0 ? service_->AbortSlot(slot) : UnknownSlotError(slot);
+    }
+    w.U32(static_cast<uint32_t>(st.code()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DataPlaneConnection::OnPrefetch(wire::shm::Reader& r, uint32_t n,
+                                             wire::shm::Writer& w) {
+  const uint32_t deadline_ms = r.U32();
+  const uint64_t budget = r.U64();
+  const std::vector<Hash128> keys = ReadKeys(r, n);
+  KVTIER_ASSIGN_OR_RETURN(KvService::PrefetchReport rep,
+                          service_->PrefetchWithin(keys, budget, deadline_ms));
+  w.U8(rep.completed ? 1 : 0).U8(0).U16(0).U32(rep.keys).U64(rep.bytes);
+  return absl::OkStatus();
+}
+
+absl::Status DataPlaneConnection::OnAllocateBatch(wire::shm::Reader& r, uint32_t n,
+                                                  wire::shm::Writer& w) {
+  const uint32_t ttl_ms = r.U32();
+  if (!Room(n)) return Full();
+  std::vector<tiering::Slot> got;
+  absl::Status st;
+  for (uint32_t i = 0; i < n && st.ok(); ++i) {
+    auto slot = service_->AllocateSlot(r.U64(), ttl_ms);
+    st = slot.status();
+    if (slot.ok()) got.push_back(*slot);
+  }
+  if (!st.ok()) {  // all or nothing
+    for (const tiering::Slot& s : got) (void)service_->AbortSlot(s.id);
+    return st;
+  }
+  w.U32(n).U32(0);
+  for (const tiering::Slot& s : got) {
+    slots_.insert(s.id);
+    w.U64(s.id).U64(s.extent.offset).U64(s.extent.length).U64(static_cast<uint64_t>(s.expires_at_us));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DataPlaneConnection::OnCommitBatch(wire::shm::Reader& r, uint32_t n,
+                                                wire::shm::Writer& w) {
+  const uint8_t durable = r.U8(), z0 = r.U8(), z1 = r.U8(), z2 = r.U8();
+  if (durable > 1 || (z0 | z1 | z2) != 0) {
+    return absl::InvalidArgumentError("commit batch with nonzero reserved bytes");
+  }
+  std::vector<std::pair<uint64_t, Hash128>> items(n);
+  absl::flat_hash_set<Hash128> keys;
+  absl::flat_hash_set<uint64_t> ids;
+  for (auto& [id, key] : items) {
+    id = r.U64();
+    r.Raw(key.bytes.data(), wire::shm::kKeyBytes);
+    if (!keys.insert(key).second) {
+      return absl::InvalidArgumentError(absl::StrCat("key ", key.ToHex(), " twice in one batch"));
+    }
+    if (!ids.insert(id).second) {
+      return absl::InvalidArgumentError(absl::StrCat("slot ", id, " twice in one batch"));
+    }
+  }
+  w.U32(n).U32(0);
+  for (const auto& [id, key] : items) {
+    absl::Status st;
+    if (slots_.erase(id) == 0) {
+      st = UnknownSlotError(id);
+    } else {
+      PutArgs args;
+      args.key = key;
+      args.durable = durable != 0;
+      // Verified (header, lengths, checksums) before it is stored.
+      st = service_->CommitSlot(args, id);
+    }
+    w.U32(static_cast<uint32_t>(st.code()));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace kvtier::server

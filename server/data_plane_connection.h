@@ -3,10 +3,11 @@
 // against the KvService, answers, and when the client goes frees what the
 // connection got.
 //
-// The connection keeps the ids it got (kAllocate, kGet), and only those: the
-// placement engine is the one table of slots and leases (extents, expiry).
-// The ids scope kRelease, kAbortSlot and kPutBegin to this connection, and
-// are what it frees when it closes; an id the engine has ended (expired,
+// The connection keeps the ids it got (kAllocate, kGet, their batch forms,
+// kPlanAndHold), and only those: the placement engine is the one table of
+// slots and leases (extents, expiry). The ids scope kRelease, kAbortSlot,
+// kPutBegin and the batch releases and commits to this connection, and are
+// what it frees when it closes; an id the engine has ended (expired,
 // committed) is forgotten when the connection is at its limit.
 #ifndef KVTIER_SERVER_DATA_PLANE_CONNECTION_H_
 #define KVTIER_SERVER_DATA_PLANE_CONNECTION_H_
@@ -16,6 +17,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <vector>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
@@ -46,7 +48,9 @@ class FrameReader {
     if (begin_ == end_) begin_ = end_ = 0;
   }
 
-  static constexpr size_t kBufferBytes = 4096;
+  // Room for the largest frame.
+  static constexpr size_t kBufferBytes =
+      wire::shm::kRequestHeaderBytes + wire::shm::kMaxRequestPayloadBytes;
 
  private:
   const int fd_;
@@ -92,10 +96,21 @@ class DataPlaneConnection {
   absl::Status OnGet(wire::shm::Reader& r, wire::shm::Writer& w, Clock::time_point t0);
   absl::Status OnRelease(wire::shm::Reader& r, Clock::time_point t0);
   absl::Status OnAbortSlot(wire::shm::Reader& r, Clock::time_point t0);
+  // Batch ops: `n` items follow the fixed part (already checked against the
+  // payload length).
+  absl::Status OnLookup(wire::shm::Reader& r, uint32_t n, wire::shm::Writer& w);
+  absl::Status OnPlan(wire::shm::Reader& r, uint32_t n, bool hold, wire::shm::Writer& w);
+  absl::Status OnGetBatch(wire::shm::Reader& r, uint32_t n, wire::shm::Writer& w);
+  absl::Status OnReleaseBatch(wire::shm::Reader& r, uint32_t n, wire::shm::Writer& w);
+  absl::Status OnPrefetch(wire::shm::Reader& r, uint32_t n, wire::shm::Writer& w);
+  absl::Status OnAllocateBatch(wire::shm::Reader& r, uint32_t n, wire::shm::Writer& w);
+  absl::Status OnCommitBatch(wire::shm::Reader& r, uint32_t n, wire::shm::Writer& w);
+  // Reads `n` keys.
+  static std::vector<Hash128> ReadKeys(wire::shm::Reader& r, uint32_t n);
 
-  // Whether the connection may take one more slot or lease; at the limit it
-  // first forgets the ids the engine has ended.
-  bool Room();
+  // Whether the connection may take `n` more slots or leases; at the limit
+  // it first forgets the ids the engine has ended.
+  bool Room(size_t n = 1);
   absl::Status Full() const;
   // Records the open put's first error and frees its slot (if it is this
   // connection's: another connection's slot is never touched).
@@ -107,6 +122,8 @@ class DataPlaneConnection {
   const ShmChannelOptions options_;
   const int put_check_threads_;
   FrameReader in_;
+  // A request's payload, and an answer (header room, then the payload).
+  std::vector<uint8_t> payload_, answer_;
   // The ids this connection got and has not ended.
   absl::flat_hash_set<uint64_t> slots_, leases_;
   struct OpenPut {

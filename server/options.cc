@@ -42,6 +42,9 @@ void RegisterDaemonFlags(CLI::App& app, DaemonOptions* o) {
   app.add_option("--max-message-mib", o->max_message_mib, "largest gRPC message, MiB")->capture_default_str();
   app.add_option("--max-keys-per-request", o->max_keys_per_request, "most keys per Lookup/Pin/Prefetch")
       ->capture_default_str();
+  app.add_option("--max-held-share", o->max_held_share,
+                 "share of the DRAM tier that holds may keep in place (0 < share <= 1)")
+      ->capture_default_str();
   app.add_option("--max-concurrent-streams", o->max_concurrent_streams,
                  "most concurrent streams per connection")->capture_default_str();
   app.add_option("--request-threads", o->request_threads,
@@ -128,7 +131,7 @@ absl::Status LoadConfigFile(const std::string& path, DaemonOptions* o) {
                                 "request_threads", "max_queued_requests", "max_inflight_mib",
                                 "max_inflight_mib_per_connection", "write_timeout_ms",
                                 "stream_idle_timeout_ms", "keepalive_s",
-                                "default_lease_ms", "nvme_admit_after_uses", "eviction", "shutdown_grace_s", "put_check_threads",
+                                "default_lease_ms", "max_held_share", "nvme_admit_after_uses", "eviction", "shutdown_grace_s", "put_check_threads",
                                 "log_level", "ready_file", "cluster", "etcd", "advertise", "replicas", "node_id",
                                 "cluster_lease_s"};
   for (const auto& [k, v] : t) {
@@ -163,6 +166,7 @@ absl::Status LoadConfigFile(const std::string& path, DaemonOptions* o) {
   take("stream_idle_timeout_ms", &o->stream_idle_timeout_ms);
   take("keepalive_s", &o->keepalive_s);
   take("default_lease_ms", &o->default_lease_ms);
+  take("max_held_share", &o->max_held_share);
   take("nvme_admit_after_uses", &o->nvme_admit_after_uses);
   take("eviction", &o->eviction);
   take("shutdown_grace_s", &o->shutdown_grace_s);
@@ -197,6 +201,9 @@ absl::Status ValidateDaemonOptions(const DaemonOptions& o) {
     return absl::InvalidArgumentError("--max-message-mib must be 1..2047");
   }
   if (o.max_keys_per_request == 0) return absl::InvalidArgumentError("--max-keys-per-request is 0");
+  if (!(o.max_held_share > 0 && o.max_held_share <= 1)) {
+    return absl::InvalidArgumentError("--max-held-share must be in (0, 1]");
+  }
   if (o.put_check_threads > 2) {
     return absl::InvalidArgumentError("--put-check-threads must be 0 (auto), 1 or 2");
   }

@@ -81,6 +81,10 @@ struct DaemonOptions {
   // Lease of a Pin, a slot or a shared-memory get that asks for 0 ms.
   // Default: 30000
   uint32_t default_lease_ms = 30000;
+  // Share of the DRAM tier that clients' holds may keep in place at once
+  // (lookup-and-hold leases, shared-memory gets, scratch copies); a hold
+  // beyond it gets RESOURCE_EXHAUSTED. 0 < share <= 1. Default: 0.5
+  double max_held_share = 0.5;
   // A chunk evicted from DRAM goes to NVMe only after this many uses.
   // Default: 2
   uint32_t nvme_admit_after_uses = 2;

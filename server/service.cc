@@ -71,6 +71,38 @@ absl::StatusOr<KvService::LoadPlan> KvService::PlanLoad(std::span<const Hash128>
   return plan;
 }
 
+absl::StatusOr<KvService::HeldPlan> KvService::PlanAndHold(std::span<const Hash128> keys,
+                                                           double prefill_tokens_per_s,
+                                                           uint32_t tokens_per_chunk,
+                                                           uint32_t lease_ms) {
+  HeldPlan h;
+  KVTIER_ASSIGN_OR_RETURN(h.plan, PlanLoad(keys, prefill_tokens_per_s, tokens_per_chunk));
+  const size_t hits = h.plan.estimate.tiers.size();
+  size_t n = prefill_tokens_per_s > 0 ? std::min<size_t>(h.plan.decision.chunks, hits) : hits;
+  // A planned chunk on the remote tier only is not stored here: the hold
+  // covers the local prefix of the plan (the rest is loaded from the
+  // cluster, or recomputed).
+  for (size_t i = 0; i < n; ++i) {
+    if (h.plan.estimate.tiers[i] == TierKind::kRemote) {
+      n = i;
+      break;
+    }
+  }
+  if (n == 0) return h;
+  auto lease = engine_->Hold(keys.first(n), lease_ms);
+  if (absl::IsNotFound(lease.status())) {
+    // Deleted or evicted between the plan and the hold: plan again once.
+    KVTIER_ASSIGN_OR_RETURN(h.plan, PlanLoad(keys, prefill_tokens_per_s, tokens_per_chunk));
+    n = std::min(n, h.plan.estimate.tiers.size());
+    if (n == 0) return h;
+    lease = engine_->Hold(keys.first(n), lease_ms);
+  }
+  KVTIER_RETURN_IF_ERROR(lease.status());
+  h.held_chunks = static_cast<uint32_t>(n);
+  h.lease = *lease;
+  return h;
+}
+
 absl::Status KvService::Put(const PutArgs& args, std::span<const uint8_t> chunk) {
   if (chunk.size() > limits_.max_chunk_bytes) {
     return absl::InvalidArgumentError(absl::StrCat("chunk of ", chunk.size(),
@@ -195,7 +227,81 @@ absl::StatusOr<GetResult> KvService::Get(const Hash128& key, GetMode mode, uint6
   return r;
 }
 
+absl::StatusOr<std::vector<absl::StatusOr<GetResult>>> KvService::GetBatchShared(
+    std::span<const Hash128> keys, uint32_t lease_ms, bool verify) {
+  KVTIER_RETURN_IF_ERROR(CheckKeyCount(keys.size()));
+  if (engine_->dram() == nullptr) {
+    return absl::FailedPreconditionError("no DRAM tier: no shared-memory gets");
+  }
+  absl::flat_hash_set<Hash128> seen;
+  seen.reserve(keys.size());
+  for (const Hash128& k : keys) {
+    if (!seen.insert(k).second) {
+      return absl::InvalidArgumentError(absl::StrCat("key ", k.ToHex(), " twice in one batch"));
+    }
+  }
+  std::vector<absl::StatusOr<tiering::SharedRead>> reads =
+      engine_->GetSharedBatch(keys, lease_ms);
+  std::vector<absl::StatusOr<GetResult>> out;
+  out.reserve(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (!reads[i].ok()) {
+      out.push_back(reads[i].status());
+      continue;
+    }
+    const tiering::SharedRead& sr = *reads[i];
+    // As Get (kShm): a scratch copy is checked (unless the tier checked it
+    // as it read it), a chunk in place only on request.
+    absl::Status st;
+    if ((sr.slot_id != 0 && !sr.verified) || verify) {
+      st = wire::VerifyChunkParallel(sr.bytes).status();
+    }
+    if (!st.ok()) {
+      (void)(sr.lease_id != 0 ? engine_->Release(sr.lease_id) : engine_->AbortSlot(sr.slot_id));
+      out.push_back(DropCorrupt(keys[i], st));
+      continue;
+    }
+    GetResult r;
+    r.tier = sr.tier;
+    r.chunk_bytes = sr.chunk_bytes;
+    r.extent = sr.extent;
+    r.lease_id = sr.lease_id;
+    r.scratch_slot_id = sr.slot_id;
+    r.expires_at_us = sr.expires_at_us;
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
 absl::Status KvService::Delete(const Hash128& key) { return engine_->Delete(key); }
+
+absl::StatusOr<KvService::PrefetchReport> KvService::PrefetchWithin(std::span<const Hash128> keys,
+                                                                    uint64_t byte_budget,
+                                                                    uint32_t deadline_ms) {
+  KVTIER_RETURN_IF_ERROR(CheckKeyCount(keys.size()));
+  PrefetchReport rep;
+  tiering::PrefixLoadEstimate est = engine_->EstimatePrefixLoad(keys);
+  std::vector<Hash128> todo;
+  for (size_t i = 0; i < est.tiers.size(); ++i) {
+    if (est.tiers[i] == TierKind::kDram || est.tiers[i] == TierKind::kHbm) continue;
+    if (byte_budget != 0 && rep.bytes + est.bytes[i] > byte_budget) break;
+    rep.bytes += est.bytes[i];
+    todo.push_back(keys[i]);
+  }
+  rep.keys = static_cast<uint32_t>(todo.size());
+  if (todo.empty()) {
+    rep.completed = true;
+    return rep;
+  }
+  std::future<absl::Status> done = engine_->Prefetch(std::move(todo));
+  const uint32_t wait = std::min(deadline_ms, limits_.max_prefetch_wait_ms);
+  if (wait == 0 || done.wait_for(std::chrono::milliseconds(wait)) != std::future_status::ready) {
+    return rep;
+  }
+  KVTIER_RETURN_IF_ERROR(done.get());
+  rep.completed = true;
+  return rep;
+}
 
 absl::StatusOr<bool> KvService::Prefetch(std::vector<Hash128> keys, uint32_t deadline_ms) {
   KVTIER_RETURN_IF_ERROR(CheckKeyCount(keys.size()));

@@ -108,6 +108,19 @@ class KvService {
   };
   absl::StatusOr<LoadPlan> PlanLoad(std::span<const Hash128> keys, double prefill_tokens_per_s,
                                     uint32_t tokens_per_chunk);
+  // PlanLoad, then a hold (PlacementEngine::Hold, under one lease of
+  // `lease_ms`) of exactly the chunks the plan says to load: the leading
+  // decision.chunks hits, or every hit without a rate. Nothing planned is
+  // evicted, moved or deleted until the lease is released or expires. The
+  // lease id is 0 when the plan loads nothing. PlanLoad's errors, and
+  // ResourceExhausted (nothing held) beyond the held-bytes limit.
+  struct HeldPlan {
+    LoadPlan plan;
+    uint32_t held_chunks = 0;
+    tiering::Lease lease;
+  };
+  absl::StatusOr<HeldPlan> PlanAndHold(std::span<const Hash128> keys, double prefill_tokens_per_s,
+                                       uint32_t tokens_per_chunk, uint32_t lease_ms);
 
   // Verifies and stores `chunk`. InvalidArgument for malformed bytes or a
   // chunk over the size limit, DataLoss for a checksum mismatch, the
@@ -153,10 +166,29 @@ class KvService {
   absl::StatusOr<GetResult> Get(const Hash128& key, GetMode mode, uint64_t slot_id = 0,
                                 uint32_t lease_ms = 0, bool verify = false);
 
+  // Get in kShm mode of every key (PlacementEngine::GetSharedBatch: the
+  // NVMe-only chunks are read in one submission), one result per key in
+  // order; a miss is that key's NotFound, the other keys are still served.
+  // InvalidArgument for the whole batch (nothing held) for too many keys or
+  // a key that appears twice.
+  absl::StatusOr<std::vector<absl::StatusOr<GetResult>>> GetBatchShared(
+      std::span<const Hash128> keys, uint32_t lease_ms, bool verify);
+
   absl::Status Delete(const Hash128& key);
   // Promotes NVMe-only keys to DRAM. Waits up to `deadline_ms` (clamped);
   // returns true if the prefetch finished within it.
   absl::StatusOr<bool> Prefetch(std::vector<Hash128> keys, uint32_t deadline_ms);
+  // Prefetch of the leading keys of the stored prefix of `keys` that are
+  // not in DRAM or HBM (on NVMe, or on the remote tier), as many as fit in
+  // `byte_budget` bytes together (0: no limit). Waits up to `deadline_ms`
+  // (clamped) as Prefetch does.
+  struct PrefetchReport {
+    bool completed = false;  // the queued keys reached DRAM within the wait
+    uint32_t keys = 0;       // keys queued
+    uint64_t bytes = 0;      // their chunk bytes
+  };
+  absl::StatusOr<PrefetchReport> PrefetchWithin(std::span<const Hash128> keys,
+                                                uint64_t byte_budget, uint32_t deadline_ms);
   absl::StatusOr<tiering::Lease> Pin(std::span<const Hash128> keys, uint32_t ttl_ms);
   // NotFound (UnknownLeaseError) for a lease that is unknown or expired.
   absl::StatusOr<tiering::Lease> Renew(uint64_t lease_id, uint32_t ttl_ms);

@@ -184,6 +184,56 @@ TEST_F(ServiceTest, ChunksOverTheSizeLimitAreInvalidArgument) {
 
 // The data-plane checks agree with the codec's on every byte (chunks large
 // enough for the two-thread path, and small ones).
+TEST_F(ServiceTest, PlanAndHoldHoldsWhatThePlanLoads) {
+  for (uint32_t i = 0; i < 3; ++i) ASSERT_TRUE(service_->Put({TestKey(i)}, MakeChunk(i)).ok());
+  std::vector<Hash128> keys = {TestKey(0), TestKey(1), TestKey(2), TestKey(3)};
+  // A slow prefill (1 token/s): every hit is worth loading, and held.
+  auto slow = service_->PlanAndHold(keys, 1, 16, 0);
+  ASSERT_TRUE(slow.ok()) << slow.status();
+  EXPECT_EQ(slow->plan.estimate.tiers.size(), 3u);
+  EXPECT_EQ(slow->plan.decision.chunks, 3u);
+  EXPECT_EQ(slow->held_chunks, 3u);
+  ASSERT_NE(slow->lease.id, 0u);
+  EXPECT_EQ(service_->Delete(TestKey(2)).code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(service_->Release(slow->lease.id).ok());
+  // A prefill faster than any load: nothing is worth loading, nothing held.
+  auto fast = service_->PlanAndHold(keys, 1e15, 16, 0);
+  ASSERT_TRUE(fast.ok()) << fast.status();
+  EXPECT_EQ(fast->plan.decision.chunks, 0u);
+  EXPECT_EQ(fast->held_chunks, 0u);
+  EXPECT_EQ(fast->lease.id, 0u);
+  EXPECT_TRUE(service_->Delete(TestKey(2)).ok());
+  // Without a rate every hit is held.
+  auto all = service_->PlanAndHold(keys, 0, 16, 0);
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_EQ(all->held_chunks, 2u);
+  ASSERT_TRUE(service_->Release(all->lease.id).ok());
+  EXPECT_EQ(engine_->held_bytes(), 0u);
+  EXPECT_EQ(service_->PlanAndHold(keys, -1, 16, 0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(ServiceTest, GetBatchSharedServesHitsNamesMissesAndRefusesDuplicates) {
+  ASSERT_TRUE(service_->Put({TestKey(1)}, MakeChunk(1)).ok());
+  std::vector<Hash128> keys = {TestKey(1), TestKey(2)};
+  auto got = service_->GetBatchShared(keys, 0, /*verify=*/true);
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->size(), 2u);
+  ASSERT_TRUE((*got)[0].ok());
+  EXPECT_EQ((*got)[1].status().code(), absl::StatusCode::kNotFound);
+  const auto want = MakeChunk(1);
+  auto bytes = Pool((*got)[0]->extent);
+  EXPECT_TRUE(std::equal(want.begin(), want.end(), bytes.begin(), bytes.end()));
+  ASSERT_TRUE(service_->Release((*got)[0]->lease_id).ok());
+  std::vector<Hash128> dup = {TestKey(1), TestKey(1)};
+  EXPECT_EQ(service_->GetBatchShared(dup, 0, false).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  std::vector<Hash128> many(9, TestKey(1));
+  EXPECT_EQ(service_->GetBatchShared(many, 0, false).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(engine_->held_bytes(), 0u);
+}
+
 TEST(ChunkCheck, AgreesWithTheCodecAndFindsEveryCorruption) {
   for (uint32_t tokens : {16u, 256u}) {
     auto chunk = MakeChunk(40 + tokens, tokens, 4, 8, 128);

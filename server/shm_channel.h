@@ -1,8 +1,9 @@
 // The shared-memory side channel: a Unix socket (owner-only, beside the gRPC
 // socket) on which the daemon passes the DRAM pool's memfd to same-host
 // clients with SCM_RIGHTS, and then, on the same connection, serves the data
-// plane's control messages (allocate, streamed put, get, release) in a small
-// binary protocol: a round trip of a few tens of microseconds instead of a
+// plane's control messages (allocate, streamed put, get, release, and the
+// batch ops: lookup, plan, plan-and-hold, get and release batches, prefetch,
+// allocate and commit batches) in a small binary protocol: a round trip of a few tens of microseconds instead of a
 // gRPC call's hundred or more (docs/daemon.md "Shared-memory data plane").
 //
 // Wire format (little-endian):
@@ -21,17 +22,21 @@
 //      the connection instead, and the client uses gRPC for everything.
 //
 // Every frame is checked: a version other than kVersion, an unknown op, a
-// payload length other than the op's, an incomplete frame or a put message
+// payload length other than the op's (for a batch op, kLookup and after:
+// its fixed part plus at most kMaxBatchItems whole items, as many as its
+// leading u32 count names), an incomplete frame or a put message
 // outside a put (progress or commit without a begin, a begin inside a put)
 // gets one error answer (InvalidArgument, or FailedPrecondition for the
 // lifecycle) and the daemon closes the connection. Field values are checked
 // by KvService as for gRPC (unknown slot or lease: NotFound, ...). Slot and
-// lease ids are scoped to the connection that got them (kAllocate, kGet):
-// kRelease, kAbortSlot and kPutBegin of an id that this connection does not
+// lease ids are scoped to the connection that got them (kAllocate, kGet and
+// their batch forms, kPlanAndHold): kRelease, kAbortSlot, kPutBegin,
+// kReleaseBatch and kCommitBatch of an id that this connection does not
 // hold get the NotFound of an unknown id (UnknownSlotError,
 // UnknownLeaseError), whoever holds it. When a connection closes, the daemon
 // frees the slots it allocated there and did not commit (one being streamed
-// included) and releases the leases of its gets that were not released.
+// included) and releases the leases of its gets and plans that were not
+// released.
 #ifndef KVTIER_SERVER_SHM_CHANNEL_H_
 #define KVTIER_SERVER_SHM_CHANNEL_H_
 

@@ -34,3 +34,10 @@ kvtier_add_test(server_http_metrics_test
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/server_http_metrics_test.cc
   DEPS kvtier_http_metrics
   TIMEOUT 60)
+# Lookup, plan and lookup-and-hold over the data plane, batched holds, gets
+# and puts, prefetch within a byte budget, the held-bytes cap, the holds of
+# a killed client, and the batch ops under hostile frames.
+kvtier_add_test(server_ctl_test
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/server_ctl_test.cc
+  DEPS kvtier_server kvtier_client
+  TIMEOUT 120)

@@ -106,6 +106,15 @@ TEST_F(CliTest, SigtermKeepsTheCacheWarmAcrossARestart) {
   EXPECT_EQ(lookup.exit_code, 0) << lookup.err;
   EXPECT_THAT(lookup.out, ::testing::HasSubstr(k + " nvme"));
   EXPECT_THAT(lookup.out, ::testing::HasSubstr(kd + " nvme"));
+  // Prefetch moves them into DRAM ahead of the gets.
+  auto prefetch = Kvtier("prefetch --keys " + k + "," + kd + " --wait-ms 10000" + sock);
+  EXPECT_EQ(prefetch.exit_code, 0) << prefetch.err;
+  EXPECT_THAT(prefetch.out, ::testing::HasSubstr("prefetch: 2 chunks"));
+  EXPECT_THAT(prefetch.out, ::testing::HasSubstr("in DRAM"));
+  lookup = Kvtier("lookup --keys " + k + "," + kd + sock);
+  EXPECT_THAT(lookup.out, ::testing::HasSubstr(k + " dram"));
+  EXPECT_THAT(lookup.out, ::testing::HasSubstr(kd + " dram"));
+  EXPECT_EQ(Kvtier("prefetch --keys " + k + " --budget-mib -1" + sock).exit_code, 2);
   ASSERT_EQ(Kvtier("get --key " + k + sock + " -o " + P("c.out")).exit_code, 0);
   EXPECT_EQ(ReadAll(P("c.out")), ReadAll(P("c.kvc")));
   ASSERT_EQ(Kvtier("get --key " + kd + sock + " -o " + P("d.out")).exit_code, 0);
@@ -150,7 +159,8 @@ TEST_F(CliTest, DaemonHelpDocumentsEveryOptionWithItsDefault) {
   for (const char* s : {"--data-dir TEXT=./kvtier-data", "--dram-gib FLOAT=4", "--nvme-gib FLOAT=8",
                         "--hbm-gib FLOAT=2", "--listen-tcp", "--token-file", "--metrics-addr",
                         "--max-message-mib UINT=64", "--max-keys-per-request UINT=4096",
-                        "--max-concurrent-streams UINT=64", "<data-dir>/kvtierd.sock", "--config"}) {
+                        "--max-concurrent-streams UINT=64", "--max-held-share FLOAT=0.5",
+                        "<data-dir>/kvtierd.sock", "--config"}) {
     EXPECT_THAT(r.out, ::testing::HasSubstr(s));
   }
   auto bad = RunCommand(std::string(KVTIERD_PATH) + " --listen-tcp 127.0.0.1:0 --data-dir " +
@@ -158,6 +168,11 @@ TEST_F(CliTest, DaemonHelpDocumentsEveryOptionWithItsDefault) {
                         dir_.path());
   EXPECT_EQ(bad.exit_code, 2);
   EXPECT_THAT(bad.err, ::testing::HasSubstr("--listen-tcp requires --token-file"));
+  auto share = RunCommand(std::string(KVTIERD_PATH) + " --max-held-share 0 --data-dir " +
+                              dir_.path() + "/d",
+                          dir_.path());
+  EXPECT_EQ(share.exit_code, 2);
+  EXPECT_THAT(share.err, ::testing::HasSubstr("--max-held-share"));
 }
 
 }  // namespace

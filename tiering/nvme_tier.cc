@@ -628,6 +628,117 @@ absl::Status NvmeTier::Read(const ObjectKey& id, std::span<uint8_t> out) {
   return st;
 }
 
+std::vector<absl::Status> NvmeTier::ReadBatch(std::span<const ObjectKey> ids,
+                                              std::span<const std::span<uint8_t>> outs) {
+  const size_t n = ids.size();
+  std::vector<absl::Status> result(n);
+  if (outs.size() != n) {
+    for (auto& r : result) r = absl::InvalidArgumentError("ids and buffers differ in number");
+    return result;
+  }
+  // One object's part of the submission: its requests are reqs[first,
+  // first + count), in object order, and `next` is the first of them not yet
+  // part of the prefix reported to its verifier.
+  struct Object {
+    Entry e{};
+    bool reading = false;
+    uint64_t direct = 0;  // bytes read in place; the rest via `bounce`
+    AlignedBuffer bounce;
+    size_t first = 0, count = 0, next = 0;
+    std::vector<bool> arrived;
+    std::optional<StreamingVerifier> verifier;
+  };
+  std::vector<Object> objs(n);
+  {
+    absl::MutexLock l(&mu_);
+    for (size_t i = 0; i < n; ++i) {
+      auto it = entries_.find(ids[i]);
+      if (it == entries_.end()) {
+        result[i] = absl::NotFoundError("not on nvme");
+        continue;
+      }
+      objs[i].e = it->second;
+      objs[i].reading = true;
+      ++extents_[it->second.offset].refs;
+    }
+  }
+  std::vector<IoRequest> reqs;
+  std::vector<uint32_t> owner;  // object of each request
+  for (size_t i = 0; i < n; ++i) {
+    Object& o = objs[i];
+    if (!o.reading) continue;
+    uint8_t* data = outs[i].data();
+    const uint64_t len = o.e.length;
+    if (outs[i].size() != len) {
+      result[i] = absl::InvalidArgumentError(
+          absl::StrCat("buffer is ", outs[i].size(), " bytes, object is ", len));
+      continue;
+    }
+    const uint64_t rounded = (len + block_ - 1) / block_ * block_;
+    if (reinterpret_cast<uintptr_t>(data) % block_ == 0) o.direct = len / block_ * block_;
+    if (rounded > o.direct) {
+      o.bounce = TakeBounce(rounded - o.direct);
+      if (o.bounce.data() == nullptr) {
+        result[i] = absl::ResourceExhaustedError("bounce buffer");
+        continue;
+      }
+    }
+    o.first = reqs.size();
+    auto add = [&](uint8_t* buf, uint64_t dev_off, uint64_t bytes) {
+      for (uint64_t done = 0; done < bytes; done += options_.max_io_bytes) {
+        const uint64_t m = std::min<uint64_t>(options_.max_io_bytes, bytes - done);
+        reqs.push_back(IoRequest{IoRequest::Op::kRead, dev_off + done, buf + done, m});
+        owner.push_back(static_cast<uint32_t>(i));
+      }
+    };
+    if (o.direct > 0) add(data, o.e.offset, o.direct);
+    if (rounded > o.direct) add(o.bounce.data(), o.e.offset + o.direct, rounded - o.direct);
+    o.count = reqs.size() - o.first;
+    o.arrived.assign(o.count, false);
+    o.verifier.emplace(ids[i], o.e.header_checksum, outs[i]);
+  }
+  const int64_t t0 = NowUs();
+  absl::Status st = dev_->SubmitWithCompletions(reqs, [&](size_t r) {
+    Object& o = objs[owner[r]];
+    uint8_t* data = outs[owner[r]].data();
+    const uint64_t len = o.e.length;
+    const uint64_t start = reqs[r].offset - o.e.offset;
+    if (start >= o.direct) std::memcpy(data + start, reqs[r].buf, std::min(reqs[r].len, len - start));
+    o.arrived[r - o.first] = true;
+    if (r - o.first != o.next) return;
+    while (o.next < o.count && o.arrived[o.next]) ++o.next;
+    o.verifier->Advance(o.next == o.count ? len : reqs[o.first + o.next].offset - o.e.offset);
+  });
+  uint64_t bytes_read = 0;
+  std::vector<std::pair<ObjectKey, uint64_t>> corrupt;
+  for (size_t i = 0; i < n; ++i) {
+    Object& o = objs[i];
+    if (!o.reading) continue;
+    if (result[i].ok()) {
+      if (!st.ok()) {
+        result[i] = st;
+      } else if (o.next != o.count) {
+        result[i] = absl::InternalError("block device reported success without completing every read");
+      } else {
+        bytes_read += o.e.length;
+        result[i] = o.verifier->Finish();
+        if (!result[i].ok()) corrupt.emplace_back(ids[i], o.e.offset);
+      }
+    }
+    if (o.bounce.data() != nullptr) ReturnBounce(std::move(o.bounce));
+  }
+  if (bytes_read > 0) meter_.Record(false, bytes_read, NowUs() - t0);
+  {
+    absl::MutexLock l(&mu_);
+    for (const Object& o : objs) {
+      if (o.reading) Unref(o.e.offset);
+    }
+  }
+  // DataLoss is what the callers see either way.
+  for (const auto& [id, offset] : corrupt) (void)DropEntry(id, offset);
+  return result;
+}
+
 absl::Status NvmeTier::Erase(const ObjectKey& id) {
   uint64_t offset;
   {

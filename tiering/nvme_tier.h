@@ -108,6 +108,13 @@ class NvmeTier : public Tier {
   absl::Status Flush() override;
   absl::StatusOr<uint64_t> Size(const ObjectKey& id) override;
   absl::Status Read(const ObjectKey& id, std::span<uint8_t> out) override;
+  // Read of every object into the buffer beside it, with the requests of
+  // all of them in one submission (up to the device's queue depth in
+  // flight), each object's checksums computed as its bytes arrive. One
+  // status per object, as Read would return it; InvalidArgument for every
+  // object if the spans differ in number.
+  std::vector<absl::Status> ReadBatch(std::span<const ObjectKey> ids,
+                                      std::span<const std::span<uint8_t>> outs);
   absl::Status Erase(const ObjectKey& id) override;
   std::vector<std::pair<ObjectKey, uint64_t>> List() override;
 

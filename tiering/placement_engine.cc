@@ -8,6 +8,8 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "codec/chunk.h"
 #include "common/status.h"
 #include "bandwidth/model.h"
@@ -19,7 +21,7 @@ constexpr const char* kMetricNames[] = {
     "puts",      "gets",       "hits_hbm",          "hits_dram",      "hits_nvme",
     "misses",    "evictions",  "demotions",         "promotions",     "admission_rejects",
     "data_loss", "leases_expired", "slots_expired", "prefetched", "hits_remote",
-    "remote_errors",
+    "remote_errors", "holds_refused",
 };
 static_assert(sizeof(kMetricNames) / sizeof(kMetricNames[0]) ==
                   static_cast<size_t>(EngineMetric::kCount),
@@ -40,6 +42,14 @@ std::optional<TierKind> Fastest(uint8_t mask) {
 // victim (other threads may be freeing space) before giving up.
 constexpr int kMaxEvictionsPerStore = 100000;
 constexpr int kMaxIdleRounds = 3;
+// A prefetch reads whole NVMe chunks in groups of at most this many chunks
+// or bytes, each group in one submission: enough requests to keep the
+// device queue full (32 of 1 MiB), few enough that chunks reach DRAM (and
+// a load that follows finds them there) a group at a time.
+constexpr size_t kPrefetchGroupChunks = 8;
+// How long a batched read waits for the chunks a prefetch is reading.
+constexpr int64_t kPrefetchWaitMs = 10000;
+constexpr uint64_t kPrefetchGroupBytes = uint64_t{64} << 20;
 
 // Stores that no caller waits on (demotion, promotion): not synced, and the
 // tier checks the header itself (the bytes come from another tier).
@@ -109,6 +119,7 @@ PlacementEngine::~PlacementEngine() {
   if (maintenance_thread_.joinable()) maintenance_thread_.join();
   absl::MutexLock l(&bg_mu_);
   for (auto& job : prefetch_queue_) job.done.set_value(absl::CancelledError("engine stopped"));
+  for (auto& [key, extent] : promote_queue_) (void)dram_->AbortSlot(extent);
 }
 
 void PlacementEngine::Bootstrap() {
@@ -328,6 +339,7 @@ void PlacementEngine::ExpireLocked(int64_t now) {
       auto c = chunks_.find(k);
       if (c != chunks_.end()) --c->second.pins;
     }
+    held_bytes_ -= it->second.held_bytes;
     Count(EngineMetric::kLeasesExpired);
     leases_.erase(it++);
   }
@@ -337,6 +349,12 @@ void PlacementEngine::ExpireLocked(int64_t now) {
       continue;
     }
     (void)dram_->AbortSlot(it->second.extent);
+    held_bytes_ -= it->second.held_bytes;
+    if (it->second.promote) {
+      if (auto ld = loading_.find(it->second.key); ld != loading_.end() && --ld->second == 0) {
+        loading_.erase(ld);
+      }
+    }
     Count(EngineMetric::kSlotsExpired);
     slots_.erase(it++);
   }
@@ -478,24 +496,29 @@ absl::StatusOr<TierKind> PlacementEngine::ReadObject(const ObjectKey& id, std::s
       continue;
     }
     if (absl::IsDataLoss(st)) {
-      Count(EngineMetric::kDataLoss);
-      std::vector<std::pair<ObjectKey, TierKind>> dead;
-      {
-        absl::MutexLock l(&mu_);
-        Forget(id, src);
-        auto it = chunks_.find(id.key);
-        if (it != chunks_.end() && it->second.where[PartIndex(id.part)] != 0) continue;
-        if (it != chunks_.end()) {
-          TakeCopiesLocked(id.key, it->second, 0, &dead);
-          chunks_.erase(it);
-        }
-      }
-      for (auto& [o, k] : dead) (void)tiers_[static_cast<int>(k)]->Erase(o);
+      if (DropCorruptCopy(id, src)) continue;
       return st;
     }
     return st;
   }
   return absl::UnavailableError("chunk kept moving during the read; retry");
+}
+
+bool PlacementEngine::DropCorruptCopy(const ObjectKey& id, TierKind src) {
+  Count(EngineMetric::kDataLoss);
+  std::vector<std::pair<ObjectKey, TierKind>> dead;
+  {
+    absl::MutexLock l(&mu_);
+    Forget(id, src);
+    auto it = chunks_.find(id.key);
+    if (it != chunks_.end() && it->second.where[PartIndex(id.part)] != 0) return true;
+    if (it != chunks_.end()) {
+      TakeCopiesLocked(id.key, it->second, 0, &dead);
+      chunks_.erase(it);
+    }
+  }
+  for (auto& [o, k] : dead) (void)tiers_[static_cast<int>(k)]->Erase(o);
+  return false;
 }
 
 absl::StatusOr<PlacementEngine::ChunkState*> PlacementEngine::StartReadLocked(const Hash128& key) {
@@ -578,32 +601,13 @@ absl::StatusOr<SharedRead> PlacementEngine::GetShared(const Hash128& key, int64_
     KVTIER_ASSIGN_OR_RETURN(ChunkState * st, StartReadLocked(key));
     shape = {st->bytes, st->k_object_bytes, st->split};
     r.chunk_bytes = st->bytes;
-    if (!st->split && (st->where[0] & Bit(TierKind::kDram))) {
-      // Whole in DRAM: pinned where it is. The pin keeps the extent (no
-      // eviction, move or delete), so the reference is only for the offset.
-      auto ref = dram_->AcquireRef({key, Part::kWhole});
-      if (ref.ok()) {
-        dram_->ReleaseRef(*ref);
-        KVTIER_ASSIGN_OR_RETURN(r.lease_id, NewIdLocked());
-        ++st->pins;
-        r.expires_at_us = now + LeaseUs(ttl_ms);
-        leases_[r.lease_id] = LeaseState{{key}, r.expires_at_us};
-        r.extent = PoolExtent{ref->offset, st->bytes};
-        r.bytes = std::span<const uint8_t>(dram_->base() + ref->offset, st->bytes);
-        r.tier = fetched ? TierKind::kRemote : TierKind::kDram;
-        CountHit(TierKind::kDram);
-        return r;
-      }
-    }
+    KVTIER_ASSIGN_OR_RETURN(bool pinned, PinInDramLocked(key, st, ttl_ms, now, fetched, &r));
+    if (pinned) return r;
     // Pinned (without a lease) while a scratch slot is made and filled, so
     // that making room for the slot cannot evict it.
     ++st->pins;
   }
-  auto unpin = [&] {
-    absl::MutexLock l(&mu_);
-    auto it = chunks_.find(key);
-    if (it != chunks_.end() && it->second.pins > 0) --it->second.pins;
-  };
+  auto unpin = [&] { UnpinOne(key); };
   auto slot = AllocateSlotOf(shape.bytes, ttl_ms, /*scratch=*/true);
   if (!slot.ok()) {
     unpin();
@@ -621,6 +625,186 @@ absl::StatusOr<SharedRead> PlacementEngine::GetShared(const Hash128& key, int64_
   r.slot_id = slot->id;
   r.expires_at_us = slot->expires_at_us;
   return r;
+}
+
+absl::StatusOr<bool> PlacementEngine::PinInDramLocked(const Hash128& key, ChunkState* st,
+                                                      int64_t ttl_ms, int64_t now, bool fetched,
+                                                      SharedRead* r) {
+  if (st->split || (st->where[0] & Bit(TierKind::kDram)) == 0) return false;
+  // Whole in DRAM: pinned where it is. The pin keeps the extent (no
+  // eviction, move or delete), so the reference is only for the offset.
+  auto ref = dram_->AcquireRef({key, Part::kWhole});
+  if (!ref.ok()) return false;
+  dram_->ReleaseRef(*ref);
+  KVTIER_RETURN_IF_ERROR(ChargeHeldLocked(st->bytes));
+  auto id = NewIdLocked();
+  if (!id.ok()) {
+    held_bytes_ -= st->bytes;
+    return id.status();
+  }
+  r->chunk_bytes = st->bytes;
+  r->lease_id = *id;
+  ++st->pins;
+  r->expires_at_us = now + LeaseUs(ttl_ms);
+  leases_[r->lease_id] = LeaseState{{key}, r->expires_at_us, st->bytes};
+  r->extent = PoolExtent{ref->offset, st->bytes};
+  r->bytes = std::span<const uint8_t>(dram_->base() + ref->offset, st->bytes);
+  r->tier = fetched ? TierKind::kRemote : TierKind::kDram;
+  CountHit(TierKind::kDram);
+  return true;
+}
+
+void PlacementEngine::UnpinOne(const Hash128& key) {
+  absl::MutexLock l(&mu_);
+  auto it = chunks_.find(key);
+  if (it != chunks_.end() && it->second.pins > 0) --it->second.pins;
+}
+
+absl::Status PlacementEngine::ChargeHeldLocked(uint64_t bytes) {
+  const uint64_t cap = options_.max_held_bytes;
+  if (cap != 0 && (bytes > cap || held_bytes_ > cap - bytes)) {
+    Count(EngineMetric::kHoldsRefused);
+    return absl::ResourceExhaustedError(
+        absl::StrCat("holding ", bytes, " more bytes would exceed the held-bytes limit (",
+                     held_bytes_, " of ", cap, " held)"));
+  }
+  held_bytes_ += bytes;
+  return absl::OkStatus();
+}
+
+uint64_t PlacementEngine::held_bytes() {
+  absl::MutexLock l(&mu_);
+  ExpireLocked(Now());
+  return held_bytes_;
+}
+
+std::vector<absl::StatusOr<SharedRead>> PlacementEngine::GetSharedBatch(
+    std::span<const Hash128> keys, int64_t ttl_ms, const GetOptions& opts) {
+  std::vector<absl::StatusOr<SharedRead>> out(keys.size(), absl::NotFoundError("chunk not stored"));
+  if (!dram_) {
+    for (auto& r : out) r = absl::FailedPreconditionError("no DRAM tier");
+    return out;
+  }
+  // Chunks whole in DRAM are pinned in place; chunks whole on NVMe only are
+  // pinned (no lease) for the batched read; the rest go through GetShared.
+  std::vector<size_t> nvme, single;
+  std::vector<uint64_t> nvme_bytes;
+  {
+    absl::MutexLock l(&mu_);
+    const absl::Time until = absl::Now() + absl::Milliseconds(kPrefetchWaitMs);
+    for (size_t i = 0; i < keys.size();) {
+      if (!prefetching_.contains(keys[i])) {
+        ++i;
+      } else if (prefetch_done_.WaitWithDeadline(&mu_, until)) {
+        break;  // waited long enough: read what is still being prefetched too
+      }
+    }
+    const int64_t now = Now();
+    ExpireLocked(now);
+    for (size_t i = 0; i < keys.size(); ++i) {
+      auto it = chunks_.find(keys[i]);
+      if (it == chunks_.end()) {
+        single.push_back(i);  // a miss here; GetShared asks the remote tier and counts it
+        continue;
+      }
+      ChunkState& st = it->second;
+      const uint8_t whole = st.where[0];
+      if (!st.split && (whole & Bit(TierKind::kDram)) != 0) {
+        auto started = StartReadLocked(keys[i]);
+        if (!started.ok()) {
+          out[i] = started.status();
+          continue;
+        }
+        SharedRead r;
+        auto pinned = PinInDramLocked(keys[i], *started, ttl_ms, now, false, &r);
+        if (!pinned.ok()) {
+          out[i] = pinned.status();
+        } else if (*pinned) {
+          out[i] = std::move(r);
+        } else {
+          single.push_back(i);
+        }
+      } else if (nvme_ != nullptr && !st.split && whole == Bit(TierKind::kNvme)) {
+        (void)StartReadLocked(keys[i]);
+        ++st.pins;
+        ++loading_[keys[i]];
+        nvme.push_back(i);
+        nvme_bytes.push_back(st.bytes);
+      } else {
+        single.push_back(i);
+      }
+    }
+  }
+  // Ends a chunk's entry in loading_ (once read, or once its scratch copy
+  // is promoted or dropped).
+  auto loaded = [this](const Hash128& key) {
+    absl::MutexLock l(&mu_);
+    auto it = loading_.find(key);
+    if (it != loading_.end() && --it->second == 0) loading_.erase(it);
+  };
+  // One scratch slot per NVMe chunk, then every read in one submission.
+  std::vector<ObjectKey> ids;
+  std::vector<std::span<uint8_t>> dst;
+  std::vector<Slot> slots;
+  std::vector<size_t> reading;
+  for (size_t j = 0; j < nvme.size(); ++j) {
+    const size_t i = nvme[j];
+    auto slot = AllocateSlotOf(nvme_bytes[j], ttl_ms, /*scratch=*/true);
+    if (!slot.ok()) {
+      UnpinOne(keys[i]);
+      loaded(keys[i]);
+      out[i] = slot.status();
+      continue;
+    }
+    ids.push_back({keys[i], Part::kWhole});
+    dst.emplace_back(dram_->base() + slot->extent.offset, nvme_bytes[j]);
+    slots.push_back(*slot);
+    reading.push_back(i);
+  }
+  std::vector<absl::Status> read;
+  if (!ids.empty()) read = nvme_->ReadBatch(ids, dst);
+  for (size_t j = 0; j < reading.size(); ++j) {
+    const size_t i = reading[j];
+    if (!read[j].ok()) {
+      (void)AbortSlot(slots[j].id);
+      UnpinOne(keys[i]);
+      loaded(keys[i]);
+      // A corrupt copy (the tier dropped it) ends the chunk unless another
+      // copy remains; that one, or a chunk moved or evicted meanwhile, is
+      // read as GetShared reads it.
+      if (absl::IsDataLoss(read[j]) && !DropCorruptCopy(ids[j], TierKind::kNvme)) {
+        out[i] = read[j];
+      } else {
+        single.push_back(i);
+      }
+      continue;
+    }
+    CountHit(TierKind::kNvme);
+    bool promote = false;
+    if (opts.promote.value_or(options_.promote_on_hit)) {
+      absl::MutexLock l(&mu_);
+      auto it = slots_.find(slots[j].id);
+      if (it != slots_.end()) {
+        // The loading_ entry then ends with the promotion (PromoteFromSlot,
+        // or the slot's expiry).
+        it->second.promote = promote = true;
+        it->second.key = keys[i];
+      }
+    }
+    if (!promote) loaded(keys[i]);
+    UnpinOne(keys[i]);
+    SharedRead r;
+    r.tier = TierKind::kNvme;
+    r.chunk_bytes = dst[j].size();
+    r.extent = PoolExtent{slots[j].extent.offset, dst[j].size()};
+    r.bytes = dst[j];
+    r.slot_id = slots[j].id;
+    r.expires_at_us = slots[j].expires_at_us;
+    r.verified = true;  // NvmeTier::ReadBatch checked every section as it arrived
+    out[i] = std::move(r);
+  }
+  for (size_t i : single) out[i] = GetShared(keys[i], ttl_ms, opts);
+  return out;
 }
 
 absl::StatusOr<uint64_t> PlacementEngine::NewIdLocked() {
@@ -832,35 +1016,67 @@ absl::Status PlacementEngine::Release(uint64_t lease_id) {
     auto c = chunks_.find(k);
     if (c != chunks_.end()) --c->second.pins;
   }
+  held_bytes_ -= it->second.held_bytes;
   leases_.erase(it);
   return absl::OkStatus();
+}
+
+absl::StatusOr<Lease> PlacementEngine::Hold(std::span<const Hash128> keys, int64_t ttl_ms) {
+  absl::MutexLock l(&mu_);
+  const int64_t now = Now();
+  ExpireLocked(now);
+  uint64_t bytes = 0;
+  for (const Hash128& k : keys) {
+    auto it = chunks_.find(k);
+    if (it == chunks_.end()) return absl::NotFoundError(absl::StrCat("chunk ", k.ToHex(), " not stored"));
+    bytes += it->second.bytes;
+  }
+  KVTIER_RETURN_IF_ERROR(ChargeHeldLocked(bytes));
+  auto id = NewIdLocked();
+  if (!id.ok()) {
+    held_bytes_ -= bytes;
+    return id.status();
+  }
+  for (const Hash128& k : keys) ++chunks_[k].pins;
+  const int64_t exp = now + LeaseUs(ttl_ms);
+  leases_[*id] = LeaseState{std::vector<Hash128>(keys.begin(), keys.end()), exp, bytes};
+  return Lease{*id, exp};
 }
 
 absl::StatusOr<Slot> PlacementEngine::AllocateSlot(uint64_t bytes, int64_t ttl_ms) {
   return AllocateSlotOf(bytes, ttl_ms, /*scratch=*/false);
 }
 
-absl::StatusOr<Slot> PlacementEngine::AllocateSlotOf(uint64_t bytes, int64_t ttl_ms, bool scratch) {
-  if (!dram_) return absl::FailedPreconditionError("no DRAM tier");
-  if (bytes < codec::kHeaderSize) return absl::InvalidArgumentError("slot smaller than a chunk header");
+absl::StatusOr<PoolExtent> PlacementEngine::ReserveDram(uint64_t bytes) {
   int idle = 0;
   for (int i = 0; i < kMaxEvictionsPerStore; ++i) {
     auto ext = dram_->ReserveSlot(bytes);
-    if (ext.ok()) {
-      absl::MutexLock l(&mu_);
-      auto id = NewIdLocked();
-      if (!id.ok()) {
-        (void)dram_->AbortSlot(*ext);
-        return id.status();
-      }
-      int64_t exp = Now() + LeaseUs(ttl_ms);
-      slots_[*id] = SlotState{*ext, exp, scratch};
-      return Slot{*id, *ext, exp};
-    }
-    if (!IsTierFull(ext.status()) || bytes > dram_->capacity_bytes()) return ext.status();
-    if (!EvictOne(TierKind::kDram) && ++idle > kMaxIdleRounds) return ext.status();
+    if (ext.ok() || !IsTierFull(ext.status()) || bytes > dram_->capacity_bytes()) return ext;
+    if (!EvictOne(TierKind::kDram) && ++idle > kMaxIdleRounds) return ext;
   }
   return TierFullError("dram: eviction did not make room for a slot");
+}
+
+absl::StatusOr<Slot> PlacementEngine::AllocateSlotOf(uint64_t bytes, int64_t ttl_ms, bool scratch) {
+  if (!dram_) return absl::FailedPreconditionError("no DRAM tier");
+  if (bytes < codec::kHeaderSize) return absl::InvalidArgumentError("slot smaller than a chunk header");
+  KVTIER_ASSIGN_OR_RETURN(PoolExtent ext, ReserveDram(bytes));
+  absl::MutexLock l(&mu_);
+  auto id = NewIdLocked();
+  if (!id.ok()) {
+    (void)dram_->AbortSlot(ext);
+    return id.status();
+  }
+  // A scratch slot counts the chunk's bytes, as a pin in place does.
+  if (scratch) {
+    if (absl::Status c = ChargeHeldLocked(bytes); !c.ok()) {
+      (void)dram_->AbortSlot(ext);
+      return c;
+    }
+  }
+  int64_t exp = Now() + LeaseUs(ttl_ms);
+  slots_[*id] = SlotState{ext, exp, scratch, scratch ? bytes : 0};
+  return Slot{*id, ext, exp};
 }
 
 absl::Status PlacementEngine::AbortSlot(uint64_t slot_id) {
@@ -868,6 +1084,21 @@ absl::Status PlacementEngine::AbortSlot(uint64_t slot_id) {
   ExpireLocked(Now());
   auto it = slots_.find(slot_id);
   if (it == slots_.end()) return absl::NotFoundError("slot unknown or expired");
+  held_bytes_ -= it->second.held_bytes;
+  if (it->second.promote) {
+    // Lock order: mu_, then bg_mu_.
+    absl::MutexLock b(&bg_mu_);
+    if (!stopping_) {
+      promote_queue_.emplace_back(it->second.key, it->second.extent);
+      slots_.erase(it);
+      return absl::OkStatus();
+    }
+  }
+  if (it->second.promote) {  // stopping: not promoted
+    if (auto ld = loading_.find(it->second.key); ld != loading_.end() && --ld->second == 0) {
+      loading_.erase(ld);
+    }
+  }
   absl::Status st = dram_->AbortSlot(it->second.extent);
   slots_.erase(it);
   return st;
@@ -967,6 +1198,8 @@ absl::Status PlacementEngine::CommitTakenSlot(const PoolExtent& ext,
 }
 
 absl::Status PlacementEngine::Promote(const Hash128& key) {
+  // A chunk only the remote tier has is fetched into DRAM.
+  if (dram_ != nullptr) KVTIER_RETURN_IF_ERROR(FetchIfMissing(key, true).status());
   uint64_t bytes;
   {
     absl::MutexLock l(&mu_);
@@ -1000,26 +1233,134 @@ std::future<absl::Status> PlacementEngine::Prefetch(std::vector<Hash128> keys) {
   return f;
 }
 
+void PlacementEngine::PromoteFromSlot(const Hash128& key, const PoolExtent& extent) {
+  // The slot was the client's to read (through a writable mapping): its
+  // bytes are checked before they become a stored copy.
+  const bool whole =
+      codec::VerifyChunk({dram_->base() + extent.offset, extent.length}).ok();
+  const ObjectKey w{key, Part::kWhole};
+  absl::MutexLock l(&mu_);
+  if (auto ld = loading_.find(key); ld != loading_.end() && --ld->second == 0) loading_.erase(ld);
+  auto it = chunks_.find(key);
+  if (whole && it != chunks_.end() && !it->second.split && it->second.bytes == extent.length &&
+      (it->second.where[0] & (Bit(TierKind::kHbm) | Bit(TierKind::kDram))) == 0 &&
+      dram_->CommitSlot(w, extent).ok()) {
+    it->second.where[0] |= Bit(TierKind::kDram);
+    policies_[static_cast<int>(TierKind::kDram)]->OnInsert(w, extent.length);
+    Count(EngineMetric::kPromotions);
+    return;
+  }
+  (void)dram_->AbortSlot(extent);
+}
+
 void PlacementEngine::PrefetchLoop() {
   for (;;) {
     PrefetchJob job;
     {
       absl::MutexLock l(&bg_mu_);
       auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(bg_mu_) {
-        return stopping_ || !prefetch_queue_.empty();
+        return stopping_ || !prefetch_queue_.empty() || !promote_queue_.empty();
       };
       bg_mu_.Await(absl::Condition(&ready));
       if (stopping_) return;
+      if (!promote_queue_.empty()) {
+        const auto [key, extent] = promote_queue_.front();
+        promote_queue_.pop_front();
+        bg_mu_.Unlock();
+        PromoteFromSlot(key, extent);
+        bg_mu_.Lock();
+        continue;
+      }
       job = std::move(prefetch_queue_.front());
       prefetch_queue_.pop_front();
     }
+    // Chunks whole on NVMe only are read in groups, each group with one
+    // submission straight into DRAM space that becomes their DRAM copies;
+    // the rest (remote only, split) go through Promote.
     absl::Status first;
+    auto note = [&first](absl::Status st) {
+      if (!st.ok() && first.ok()) first = std::move(st);
+    };
+    std::vector<std::pair<Hash128, uint64_t>> group;
+    uint64_t group_bytes = 0;
     for (const Hash128& k : job.keys) {
-      absl::Status st = Promote(k);
-      if (!st.ok() && first.ok()) first = st;
+      std::optional<uint64_t> nvme_only;
+      if (nvme_ != nullptr && dram_ != nullptr) {
+        absl::MutexLock l(&mu_);
+        auto it = chunks_.find(k);
+        if (it != chunks_.end() && !it->second.split && it->second.where[0] == Bit(TierKind::kNvme)) {
+          if (loading_.contains(k)) continue;  // a batched read has it: promoted after it
+          nvme_only = it->second.bytes;
+        }
+      }
+      if (!nvme_only) {
+        note(Promote(k));
+        continue;
+      }
+      group.emplace_back(k, *nvme_only);
+      group_bytes += *nvme_only;
+      if (group.size() >= kPrefetchGroupChunks || group_bytes >= kPrefetchGroupBytes) {
+        note(PrefetchGroup(group));
+        group.clear();
+        group_bytes = 0;
+      }
     }
+    if (!group.empty()) note(PrefetchGroup(group));
     job.done.set_value(first);
   }
+}
+
+absl::Status PlacementEngine::PrefetchGroup(std::span<const std::pair<Hash128, uint64_t>> chunks) {
+  absl::Status first;
+  std::vector<ObjectKey> ids;
+  std::vector<PoolExtent> extents;
+  std::vector<std::span<uint8_t>> dst;
+  for (const auto& [key, bytes] : chunks) {
+    auto ext = ReserveDram(bytes);
+    if (!ext.ok()) {
+      if (first.ok()) first = ext.status();
+      continue;
+    }
+    ids.push_back({key, Part::kWhole});
+    extents.push_back(*ext);
+    dst.emplace_back(dram_->base() + ext->offset, bytes);
+  }
+  if (ids.empty()) return first;
+  {
+    absl::MutexLock l(&mu_);
+    for (const ObjectKey& id : ids) prefetching_.insert(id.key);
+  }
+  // Each chunk's checksums are checked as it arrives (NvmeTier::ReadBatch).
+  std::vector<absl::Status> read = nvme_->ReadBatch(ids, dst);
+  auto done = [this](const Hash128& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    prefetching_.erase(key);
+    prefetch_done_.SignalAll();
+  };
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (!read[i].ok()) {
+      (void)dram_->AbortSlot(extents[i]);
+      if (absl::IsDataLoss(read[i])) {
+        (void)DropCorruptCopy(ids[i], TierKind::kNvme);
+        if (first.ok()) first = read[i];
+      }
+      absl::MutexLock l(&mu_);
+      done(ids[i].key);
+      continue;  // NotFound: deleted or moved meanwhile, nothing to prefetch
+    }
+    absl::MutexLock l(&mu_);
+    done(ids[i].key);
+    auto it = chunks_.find(ids[i].key);
+    if (it != chunks_.end() && !it->second.split && it->second.bytes == extents[i].length &&
+        (it->second.where[0] & (Bit(TierKind::kHbm) | Bit(TierKind::kDram))) == 0 &&
+        dram_->CommitSlot(ids[i], extents[i]).ok()) {
+      it->second.where[0] |= Bit(TierKind::kDram);
+      policies_[static_cast<int>(TierKind::kDram)]->OnInsert(ids[i], extents[i].length);
+      Count(EngineMetric::kPrefetched);
+      continue;
+    }
+    (void)dram_->AbortSlot(extents[i]);
+  }
+  return first;
 }
 
 void PlacementEngine::RunMaintenance() {

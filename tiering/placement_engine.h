@@ -105,6 +105,11 @@ struct PlacementEngineOptions {
   Clock* clock = nullptr;
   // Load-time estimates of EstimatePrefixLoad. Default: LoadCostModel{}
   LoadCostModel load_cost;
+  // Most bytes that holds may keep in place at once: the chunks of Hold
+  // leases, the chunks GetShared pins in DRAM and GetShared's scratch slots
+  // (Pin is not counted). A hold beyond it is ResourceExhausted, so that
+  // readers cannot pin the whole DRAM tier. 0: no limit. Default: 0
+  uint64_t max_held_bytes = 0;
 };
 
 // Per-call options of Put.
@@ -194,6 +199,9 @@ struct SharedRead {
   // Otherwise the chunk was copied into a scratch slot: AbortSlot(slot_id).
   uint64_t slot_id = 0;
   int64_t expires_at_us = 0;  // when the lease or the slot ends
+  // The scratch copy's checksums were checked as it was read (a chunk whole
+  // on NVMe read by GetSharedBatch): a caller need not hash it again.
+  bool verified = false;
 };
 
 // Counters; EngineMetricName() names them (a test checks the table).
@@ -217,6 +225,7 @@ enum class EngineMetric : int {
   kPrefetched,
   kHitsRemote,
   kRemoteErrors,
+  kHoldsRefused,  // holds refused at PlacementEngineOptions::max_held_bytes
   kCount,
 };
 const char* EngineMetricName(EngineMetric m);
@@ -280,6 +289,19 @@ class PlacementEngine {
   // FailedPrecondition without a DRAM tier.
   absl::StatusOr<SharedRead> GetShared(const Hash128& key, int64_t ttl_ms = 0,
                                        const GetOptions& options = {});
+  // GetShared of every key, one result per key in order. The chunks stored
+  // whole on NVMe only are read into their scratch slots with one
+  // submission to the NVMe tier (NvmeTier::ReadBatch), so the device queue
+  // fills; the rest are read as GetShared reads them. A key that appears
+  // twice gets two holds. A chunk that a prefetch is reading into DRAM is
+  // waited for (at most 10 s), then handed out from DRAM.
+  // Promotion (promote_on_hit) of a chunk read from
+  // NVMe here costs the read no copy: when its scratch slot is freed
+  // (AbortSlot), the background thread checks the slot's bytes again and
+  // makes the slot the chunk's DRAM copy.
+  std::vector<absl::StatusOr<SharedRead>> GetSharedBatch(std::span<const Hash128> keys,
+                                                         int64_t ttl_ms = 0,
+                                                         const GetOptions& options = {});
   // Chunk length. NotFound on a miss. With `allow_remote` and a remote
   // tier, a local miss fetches the chunk from the remote tier first (so the
   // Get or Locate that follows is local).
@@ -324,6 +346,13 @@ class PlacementEngine {
   absl::StatusOr<Lease> Renew(uint64_t lease_id, int64_t ttl_ms = 0);
   // Ends a lease. NotFound if unknown or expired.
   absl::Status Release(uint64_t lease_id);
+  // Pin of chunks stored here (the remote tier is not asked), counted as
+  // held bytes (PlacementEngineOptions::max_held_bytes): what a client holds
+  // between planning a load and loading it. NotFound (nothing held) if a
+  // key is missing; ResourceExhausted (nothing held) beyond the limit.
+  absl::StatusOr<Lease> Hold(std::span<const Hash128> keys, int64_t ttl_ms = 0);
+  // Bytes held now (see PlacementEngineOptions::max_held_bytes).
+  uint64_t held_bytes();
 
   // Slots. The engine is the one table of slots: id, extent, expiry, and
   // whether a client may write and commit it (AllocateSlot) or only read it
@@ -394,11 +423,16 @@ class PlacementEngine {
   struct LeaseState {
     std::vector<Hash128> keys;
     int64_t expires_at_us;
+    uint64_t held_bytes = 0;  // counted in held_bytes_ (Hold, GetShared)
   };
   struct SlotState {
     PoolExtent extent;
     int64_t expires_at_us;
     bool scratch = false;  // GetShared's copy: read only, never committed
+    uint64_t held_bytes = 0;  // counted in held_bytes_ (scratch slots)
+    // A scratch copy of chunk `key` read from NVMe, promoted when freed.
+    bool promote = false;
+    Hash128 key;
   };
 
   PlacementEngine(const PlacementEngineOptions& o, EngineTiers tiers);
@@ -413,6 +447,15 @@ class PlacementEngine {
   absl::Status PutLocal(const Hash128& key, std::span<const uint8_t> chunk,
                         const codec::ChunkHeader& header, const PutOptions& opts);
   absl::StatusOr<Slot> AllocateSlotOf(uint64_t bytes, int64_t ttl_ms, bool scratch);
+  // Counts `bytes` more as held; ResourceExhausted (counted in
+  // kHoldsRefused) beyond options.max_held_bytes.
+  absl::Status ChargeHeldLocked(uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // GetShared's in-place hand-out of a chunk whole in DRAM: pins it under a
+  // new lease. False (nothing done) if the DRAM copy is not readable.
+  absl::StatusOr<bool> PinInDramLocked(const Hash128& key, ChunkState* st, int64_t ttl_ms,
+                                       int64_t now, bool fetched, SharedRead* r)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void UnpinOne(const Hash128& key) ABSL_LOCKS_EXCLUDED(mu_);
   // Removes client slot `slot_id` from the table and returns its extent, now
   // the caller's. NotFound for an unknown, expired or scratch slot.
   absl::StatusOr<PoolExtent> TakeClientSlot(uint64_t slot_id) ABSL_LOCKS_EXCLUDED(mu_);
@@ -456,6 +499,10 @@ class PlacementEngine {
   void ExpireLocked(int64_t now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Reads object `id` from the fastest tier holding it; drops corrupt copies.
   absl::StatusOr<TierKind> ReadObject(const ObjectKey& id, std::span<uint8_t> out);
+  // A copy of `id` in tier `src` failed its checksums (the tier dropped it):
+  // counts kDataLoss and forgets the copy. True if another copy of the part
+  // remains (to be read instead); otherwise drops the whole chunk.
+  bool DropCorruptCopy(const ObjectKey& id, TierKind src) ABSL_LOCKS_EXCLUDED(mu_);
   // The start of every read (Get, GetShared): counts kGets, and on a miss
   // kMisses (NotFound); on a hit records the use (uses, the eviction
   // policies' access) and returns the chunk's state.
@@ -483,6 +530,18 @@ class PlacementEngine {
                         std::vector<std::pair<ObjectKey, TierKind>>* out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Promote(const Hash128& key);
+  // Makes the freed scratch slot `extent`, a copy of chunk `key`, the
+  // chunk's DRAM copy if its bytes still verify and the chunk is still on
+  // NVMe only; frees it otherwise.
+  void PromoteFromSlot(const Hash128& key, const PoolExtent& extent);
+  // Prefetch of (key, chunk bytes) chunks whole on NVMe only: one batched
+  // read into reserved DRAM space that becomes each chunk's DRAM copy. The
+  // first error (DRAM full, a corrupt copy, which is dropped); chunks
+  // deleted or moved meanwhile are skipped.
+  absl::Status PrefetchGroup(std::span<const std::pair<Hash128, uint64_t>> chunks);
+  // Reserves `bytes` of DRAM, evicting as needed. ResourceExhausted if no
+  // room can be made.
+  absl::StatusOr<PoolExtent> ReserveDram(uint64_t bytes);
   void PrefetchLoop();
   void MaintenanceLoop();
   // Admission history: remembers the uses of a chunk that eviction dropped,
@@ -506,6 +565,15 @@ class PlacementEngine {
   std::array<std::unique_ptr<EvictionPolicy>, kNumTierKinds> policies_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, LeaseState> leases_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, SlotState> slots_ ABSL_GUARDED_BY(mu_);
+  uint64_t held_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // Chunks a prefetch group is reading into DRAM now; a batched read waits
+  // for them (prefetch_done_) instead of reading them a second time.
+  absl::flat_hash_set<Hash128> prefetching_ ABSL_GUARDED_BY(mu_);
+  absl::CondVar prefetch_done_;
+  // Chunks a batched read is reading from NVMe, or whose scratch copy waits
+  // to be promoted (a key may be in it more than once): a prefetch skips
+  // them rather than read them a second time.
+  absl::flat_hash_map<Hash128, int> loading_ ABSL_GUARDED_BY(mu_);
   // Random bytes for ids, drawn 256 at a time (one getrandom call that is
   // never short or interrupted); id_pool_next_ is the next unused one.
   std::array<uint64_t, 32> id_pool_ ABSL_GUARDED_BY(mu_){};
@@ -520,6 +588,8 @@ class PlacementEngine {
   };
   absl::Mutex bg_mu_;
   std::deque<PrefetchJob> prefetch_queue_ ABSL_GUARDED_BY(bg_mu_);
+  // Freed scratch slots to promote (PromoteFromSlot), on the same thread.
+  std::deque<std::pair<Hash128, PoolExtent>> promote_queue_ ABSL_GUARDED_BY(bg_mu_);
   bool stopping_ ABSL_GUARDED_BY(bg_mu_) = false;
   std::thread prefetch_thread_;
   std::thread maintenance_thread_;

@@ -32,6 +32,19 @@ enum class Op : uint16_t {
   kRelease = 7,      // u64 lease id -> (empty)
   kAbortSlot = 8,    // u64 slot id -> (empty)
   kPutRange = 9,     // u64 offset, u64 length: those bytes written -> no answer
+  // Batch ops: a fixed part that starts with u32 n, then n items; their
+  // answers are a fixed part, then one item per request item (or per hit).
+  kLookup = 10,         // u32 n, u32 zero, n keys -> u32 hits, u32 zero, hits x u8 tier
+  kPlanLoad = 11,       // kPlanBytes, n keys -> kPlanReplyBytes, hits x kPlanHitBytes
+  kPlanAndHold = 12,    // as kPlanLoad; the reply names the lease that holds the plan
+  kGetBatch = 13,       // u32 n, u32 lease_ms, u8 verify, u8[7] zero, n keys
+                        //   -> u32 n, u32 zero, n x kGetBatchItemBytes
+  kReleaseBatch = 14,   // u32 n, u32 zero, n x (u64 lease id, u64 scratch slot id)
+                        //   -> u32 n, u32 zero, n x u32 code
+  kPrefetch = 15,       // u32 n, u32 deadline_ms, u64 byte budget, n keys -> kPrefetchReplyBytes
+  kAllocateBatch = 16,  // u32 n, u32 ttl_ms, n x u64 bytes -> u32 n, u32 zero, n x kSlotReplyBytes
+  kCommitBatch = 17,    // u32 n, u8 durable, u8[3] zero, n x (u64 slot id, key)
+                        //   -> u32 n, u32 zero, n x u32 code
 };
 
 inline constexpr uint32_t kAllocateBytes = 8 + 4;
@@ -44,24 +57,95 @@ inline constexpr uint32_t kSlotReplyBytes = 8 + 8 + 8 + 8;
 // u8 tier (proto Tier numbering), u8[7] zero, u64 chunk bytes, u64 offset,
 // u64 length, u64 lease id, u64 scratch slot id
 inline constexpr uint32_t kGetReplyBytes = 1 + 7 + 8 * 5;
-// The largest request payload.
-inline constexpr uint32_t kMaxRequestPayloadBytes = kPutBeginBytes;
-static_assert(kPutRangeBytes <= kMaxRequestPayloadBytes);
 
-// The request payload length of `op`; -1 for an unknown op.
-inline int64_t RequestBytes(uint16_t op) {
+// Batch ops carry at most this many items (keys, ids, slots) per frame; a
+// daemon may allow fewer (ServiceLimits::max_keys_per_request).
+inline constexpr uint32_t kMaxBatchItems = 1024;
+// The fixed part of each batch request (u32 n first) and its item size.
+inline constexpr uint32_t kBatchHeaderBytes = 4 + 4;  // u32 n, u32 (zero, lease_ms or ttl_ms)
+inline constexpr uint32_t kGetBatchBytes = 4 + 4 + 1 + 7;
+inline constexpr uint32_t kReleaseItemBytes = 8 + 8;
+// u32 n, u32 tokens_per_chunk, f64 prefill_tokens_per_s, u32 lease_ms, u32 zero
+inline constexpr uint32_t kPlanBytes = 4 + 4 + 8 + 4 + 4;
+inline constexpr uint32_t kPrefetchBytes = 4 + 4 + 8;  // u32 n, u32 deadline_ms, u64 budget
+inline constexpr uint32_t kCommitBatchBytes = 4 + 1 + 3;
+inline constexpr uint32_t kCommitItemBytes = 8 + kKeyBytes;
+// Replies. kPlanReplyBytes: u32 hits, u32 load_chunks, f64 load_chunks_us,
+// f64 saved_us, u64 lease id (0: nothing held), i64 expires_at_us.
+inline constexpr uint32_t kPlanReplyBytes = 4 + 4 + 8 + 8 + 8 + 8;
+// u8 tier, u8[7] zero, u64 chunk bytes, f64 load_us
+inline constexpr uint32_t kPlanHitBytes = 1 + 7 + 8 + 8;
+// u32 code, u8 tier, u8[3] zero, u64 chunk bytes, u64 offset, u64 length,
+// u64 lease id, u64 scratch slot id (all zero but the code on an error)
+inline constexpr uint32_t kGetBatchItemBytes = 4 + 1 + 3 + 8 * 5;
+// u8 completed, u8[3] zero, u32 keys queued, u64 bytes queued
+inline constexpr uint32_t kPrefetchReplyBytes = 1 + 3 + 4 + 8;
+
+// A request's payload length: `fixed` bytes, then u32 n (its first field)
+// items of `item` bytes, n <= kMaxBatchItems; item 0 for fixed-size ops.
+struct RequestShape {
+  uint32_t fixed = 0;
+  uint32_t item = 0;
+};
+
+// ShapeOf's answer for an op this version does not know.
+inline constexpr RequestShape kUnknownOp{UINT32_MAX, 0};
+inline RequestShape ShapeOf(uint16_t op) {
   switch (static_cast<Op>(op)) {
-    case Op::kHello: return 0;
-    case Op::kAllocate: return kAllocateBytes;
-    case Op::kPutBegin: return kPutBeginBytes;
+    case Op::kHello: return {0, 0};
+    case Op::kAllocate: return {kAllocateBytes, 0};
+    case Op::kPutBegin: return {kPutBeginBytes, 0};
     case Op::kPutProgress:
     case Op::kPutCommit:
     case Op::kRelease:
-    case Op::kAbortSlot: return kU64Bytes;
-    case Op::kGet: return kGetBytes;
-    case Op::kPutRange: return kPutRangeBytes;
+    case Op::kAbortSlot: return {kU64Bytes, 0};
+    case Op::kGet: return {kGetBytes, 0};
+    case Op::kPutRange: return {kPutRangeBytes, 0};
+    case Op::kLookup: return {kBatchHeaderBytes, kKeyBytes};
+    case Op::kPlanLoad:
+    case Op::kPlanAndHold: return {kPlanBytes, kKeyBytes};
+    case Op::kGetBatch: return {kGetBatchBytes, kKeyBytes};
+    case Op::kReleaseBatch: return {kBatchHeaderBytes, kReleaseItemBytes};
+    case Op::kPrefetch: return {kPrefetchBytes, kKeyBytes};
+    case Op::kAllocateBatch: return {kBatchHeaderBytes, kU64Bytes};
+    case Op::kCommitBatch: return {kCommitBatchBytes, kCommitItemBytes};
   }
-  return -1;
+  return kUnknownOp;
+}
+
+// The largest request payload of any op.
+inline constexpr uint32_t kMaxRequestPayloadBytes = kCommitBatchBytes + kMaxBatchItems * kCommitItemBytes;
+static_assert(kPlanBytes + kMaxBatchItems * kKeyBytes <= kMaxRequestPayloadBytes);
+static_assert(kPutBeginBytes <= kMaxRequestPayloadBytes);
+// The largest reply payload of any op.
+inline constexpr uint32_t kMaxReplyPayloadBytes = kBatchHeaderBytes + kMaxBatchItems * kGetBatchItemBytes;
+static_assert(kPlanReplyBytes + kMaxBatchItems * kPlanHitBytes <= kMaxReplyPayloadBytes);
+static_assert(kBatchHeaderBytes + kMaxBatchItems * kSlotReplyBytes <= kMaxReplyPayloadBytes);
+
+// The request payload length of a fixed-size `op`; -1 for an unknown op or
+// a batch op (whose length ShapeOf gives).
+inline int64_t RequestBytes(uint16_t op) {
+  const RequestShape s = ShapeOf(op);
+  if (s.fixed == kUnknownOp.fixed || s.item != 0) return -1;
+  return s.fixed;
+}
+
+// Whether `len` payload bytes may be a frame of `op` (the count field is
+// checked against them once the payload is read: BatchCountMatches).
+inline bool PayloadLengthFits(uint16_t op, uint32_t len) {
+  const RequestShape s = ShapeOf(op);
+  if (s.fixed == kUnknownOp.fixed) return false;
+  if (s.item == 0) return len == s.fixed;
+  return len >= s.fixed && (len - s.fixed) % s.item == 0 &&
+         (len - s.fixed) / s.item <= kMaxBatchItems;
+}
+
+// Whether a batch payload's u32 n (its first field) names as many items as
+// the payload holds.
+inline bool BatchCountMatches(uint16_t op, const uint8_t* payload, uint32_t len) {
+  const RequestShape s = ShapeOf(op);
+  if (s.item == 0) return true;
+  return LoadLE<uint32_t>(payload) == (len - s.fixed) / s.item;
 }
 
 // The handshake's one message (wire format step 1), set up alike by the
@@ -94,6 +178,11 @@ class Writer {
   Writer& U16(uint16_t v) { return Put(v); }
   Writer& U32(uint32_t v) { return Put(v); }
   Writer& U64(uint64_t v) { return Put(v); }
+  Writer& F64(double v) {
+    uint64_t b;
+    std::memcpy(&b, &v, sizeof(b));
+    return Put(b);
+  }
   Writer& Raw(const void* v, size_t n) {
     std::memcpy(p_ + n_, v, n);
     n_ += n;
@@ -119,6 +208,12 @@ class Reader {
   uint16_t U16() { return Get<uint16_t>(); }
   uint32_t U32() { return Get<uint32_t>(); }
   uint64_t U64() { return Get<uint64_t>(); }
+  double F64() {
+    const uint64_t b = Get<uint64_t>();
+    double v;
+    std::memcpy(&v, &b, sizeof(v));
+    return v;
+  }
   void Raw(void* out, size_t n) {
     std::memcpy(out, p_ + n_, n);
     n_ += n;
