@@ -114,7 +114,7 @@ class NvmeTier : public Tier {
   // status per object, as Read would return it; InvalidArgument for every
   // object if the spans differ in number.
   std::vector<absl::Status> ReadBatch(std::span<const ObjectKey> ids,
-                                      std::span<const std::span<uint8_t>> outs);
+                                      std::span<const std::span<uint8_t>> outs) override;
   absl::Status Erase(const ObjectKey& id) override;
   std::vector<std::pair<ObjectKey, uint64_t>> List() override;
 

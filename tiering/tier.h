@@ -135,6 +135,21 @@ class Tier {
   // (InvalidArgument otherwise). NotFound if absent. DataLoss if the tier
   // detects corruption; the object is then dropped.
   virtual absl::Status Read(const ObjectKey& id, std::span<uint8_t> out) = 0;
+  // Read of every object into the buffer beside it: one status per object,
+  // as Read would return it, and checked as Read checks. InvalidArgument for
+  // every object if the spans differ in number. Tiers that can keep many
+  // reads in flight (NvmeTier) override it; this one reads them in turn.
+  virtual std::vector<absl::Status> ReadBatch(std::span<const ObjectKey> ids,
+                                              std::span<const std::span<uint8_t>> outs) {
+    if (ids.size() != outs.size()) {
+      return std::vector<absl::Status>(
+          ids.size(), absl::InvalidArgumentError("ReadBatch: as many buffers as objects"));
+    }
+    std::vector<absl::Status> out;
+    out.reserve(ids.size());
+    for (size_t i = 0; i < ids.size(); ++i) out.push_back(Read(ids[i], outs[i]));
+    return out;
+  }
   // Removes object `id`; its space is reused once no reader holds it.
   // NotFound if absent.
   virtual absl::Status Erase(const ObjectKey& id) = 0;
