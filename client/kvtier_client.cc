@@ -156,9 +156,10 @@ class DataConn {
     return absl::OkStatus();
   }
 
-  // Reads the answer to `op`: the daemon's error, or its payload, which must
-  // be exactly `n` bytes, into `out`.
-  absl::Status Receive(Op op, uint8_t* out, uint32_t n) {
+  // Reads the header of the answer to `op` and returns its payload length:
+  // the daemon's error (read whole) as a status, or a malformed header as a
+  // broken connection. The payload itself is left for the caller to read.
+  absl::StatusOr<uint32_t> ReceiveHeader(Op op) {
     using wire::shm::kResponseHeaderBytes;
     uint8_t hdr[kResponseHeaderBytes];
     KVTIER_RETURN_IF_ERROR(ReadFull(hdr, sizeof(hdr), kAnswerSpinUs));
@@ -177,9 +178,20 @@ class DataConn {
       const auto c = code <= 16 ? static_cast<absl::StatusCode>(code) : absl::StatusCode::kUnknown;
       return absl::Status(c, msg);
     }
-    if (got_op != static_cast<uint16_t>(op) || len != n) {
-      return Broken(absl::StrCat("answer to data-plane op ", got_op, " with ", len,
-                                 " bytes; expected op ", static_cast<int>(op), " with ", n));
+    if (got_op != static_cast<uint16_t>(op)) {
+      return Broken(absl::StrCat("answer to data-plane op ", got_op, "; expected op ",
+                                 static_cast<int>(op)));
+    }
+    return len;
+  }
+
+  // Reads the answer to `op`: the daemon's error, or its payload, which must
+  // be exactly `n` bytes, into `out`.
+  absl::Status Receive(Op op, uint8_t* out, uint32_t n) {
+    KVTIER_ASSIGN_OR_RETURN(const uint32_t len, ReceiveHeader(op));
+    if (len != n) {
+      return Broken(absl::StrCat("answer to data-plane op ", static_cast<int>(op), " with ", len,
+                                 " bytes; expected ", n));
     }
     return ReadFull(out, n);
   }
@@ -193,28 +205,12 @@ class DataConn {
   // Call of a batch op, whose answer has a variable length (at most
   // kMaxReplyPayloadBytes; the caller checks it against what it asked).
   absl::Status CallBatch(Op op, const uint8_t* payload, uint32_t n, std::vector<uint8_t>* out) {
-    using wire::shm::kResponseHeaderBytes;
     KVTIER_RETURN_IF_ERROR(Settle());
     KVTIER_RETURN_IF_ERROR(Send(op, payload, n));
-    uint8_t hdr[kResponseHeaderBytes];
-    KVTIER_RETURN_IF_ERROR(ReadFull(hdr, sizeof(hdr), kAnswerSpinUs));
-    wire::shm::Reader r(hdr);
-    const uint16_t version = r.U16(), got_op = r.U16();
-    const uint32_t code = r.U32(), len = r.U32();
-    if (version != wire::shm::kVersion) {
-      return Broken(absl::StrCat("answer of data-plane protocol version ", version));
-    }
-    if (code != 0) {
-      if (len > wire::shm::kMaxErrorMessageBytes) return Broken("oversized error answer");
-      std::string msg(len, '\0');
-      KVTIER_RETURN_IF_ERROR(ReadFull(reinterpret_cast<uint8_t*>(msg.data()), len));
-      if (got_op != static_cast<uint16_t>(op)) broken_ = true;
-      const auto c = code <= 16 ? static_cast<absl::StatusCode>(code) : absl::StatusCode::kUnknown;
-      return absl::Status(c, msg);
-    }
-    if (got_op != static_cast<uint16_t>(op) || len > wire::shm::kMaxReplyPayloadBytes) {
-      return Broken(absl::StrCat("answer to data-plane op ", got_op, " with ", len,
-                                 " bytes; expected op ", static_cast<int>(op)));
+    KVTIER_ASSIGN_OR_RETURN(const uint32_t len, ReceiveHeader(op));
+    if (len > wire::shm::kMaxReplyPayloadBytes) {
+      return Broken(absl::StrCat("answer to data-plane op ", static_cast<int>(op), " with ", len,
+                                 " bytes, over the limit"));
     }
     out->resize(len);
     return ReadFull(out->data(), len);
