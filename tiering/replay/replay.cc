@@ -51,6 +51,22 @@ void FinishTimes(ReplayResult& r, std::vector<double>& ttft, double rate) {
   r.ttft_p99_s = Percentile(ttft, 0.99);
 }
 
+// A result with what every replay of `trace` reports before it runs: the
+// policy, the sizes, and the requests it will replay.
+ReplayResult StartResult(std::string policy, const Trace& trace, const ReplayOptions& options,
+                         uint64_t chunk_bytes, uint64_t aligned_chunk_bytes) {
+  ReplayResult r;
+  r.policy = std::move(policy);
+  r.dram_bytes = options.dram_bytes;
+  r.nvme_bytes = options.nvme_bytes;
+  r.chunk_bytes = chunk_bytes;
+  r.capacity_chunks =
+      options.dram_bytes / aligned_chunk_bytes + options.nvme_bytes / aligned_chunk_bytes;
+  r.requests = RequestCount(trace, options);
+  r.trace_seconds = TraceSeconds(trace, r.requests);
+  return r;
+}
+
 }  // namespace
 
 Hash128 TraceBlockKey(uint64_t id) {
@@ -123,15 +139,8 @@ absl::StatusOr<ReplayResult> ReplayTrace(const Trace& trace, const ReplayOptions
   const double rate = options.prefill_tokens_per_s;
   const LoadCostModel& cost = eo.load_cost;
 
-  ReplayResult r;
-  r.policy = EvictionPolicyName(eo.eviction);
-  r.dram_bytes = options.dram_bytes;
-  r.nvme_bytes = options.nvme_bytes;
-  r.chunk_bytes = n;
-  r.capacity_chunks = options.dram_bytes / aligned + options.nvme_bytes / aligned;
-  const size_t count = RequestCount(trace, options);
-  r.requests = count;
-  r.trace_seconds = TraceSeconds(trace, count);
+  ReplayResult r = StartResult(EvictionPolicyName(eo.eviction), trace, options, n, aligned);
+  const size_t count = r.requests;
   std::vector<double> ttft;
   ttft.reserve(count);
   std::vector<Hash128> keys;
@@ -198,15 +207,8 @@ ReplayResult BeladyReplay(const Trace& trace, const ReplayOptions& options) {
   const int dram = static_cast<int>(TierKind::kDram);
   const LoadCostModel& cost = options.engine.load_cost;
 
-  ReplayResult r;
-  r.policy = "belady";
-  r.dram_bytes = options.dram_bytes;
-  r.nvme_bytes = options.nvme_bytes;
-  r.chunk_bytes = n;
-  r.capacity_chunks = options.dram_bytes / aligned + options.nvme_bytes / aligned;
-  const size_t count = RequestCount(trace, options);
-  r.requests = count;
-  r.trace_seconds = TraceSeconds(trace, count);
+  ReplayResult r = StartResult("belady", trace, options, n, aligned);
+  const size_t count = r.requests;
 
   // next[j]: position of the next read of the block read at position j.
   constexpr uint64_t kNever = std::numeric_limits<uint64_t>::max();
