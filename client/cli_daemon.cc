@@ -55,6 +55,17 @@ absl::StatusOr<Hash128> ParseKey(const std::string& hex) {
   return *k;
 }
 
+// The chunk keys of --keys: comma-separated, in prefix order, at least one.
+absl::StatusOr<std::vector<Hash128>> ParseKeyList(const std::string& list) {
+  std::vector<Hash128> keys;
+  for (absl::string_view part : absl::StrSplit(AsAbsl(list), ',', absl::SkipEmpty())) {
+    KVTIER_ASSIGN_OR_RETURN(Hash128 k, ParseKey(std::string(part)));
+    keys.push_back(k);
+  }
+  if (keys.empty()) return absl::InvalidArgumentError("--keys is empty");
+  return keys;
+}
+
 // "not found" is the whole message for a miss, as the CLI contract says.
 absl::Status Miss(const absl::Status& st, const std::string& key) {
   if (absl::IsNotFound(st)) return CacheMiss(key);
@@ -147,12 +158,7 @@ void RegisterDaemonCommands(CLI::App& app, CommandResult& result) {
     cmd->add_option("--tokens-per-chunk", *chunk_tokens, "tokens per chunk, with --prefill-tokens-per-s")
         ->capture_default_str();
     cmd->callback(Action(result, [=]() -> absl::Status {
-      std::vector<Hash128> ks;
-      for (absl::string_view part : absl::StrSplit(AsAbsl(*keys), ',', absl::SkipEmpty())) {
-        KVTIER_ASSIGN_OR_RETURN(Hash128 k, ParseKey(std::string(part)));
-        ks.push_back(k);
-      }
-      if (ks.empty()) return absl::InvalidArgumentError("--keys is empty");
+      KVTIER_ASSIGN_OR_RETURN(std::vector<Hash128> ks, ParseKeyList(*keys));
       KVTIER_ASSIGN_OR_RETURN(auto c, Connect(*f));
       KVTIER_ASSIGN_OR_RETURN(client::LoadPlan plan, c->PlanLoad(ks, *prefill, *chunk_tokens));
       std::printf("cached prefix: %zu of %zu chunks\n", plan.tiers.size(), ks.size());
@@ -186,12 +192,7 @@ void RegisterDaemonCommands(CLI::App& app, CommandResult& result) {
     cmd->add_option("--wait-ms", *wait_ms, "wait up to this long for the chunks to arrive; 0: return at once")
         ->capture_default_str();
     cmd->callback(Action(result, [=]() -> absl::Status {
-      std::vector<Hash128> ks;
-      for (absl::string_view part : absl::StrSplit(AsAbsl(*keys), ',', absl::SkipEmpty())) {
-        KVTIER_ASSIGN_OR_RETURN(Hash128 k, ParseKey(std::string(part)));
-        ks.push_back(k);
-      }
-      if (ks.empty()) return absl::InvalidArgumentError("--keys is empty");
+      KVTIER_ASSIGN_OR_RETURN(std::vector<Hash128> ks, ParseKeyList(*keys));
       if (!(*budget_mib >= 0)) return absl::InvalidArgumentError("--budget-mib must be >= 0");
       KVTIER_ASSIGN_OR_RETURN(auto c, Connect(*f));
       const auto budget = static_cast<uint64_t>(*budget_mib * 1048576.0);

@@ -116,6 +116,21 @@ nlohmann::ordered_json LoadRates(const rp::ReplayOptions& o) {
           {"nvme", bw[static_cast<int>(tiering::TierKind::kNvme)] / 1e9}};
 }
 
+// What --json of replay and plan both start with: the trace, model, codec
+// and chunk size.
+nlohmann::ordered_json JsonHeader(const ReplayArgs& a, const Setup& s) {
+  nlohmann::ordered_json j;
+  j["trace"] = {{"path", a.trace},
+                {"requests", s.trace.requests.size()},
+                {"block_reads", s.trace.block_reads},
+                {"distinct_blocks", s.trace.distinct_blocks},
+                {"block_tokens", a.block_tokens}};
+  j["model"] = a.model;
+  j["codec"] = a.codec;
+  j["chunk_bytes"] = s.chunk_bytes;
+  return j;
+}
+
 void PrintHeader(const ReplayArgs& a, const Setup& s) {
   const auto& bw = s.options.engine.load_cost.assumed_read_bytes_per_s;
   std::printf("trace   %s: %zu requests, %llu block reads, %llu distinct blocks of %u tokens\n", a.trace.c_str(),
@@ -201,15 +216,7 @@ absl::Status RunReplay(const ReplayArgs& a) {
   KVTIER_ASSIGN_OR_RETURN(rp::ReplayResult lru, rp::ReplayTrace(s.trace, lo));
   rp::ReplayResult belady = rp::BeladyReplay(s.trace, o);
   if (a.json) {
-    nlohmann::ordered_json j;
-    j["trace"] = {{"path", a.trace},
-                  {"requests", s.trace.requests.size()},
-                  {"block_reads", s.trace.block_reads},
-                  {"distinct_blocks", s.trace.distinct_blocks},
-                  {"block_tokens", a.block_tokens}};
-    j["model"] = a.model;
-    j["codec"] = a.codec;
-    j["chunk_bytes"] = s.chunk_bytes;
+    nlohmann::ordered_json j = JsonHeader(a, s);
     j["dram_bytes"] = o.dram_bytes;
     j["nvme_bytes"] = o.nvme_bytes;
     j["dram_share"] = Share(s, o.dram_bytes);
@@ -253,15 +260,7 @@ absl::Status RunPlan(const ReplayArgs& a) {
         a.plot, std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(svg.data()), svg.size())));
   }
   if (a.json) {
-    nlohmann::ordered_json j;
-    j["trace"] = {{"path", a.trace},
-                  {"requests", s.trace.requests.size()},
-                  {"block_reads", s.trace.block_reads},
-                  {"distinct_blocks", s.trace.distinct_blocks},
-                  {"block_tokens", a.block_tokens}};
-    j["model"] = a.model;
-    j["codec"] = a.codec;
-    j["chunk_bytes"] = s.chunk_bytes;
+    nlohmann::ordered_json j = JsonHeader(a, s);
     j["prefill_tokens_per_s"] = s.options.prefill_tokens_per_s;
     j["load_gb_per_s"] = LoadRates(s.options);
     j["points"] = nlohmann::ordered_json::array();

@@ -16,6 +16,7 @@
 #include "gtest/gtest.h"
 #include "server/daemon.h"
 #include "server/test_util.h"
+#include "tests/in_process_daemon.h"
 #include "tiering/placement_engine.h"
 #include "tests/raw_data_plane.h"
 #include "wire/shm_frames.h"
@@ -25,31 +26,12 @@ namespace {
 
 using kvtier::testing::MakeChunk;
 using kvtier::testing::SmallDaemonOptions;
-using kvtier::testing::TempDir;
 using kvtier::testing::TestKey;
 using Op = wire::shm::Op;
 constexpr int kExhausted = static_cast<int>(absl::StatusCode::kResourceExhausted);
 
-class CtlTest : public ::testing::Test {
+class CtlTest : public kvtier::testing::InProcessDaemonTest {
  protected:
-  void StartDaemon(DaemonOptions o) {
-    daemon_.reset();
-    auto d = Daemon::Start(o);
-    ASSERT_TRUE(d.ok()) << d.status();
-    daemon_ = std::move(*d);
-  }
-  void SetUp() override { StartDaemon(SmallDaemonOptions(dir_.path())); }
-
-  std::unique_ptr<client::KvtierClient> Client(bool shm = true) {
-    client::ClientOptions o;
-    o.socket_path = daemon_->socket_path();
-    o.shared_memory = shm;
-    o.timeout_ms = 10000;
-    auto c = client::KvtierClient::Connect(o);
-    EXPECT_TRUE(c.ok()) << c.status();
-    return c.ok() ? std::move(*c) : nullptr;
-  }
-
   // Puts chunks 0..n-1 (seeds base+i) as keys base+i.
   void PutChunks(client::KvtierClient& c, uint32_t base, uint32_t n) {
     for (uint32_t i = 0; i < n; ++i) ASSERT_TRUE(c.Put(TestKey(base + i), MakeChunk(base + i)).ok());
@@ -84,8 +66,6 @@ class CtlTest : public ::testing::Test {
     return b;
   }
 
-  TempDir dir_;
-  std::unique_ptr<Daemon> daemon_;
 };
 
 TEST_F(CtlTest, LookupAndPlanOverTheDataPlaneAgreeWithGrpc) {

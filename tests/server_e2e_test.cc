@@ -24,6 +24,7 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "server/test_util.h"
+#include "tests/in_process_daemon.h"
 #include "wire/kvtier.grpc.pb.h"
 #include "codec/chunk.h"
 #include "wire/chunk_check.h"
@@ -38,27 +39,10 @@ namespace {
 namespace pb = kvtier::proto::v1;
 using kvtier::testing::MakeChunk;
 using kvtier::testing::SmallDaemonOptions;
-using kvtier::testing::TempDir;
 using kvtier::testing::TestKey;
 
-class E2eTest : public ::testing::Test {
+class E2eTest : public kvtier::testing::InProcessDaemonTest {
  protected:
-  void StartDaemon(DaemonOptions o) {
-    auto d = Daemon::Start(o);
-    ASSERT_TRUE(d.ok()) << d.status();
-    daemon_ = std::move(*d);
-  }
-  void SetUp() override { StartDaemon(SmallDaemonOptions(dir_.path())); }
-
-  std::unique_ptr<client::KvtierClient> Client(bool shm = true) {
-    client::ClientOptions o;
-    o.socket_path = daemon_->socket_path();
-    o.shared_memory = shm;
-    o.timeout_ms = 10000;
-    auto c = client::KvtierClient::Connect(o);
-    EXPECT_TRUE(c.ok()) << c.status();
-    return c.ok() ? std::move(*c) : nullptr;
-  }
   std::unique_ptr<pb::Kvtier::Stub> RawStub() {
     return pb::Kvtier::NewStub(
         grpc::CreateChannel("unix:" + daemon_->socket_path(), grpc::InsecureChannelCredentials()));
@@ -67,8 +51,6 @@ class E2eTest : public ::testing::Test {
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
   }
 
-  TempDir dir_;
-  std::unique_ptr<Daemon> daemon_;
 };
 
 TEST_F(E2eTest, SocketsAreOwnerOnly) {
