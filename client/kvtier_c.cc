@@ -389,14 +389,12 @@ int kvtier_encode_chunk(const kvtier_chunk_spec* s, const uint16_t* k, const uin
   return Done(kvtier::codec::EncodeChunkInto(*spec, kv, std::span<uint8_t>(out, out_size)));
 }
 
-int kvtier_chunk_inspect(const uint8_t* chunk, uint64_t size, kvtier_chunk_info* info) {
-  if (chunk == nullptr && size > 0) return Invalid("chunk is null");
-  if (!SizedAtLeast(info, sizeof(kvtier_chunk_info))) {
-    return Invalid("chunk info: null or struct_size too small");
-  }
-  auto h = kvtier::wire::VerifyChunkParallel(std::span<const uint8_t>(chunk, size));
-  if (!h.ok()) return Fail(h.status());
-  const auto& spec = h->header().spec;
+}  // extern "C"
+
+namespace {
+
+int DescribeChunk(const kvtier::codec::ChunkHeader& h, kvtier_chunk_info* info) {
+  const auto& spec = h.spec;
   std::memcpy(info->fingerprint, spec.fingerprint.bytes.data(), Hash128::kSize);
   info->num_layers = spec.geometry.num_layers;
   info->num_kv_heads = spec.geometry.num_kv_heads;
@@ -406,8 +404,36 @@ int kvtier_chunk_inspect(const uint8_t* chunk, uint64_t size, kvtier_chunk_info*
   CopyText(info->dtype, sizeof(info->dtype), kvtier::codec::DTypeName(spec.dtype));
   CopyText(info->codec, sizeof(info->codec),
            kvtier::codec::CodecName(kvtier::codec::CodecFormat{spec.k, spec.v}));
-  info->total_bytes = h->header().layout.total_bytes;
+  info->total_bytes = h.layout.total_bytes;
   return Done(absl::OkStatus());
+}
+
+}  // namespace
+
+extern "C" {
+
+int kvtier_chunk_inspect(const uint8_t* chunk, uint64_t size, kvtier_chunk_info* info) {
+  if (chunk == nullptr && size > 0) return Invalid("chunk is null");
+  if (!SizedAtLeast(info, sizeof(kvtier_chunk_info))) {
+    return Invalid("chunk info: null or struct_size too small");
+  }
+  auto h = kvtier::wire::VerifyChunkParallel(std::span<const uint8_t>(chunk, size));
+  if (!h.ok()) return Fail(h.status());
+  return DescribeChunk(h->header(), info);
+}
+
+int kvtier_chunk_header(const uint8_t* chunk, uint64_t size, kvtier_chunk_info* info) {
+  if (chunk == nullptr && size > 0) return Invalid("chunk is null");
+  if (!SizedAtLeast(info, sizeof(kvtier_chunk_info))) {
+    return Invalid("chunk info: null or struct_size too small");
+  }
+  auto h = kvtier::codec::ParseHeader(std::span<const uint8_t>(chunk, size));
+  if (!h.ok()) return Fail(h.status());
+  if (h->layout.total_bytes != size) {
+    return Fail(absl::DataLossError(absl::StrCat("chunk is ", size, " bytes, its header says ",
+                                                 h->layout.total_bytes)));
+  }
+  return DescribeChunk(*h, info);
 }
 
 int kvtier_decode_chunk_layers(const uint8_t* chunk, uint64_t size, uint32_t layer_begin,

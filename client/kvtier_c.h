@@ -199,6 +199,12 @@ typedef struct kvtier_chunk_info {
  * INVALID_ARGUMENT / DATA_LOSS for bad bytes. */
 KVTIER_C_EXPORT int kvtier_chunk_inspect(const uint8_t* chunk, uint64_t size,
                                          kvtier_chunk_info* info);
+/* Describes a chunk from its header alone: the header's fields and checksum
+ * and the chunk's length are checked, the K and V sections are not (what a
+ * caller needs to size the buffers of kvtier_decode_chunk, which verifies
+ * everything). INVALID_ARGUMENT / DATA_LOSS for a bad header or length. */
+KVTIER_C_EXPORT int kvtier_chunk_header(const uint8_t* chunk, uint64_t size,
+                                        kvtier_chunk_info* info);
 /* Verifies and decodes a chunk into k and v (16-bit elements of the chunk's
  * dtype, [layers][tokens][heads][head_dim]); each buffer holds `elements`
  * elements, which must be exactly layers*tokens*heads*head_dim. */

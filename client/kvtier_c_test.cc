@@ -133,8 +133,17 @@ TEST(KvtierC, CodecRejectsHostileChunks) {
   std::vector<uint8_t> bad = chunk;
   bad[bad.size() - 100] ^= 0x10;
   EXPECT_EQ(kvtier_decode_chunk(bad.data(), bad.size(), k.data(), v.data(), elements), kDataLoss);
+  // The header alone: a payload flip passes, a length or header flip does not.
+  ASSERT_EQ(kvtier_chunk_header(bad.data(), bad.size(), &info), KVTIER_OK);
+  EXPECT_EQ(info.total_bytes, chunk.size());
+  EXPECT_EQ(kvtier_chunk_header(chunk.data(), chunk.size() - 1, &info), kDataLoss);
+  std::vector<uint8_t> bad_header = chunk;
+  bad_header[24] ^= 1;  // num_layers, under the header checksum
+  EXPECT_NE(kvtier_chunk_header(bad_header.data(), bad_header.size(), &info), KVTIER_OK);
+  EXPECT_EQ(kvtier_chunk_header(nullptr, 10, &info), kInvalidArgument);
   info.struct_size = 4;
   EXPECT_EQ(kvtier_chunk_inspect(chunk.data(), chunk.size(), &info), kInvalidArgument);
+  EXPECT_EQ(kvtier_chunk_header(chunk.data(), chunk.size(), &info), kInvalidArgument);
 }
 
 TEST(KvtierC, CodecRejectsBadSpecs) {

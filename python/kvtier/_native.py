@@ -135,6 +135,7 @@ _SIGNATURES = {
     "kvtier_encode_chunk": (c_int, [POINTER(ChunkSpecC), c_void_p, c_void_p, c_void_p,
                                     c_uint64]),
     "kvtier_chunk_inspect": (c_int, [c_void_p, c_uint64, POINTER(ChunkInfoC)]),
+    "kvtier_chunk_header": (c_int, [c_void_p, c_uint64, POINTER(ChunkInfoC)]),
     "kvtier_decode_chunk": (c_int, [c_void_p, c_uint64, c_void_p, c_void_p, c_uint64]),
     "kvtier_decode_chunk_layers": (c_int, [c_void_p, c_uint64, c_uint32, c_uint32, c_void_p,
                                            c_void_p, c_uint64]),

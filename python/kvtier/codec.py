@@ -107,24 +107,36 @@ def encode_chunk(spec: ChunkSpec, k, v) -> bytearray:
     return out
 
 
-def inspect_chunk(chunk) -> ChunkInfo:
-    """Verifies a chunk (header and both checksums) and describes it.
-    InvalidArgument / DataLoss for bad bytes."""
+def _describe(fn, chunk) -> ChunkInfo:
     addr, n, keep = _native.buffer_address(chunk)
     info = _native.ChunkInfoC()
     info.struct_size = ctypes.sizeof(info)
-    _native.check(_native.load().kvtier_chunk_inspect(addr, n, ctypes.byref(info)))
+    _native.check(fn(addr, n, ctypes.byref(info)))
     del keep
     return ChunkInfo(bytes(info.fingerprint), info.num_layers, info.num_kv_heads, info.head_dim,
                      info.num_tokens, info.block_size, info.dtype.decode(), info.codec.decode(),
                      info.total_bytes)
 
 
+def inspect_chunk(chunk) -> ChunkInfo:
+    """Verifies a chunk (header and both checksums) and describes it.
+    InvalidArgument / DataLoss for bad bytes."""
+    return _describe(_native.load().kvtier_chunk_inspect, chunk)
+
+
+def read_header(chunk) -> ChunkInfo:
+    """Describes a chunk from its header alone (header checksum and length
+    checked, sections not): for sizing buffers before a decode, which
+    verifies everything."""
+    return _describe(_native.load().kvtier_chunk_header, chunk)
+
+
 def decode_chunk_into(chunk, k_address: int, v_address: int,
                       layers: Optional[Tuple[int, int]] = None) -> ChunkInfo:
     """decode_chunk into raw addresses (for tensors: data_ptr()) of
-    (layer_end - layer_begin) * tokens * heads * head_dim elements each."""
-    info = inspect_chunk(chunk)
+    (layer_end - layer_begin) * tokens * heads * head_dim elements each.
+    Verifies the chunk (header and both checksums) as it decodes."""
+    info = read_header(chunk)
     begin, end = (0, info.num_layers) if layers is None else layers
     per_layer = info.num_tokens * info.num_kv_heads * info.head_dim
     addr, n, keep = _native.buffer_address(chunk)
@@ -139,7 +151,7 @@ def decode_chunk(chunk, layers: Optional[Tuple[int, int]] = None
     """Verifies and decodes a chunk: (info, K, V), K and V as bytearrays of
     16-bit elements of info.dtype, [layers][tokens][kv_heads][head_dim].
     `layers` = (begin, end) decodes only those layers."""
-    info = inspect_chunk(chunk)
+    info = read_header(chunk)
     begin, end = (0, info.num_layers) if layers is None else layers
     if not 0 <= begin < end <= info.num_layers:
         raise InvalidArgument(3, f"layer range [{begin}, {end}) is not within the chunk's "

@@ -62,7 +62,7 @@ def decode_chunk(chunk, layers: Optional[Tuple[int, int]] = None
     """Verifies and decodes a chunk into CPU tensors K and V [layers, tokens,
     kv_heads, head_dim] of the chunk's dtype; `layers` = (begin, end) decodes
     only those layers. InvalidArgument / DataLoss for bad bytes."""
-    info = _codec.inspect_chunk(chunk)
+    info = _codec.read_header(chunk)  # sizes the tensors; the decode verifies
     begin, end = (0, info.num_layers) if layers is None else layers
     if not 0 <= begin < end <= info.num_layers:
         raise ValueError(f"layer range [{begin}, {end}) is not within the chunk's "
