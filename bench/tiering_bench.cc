@@ -390,7 +390,7 @@ TraceResult RunTrace(EvictionPolicyKind kind, const std::vector<std::pair<uint64
   tiers.dram = DramTier::Open({.capacity_bytes = uint64_t(ws * g_knobs.dram_fraction) * alloc, .populate = false}).value();
   tiers.nvme = NvmeTier::Open({.dir = index_dir, .capacity_bytes = uint64_t(ws * g_knobs.nvme_fraction) * alloc, .env = &mem}).value();
   PlacementEngineOptions eo = g_knobs.engine;
-  eo.eviction = kind;
+  eo.eviction = {.all = kind};
   eo.maintenance_interval_ms = 0;
   auto e = PlacementEngine::Create(eo, std::move(tiers)).value();
   std::vector<uint8_t> out(chunk.size());
@@ -417,7 +417,7 @@ std::string Trace() {
      << ", \"nvme_fraction\": " << g_knobs.nvme_fraction << ", \"nvme_admit_after_uses\": "
      << o.nvme_admit_after_uses << ", \"admission_history\": " << o.admission_history
      << ", \"s3fifo_small_fraction\": " << o.eviction_options.s3fifo_small_fraction
-     << ", \"default_policy\": \"" << EvictionPolicyName(PlacementEngineOptions{}.eviction) << "\"";
+     << ", \"default_policy\": \"" << EvictionPolicySpecName(PlacementEngineOptions{}.eviction) << "\"";
   for (auto kind : g_knobs.kinds) {
     TraceResult r = RunTrace(kind, trace, ws, chunk, "/dev/shm/kvtier-bench-trace-index");
     js << ",\n    \"" << EvictionPolicyName(kind) << "\": {\"gets\": " << r.gets

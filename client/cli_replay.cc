@@ -62,7 +62,7 @@ absl::StatusOr<Setup> Prepare(const ReplayArgs& a) {
   KVTIER_ASSIGN_OR_RETURN(codec::ChunkLayout layout, codec::ValidateSpec(s.options.chunk));
   s.chunk_bytes = layout.total_bytes;
   if (!a.policy.empty()) {
-    KVTIER_ASSIGN_OR_RETURN(s.options.engine.eviction, tiering::ParseEvictionPolicy(a.policy));
+    KVTIER_ASSIGN_OR_RETURN(s.options.engine.eviction, tiering::ParseEvictionPolicySpec(a.policy));
   }
   if (a.nvme_admit_after_uses == 0) return absl::InvalidArgumentError("--nvme-admit-after must be at least 1");
   s.options.engine.nvme_admit_after_uses = a.nvme_admit_after_uses;
@@ -212,7 +212,7 @@ absl::Status RunReplay(const ReplayArgs& a) {
   o.nvme_bytes = nvme.empty() ? 0 : nvme[0];
   KVTIER_ASSIGN_OR_RETURN(rp::ReplayResult policy, rp::ReplayTrace(s.trace, o));
   rp::ReplayOptions lo = o;
-  lo.engine.eviction = tiering::EvictionPolicyKind::kLru;
+  lo.engine.eviction = {.all = tiering::EvictionPolicyKind::kLru};
   KVTIER_ASSIGN_OR_RETURN(rp::ReplayResult lru, rp::ReplayTrace(s.trace, lo));
   rp::ReplayResult belady = rp::BeladyReplay(s.trace, o);
   if (a.json) {
@@ -296,7 +296,7 @@ void AddCommon(CLI::App* cmd, ReplayArgs& a) {
   cmd->add_option("--model", a.model, "model preset (kvtier models)")->capture_default_str();
   cmd->add_option("--codec", a.codec, "codec: k16v16, k16v8, k8v8, ...")->capture_default_str();
   cmd->add_option("--block-tokens", a.block_tokens, "tokens per trace block (one chunk)")->capture_default_str();
-  cmd->add_option("--policy", a.policy, "eviction policy: lru, s3fifo, arc, flru (default: the engine's)");
+  cmd->add_option("--policy", a.policy, "eviction policy: lru, s3fifo, arc, flru, or per tier (\"flru,nvme=lru\") (default: the engine's)");
   cmd->add_option("--nvme-admit-after", a.nvme_admit_after_uses,
                   "uses before a chunk evicted from DRAM is written to NVMe")
       ->capture_default_str();

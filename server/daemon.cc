@@ -194,7 +194,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   tiering::PlacementEngineOptions eo;
   eo.default_lease_ms = options.default_lease_ms;
   eo.nvme_admit_after_uses = options.nvme_admit_after_uses;
-  KVTIER_ASSIGN_OR_RETURN(eo.eviction, tiering::ParseEvictionPolicy(options.eviction));
+  KVTIER_ASSIGN_OR_RETURN(eo.eviction, tiering::ParseEvictionPolicySpec(options.eviction));
   if (tiers.dram != nullptr) {
     eo.max_held_bytes = std::max<uint64_t>(
         1, static_cast<uint64_t>(options.max_held_share *

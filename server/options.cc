@@ -66,7 +66,7 @@ void RegisterDaemonFlags(CLI::App& app, DaemonOptions* o) {
       ->capture_default_str();
   app.add_option("--nvme-admit-after-uses", o->nvme_admit_after_uses,
                  "uses before a DRAM-evicted chunk is written to NVMe")->capture_default_str();
-  app.add_option("--eviction", o->eviction, "eviction policy of every tier: lru, s3fifo, arc or flru")
+  app.add_option("--eviction", o->eviction, "eviction policy: lru, s3fifo, arc or flru for every tier, or per tier (\"flru,nvme=lru\")")
       ->capture_default_str();
   app.add_option("--shutdown-grace-s", o->shutdown_grace_s, "seconds SIGTERM waits for in-flight requests")
       ->capture_default_str();
@@ -191,7 +191,7 @@ absl::Status ValidateDaemonOptions(const DaemonOptions& o) {
     return absl::InvalidArgumentError("need a DRAM or an NVMe tier");
   }
   if (o.data_dir.empty()) return absl::InvalidArgumentError("--data-dir is empty");
-  if (auto e = tiering::ParseEvictionPolicy(o.eviction); !e.ok()) {
+  if (auto e = tiering::ParseEvictionPolicySpec(o.eviction); !e.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("--eviction: ", e.status().message()));
   }
   if (!o.listen_tcp.empty() && o.token_file.empty()) {

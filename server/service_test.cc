@@ -555,7 +555,7 @@ TEST(DaemonOptions, ValidationRequiresATokenForTcp) {
 TEST(DaemonOptions, EvictionNamesAPolicy) {
   DaemonOptions o;
   EXPECT_EQ(o.eviction, "s3fifo");
-  for (const char* name : {"lru", "s3fifo", "arc", "flru"}) {
+  for (const char* name : {"lru", "s3fifo", "arc", "flru", "flru,nvme=lru", "dram=arc"}) {
     o.eviction = name;
     EXPECT_TRUE(ValidateDaemonOptions(o).ok()) << name;
   }

@@ -8,7 +8,10 @@
 #include <string>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/strings.h"
 
 namespace kvtier::tiering {
 
@@ -33,6 +36,50 @@ absl::StatusOr<EvictionPolicyKind> ParseEvictionPolicy(std::string_view name) {
   }
   return absl::InvalidArgumentError(absl::StrCat("unknown eviction policy \"", std::string(name),
                                                  "\" (lru, s3fifo, arc, flru)"));
+}
+
+absl::StatusOr<EvictionPolicySpec> ParseEvictionPolicySpec(std::string_view spec,
+                                                         EvictionPolicyKind fallback) {
+  EvictionPolicySpec out;
+  out.all = fallback;
+  bool have_all = false;
+  for (absl::string_view piece : absl::StrSplit(AsAbsl(spec), ',')) {
+    std::string_view item = AsStd(absl::StripAsciiWhitespace(piece));
+    auto bad = [&](std::string_view why) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("eviction \"", std::string(spec), "\": item \"", std::string(item), "\": ", std::string(why)));
+    };
+    if (item.empty()) return bad("empty (POLICY or TIER=POLICY)");
+    size_t eq = item.find('=');
+    absl::StatusOr<EvictionPolicyKind> kind =
+        ParseEvictionPolicy(AsStd(absl::StripAsciiWhitespace(AsAbsl(eq == item.npos ? item : item.substr(eq + 1)))));
+    if (!kind.ok()) return bad(AsStd(kind.status().message()));
+    if (eq == item.npos) {
+      if (have_all) return bad("a second policy for every tier");
+      have_all = true;
+      out.all = *kind;
+      continue;
+    }
+    std::string_view tier = AsStd(absl::StripAsciiWhitespace(AsAbsl(item.substr(0, eq))));
+    std::optional<int> index;
+    for (int k = 0; k < kNumTierKinds; ++k) {
+      if (tier == TierName(static_cast<TierKind>(k))) index = k;
+    }
+    if (!index) return bad("unknown tier (hbm, dram, nvme, remote)");
+    if (out.tier[*index]) return bad("the tier's policy is given twice");
+    out.tier[*index] = *kind;
+  }
+  return out;
+}
+
+std::string EvictionPolicySpecName(const EvictionPolicySpec& s) {
+  std::string out = EvictionPolicyName(s.all);
+  for (int k = 0; k < kNumTierKinds; ++k) {
+    if (s.tier[k] && *s.tier[k] != s.all) {
+      absl::StrAppend(&out, ",", TierName(static_cast<TierKind>(k)), "=", EvictionPolicyName(*s.tier[k]));
+    }
+  }
+  return out;
 }
 
 namespace {

@@ -24,11 +24,13 @@
 #ifndef KVTIER_TIERING_EVICTION_H_
 #define KVTIER_TIERING_EVICTION_H_
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <list>
 #include <memory>
 #include <optional>
+#include <string>
 #include <string_view>
 
 #include "absl/container/flat_hash_map.h"
@@ -43,6 +45,27 @@ const char* EvictionPolicyName(EvictionPolicyKind k);
 // The kind named `name` (EvictionPolicyName's names). InvalidArgument
 // listing the names otherwise.
 absl::StatusOr<EvictionPolicyKind> ParseEvictionPolicy(std::string_view name);
+
+// The eviction policy of each tier: one for every tier and per-tier
+// overrides. A tier's best policy depends on what reaches it: DRAM sees every
+// put (most chunks are read once), NVMe only what DRAM evicted and admission
+// let through.
+struct EvictionPolicySpec {
+  EvictionPolicyKind all = EvictionPolicyKind::kS3Fifo;
+  std::array<std::optional<EvictionPolicyKind>, kNumTierKinds> tier{};
+
+  EvictionPolicyKind For(TierKind k) const { return tier[static_cast<int>(k)].value_or(all); }
+};
+// "POLICY", or a comma-separated list of POLICY and TIER=POLICY items
+// ("flru,nvme=lru", "dram=flru"): a bare policy sets every tier (`fallback`
+// where the list has none), TIER=POLICY one tier. InvalidArgument naming
+// the bad item for an unknown policy or tier, an empty item, or a tier or
+// bare policy given twice.
+absl::StatusOr<EvictionPolicySpec> ParseEvictionPolicySpec(
+    std::string_view spec, EvictionPolicyKind fallback = EvictionPolicyKind::kS3Fifo);
+// `s` in ParseEvictionPolicySpec's form: "flru", or "flru,nvme=lru" with
+// the overrides that differ from the bare policy, in tier order.
+std::string EvictionPolicySpecName(const EvictionPolicySpec& s);
 
 struct EvictionOptions {
   // S3-FIFO: the small (probationary) queue's share of the capacity. A new

@@ -106,7 +106,7 @@ PlacementEngine::PlacementEngine(const PlacementEngineOptions& o, EngineTiers ti
   tiers_[static_cast<int>(TierKind::kRemote)] = remote_;
   absl::MutexLock l(&mu_);
   for (int k = 0; k < kNumTierKinds; ++k) {
-    if (tiers_[k]) policies_[k] = NewEvictionPolicy(o.eviction, tiers_[k]->capacity_bytes(), o.eviction_options);
+    if (tiers_[k]) policies_[k] = NewEvictionPolicy(o.eviction.For(static_cast<TierKind>(k)), tiers_[k]->capacity_bytes(), o.eviction_options);
   }
 }
 

@@ -66,8 +66,9 @@ struct PrefixLoadEstimate {
 };
 
 struct PlacementEngineOptions {
-  // Eviction policy of every tier. Default: kS3Fifo
-  EvictionPolicyKind eviction = EvictionPolicyKind::kS3Fifo;
+  // Eviction policy of each tier (one for all, per-tier overrides).
+  // Default: kS3Fifo in every tier
+  EvictionPolicySpec eviction;
   // Tuning of the eviction policies (e.g. S3-FIFO's small-queue share).
   // Default: EvictionOptions{}
   EvictionOptions eviction_options;

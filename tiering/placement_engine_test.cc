@@ -449,7 +449,7 @@ TEST(PlacementEngine, SharedReadsKeepAChunkHotAndAreCounted) {
 // hit.
 TEST(PlacementEngine, SharedReadCountsTowardsNvmeAdmissionAndScratchReadsCountOnce) {
   TempDir dir;
-  auto e = MakeEngine(dir, {.options = {.eviction = EvictionPolicyKind::kLru,
+  auto e = MakeEngine(dir, {.options = {.eviction = {.all = EvictionPolicyKind::kLru},
                                         .maintenance_interval_ms = 0}});
   const auto c = MakeChunk(1);
   ASSERT_TRUE(e->Put(KeyOf(1), c).ok());

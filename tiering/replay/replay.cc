@@ -139,7 +139,7 @@ absl::StatusOr<ReplayResult> ReplayTrace(const Trace& trace, const ReplayOptions
   const double rate = options.prefill_tokens_per_s;
   const LoadCostModel& cost = eo.load_cost;
 
-  ReplayResult r = StartResult(EvictionPolicyName(eo.eviction), trace, options, n, aligned);
+  ReplayResult r = StartResult(EvictionPolicySpecName(eo.eviction), trace, options, n, aligned);
   const size_t count = r.requests;
   std::vector<double> ttft;
   ttft.reserve(count);

@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -32,7 +33,7 @@ ReplayOptions Options(uint64_t dram_chunks, uint64_t nvme_chunks, EvictionPolicy
   o.chunk = SmallChunk();
   o.dram_bytes = dram_chunks * Aligned();
   o.nvme_bytes = nvme_chunks * Aligned();
-  o.engine.eviction = kind;
+  o.engine.eviction.all = kind;
   return o;
 }
 
@@ -159,6 +160,73 @@ TEST(PlanCapacity, SweepsTheGridAndDrawsIt) {
   size_t lines = 0;
   for (size_t at = svg.find("<polyline"); at != std::string::npos; at = svg.find("<polyline", at + 1)) ++lines;
   EXPECT_EQ(lines, 3u);
+}
+
+// Hot blocks read by every other request, the others each reading new
+// blocks (one-use scans longer than the cache): LRU loses the hot blocks to
+// every scan; FLRU (with a bonus) keeps them.
+std::string HotAndScans(int requests) {
+  std::string text;
+  uint64_t next = 4;
+  for (int r = 0; r < requests; ++r) {
+    std::string ids = r % 2 == 0 ? "0, 1, 2, 3" : "";
+    if (r % 2 == 1) {
+      for (int i = 0; i < 24; ++i) absl::StrAppend(&ids, i ? ", " : "", next++);
+    }
+    absl::StrAppend(&text, "{\"timestamp\": ", r, ", \"hash_ids\": [", ids, "]}\n");
+  }
+  return text;
+}
+
+TEST(ReplayTrace, EachTierRunsItsOwnPolicy) {
+  const Trace t = MakeTrace(HotAndScans(2000));
+  auto prefix_hits = [&](EvictionPolicySpec spec, uint64_t nvme_chunks) {
+    ReplayOptions o = Options(20, nvme_chunks, EvictionPolicyKind::kLru);
+    o.engine.eviction = spec;
+    // FLRU's bonus from the start (its miniature caches need a larger tier).
+    o.engine.eviction_options.flru_bonus = 1.0;
+    auto r = ReplayTrace(t, o);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? r->prefix_hits : 0;
+  };
+  const uint64_t lru = prefix_hits({.all = EvictionPolicyKind::kLru}, 0);
+  const uint64_t flru = prefix_hits({.all = EvictionPolicyKind::kFreqLru}, 0);
+  ASSERT_GT(flru, lru);
+  EvictionPolicySpec dram_flru{.all = EvictionPolicyKind::kLru};
+  dram_flru.tier[static_cast<int>(TierKind::kDram)] = EvictionPolicyKind::kFreqLru;
+  EvictionPolicySpec nvme_flru{.all = EvictionPolicyKind::kLru};
+  nvme_flru.tier[static_cast<int>(TierKind::kNvme)] = EvictionPolicyKind::kFreqLru;
+  EXPECT_EQ(prefix_hits(dram_flru, 0), flru);  // DRAM's override is DRAM's policy
+  EXPECT_EQ(prefix_hits(nvme_flru, 0), lru);   // an override of a tier not there does nothing
+}
+
+TEST(EvictionPolicySpec, ParsesOnePolicyOrOnePerTier) {
+  auto all = ParseEvictionPolicySpec("flru");
+  ASSERT_TRUE(all.ok()) << all.status();
+  for (int k = 0; k < kNumTierKinds; ++k) {
+    EXPECT_EQ(all->For(static_cast<TierKind>(k)), EvictionPolicyKind::kFreqLru);
+  }
+  auto mixed = ParseEvictionPolicySpec(" flru , nvme = lru ");
+  ASSERT_TRUE(mixed.ok()) << mixed.status();
+  EXPECT_EQ(mixed->For(TierKind::kDram), EvictionPolicyKind::kFreqLru);
+  EXPECT_EQ(mixed->For(TierKind::kNvme), EvictionPolicyKind::kLru);
+  EXPECT_EQ(EvictionPolicySpecName(*mixed), "flru,nvme=lru");
+  auto tier_only = ParseEvictionPolicySpec("dram=arc", EvictionPolicyKind::kS3Fifo);
+  ASSERT_TRUE(tier_only.ok()) << tier_only.status();
+  EXPECT_EQ(tier_only->For(TierKind::kDram), EvictionPolicyKind::kArc);
+  EXPECT_EQ(tier_only->For(TierKind::kNvme), EvictionPolicyKind::kS3Fifo);
+  EXPECT_EQ(EvictionPolicySpecName(*tier_only), "s3fifo,dram=arc");
+  // An override equal to the bare policy is left out of the name.
+  EXPECT_EQ(EvictionPolicySpecName(*ParseEvictionPolicySpec("lru,hbm=lru")), "lru");
+
+  for (const char* bad : {"", "flru,", ",flru", "nvme=lfu", "disk=lru", "flru,lru", "nvme=lru,nvme=arc",
+                          "=lru", "nvme=", "flru;nvme=lru"}) {
+    absl::Status st = ParseEvictionPolicySpec(bad).status();
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(std::string(st.message()), ::testing::HasSubstr("eviction")) << bad;
+  }
+  EXPECT_THAT(std::string(ParseEvictionPolicySpec("disk=lru").status().message()),
+              ::testing::HasSubstr("unknown tier"));
 }
 
 }  // namespace
