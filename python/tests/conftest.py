@@ -3,12 +3,14 @@ socket (started from $KVTIERD, which ctest sets, or the repo's build
 folders), killed at the end of each test that uses it."""
 from __future__ import annotations
 
+import ctypes
 import glob
 import os
 import signal
 import subprocess
 import sys
 import time
+import warnings
 
 import pytest
 
@@ -83,3 +85,19 @@ def daemon(tmp_path):
 @pytest.fixture
 def kvtier_cli():
     return _binary("KVTIER_CLI", "client/kvtier")
+
+
+def corrupt_in_pool(client, key) -> None:
+    """Flips one payload byte of a stored chunk in place in the daemon's
+    shared-memory pool (bit rot in DRAM), through the client's mapping."""
+    import torch
+    with client.get(key) as chunk:
+        assert client.uses_shared_memory
+        # The view is read-only, the pool mapping under it is MAP_SHARED read-write.
+        with warnings.catch_warnings():  # torch warns that the view is not writable
+            warnings.simplefilter("ignore", UserWarning)
+            view = torch.frombuffer(chunk.data, dtype=torch.uint8)
+        address = view.data_ptr()
+        del view
+        byte = ctypes.c_ubyte.from_address(address + len(chunk.data) - 80)  # V payload
+        byte.value ^= 0x40
