@@ -76,10 +76,14 @@ class KvtierConnectorMetadata(KVConnectorMetadata):
 
 @dataclasses.dataclass
 class _Candidate:
+    """A request's lookup: chunks [first_chunk, chunks) are to be loaded, the
+    first ``hits`` are in kvtierd (and are not saved again); ``loading`` maps
+    each chunk being loaded to its blocks."""
     first_chunk: int
     chunks: int
     hits: int
     keys: list
+    loading: dict = dataclasses.field(default_factory=dict)
 
 
 def _model_dtype(vllm_config: "VllmConfig") -> torch.dtype:
@@ -172,8 +176,21 @@ class KvtierConnector(KVConnectorBase_V1):
         per = self.chunk_tokens // self.block_size
         last = cand.first_chunk + num_external_tokens // self.chunk_tokens
         chunks = range(cand.first_chunk, last)
+        cand.loading = {c: list(block_ids[c * per:(c + 1) * per]) for c in chunks}
         self._loads.append(ChunkJob(request.request_id, [cand.keys[c] for c in chunks],
-                                    [list(block_ids[c * per:(c + 1) * per]) for c in chunks]))
+                                    list(cand.loading.values())))
+
+    def update_connector_output(self, connector_output) -> None:
+        """A chunk that failed to load is no longer counted as held by kvtierd
+        (it was missing or corrupt, and kvtierd dropped it), so the request
+        saves it again when it finishes."""
+        bad = set(getattr(connector_output, "invalid_block_ids", None) or ())
+        if not bad:
+            return
+        for cand in self._candidates.values():
+            failed = [c for c, ids in cand.loading.items() if bad.intersection(ids)]
+            if failed:
+                cand.hits = min(cand.hits, min(failed))
 
     def build_connector_meta(self, scheduler_output: "SchedulerOutput") -> KVConnectorMetadata:
         meta = KvtierConnectorMetadata(loads=self._loads, saves=self._saves)
