@@ -22,7 +22,6 @@ from kvtier import engine
 from kvtier.sglang import KvtierHiCacheStorage
 
 LAYERS, HEADS, DIM, PAGE = 2, 2, 16, 16
-DEVICE_TOKENS = 8 * PAGE
 
 
 @pytest.fixture
@@ -32,55 +31,57 @@ def kvtierd(tmp_path):
     d.kill()
 
 
-def host_pool(layout: str, seed: int = 0) -> MHATokenToKVPoolHost:
-    """SGLang's MHA host pool on the CPU, filled with integer-valued random KV."""
-    k = tuple(torch.zeros(DEVICE_TOKENS + PAGE, HEADS, DIM, dtype=torch.bfloat16)
-              for _ in range(LAYERS))
+def host_pool(layout: str, seed: int = 0, page: int = PAGE, layers: int = LAYERS,
+              heads: int = HEADS, dim: int = DIM) -> MHATokenToKVPoolHost:
+    """SGLang's MHA host pool on the CPU (8 device pages, twice that on the host),
+    filled with integer-valued random KV."""
+    k = tuple(torch.zeros(9 * page, heads, dim, dtype=torch.bfloat16) for _ in range(layers))
     v = tuple(torch.zeros_like(t) for t in k)
     ptrs = lambda ts: torch.tensor([t.data_ptr() for t in ts], dtype=torch.uint64)  # noqa: E731
     info = MHABufferInfo(buffers=KVBuffers(k=k, v=v, k_data_ptrs=ptrs(k), v_data_ptrs=ptrs(v),
                                            layout=KVBufferLayout.NHD),
-                         page_size=PAGE, head_num=HEADS, head_dim=DIM, v_head_dim=DIM,
+                         page_size=page, head_num=heads, head_dim=dim, v_head_dim=dim,
                          dtype=torch.bfloat16, device=torch.device("cpu"))
-    pool = MHATokenToKVPoolHost(info, host_to_device_ratio=2.0, host_size=0, page_size=PAGE,
+    pool = MHATokenToKVPoolHost(info, host_to_device_ratio=2.0, host_size=0, page_size=page,
                                 layout=layout, pin_memory=False, device="cpu",
-                                device_capacity_tokens=DEVICE_TOKENS, start_layer=0,
-                                end_layer=LAYERS)
+                                device_capacity_tokens=8 * page, start_layer=0, end_layer=layers)
     g = torch.Generator().manual_seed(seed)
     pool.kv_buffer.copy_(torch.randint(-100, 100, pool.kv_buffer.shape, generator=g))
     return pool
 
 
-def storage_config(d, **extra) -> HiCacheStorageConfig:
+def storage_config(d, model_name: str = "tiny/model", **extra) -> HiCacheStorageConfig:
     return HiCacheStorageConfig(
         tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
         is_mla_model=False, enable_storage_metrics=True, is_page_first_layout=True,
-        model_name="tiny/model",
+        model_name=model_name,
         extra_config={"backend_name": "kvtier", "module_path": "kvtier.sglang",
                       "class_name": "KvtierHiCacheStorage", "interface_v1": 1,
                       "socket": d.socket, "codec": "k16v16", **extra})
 
 
-def backend(d, pool, **extra) -> KvtierHiCacheStorage:
+def backend(d, pool, model_name: str = "tiny/model", **extra) -> KvtierHiCacheStorage:
     """The backend as SGLang makes it: the "dynamic" factory path, then the host pool."""
-    b = StorageBackendFactory.create_backend("dynamic", storage_config(d, **extra), pool)
+    b = StorageBackendFactory.create_backend("dynamic", storage_config(d, model_name, **extra),
+                                             pool)
     b.register_mem_pool_host(pool)
     return b
 
 
 def page_kv(pool, index: int):
     """K and V [layers, page, heads, dim] of the host page at token ``index`` (copies)."""
-    buf = pool.kv_buffer
+    buf, ps = pool.kv_buffer, pool.page_size
     if pool.layout == "layer_first":
-        return buf[0, :, index:index + PAGE].clone(), buf[1, :, index:index + PAGE].clone()
+        return buf[0, :, index:index + ps].clone(), buf[1, :, index:index + ps].clone()
     if pool.layout == "page_first":
-        return (buf[0, index:index + PAGE].transpose(0, 1).clone(),
-                buf[1, index:index + PAGE].transpose(0, 1).clone())
-    return buf[0, index // PAGE].clone(), buf[1, index // PAGE].clone()
+        return (buf[0, index:index + ps].transpose(0, 1).clone(),
+                buf[1, index:index + ps].transpose(0, 1).clone())
+    return buf[0, index // ps].clone(), buf[1, index // ps].clone()
 
 
-def indices(pages) -> torch.Tensor:
-    return torch.cat([torch.arange(p * PAGE, (p + 1) * PAGE) for p in pages])
+def indices(pages, page: int = PAGE) -> torch.Tensor:
+    """SGLang's host indices of whole pages: every token slot of each page."""
+    return torch.cat([torch.arange(p * page, (p + 1) * page) for p in pages])
 
 
 @pytest.mark.parametrize("layout", ["page_first", "page_first_direct", "layer_first"])
