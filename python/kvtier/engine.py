@@ -190,8 +190,9 @@ class BoundedLookup:
     ``plan`` returns None (a miss) when kvtierd does not answer within
     ``timeout_ms``, cannot be reached or fails; for ``retry_after_ms`` after
     that every call is a miss without asking, and while an earlier call is
-    still stuck in kvtierd no new one is started. The client is made on first
-    use and again after a failure. Thread-safe.
+    still stuck in kvtierd no new one is started. The client connects in the
+    background from construction on (the first call waits for that within its
+    deadline), and again on the call after a failure. Thread-safe.
     """
 
     def __init__(self, connect: Callable[[int], kvtier.Client], timeout_ms: int,
@@ -208,6 +209,13 @@ class BoundedLookup:
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kvtier-lookup")
         #: misses by cause: "timeout", "error", "backoff", "busy".
         self.misses: dict = {"timeout": 0, "error": 0, "backoff": 0, "busy": 0}
+        self._pending = self._warming = self._pool.submit(self._warm_up)
+
+    def _warm_up(self) -> None:
+        try:
+            self._client = self._connect(self._timeout_ms)
+        except (kvtier.KvtierError, OSError) as e:
+            logger.warning("kvtier: cannot reach kvtierd yet (%s); lookups retry", e)
 
     def _run(self, keys, prefill_tokens_per_s, tokens_per_chunk) -> kvtier.LoadPlan:
         client = self._client
@@ -230,6 +238,11 @@ class BoundedLookup:
         """The load plan of ``keys``, or None for a miss (see the class comment)."""
         if not keys:
             return None
+        deadline = self._clock() + self._timeout_s
+        warming = self._warming
+        if warming is not None:
+            concurrent.futures.wait([warming], timeout=self._timeout_s)
+            self._warming = None
         with self._mu:
             if self._pending is not None and not self._pending.done():
                 self.misses["busy"] += 1
@@ -240,7 +253,7 @@ class BoundedLookup:
             fut = self._pending = self._pool.submit(self._run, list(keys),
                                                     prefill_tokens_per_s, tokens_per_chunk)
         try:
-            result = fut.result(timeout=self._timeout_s)
+            result = fut.result(timeout=max(0.0, deadline - self._clock()))
         except concurrent.futures.TimeoutError:
             with self._mu:
                 self.misses["timeout"] += 1

@@ -101,3 +101,16 @@ def corrupt_in_pool(client, key) -> None:
         del view
         byte = ctypes.c_ubyte.from_address(address + len(chunk.data) - 80)  # V payload
         byte.value ^= 0x40
+
+
+def eventually(check, timeout_s: float = 20.0, every_s: float = 0.1):
+    """Calls ``check`` until it returns a true value (returned) or ``timeout_s``
+    passes (AssertionError): for a client's first call on a loaded machine."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = check()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{check} stayed false for {timeout_s}s")
+        time.sleep(every_s)

@@ -17,7 +17,7 @@ from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
 from sglang.srt.mem_cache.storage import StorageBackendFactory
 
 import kvtier
-from conftest import Daemon, corrupt_in_pool
+from conftest import Daemon, corrupt_in_pool, eventually
 from kvtier import engine
 from kvtier.sglang import KvtierHiCacheStorage
 
@@ -57,7 +57,8 @@ def storage_config(d, model_name: str = "tiny/model", **extra) -> HiCacheStorage
         model_name=model_name,
         extra_config={"backend_name": "kvtier", "module_path": "kvtier.sglang",
                       "class_name": "KvtierHiCacheStorage", "interface_v1": 1,
-                      "socket": d.socket, "codec": "k16v16", **extra})
+                      "socket": d.socket, "codec": "k16v16",
+                      "lookup_timeout_ms": 10000, **extra})
 
 
 def backend(d, pool, model_name: str = "tiny/model", **extra) -> KvtierHiCacheStorage:
@@ -135,10 +136,10 @@ def test_missing_corrupt_and_foreign_pages_are_false(kvtierd):
 
 
 def test_a_stopped_daemon_is_a_bounded_miss(kvtierd):
-    b = backend(kvtierd, host_pool("page_first"), lookup_timeout_ms=300)
+    b = backend(kvtierd, host_pool("page_first"), lookup_timeout_ms=300, retry_after_ms=0)
     keys = [f"{i:064x}" for i in range(20, 22)]
     b.batch_set_v1(keys, indices([0, 1]))
-    assert b.batch_exists(keys) == 2
+    eventually(lambda: b.batch_exists(keys) == 2)  # connected
     os.kill(kvtierd.proc.pid, signal.SIGSTOP)
     try:
         t0 = time.monotonic()

@@ -28,7 +28,7 @@ from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
 
 import kvtier
-from conftest import Daemon, corrupt_in_pool
+from conftest import Daemon, corrupt_in_pool, eventually
 from kvtier import engine
 from kvtier.vllm import KvtierConnector
 
@@ -182,7 +182,7 @@ def kvtierd(tmp_path):
 
 def _extra(d, **kw):
     return {"socket": d.socket, "codec": "k16v16", "chunk_tokens": CHUNK,
-            "lookup_timeout_ms": 2000, **kw}
+            "lookup_timeout_ms": 10000, **kw}
 
 
 def _prompt(n: int, salt: int) -> list:
@@ -302,9 +302,10 @@ def test_a_bad_chunk_is_a_load_error_and_is_recomputed(model_dir, kvtierd, fault
 def test_a_stopped_daemon_costs_the_timeout_and_is_a_miss(model_dir, kvtierd):
     tokens = _prompt(3 * CHUNK + 5, 6)
     _save_prompt(model_dir, kvtierd, tokens)
-    eng = Engine(model_dir, _extra(kvtierd, lookup_timeout_ms=300, retry_after_ms=60000))
-    eng.scheduler.add_request(make_request("warm", _prompt(CHUNK + 1, 7)))
-    eng.step()  # connects the scheduler's lookup client
+    eng = Engine(model_dir, _extra(kvtierd, lookup_timeout_ms=300, retry_after_ms=0))
+    lookup = eng.connector().lookup
+    eventually(lambda: lookup.plan([bytes(16)], 0.0, CHUNK))  # connects its client
+    lookup.misses = dict.fromkeys(lookup.misses, 0)
     os.kill(kvtierd.proc.pid, signal.SIGSTOP)
     try:
         eng.scheduler.add_request(make_request("r", tokens))
@@ -314,7 +315,7 @@ def test_a_stopped_daemon_costs_the_timeout_and_is_a_miss(model_dir, kvtierd):
         assert took < 1.5, took
         new = [r for r in out.scheduled_new_reqs if r.req_id == "r"][0]
         assert new.num_computed_tokens == 0 and out.num_scheduled_tokens["r"] == len(tokens)
-        assert eng.connector().lookup.misses["timeout"] == 1
+        assert lookup.misses["timeout"] == 1
     finally:
         os.kill(kvtierd.proc.pid, signal.SIGCONT)
     eng.connector().shutdown()
