@@ -126,10 +126,30 @@ class KvtierHiCacheStorage(HiCacheStorage):
 
     # ---- zero-copy batches ----------------------------------------------------------------
 
-    def _record(self, kind: str, pages: int, nbytes: int, seconds: float) -> None:
+    def _batch(self, kind: str, page_op, keys: List[str], host_indices,
+               misses: tuple = ()) -> List[bool]:
+        """Runs ``page_op(kvtier_key, host_index) -> bytes moved`` on every page and
+        records the batch in the StorageMetrics of ``kind`` ("prefetch" / "backup").
+        A page that fails with one of ``misses`` is False (logged at debug level);
+        any other kvtier failure is False, logged and counted in ``errors``."""
+        self._require_pool()
+        start, nbytes, results = time.monotonic(), 0, []
+        for i, key in enumerate(keys):
+            try:
+                nbytes += page_op(self.kvtier_key(key), int(host_indices[i * self.page_size]))
+                results.append(True)
+            except misses as e:
+                logger.debug("kvtier: %s of page %s failed: %s", kind, key, e)
+                results.append(False)
+            except kvtier.KvtierError as e:
+                self.errors += 1
+                logger.warning("kvtier: %s of page %s failed: %s", kind, key, e)
+                results.append(False)
         with self._mu:
-            self._metrics[f"{kind}_pgs"].append(pages)
-            self._metrics[f"{kind}_bandwidth"].append(nbytes / max(seconds, 1e-9) / 1e9)
+            self._metrics[f"{kind}_pgs"].append(sum(results))
+            seconds = max(time.monotonic() - start, 1e-9)
+            self._metrics[f"{kind}_bandwidth"].append(nbytes / seconds / 1e9)
+        return results
 
     def _load_page(self, key: bytes, index: int) -> int:
         k_view, v_view = self._page(index)
@@ -154,47 +174,21 @@ class KvtierHiCacheStorage(HiCacheStorage):
                      extra_info: Any = None) -> List[bool]:
         """Decodes page i of ``keys`` into the host page at ``host_indices[i * page_size]``.
         A missing, corrupt or foreign chunk is False (and kvtierd drops a corrupt one)."""
-        self._require_pool()
-        start, nbytes, results = time.monotonic(), 0, []
-        for i, key in enumerate(keys):
-            try:
-                nbytes += self._load_page(self.kvtier_key(key), int(host_indices[i * self.page_size]))
-                results.append(True)
-            except engine.UNUSABLE as e:
-                logger.debug("kvtier: page %s not loaded: %s", key, e)
-                results.append(False)
-            except kvtier.KvtierError as e:
-                self.errors += 1
-                logger.warning("kvtier: page %s not loaded: %s", key, e)
-                results.append(False)
-        self._record("prefetch", sum(results), nbytes, time.monotonic() - start)
-        return results
+        return self._batch("prefetch", self._load_page, keys, host_indices, engine.UNUSABLE)
 
     def _store_page(self, key: bytes, index: int) -> int:
         k_view, v_view = self._page(index)
         chunk = kvtier.torch.encode_chunk(self._fingerprint, k_view, v_view, self.settings.codec,
                                           self.page_size)
         self.client.put(key, chunk)
+        with self._mu:
+            self._written.add(key)
         return len(chunk)
 
     def batch_set_v1(self, keys: List[str], host_indices: torch.Tensor,
                      extra_info: Any = None) -> List[bool]:
         """Encodes the host page at ``host_indices[i * page_size]`` and stores it as page i."""
-        self._require_pool()
-        start, nbytes, results = time.monotonic(), 0, []
-        for i, key in enumerate(keys):
-            k = self.kvtier_key(key)
-            try:
-                nbytes += self._store_page(k, int(host_indices[i * self.page_size]))
-                with self._mu:
-                    self._written.add(k)
-                results.append(True)
-            except kvtier.KvtierError as e:
-                self.errors += 1
-                logger.warning("kvtier: page %s not stored: %s", key, e)
-                results.append(False)
-        self._record("backup", sum(results), nbytes, time.monotonic() - start)
-        return results
+        return self._batch("backup", self._store_page, keys, host_indices)
 
     def batch_exists(self, keys: List[str], extra_info: Any = None) -> int:
         """Leading keys kvtierd holds; 0 when it does not answer within lookup_timeout_ms."""

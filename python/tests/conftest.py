@@ -75,11 +75,46 @@ class Daemon:
                 self.kill()
 
 
+def have_cuda() -> bool:
+    """True if torch is installed and sees a CUDA device (torch is imported
+    only here, so suites without torch do not pay for it)."""
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def cuda_skip_mark():
+    """The mark of a GPU test module (``pytestmark = cuda_skip_mark()``): every
+    test is collected and skipped without a GPU (a module-level skip would leave
+    pytest nothing to run, which it reports as a failure)."""
+    return pytest.mark.skipif(not have_cuda(), reason="needs torch with a CUDA device")
+
+
 @pytest.fixture
 def daemon(tmp_path):
     d = Daemon(tmp_path).start()
     yield d
     d.kill()
+
+
+@pytest.fixture(scope="module")
+def gpu_client(tmp_path_factory):
+    """A client of a kvtierd with room for GPU tests (2 GiB DRAM), shared by a
+    module; skips unless libkvtier was built with CUDA."""
+    import kvtier
+    try:
+        has_cuda = kvtier.has_cuda()
+    except (ImportError, OSError) as e:
+        pytest.skip(f"libkvtier: {e}")
+    if not has_cuda:
+        pytest.skip("libkvtier was built without CUDA")
+    d = Daemon(tmp_path_factory.mktemp("kvtierd"), dram_gib="2", nvme_gib="1").start()
+    c = kvtier.Client(socket=d.socket)
+    yield c
+    c.close()
+    d.stop()
 
 
 @pytest.fixture

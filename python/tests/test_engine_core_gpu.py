@@ -4,37 +4,21 @@ per-layer waits), checked against the CPU codec path with the same data.
 Skipped without a CUDA device or a libkvtier built with CUDA; needs no vLLM."""
 
 import pytest
+import torch
 
-try:
-    import torch
-except ImportError:
-    torch = None
-HAVE_CUDA = torch is not None and torch.cuda.is_available()
-# Every test is collected and skipped without a GPU (a module-level skip
-# would leave pytest nothing to run, which it reports as a failure).
-pytestmark = pytest.mark.skipif(not HAVE_CUDA, reason="needs torch with a CUDA device")
+import kvtier
+from conftest import corrupt_in_pool, cuda_skip_mark
+from kvtier import engine
 
-import kvtier  # noqa: E402
-from conftest import Daemon, corrupt_in_pool  # noqa: E402
-
-if HAVE_CUDA:
-    import kvtier.torch as kt
-    from kvtier import engine
-
-    DEV = torch.device("cuda", 0)
+pytestmark = cuda_skip_mark()
+DEV = torch.device("cuda", 0)
 
 L, H, D, BS, CHUNK, NB = 4, 8, 128, 16, 64, 32
 
 
 @pytest.fixture(scope="module")
-def client(tmp_path_factory):
-    if not kvtier.has_cuda():
-        pytest.skip("libkvtier was built without CUDA")
-    d = Daemon(tmp_path_factory.mktemp("kvtierd"), dram_gib="1", nvme_gib="0.5").start()
-    c = kvtier.Client(socket=d.socket)
-    yield c
-    c.close()
-    d.stop()
+def client(gpu_client):
+    return gpu_client
 
 
 def _layers(layout: str, seed: int, device):
