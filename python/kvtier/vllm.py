@@ -118,6 +118,9 @@ class KvtierConnector(KVConnectorBase_V1):
             raise ValueError(f"kvtier: chunk_tokens {self.settings.chunk_tokens} must be a multiple "
                              f"of vLLM's block size {self.block_size} (--block-size)")
         self.chunk_tokens = self.settings.chunk_tokens
+        # kv_role: kv_both loads and saves, kv_consumer only loads, kv_producer only saves.
+        self.loads = bool(self._kv_transfer_config.is_kv_consumer)
+        self.saves = bool(self._kv_transfer_config.is_kv_producer)
         model_id = self.settings.model_id or vllm_config.model_config.model
         self.tp_size = int(vllm_config.parallel_config.tensor_parallel_size)
         self._identity_args = dict(model_id=model_id, dtype=_model_dtype(vllm_config),
@@ -151,7 +154,7 @@ class KvtierConnector(KVConnectorBase_V1):
         plan, starting at a chunk boundary. A local hit that ends inside a chunk
         loads nothing (the chunk's first tokens are already in shared blocks)."""
         self._candidates.pop(request.request_id, None)
-        if num_computed_tokens % self.chunk_tokens:
+        if not self.loads or num_computed_tokens % self.chunk_tokens:
             return 0, False
         tokens = list(request.all_token_ids)
         max_chunks = (len(tokens) - 1) // self.chunk_tokens
@@ -202,6 +205,8 @@ class KvtierConnector(KVConnectorBase_V1):
         """Saves the request's full chunks that kvtierd does not hold; returns True
         (keep the blocks) until a worker reports the save done."""
         cand = self._candidates.pop(request.request_id, None)
+        if not self.saves:
+            return False, None
         if block_ids and isinstance(block_ids[0], (list, tuple)):
             block_ids = block_ids[0]
         computed = min(int(request.num_computed_tokens), len(block_ids) * self.block_size)

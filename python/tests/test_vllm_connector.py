@@ -50,7 +50,7 @@ def model_dir(tmp_path_factory):
     return str(path)
 
 
-def vllm_config(model_dir: str, extra: dict, **cache) -> VllmConfig:
+def vllm_config(model_dir: str, extra: dict, kv_role: str = "kv_both", **cache) -> VllmConfig:
     model = ModelConfig(model=model_dir, tokenizer=model_dir, skip_tokenizer_init=True,
                         dtype="bfloat16", seed=0)
     return VllmConfig(
@@ -61,7 +61,7 @@ def vllm_config(model_dir: str, extra: dict, **cache) -> VllmConfig:
         cache_config=CacheConfig(block_size=BLOCK, enable_prefix_caching=True, **cache),
         kv_transfer_config=KVTransferConfig(kv_connector="KvtierConnector",
                                             kv_connector_module_path="kvtier.vllm",
-                                            kv_role="kv_both", kv_connector_extra_config=extra,
+                                            kv_role=kv_role, kv_connector_extra_config=extra,
                                             kv_load_failure_policy="recompute"),
         device_config=DeviceConfig("cpu"))
 
@@ -100,8 +100,9 @@ class Engine:
     that writes seeded KV into the scheduled tokens' blocks, and feeds the
     result back to the scheduler."""
 
-    def __init__(self, model_dir: str, extra: dict, seed: int = 0, layout="flash_attn_nhd"):
-        self.config = vllm_config(model_dir, extra)
+    def __init__(self, model_dir: str, extra: dict, seed: int = 0, layout="flash_attn_nhd",
+                 kv_role: str = "kv_both"):
+        self.config = vllm_config(model_dir, extra, kv_role)
         kvc = kv_cache_config()
         self.config.cache_config.num_gpu_blocks = NUM_BLOCKS
         self.scheduler = Scheduler(vllm_config=self.config, kv_cache_config=kvc, log_stats=True,
@@ -319,6 +320,36 @@ def test_a_stopped_daemon_costs_the_timeout_and_is_a_miss(model_dir, kvtierd):
     finally:
         os.kill(kvtierd.proc.pid, signal.SIGCONT)
     eng.connector().shutdown()
+
+
+def test_kv_role_producer_only_saves_and_consumer_only_loads(model_dir, kvtierd):
+    tokens = _prompt(2 * CHUNK + 1, 8)
+    ident = engine.engine_identity(model_dir, torch.bfloat16, "k16v16")
+    keys = kvtier.chunk_keys(ident.fingerprint(), tokens, CHUNK)
+    consumer = Engine(model_dir, _extra(kvtierd), kv_role="kv_consumer")
+    consumer.scheduler.add_request(make_request("c", tokens))
+    consumer.run_until_idle()  # nothing cached, and a consumer does not save
+    consumer.shutdown()
+    with kvtier.Client(socket=kvtierd.socket) as c:
+        assert c.lookup(keys) == []
+    producer = Engine(model_dir, _extra(kvtierd), kv_role="kv_producer")
+    producer.scheduler.add_request(make_request("p", tokens))
+    producer.run_until_idle()
+    producer.shutdown()
+    with kvtier.Client(socket=kvtierd.socket) as c:
+        assert c.lookup(keys) == ["dram"] * 2
+    producer = Engine(model_dir, _extra(kvtierd), kv_role="kv_producer")  # empty local cache
+    producer.scheduler.add_request(make_request("p2", tokens))
+    out = producer.step()
+    assert out.scheduled_new_reqs[0].num_computed_tokens == 0  # a producer does not load
+    producer.run_until_idle()
+    producer.shutdown()
+    consumer = Engine(model_dir, _extra(kvtierd), kv_role="kv_consumer")
+    consumer.scheduler.add_request(make_request("c2", tokens))
+    out = consumer.step(writes=False)
+    assert out.scheduled_new_reqs[0].num_computed_tokens == 2 * CHUNK
+    consumer.run_until_idle()
+    consumer.shutdown()
 
 
 def test_a_hybrid_model_is_refused_with_the_flag_to_pass(model_dir, kvtierd):
