@@ -89,6 +89,9 @@ class ConnectorSettings:
     io_timeout_ms: deadline of the worker's store and load calls. Default: 60000.
     kv_cache_layout: the layout of the engine's KV tensors (STACKED_LAYOUTS /
       SEPARATE_LAYOUTS). Default: inferred from the shapes.
+    layer_group: layers per step of a GPU load (one decode launch per chunk and
+      group): larger groups launch less, smaller ones let layer 0 start sooner.
+      Default: 4.
     """
     socket: Optional[str] = None
     addr: Optional[str] = None
@@ -103,6 +106,7 @@ class ConnectorSettings:
     prefill_tokens_per_s: float = 0.0
     io_timeout_ms: int = 60000
     kv_cache_layout: Optional[str] = None
+    layer_group: int = 4
 
     @classmethod
     def from_mapping(cls, config: Optional[Mapping[str, Any]],
@@ -118,7 +122,8 @@ class ConnectorSettings:
             if name not in fields:
                 raise ValueError(f"kvtier: unknown setting {name!r}; known: {sorted(fields)}")
             want = {"chunk_tokens": int, "lookup_timeout_ms": int, "retry_after_ms": int,
-                    "io_timeout_ms": int, "prefill_tokens_per_s": (int, float)}.get(name, str)
+                    "io_timeout_ms": int, "layer_group": int,
+                    "prefill_tokens_per_s": (int, float)}.get(name, str)
             if value is not None and (not isinstance(value, want) or isinstance(value, bool)):
                 raise ValueError(f"kvtier: setting {name!r} must be "
                                  f"{getattr(want, '__name__', 'a number')}, not {value!r}")
@@ -128,6 +133,8 @@ class ConnectorSettings:
         return settings
 
     def validate(self) -> None:
+        if self.layer_group <= 0:
+            raise ValueError(f"kvtier: layer_group must be positive, not {self.layer_group}")
         if self.chunk_tokens <= 0:
             raise ValueError(f"kvtier: chunk_tokens must be positive, not {self.chunk_tokens}")
         if self.lookup_timeout_ms <= 0 or self.io_timeout_ms <= 0 or self.retry_after_ms < 0:
@@ -478,6 +485,7 @@ class KvMover:
         self.blocks_per_chunk = chunk_tokens // kv.block_size
         self.fingerprint = identity.fingerprint()
         self.on_gpu = kv.device.type == "cuda"
+        self._side = torch.cuda.Stream(kv.device) if self.on_gpu else None
 
     def chunk_blocks(self, block_ids: Sequence[int], chunk: int) -> list:
         """The block ids of chunk ``chunk`` among a request's blocks (from token 0)."""
@@ -511,7 +519,7 @@ class KvMover:
                                             f"cache's {want[1:]}")
 
     def load(self, keys: Sequence, block_ids_per_key: Sequence[Sequence[int]],
-             layer_group: int = 1) -> PendingLoad:
+             layer_group: int = 4) -> PendingLoad:
         """Starts loading chunk ``keys[i]`` into ``block_ids_per_key[i]``.
 
         A chunk that is missing, corrupt (DataLoss; kvtierd drops it) or of
@@ -527,9 +535,13 @@ class KvMover:
         if not keys:
             return PendingLoad(LoadResult([], []))
         if self.on_gpu:
+            # The decode runs on a side stream, after the work already queued on the
+            # current one (which may still read the blocks' previous contents), so it
+            # overlaps the forward; wait_layer makes the current stream wait per layer.
+            self._side.wait_stream(torch.cuda.current_stream(self.kv.device))
             lw = _kvtorch().load_layerwise(self.client, keys, self.kv.gpu_cache(),
                                           [list(ids) for ids in block_ids_per_key],
-                                          layer_group=layer_group)
+                                          layer_group=layer_group, stream=self._side)
             return PendingLoad(layerwise=lw, n=len(keys))
         kt = _kvtorch()
         tiers, errors = [], []

@@ -260,7 +260,7 @@ class KvtierConnector(KVConnectorBase_V1):
     def start_load_kv(self, forward_context: "ForwardContext", **kwargs: Any) -> None:
         meta = self._get_connector_metadata()
         for job in meta.loads:
-            pending = self._mover().load(job.keys, job.block_ids)
+            pending = self._mover().load(job.keys, job.block_ids, self.settings.layer_group)
             self._pending_loads.append((job, pending))
 
     def wait_for_layer_load(self, layer_name: str) -> None:

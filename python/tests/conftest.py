@@ -66,6 +66,29 @@ class Daemon:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(timeout=10)
 
+    def pause(self, timeout_s: float = 5.0) -> None:
+        """SIGSTOP, returning once every thread of kvtierd is stopped (a signal
+        reaches a thread that is running on another core a little later)."""
+        os.kill(self.proc.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + timeout_s
+        task_dir = f"/proc/{self.proc.pid}/task"
+        while True:
+            states = []
+            for tid in os.listdir(task_dir):
+                try:
+                    with open(f"{task_dir}/{tid}/stat") as f:
+                        states.append(f.read().rsplit(")", 1)[1].split()[0])
+                except FileNotFoundError:
+                    pass
+            if states and all(s in ("T", "t") for s in states):
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"kvtierd's threads did not stop: {states}")
+            time.sleep(0.01)
+
+    def resume(self) -> None:
+        os.kill(self.proc.pid, signal.SIGCONT)
+
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)

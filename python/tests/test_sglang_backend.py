@@ -5,8 +5,6 @@ Runs in the engines venv where SGLang is installed (scripts/python-venv with
 requirements-sglang.txt)."""
 from __future__ import annotations
 
-import os
-import signal
 import time
 
 import pytest
@@ -140,13 +138,13 @@ def test_a_stopped_daemon_is_a_bounded_miss(kvtierd):
     keys = [f"{i:064x}" for i in range(20, 22)]
     b.batch_set_v1(keys, indices([0, 1]))
     eventually(lambda: b.batch_exists(keys) == 2)  # connected
-    os.kill(kvtierd.proc.pid, signal.SIGSTOP)
+    kvtierd.pause()
     try:
         t0 = time.monotonic()
         assert b.batch_exists(keys) == 0
         assert time.monotonic() - t0 < 1.5
     finally:
-        os.kill(kvtierd.proc.pid, signal.SIGCONT)
+        kvtierd.resume()
 
 
 def test_bad_config_and_pools_are_clear_errors(kvtierd):
