@@ -183,3 +183,15 @@ def test_kvtier_keys_reach_chunks_other_engines_stored(kvtierd):
     assert torch.equal(k, torch.stack([src.k[layer][2] for layer in range(LAYERS)]))
     k, v = page_kv(dst, 6 * PAGE)
     assert torch.equal(v, torch.stack([src.v[layer][0] for layer in range(LAYERS)]))
+
+
+def test_keys_of_any_string_are_stable_and_distinct(kvtierd):
+    b = backend(kvtierd, host_pool("page_first"))
+    assert b.kvtier_key("ab" * 16) == bytes.fromhex("ab" * 16)  # a kvtier key as it is
+    odd = ["zz" * 16, "", "x" * 100000, "\u00e9\u0000", "0" * 64]
+    keys = [b.kvtier_key(k) for k in odd]
+    assert len(set(keys)) == len(odd) and all(len(k) == 16 for k in keys)
+    assert keys == [b.kvtier_key(k) for k in odd]
+    other = backend(kvtierd, host_pool("page_first"), model_name="other/model")
+    assert other.kvtier_key("zz" * 16) != keys[0]  # a model's keys are its own
+    assert b.batch_get_v1(["x" * 100000], indices([0])) == [False]
