@@ -131,6 +131,12 @@ class KvtierConnector(KVConnectorBase_V1):
         else:
             self._init_worker()
 
+    @classmethod
+    def requires_piecewise_for_cudagraph(cls, extra_config: dict) -> bool:
+        """True: wait_for_layer_load makes the compute stream wait for each layer's
+        load, a call between the layers' kernels that a full CUDA graph would skip."""
+        return True
+
     # ==== scheduler side ===============================================================
 
     def _init_scheduler(self) -> None:
