@@ -7,7 +7,8 @@
 # about 5 (12 formats), so a call that needs the other numbers too leaves
 # "codec" out. "daemon" starts kvtierd on a temporary socket (DRAM tier, NVMe
 # tier in a temporary folder), runs the Python GPU tests (which start their
-# own kvtierd) and gpu_daemon_bench against it.
+# own kvtierd) and gpu_daemon_bench against it. "engines" runs the engine
+# connectors' core (kvtier.engine) on CUDA and CPU caches, under a minute.
 set -uo pipefail
 STEPS=" ${STEPS:-tests codec attention sdpa daemon} "
 step() { [[ "$STEPS" == *" $1 "* ]]; }
@@ -66,6 +67,13 @@ if step hf; then
   tail -n 5 "$OUT/python_hf_test.log"
   PYTHONUNBUFFERED=1 timeout 330 python3 bench/e2e_prefix_reuse.py --kvtierd "$PWD/kvtierd" \
     --out "$OUT/e2e_prefix_reuse.json" 2>&1 | tee -a "$OUT/bench.log" | tail -n 40 || rc=1
+fi
+if step engines; then
+  # kvtier.engine: the vLLM connector's worker calls on CUDA caches (needs no vLLM).
+  export KVTIERD=$PWD/kvtierd KVTIER_LIBRARY=$PWD/libkvtier.so
+  (cd python/tests && PYTHONUNBUFFERED=1 timeout 300 python3 -m pytest -q -rs -p no:cacheprovider \
+    test_engine_core_gpu.py test_engine_core.py >"$OUT/python_engines_test.log" 2>&1) || rc=1
+  tail -n 5 "$OUT/python_engines_test.log"
 fi
 python3 kernel_merge_results.py "$OUT" || rc=1
 if step tests; then grep -h -E "FAILED|PASSED|SKIPPED" "$OUT"/*_test.log | head -40; fi

@@ -7,9 +7,6 @@ must equal the reference's exactly.
 """
 from __future__ import annotations
 
-import ctypes
-import warnings
-
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -17,7 +14,7 @@ transformers = pytest.importorskip("transformers")
 
 import kvtier  # noqa: E402
 import kvtier.torch  # noqa: E402
-from conftest import Daemon  # noqa: E402
+from conftest import Daemon, corrupt_in_pool  # noqa: E402
 from kvtier import hf, hf_paged  # noqa: E402
 
 CHUNK = 32  # tokens per chunk: small, so prompts of a few chunks stay fast on a CPU
@@ -148,27 +145,12 @@ def test_miss_runs_the_whole_prompt(model, client):
     assert client.lookup(reuse.keys(ids)) == []
 
 
-def _corrupt_in_pool(client, key) -> None:
-    """Flips one payload byte of a stored chunk in place in the daemon's
-    shared-memory pool (bit rot in DRAM), through the client's mapping."""
-    with client.get(key) as chunk:
-        assert client.uses_shared_memory
-        # The view is read-only, the pool mapping under it is MAP_SHARED read-write.
-        with warnings.catch_warnings():  # torch warns that the view is not writable
-            warnings.simplefilter("ignore", UserWarning)
-            view = torch.frombuffer(chunk.data, dtype=torch.uint8)
-        address = view.data_ptr()
-        del view
-        byte = ctypes.c_ubyte.from_address(address + len(chunk.data) - 80)  # V payload
-        byte.value ^= 0x40
-
-
 def test_corrupt_chunk_falls_back_to_recompute(model, client):
     reuse = _reuse(model, client)
     ids = _tokens(3 * CHUNK + 9)
     reuse.prefill(ids)
     keys = reuse.keys(ids)
-    _corrupt_in_pool(client, keys[1])
+    corrupt_in_pool(client, keys[1])
     got = reuse.prefill(ids)
     # Chunk 0 loads; chunk 1 is DataLoss (kvtierd drops it), so the prompt
     # from chunk 1 on is recomputed, and chunks 1 and 2 are stored again.
@@ -360,7 +342,7 @@ def test_gpu_corrupt_chunk_in_a_layerwise_load_falls_back(gpu_model, client):
     reuse = _reuse(gpu_model, client)
     ids = _tokens(3 * CHUNK + 2)
     reuse.prefill(ids)
-    _corrupt_in_pool(client, reuse.keys(ids)[2])
+    corrupt_in_pool(client, reuse.keys(ids)[2])
     got = reuse.prefill(ids)
     assert got.loaded_tokens == 2 * CHUNK and got.stored_chunks == 1
     assert torch.equal(got.logits, _split_reference(gpu_model, ids.cuda(), 2 * CHUNK))

@@ -8,13 +8,12 @@ try:
     import torch
 except ImportError:
     torch = None
-HAVE_CUDA = torch is not None and torch.cuda.is_available()
-# Every test is collected and skipped without a GPU (a module-level skip
-# would leave pytest nothing to run, which it reports as a failure).
-pytestmark = pytest.mark.skipif(not HAVE_CUDA, reason="needs torch with a CUDA device")
 
 import kvtier  # noqa: E402
-from conftest import Daemon  # noqa: E402
+from conftest import cuda_skip_mark, have_cuda  # noqa: E402
+
+HAVE_CUDA = have_cuda()
+pytestmark = cuda_skip_mark()
 
 if HAVE_CUDA:
     from kvtier import _torch_gpu as kg
@@ -24,18 +23,8 @@ if HAVE_CUDA:
 
 
 @pytest.fixture(scope="module")
-def client(tmp_path_factory):
-    try:
-        lib = kg._lib()
-    except (ImportError, OSError) as e:
-        pytest.skip(f"libkvtier: {e}")
-    if not lib.kvtier_has_cuda():
-        pytest.skip("libkvtier was built without CUDA")
-    d = Daemon(tmp_path_factory.mktemp("kvtierd"), dram_gib="2", nvme_gib="1").start()
-    c = kvtier.Client(socket=d.socket)
-    yield c
-    c.close()
-    d.stop()
+def client(gpu_client):
+    return gpu_client
 
 
 def _decode_cpu(chunk: bytes):

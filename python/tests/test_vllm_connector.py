@@ -1,0 +1,368 @@
+"""kvtier.vllm.KvtierConnector inside vLLM's own v1 scheduler, against a real
+kvtierd, on the CPU (no model runs: the test plays the model runner, as
+vLLM's connector unit tests do). The worker side moves real CPU tensors
+through the CPU codec.
+
+Runs in the engines venv (scripts/python-venv with requirements-vllm.txt),
+where vLLM is installed; the model config is a tiny Llama config.json in a
+temp dir (no network)."""
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+import transformers
+from vllm import SamplingParams
+from vllm.config import (CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig,
+                         SchedulerConfig, VllmConfig)
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec,
+                                        SlidingWindowSpec)
+from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+from vllm.v1.request import Request
+from vllm.v1.structured_output import StructuredOutputManager
+
+import kvtier
+from conftest import Daemon, corrupt_in_pool, eventually
+from kvtier import engine
+from kvtier.vllm import KvtierConnector
+
+LAYERS, HEADS, DIM = 2, 2, 16
+BLOCK, CHUNK = 16, 32
+NUM_BLOCKS = 64
+EOS = 255
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    """A tiny Llama config.json (vLLM reads the model's geometry from it)."""
+    path = tmp_path_factory.mktemp("tiny-llama")
+    transformers.LlamaConfig(vocab_size=256, hidden_size=HEADS * DIM * 2, intermediate_size=64,
+                             num_hidden_layers=LAYERS, num_attention_heads=HEADS * 2,
+                             num_key_value_heads=HEADS, head_dim=DIM,
+                             max_position_embeddings=4096, torch_dtype="bfloat16",
+                             eos_token_id=EOS).save_pretrained(path)
+    return str(path)
+
+
+def vllm_config(model_dir: str, extra: dict, kv_role: str = "kv_both", **cache) -> VllmConfig:
+    model = ModelConfig(model=model_dir, tokenizer=model_dir, skip_tokenizer_init=True,
+                        dtype="bfloat16", seed=0)
+    return VllmConfig(
+        model_config=model,
+        scheduler_config=SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=1024,
+                                         max_model_len=2048, enable_chunked_prefill=True,
+                                         is_encoder_decoder=False),
+        cache_config=CacheConfig(block_size=BLOCK, enable_prefix_caching=True, **cache),
+        kv_transfer_config=KVTransferConfig(kv_connector="KvtierConnector",
+                                            kv_connector_module_path="kvtier.vllm",
+                                            kv_role=kv_role, kv_connector_extra_config=extra,
+                                            kv_load_failure_policy="recompute"),
+        device_config=DeviceConfig("cpu"))
+
+
+def kv_cache_config(groups: int = 1) -> KVCacheConfig:
+    spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=HEADS, head_size=DIM,
+                             dtype=torch.bfloat16)
+    group_list = [KVCacheGroupSpec([f"model.layers.{i}.self_attn.attn" for i in range(LAYERS)],
+                                   spec)]
+    if groups > 1:
+        group_list.append(KVCacheGroupSpec(["model.layers.9.self_attn.attn"],
+                                           SlidingWindowSpec(block_size=BLOCK, num_kv_heads=HEADS,
+                                                             head_size=DIM, dtype=torch.bfloat16,
+                                                             sliding_window=64)))
+    return KVCacheConfig(num_blocks=NUM_BLOCKS, kv_cache_tensors=[], kv_cache_groups=group_list)
+
+
+_HASH_READY = []
+
+
+def make_request(req_id: str, tokens: list, max_tokens: int = 1) -> Request:
+    from vllm.utils.hashing import sha256
+    if not _HASH_READY:
+        init_none_hash(sha256)
+        _HASH_READY.append(True)
+    params = SamplingParams(max_tokens=max_tokens)
+    params.update_from_generation_config({}, EOS)
+    return Request(request_id=req_id, prompt_token_ids=list(tokens), sampling_params=params,
+                   pooling_params=None, mm_features=None,
+                   block_hasher=get_request_block_hasher(BLOCK, sha256))
+
+
+class Engine:
+    """vLLM's scheduler plus one worker-side connector over CPU KV tensors:
+    ``step()`` schedules, runs the worker's connector calls around a "forward"
+    that writes seeded KV into the scheduled tokens' blocks, and feeds the
+    result back to the scheduler."""
+
+    def __init__(self, model_dir: str, extra: dict, seed: int = 0, layout="flash_attn_nhd",
+                 kv_role: str = "kv_both"):
+        self.config = vllm_config(model_dir, extra, kv_role)
+        kvc = kv_cache_config()
+        self.config.cache_config.num_gpu_blocks = NUM_BLOCKS
+        self.scheduler = Scheduler(vllm_config=self.config, kv_cache_config=kvc, log_stats=True,
+                                   structured_output_manager=StructuredOutputManager(self.config),
+                                   block_size=BLOCK)
+        self.worker = KvtierConnector(self.config, KVConnectorRole.WORKER, kvc)
+        g = torch.Generator().manual_seed(seed)
+        shape = (2, NUM_BLOCKS, BLOCK, HEADS, DIM) if layout == "flash_attn_nhd" else \
+            (NUM_BLOCKS, 2, BLOCK, HEADS, DIM)
+        self.caches = {name: torch.zeros(shape, dtype=torch.bfloat16)
+                       for name in kvc.kv_cache_groups[0].layer_names}
+        self.worker.register_kv_caches(self.caches)
+        self.kv = self.worker.mover.kv
+        self.gen = g
+        self.invalid: set = set()
+
+    def connector(self) -> KvtierConnector:
+        return self.scheduler.connector
+
+    def forward(self, out) -> None:
+        """Writes new random KV into the blocks of every token this step computes."""
+        for req in out.scheduled_new_reqs:
+            first = req.num_computed_tokens
+            n = out.num_scheduled_tokens[req.req_id]
+            blocks = req.block_ids[0]
+            for b in range(first // BLOCK, (first + n + BLOCK - 1) // BLOCK):
+                for t in self.kv.k + self.kv.v:
+                    t[blocks[b]] = torch.randint(-100, 100, t[blocks[b]].shape,
+                                                 generator=self.gen).to(torch.bfloat16)
+
+    def step(self, writes: bool = True):
+        out = self.scheduler.schedule()
+        meta = out.kv_connector_metadata
+        self.worker.bind_connector_metadata(meta)
+        self.worker.start_load_kv(None)
+        for name in self.caches:
+            self.worker.wait_for_layer_load(name)
+        self.loaded = {r.req_id: r.num_computed_tokens for r in out.scheduled_new_reqs}
+        if writes:
+            self.forward(out)
+        self.worker.wait_for_save()
+        sending, recving = self.worker.get_finished(out.finished_req_ids)
+        self.invalid = self.worker.get_block_ids_with_load_errors()
+        self.worker.clear_connector_metadata()
+        req_ids = [r.req_id for r in out.scheduled_new_reqs] + list(out.scheduled_cached_reqs.req_ids)
+        mro = ModelRunnerOutput(
+            req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
+            sampled_token_ids=[[7] for _ in req_ids], logprobs=None, prompt_logprobs_dict={},
+            pooler_output=None,
+            kv_connector_output=KVConnectorOutput(finished_sending=sending,
+                                                  finished_recving=recving,
+                                                  invalid_block_ids=self.invalid))
+        self.scheduler.update_from_output(out, mro)
+        return out
+
+    def run_until_idle(self, max_steps: int = 50) -> None:
+        for _ in range(max_steps):
+            if not self.scheduler.requests:
+                return
+            self.step()
+            time.sleep(0.01)  # the save thread
+        raise AssertionError(f"requests left: {list(self.scheduler.requests)}")
+
+    def blocks_of(self, req_id: str) -> list:
+        return list(self.scheduler.kv_cache_manager.get_block_ids(req_id)[0])
+
+    def shutdown(self) -> None:
+        self.worker.shutdown()
+        self.connector().shutdown()
+
+
+@pytest.fixture
+def kvtierd(tmp_path):
+    d = Daemon(tmp_path).start()
+    yield d
+    d.kill()
+
+
+def _extra(d, **kw):
+    return {"socket": d.socket, "codec": "k16v16", "chunk_tokens": CHUNK,
+            "lookup_timeout_ms": 10000, **kw}
+
+
+def _prompt(n: int, salt: int) -> list:
+    return [(salt * 31 + i * 7) % 250 for i in range(n)]
+
+
+def _save_prompt(model_dir, d, tokens, seed=0):
+    """Runs a request through an engine so the connector saves its chunks; returns
+    that engine's K/V of the prompt's tokens, [layers, tokens, heads, dim]."""
+    eng = Engine(model_dir, _extra(d), seed=seed)
+    req = make_request("writer", tokens)
+    eng.scheduler.add_request(req)
+    out = eng.step()
+    blocks = list(out.scheduled_new_reqs[0].block_ids[0])
+    n = len(tokens) // BLOCK * BLOCK
+    k, v = eng.kv.gather(blocks[:n // BLOCK])
+    eng.run_until_idle()
+    eng.shutdown()
+    return k, v
+
+
+def test_saved_prefix_is_scheduled_as_computed_and_loaded_exactly(model_dir, kvtierd):
+    tokens = _prompt(3 * CHUNK + 5, 1)
+    k, v = _save_prompt(model_dir, kvtierd, tokens)
+    ident = engine.engine_identity(model_dir, torch.bfloat16, "k16v16")
+    keys = kvtier.chunk_keys(ident.fingerprint(), tokens, CHUNK)
+    with kvtier.Client(socket=kvtierd.socket) as c:
+        assert c.lookup(keys) == ["dram"] * 3
+
+    eng = Engine(model_dir, _extra(kvtierd), seed=1)  # a fresh engine: no local prefix cache
+    eng.scheduler.add_request(make_request("reader", tokens))
+    out = eng.step(writes=False)
+    new = out.scheduled_new_reqs[0]
+    assert new.num_computed_tokens == 3 * CHUNK
+    assert out.num_scheduled_tokens["reader"] == 5
+    assert eng.invalid == set()
+    got_k, got_v = eng.kv.gather(list(new.block_ids[0])[:3 * CHUNK // BLOCK])
+    assert torch.equal(got_k, k[:, :3 * CHUNK]) and torch.equal(got_v, v[:, :3 * CHUNK])
+    eng.run_until_idle()
+    # Nothing new to save: the three chunks were hits, the rest is not a full chunk.
+    assert eng.worker.save_errors == 0
+    eng.shutdown()
+
+
+def test_flashinfer_layout_and_k16v8_round_trip(model_dir, kvtierd):
+    tokens = _prompt(2 * CHUNK + 1, 2)
+    extra = _extra(kvtierd, codec="k16v8")
+    eng = Engine(model_dir, extra, seed=3, layout="flashinfer_nhd")
+    assert eng.kv.layout == "flashinfer_nhd"
+    eng.scheduler.add_request(make_request("w", tokens))
+    out = eng.step()
+    k, _ = eng.kv.gather(list(out.scheduled_new_reqs[0].block_ids[0])[:4])
+    eng.run_until_idle()
+    eng.shutdown()
+    eng = Engine(model_dir, extra, seed=4)  # a FlashAttention-layout reader
+    eng.scheduler.add_request(make_request("r", tokens))
+    out = eng.step(writes=False)
+    assert out.scheduled_new_reqs[0].num_computed_tokens == 2 * CHUNK
+    got_k, _ = eng.kv.gather(list(out.scheduled_new_reqs[0].block_ids[0])[:4])
+    assert torch.equal(got_k, k)  # K16 is exact; V went through FP8
+    eng.run_until_idle()
+    eng.shutdown()
+
+
+def test_blocks_are_kept_until_the_save_is_done(model_dir, kvtierd):
+    eng = Engine(model_dir, _extra(kvtierd))
+    tokens = _prompt(2 * CHUNK + 3, 3)
+    eng.scheduler.add_request(make_request("a", tokens))
+    eng.step()
+    # The request finished (max_tokens 1); its blocks stay with the scheduler until
+    # the worker reports the save.
+    assert "a" in eng.scheduler.requests
+    eng.run_until_idle()
+    assert "a" not in eng.scheduler.requests
+    with kvtier.Client(socket=kvtierd.socket) as c:
+        ident = engine.engine_identity(model_dir, torch.bfloat16, "k16v16")
+        assert len(c.lookup(kvtier.chunk_keys(ident.fingerprint(), tokens, CHUNK))) == 2
+    eng.shutdown()
+
+
+@pytest.mark.parametrize("fault", ["corrupt", "missing"])
+def test_a_bad_chunk_is_a_load_error_and_is_recomputed(model_dir, kvtierd, fault):
+    tokens = _prompt(3 * CHUNK + 5, 4 if fault == "corrupt" else 5)
+    _save_prompt(model_dir, kvtierd, tokens)
+    ident = engine.engine_identity(model_dir, torch.bfloat16, "k16v16")
+    keys = kvtier.chunk_keys(ident.fingerprint(), tokens, CHUNK)
+    eng = Engine(model_dir, _extra(kvtierd), seed=7)
+    eng.scheduler.add_request(make_request("r", tokens))
+    # The lookup (at schedule time) still sees chunk 1; it goes bad before the load.
+    original = eng.worker.start_load_kv
+
+    def spoil_then_load(ctx, **kw):
+        with kvtier.Client(socket=kvtierd.socket) as c:
+            if fault == "corrupt":
+                corrupt_in_pool(c, keys[1])
+            else:
+                c.delete(keys[1])
+        original(ctx, **kw)
+
+    eng.worker.start_load_kv = spoil_then_load
+    out = eng.step(writes=False)
+    eng.worker.start_load_kv = original
+    blocks = list(out.scheduled_new_reqs[0].block_ids[0])
+    assert out.scheduled_new_reqs[0].num_computed_tokens == 3 * CHUNK
+    assert eng.invalid == set(blocks[2:4])  # chunk 1's blocks
+    assert eng.worker.load_errors == 1
+    req = eng.scheduler.requests["r"]
+    assert req.num_computed_tokens == CHUNK  # vLLM recomputes from chunk 1 on
+    out = eng.step()
+    assert out.num_scheduled_tokens["r"] == len(tokens) - CHUNK
+    eng.run_until_idle()
+    eng.shutdown()
+    with kvtier.Client(socket=kvtierd.socket) as c:
+        assert c.lookup(keys) == ["dram"] * 3  # stored again after the recompute
+
+
+def test_a_stopped_daemon_costs_the_timeout_and_is_a_miss(model_dir, kvtierd):
+    tokens = _prompt(3 * CHUNK + 5, 6)
+    _save_prompt(model_dir, kvtierd, tokens)
+    eng = Engine(model_dir, _extra(kvtierd, lookup_timeout_ms=300, retry_after_ms=0))
+    lookup = eng.connector().lookup
+    eventually(lambda: lookup.plan([bytes(16)], 0.0, CHUNK))  # connects its client
+    lookup.misses = dict.fromkeys(lookup.misses, 0)
+    kvtierd.pause()
+    try:
+        eng.scheduler.add_request(make_request("r", tokens))
+        t0 = time.monotonic()
+        out = eng.scheduler.schedule()
+        took = time.monotonic() - t0
+        assert took < 1.5, took
+        new = [r for r in out.scheduled_new_reqs if r.req_id == "r"][0]
+        assert new.num_computed_tokens == 0 and out.num_scheduled_tokens["r"] == len(tokens)
+        # The lookup's deadline or the client's own (the same length) ends it.
+        assert lookup.misses["timeout"] + lookup.misses["error"] == 1
+    finally:
+        kvtierd.resume()
+    eng.connector().shutdown()
+
+
+def test_kv_role_producer_only_saves_and_consumer_only_loads(model_dir, kvtierd):
+    tokens = _prompt(2 * CHUNK + 1, 8)
+    ident = engine.engine_identity(model_dir, torch.bfloat16, "k16v16")
+    keys = kvtier.chunk_keys(ident.fingerprint(), tokens, CHUNK)
+    consumer = Engine(model_dir, _extra(kvtierd), kv_role="kv_consumer")
+    consumer.scheduler.add_request(make_request("c", tokens))
+    consumer.run_until_idle()  # nothing cached, and a consumer does not save
+    consumer.shutdown()
+    with kvtier.Client(socket=kvtierd.socket) as c:
+        assert c.lookup(keys) == []
+    producer = Engine(model_dir, _extra(kvtierd), kv_role="kv_producer")
+    producer.scheduler.add_request(make_request("p", tokens))
+    producer.run_until_idle()
+    producer.shutdown()
+    with kvtier.Client(socket=kvtierd.socket) as c:
+        assert c.lookup(keys) == ["dram"] * 2
+    producer = Engine(model_dir, _extra(kvtierd), kv_role="kv_producer")  # empty local cache
+    producer.scheduler.add_request(make_request("p2", tokens))
+    out = producer.step()
+    assert out.scheduled_new_reqs[0].num_computed_tokens == 0  # a producer does not load
+    producer.run_until_idle()
+    producer.shutdown()
+    consumer = Engine(model_dir, _extra(kvtierd), kv_role="kv_consumer")
+    consumer.scheduler.add_request(make_request("c2", tokens))
+    out = consumer.step(writes=False)
+    assert out.scheduled_new_reqs[0].num_computed_tokens == 2 * CHUNK
+    consumer.run_until_idle()
+    consumer.shutdown()
+
+
+def test_a_hybrid_model_is_refused_with_the_flag_to_pass(model_dir, kvtierd):
+    config = vllm_config(model_dir, _extra(kvtierd))
+    with pytest.raises(ValueError, match="--disable-hybrid-kv-cache-manager"):
+        KvtierConnector(config, KVConnectorRole.SCHEDULER, kv_cache_config(groups=2))
+
+
+def test_bad_extra_config_is_a_clear_error(model_dir, kvtierd):
+    for extra, words in [({"chunk_tokens": 24}, "multiple of vLLM's block size"),
+                         ({"sockett": "/x"}, "unknown setting 'sockett'")]:
+        with pytest.raises(ValueError, match=words):
+            KvtierConnector(vllm_config(model_dir, {"socket": kvtierd.socket, **extra}),
+                            KVConnectorRole.SCHEDULER, kv_cache_config())
+    with pytest.raises(ValueError, match="16-bit"):
+        KvtierConnector(vllm_config(model_dir, _extra(kvtierd), cache_dtype="fp8"),
+                        KVConnectorRole.SCHEDULER, kv_cache_config())
