@@ -18,13 +18,23 @@ configure: deps
 build: configure
 	@cmake --build $(BUILD) -j $(JOBS)
 
-# `make test` leaves out the engine connectors' tests against vLLM and SGLang
-# (ctest label `engines`): their two venvs (each engine with its own CUDA torch
-# build, about 10 GB together) take about 13 minutes each to download on a
-# cold machine. `make test-engines` runs them; a second run reuses the venvs.
-test: build
-	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) -LE engines
+# `make test` runs every test, the engine connectors' tests against vLLM and
+# SGLang included (ctest label `engines`). Their venvs (each engine with its
+# own CUDA torch build, about 20 GB with the package's test venv) take about 10
+# minutes to download on a cold machine, so they are made while the C++ build
+# runs (network-bound pip beside compile-bound ninja); ctest's venv fixtures
+# then find them made (or retry one that failed, with its error in the log).
+VENVS = python-venv:python/requirements-test.txt vllm-venv:python/requirements-vllm.txt \
+	sglang-venv:python/requirements-sglang.txt
+test: configure
+	@for v in $(VENVS); do \
+	  scripts/python-venv $(BUILD)/$${v%%:*} $(CURDIR)/$${v#*:} >$(BUILD)/$${v%%:*}.log 2>&1 & \
+	done; \
+	cmake --build $(BUILD) -j $(JOBS); rc=$$?; wait; \
+	[ $$rc -eq 0 ] || exit $$rc; \
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
+# Only the engine connectors' tests (the venvs are reused once made).
 test-engines: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) -L engines
 
