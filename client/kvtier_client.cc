@@ -118,18 +118,31 @@ class DataConn {
   // The daemon keeps a spare this long; the client uses it for half of it.
   static constexpr uint32_t kSpareTtlMs = 2000;
 
-  // Says hello on `sock` (owned from here on); null if the daemon does not
-  // serve the data plane on it (an older daemon, or no room).
+  // Says hello on `sock` (owned from here on): with a `token`, the
+  // tenant hello that names the client's tenant (kHelloTenant). Null if the
+  // daemon does not serve the data plane on it (an older daemon, no room, a
+  // token it refuses or one too long for the frame).
   // `owed_releases` (not owned) counts the releases sent on any connection
   // whose answers are not read yet. `serial` (nonzero) names the connection
   // within its client (HeldChunk::connection).
   static std::unique_ptr<DataConn> Open(int sock, int64_t timeout_ms,
-                                        std::atomic<int>* owed_releases, uint64_t serial) {
+                                        std::atomic<int>* owed_releases, uint64_t serial,
+                                        const std::string& token) {
     auto c = std::unique_ptr<DataConn>(new DataConn(sock, owed_releases, serial));
     timeval tv{static_cast<time_t>(timeout_ms / 1000), static_cast<suseconds_t>(timeout_ms % 1000 * 1000)};
     ::setsockopt(sock, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
     ::setsockopt(sock, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-    if (!c->Call(Op::kHello, nullptr, 0, nullptr, 0).ok()) return nullptr;
+    if (token.empty()) {
+      if (!c->Call(Op::kHello, nullptr, 0, nullptr, 0).ok()) return nullptr;
+      return c;
+    }
+    if (token.size() > wire::shm::kMaxBatchItems) return nullptr;
+    std::vector<uint8_t> hello(wire::shm::kBatchHeaderBytes + token.size());
+    wire::shm::Writer w(hello.data());
+    w.U32(static_cast<uint32_t>(token.size())).U32(0).Raw(token.data(), token.size());
+    if (!c->Call(Op::kHelloTenant, hello.data(), static_cast<uint32_t>(hello.size()), nullptr, 0).ok()) {
+      return nullptr;
+    }
     return c;
   }
   ~DataConn() {
@@ -383,7 +396,8 @@ class ClientImpl final : public KvtierClient {
       // The same connection carries the data plane, if the daemon serves it.
       std::unique_ptr<DataConn> c;
       if (options_.max_data_connections > 0) {
-        c = DataConn::Open(h.sock, options_.timeout_ms, owed_releases_.get(), next_conn_serial_++);
+        c = DataConn::Open(h.sock, options_.timeout_ms, owed_releases_.get(), next_conn_serial_++,
+                           options_.token);
       } else {
         ::close(h.sock);
       }
@@ -1196,7 +1210,8 @@ class ClientImpl final : public KvtierClient {
     auto h = ConnectShm(shm_socket_);
     if (h.ok()) {
       ::close(h->memfd);
-      c = DataConn::Open(h->sock, options_.timeout_ms, owed_releases_.get(), next_conn_serial_++);
+      c = DataConn::Open(h->sock, options_.timeout_ms, owed_releases_.get(), next_conn_serial_++,
+                         options_.token);
     }
     absl::MutexLock l(&conns_mu_);
     if (c == nullptr) {

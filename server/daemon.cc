@@ -191,7 +191,16 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   }
 #endif
   if (!options.cluster.empty()) KVTIER_RETURN_IF_ERROR(d->JoinCluster(tiers));
+  if (options.tenants.empty()) {
+    d->tenants_ = std::make_unique<TenantRegistry>();
+  } else {
+    KVTIER_ASSIGN_OR_RETURN(std::vector<TenantSpec> specs, LoadTenantsFile(options.tenants));
+    d->tenants_ = std::make_unique<TenantRegistry>(std::move(specs));
+    spdlog::info("{} tenants from {}; keys are namespaced per tenant", d->tenants_->tenants().size(),
+                 options.tenants);
+  }
   tiering::PlacementEngineOptions eo;
+  eo.tenant_quotas = d->tenants_->EngineQuotas();
   eo.default_lease_ms = options.default_lease_ms;
   eo.nvme_admit_after_uses = options.nvme_admit_after_uses;
   KVTIER_ASSIGN_OR_RETURN(eo.eviction, tiering::ParseEvictionPolicySpec(options.eviction));
@@ -207,9 +216,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   ServiceLimits limits;
   limits.max_keys_per_request = options.max_keys_per_request;
   const uint64_t max_msg = uint64_t{options.max_message_mib} << 20;
-  d->service_ = std::make_unique<KvService>(d->engine_.get(), limits);
+  d->service_ = std::make_unique<KvService>(d->engine_.get(), limits, d->tenants_.get());
 
   AdapterOptions ao;
+  ao.tenants = d->tenants_.get();
   ao.max_message_bytes = max_msg;
   ao.threads = options.request_threads > 0
                    ? static_cast<int>(options.request_threads)
@@ -225,6 +235,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   if (d->engine_->dram() != nullptr) {
     ShmChannelOptions so;
     so.put_check_threads = static_cast<int>(options.put_check_threads);
+    so.tenants = d->tenants_.get();
     KVTIER_ASSIGN_OR_RETURN(d->shm_, ShmChannel::Start(d->shm_socket_path_,
                                                       d->engine_->dram()->shm_fd(),
                                                       d->engine_->dram()->shm_size(),
@@ -269,8 +280,15 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
                  options.listen_tcp);
     ao.thread_name = "kvtierd-tcp";
     d->tcp_adapter_ = std::make_unique<GrpcAdapter>(d->service_.get(), d->metrics_.get(), ao);
-    d->tcp_server_ = build(options.listen_tcp, BearerTokenServerCredentials(ao.token, d->metrics_.get()),
-                           d->tcp_adapter_.get(), &d->tcp_port_);
+    // With tenants, any tenant's token opens a call (the adapter finds its
+    // tenant); without, the daemon's token.
+    std::shared_ptr<grpc::ServerCredentials> creds =
+        d->tenants_->configured()
+            ? BearerTokenServerCredentials(
+                  [t = d->tenants_.get()](std::string_view v) { return t->ByBearer(v) != nullptr; },
+                  d->metrics_.get())
+            : BearerTokenServerCredentials(ao.token, d->metrics_.get());
+    d->tcp_server_ = build(options.listen_tcp, std::move(creds), d->tcp_adapter_.get(), &d->tcp_port_);
     if (d->tcp_server_ == nullptr || d->tcp_port_ == 0) {
       return absl::FailedPreconditionError(absl::StrCat("cannot listen on ", options.listen_tcp));
     }

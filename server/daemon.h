@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "common/file.h"
 #include "server/options.h"
+#include "server/tenants.h"
 #include "tiering/placement_engine.h"
 
 namespace grpc {
@@ -98,6 +99,7 @@ class Daemon {
   std::unique_ptr<EnginePeerService> peer_service_;
   std::unique_ptr<tiering::remote::UcxTransport> transport_;
   std::unique_ptr<cluster::Membership> membership_;
+  std::unique_ptr<TenantRegistry> tenants_;  // before the engine and the listeners
   std::unique_ptr<tiering::PlacementEngine> engine_;
   std::unique_ptr<ServerMetrics> metrics_;
   std::unique_ptr<KvService> service_;

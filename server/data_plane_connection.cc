@@ -116,10 +116,14 @@ bool FrameReader::Fill(size_t n, bool idle_ok, int64_t spin_us) {
   return true;
 }
 
-DataPlaneConnection::DataPlaneConnection(int fd, KvService* service, ServerMetrics* metrics,
-                                         const ShmChannelOptions& options, int put_check_threads)
+DataPlaneConnection::DataPlaneConnection(int fd, KvService* service,
+                                         const TenantRegistry* tenants, const Tenant* tenant,
+                                         ServerMetrics* metrics, const ShmChannelOptions& options,
+                                         int put_check_threads)
     : fd_(fd),
       service_(service),
+      tenants_(tenants),
+      tenant_(tenant),
       metrics_(metrics),
       options_(options),
       put_check_threads_(put_check_threads),
@@ -162,6 +166,13 @@ absl::Status DataPlaneConnection::CheckFrame(uint16_t version, uint16_t op, uint
     return absl::FailedPreconditionError(
         absl::StrCat("put begun inside the put of slot ", put_->slot_id));
   }
+  if (op == static_cast<uint16_t>(Op::kHelloTenant) && served_any_) {
+    return absl::FailedPreconditionError("the tenant hello must be the connection's first request");
+  }
+  if (op != static_cast<uint16_t>(Op::kHelloTenant) && tenant_ == nullptr) {
+    return absl::UnauthenticatedError(
+        "this uid is no tenant's: the first request must be a tenant hello with a tenant's token");
+  }
   return absl::OkStatus();
 }
 
@@ -176,9 +187,11 @@ void DataPlaneConnection::Run() {
     const uint16_t version = h.U16(), op = h.U16();
     const uint32_t len = h.U32();
     if (absl::Status violation = CheckFrame(version, op, len); !violation.ok()) {
+      if (absl::IsUnauthenticated(violation)) metrics_->Add(ServerMetric::kAuthFailures);
       (void)Answer(fd_, op, violation, nullptr, 0);
       return;
     }
+    served_any_ = true;
     in_.Consume(kRequestHeaderBytes);
     if (!in_.Fill(len, /*idle_ok=*/false)) return;  // truncated frame
     std::memcpy(payload_.data(), in_.data(), len);
@@ -198,6 +211,14 @@ void DataPlaneConnection::Run() {
     const auto t0 = Clock::now();
     switch (static_cast<Op>(op)) {
       case Op::kHello: break;
+      case Op::kHelloTenant:
+        st = OnHelloTenant(r, n);
+        if (!st.ok()) {
+          metrics_->Add(ServerMetric::kAuthFailures);
+          (void)Answer(fd_, op, st, nullptr, 0);
+          return;
+        }
+        break;
       case Op::kAllocate: st = OnAllocate(r, w, t0); break;
       case Op::kPutBegin: OnPutBegin(r, t0); continue;
       case Op::kPutProgress: OnPutProgress(r); continue;
@@ -260,6 +281,20 @@ void DataPlaneConnection::FailPut(absl::Status st) {
   if (slots_.erase(put_->slot_id) > 0) (void)service_->AbortSlot(put_->slot_id);
 }
 
+absl::Status DataPlaneConnection::OnHelloTenant(wire::shm::Reader& r, uint32_t n) {
+  if (r.U32() != 0) return absl::InvalidArgumentError("tenant hello with nonzero reserved bytes");
+  std::string token(n, '\0');
+  r.Raw(token.data(), n);
+  if (!tenants_->configured()) {
+    tenant_ = tenants_->only();  // one tenant: the token names nothing
+    return absl::OkStatus();
+  }
+  const Tenant* t = tenants_->ByToken(token);
+  if (t == nullptr) return absl::UnauthenticatedError("no tenant has this token");
+  tenant_ = t;
+  return absl::OkStatus();
+}
+
 absl::Status DataPlaneConnection::OnAllocate(wire::shm::Reader& r, wire::shm::Writer& w,
                                              Clock::time_point t0) {
   const uint64_t bytes = r.U64();
@@ -268,7 +303,7 @@ absl::Status DataPlaneConnection::OnAllocate(wire::shm::Reader& r, wire::shm::Wr
   if (!Room()) {
     st = Full();
   } else {
-    auto slot = service_->AllocateSlot(bytes, ttl_ms);
+    auto slot = service_->AllocateSlot(bytes, ttl_ms, tenant_->id());
     st = slot.status();
     if (slot.ok()) {
       slots_.insert(slot->id);
@@ -284,7 +319,10 @@ void DataPlaneConnection::OnPutBegin(wire::shm::Reader& r, Clock::time_point t0)
   put_.emplace();
   put_->t0 = t0;
   put_->slot_id = r.U64();
-  r.Raw(put_->args.key.bytes.data(), wire::shm::kKeyBytes);
+  Hash128 key;
+  r.Raw(key.bytes.data(), wire::shm::kKeyBytes);
+  put_->args.key = tenant_->WriteKey(key);
+  put_->args.tenant = tenant_->id();
   const uint8_t durable = r.U8(), tier = r.U8();
   const uint16_t zero = r.U16();
   put_->args.durable = durable != 0;
@@ -330,6 +368,7 @@ absl::Status DataPlaneConnection::OnPutCommit(wire::shm::Reader& r) {
   absl::Status st = put_->error;
   if (st.ok()) {
     st = service_->FinishStreamedCommit(put_->args, put_->slot_id, *put_->check);
+    tenant_->CountPut(st);
     slots_.erase(put_->slot_id);
     if (st.ok()) metrics_->Add(ServerMetric::kBytesPutShm, n);
   }
@@ -350,8 +389,10 @@ absl::Status DataPlaneConnection::OnGet(wire::shm::Reader& r, wire::shm::Writer&
   } else if (!Room()) {
     st = Full();
   } else {
-    auto g = service_->Get(key, GetMode::kShm, 0, lease_ms, verify != 0);
+    auto g = service_->Get(tenant_->ReadKey(key, service_->engine()), GetMode::kShm, 0, lease_ms,
+                           verify != 0);
     st = g.status();
+    tenant_->CountRead(st);
     if (g.ok()) {
       if (g->lease_id != 0) leases_.insert(g->lease_id);
       if (g->scratch_slot_id != 0) slots_.insert(g->scratch_slot_id);
@@ -381,7 +422,7 @@ absl::Status DataPlaneConnection::OnAbortSlot(wire::shm::Reader& r, Clock::time_
 std::vector<Hash128> DataPlaneConnection::ReadKeys(wire::shm::Reader& r, uint32_t n) {
   std::vector<Hash128> keys(n);
   for (Hash128& k : keys) r.Raw(k.bytes.data(), wire::shm::kKeyBytes);
-  return keys;
+  return tenant_->ReadKeys(keys, service_->engine());
 }
 
 absl::Status DataPlaneConnection::OnLookup(wire::shm::Reader& r, uint32_t n,
@@ -439,6 +480,7 @@ absl::Status DataPlaneConnection::OnGetBatch(wire::shm::Reader& r, uint32_t n,
   w.U32(n).U32(0);
   uint64_t bytes = 0;
   for (const absl::StatusOr<GetResult>& g : results) {
+    tenant_->CountRead(g.status());
     if (!g.ok()) {
       w.U32(static_cast<uint32_t>(g.status().code())).U32(0).U64(0).U64(0).U64(0).U64(0).U64(0);
       continue;
@@ -490,7 +532,7 @@ absl::Status DataPlaneConnection::OnAllocateBatch(wire::shm::Reader& r, uint32_t
   std::vector<tiering::Slot> got;
   absl::Status st;
   for (uint32_t i = 0; i < n && st.ok(); ++i) {
-    auto slot = service_->AllocateSlot(r.U64(), ttl_ms);
+    auto slot = service_->AllocateSlot(r.U64(), ttl_ms, tenant_->id());
     st = slot.status();
     if (slot.ok()) got.push_back(*slot);
   }
@@ -532,10 +574,12 @@ absl::Status DataPlaneConnection::OnCommitBatch(wire::shm::Reader& r, uint32_t n
       st = UnknownSlotError(id);
     } else {
       PutArgs args;
-      args.key = key;
+      args.key = tenant_->WriteKey(key);
+      args.tenant = tenant_->id();
       args.durable = durable != 0;
       // Verified (header, lengths, checksums) before it is stored.
       st = service_->CommitSlot(args, id);
+      tenant_->CountPut(st);
     }
     w.U32(static_cast<uint32_t>(st.code()));
   }

@@ -64,10 +64,14 @@ class FrameReader {
 class DataPlaneConnection {
  public:
   // `fd` (not owned) is the connected socket, past the pool handshake.
-  // `service` and `metrics` are not owned and must outlive the connection.
+  // `service`, `tenants`, `tenant` (the peer uid's: its keys and quotas;
+  // null when the uid is no tenant's, and then the first request must be
+  // a kHelloTenant that names one) and `metrics` are not owned and must
+  // outlive the connection.
   // `put_check_threads` is options.put_check_threads resolved
   // (ResolvePutCheckThreads).
-  DataPlaneConnection(int fd, KvService* service, ServerMetrics* metrics,
+  DataPlaneConnection(int fd, KvService* service, const TenantRegistry* tenants,
+                      const Tenant* tenant, ServerMetrics* metrics,
                       const ShmChannelOptions& options, int put_check_threads);
   // Frees what the connection holds: the slots it allocated and did not
   // commit (one being streamed included), the leases of its gets.
@@ -88,6 +92,9 @@ class DataPlaneConnection {
 
   // One method per op. Each reads its payload from `r`; those that are
   // answered write the reply payload into `w` and return the answer's code.
+  // kHelloTenant: the connection is served as the tenant of the token;
+  // Unauthenticated (the connection then ends) if no tenant has it.
+  absl::Status OnHelloTenant(wire::shm::Reader& r, uint32_t n);
   absl::Status OnAllocate(wire::shm::Reader& r, wire::shm::Writer& w, Clock::time_point t0);
   void OnPutBegin(wire::shm::Reader& r, Clock::time_point t0);  // no answer
   void OnPutProgress(wire::shm::Reader& r);                     // no answer
@@ -105,8 +112,8 @@ class DataPlaneConnection {
   absl::Status OnPrefetch(wire::shm::Reader& r, uint32_t n, wire::shm::Writer& w);
   absl::Status OnAllocateBatch(wire::shm::Reader& r, uint32_t n, wire::shm::Writer& w);
   absl::Status OnCommitBatch(wire::shm::Reader& r, uint32_t n, wire::shm::Writer& w);
-  // Reads `n` keys.
-  static std::vector<Hash128> ReadKeys(wire::shm::Reader& r, uint32_t n);
+  // Reads `n` keys of a read: the tenant's stored keys (Tenant::ReadKeys).
+  std::vector<Hash128> ReadKeys(wire::shm::Reader& r, uint32_t n);
 
   // Whether the connection may take `n` more slots or leases; at the limit
   // it first forgets the ids the engine has ended.
@@ -118,6 +125,9 @@ class DataPlaneConnection {
 
   const int fd_;
   KvService* const service_;
+  const TenantRegistry* const tenants_;
+  const Tenant* tenant_;
+  bool served_any_ = false;  // a request was accepted (the hello comes first)
   ServerMetrics* const metrics_;
   const ShmChannelOptions options_;
   const int put_check_threads_;

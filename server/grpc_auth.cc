@@ -31,7 +31,7 @@ bool IsBearerToken(std::string_view value, std::string_view token) {
 namespace {
 
 struct TokenState {
-  std::string token;
+  std::function<bool(std::string_view)> accepts;
   ServerMetrics* metrics;
 };
 
@@ -68,7 +68,7 @@ void ProcessToken(void* state, grpc_auth_context*, const grpc_metadata* md, size
   std::string_view path;
   for (size_t i = 0; i < num_md; ++i) {
     const std::string_view key = View(md[i].key);
-    if (key == "authorization") ok = ok || IsBearerToken(View(md[i].value), s->token);
+    if (key == "authorization") ok = ok || s->accepts(View(md[i].value));
     if (key == ":path") path = View(md[i].value);
   }
   if (ok) {
@@ -86,8 +86,8 @@ void DestroyToken(void* state) { delete static_cast<TokenState*>(state); }
 // core's insecure credentials take one, so the port is added through them.
 class BearerTokenCredentials final : public grpc::ServerCredentials {
  public:
-  BearerTokenCredentials(std::string token, ServerMetrics* metrics)
-      : token_(std::move(token)), metrics_(metrics) {}
+  BearerTokenCredentials(std::function<bool(std::string_view)> accepts, ServerMetrics* metrics)
+      : accepts_(std::move(accepts)), metrics_(metrics) {}
 
   void SetAuthMetadataProcessor(const std::shared_ptr<grpc::AuthMetadataProcessor>&) override {}
 
@@ -97,14 +97,14 @@ class BearerTokenCredentials final : public grpc::ServerCredentials {
     grpc_auth_metadata_processor p;
     p.process = ProcessToken;
     p.destroy = DestroyToken;
-    p.state = new TokenState{token_, metrics_};
+    p.state = new TokenState{accepts_, metrics_};
     grpc_server_credentials_set_auth_metadata_processor(creds, p);
     const int port = grpc_server_add_http2_port(server, addr.c_str(), creds);
     grpc_server_credentials_release(creds);
     return port;
   }
 
-  const std::string token_;
+  const std::function<bool(std::string_view)> accepts_;
   ServerMetrics* const metrics_;
 };
 
@@ -112,7 +112,13 @@ class BearerTokenCredentials final : public grpc::ServerCredentials {
 
 std::shared_ptr<grpc::ServerCredentials> BearerTokenServerCredentials(std::string token,
                                                                       ServerMetrics* metrics) {
-  return std::make_shared<BearerTokenCredentials>(std::move(token), metrics);
+  return BearerTokenServerCredentials(
+      [token = std::move(token)](std::string_view v) { return IsBearerToken(v, token); }, metrics);
+}
+
+std::shared_ptr<grpc::ServerCredentials> BearerTokenServerCredentials(
+    std::function<bool(std::string_view)> accepts, ServerMetrics* metrics) {
+  return std::make_shared<BearerTokenCredentials>(std::move(accepts), metrics);
 }
 
 }  // namespace kvtier::server

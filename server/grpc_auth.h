@@ -5,6 +5,7 @@
 #ifndef KVTIER_SERVER_GRPC_AUTH_H_
 #define KVTIER_SERVER_GRPC_AUTH_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -28,6 +29,10 @@ bool IsBearerToken(std::string_view value, std::string_view token);
 // owned, must outlive the server). REQUIRES: `token` is not empty.
 std::shared_ptr<grpc::ServerCredentials> BearerTokenServerCredentials(std::string token,
                                                                       ServerMetrics* metrics);
+// The same with the check in `accepts`: true for an "authorization" value
+// that opens a call (e.g. any tenant's token). Thread-safe, non-blocking.
+std::shared_ptr<grpc::ServerCredentials> BearerTokenServerCredentials(
+    std::function<bool(std::string_view authorization)> accepts, ServerMetrics* metrics);
 
 }  // namespace kvtier::server
 

@@ -1,7 +1,10 @@
 #include "server/grpc_service.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
+#include <optional>
 #include <cstring>
 #include <vector>
 
@@ -94,6 +97,20 @@ class GrpcAdapter::UnaryCall final : public grpc::ServerUnaryReactor {
     adapter_->tracker_.Register(&entry_, ctx);
   }
 
+  // The client's tenant (set before the body runs).
+  const Tenant* tenant = nullptr;
+  // Whether the call may name pool memory (slots, shared-memory gets): not
+  // a TCP call of a daemon with tenants (PoolAccess).
+  bool pool_access = true;
+
+  // OK, or FailedPrecondition for a call without pool access.
+  absl::Status PoolAccess() const {
+    if (pool_access) return absl::OkStatus();
+    return absl::FailedPreconditionError(
+        "slots and shared-memory gets are served on the Unix socket only: a TCP client cannot "
+        "map the pool");
+  }
+
   // Holds `bytes` of chunk data for the rest of the call, or
   // ResourceExhausted.
   absl::Status Reserve(uint64_t bytes) { return adapter_->tracker_.Reserve(&entry_, bytes); }
@@ -121,6 +138,7 @@ GrpcAdapter::GrpcAdapter(KvService* service, ServerMetrics* metrics, AdapterOpti
     : service_(service),
       metrics_(metrics),
       options_(std::move(options)),
+      tenants_(options_.tenants != nullptr ? options_.tenants : &default_tenants_),
       memory_only_engine_(service->engine()->tier(TierKind::kRemote) == nullptr),
       tracker_(options_.limits, metrics),
       pool_(std::max(1, options_.threads), std::max<size_t>(1, options_.max_queued),
@@ -142,19 +160,50 @@ grpc::Status GrpcAdapter::Conclude(Method m, std::chrono::steady_clock::time_poi
   return ToGrpcStatus(st);
 }
 
-absl::Status GrpcAdapter::Authorize(Ctx* ctx) {
-  if (ctx->peer().rfind("unix:", 0) == 0) return absl::OkStatus();  // guarded by file mode 0600
-  if (options_.token.empty()) {
-    return absl::UnauthenticatedError("this daemon accepts no TCP clients without a token file");
-  }
+bool GrpcAdapter::PoolAccessOf(Ctx* ctx) const {
+  return !tenants_->configured() || ctx->peer().rfind("unix:", 0) == 0;
+}
+
+absl::StatusOr<const Tenant*> GrpcAdapter::Authorize(Ctx* ctx) {
+  const bool unix_peer = ctx->peer().rfind("unix:", 0) == 0;  // guarded by file mode 0600
   const auto& md = ctx->client_metadata();
   auto it = md.find("authorization");
-  if (it != md.end() &&
-      IsBearerToken(std::string_view(it->second.data(), it->second.size()), options_.token)) {
-    return absl::OkStatus();
+  const std::optional<std::string_view> bearer =
+      it == md.end() ? std::nullopt
+                     : std::optional<std::string_view>(std::in_place, it->second.data(),
+                                                       it->second.size());
+  if (!tenants_->configured()) {
+    if (unix_peer) return tenants_->only();
+    if (options_.token.empty()) {
+      return absl::UnauthenticatedError("this daemon accepts no TCP clients without a token file");
+    }
+    if (bearer && IsBearerToken(*bearer, options_.token)) return tenants_->only();
+    metrics_->Add(ServerMetric::kAuthFailures);
+    return absl::UnauthenticatedError("missing or wrong bearer token");
   }
-  metrics_->Add(ServerMetric::kAuthFailures);
-  return absl::UnauthenticatedError("missing or wrong bearer token");
+  const Tenant* t = bearer ? tenants_->ByBearer(*bearer) : nullptr;
+  if (t == nullptr && !bearer && unix_peer) {
+    t = tenants_->ByUid(static_cast<uint32_t>(::getuid()));
+    if (t == nullptr) {
+      metrics_->Add(ServerMetric::kAuthFailures);
+      return absl::UnauthenticatedError(absl::StrCat(
+          "no tenant for uid ", ::getuid(), " in the tenants file: send a tenant's bearer token"));
+    }
+    return t;
+  }
+  if (t == nullptr) {
+    metrics_->Add(ServerMetric::kAuthFailures);
+    return absl::UnauthenticatedError("missing or wrong bearer token (no tenant has it)");
+  }
+  if (!unix_peer) {
+    std::shared_ptr<const grpc::AuthContext> auth = ctx->auth_context();
+    const Tenant* tls = auth != nullptr ? tenants_->ByAuthContext(*auth) : nullptr;
+    if (tls != nullptr && tls != t) {
+      metrics_->Add(ServerMetric::kAuthFailures);
+      return absl::UnauthenticatedError("the bearer token and the TLS identity name different tenants");
+    }
+  }
+  return t;
 }
 
 absl::Status GrpcAdapter::CheckVersion(uint32_t version) const {
@@ -173,8 +222,13 @@ grpc::ServerUnaryReactor* GrpcAdapter::Serve(Method m, Ctx* ctx, const Bytes* in
   };
   auto* call = new UnaryCall(this, ctx, m, out);
   auto msgs = std::make_shared<Messages>();
-  absl::Status st = Authorize(ctx);
-  if (st.ok()) st = Parse(*in, &msgs->req);
+  absl::StatusOr<const Tenant*> tenant = Authorize(ctx);
+  absl::Status st = tenant.status();
+  if (st.ok()) {
+    call->tenant = *tenant;
+    call->pool_access = PoolAccessOf(ctx);
+    st = Parse(*in, &msgs->req);
+  }
   if (st.ok() && mode.check_version) st = CheckVersion(msgs->req.version());
   if (!st.ok()) {
     call->Reply(st);
@@ -194,8 +248,9 @@ grpc::ServerUnaryReactor* GrpcAdapter::Serve(Method m, Ctx* ctx, const Bytes* in
 }
 
 grpc::ServerUnaryReactor* GrpcAdapter::Lookup(Ctx* ctx, const Bytes* in, Bytes* out) {
-  return Serve<pb::LookupRequest, pb::LookupResponse>(Method::kLookup, ctx, in, out, [this](UnaryCall&, const pb::LookupRequest* req, pb::LookupResponse* resp) -> absl::Status {
-    KVTIER_ASSIGN_OR_RETURN(auto keys, KeysFrom(req->keys(), service_->limits().max_keys_per_request));
+  return Serve<pb::LookupRequest, pb::LookupResponse>(Method::kLookup, ctx, in, out, [this](UnaryCall& call, const pb::LookupRequest* req, pb::LookupResponse* resp) -> absl::Status {
+    KVTIER_ASSIGN_OR_RETURN(auto client_keys, KeysFrom(req->keys(), service_->limits().max_keys_per_request));
+    const std::vector<Hash128> keys = call.tenant->ReadKeys(client_keys, service_->engine());
     if (!req->estimate_load() && req->prefill_tokens_per_s() == 0) {
       KVTIER_ASSIGN_OR_RETURN(auto tiers, service_->Lookup(keys));
       for (TierKind t : tiers) resp->add_tiers(ToProto(t));
@@ -218,8 +273,10 @@ grpc::ServerUnaryReactor* GrpcAdapter::Lookup(Ctx* ctx, const Bytes* in, Bytes* 
 }
 
 grpc::ServerUnaryReactor* GrpcAdapter::AllocateSlot(Ctx* ctx, const Bytes* in, Bytes* out) {
-  return Serve<pb::AllocateSlotRequest, pb::AllocateSlotResponse>(Method::kAllocateSlot, ctx, in, out, [this](UnaryCall&, const pb::AllocateSlotRequest* req, pb::AllocateSlotResponse* resp) -> absl::Status {
-    KVTIER_ASSIGN_OR_RETURN(tiering::Slot slot, service_->AllocateSlot(req->bytes(), req->ttl_ms()));
+  return Serve<pb::AllocateSlotRequest, pb::AllocateSlotResponse>(Method::kAllocateSlot, ctx, in, out, [this](UnaryCall& call, const pb::AllocateSlotRequest* req, pb::AllocateSlotResponse* resp) -> absl::Status {
+    KVTIER_RETURN_IF_ERROR(call.PoolAccess());
+    KVTIER_ASSIGN_OR_RETURN(tiering::Slot slot,
+                            service_->AllocateSlot(req->bytes(), req->ttl_ms(), call.tenant->id()));
     resp->set_slot_id(slot.id);
     resp->mutable_extent()->set_offset(slot.extent.offset);
     resp->mutable_extent()->set_length(slot.extent.length);
@@ -237,7 +294,9 @@ grpc::ServerUnaryReactor* GrpcAdapter::AbortSlot(Ctx* ctx, const Bytes* in, Byte
 grpc::ServerUnaryReactor* GrpcAdapter::Put(Ctx* ctx, const Bytes* in, Bytes* out) {
   return Serve<pb::PutRequest, pb::PutResponse>(Method::kPut, ctx, in, out, [this](UnaryCall& call, const pb::PutRequest* req, pb::PutResponse*) -> absl::Status {
     PutArgs args;
-    KVTIER_ASSIGN_OR_RETURN(args.key, KeyFromBytes(req->key()));
+    KVTIER_ASSIGN_OR_RETURN(Hash128 key, KeyFromBytes(req->key()));
+    args.key = call.tenant->WriteKey(key);
+    args.tenant = call.tenant->id();
     KVTIER_ASSIGN_OR_RETURN(args.tier, FromProto(req->tier()));
     args.durable = req->durable();
     switch (req->data_case()) {
@@ -245,13 +304,18 @@ grpc::ServerUnaryReactor* GrpcAdapter::Put(Ctx* ctx, const Bytes* in, Bytes* out
         const std::string& b = req->inline_chunk();
         // The message's bytes and the parsed copy.
         KVTIER_RETURN_IF_ERROR(call.Reserve(2 * b.size()));
-        KVTIER_RETURN_IF_ERROR(service_->Put(
-            args, std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(b.data()), b.size())));
+        absl::Status put = service_->Put(
+            args, std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(b.data()), b.size()));
+        call.tenant->CountPut(put);
+        KVTIER_RETURN_IF_ERROR(put);
         metrics_->Add(ServerMetric::kBytesPutInline, b.size());
         return absl::OkStatus();
       }
       case pb::PutRequest::kSlotId: {
-        KVTIER_RETURN_IF_ERROR(service_->CommitSlot(args, req->slot_id()));
+        KVTIER_RETURN_IF_ERROR(call.PoolAccess());
+        absl::Status put = service_->CommitSlot(args, req->slot_id());
+        call.tenant->CountPut(put);
+        KVTIER_RETURN_IF_ERROR(put);
         auto n = service_->engine()->ChunkBytes(args.key);
         if (n.ok()) metrics_->Add(ServerMetric::kBytesPutShm, *n);
         return absl::OkStatus();
@@ -272,9 +336,16 @@ class GrpcAdapter::PutStreamCall final : public grpc::ServerReadReactor<grpc::By
   PutStreamCall(GrpcAdapter* adapter, Ctx* ctx, Bytes* out)
       : adapter_(adapter), out_(out), t0_(std::chrono::steady_clock::now()) {
     adapter_->tracker_.Register(&entry_, ctx);
-    absl::Status st = adapter_->Authorize(ctx);
-    if (!st.ok()) {
-      Reply(st);
+    absl::StatusOr<const Tenant*> tenant = adapter_->Authorize(ctx);
+    if (!tenant.ok()) {
+      Reply(tenant.status());
+      return;
+    }
+    tenant_ = *tenant;
+    if (!adapter_->PoolAccessOf(ctx)) {
+      Reply(absl::FailedPreconditionError(
+          "put streams commit slots, served on the Unix socket only: a TCP client cannot map the "
+          "pool"));
       return;
     }
     ReadNext();
@@ -318,7 +389,8 @@ class GrpcAdapter::PutStreamCall final : public grpc::ServerReadReactor<grpc::By
       auto tier = FromProto(m_.tier());
       absl::Status st = key.ok() ? tier.status() : key.status();
       if (!st.ok()) return Fail(st);
-      args_.key = *key;
+      args_.key = tenant_->WriteKey(*key);
+      args_.tenant = tenant_->id();
       args_.tier = *tier;
     } else if (!ok) {
       return Fail(absl::InvalidArgumentError("put stream ended without its commit message"));
@@ -331,6 +403,7 @@ class GrpcAdapter::PutStreamCall final : public grpc::ServerReadReactor<grpc::By
     if (!m_.commit()) return ReadNext();
     slot_open_ = false;
     absl::Status st = adapter_->service_->FinishStreamedCommit(args_, slot_id_, *check_);
+    tenant_->CountPut(st);
     if (st.ok()) adapter_->metrics_->Add(ServerMetric::kBytesPutShm, m_.written_bytes());
     Reply(st);
   }
@@ -353,6 +426,7 @@ class GrpcAdapter::PutStreamCall final : public grpc::ServerReadReactor<grpc::By
   grpc::ByteBuffer in_;
   pb::PutStreamRequest m_;
   std::unique_ptr<wire::IncrementalChunkCheck> check_;
+  const Tenant* tenant_ = nullptr;
   uint64_t slot_id_ = 0;
   bool slot_open_ = false;  // begun and neither committed nor aborted
   PutArgs args_;
@@ -364,7 +438,8 @@ grpc::ServerReadReactor<grpc::ByteBuffer>* GrpcAdapter::PutStream(Ctx* ctx, Byte
 
 grpc::ServerUnaryReactor* GrpcAdapter::Get(Ctx* ctx, const Bytes* in, Bytes* out) {
   return Serve<pb::GetRequest, pb::GetResponse>(Method::kGet, ctx, in, out, [this](UnaryCall& call, const pb::GetRequest* req, pb::GetResponse* resp) -> absl::Status {
-    KVTIER_ASSIGN_OR_RETURN(Hash128 key, KeyFromBytes(req->key()));
+    KVTIER_ASSIGN_OR_RETURN(Hash128 client_key, KeyFromBytes(req->key()));
+    const Hash128 key = call.tenant->ReadKey(client_key, service_->engine());
     GetMode mode;
     switch (req->mode()) {
       case pb::GET_MODE_INLINE: mode = GetMode::kCopy; break;
@@ -372,14 +447,18 @@ grpc::ServerUnaryReactor* GrpcAdapter::Get(Ctx* ctx, const Bytes* in, Bytes* out
       case pb::GET_MODE_SLOT: mode = GetMode::kSlot; break;
       default: return absl::InvalidArgumentError(absl::StrCat("unknown get mode ", req->mode()));
     }
+    if (mode != GetMode::kCopy) KVTIER_RETURN_IF_ERROR(call.PoolAccess());
     if (mode == GetMode::kCopy) {
       // The answer holds the chunk twice until it is sent: the message and
       // its encoding.
-      KVTIER_ASSIGN_OR_RETURN(uint64_t n, service_->engine()->ChunkBytes(key));
-      KVTIER_RETURN_IF_ERROR(call.Reserve(2 * n));
+      auto n = service_->engine()->ChunkBytes(key);
+      if (!n.ok()) call.tenant->CountRead(n.status());
+      KVTIER_RETURN_IF_ERROR(n.status());
+      KVTIER_RETURN_IF_ERROR(call.Reserve(2 * *n));
     }
-    KVTIER_ASSIGN_OR_RETURN(GetResult r,
-                            service_->Get(key, mode, req->slot_id(), req->lease_ms(), req->verify()));
+    auto got = service_->Get(key, mode, req->slot_id(), req->lease_ms(), req->verify());
+    call.tenant->CountRead(got.status());
+    KVTIER_ASSIGN_OR_RETURN(GetResult r, std::move(got));
     resp->set_tier(ToProto(r.tier));
     resp->set_chunk_bytes(r.chunk_bytes);
     if (mode == GetMode::kCopy) {
@@ -397,18 +476,20 @@ grpc::ServerUnaryReactor* GrpcAdapter::Get(Ctx* ctx, const Bytes* in, Bytes* out
 }
 
 grpc::ServerUnaryReactor* GrpcAdapter::Prefetch(Ctx* ctx, const Bytes* in, Bytes* out) {
-  return Serve<pb::PrefetchRequest, pb::PrefetchResponse>(Method::kPrefetch, ctx, in, out, [this](UnaryCall&, const pb::PrefetchRequest* req, pb::PrefetchResponse* resp) -> absl::Status {
+  return Serve<pb::PrefetchRequest, pb::PrefetchResponse>(Method::kPrefetch, ctx, in, out, [this](UnaryCall& call, const pb::PrefetchRequest* req, pb::PrefetchResponse* resp) -> absl::Status {
     KVTIER_ASSIGN_OR_RETURN(auto keys, KeysFrom(req->keys(), service_->limits().max_keys_per_request));
-    KVTIER_ASSIGN_OR_RETURN(bool done, service_->Prefetch(std::move(keys), req->deadline_ms()));
+    KVTIER_ASSIGN_OR_RETURN(bool done, service_->Prefetch(call.tenant->ReadKeys(keys, service_->engine()),
+                                                          req->deadline_ms()));
     resp->set_completed(done);
     return absl::OkStatus();
   });
 }
 
 grpc::ServerUnaryReactor* GrpcAdapter::Pin(Ctx* ctx, const Bytes* in, Bytes* out) {
-  return Serve<pb::PinRequest, pb::PinResponse>(Method::kPin, ctx, in, out, [this](UnaryCall&, const pb::PinRequest* req, pb::PinResponse* resp) -> absl::Status {
+  return Serve<pb::PinRequest, pb::PinResponse>(Method::kPin, ctx, in, out, [this](UnaryCall& call, const pb::PinRequest* req, pb::PinResponse* resp) -> absl::Status {
     KVTIER_ASSIGN_OR_RETURN(auto keys, KeysFrom(req->keys(), service_->limits().max_keys_per_request));
-    KVTIER_ASSIGN_OR_RETURN(tiering::Lease l, service_->Pin(keys, req->ttl_ms()));
+    KVTIER_ASSIGN_OR_RETURN(tiering::Lease l,
+                            service_->Pin(call.tenant->ReadKeys(keys, service_->engine()), req->ttl_ms()));
     SetLease(l, resp);
     return absl::OkStatus();
   },
@@ -431,9 +512,9 @@ grpc::ServerUnaryReactor* GrpcAdapter::Release(Ctx* ctx, const Bytes* in, Bytes*
 }
 
 grpc::ServerUnaryReactor* GrpcAdapter::Delete(Ctx* ctx, const Bytes* in, Bytes* out) {
-  return Serve<pb::DeleteRequest, pb::DeleteResponse>(Method::kDelete, ctx, in, out, [this](UnaryCall&, const pb::DeleteRequest* req, pb::DeleteResponse*) -> absl::Status {
+  return Serve<pb::DeleteRequest, pb::DeleteResponse>(Method::kDelete, ctx, in, out, [this](UnaryCall& call, const pb::DeleteRequest* req, pb::DeleteResponse*) -> absl::Status {
     KVTIER_ASSIGN_OR_RETURN(Hash128 key, KeyFromBytes(req->key()));
-    return service_->Delete(key);
+    return service_->Delete(call.tenant->WriteKey(key));
   });
 }
 

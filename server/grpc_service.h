@@ -14,6 +14,7 @@
 #include "server/grpc_calls.h"
 #include "server/metrics.h"
 #include "server/service.h"
+#include "server/tenants.h"
 
 namespace kvtier::server {
 
@@ -26,6 +27,14 @@ struct AdapterOptions {
   // listener checks it before a call starts (grpc_auth.h); the adapter
   // checks it again. Default: ""
   std::string token;
+  // The daemon's tenants (not owned; must outlive the adapter). With a
+  // tenants file every call is a tenant's: on TCP the tenant of its bearer
+  // token (which must agree with the TLS identity's tenant, if that has
+  // one); on the Unix socket the tenant of its bearer token if it sends one,
+  // else the tenant of the daemon's uid (the socket is owner-only). A call
+  // of no tenant is UNAUTHENTICATED. Default: nullptr (one tenant, keys as
+  // sent)
+  const TenantRegistry* tenants = nullptr;
   // Path of the side-channel socket that passes the pool memfd, reported by
   // Health. Default: "" (no shared-memory data plane)
   std::string shm_socket;
@@ -109,7 +118,13 @@ class GrpcAdapter final : public RawKvtierService {
   template <typename Req, typename Resp, typename Body>
   grpc::ServerUnaryReactor* Serve(Method m, Ctx* ctx, const Bytes* in, Bytes* out, Body body,
                                   ServeMode mode = {});
-  absl::Status Authorize(Ctx* ctx);
+  // The tenant of the call's client, or UNAUTHENTICATED.
+  absl::StatusOr<const Tenant*> Authorize(Ctx* ctx);
+  // Whether the call may name pool memory: with tenants, only Unix-socket
+  // calls do. A TCP client cannot map the pool, and a slot it could commit
+  // unwritten would hold the bytes of a chunk freed there (another
+  // tenant's).
+  bool PoolAccessOf(Ctx* ctx) const;
   absl::Status CheckVersion(uint32_t version) const;
   // A call's outcome: encodes `resp` into `out` on success, records the
   // method's metrics, gives the answer the write timeout; the status to
@@ -121,6 +136,8 @@ class GrpcAdapter final : public RawKvtierService {
   KvService* const service_;
   ServerMetrics* const metrics_;
   const AdapterOptions options_;
+  const TenantRegistry default_tenants_;  // options_.tenants when it is null
+  const TenantRegistry* const tenants_;
   // Without a remote tier, lookups and pins read only the engine's memory:
   // they run on the gRPC thread (a hop to the pool costs a round trip's worth
   // of wakeups). With one, they may ask peers, so they go to the pool.

@@ -121,6 +121,51 @@ std::string ServerMetrics::RenderPrometheus(const ServiceStats& stats) const {
                       Num(v), "\n");
     }
   }
+  if (stats.tenants.empty()) return out;
+  // Per tenant (with a tenants file). Tenant names are [A-Za-z0-9_.-], so
+  // they need no escaping in a label.
+  absl::StrAppend(&out,
+                  "# HELP kvtier_tenant_bytes Bytes of the tenant's chunks in the tier.\n"
+                  "# TYPE kvtier_tenant_bytes gauge\n");
+  for (const TenantStats& t : stats.tenants) {
+    for (int k = 0; k < tiering::kNumTierKinds; ++k) {
+      if (k == static_cast<int>(tiering::TierKind::kRemote)) continue;
+      absl::StrAppend(&out, "kvtier_tenant_bytes{tenant=\"", t.name, "\",tier=\"",
+                      tiering::TierName(static_cast<tiering::TierKind>(k)), "\"} ", t.usage.bytes[k],
+                      "\n");
+    }
+  }
+  struct TenantCounter {
+    const char* name;
+    const char* help;
+    uint64_t TenantStats::*field;
+  };
+  static constexpr TenantCounter kTenantCounters[] = {
+      {"kvtier_tenant_hits_total", "Reads of the tenant that found their chunk.", &TenantStats::hits},
+      {"kvtier_tenant_misses_total", "Reads of the tenant that missed.", &TenantStats::misses},
+      {"kvtier_tenant_puts_total", "Puts of the tenant that were stored.", &TenantStats::puts},
+      {"kvtier_tenant_put_rejections_total", "Puts of the tenant refused as resource exhausted.",
+       &TenantStats::put_rejections}};
+  for (const TenantCounter& c : kTenantCounters) {
+    absl::StrAppend(&out, "# HELP ", c.name, " ", c.help, "\n# TYPE ", c.name, " counter\n");
+    for (const TenantStats& t : stats.tenants) {
+      absl::StrAppend(&out, c.name, "{tenant=\"", t.name, "\"} ", t.*c.field, "\n");
+    }
+  }
+  absl::StrAppend(&out,
+                  "# HELP kvtier_tenant_evictions_total Objects of the tenant evicted from a tier.\n"
+                  "# TYPE kvtier_tenant_evictions_total counter\n");
+  for (const TenantStats& t : stats.tenants) {
+    absl::StrAppend(&out, "kvtier_tenant_evictions_total{tenant=\"", t.name, "\"} ",
+                    t.usage.evictions, "\n");
+  }
+  absl::StrAppend(&out,
+                  "# HELP kvtier_tenant_quota_rejections_total Stores of the tenant's chunks refused "
+                  "at its quota.\n# TYPE kvtier_tenant_quota_rejections_total counter\n");
+  for (const TenantStats& t : stats.tenants) {
+    absl::StrAppend(&out, "kvtier_tenant_quota_rejections_total{tenant=\"", t.name, "\"} ",
+                    t.usage.quota_rejections, "\n");
+  }
   return out;
 }
 

@@ -37,6 +37,9 @@ void RegisterDaemonFlags(CLI::App& app, DaemonOptions* o) {
   app.add_option("--token-file", o->token_file,
                  "bearer token TCP clients must send (file mode 0600, token >= 32 bytes)")
       ->capture_default_str();
+  app.add_option("--tenants", o->tenants,
+                 "tenants file (TOML [[tenant]] tables): per-tenant keys, quotas, metrics "
+                 "[default: none, one tenant]");
   app.add_option("--metrics-addr", o->metrics_addr, "Prometheus metrics at http://HOST:PORT/metrics")
       ->capture_default_str();
   app.add_option("--max-message-mib", o->max_message_mib, "largest gRPC message, MiB")->capture_default_str();
@@ -126,7 +129,7 @@ absl::Status LoadConfigFile(const std::string& path, DaemonOptions* o) {
     return absl::InvalidArgumentError(absl::StrCat("config ", path, ": ", std::string(e.description())));
   }
   static const char* kKeys[] = {"data_dir", "socket", "dram_gib", "nvme_gib", "hbm_gib",
-                                "dram_populate", "listen_tcp", "token_file", "metrics_addr",
+                                "dram_populate", "listen_tcp", "token_file", "tenants", "metrics_addr",
                                 "max_message_mib", "max_keys_per_request", "max_concurrent_streams",
                                 "request_threads", "max_queued_requests", "max_inflight_mib",
                                 "max_inflight_mib_per_connection", "write_timeout_ms",
@@ -154,6 +157,7 @@ absl::Status LoadConfigFile(const std::string& path, DaemonOptions* o) {
   take("dram_populate", &o->dram_populate);
   take("listen_tcp", &o->listen_tcp);
   take("token_file", &o->token_file);
+  take("tenants", &o->tenants);
   take("metrics_addr", &o->metrics_addr);
   take("max_message_mib", &o->max_message_mib);
   take("max_keys_per_request", &o->max_keys_per_request);
@@ -194,8 +198,8 @@ absl::Status ValidateDaemonOptions(const DaemonOptions& o) {
   if (auto e = tiering::ParseEvictionPolicySpec(o.eviction); !e.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("--eviction: ", e.status().message()));
   }
-  if (!o.listen_tcp.empty() && o.token_file.empty()) {
-    return absl::InvalidArgumentError("--listen-tcp requires --token-file");
+  if (!o.listen_tcp.empty() && o.token_file.empty() && o.tenants.empty()) {
+    return absl::InvalidArgumentError("--listen-tcp requires --token-file or --tenants");
   }
   if (o.max_message_mib == 0 || o.max_message_mib > 2047) {
     return absl::InvalidArgumentError("--max-message-mib must be 1..2047");

@@ -40,12 +40,16 @@ struct DaemonOptions {
   // Default: true
   bool dram_populate = true;
   // Optional TCP listener "HOST:PORT" (port 0 picks one); requires
-  // token_file. Default: "" (none)
+  // token_file or tenants (whose tokens it accepts). Default: "" (none)
   std::string listen_tcp;
   // File holding the bearer token TCP clients must send; surrounding
   // whitespace is ignored. It must be mode 0600 or stricter and the token at
   // least kMinTokenBytes long (ReadTokenFile). Default: ""
   std::string token_file;
+  // Tenants file (TOML, server/tenants.h and docs/tenancy.md): each
+  // client is a tenant, with its own key namespace, quotas and metrics.
+  // Default: "" (one tenant; keys stored as sent)
+  std::string tenants;
   // Prometheus metrics over HTTP at "HOST:PORT/metrics". Default: "" (off)
   std::string metrics_addr;
   // Largest gRPC message in MiB, each way (an inline chunk must fit).

@@ -20,6 +20,7 @@ tiering::PutOptions PutOptionsOf(const PutArgs& args) {
   tiering::PutOptions po;
   po.durable = args.durable;
   po.tier = args.tier;
+  po.tenant = args.tenant;
   return po;
 }
 
@@ -33,8 +34,9 @@ absl::Status UnknownLeaseError(uint64_t lease_id) {
   return absl::NotFoundError(absl::StrCat("lease ", lease_id, " unknown or expired"));
 }
 
-KvService::KvService(tiering::PlacementEngine* engine, const ServiceLimits& limits)
-    : engine_(engine), limits_(limits) {}
+KvService::KvService(tiering::PlacementEngine* engine, const ServiceLimits& limits,
+                     const TenantRegistry* tenants)
+    : engine_(engine), limits_(limits), tenants_(tenants) {}
 
 absl::Status KvService::CheckKeyCount(size_t n) const {
   if (n > limits_.max_keys_per_request) {
@@ -112,12 +114,13 @@ absl::Status KvService::Put(const PutArgs& args, std::span<const uint8_t> chunk)
   return engine_->Put(args.key, verified, PutOptionsOf(args));
 }
 
-absl::StatusOr<tiering::Slot> KvService::AllocateSlot(uint64_t bytes, uint32_t ttl_ms) {
+absl::StatusOr<tiering::Slot> KvService::AllocateSlot(uint64_t bytes, uint32_t ttl_ms,
+                                                      tiering::TenantId tenant) {
   if (bytes == 0 || bytes > limits_.max_chunk_bytes) {
     return absl::InvalidArgumentError(absl::StrCat("slot of ", bytes, " bytes; must be 1..",
                                                    limits_.max_chunk_bytes));
   }
-  return engine_->AllocateSlot(bytes, ttl_ms);
+  return engine_->AllocateSlot(bytes, ttl_ms, tenant);
 }
 
 absl::StatusOr<std::span<uint8_t>> KvService::SlotSpan(uint64_t slot_id) {
@@ -336,6 +339,19 @@ ServiceStats KvService::Stats() {
   for (int i = 0; i < static_cast<int>(tiering::EngineMetric::kCount); ++i) {
     auto m = static_cast<tiering::EngineMetric>(i);
     s.counters.emplace_back(tiering::EngineMetricName(m), engine_->metric(m));
+  }
+  if (tenants_ != nullptr && tenants_->configured()) {
+    const std::vector<tiering::TenantUsage> usage = engine_->TenantUsages();
+    for (const auto& t : tenants_->tenants()) {
+      TenantStats ts;
+      ts.name = t->name();
+      if (t->id() < usage.size()) ts.usage = usage[t->id()];
+      ts.hits = t->hits();
+      ts.misses = t->misses();
+      ts.puts = t->puts();
+      ts.put_rejections = t->put_rejections();
+      s.tenants.push_back(std::move(ts));
+    }
   }
   return s;
 }

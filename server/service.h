@@ -31,6 +31,7 @@
 #include "common/hash.h"
 #include "wire/chunk_check.h"
 #include "bandwidth/model.h"
+#include "server/tenants.h"
 #include "tiering/placement_engine.h"
 
 namespace kvtier::server {
@@ -51,9 +52,10 @@ struct ServiceLimits {
 };
 
 struct PutArgs {
-  Hash128 key;
+  Hash128 key;  // the stored key (Tenant::WriteKey of the client's)
   bool durable = false;
   std::optional<tiering::TierKind> tier;
+  tiering::TenantId tenant = 0;  // whose quotas the chunk counts towards
 };
 
 // How a get hands the chunk out.
@@ -80,15 +82,25 @@ struct GetResult {
 absl::Status UnknownSlotError(uint64_t slot_id);
 absl::Status UnknownLeaseError(uint64_t lease_id);
 
+// One tenant's share and counters (with a tenants file).
+struct TenantStats {
+  std::string name;
+  tiering::TenantUsage usage;  // bytes per tier, evictions, quota rejections
+  uint64_t hits = 0, misses = 0, puts = 0, put_rejections = 0;  // Tenant's counters
+};
+
 struct ServiceStats {
   std::vector<tiering::TierUsage> tiers;
   std::vector<std::pair<std::string, uint64_t>> counters;  // engine counters
+  std::vector<TenantStats> tenants;  // empty without a tenants file
 };
 
 class KvService {
  public:
-  // `engine` is not owned and must outlive the service.
-  KvService(tiering::PlacementEngine* engine, const ServiceLimits& limits);
+  // `engine` and `tenants` (optional: its tenants' stats are reported) are
+  // not owned and must outlive the service.
+  KvService(tiering::PlacementEngine* engine, const ServiceLimits& limits,
+            const TenantRegistry* tenants = nullptr);
 
   const ServiceLimits& limits() const { return limits_; }
   tiering::PlacementEngine* engine() const { return engine_; }
@@ -127,7 +139,9 @@ class KvService {
   // engine's codes otherwise.
   absl::Status Put(const PutArgs& args, std::span<const uint8_t> chunk);
 
-  absl::StatusOr<tiering::Slot> AllocateSlot(uint64_t bytes, uint32_t ttl_ms);
+  // The slot counts towards `tenant`'s DRAM quota (PlacementEngine::AllocateSlot).
+  absl::StatusOr<tiering::Slot> AllocateSlot(uint64_t bytes, uint32_t ttl_ms,
+                                             tiering::TenantId tenant = 0);
   // NotFound (UnknownSlotError) for a slot that is unknown or expired.
   absl::Status AbortSlot(uint64_t slot_id);
   // Removes the ids of slots and leases that ended (unknown or expired) from
@@ -225,6 +239,7 @@ class KvService {
 
   tiering::PlacementEngine* const engine_;
   const ServiceLimits limits_;
+  const TenantRegistry* const tenants_;
 };
 
 }  // namespace kvtier::server

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "server/data_plane_connection.h"
 #include "server/metrics.h"
+#include "server/tenants.h"
 #include "spdlog/spdlog.h"
 
 namespace kvtier::server {
@@ -45,6 +46,7 @@ absl::StatusOr<int> ListenUnixOwnerOnly(const std::string& path) {
 
 struct ShmChannel::Conn {
   int fd = -1;
+  const Tenant* tenant = nullptr;
   std::thread thread;
   std::atomic<bool> done{false};
 };
@@ -77,7 +79,9 @@ ShmChannel::ShmChannel(std::string path, int listen_fd, int stop_fd[2], int fd, 
       metrics_(metrics),
       service_(service),
       options_(options),
-      put_check_threads_(ResolvePutCheckThreads(options.put_check_threads)) {
+      put_check_threads_(ResolvePutCheckThreads(options.put_check_threads)),
+      default_tenants_(options.tenants == nullptr ? std::make_unique<TenantRegistry>() : nullptr),
+      tenants_(options.tenants != nullptr ? options.tenants : default_tenants_.get()) {
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -137,7 +141,11 @@ void ShmChannel::Loop() {
     socklen_t len = sizeof(cred);
     if (::getsockopt(c, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || cred.uid != ::geteuid()) {
       ::close(c);
-    } else if (!Adopt(c)) {
+      continue;
+    }
+    // With tenants, a uid of no tenant names one in its first request.
+    const Tenant* tenant = tenants_->configured() ? tenants_->ByUid(cred.uid) : tenants_->only();
+    if (!Adopt(c, tenant)) {
       // At the limit (or stopping): the pool, but no data plane; the client
       // sees the end of the stream where it sent kHello.
       (void)SendPool(c);
@@ -167,7 +175,7 @@ bool ShmChannel::SendPool(int c) {
   return true;
 }
 
-bool ShmChannel::Adopt(int c) {
+bool ShmChannel::Adopt(int c, const Tenant* tenant) {
   absl::MutexLock l(&mu_);
   ReapFinished();
   if (service_ == nullptr || stopping_ ||
@@ -180,6 +188,7 @@ bool ShmChannel::Adopt(int c) {
   ::setsockopt(c, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
   auto conn = std::make_unique<Conn>();
   conn->fd = c;
+  conn->tenant = tenant;
   Conn* p = conn.get();
   conns_.push_back(std::move(conn));
   // The connection is counted before its client has the pool, so a client
@@ -198,7 +207,8 @@ bool ShmChannel::Adopt(int c) {
 
 void ShmChannel::Serve(Conn* conn) {
   {
-    DataPlaneConnection dp(conn->fd, service_, metrics_, options_, put_check_threads_);
+    DataPlaneConnection dp(conn->fd, service_, tenants_, conn->tenant, metrics_, options_,
+                           put_check_threads_);
     dp.Run();
   }  // frees what the connection held
   ::shutdown(conn->fd, SHUT_RDWR);  // the peer sees the end now; the fd is closed when reaped

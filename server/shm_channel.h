@@ -17,9 +17,14 @@
 //        response: u16 version | u16 op | u32 code | u32 payload bytes | payload
 //      `code` is an absl::StatusCode; on an error the payload is the message
 //      (at most kMaxErrorMessageBytes), otherwise the op's reply payload.
-//      The first request of a client is kHello; a daemon that does not
-//      speak the protocol (or has no room for another connection) closes
-//      the connection instead, and the client uses gRPC for everything.
+//      The first request of a client is kHello, or kHelloTenant with a
+//      tenant's bearer token (the connection is then that tenant's; an
+//      unknown token is answered Unauthenticated and the connection ends;
+//      with a tenants file, a peer whose uid is no tenant's must send it,
+//      and kHelloTenant after the first request is FailedPrecondition). A
+//      daemon that does not speak the protocol (or has no room for another
+//      connection) closes the connection instead, and the client uses gRPC
+//      for everything.
 //
 // Every frame is checked: a version other than kVersion, an unknown op, a
 // payload length other than the op's (for a batch op, kLookup and after:
@@ -60,6 +65,8 @@ namespace kvtier::server {
 
 class KvService;
 class ServerMetrics;
+class Tenant;
+class TenantRegistry;
 
 
 struct ShmChannelOptions {
@@ -88,6 +95,12 @@ struct ShmChannelOptions {
   // 0 picks 2 on hosts with at least 4 hardware threads, else 1: a put then
   // keeps three cores busy (the client's copy and two hashes). Default: 0
   int put_check_threads = 0;
+  // The daemon's tenants (not owned; must outlive the channel). With a
+  // tenants file the data plane serves a connection as the tenant its
+  // kHelloTenant names, else as the tenant of its peer's uid; a connection
+  // of neither is refused (Unauthenticated) at its first request.
+  // Default: nullptr (one tenant, keys as sent)
+  const TenantRegistry* tenants = nullptr;
 };
 
 // ShmChannelOptions::put_check_threads as the daemon applies it: 0 is 2 on
@@ -122,7 +135,7 @@ class ShmChannel {
   void Loop();
   // Registers `c` and serves it on a new thread, which first passes the pool;
   // false (and `c` untouched) at the connection limit or while stopping.
-  bool Adopt(int c);
+  bool Adopt(int c, const Tenant* tenant);
   // Passes the pool's size and memfd (SCM_RIGHTS) to `c`.
   bool SendPool(int c);
   void Serve(Conn* conn);
@@ -137,6 +150,8 @@ class ShmChannel {
   KvService* const service_;
   const ShmChannelOptions options_;
   const int put_check_threads_;  // options_.put_check_threads, resolved
+  std::unique_ptr<TenantRegistry> default_tenants_;  // when options_.tenants is null
+  const TenantRegistry* tenants_;
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::list<std::unique_ptr<Conn>> conns_ ABSL_GUARDED_BY(mu_);

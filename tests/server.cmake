@@ -41,3 +41,9 @@ kvtier_add_test(server_ctl_test
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/server_ctl_test.cc
   DEPS kvtier_server kvtier_client
   TIMEOUT 120)
+# Tenants (docs/tenancy.md): key namespaces on gRPC, the data plane and TCP,
+# the shared namespace, quotas under a put storm, per-tenant metrics.
+kvtier_add_test(server_tenancy_test
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/server_tenancy_test.cc
+  DEPS kvtier_server kvtier_client
+  TIMEOUT 120)

@@ -84,6 +84,19 @@ absl::StatusOr<std::unique_ptr<PlacementEngine>> PlacementEngine::Create(
   if (options.nvme_admit_after_uses == 0) {
     return absl::InvalidArgumentError("nvme_admit_after_uses must be at least 1");
   }
+  for (int k = 0; k < kNumTierKinds; ++k) {
+    uint64_t sum = 0;
+    for (const auto& q : options.tenant_quotas) sum += q[k];
+    const Tier* t = k == static_cast<int>(TierKind::kHbm)    ? tiers.hbm.get()
+                    : k == static_cast<int>(TierKind::kDram) ? tiers.dram.get()
+                    : k == static_cast<int>(TierKind::kNvme) ? tiers.nvme.get()
+                                                             : nullptr;
+    if (sum > 0 && (t == nullptr || sum > t->capacity_bytes())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tenant quotas of the ", TierName(static_cast<TierKind>(k)), " tier sum to ", sum,
+          " bytes; the tier holds ", t == nullptr ? 0 : t->capacity_bytes()));
+    }
+  }
   std::unique_ptr<PlacementEngine> e(new PlacementEngine(options, std::move(tiers)));
   e->Bootstrap();
   e->prefetch_thread_ = std::thread([p = e.get()] { p->PrefetchLoop(); });
@@ -106,8 +119,21 @@ PlacementEngine::PlacementEngine(const PlacementEngineOptions& o, EngineTiers ti
   tiers_[static_cast<int>(TierKind::kRemote)] = remote_;
   absl::MutexLock l(&mu_);
   for (int k = 0; k < kNumTierKinds; ++k) {
-    if (tiers_[k]) policies_[k] = NewEvictionPolicy(o.eviction.For(static_cast<TierKind>(k)), tiers_[k]->capacity_bytes(), o.eviction_options);
+    if (!tiers_[k]) continue;
+    policies_[k] = NewEvictionPolicy(o.eviction.For(static_cast<TierKind>(k)),
+                                     tiers_[k]->capacity_bytes(), o.eviction_options);
+    if (!o.tenant_quotas.empty()) {
+      // Called by the policy, under mu_.
+      auto tenant_of = [this](const Hash128& key) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        return TenantOfLocked(key);
+      };
+      auto acct = std::make_unique<TenantAccountingPolicy>(std::move(policies_[k]), tenant_of);
+      accounting_[k] = acct.get();
+      policies_[k] = std::move(acct);
+    }
   }
+  tenant_evictions_.assign(o.tenant_quotas.size(), 0);
+  tenant_rejections_.assign(o.tenant_quotas.size(), 0);
 }
 
 PlacementEngine::~PlacementEngine() {
@@ -174,12 +200,18 @@ int64_t PlacementEngine::LeaseUs(int64_t ttl_ms) const {
 
 TierKind PlacementEngine::DefaultTier() const { return dram_ ? TierKind::kDram : TierKind::kNvme; }
 
+TenantId PlacementEngine::TenantOfLocked(const Hash128& key) const {
+  auto it = chunks_.find(key);
+  return it == chunks_.end() ? 0 : it->second.tenant;
+}
+
 void PlacementEngine::NoteStored(TierKind kind, const ObjectKey& id, uint64_t chunk_bytes,
-                                 bool split, uint64_t object_bytes) {
+                                 bool split, uint64_t object_bytes, TenantId tenant) {
   absl::MutexLock l(&mu_);
   auto [it, inserted] = chunks_.try_emplace(id.key);
   ChunkState& st = it->second;
   if (inserted) {
+    st.tenant = tenant;
     st.bytes = chunk_bytes;
     st.split = split;
     st.uses = 1 + RecallUsesLocked(id.key);
@@ -234,15 +266,16 @@ void PlacementEngine::Forget(const ObjectKey& id, TierKind kind) {
 
 absl::Status PlacementEngine::StoreWithEviction(TierKind kind, const ObjectKey& id,
                                                 std::span<const uint8_t> bytes,
-                                                const TierPutOptions& topts) {
+                                                const TierPutOptions& topts, TenantId tenant) {
   Tier* t = tiers_[static_cast<int>(kind)];
   if (t == nullptr) return absl::FailedPreconditionError(absl::StrCat("no ", TierName(kind), " tier"));
+  KVTIER_RETURN_IF_ERROR(MakeQuotaRoom(kind, tenant, bytes.size()));
   int idle = 0;
   for (int i = 0; i < kMaxEvictionsPerStore; ++i) {
     absl::Status st = t->Put(id, bytes, topts);
     if (!IsTierFull(st)) return st;
     if (bytes.size() > t->capacity_bytes()) return st;
-    if (!EvictOne(kind)) {
+    if (!EvictOne(kind, tenant)) {
       if (++idle > kMaxIdleRounds) return st;
       std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
@@ -250,24 +283,56 @@ absl::Status PlacementEngine::StoreWithEviction(TierKind kind, const ObjectKey& 
   return TierFullError(absl::StrCat(TierName(kind), ": eviction did not make room"));
 }
 
-bool PlacementEngine::EvictOne(TierKind kind) {
+absl::Status PlacementEngine::MakeQuotaRoom(TierKind kind, TenantId tenant, uint64_t bytes) {
+  const int ki = static_cast<int>(kind);
+  const uint64_t quota = QuotaOf(tenant, ki);
+  if (quota == 0) return absl::OkStatus();
+  for (int i = 0; i < kMaxEvictionsPerStore; ++i) {
+    {
+      absl::MutexLock l(&mu_);
+      if (accounting_[ki] == nullptr || accounting_[ki]->bytes(tenant) + bytes <= quota) {
+        return absl::OkStatus();
+      }
+    }
+    if (bytes > quota || !EvictOne(kind, tenant, /*own_only=*/true)) break;
+  }
+  absl::MutexLock l(&mu_);
+  ++tenant_rejections_[tenant];
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "tenant ", tenant, " is at its ", TierName(kind), " quota of ", quota, " bytes (",
+      accounting_[ki]->bytes(tenant), " stored, none evictable; ", bytes, " more asked)"));
+}
+
+bool PlacementEngine::EvictOne(TierKind kind, int tenant, bool own_only) {
   const int ki = static_cast<int>(kind);
   ObjectKey victim;
   std::optional<TierKind> lower;
+  TenantId victim_tenant = 0;
   {
     absl::MutexLock l(&mu_);
     ExpireLocked(Now());
     if (!policies_[ki]) return false;
-    auto v = policies_[ki]->PickVictim([&](const ObjectKey& id) {
+    TenantAccountingPolicy* acct = accounting_[ki];
+    auto v = policies_[ki]->PickVictim([&](const ObjectKey& id) ABSL_NO_THREAD_SAFETY_ANALYSIS {
       auto it = chunks_.find(id.key);
-      return it == chunks_.end() || (it->second.pins == 0 && it->second.busy == 0);
+      if (it != chunks_.end() && (it->second.pins != 0 || it->second.busy != 0)) return false;
+      if (acct == nullptr) return true;
+      const TenantId owner = acct->TenantOf(id).value_or(0);
+      if (owner == tenant) return true;
+      if (own_only) return false;
+      // Another tenant's object goes only beyond that tenant's guarantee.
+      const uint64_t quota = QuotaOf(owner, ki);
+      return quota == 0 || acct->bytes(owner) > quota;
     });
     if (!v) return false;
     victim = *v;
+    if (acct != nullptr) victim_tenant = acct->TenantOf(victim).value_or(0);
     policies_[ki]->OnErase(victim);
+    if (victim_tenant < tenant_evictions_.size()) ++tenant_evictions_[victim_tenant];
     auto it = chunks_.find(victim.key);
     if (it != chunks_.end()) {
       ChunkState& st = it->second;
+      victim_tenant = st.tenant;
       ++st.busy;
       uint8_t where = st.where[PartIndex(victim.part)];
       if (kind == TierKind::kHbm && dram_ && !(where & Bit(TierKind::kDram))) {
@@ -290,9 +355,11 @@ bool PlacementEngine::EvictOne(TierKind kind) {
       auto ref = dram_->AcquireRef(victim);
       if (ref.ok()) {
         st = StoreWithEviction(*lower, victim, {dram_->base() + ref->offset, ref->length},
-                               kBackground);
+                               kBackground, victim_tenant);
         dram_->ReleaseRef(*ref);
-        if (st.ok()) NoteStored(*lower, victim, 0, victim.part != Part::kWhole, ref->length);
+        if (st.ok()) {
+          NoteStored(*lower, victim, 0, victim.part != Part::kWhole, ref->length, victim_tenant);
+        }
       } else {
         st = ref.status();
       }
@@ -302,8 +369,10 @@ bool PlacementEngine::EvictOne(TierKind kind) {
       if (st.ok()) {
         std::vector<uint8_t> buf(*size);
         st = t->Read(victim, buf);
-        if (st.ok()) st = StoreWithEviction(*lower, victim, buf, kBackground);
-        if (st.ok()) NoteStored(*lower, victim, 0, victim.part != Part::kWhole, buf.size());
+        if (st.ok()) st = StoreWithEviction(*lower, victim, buf, kBackground, victim_tenant);
+        if (st.ok()) {
+          NoteStored(*lower, victim, 0, victim.part != Part::kWhole, buf.size(), victim_tenant);
+        }
       }
     }
     if (st.ok()) Count(EngineMetric::kDemotions);
@@ -457,9 +526,10 @@ absl::Status PlacementEngine::PutLocal(const Hash128& key, std::span<const uint8
     if (existed && t.tier != TierKind::kNvme) continue;  // only the durable copy was missing
     // Every object starts with the chunk's header (split parts too).
     absl::Status st =
-        StoreWithEviction(t.tier, t.id, t.bytes, TierPutOptions{.sync = opts.durable, .header = &h});
+        StoreWithEviction(t.tier, t.id, t.bytes, TierPutOptions{.sync = opts.durable, .header = &h},
+                          opts.tenant);
     if (st.ok()) {
-      NoteStored(t.tier, t.id, chunk.size(), split, t.bytes.size());
+      NoteStored(t.tier, t.id, chunk.size(), split, t.bytes.size(), opts.tenant);
       stored.push_back(t);
       continue;
     }
@@ -563,8 +633,13 @@ absl::StatusOr<TierKind> PlacementEngine::FinishRead(const Hash128& key, const R
   CountHit(src);
   if (src == TierKind::kNvme && dram_ && opts.promote.value_or(options_.promote_on_hit)) {
     ObjectKey w{key, Part::kWhole};
-    if (StoreWithEviction(TierKind::kDram, w, out, kBackground).ok()) {
-      NoteStored(TierKind::kDram, w, bytes, false, bytes);
+    TenantId tenant;
+    {
+      absl::MutexLock l(&mu_);
+      tenant = TenantOfLocked(key);
+    }
+    if (StoreWithEviction(TierKind::kDram, w, out, kBackground, tenant).ok()) {
+      NoteStored(TierKind::kDram, w, bytes, false, bytes, tenant);
       Count(EngineMetric::kPromotions);
     }
   }
@@ -594,6 +669,7 @@ absl::StatusOr<SharedRead> PlacementEngine::GetShared(const Hash128& key, int64_
   KVTIER_ASSIGN_OR_RETURN(bool fetched, FetchIfMissing(key, opts.allow_remote));
   SharedRead r;
   ReadShape shape;
+  TenantId tenant;
   {
     absl::MutexLock l(&mu_);
     const int64_t now = Now();
@@ -606,9 +682,10 @@ absl::StatusOr<SharedRead> PlacementEngine::GetShared(const Hash128& key, int64_
     // Pinned (without a lease) while a scratch slot is made and filled, so
     // that making room for the slot cannot evict it.
     ++st->pins;
+    tenant = st->tenant;
   }
   auto unpin = [&] { UnpinOne(key); };
-  auto slot = AllocateSlotOf(shape.bytes, ttl_ms, /*scratch=*/true);
+  auto slot = AllocateSlotOf(shape.bytes, ttl_ms, /*scratch=*/true, tenant);
   if (!slot.ok()) {
     unpin();
     return slot.status();
@@ -749,7 +826,12 @@ std::vector<absl::StatusOr<SharedRead>> PlacementEngine::GetSharedBatch(
   std::vector<size_t> reading;
   for (size_t j = 0; j < nvme.size(); ++j) {
     const size_t i = nvme[j];
-    auto slot = AllocateSlotOf(nvme_bytes[j], ttl_ms, /*scratch=*/true);
+    TenantId tenant;
+    {
+      absl::MutexLock l(&mu_);
+      tenant = TenantOfLocked(keys[i]);
+    }
+    auto slot = AllocateSlotOf(nvme_bytes[j], ttl_ms, /*scratch=*/true, tenant);
     if (!slot.ok()) {
       UnpinOne(keys[i]);
       loaded(keys[i]);
@@ -1043,24 +1125,29 @@ absl::StatusOr<Lease> PlacementEngine::Hold(std::span<const Hash128> keys, int64
   return Lease{*id, exp};
 }
 
-absl::StatusOr<Slot> PlacementEngine::AllocateSlot(uint64_t bytes, int64_t ttl_ms) {
-  return AllocateSlotOf(bytes, ttl_ms, /*scratch=*/false);
+absl::StatusOr<Slot> PlacementEngine::AllocateSlot(uint64_t bytes, int64_t ttl_ms,
+                                                   TenantId tenant) {
+  return AllocateSlotOf(bytes, ttl_ms, /*scratch=*/false, tenant);
 }
 
-absl::StatusOr<PoolExtent> PlacementEngine::ReserveDram(uint64_t bytes) {
+absl::StatusOr<PoolExtent> PlacementEngine::ReserveDram(uint64_t bytes, TenantId tenant) {
   int idle = 0;
   for (int i = 0; i < kMaxEvictionsPerStore; ++i) {
     auto ext = dram_->ReserveSlot(bytes);
     if (ext.ok() || !IsTierFull(ext.status()) || bytes > dram_->capacity_bytes()) return ext;
-    if (!EvictOne(TierKind::kDram) && ++idle > kMaxIdleRounds) return ext;
+    if (!EvictOne(TierKind::kDram, tenant) && ++idle > kMaxIdleRounds) return ext;
   }
   return TierFullError("dram: eviction did not make room for a slot");
 }
 
-absl::StatusOr<Slot> PlacementEngine::AllocateSlotOf(uint64_t bytes, int64_t ttl_ms, bool scratch) {
+absl::StatusOr<Slot> PlacementEngine::AllocateSlotOf(uint64_t bytes, int64_t ttl_ms, bool scratch,
+                                                     TenantId tenant) {
   if (!dram_) return absl::FailedPreconditionError("no DRAM tier");
   if (bytes < codec::kHeaderSize) return absl::InvalidArgumentError("slot smaller than a chunk header");
-  KVTIER_ASSIGN_OR_RETURN(PoolExtent ext, ReserveDram(bytes));
+  // A client slot becomes a stored chunk: its room is made inside the
+  // tenant's quota now (and checked again at the commit).
+  if (!scratch) KVTIER_RETURN_IF_ERROR(MakeQuotaRoom(TierKind::kDram, tenant, bytes));
+  KVTIER_ASSIGN_OR_RETURN(PoolExtent ext, ReserveDram(bytes, tenant));
   absl::MutexLock l(&mu_);
   auto id = NewIdLocked();
   if (!id.ok()) {
@@ -1182,17 +1269,24 @@ absl::Status PlacementEngine::CommitTakenSlot(const PoolExtent& ext,
       return absl::FailedPreconditionError("durable put without an NVMe tier");
     }
     absl::Status st = StoreWithEviction(TierKind::kNvme, w, bytes,
-                                        TierPutOptions{.sync = true, .header = &header});
+                                        TierPutOptions{.sync = true, .header = &header},
+                                        opts.tenant);
     if (!st.ok()) {
       (void)dram_->AbortSlot(ext);
       return st;
     }
-    NoteStored(TierKind::kNvme, w, ext.length, false, ext.length);
+    NoteStored(TierKind::kNvme, w, ext.length, false, ext.length, opts.tenant);
+  }
+  // The quota holds for committed bytes: the tenant's older chunks make
+  // room for this one.
+  if (absl::Status q = MakeQuotaRoom(TierKind::kDram, opts.tenant, ext.length); !q.ok()) {
+    (void)dram_->AbortSlot(ext);
+    return q;
   }
   // Write-through while the slot is still ours (nothing can evict it yet).
   Replicate(key, bytes, opts);
   KVTIER_RETURN_IF_ERROR(dram_->CommitSlot(w, ext));
-  NoteStored(TierKind::kDram, w, ext.length, false, ext.length);
+  NoteStored(TierKind::kDram, w, ext.length, false, ext.length, opts.tenant);
   Count(EngineMetric::kPuts);
   return absl::OkStatus();
 }
@@ -1214,8 +1308,13 @@ absl::Status PlacementEngine::Promote(const Hash128& key) {
   auto src = ReadObject(w, buf);
   if (absl::IsNotFound(src.status())) return absl::OkStatus();
   if (!src.ok()) return src.status();
-  KVTIER_RETURN_IF_ERROR(StoreWithEviction(TierKind::kDram, w, buf, kBackground));
-  NoteStored(TierKind::kDram, w, bytes, false, bytes);
+  TenantId tenant;
+  {
+    absl::MutexLock l(&mu_);
+    tenant = TenantOfLocked(key);
+  }
+  KVTIER_RETURN_IF_ERROR(StoreWithEviction(TierKind::kDram, w, buf, kBackground, tenant));
+  NoteStored(TierKind::kDram, w, bytes, false, bytes, tenant);
   Count(EngineMetric::kPrefetched);
   return absl::OkStatus();
 }
@@ -1244,6 +1343,7 @@ void PlacementEngine::PromoteFromSlot(const Hash128& key, const PoolExtent& exte
   auto it = chunks_.find(key);
   if (whole && it != chunks_.end() && !it->second.split && it->second.bytes == extent.length &&
       (it->second.where[0] & (Bit(TierKind::kHbm) | Bit(TierKind::kDram))) == 0 &&
+      WithinQuotaLocked(TierKind::kDram, it->second.tenant, extent.length) &&
       dram_->CommitSlot(w, extent).ok()) {
     it->second.where[0] |= Bit(TierKind::kDram);
     policies_[static_cast<int>(TierKind::kDram)]->OnInsert(w, extent.length);
@@ -1316,7 +1416,16 @@ absl::Status PlacementEngine::PrefetchGroup(std::span<const std::pair<Hash128, u
   std::vector<PoolExtent> extents;
   std::vector<std::span<uint8_t>> dst;
   for (const auto& [key, bytes] : chunks) {
-    auto ext = ReserveDram(bytes);
+    TenantId tenant;
+    {
+      absl::MutexLock l(&mu_);
+      tenant = TenantOfLocked(key);
+    }
+    // The copy becomes the chunk's DRAM copy: it is made room for inside
+    // the tenant's quota (and checked again when it is committed below).
+    const absl::Status quota = MakeQuotaRoom(TierKind::kDram, tenant, bytes);
+    absl::StatusOr<PoolExtent> ext =
+        quota.ok() ? ReserveDram(bytes, tenant) : absl::StatusOr<PoolExtent>(quota);
     if (!ext.ok()) {
       if (first.ok()) first = ext.status();
       continue;
@@ -1352,6 +1461,7 @@ absl::Status PlacementEngine::PrefetchGroup(std::span<const std::pair<Hash128, u
     auto it = chunks_.find(ids[i].key);
     if (it != chunks_.end() && !it->second.split && it->second.bytes == extents[i].length &&
         (it->second.where[0] & (Bit(TierKind::kHbm) | Bit(TierKind::kDram))) == 0 &&
+        WithinQuotaLocked(TierKind::kDram, it->second.tenant, extents[i].length) &&
         dram_->CommitSlot(ids[i], extents[i]).ok()) {
       it->second.where[0] |= Bit(TierKind::kDram);
       policies_[static_cast<int>(TierKind::kDram)]->OnInsert(ids[i], extents[i].length);
@@ -1391,6 +1501,25 @@ void PlacementEngine::MaintenanceLoop() {
     }
     RunMaintenance();
   }
+}
+
+bool PlacementEngine::WithinQuotaLocked(TierKind kind, TenantId tenant, uint64_t bytes) const {
+  const int ki = static_cast<int>(kind);
+  const uint64_t quota = QuotaOf(tenant, ki);
+  return quota == 0 || accounting_[ki] == nullptr || accounting_[ki]->bytes(tenant) + bytes <= quota;
+}
+
+std::vector<TenantUsage> PlacementEngine::TenantUsages() {
+  absl::MutexLock l(&mu_);
+  std::vector<TenantUsage> out(options_.tenant_quotas.size());
+  for (size_t t = 0; t < out.size(); ++t) {
+    for (int k = 0; k < kNumTierKinds; ++k) {
+      if (accounting_[k] != nullptr) out[t].bytes[k] = accounting_[k]->bytes(static_cast<TenantId>(t));
+    }
+    out[t].evictions = tenant_evictions_[t];
+    out[t].quota_rejections = tenant_rejections_[t];
+  }
+  return out;
 }
 
 std::vector<TierUsage> PlacementEngine::Usage() {

@@ -33,6 +33,7 @@
 #include "tiering/io.h"
 #include "tiering/nvme_tier.h"
 #include "tiering/remote/remote_tier.h"
+#include "tiering/tenant_accounting.h"
 #include "tiering/tier.h"
 
 namespace kvtier::tiering {
@@ -111,6 +112,17 @@ struct PlacementEngineOptions {
   // (Pin is not counted). A hold beyond it is ResourceExhausted, so that
   // readers cannot pin the whole DRAM tier. 0: no limit. Default: 0
   uint64_t max_held_bytes = 0;
+  // Tenants' byte quotas per tier, indexed by tenant id (PutOptions::tenant)
+  // and TierKind; 0 is no quota. A quota is a cap and a guarantee: a tenant's
+  // chunks in a tier never exceed its quota there (to store more it evicts
+  // its own chunks, and with none evictable the store is ResourceExhausted,
+  // counted in TenantUsage::quota_rejections), and the stores and evictions
+  // made for other tenants, and the watermark evictions, never evict a
+  // tenant's chunks while the tenant is within its quota. Chunks of tenants
+  // without a quota in a tier share what the quotas leave. Non-empty turns
+  // on per-tenant accounting (TenantUsages); the quotas of a tier must sum
+  // to at most its capacity (Create: InvalidArgument). Default: empty
+  std::vector<std::array<uint64_t, kNumTierKinds>> tenant_quotas;
 };
 
 // Per-call options of Put.
@@ -130,6 +142,10 @@ struct PutOptions {
   // that cannot be stored is counted (kRemoteErrors), not an error of the
   // put: the chunk is stored locally. Default: true
   bool replicate = true;
+  // The tenant the chunk is stored for: its bytes count towards that
+  // tenant's quotas (PlacementEngineOptions::tenant_quotas). A key already
+  // stored keeps its tenant. Default: 0
+  TenantId tenant = 0;
 };
 
 // Per-call options of Get.
@@ -230,6 +246,13 @@ enum class EngineMetric : int {
   kCount,
 };
 const char* EngineMetricName(EngineMetric m);
+
+// One tenant's share of the engine (PlacementEngine::TenantUsages).
+struct TenantUsage {
+  std::array<uint64_t, kNumTierKinds> bytes{};  // bytes stored per tier (TierKind)
+  uint64_t evictions = 0;         // its objects evicted from any tier
+  uint64_t quota_rejections = 0;  // its stores refused at its quota
+};
 
 struct TierUsage {
   TierKind kind;
@@ -362,7 +385,10 @@ class PlacementEngine {
   // Reserves a DRAM slot of `bytes` for `ttl_ms` (0: the default lease),
   // evicting if needed. ResourceExhausted if no room can be made,
   // FailedPrecondition without DRAM.
-  absl::StatusOr<Slot> AllocateSlot(uint64_t bytes, int64_t ttl_ms = 0);
+  // The slot's bytes count towards `tenant`'s DRAM quota when committed; a
+  // tenant at its quota evicts its own chunks for the slot first
+  // (ResourceExhausted if none is evictable).
+  absl::StatusOr<Slot> AllocateSlot(uint64_t bytes, int64_t ttl_ms = 0, TenantId tenant = 0);
   // The bytes of client slot `slot_id`, for a caller that fills or checks
   // them in place; valid until the slot is committed, aborted or expires.
   // NotFound for a slot that is unknown, a scratch slot, expired, or within
@@ -403,6 +429,9 @@ class PlacementEngine {
     return metrics_[static_cast<int>(m)].load();
   }
   std::vector<TierUsage> Usage();
+  // Per tenant id (as many as options.tenant_quotas names); empty without
+  // tenant quotas. Chunks found on NVMe at startup count to tenant 0.
+  std::vector<TenantUsage> TenantUsages();
   DramTier* dram() const { return dram_; }
   HbmTier* hbm() const { return hbm_; }
   // The NVMe tier when it is an NvmeTier (nullptr without one, or when it
@@ -420,6 +449,7 @@ class PlacementEngine {
     uint32_t uses = 0;
     int pins = 0;
     int busy = 0;  // evictions/promotions in flight
+    TenantId tenant = 0;
   };
   struct LeaseState {
     std::vector<Hash128> keys;
@@ -447,7 +477,8 @@ class PlacementEngine {
   // codec::VerifiedChunk).
   absl::Status PutLocal(const Hash128& key, std::span<const uint8_t> chunk,
                         const codec::ChunkHeader& header, const PutOptions& opts);
-  absl::StatusOr<Slot> AllocateSlotOf(uint64_t bytes, int64_t ttl_ms, bool scratch);
+  absl::StatusOr<Slot> AllocateSlotOf(uint64_t bytes, int64_t ttl_ms, bool scratch,
+                                      TenantId tenant);
   // Counts `bytes` more as held; ResourceExhausted (counted in
   // kHoldsRefused) beyond options.max_held_bytes.
   absl::Status ChargeHeldLocked(uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -489,14 +520,32 @@ class PlacementEngine {
   // Stores `bytes` as `id` in tier `kind`, evicting from it as needed.
   // `topts.sync` (durable puts) waits for NVMe's index commit; otherwise the
   // commit follows in the background (a crash before it loses the copy).
+  // With tenant quotas, `tenant`'s quota in `kind` is made room for first
+  // (MakeQuotaRoom).
   absl::Status StoreWithEviction(TierKind kind, const ObjectKey& id,
-                                 std::span<const uint8_t> bytes, const TierPutOptions& topts);
-  // Records that `id` now lives in `kind`.
+                                 std::span<const uint8_t> bytes, const TierPutOptions& topts,
+                                 TenantId tenant);
+  // Records that `id` now lives in `kind`; a new chunk is `tenant`'s.
   void NoteStored(TierKind kind, const ObjectKey& id, uint64_t chunk_bytes, bool split,
-                  uint64_t object_bytes);
-  // Evicts one object from tier `kind` (demoting it if admitted). False if
-  // nothing in the tier is evictable right now.
-  bool EvictOne(TierKind kind);
+                  uint64_t object_bytes, TenantId tenant);
+  // Evicts one object from tier `kind` (demoting it if admitted), for
+  // `tenant` (kAnyTenant: the watermarks). With tenant quotas the victim is
+  // `tenant`'s own object, or (unless `own_only`) one of a tenant without a
+  // quota in the tier or over it. False if nothing such is evictable now.
+  static constexpr int kAnyTenant = -1;
+  bool EvictOne(TierKind kind, int tenant = kAnyTenant, bool own_only = false);
+  // Evicts `tenant`'s own objects from `kind` until `bytes` more fit in its
+  // quota there. OK at once without a quota; ResourceExhausted (counted in
+  // quota_rejections) when they cannot be made to fit.
+  absl::Status MakeQuotaRoom(TierKind kind, TenantId tenant, uint64_t bytes);
+  uint64_t QuotaOf(TenantId t, int kind) const {
+    return t < options_.tenant_quotas.size() ? options_.tenant_quotas[t][kind] : 0;
+  }
+  // Whether `bytes` more of `tenant` fit in its quota in `kind`.
+  bool WithinQuotaLocked(TierKind kind, TenantId tenant, uint64_t bytes) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The tenant of a chunk stored here; 0 if unknown.
+  TenantId TenantOfLocked(const Hash128& key) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ExpireLocked(int64_t now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Reads object `id` from the fastest tier holding it; drops corrupt copies.
   absl::StatusOr<TierKind> ReadObject(const ObjectKey& id, std::span<uint8_t> out);
@@ -542,7 +591,7 @@ class PlacementEngine {
   absl::Status PrefetchGroup(std::span<const std::pair<Hash128, uint64_t>> chunks);
   // Reserves `bytes` of DRAM, evicting as needed. ResourceExhausted if no
   // room can be made.
-  absl::StatusOr<PoolExtent> ReserveDram(uint64_t bytes);
+  absl::StatusOr<PoolExtent> ReserveDram(uint64_t bytes, TenantId tenant);
   void PrefetchLoop();
   void MaintenanceLoop();
   // Admission history: remembers the uses of a chunk that eviction dropped,
@@ -564,6 +613,11 @@ class PlacementEngine {
   absl::Mutex mu_;
   absl::flat_hash_map<Hash128, ChunkState> chunks_ ABSL_GUARDED_BY(mu_);
   std::array<std::unique_ptr<EvictionPolicy>, kNumTierKinds> policies_ ABSL_GUARDED_BY(mu_);
+  // With tenant quotas: policies_ themselves (the accounting wraps each
+  // tier's policy), else null.
+  std::array<TenantAccountingPolicy*, kNumTierKinds> accounting_ ABSL_GUARDED_BY(mu_){};
+  std::vector<uint64_t> tenant_evictions_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint64_t> tenant_rejections_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, LeaseState> leases_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, SlotState> slots_ ABSL_GUARDED_BY(mu_);
   uint64_t held_bytes_ ABSL_GUARDED_BY(mu_) = 0;

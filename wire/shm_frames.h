@@ -45,6 +45,7 @@ enum class Op : uint16_t {
   kAllocateBatch = 16,  // u32 n, u32 ttl_ms, n x u64 bytes -> u32 n, u32 zero, n x kSlotReplyBytes
   kCommitBatch = 17,    // u32 n, u8 durable, u8[3] zero, n x (u64 slot id, key)
                         //   -> u32 n, u32 zero, n x u32 code
+  kHelloTenant = 18,    // u32 n, u32 zero, n bytes of a tenant's bearer token -> (empty)
 };
 
 inline constexpr uint32_t kAllocateBytes = 8 + 4;
@@ -109,6 +110,7 @@ inline RequestShape ShapeOf(uint16_t op) {
     case Op::kPrefetch: return {kPrefetchBytes, kKeyBytes};
     case Op::kAllocateBatch: return {kBatchHeaderBytes, kU64Bytes};
     case Op::kCommitBatch: return {kCommitBatchBytes, kCommitItemBytes};
+    case Op::kHelloTenant: return {kBatchHeaderBytes, 1};
   }
   return kUnknownOp;
 }
