@@ -422,7 +422,8 @@ absl::Status DataPlaneConnection::OnAbortSlot(wire::shm::Reader& r, Clock::time_
 std::vector<Hash128> DataPlaneConnection::ReadKeys(wire::shm::Reader& r, uint32_t n) {
   std::vector<Hash128> keys(n);
   for (Hash128& k : keys) r.Raw(k.bytes.data(), wire::shm::kKeyBytes);
-  return tenant_->ReadKeys(keys, service_->engine());
+  tenant_->MapReadKeys(keys, service_->engine());
+  return keys;
 }
 
 absl::Status DataPlaneConnection::OnLookup(wire::shm::Reader& r, uint32_t n,

@@ -112,7 +112,7 @@ class DataPlaneConnection {
   absl::Status OnPrefetch(wire::shm::Reader& r, uint32_t n, wire::shm::Writer& w);
   absl::Status OnAllocateBatch(wire::shm::Reader& r, uint32_t n, wire::shm::Writer& w);
   absl::Status OnCommitBatch(wire::shm::Reader& r, uint32_t n, wire::shm::Writer& w);
-  // Reads `n` keys of a read: the tenant's stored keys (Tenant::ReadKeys).
+  // Reads `n` keys of a read: the tenant's stored keys (Tenant::MapReadKeys).
   std::vector<Hash128> ReadKeys(wire::shm::Reader& r, uint32_t n);
 
   // Whether the connection may take `n` more slots or leases; at the limit

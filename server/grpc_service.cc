@@ -249,8 +249,8 @@ grpc::ServerUnaryReactor* GrpcAdapter::Serve(Method m, Ctx* ctx, const Bytes* in
 
 grpc::ServerUnaryReactor* GrpcAdapter::Lookup(Ctx* ctx, const Bytes* in, Bytes* out) {
   return Serve<pb::LookupRequest, pb::LookupResponse>(Method::kLookup, ctx, in, out, [this](UnaryCall& call, const pb::LookupRequest* req, pb::LookupResponse* resp) -> absl::Status {
-    KVTIER_ASSIGN_OR_RETURN(auto client_keys, KeysFrom(req->keys(), service_->limits().max_keys_per_request));
-    const std::vector<Hash128> keys = call.tenant->ReadKeys(client_keys, service_->engine());
+    KVTIER_ASSIGN_OR_RETURN(auto keys, KeysFrom(req->keys(), service_->limits().max_keys_per_request));
+    call.tenant->MapReadKeys(keys, service_->engine());
     if (!req->estimate_load() && req->prefill_tokens_per_s() == 0) {
       KVTIER_ASSIGN_OR_RETURN(auto tiers, service_->Lookup(keys));
       for (TierKind t : tiers) resp->add_tiers(ToProto(t));
@@ -478,8 +478,8 @@ grpc::ServerUnaryReactor* GrpcAdapter::Get(Ctx* ctx, const Bytes* in, Bytes* out
 grpc::ServerUnaryReactor* GrpcAdapter::Prefetch(Ctx* ctx, const Bytes* in, Bytes* out) {
   return Serve<pb::PrefetchRequest, pb::PrefetchResponse>(Method::kPrefetch, ctx, in, out, [this](UnaryCall& call, const pb::PrefetchRequest* req, pb::PrefetchResponse* resp) -> absl::Status {
     KVTIER_ASSIGN_OR_RETURN(auto keys, KeysFrom(req->keys(), service_->limits().max_keys_per_request));
-    KVTIER_ASSIGN_OR_RETURN(bool done, service_->Prefetch(call.tenant->ReadKeys(keys, service_->engine()),
-                                                          req->deadline_ms()));
+    call.tenant->MapReadKeys(keys, service_->engine());
+    KVTIER_ASSIGN_OR_RETURN(bool done, service_->Prefetch(std::move(keys), req->deadline_ms()));
     resp->set_completed(done);
     return absl::OkStatus();
   });
@@ -488,8 +488,8 @@ grpc::ServerUnaryReactor* GrpcAdapter::Prefetch(Ctx* ctx, const Bytes* in, Bytes
 grpc::ServerUnaryReactor* GrpcAdapter::Pin(Ctx* ctx, const Bytes* in, Bytes* out) {
   return Serve<pb::PinRequest, pb::PinResponse>(Method::kPin, ctx, in, out, [this](UnaryCall& call, const pb::PinRequest* req, pb::PinResponse* resp) -> absl::Status {
     KVTIER_ASSIGN_OR_RETURN(auto keys, KeysFrom(req->keys(), service_->limits().max_keys_per_request));
-    KVTIER_ASSIGN_OR_RETURN(tiering::Lease l,
-                            service_->Pin(call.tenant->ReadKeys(keys, service_->engine()), req->ttl_ms()));
+    call.tenant->MapReadKeys(keys, service_->engine());
+    KVTIER_ASSIGN_OR_RETURN(tiering::Lease l, service_->Pin(keys, req->ttl_ms()));
     SetLease(l, resp);
     return absl::OkStatus();
   },

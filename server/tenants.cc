@@ -2,10 +2,12 @@
 
 #include <grpc/grpc_security_constants.h>
 #include <grpcpp/security/auth_context.h>
-#include <openssl/sha.h>
+#include <openssl/evp.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
@@ -149,8 +151,23 @@ absl::StatusOr<TenantSpec> ParseTenant(const toml::table& t, size_t index) {
 }  // namespace
 
 std::array<uint8_t, 32> Sha256(std::span<const uint8_t> data) {
+  // The digest fetched once and a context per thread: OpenSSL's one-shot
+  // SHA256() looks the algorithm up on every call, which costs three times
+  // the hash of a key (bench/tenant_keys_bench.cc).
+  static EVP_MD* const md = EVP_MD_fetch(nullptr, "SHA256", nullptr);
+  struct CtxFree {
+    void operator()(EVP_MD_CTX* c) const { EVP_MD_CTX_free(c); }
+  };
+  thread_local std::unique_ptr<EVP_MD_CTX, CtxFree> ctx(EVP_MD_CTX_new());
   std::array<uint8_t, 32> out;
-  SHA256(data.data(), data.size(), out.data());
+  unsigned int n = 0;
+  if (md == nullptr || ctx == nullptr || EVP_DigestInit_ex2(ctx.get(), md, nullptr) != 1 ||
+      EVP_DigestUpdate(ctx.get(), data.data(), data.size()) != 1 ||
+      EVP_DigestFinal_ex(ctx.get(), out.data(), &n) != 1 || n != out.size()) {
+    // libcrypto without SHA-256 (or out of memory): no namespace can be
+    // computed, and serving keys unsalted would break isolation.
+    std::abort();
+  }
   return out;
 }
 
@@ -234,12 +251,9 @@ Hash128 Tenant::ReadKey(const Hash128& k, tiering::PlacementEngine* engine) cons
   return engine->Contains(shared) ? shared : own;
 }
 
-std::vector<Hash128> Tenant::ReadKeys(std::span<const Hash128> keys,
-                                      tiering::PlacementEngine* engine) const {
-  std::vector<Hash128> out;
-  out.reserve(keys.size());
-  for (const Hash128& k : keys) out.push_back(ReadKey(k, engine));
-  return out;
+void Tenant::MapReadKeys(std::span<Hash128> keys, tiering::PlacementEngine* engine) const {
+  if (!namespaced_) return;
+  for (Hash128& k : keys) k = ReadKey(k, engine);
 }
 
 void Tenant::CountRead(const absl::Status& st) const {

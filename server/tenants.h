@@ -94,8 +94,9 @@ class Tenant {
   // tenant's own; for a kRead tenant, the shared namespace's when the
   // tenant's own is not stored on this node.
   Hash128 ReadKey(const Hash128& k, tiering::PlacementEngine* engine) const;
-  std::vector<Hash128> ReadKeys(std::span<const Hash128> keys,
-                                tiering::PlacementEngine* engine) const;
+  // ReadKey of every key, in place (nothing to do for the one tenant of a
+  // daemon without a tenants file).
+  void MapReadKeys(std::span<Hash128> keys, tiering::PlacementEngine* engine) const;
 
   // Counts a read's outcome: a hit (OK), a miss (NotFound), else nothing.
   void CountRead(const absl::Status& st) const;
