@@ -19,7 +19,9 @@
 #include "server/metrics.h"
 #include "server/tenants.h"
 #include "server/test_util.h"
+#include "tests/raw_data_plane.h"
 #include "wire/kvtier.grpc.pb.h"
+#include "wire/shm_frames.h"
 
 namespace kvtier::server {
 namespace {
@@ -48,14 +50,16 @@ std::string TokenSha(std::string_view token) {
 
 class TenancyTest : public ::testing::Test {
  protected:
-  void SetUp() override {
+  // Tenant "a" is also the tenant of this process's uid (its clients need
+  // no token on the Unix socket) unless `uid_tenant` is false.
+  void StartDaemon(bool uid_tenant) {
+    daemon_.reset();
     const std::string path = dir_.path() + "/tenants.toml";
     FILE* f = std::fopen(path.c_str(), "w");
     ASSERT_NE(f, nullptr);
-    // Tenant "a" is also the tenant of this process's uid: its clients
-    // need no token on the Unix socket.
     const std::string text = absl::StrCat(
-        "[[tenant]]\nname = \"a\"\nuids = [", ::getuid(), "]\ntoken_sha256 = \"", TokenSha(kTokenA),
+        "[[tenant]]\nname = \"a\"\nuids = [", uid_tenant ? ::getuid() : ::getuid() + 1,
+        "]\ntoken_sha256 = \"", TokenSha(kTokenA),
         "\"\n[[tenant]]\nname = \"b\"\ntoken_sha256 = \"", TokenSha(kTokenB),
         "\"\ndram_gib = ", static_cast<double>(kQuotaB) / (1 << 30),
         "\n[[tenant]]\nname = \"pub\"\nshared = \"publish\"\ntoken_sha256 = \"", TokenSha(kTokenPub),
@@ -70,6 +74,7 @@ class TenancyTest : public ::testing::Test {
     ASSERT_TRUE(d.ok()) << d.status();
     daemon_ = std::move(*d);
   }
+  void SetUp() override { StartDaemon(/*uid_tenant=*/true); }
 
   // A client over the Unix socket with `token` (none: the uid's tenant);
   // with `shm`, it maps the pool, and with `data_plane` too it moves its
@@ -170,20 +175,16 @@ TEST_F(TenancyTest, AnotherTenantsKeysAreMissesOnEveryPath) {
   EXPECT_EQ(StatsOf("b").puts, 12u);
 }
 
-TEST_F(TenancyTest, UnknownTokenIsUnauthenticatedOnBothPlanes) {
+TEST_F(TenancyTest, UnknownTokenIsUnauthenticated) {
+  // On the Unix socket too: a token names a tenant, and one of no tenant
+  // is refused (libkvtier's Connect asks first; the data plane's tenant
+  // hello: HelloTenantFramesAreChecked).
   client::ClientOptions o;
   o.socket_path = daemon_->socket_path();
   o.token = "no-tenant-has-this-token-0123456789abcdef";
   o.timeout_ms = 10000;
-  auto c = client::KvtierClient::Connect(o);
-  if (c.ok()) {
-    // The data plane refused the token (the client fell back to gRPC), and
-    // gRPC refuses it too.
-    EXPECT_FALSE((*c)->uses_shared_memory());
-    EXPECT_EQ((*c)->Lookup(Keys(1, 1)).status().code(), absl::StatusCode::kUnauthenticated);
-  } else {
-    EXPECT_EQ(c.status().code(), absl::StatusCode::kUnauthenticated) << c.status();
-  }
+  absl::Status st = client::KvtierClient::Connect(o).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kUnauthenticated) << st;
   EXPECT_GT(daemon_->metrics()->Get(ServerMetric::kAuthFailures), 0u);
 }
 
@@ -291,6 +292,95 @@ TEST_F(TenancyTest, QuotaHoldsUnderAPutStormAndSparesOtherTenants) {
   EXPECT_THAT(text, HasSubstr("kvtier_tenant_hits_total{tenant=\"a\"} 16"));
   EXPECT_THAT(text, HasSubstr("kvtier_tenant_evictions_total{tenant=\"a\"} 0"));
   EXPECT_THAT(text, HasSubstr("kvtier_tenant_quota_rejections_total{tenant=\"b\"} 0"));
+}
+
+using Op = wire::shm::Op;
+
+std::vector<uint8_t> HelloTenant(std::string_view token, int64_t count = -1) {
+  std::vector<uint8_t> p(wire::shm::kBatchHeaderBytes + token.size());
+  wire::shm::Writer(p.data())
+      .U32(count < 0 ? static_cast<uint32_t>(token.size()) : static_cast<uint32_t>(count))
+      .U32(0)
+      .Raw(token.data(), token.size());
+  return p;
+}
+
+constexpr int kUnauthenticated = static_cast<int>(absl::StatusCode::kUnauthenticated);
+
+TEST_F(TenancyTest, HelloTenantFramesAreChecked) {
+  {  // a tenant's token: served as that tenant
+    RawDataPlane dp(daemon_->shm_socket_path());
+    EXPECT_EQ(dp.Call(Op::kHelloTenant, HelloTenant(kTokenB)), 0);
+    EXPECT_EQ(dp.Call(Op::kHello, {}), 0);
+  }
+  {  // a token of no tenant: refused, then closed
+    RawDataPlane dp(daemon_->shm_socket_path());
+    EXPECT_EQ(dp.Call(Op::kHelloTenant, HelloTenant(std::string(40, 'q'))), kUnauthenticated);
+    EXPECT_TRUE(dp.Closed());
+  }
+  {  // the tenant hello after the first request
+    RawDataPlane dp(daemon_->shm_socket_path());
+    EXPECT_EQ(dp.Call(Op::kHello, {}), 0);
+    EXPECT_EQ(dp.Call(Op::kHelloTenant, HelloTenant(kTokenB)), kPrecondition);
+    EXPECT_TRUE(dp.Closed());
+  }
+  {  // a count that does not match the bytes
+    RawDataPlane dp(daemon_->shm_socket_path());
+    EXPECT_EQ(dp.Call(Op::kHelloTenant, HelloTenant(kTokenB, 3)), kInvalid);
+    EXPECT_TRUE(dp.Closed());
+  }
+  {  // nonzero reserved bytes
+    RawDataPlane dp(daemon_->shm_socket_path());
+    std::vector<uint8_t> p = HelloTenant(kTokenB);
+    p[4] = 1;
+    EXPECT_EQ(dp.Call(Op::kHelloTenant, p), kInvalid);
+    EXPECT_TRUE(dp.Closed());
+  }
+  {  // a token longer than a frame may carry
+    RawDataPlane dp(daemon_->shm_socket_path());
+    EXPECT_EQ(dp.Call(Op::kHelloTenant, HelloTenant(std::string(wire::shm::kMaxBatchItems + 1, 'x'))),
+              kInvalid);
+    EXPECT_TRUE(dp.Closed());
+  }
+  {  // a truncated frame: the connection ends, nothing is served
+    RawDataPlane dp(daemon_->shm_socket_path());
+    std::vector<uint8_t> f = RawDataPlane::Frame(wire::shm::kVersion,
+                                                 static_cast<uint16_t>(Op::kHelloTenant),
+                                                 HelloTenant(kTokenB));
+    f.resize(f.size() - 5);
+    dp.SendBytes(f);
+    dp.Close();
+  }
+  // The daemon still serves.
+  auto b = Client(kTokenB, true);
+  ASSERT_NE(b, nullptr);
+  EXPECT_TRUE(b->uses_shared_memory());
+  ASSERT_TRUE(b->Put(TestKey(600), MakeChunk(600)).ok());
+}
+
+TEST_F(TenancyTest, AUidOfNoTenantMustNameItsTenant) {
+  StartDaemon(/*uid_tenant=*/false);
+  // gRPC without a token: no tenant (libkvtier's Connect already asks).
+  client::ClientOptions o;
+  o.socket_path = daemon_->socket_path();
+  o.timeout_ms = 10000;
+  absl::Status st = client::KvtierClient::Connect(o).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kUnauthenticated) << st;
+  EXPECT_THAT(st.message(), HasSubstr("no tenant for uid"));
+  // The data plane without a tenant hello: refused at the first request.
+  {
+    RawDataPlane dp(daemon_->shm_socket_path());
+    EXPECT_EQ(dp.Call(Op::kLookup, std::vector<uint8_t>(wire::shm::kBatchHeaderBytes, 0)),
+              kUnauthenticated);
+    EXPECT_TRUE(dp.Closed());
+  }
+  // With a token, both planes serve the token's tenant.
+  auto a = Client(kTokenA, true);
+  ASSERT_NE(a, nullptr);
+  EXPECT_TRUE(a->uses_shared_memory());
+  ASSERT_TRUE(a->Put(TestKey(700), MakeChunk(700)).ok());
+  EXPECT_EQ(a->Get(TestKey(700)).value(), MakeChunk(700));
+  EXPECT_EQ(StatsOf("a").puts, 1u);
 }
 
 TEST(TenancyOptions, BadTenantsFileStopsTheDaemonWithItsReason) {
