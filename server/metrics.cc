@@ -138,33 +138,26 @@ std::string ServerMetrics::RenderPrometheus(const ServiceStats& stats) const {
   struct TenantCounter {
     const char* name;
     const char* help;
-    uint64_t TenantStats::*field;
+    uint64_t (*value)(const TenantStats&);
   };
   static constexpr TenantCounter kTenantCounters[] = {
-      {"kvtier_tenant_hits_total", "Reads of the tenant that found their chunk.", &TenantStats::hits},
-      {"kvtier_tenant_misses_total", "Reads of the tenant that missed.", &TenantStats::misses},
-      {"kvtier_tenant_puts_total", "Puts of the tenant that were stored.", &TenantStats::puts},
+      {"kvtier_tenant_hits_total", "Reads of the tenant that found their chunk.",
+       [](const TenantStats& t) { return t.hits; }},
+      {"kvtier_tenant_misses_total", "Reads of the tenant that missed.",
+       [](const TenantStats& t) { return t.misses; }},
+      {"kvtier_tenant_puts_total", "Puts of the tenant that were stored.",
+       [](const TenantStats& t) { return t.puts; }},
       {"kvtier_tenant_put_rejections_total", "Puts of the tenant refused as resource exhausted.",
-       &TenantStats::put_rejections}};
+       [](const TenantStats& t) { return t.put_rejections; }},
+      {"kvtier_tenant_evictions_total", "Objects of the tenant evicted from a tier.",
+       [](const TenantStats& t) { return t.usage.evictions; }},
+      {"kvtier_tenant_quota_rejections_total", "Stores of the tenant's chunks refused at its quota.",
+       [](const TenantStats& t) { return t.usage.quota_rejections; }}};
   for (const TenantCounter& c : kTenantCounters) {
     absl::StrAppend(&out, "# HELP ", c.name, " ", c.help, "\n# TYPE ", c.name, " counter\n");
     for (const TenantStats& t : stats.tenants) {
-      absl::StrAppend(&out, c.name, "{tenant=\"", t.name, "\"} ", t.*c.field, "\n");
+      absl::StrAppend(&out, c.name, "{tenant=\"", t.name, "\"} ", c.value(t), "\n");
     }
-  }
-  absl::StrAppend(&out,
-                  "# HELP kvtier_tenant_evictions_total Objects of the tenant evicted from a tier.\n"
-                  "# TYPE kvtier_tenant_evictions_total counter\n");
-  for (const TenantStats& t : stats.tenants) {
-    absl::StrAppend(&out, "kvtier_tenant_evictions_total{tenant=\"", t.name, "\"} ",
-                    t.usage.evictions, "\n");
-  }
-  absl::StrAppend(&out,
-                  "# HELP kvtier_tenant_quota_rejections_total Stores of the tenant's chunks refused "
-                  "at its quota.\n# TYPE kvtier_tenant_quota_rejections_total counter\n");
-  for (const TenantStats& t : stats.tenants) {
-    absl::StrAppend(&out, "kvtier_tenant_quota_rejections_total{tenant=\"", t.name, "\"} ",
-                    t.usage.quota_rejections, "\n");
   }
   return out;
 }
