@@ -526,6 +526,12 @@ TEST(DaemonOptions, ConfigFileSetsValuesAndRejectsUnknownKeys) {
   EXPECT_EQ(o.SocketPath(), "/tmp/x/kvtierd.sock");
   {
     std::ofstream f(path);
+    f << "tenants = \"/etc/kvtier/tenants.toml\"\n";
+  }
+  ASSERT_TRUE(LoadConfigFile(path, &o).ok());
+  EXPECT_EQ(o.tenants, "/etc/kvtier/tenants.toml");
+  {
+    std::ofstream f(path);
     f << "dram_gibs = 1\n";
   }
   EXPECT_EQ(LoadConfigFile(path, &o).code(), absl::StatusCode::kInvalidArgument);
@@ -547,6 +553,10 @@ TEST(DaemonOptions, ValidationRequiresATokenForTcp) {
   o.listen_tcp = "127.0.0.1:0";
   EXPECT_EQ(ValidateDaemonOptions(o).code(), absl::StatusCode::kInvalidArgument);
   o.token_file = "/dev/null";
+  EXPECT_TRUE(ValidateDaemonOptions(o).ok());
+  // A tenants file's tokens stand for the daemon's token.
+  o.token_file.clear();
+  o.tenants = "/dev/null";
   EXPECT_TRUE(ValidateDaemonOptions(o).ok());
   o.dram_gib = -1;
   EXPECT_EQ(ValidateDaemonOptions(o).code(), absl::StatusCode::kInvalidArgument);
