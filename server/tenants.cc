@@ -68,12 +68,13 @@ int HexValue(char c) {
 }
 
 absl::Status Bad(std::string_view tenant, std::string_view msg) {
-  return absl::InvalidArgumentError(absl::StrCat("tenant '", std::string(tenant), "': ", std::string(msg)));
+  return absl::InvalidArgumentError(
+      absl::StrCat("tenant '", std::string(tenant), "': ", std::string(msg)));
 }
 
 // One [[tenant]] table (`index` names it in errors before its name is read).
 absl::StatusOr<TenantSpec> ParseTenant(const toml::table& t, size_t index) {
-  static constexpr std::string_view kKeys[] = {"name",   "token_sha256", "uids",    "tls_cn",
+  static constexpr std::string_view kKeys[] = {"name",   "token_sha256", "uids",     "tls_cn",
                                                "shared", "dram_gib",     "nvme_gib", "hbm_gib"};
   TenantSpec s;
   const std::string where = absl::StrCat("#", index + 1);
@@ -194,11 +195,16 @@ absl::StatusOr<std::vector<TenantSpec>> ParseTenants(std::string_view text) {
   absl::flat_hash_set<uint32_t> uids;
   for (size_t i = 0; i < tables->size(); ++i) {
     const toml::table* t = (*tables)[i].as_table();
-    if (t == nullptr) return absl::InvalidArgumentError("tenants: 'tenant' must be [[tenant]] tables");
+    if (t == nullptr) {
+      return absl::InvalidArgumentError("tenants: 'tenant' must be [[tenant]] tables");
+    }
     auto spec = ParseTenant(*t, i);
-    if (!spec.ok()) return absl::InvalidArgumentError(absl::StrCat("tenants: ", spec.status().message()));
+    if (!spec.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("tenants: ", spec.status().message()));
+    }
     if (!names.insert(spec->name).second) {
-      return absl::InvalidArgumentError(absl::StrCat("tenants: name '", spec->name, "' used twice"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("tenants: name '", spec->name, "' used twice"));
     }
     for (uint32_t uid : spec->uids) {
       if (!uids.insert(uid).second) {
@@ -208,14 +214,14 @@ absl::StatusOr<std::vector<TenantSpec>> ParseTenants(std::string_view text) {
     }
     for (const std::string& cn : spec->tls_cns) {
       if (!cns.insert(cn).second) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("tenants: tls_cn '", cn, "' of '", spec->name, "' belongs to two tenants"));
+        return absl::InvalidArgumentError(absl::StrCat("tenants: tls_cn '", cn, "' of '",
+                                                       spec->name, "' belongs to two tenants"));
       }
     }
     for (const TenantSpec& other : specs) {
       if (spec->has_token && other.has_token && spec->token_sha256 == other.token_sha256) {
-        return absl::InvalidArgumentError(absl::StrCat("tenants: '", spec->name, "' and '",
-                                                       other.name, "' have the same token"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("tenants: '", spec->name, "' and '", other.name, "' have the same token"));
       }
     }
     specs.push_back(*std::move(spec));
@@ -229,7 +235,8 @@ absl::StatusOr<std::vector<TenantSpec>> LoadTenantsFile(const std::string& path)
     return absl::Status(bytes.status().code(),
                         absl::StrCat("tenants file ", path, ": ", bytes.status().message()));
   }
-  auto specs = ParseTenants(std::string_view(reinterpret_cast<const char*>(bytes->data()), bytes->size()));
+  auto specs =
+      ParseTenants(std::string_view(reinterpret_cast<const char*>(bytes->data()), bytes->size()));
   if (!specs.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": ", specs.status().message()));
   }

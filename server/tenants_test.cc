@@ -37,8 +37,8 @@ constexpr char kTokenB[] = "token-of-team-b-0123456789abcdef0123456789";
 std::string TwoTenants() {
   return absl::StrCat("[[tenant]]\nname = \"a\"\ntoken_sha256 = \"", TokenSha(kTokenA),
                       "\"\nuids = [1001, 1002]\ntls_cn = [\"a.example\"]\ndram_gib = 0.5\n"
-                      "[[tenant]]\nname = \"b\"\ntoken_sha256 = \"", TokenSha(kTokenB),
-                      "\"\nshared = \"read\"\nnvme_gib = 2\n");
+                      "[[tenant]]\nname = \"b\"\ntoken_sha256 = \"",
+                      TokenSha(kTokenB), "\"\nshared = \"read\"\nnvme_gib = 2\n");
 }
 
 absl::Status ParseError(const std::string& text) { return ParseTenants(text).status(); }
@@ -69,8 +69,8 @@ TEST(ParseTenants, MalformedFilesAreInvalidArgumentNamingTheProblem) {
       {"[[tenant]]\nname = \"a\"\ncolour = \"red\"\n", "unknown key 'colour'"},
       {"tenant_count = 1\n", "unknown key 'tenant_count'"},
       {"[[tenant]]\nname = \"a\"\n[[tenant]]\nname = \"a\"\n", "name 'a' used twice"},
-      {absl::StrCat("[[tenant]]\nname = \"a\"\ntoken_sha256 = \"", sha, "\"\n[[tenant]]\nname = \"b\"\n",
-                    "token_sha256 = \"", sha, "\"\n"),
+      {absl::StrCat("[[tenant]]\nname = \"a\"\ntoken_sha256 = \"", sha,
+                    "\"\n[[tenant]]\nname = \"b\"\n", "token_sha256 = \"", sha, "\"\n"),
        "same token"},
       {"[[tenant]]\nname = \"a\"\nuids = [7]\n[[tenant]]\nname = \"b\"\nuids = [7]\n",
        "uid 7 of 'b' belongs to two tenants"},
@@ -120,7 +120,8 @@ TEST(ParseTenants, HostileInputIsRefusedWithoutCrashing) {
 
 TEST(LoadTenantsFile, MissingAndOversizedFiles) {
   kvtier::testing::TempDir dir;
-  EXPECT_EQ(LoadTenantsFile(dir.path() + "/none.toml").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(LoadTenantsFile(dir.path() + "/none.toml").status().code(),
+            absl::StatusCode::kNotFound);
   const std::string big = dir.path() + "/big.toml";
   {
     FILE* f = std::fopen(big.c_str(), "w");

@@ -57,14 +57,15 @@ class TenancyTest : public ::testing::Test {
     const std::string path = dir_.path() + "/tenants.toml";
     FILE* f = std::fopen(path.c_str(), "w");
     ASSERT_NE(f, nullptr);
-    const std::string text = absl::StrCat(
-        "[[tenant]]\nname = \"a\"\nuids = [", uid_tenant ? ::getuid() : ::getuid() + 1,
-        "]\ntoken_sha256 = \"", TokenSha(kTokenA),
-        "\"\n[[tenant]]\nname = \"b\"\ntoken_sha256 = \"", TokenSha(kTokenB),
-        "\"\ndram_gib = ", static_cast<double>(kQuotaB) / (1 << 30),
-        "\n[[tenant]]\nname = \"pub\"\nshared = \"publish\"\ntoken_sha256 = \"", TokenSha(kTokenPub),
-        "\"\n[[tenant]]\nname = \"reader\"\nshared = \"read\"\ntoken_sha256 = \"",
-        TokenSha(kTokenReader), "\"\n");
+    const std::string text =
+        absl::StrCat("[[tenant]]\nname = \"a\"\nuids = [", uid_tenant ? ::getuid() : ::getuid() + 1,
+                     "]\ntoken_sha256 = \"", TokenSha(kTokenA),
+                     "\"\n[[tenant]]\nname = \"b\"\ntoken_sha256 = \"", TokenSha(kTokenB),
+                     "\"\ndram_gib = ", static_cast<double>(kQuotaB) / (1 << 30),
+                     "\n[[tenant]]\nname = \"pub\"\nshared = \"publish\"\ntoken_sha256 = \"",
+                     TokenSha(kTokenPub),
+                     "\"\n[[tenant]]\nname = \"reader\"\nshared = \"read\"\ntoken_sha256 = \"",
+                     TokenSha(kTokenReader), "\"\n");
     std::fputs(text.c_str(), f);
     std::fclose(f);
     DaemonOptions o = SmallDaemonOptions(dir_.path());
@@ -124,8 +125,9 @@ TEST_F(TenancyTest, AnotherTenantsKeysAreMissesOnEveryPath) {
     bool shm, data_plane;
     uint32_t base;
   };
-  for (const Mode m : {Mode{"data plane", true, true, 100}, Mode{"gRPC, pool mapped", true, false, 200},
-                       Mode{"gRPC, inline bytes", false, false, 300}}) {
+  for (const Mode m :
+       {Mode{"data plane", true, true, 100}, Mode{"gRPC, pool mapped", true, false, 200},
+        Mode{"gRPC, inline bytes", false, false, 300}}) {
     SCOPED_TRACE(m.name);
     const bool shm = m.shm;
     const uint32_t base = m.base;
@@ -226,8 +228,8 @@ TEST_F(TenancyTest, TcpTenantsAreServedInlineAndNeverGetPoolMemory) {
   EXPECT_EQ(b->Get(TestKey(400)).value(), MakeChunk(400));
   EXPECT_EQ(a_local->Get(TestKey(400)).status().code(), absl::StatusCode::kNotFound);
 
-  auto stub = pb::Kvtier::NewStub(grpc::CreateChannel(absl::StrCat("127.0.0.1:", daemon_->tcp_port()),
-                                                      grpc::InsecureChannelCredentials()));
+  auto stub = pb::Kvtier::NewStub(grpc::CreateChannel(
+      absl::StrCat("127.0.0.1:", daemon_->tcp_port()), grpc::InsecureChannelCredentials()));
   auto call = [&](const std::string& token, auto fn) {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
@@ -338,15 +340,15 @@ TEST_F(TenancyTest, HelloTenantFramesAreChecked) {
   }
   {  // a token longer than a frame may carry
     RawDataPlane dp(daemon_->shm_socket_path());
-    EXPECT_EQ(dp.Call(Op::kHelloTenant, HelloTenant(std::string(wire::shm::kMaxBatchItems + 1, 'x'))),
-              kInvalid);
+    EXPECT_EQ(
+        dp.Call(Op::kHelloTenant, HelloTenant(std::string(wire::shm::kMaxBatchItems + 1, 'x'))),
+        kInvalid);
     EXPECT_TRUE(dp.Closed());
   }
   {  // a truncated frame: the connection ends, nothing is served
     RawDataPlane dp(daemon_->shm_socket_path());
-    std::vector<uint8_t> f = RawDataPlane::Frame(wire::shm::kVersion,
-                                                 static_cast<uint16_t>(Op::kHelloTenant),
-                                                 HelloTenant(kTokenB));
+    std::vector<uint8_t> f = RawDataPlane::Frame(
+        wire::shm::kVersion, static_cast<uint16_t>(Op::kHelloTenant), HelloTenant(kTokenB));
     f.resize(f.size() - 5);
     dp.SendBytes(f);
     dp.Close();

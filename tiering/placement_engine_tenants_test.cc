@@ -23,7 +23,8 @@ constexpr uint64_t kQuota = 8 * kChunkAlloc;
 
 // DRAM only, 32 chunks: tenants A and B have a quarter each, tenant kFree
 // and tenant 0 share the rest.
-std::unique_ptr<PlacementEngine> MakeEngine(std::vector<std::array<uint64_t, kNumTierKinds>> quotas = {}) {
+std::unique_ptr<PlacementEngine> MakeEngine(
+    std::vector<std::array<uint64_t, kNumTierKinds>> quotas = {}) {
   if (quotas.empty()) {
     quotas.resize(4);
     quotas[kA][kDram] = kQuota;
