@@ -7,20 +7,10 @@
 #include <optional>
 #include <utility>
 
+#include "common/crypto.h"
 #include "server/metrics.h"
 
 namespace kvtier::server {
-
-bool ConstantTimeEquals(std::string_view given, std::string_view expected) {
-  // Every byte of `expected` is compared against something, so the loop's
-  // length never depends on `given`.
-  volatile unsigned char diff = given.size() == expected.size() ? 0 : 1;
-  for (size_t i = 0; i < expected.size(); ++i) {
-    const unsigned char g = i < given.size() ? static_cast<unsigned char>(given[i]) : 0;
-    diff = diff | (g ^ static_cast<unsigned char>(expected[i]));
-  }
-  return diff == 0;
-}
 
 bool IsBearerToken(std::string_view value, std::string_view token) {
   constexpr std::string_view kBearer = "Bearer ";

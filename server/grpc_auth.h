@@ -15,11 +15,8 @@ namespace kvtier::server {
 
 class ServerMetrics;
 
-// Constant-time comparison of two secrets: the time depends on the length of
-// `expected` only, never on where the two differ or on `given`'s length.
-bool ConstantTimeEquals(std::string_view given, std::string_view expected);
-
-// True if `value` (an "authorization" metadata value) is "Bearer <token>".
+// True if `value` (an "authorization" metadata value) is "Bearer <token>";
+// the token is compared in constant time (kvtier::ConstantTimeEquals).
 bool IsBearerToken(std::string_view value, std::string_view token);
 
 // Plaintext HTTP/2 credentials whose every call must carry
