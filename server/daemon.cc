@@ -54,6 +54,15 @@ uint64_t FreeDiskBytes(const std::string& dir) {
 
 uint64_t RoundDown(uint64_t v, uint64_t unit) { return v / unit * unit; }
 
+// A PEM file (certificates are public: no mode check), up to 1 MiB.
+absl::StatusOr<std::string> ReadPemFile(const std::string& path, const char* flag) {
+  auto bytes = ReadFileBytes(path, 1 << 20);
+  if (!bytes.ok()) {
+    return absl::Status(bytes.status().code(), absl::StrCat(flag, " ", path, ": ", bytes.status().message()));
+  }
+  return std::string(bytes->begin(), bytes->end());
+}
+
 }  // namespace
 
 Daemon::Daemon() = default;
@@ -265,11 +274,27 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     ::chmod(d->socket_path_.c_str(), 0600);
   }
   if (!options.listen_tcp.empty()) {
-    spdlog::warn("TCP listener {} is plaintext; the bearer token travels unencrypted",
-                 options.listen_tcp);
+    std::optional<ServerTls> tls;
+    if (!options.tls_cert.empty()) {
+      tls.emplace();
+      KVTIER_ASSIGN_OR_RETURN(tls->cert_chain, ReadPemFile(options.tls_cert, "--tls-cert"));
+      KVTIER_ASSIGN_OR_RETURN(tls->private_key, ReadSecretFile(options.tls_key, "TLS key", 1));
+      if (!options.tls_client_ca.empty()) {
+        KVTIER_ASSIGN_OR_RETURN(tls->client_ca, ReadPemFile(options.tls_client_ca, "--tls-client-ca"));
+      }
+      KVTIER_RETURN_IF_ERROR(CheckServerTls(*tls));
+    } else if (IsLoopbackListen(options.listen_tcp)) {
+      spdlog::warn("TCP listener {} is plaintext (loopback only); the bearer token travels unencrypted",
+                   options.listen_tcp);
+    } else {
+      spdlog::error("INSECURE: TCP listener {} is plaintext on a network address (--insecure-tcp): the "
+                    "bearer token and every chunk cross the network unencrypted; use --tls-cert/--tls-key",
+                    options.listen_tcp);
+    }
     ao.thread_name = "kvtierd-tcp";
     d->tcp_adapter_ = std::make_unique<GrpcAdapter>(d->service_.get(), d->metrics_.get(), ao);
-    d->tcp_server_ = build(options.listen_tcp, BearerTokenServerCredentials(ao.token, d->metrics_.get()),
+    d->tcp_server_ = build(options.listen_tcp,
+                           BearerTokenServerCredentials(ao.token, d->metrics_.get(), tls ? &*tls : nullptr),
                            d->tcp_adapter_.get(), &d->tcp_port_);
     if (d->tcp_server_ == nullptr || d->tcp_port_ == 0) {
       return absl::FailedPreconditionError(absl::StrCat("cannot listen on ", options.listen_tcp));
@@ -314,7 +339,12 @@ int Daemon::data_plane_connections() const { return shm_ ? shm_->connections() :
 std::string Daemon::Describe() const {
   std::string s = absl::StrCat("unix:", socket_path_);
   if (shm_) absl::StrAppend(&s, " (shared memory: ", shm_socket_path_, ")");
-  if (!options_.listen_tcp.empty()) absl::StrAppend(&s, ", tcp port ", tcp_port_, " (token)");
+  if (!options_.listen_tcp.empty()) {
+    absl::StrAppend(&s, ", tcp port ", tcp_port_,
+                    options_.tls_cert.empty()       ? " (token)"
+                    : options_.tls_client_ca.empty() ? " (TLS, token)"
+                                                     : " (mutual TLS, token)");
+  }
   if (http_) absl::StrAppend(&s, ", metrics http port ", http_->port(), "/metrics");
   if (membership_) {
     absl::StrAppend(&s, ", cluster '", options_.cluster, "' as ", membership_->self_id(), " (data path ",

@@ -41,3 +41,10 @@ kvtier_add_test(server_ctl_test
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/server_ctl_test.cc
   DEPS kvtier_server kvtier_client
   TIMEOUT 120)
+# The TCP listener with TLS and mutual TLS (certificates made by the test
+# with the openssl CLI): handshakes that succeed and fail, the startup
+# checks, and the verified client identity.
+kvtier_add_test(server_tls_test
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/server_tls_test.cc
+  DEPS kvtier_server kvtier_client
+  TIMEOUT 120)
