@@ -1331,13 +1331,6 @@ class ClientImpl final : public KvtierClient {
 
 namespace {
 
-absl::StatusOr<std::string> ReadPem(const std::string& path, const char* what) {
-  auto bytes = ReadFileBytes(path, 1 << 20);
-  if (!bytes.ok()) {
-    return absl::Status(bytes.status().code(), absl::StrCat(what, " ", path, ": ", bytes.status().message()));
-  }
-  return std::string(bytes->begin(), bytes->end());
-}
 
 // Plaintext, or TLS (with a client certificate) when tls_ca is set.
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentials(const ClientOptions& o) {
@@ -1352,10 +1345,10 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentials(con
     return absl::InvalidArgumentError("tls_cert and tls_key go together");
   }
   grpc::SslCredentialsOptions ssl;
-  KVTIER_ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadPem(o.tls_ca, "TLS CA"));
+  KVTIER_ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadPemFile(o.tls_ca, "TLS CA"));
   if (!o.tls_cert.empty()) {
-    KVTIER_ASSIGN_OR_RETURN(ssl.pem_cert_chain, ReadPem(o.tls_cert, "TLS certificate"));
-    KVTIER_ASSIGN_OR_RETURN(ssl.pem_private_key, ReadPem(o.tls_key, "TLS key"));
+    KVTIER_ASSIGN_OR_RETURN(ssl.pem_cert_chain, ReadPemFile(o.tls_cert, "TLS certificate"));
+    KVTIER_ASSIGN_OR_RETURN(ssl.pem_private_key, ReadPemFile(o.tls_key, "TLS key"));
   }
   return grpc::SslCredentials(ssl);
 }

@@ -27,6 +27,7 @@
 #include "cluster/membership.h"
 #include "tiering/placement_engine.h"
 #include "tiering/remote/cluster_tier.h"
+#include "tiering/remote/peer_auth.h"
 #include "tiering/remote/ucx_transport.h"
 
 namespace kvtier::server {
@@ -54,14 +55,6 @@ uint64_t FreeDiskBytes(const std::string& dir) {
 
 uint64_t RoundDown(uint64_t v, uint64_t unit) { return v / unit * unit; }
 
-// A PEM file (certificates are public: no mode check), up to 1 MiB.
-absl::StatusOr<std::string> ReadPemFile(const std::string& path, const char* flag) {
-  auto bytes = ReadFileBytes(path, 1 << 20);
-  if (!bytes.ok()) {
-    return absl::Status(bytes.status().code(), absl::StrCat(flag, " ", path, ": ", bytes.status().message()));
-  }
-  return std::string(bytes->begin(), bytes->end());
-}
 
 }  // namespace
 
@@ -70,15 +63,38 @@ Daemon::Daemon() = default;
 absl::Status Daemon::JoinCluster(tiering::EngineTiers& tiers) {
   const DaemonOptions& o = options_;
   peer_service_ = std::make_unique<EnginePeerService>();
+  std::string secret;
+  if (!o.cluster_secret_file.empty()) {
+    KVTIER_ASSIGN_OR_RETURN(secret, ReadSecretFile(o.cluster_secret_file, "cluster secret",
+                                                   tiering::remote::kMinClusterSecretBytes));
+  } else {
+    spdlog::warn("cluster '{}' without --cluster-secret-file: any host that reaches {} can read and "
+                 "write this node's chunks, and any writer to etcd can add members",
+                 o.cluster, o.advertise);
+  }
   tiering::remote::UcxTransportOptions to;
   to.listen = o.advertise;
   to.max_object_bytes = uint64_t{o.max_message_mib} << 20;
+  to.cluster_secret = secret;
+  to.node_id = o.node_id.empty() ? o.advertise : o.node_id;
   KVTIER_ASSIGN_OR_RETURN(transport_, tiering::remote::UcxTransport::Create(to, peer_service_.get()));
   if (tiers.dram != nullptr) {
     KVTIER_RETURN_IF_ERROR(transport_->RegisterMemory(tiers.dram->base(), tiers.dram->shm_size()));
   }
   KVTIER_ASSIGN_OR_RETURN(auto endpoints, cluster::ParseEtcdEndpoints(o.etcd));
-  KVTIER_ASSIGN_OR_RETURN(auto etcd, cluster::EtcdClient::Connect(endpoints));
+  cluster::EtcdClientOptions eo;
+  if (!o.etcd_ca.empty()) {
+    KVTIER_ASSIGN_OR_RETURN(eo.ca, ReadPemFile(o.etcd_ca, "--etcd-ca"));
+  }
+  if (!o.etcd_cert.empty()) {
+    KVTIER_ASSIGN_OR_RETURN(eo.cert, ReadPemFile(o.etcd_cert, "--etcd-cert"));
+    KVTIER_ASSIGN_OR_RETURN(eo.key, ReadSecretFile(o.etcd_key, "etcd key", 1));
+  }
+  if (!o.etcd_user.empty()) {
+    eo.user = o.etcd_user;
+    KVTIER_ASSIGN_OR_RETURN(eo.password, ReadSecretFile(o.etcd_password_file, "etcd password", 1));
+  }
+  KVTIER_ASSIGN_OR_RETURN(auto etcd, cluster::EtcdClient::Connect(endpoints, eo));
   cluster::MembershipOptions mo;
   mo.cluster = o.cluster;
   mo.node_id = o.node_id;
@@ -86,6 +102,7 @@ absl::Status Daemon::JoinCluster(tiering::EngineTiers& tiers) {
   mo.advertise = transport_->listen_address();
   mo.worker_address = transport_->worker_address();
   mo.lease_ttl_s = o.cluster_lease_s;
+  mo.cluster_secret = secret;
   uint64_t capacity = 0;
   if (tiers.dram) capacity += tiers.dram->capacity_bytes();
   if (tiers.nvme) capacity += tiers.nvme->capacity_bytes();
@@ -303,7 +320,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   if (!options.metrics_addr.empty()) {
     Daemon* self = d.get();
     KVTIER_ASSIGN_OR_RETURN(d->http_, MetricsHttpServer::Start(options.metrics_addr, [self] {
-      return self->metrics_->RenderPrometheus(self->service_->Stats());
+      return self->metrics_->RenderPrometheus(self->service_->Stats()) + self->ClusterMetricsText();
     }));
   }
   if (!options.ready_file.empty()) {
@@ -317,6 +334,23 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
 }
 
 int Daemon::metrics_port() const { return http_ ? http_->port() : 0; }
+
+std::string Daemon::ClusterMetricsText() const {
+  if (!membership_) return "";
+  std::string out;
+  auto counter = [&](const char* name, const char* help, uint64_t v) {
+    absl::StrAppend(&out, "# HELP ", name, " ", help, "\n# TYPE ", name, " counter\n", name, " ", v, "\n");
+  };
+  counter("kvtier_cluster_peer_auth_failures_total",
+          "Peer handshakes that failed (wrong or missing cluster secret, hostile handshake messages).",
+          transport_->auth_failures());
+  counter("kvtier_cluster_peer_auth_successes_total", "Peer handshakes completed.",
+          transport_->auth_successes());
+  counter("kvtier_cluster_records_rejected_total",
+          "Member records in etcd ignored: malformed, or not signed with the cluster secret.",
+          membership_->rejected_records());
+  return out;
+}
 
 uint64_t Daemon::grpc_inflight_bytes() const {
   uint64_t n = 0;

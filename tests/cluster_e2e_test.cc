@@ -307,7 +307,7 @@ TEST_F(ClusterE2E, StatusAndBadClusterInput) {
   EXPECT_THAT(table.out, HasSubstr("node-2"));
   auto bad = Cli("cluster status --etcd https://127.0.0.1:1 --cluster e2e");
   EXPECT_EQ(bad.exit_code, 2);
-  EXPECT_THAT(bad.err, HasSubstr("TLS"));
+  EXPECT_THAT(bad.err, HasSubstr("--etcd-ca"));
   auto bad_name = Cli("cluster status --etcd " + etcd_.endpoint() + " --cluster 'a/b'");
   EXPECT_EQ(bad_name.exit_code, 2);
   auto no_etcd = RunCommand(kKvtierd + " --cluster x --data-dir " + dir_.path() + "/z", dir_.path());
