@@ -43,8 +43,8 @@ void RegisterDaemonFlags(CLI::App& app, DaemonOptions* o) {
   app.add_option("--tls-key", o->tls_key, "PEM private key of the TCP listener");
   app.add_option("--tls-client-ca", o->tls_client_ca,
                  "PEM CA that TCP clients' certificates must chain to (mutual TLS)");
-  app.add_option("--insecure-tcp", o->insecure_tcp,
-                 "allow a plaintext TCP listener on a non-loopback address")->capture_default_str();
+  app.add_flag("--insecure-tcp", o->insecure_tcp,
+               "allow a plaintext TCP listener on a non-loopback address (logged as INSECURE)");
   app.add_option("--metrics-addr", o->metrics_addr, "Prometheus metrics at http://HOST:PORT/metrics")
       ->capture_default_str();
   app.add_option("--max-message-mib", o->max_message_mib, "largest gRPC message, MiB")->capture_default_str();

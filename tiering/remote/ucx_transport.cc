@@ -701,6 +701,11 @@ struct UcxTransport::Impl {
                                 kMaxAuthMessageBytes, ")")));
         return release();
       }
+      if (!auth) {
+        RefuseAuth(ep, req, absl::FailedPreconditionError(
+                                "this node has no cluster secret and cannot authenticate"));
+        return UCS_OK;
+      }
       std::span<const uint8_t> body(static_cast<const uint8_t*>(data), length);
       if (req.op == Op::kHello) {
         HandleHello(ep, req, body);
@@ -822,12 +827,8 @@ struct UcxTransport::Impl {
     SendReply(ep, req, std::move(s), 0, nullptr, {}, /*close=*/true);
   }
 
+  // REQUIRES: auth.
   void HandleHello(ucp_ep_h ep, const WireHeader& req, std::span<const uint8_t> body) {
-    if (!auth) {
-      RefuseAuth(ep, req, absl::FailedPreconditionError(
-                              "this node has no cluster secret and cannot authenticate"));
-      return;
-    }
     auto hello = DecodeHello(body);
     if (!hello.ok()) return RefuseAuth(ep, req, hello.status());
     if (!nonces.Insert(hello->client_nonce)) {
@@ -843,12 +844,8 @@ struct UcxTransport::Impl {
     SendReply(ep, req, absl::OkStatus(), 0, nullptr, std::string(reply.begin(), reply.end()));
   }
 
+  // REQUIRES: auth.
   void HandleProof(ucp_ep_h ep, const WireHeader& req, std::span<const uint8_t> body) {
-    if (!auth) {
-      RefuseAuth(ep, req, absl::FailedPreconditionError(
-                              "this node has no cluster secret and cannot authenticate"));
-      return;
-    }
     auto proof = DecodeProof(body);
     if (!proof.ok()) return RefuseAuth(ep, req, proof.status());
     auto it = ep_auth.find(ep);
