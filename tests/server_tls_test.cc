@@ -22,6 +22,7 @@
 #include "server/grpc_auth.h"
 #include "server/metrics.h"
 #include "server/test_util.h"
+#include "tests/cli_runner.h"
 
 namespace kvtier::testing {
 namespace {
@@ -119,6 +120,24 @@ TEST_F(TlsTest, FailedHandshakesNeverReachTheService) {
   auto c = client::KvtierClient::Connect(ClientOpts("client"));
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_TRUE((*c)->Put(TestKey(2), MakeChunk(2)).ok());
+}
+
+// The kvtier CLI's --tls-* flags reach libkvtier.
+TEST_F(TlsTest, CliTakesTheTlsFlags) {
+  Start(Options(/*mtls=*/true));
+  const std::string conn = std::string(KVTIER_CLI_PATH) + " stats --addr 127.0.0.1:" +
+                           std::to_string(daemon_->tcp_port()) + " --token-file " + token_path_;
+  const std::string tls = " --tls-ca " + certs_.Pem("ca") + " --tls-cert " + certs_.Pem("client") +
+                          " --tls-key " + certs_.Key("client");
+  auto ok = RunCommand(conn + tls + " --json", dir_.path());
+  EXPECT_EQ(ok.exit_code, 0) << ok.err;
+  EXPECT_THAT(ok.out, HasSubstr("\"tiers\""));
+  auto plain = RunCommand(conn, dir_.path());
+  EXPECT_NE(plain.exit_code, 0);
+  EXPECT_THAT(plain.err, HasSubstr("not reachable"));
+  auto half = RunCommand(conn + " --tls-cert " + certs_.Pem("client"), dir_.path());
+  EXPECT_NE(half.exit_code, 0);
+  EXPECT_THAT(half.err, HasSubstr("tls_ca"));
 }
 
 TEST_F(TlsTest, ServerOnlyTlsNeedsNoClientCertificate) {
