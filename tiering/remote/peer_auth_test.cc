@@ -5,6 +5,7 @@
 // forged) are refused, counted and end the connection.
 #include "tiering/remote/peer_auth.h"
 
+#include <atomic>
 #include <thread>
 
 #include "gmock/gmock.h"
@@ -189,6 +190,27 @@ TEST(UcxPeerAuth, NodesWithTheSecretPutAndGetAfterOneHandshake) {
   // By worker address too (the path cluster members use).
   ASSERT_TRUE(c->Put(server->transport->worker_address(), Id(2), data, kTimeout).ok());
   EXPECT_EQ(server->service.count(), 1u);
+}
+
+// Concurrent first calls to a peer share one handshake.
+TEST(UcxPeerAuth, ConcurrentFirstCallsRunOneHandshake) {
+  auto server = StartNode(kSecret, "server");
+  ASSERT_TRUE(server);
+  auto c = Client(kSecret, "client");
+  ASSERT_TRUE(c);
+  std::vector<std::thread> threads;
+  std::atomic<int> ok{0};
+  for (int i = 0; i < 12; ++i) {
+    threads.emplace_back([&, i] {
+      std::vector<uint8_t> data(1000 + i, static_cast<uint8_t>(i));
+      if (c->Put(server->addr, Id(100 + i), data, kTimeout).ok()) ok.fetch_add(1);
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(ok.load(), 12);
+  EXPECT_EQ(c->auth_successes(), 1u);
+  EXPECT_EQ(server->transport->auth_failures(), 0u);
+  EXPECT_EQ(server->service.count(), 12u);
 }
 
 TEST(UcxPeerAuth, WrongOrMissingSecretCannotReadOrWrite) {

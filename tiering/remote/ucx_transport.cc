@@ -170,6 +170,9 @@ struct UcxTransport::Impl {
   absl::flat_hash_set<std::string> answered ABSL_GUARDED_BY(answered_mu);
   // Peers whose current client endpoint passed the handshake (with a secret).
   absl::flat_hash_set<std::string> authenticated ABSL_GUARDED_BY(answered_mu);
+  // One lock per peer that callers hold while they handshake with it, so
+  // concurrent first calls to a peer run one handshake, not one each.
+  absl::flat_hash_map<std::string, std::shared_ptr<absl::Mutex>> handshake_locks ABSL_GUARDED_BY(answered_mu);
 
   // Server side of the handshake, by incoming endpoint (progress thread):
   // the challenges it answered and not yet saw proven (a few at once, for
@@ -913,17 +916,29 @@ struct UcxTransport::Impl {
                                 absl::Duration timeout, uint16_t version = kWireVersion) {
     if (stop_progress.load()) return absl::UnavailableError("transport is shutting down");
     if (auth && IsChunkOp(op)) {
-      bool done;
+      std::shared_ptr<absl::Mutex> handshake_lock;
       {
         absl::MutexLock lock(&answered_mu);
-        done = authenticated.contains(peer);
+        if (!authenticated.contains(peer)) {
+          auto& l = handshake_locks[peer];
+          if (l == nullptr) l = std::make_shared<absl::Mutex>();
+          handshake_lock = l;
+        }
       }
-      // The handshake also probes a new connection, bounded as the ping is.
-      if (!done) {
-        const absl::Duration t = options.connect_timeout > absl::ZeroDuration()
-                                     ? std::min(timeout, options.connect_timeout)
-                                     : timeout;
-        KVTIER_RETURN_IF_ERROR(Handshake(peer, t));
+      if (handshake_lock != nullptr) {
+        absl::MutexLock serial(handshake_lock.get());
+        bool done;
+        {
+          absl::MutexLock lock(&answered_mu);
+          done = authenticated.contains(peer);  // another caller's handshake finished
+        }
+        // The handshake also probes a new connection, bounded as the ping is.
+        if (!done) {
+          const absl::Duration t = options.connect_timeout > absl::ZeroDuration()
+                                       ? std::min(timeout, options.connect_timeout)
+                                       : timeout;
+          KVTIER_RETURN_IF_ERROR(Handshake(peer, t));
+        }
       }
     } else if (IsChunkOp(op) && options.connect_timeout > absl::ZeroDuration() && !Answered(peer)) {
       // A new connection: make sure someone answers before waiting on a
