@@ -72,6 +72,14 @@ class TlsTest : public ::testing::Test {
     return co;
   }
 
+  // Connects with `co`, puts chunk i and reads it back.
+  void ExpectRoundTrip(const client::ClientOptions& co, uint32_t i) {
+    auto c = client::KvtierClient::Connect(co);
+    ASSERT_TRUE(c.ok()) << c.status();
+    ASSERT_TRUE((*c)->Put(TestKey(i), MakeChunk(i)).ok());
+    EXPECT_EQ((*c)->Get(TestKey(i)).value(), MakeChunk(i));
+  }
+
   TlsCerts certs_;
   TempDir dir_;
   std::string token_path_;
@@ -81,10 +89,7 @@ class TlsTest : public ::testing::Test {
 TEST_F(TlsTest, MutualTlsWithTheTokenServesPutsAndGets) {
   Start(Options(/*mtls=*/true));
   EXPECT_THAT(daemon_->Describe(), HasSubstr("(mutual TLS, token)"));
-  auto c = client::KvtierClient::Connect(ClientOpts("client"));
-  ASSERT_TRUE(c.ok()) << c.status();
-  ASSERT_TRUE((*c)->Put(TestKey(1), MakeChunk(1)).ok());
-  EXPECT_EQ((*c)->Get(TestKey(1)).value(), MakeChunk(1));
+  ExpectRoundTrip(ClientOpts("client"), 1);
   // The token is still required over TLS.
   auto co = ClientOpts("client");
   co.token = kToken.substr(1) + "x";
@@ -117,9 +122,7 @@ TEST_F(TlsTest, FailedHandshakesNeverReachTheService) {
     EXPECT_EQ(c.status().code(), absl::StatusCode::kUnavailable) << k.what << ": " << c.status();
   }
   // The daemon keeps serving good clients.
-  auto c = client::KvtierClient::Connect(ClientOpts("client"));
-  ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_TRUE((*c)->Put(TestKey(2), MakeChunk(2)).ok());
+  ExpectRoundTrip(ClientOpts("client"), 2);
 }
 
 // The kvtier CLI's --tls-* flags reach libkvtier.
@@ -143,10 +146,7 @@ TEST_F(TlsTest, CliTakesTheTlsFlags) {
 TEST_F(TlsTest, ServerOnlyTlsNeedsNoClientCertificate) {
   Start(Options(/*mtls=*/false));
   EXPECT_THAT(daemon_->Describe(), HasSubstr("(TLS, token)"));
-  auto c = client::KvtierClient::Connect(ClientOpts(""));
-  ASSERT_TRUE(c.ok()) << c.status();
-  ASSERT_TRUE((*c)->Put(TestKey(3), MakeChunk(3)).ok());
-  EXPECT_EQ((*c)->Get(TestKey(3)).value(), MakeChunk(3));
+  ExpectRoundTrip(ClientOpts(""), 3);
   // The host name in the certificate's SAN works through the override too.
   auto named = ClientOpts("");
   named.tls_server_name = "localhost";

@@ -172,11 +172,22 @@ std::unique_ptr<UcxTransport> Client(const std::string& secret, const std::strin
   return t.ok() ? std::move(*t) : nullptr;
 }
 
-TEST(UcxPeerAuth, NodesWithTheSecretPutAndGetAfterOneHandshake) {
-  auto server = StartNode(kSecret, "server");
-  ASSERT_TRUE(server);
-  auto c = Client(kSecret, "client");
-  ASSERT_TRUE(c);
+// A node holding kSecret (`server`) and, for the tests that want one, a
+// client of it that holds the secret too.
+class UcxPeerAuth : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    server = StartNode(kSecret, "server");
+    ASSERT_TRUE(server);
+    member = Client(kSecret, "member");
+    ASSERT_TRUE(member);
+  }
+  std::unique_ptr<Node> server;
+  std::unique_ptr<UcxTransport> member;
+};
+
+TEST_F(UcxPeerAuth, NodesWithTheSecretPutAndGetAfterOneHandshake) {
+  UcxTransport* c = member.get();
   std::vector<uint8_t> data(5000, 0x5a);
   ASSERT_TRUE(c->Put(server->addr, Id(1), data, kTimeout).ok());
   std::vector<uint8_t> out(data.size());
@@ -193,11 +204,8 @@ TEST(UcxPeerAuth, NodesWithTheSecretPutAndGetAfterOneHandshake) {
 }
 
 // Concurrent first calls to a peer share one handshake.
-TEST(UcxPeerAuth, ConcurrentFirstCallsRunOneHandshake) {
-  auto server = StartNode(kSecret, "server");
-  ASSERT_TRUE(server);
-  auto c = Client(kSecret, "client");
-  ASSERT_TRUE(c);
+TEST_F(UcxPeerAuth, ConcurrentFirstCallsRunOneHandshake) {
+  UcxTransport* c = member.get();
   std::vector<std::thread> threads;
   std::atomic<int> ok{0};
   for (int i = 0; i < 12; ++i) {
@@ -213,11 +221,8 @@ TEST(UcxPeerAuth, ConcurrentFirstCallsRunOneHandshake) {
   EXPECT_EQ(server->service.count(), 12u);
 }
 
-TEST(UcxPeerAuth, WrongOrMissingSecretCannotReadOrWrite) {
-  auto server = StartNode(kSecret, "server");
-  ASSERT_TRUE(server);
-  auto good = Client(kSecret, "good");
-  ASSERT_TRUE(good);
+TEST_F(UcxPeerAuth, WrongOrMissingSecretCannotReadOrWrite) {
+  UcxTransport* good = member.get();
   std::vector<uint8_t> data(4096, 0x11);
   ASSERT_TRUE(good->Put(server->addr, Id(1), data, kTimeout).ok());
 
@@ -257,9 +262,7 @@ TEST(UcxPeerAuth, WrongOrMissingSecretCannotReadOrWrite) {
   EXPECT_EQ(out, data);
 }
 
-TEST(UcxPeerAuth, HostileHandshakeMessagesAreRefusedAndCounted) {
-  auto server = StartNode(kSecret, "server");
-  ASSERT_TRUE(server);
+TEST_F(UcxPeerAuth, HostileHandshakeMessagesAreRefusedAndCounted) {
   auto raw = UcxTransport::Create({}, nullptr);
   ASSERT_TRUE(raw.ok());
   UcxTransport& r = **raw;
@@ -296,9 +299,8 @@ TEST(UcxPeerAuth, HostileHandshakeMessagesAreRefusedAndCounted) {
   EXPECT_GE(server->transport->auth_failures(), 5u);
   EXPECT_EQ(server->transport->auth_successes(), 0u);
   // The server keeps serving members.
-  auto good = Client(kSecret, "good");
   std::vector<uint8_t> data(100, 3);
-  EXPECT_TRUE(good->Put(server->addr, Id(9), data, kTimeout).ok());
+  EXPECT_TRUE(member->Put(server->addr, Id(9), data, kTimeout).ok());
 }
 
 }  // namespace
