@@ -1,7 +1,11 @@
 // Remote-tier benchmark: put/get GB/s of 24 MiB chunks between two kvtier
 // transports in two processes on loopback, as a fraction of ucx_perftest's
 // active-message bandwidth with the same transport selection and message
-// size, measured in the same run.
+// size, measured in the same run; each transport both without and with the
+// cluster secret (peer authentication), with the time a fresh connection
+// takes to serve its first request either way. Last, what encrypting the
+// payload would cost: one core's AES-256-GCM throughput on a chunk (OpenSSL
+// EVP), the AEAD kvtier would use, against the transport's GB/s.
 //
 // Usage: remote_bench [--json FILE] [--iters N] [--tls LIST ...]
 //   --tls takes a UCX_TLS value (e.g. "tcp"); each is benchmarked in turn
@@ -17,6 +21,8 @@
 #include <string>
 #include <vector>
 
+#include <openssl/evp.h>
+
 #include "bench/bench_util.h"
 #include "tiering/remote/ucx_transport.h"
 
@@ -27,6 +33,18 @@ using namespace kvtier::tiering::remote;
 namespace {
 
 constexpr size_t kChunk = 24u << 20;  // a 256-token Llama-3.1-8B K16/V8 chunk is 24.0 MiB
+// A cluster secret for the authenticated runs (both processes hold it).
+const std::string kBenchSecret = "remote-bench-secret-0123456789abcdef0123456789";
+
+UcxTransportOptions Options(const std::string& listen, bool auth) {
+  UcxTransportOptions o;
+  o.listen = listen;
+  if (auth) {
+    o.cluster_secret = kBenchSecret;
+    o.node_id = listen.empty() ? "bench-client" : "bench-server";
+  }
+  return o;
+}
 
 // The receiving side of the benchmark: objects land in one pre-faulted,
 // registered buffer, as they land in the daemon's DRAM pool (a fresh heap
@@ -73,7 +91,7 @@ class PoolPeerService : public PeerService {
 
 // Runs the server side in a child process; returns its pid and its UCX
 // worker address (what cluster members publish in etcd).
-pid_t StartServer(std::string* address) {
+pid_t StartServer(std::string* address, bool auth) {
   int fds[2];
   if (pipe(fds) != 0) return -1;
   fflush(stdout);
@@ -81,7 +99,7 @@ pid_t StartServer(std::string* address) {
   if (pid == 0) {
     close(fds[0]);
     PoolPeerService service(kChunk);
-    auto t = UcxTransport::Create({.listen = "127.0.0.1:0"}, &service);
+    auto t = UcxTransport::Create(Options("127.0.0.1:0", auth), &service);
     if (t.ok() && !(*t)->RegisterMemory(service.pool().data(), service.pool().size()).ok()) _exit(1);
     std::string a = t.ok() ? (*t)->worker_address() : "";
     a.push_back('\n');
@@ -131,6 +149,39 @@ double PerftestGBps(size_t bytes, int iters, const std::string& tls) {
   return mbps < 0 ? -1 : mbps * 1048576.0 / 1e9;
 }
 
+// One core's AES-256-GCM encryption of a chunk, GB/s (best of 5), or -1.
+double AesGcmGBps() {
+  std::vector<uint8_t> in(kChunk, 0x5a), out(kChunk);
+  uint8_t key[32] = {1}, iv[12] = {2}, tag[16];
+  EVP_CIPHER_CTX* ctx = EVP_CIPHER_CTX_new();
+  bool ok = ctx != nullptr;
+  double s = bench::BestSeconds(5, [&] {
+    int n = 0;
+    ok = ok && EVP_EncryptInit_ex(ctx, EVP_aes_256_gcm(), nullptr, key, iv) == 1 &&
+         EVP_EncryptUpdate(ctx, out.data(), &n, in.data(), static_cast<int>(in.size())) == 1 &&
+         EVP_EncryptFinal_ex(ctx, out.data() + n, &n) == 1 &&
+         EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_GET_TAG, sizeof(tag), tag) == 1;
+  });
+  EVP_CIPHER_CTX_free(ctx);
+  return ok ? kChunk / s / 1e9 : -1;
+}
+
+// Mean time (microseconds) a fresh client transport takes to answer its
+// first Size request to `addr` (connection, probe or handshake, request),
+// over `n` fresh transports.
+double FirstRequestUs(const std::string& addr, bool auth, int n) {
+  ObjectKey id{Hash128::Of(std::string_view("bench"), 0), Part::kWhole};
+  double total = 0;
+  for (int i = 0; i < n; ++i) {
+    auto c = UcxTransport::Create(Options("", auth), nullptr);
+    if (!c.ok()) return -1;
+    auto t0 = std::chrono::steady_clock::now();
+    if (!(*c)->Size(addr, id, absl::Seconds(10)).ok()) return -1;
+    total += std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+  }
+  return total / n;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -148,8 +199,8 @@ int main(int argc, char** argv) {
   if (tls_list.empty()) tls_list = {"tcp"};
   std::printf("machine: %s\n", bench::CpuName().c_str());
   std::printf("object: %zu bytes (24 MiB), %d iterations, best-of-3 runs\n\n", kChunk, iters);
-  std::printf("%-18s %10s %10s %10s %10s %10s\n", "UCX_TLS", "perftest", "put GB/s", "put/pt",
-              "get GB/s", "get/pt");
+  std::printf("%-18s %5s %10s %10s %10s %10s %10s %12s\n", "UCX_TLS", "auth", "perftest", "put GB/s",
+              "put/pt", "get GB/s", "get/pt", "1st req us");
   std::printf("load average at start: %s\n", bench::LoadAverage().c_str());
   std::string json = "{\"benchmark\":\"remote_tier\",\"load_average\":\"" + bench::LoadAverage() +
                      "\",\"connect\":\"ucx worker address\",\"machine\":\"" + bench::CpuName() +
@@ -162,55 +213,63 @@ int main(int argc, char** argv) {
       setenv("UCX_TLS", tls.c_str(), 1);
     }
     double pt = PerftestGBps(kChunk, iters, tls);
-    std::string addr;
-    pid_t server = StartServer(&addr);
-    if (server < 0 || addr.empty()) {
-      std::fprintf(stderr, "could not start the server transport\n");
-      return 2;
-    }
-    auto client = UcxTransport::Create({}, nullptr);
-    if (!client.ok()) {
-      std::fprintf(stderr, "client: %s\n", std::string(client.status().message()).c_str());
-      return 2;
-    }
-    std::vector<uint8_t> buf(kChunk, 7), out(kChunk);
-    if (!(*client)->RegisterMemory(buf.data(), buf.size()).ok() ||
-        !(*client)->RegisterMemory(out.data(), out.size()).ok()) {
-      return 2;
-    }
-    ObjectKey id{Hash128::Of(std::string_view("bench"), 0), Part::kWhole};
-    for (int w = 0; w < 3; ++w) {
-      absl::Status s = (*client)->Put(addr, id, buf, absl::Seconds(30));
-      if (s.ok()) s = (*client)->Get(addr, id, out, absl::Seconds(30));
-      if (!s.ok()) {
-        std::fprintf(stderr, "warm-up transfer failed: %s\n", std::string(s.message()).c_str());
+    for (bool auth : {false, true}) {
+      std::string addr;
+      pid_t server = StartServer(&addr, auth);
+      if (server < 0 || addr.empty()) {
+        std::fprintf(stderr, "could not start the server transport\n");
         return 2;
       }
+      auto client = UcxTransport::Create(Options("", auth), nullptr);
+      if (!client.ok()) {
+        std::fprintf(stderr, "client: %s\n", std::string(client.status().message()).c_str());
+        return 2;
+      }
+      std::vector<uint8_t> buf(kChunk, 7), out(kChunk);
+      if (!(*client)->RegisterMemory(buf.data(), buf.size()).ok() ||
+          !(*client)->RegisterMemory(out.data(), out.size()).ok()) {
+        return 2;
+      }
+      ObjectKey id{Hash128::Of(std::string_view("bench"), 0), Part::kWhole};
+      for (int w = 0; w < 3; ++w) {
+        absl::Status s = (*client)->Put(addr, id, buf, absl::Seconds(30));
+        if (s.ok()) s = (*client)->Get(addr, id, out, absl::Seconds(30));
+        if (!s.ok()) {
+          std::fprintf(stderr, "warm-up transfer failed: %s\n", std::string(s.message()).c_str());
+          return 2;
+        }
+      }
+      double put_s = bench::BestSeconds(3, [&] {
+        for (int i = 0; i < iters; ++i) {
+          if (!(*client)->Put(addr, id, buf, absl::Seconds(30)).ok()) std::abort();
+        }
+      });
+      double get_s = bench::BestSeconds(3, [&] {
+        for (int i = 0; i < iters; ++i) {
+          if (!(*client)->Get(addr, id, out, absl::Seconds(30)).ok()) std::abort();
+        }
+      });
+      client->reset();
+      const double first_us = FirstRequestUs(addr, auth, 20);
+      kill(server, SIGKILL);
+      waitpid(server, nullptr, 0);
+      double put = kChunk * double(iters) / put_s / 1e9, get = kChunk * double(iters) / get_s / 1e9;
+      std::string name = tls.empty() ? "auto" : tls;
+      std::printf("%-18s %5s %10.2f %10.2f %10.3f %10.2f %10.3f %12.0f\n", name.c_str(), auth ? "yes" : "no", pt,
+                  put, pt > 0 ? put / pt : 0, get, pt > 0 ? get / pt : 0, first_us);
+      json += std::string(first ? "" : ",") + "{\"ucx_tls\":\"" + name + "\",\"peer_auth\":" +
+              (auth ? "true" : "false") + ",\"perftest_am_bw_gbps\":" +
+              std::to_string(pt) + ",\"put_gbps\":" + std::to_string(put) + ",\"get_gbps\":" +
+              std::to_string(get) + ",\"put_vs_perftest\":" + std::to_string(pt > 0 ? put / pt : 0) +
+              ",\"get_vs_perftest\":" + std::to_string(pt > 0 ? get / pt : 0) +
+              ",\"first_request_us\":" + std::to_string(first_us) + "}";
+      first = false;
     }
-    double put_s = bench::BestSeconds(3, [&] {
-      for (int i = 0; i < iters; ++i) {
-        if (!(*client)->Put(addr, id, buf, absl::Seconds(30)).ok()) std::abort();
-      }
-    });
-    double get_s = bench::BestSeconds(3, [&] {
-      for (int i = 0; i < iters; ++i) {
-        if (!(*client)->Get(addr, id, out, absl::Seconds(30)).ok()) std::abort();
-      }
-    });
-    client->reset();
-    kill(server, SIGKILL);
-    waitpid(server, nullptr, 0);
-    double put = kChunk * double(iters) / put_s / 1e9, get = kChunk * double(iters) / get_s / 1e9;
-    std::string name = tls.empty() ? "auto" : tls;
-    std::printf("%-18s %10.2f %10.2f %10.3f %10.2f %10.3f\n", name.c_str(), pt, put, pt > 0 ? put / pt : 0,
-                get, pt > 0 ? get / pt : 0);
-    json += std::string(first ? "" : ",") + "{\"ucx_tls\":\"" + name + "\",\"perftest_am_bw_gbps\":" +
-            std::to_string(pt) + ",\"put_gbps\":" + std::to_string(put) + ",\"get_gbps\":" +
-            std::to_string(get) + ",\"put_vs_perftest\":" + std::to_string(pt > 0 ? put / pt : 0) +
-            ",\"get_vs_perftest\":" + std::to_string(pt > 0 ? get / pt : 0) + "}";
-    first = false;
   }
-  json += "]}\n";
-  std::printf("\nGB/s are decimal (1e9 bytes/s). Baseline: ucx_perftest -t ucp_am_bw, same UCX_TLS and size.\n");
+  const double aes = AesGcmGBps();
+  json += "],\"aes_256_gcm_one_core_gbps\":" + std::to_string(aes) + "}\n";
+  std::printf("\nAES-256-GCM, one core, %zu-byte chunk (OpenSSL EVP): %.2f GB/s\n", kChunk, aes);
+  std::printf("\nGB/s are decimal (1e9 bytes/s). Baseline: ucx_perftest -t ucp_am_bw, same UCX_TLS and size.\n"
+              "1st req us: a fresh connection's first Size request (connect + probe, or + handshake with auth).\n");
   return bench::WriteJson(json_path, json) ? 0 : 2;
 }

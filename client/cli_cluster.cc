@@ -3,6 +3,8 @@
 #include <string>
 
 #include "client/cli.h"
+#include "absl/strings/str_cat.h"
+#include "common/file.h"
 #include "common/status.h"
 #include "nlohmann/json.hpp"
 #include "cluster/membership.h"
@@ -13,8 +15,10 @@ namespace {
 struct StatusArgs {
   std::string etcd;
   std::string cluster;
+  std::string etcd_ca, etcd_cert, etcd_key;
   bool json = false;
 };
+
 
 std::string Gib(uint64_t bytes) {
   char buf[32];
@@ -24,7 +28,15 @@ std::string Gib(uint64_t bytes) {
 
 absl::Status RunStatus(const StatusArgs& a) {
   KVTIER_ASSIGN_OR_RETURN(auto endpoints, cluster::ParseEtcdEndpoints(a.etcd));
-  KVTIER_ASSIGN_OR_RETURN(auto etcd, cluster::EtcdClient::Connect(endpoints));
+  cluster::EtcdClientOptions eo;
+  if (!a.etcd_ca.empty()) {
+    KVTIER_ASSIGN_OR_RETURN(eo.ca, ReadPemFile(a.etcd_ca, "--etcd-ca"));
+  }
+  if (!a.etcd_cert.empty() || !a.etcd_key.empty()) {
+    KVTIER_ASSIGN_OR_RETURN(eo.cert, ReadPemFile(a.etcd_cert, "--etcd-cert"));
+    KVTIER_ASSIGN_OR_RETURN(eo.key, ReadPemFile(a.etcd_key, "--etcd-key"));
+  }
+  KVTIER_ASSIGN_OR_RETURN(auto etcd, cluster::EtcdClient::Connect(endpoints, eo));
   KVTIER_ASSIGN_OR_RETURN(auto members, cluster::ListMembers(*etcd, a.cluster));
   if (a.json) {
     nlohmann::json out = nlohmann::json::array();
@@ -56,7 +68,10 @@ void RegisterClusterCommands(CLI::App& app, CommandResult& result) {
   c->require_subcommand(1);
   static StatusArgs args;
   auto* s = c->add_subcommand("status", "List members: id, address, lease TTL left, capacity, used bytes");
-  s->add_option("--etcd", args.etcd, "etcd endpoints http://HOST:PORT[,...]")->required();
+  s->add_option("--etcd", args.etcd, "etcd endpoints http://HOST:PORT[,...] or https://...")->required();
+  s->add_option("--etcd-ca", args.etcd_ca, "PEM CA of etcd's server certificate (https:// endpoints)");
+  s->add_option("--etcd-cert", args.etcd_cert, "PEM client certificate presented to etcd");
+  s->add_option("--etcd-key", args.etcd_key, "PEM private key of --etcd-cert");
   s->add_option("--cluster", args.cluster, "cluster name")->required();
   s->add_flag("--json", args.json, "machine-readable output");
   s->callback(Action(result, [] { return RunStatus(args); }));

@@ -22,12 +22,18 @@ struct ConnFlags {
   std::string socket = client::kDefaultSocket;
   std::string addr;
   std::string token_file;
+  std::string tls_ca, tls_cert, tls_key, tls_server_name;
 };
 
 void AddConnFlags(CLI::App* cmd, ConnFlags* f) {
   cmd->add_option("--socket", f->socket, "kvtierd Unix socket")->capture_default_str();
   cmd->add_option("--addr", f->addr, "kvtierd TCP HOST:PORT (instead of the socket)");
   cmd->add_option("--token-file", f->token_file, "bearer token file for --addr");
+  cmd->add_option("--tls-ca", f->tls_ca, "PEM CA of the daemon's TLS certificate (TLS for --addr)");
+  cmd->add_option("--tls-cert", f->tls_cert, "PEM client certificate (mutual TLS; needs --tls-ca)");
+  cmd->add_option("--tls-key", f->tls_key, "PEM private key of --tls-cert");
+  cmd->add_option("--tls-server-name", f->tls_server_name,
+                  "name the daemon's certificate is checked against [default: the host of --addr]");
 }
 
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
@@ -42,6 +48,10 @@ absl::StatusOr<std::unique_ptr<client::KvtierClient>> Connect(const ConnFlags& f
   client::ClientOptions o;
   o.socket_path = f.socket;
   o.tcp_addr = f.addr;
+  o.tls_ca = f.tls_ca;
+  o.tls_cert = f.tls_cert;
+  o.tls_key = f.tls_key;
+  o.tls_server_name = f.tls_server_name;
   o.populate_mapping = false;  // one chunk per invocation: fault in only its pages
   if (!f.token_file.empty()) {
     KVTIER_ASSIGN_OR_RETURN(o.token, client::ReadTokenFile(f.token_file));

@@ -2,6 +2,7 @@
 #include "client/kvtier_c.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -148,10 +149,18 @@ void kvtier_client_options_init(kvtier_client_options* o) {
 int kvtier_client_open(const kvtier_client_options* o, kvtier_client** out) {
   if (out == nullptr) return Invalid("out is null");
   *out = nullptr;
-  if (!SizedAtLeast(o, sizeof(kvtier_client_options))) {
+  kvtier::client::ClientOptions opts;
+  // The first version of the struct ended at populate_mapping.
+  constexpr size_t kFirstVersionSize = offsetof(kvtier_client_options, tls_ca);
+  if (!SizedAtLeast(o, kFirstVersionSize)) {
     return Invalid("client options: null or struct_size too small");
   }
-  kvtier::client::ClientOptions opts;
+  if (o->struct_size >= offsetof(kvtier_client_options, tls_server_name) + sizeof(const char*)) {
+    opts.tls_ca = Str(o->tls_ca);
+    opts.tls_cert = Str(o->tls_cert);
+    opts.tls_key = Str(o->tls_key);
+    opts.tls_server_name = Str(o->tls_server_name);
+  }
   if (o->socket_path != nullptr && o->socket_path[0] != '\0') opts.socket_path = o->socket_path;
   opts.tcp_addr = Str(o->tcp_addr);
   if (o->token != nullptr && o->token_file != nullptr) {

@@ -73,6 +73,12 @@ typedef struct kvtier_client_options {
   int32_t shared_memory;      /* map the daemon's pool (Unix socket); default 1 */
   int32_t max_data_connections; /* < 0: the default (4) */
   int32_t populate_mapping;   /* pre-fault the pool mapping; default 0 */
+  /* Fields below were added after the first version; a caller whose
+   * struct_size ends before them gets their defaults (NULL). */
+  const char* tls_ca;          /* PEM CA file of the daemon's TLS certificate: TLS over TCP */
+  const char* tls_cert;        /* PEM client certificate file (mutual TLS), or NULL */
+  const char* tls_key;         /* PEM private key file of tls_cert, or NULL */
+  const char* tls_server_name; /* name to check the certificate against, or NULL (the host) */
 } kvtier_client_options;
 
 /* Fills `o` with the defaults. */

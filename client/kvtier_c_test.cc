@@ -4,6 +4,7 @@
 // (python/tests/test_client.py).
 #include "client/kvtier_c.h"
 
+#include <cstddef>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -62,6 +63,31 @@ TEST(KvtierC, NullAndShortArgumentsAreInvalid) {
   EXPECT_EQ(kvtier_release(nullptr), KVTIER_OK);
   kvtier_client_close(nullptr);
   kvtier_free(nullptr);
+}
+
+// The TLS fields sit at the struct's end: a caller built against the first
+// version (struct_size ending at populate_mapping) is served without them,
+// whatever lies past its struct; a current caller's TLS options are checked.
+TEST(KvtierC, ClientOptionsOfTheFirstVersionIgnoreTheTlsFields) {
+  kvtier_client_options o;
+  kvtier_client_options_init(&o);
+  EXPECT_EQ(o.struct_size, sizeof(kvtier_client_options));
+  EXPECT_EQ(o.tls_ca, nullptr);
+  o.socket_path = "/nonexistent/kvtierd.sock";
+  o.timeout_ms = 1000;
+  o.tls_cert = "/not/read/by/an/old/caller.pem";
+  o.struct_size = offsetof(kvtier_client_options, tls_ca);
+  kvtier_client* c = nullptr;
+  EXPECT_EQ(kvtier_client_open(&o, &c), 14);  // reached the connect: the TLS field was not read
+  o.struct_size = sizeof(kvtier_client_options);
+  EXPECT_EQ(kvtier_client_open(&o, &c), kInvalidArgument);  // a certificate without tls_ca
+  EXPECT_NE(std::string(kvtier_last_error()).find("tls_ca"), std::string::npos);
+  o.tls_cert = nullptr;
+  o.tls_ca = "/nonexistent/ca.pem";
+  EXPECT_EQ(kvtier_client_open(&o, &c), kInvalidArgument);  // TLS without tcp_addr
+  o.tcp_addr = "127.0.0.1:1";
+  EXPECT_EQ(kvtier_client_open(&o, &c), kNotFound);  // the CA file
+  EXPECT_EQ(c, nullptr);
 }
 
 TEST(KvtierC, OpenWithoutDaemonIsUnavailable) {

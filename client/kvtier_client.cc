@@ -1344,12 +1344,42 @@ class ClientImpl final : public KvtierClient {
 
 }  // namespace
 
+namespace {
+
+
+// Plaintext, or TLS (with a client certificate) when tls_ca is set.
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentials(const ClientOptions& o) {
+  if (o.tls_ca.empty()) {
+    if (!o.tls_cert.empty() || !o.tls_key.empty() || !o.tls_server_name.empty()) {
+      return absl::InvalidArgumentError("the TLS client options need tls_ca (the daemon's CA)");
+    }
+    return grpc::InsecureChannelCredentials();
+  }
+  if (o.tcp_addr.empty()) return absl::InvalidArgumentError("TLS is for TCP: give tcp_addr");
+  if (o.tls_cert.empty() != o.tls_key.empty()) {
+    return absl::InvalidArgumentError("tls_cert and tls_key go together");
+  }
+  grpc::SslCredentialsOptions ssl;
+  KVTIER_ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadPemFile(o.tls_ca, "TLS CA"));
+  if (!o.tls_cert.empty()) {
+    KVTIER_ASSIGN_OR_RETURN(ssl.pem_cert_chain, ReadPemFile(o.tls_cert, "TLS certificate"));
+    KVTIER_ASSIGN_OR_RETURN(ssl.pem_private_key, ReadPemFile(o.tls_key, "TLS key"));
+  }
+  return grpc::SslCredentials(ssl);
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<KvtierClient>> KvtierClient::Connect(const ClientOptions& options) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(options.max_message_mib << 20);
   args.SetMaxSendMessageSize(options.max_message_mib << 20);
   std::string target = options.tcp_addr.empty() ? "unix:" + options.socket_path : options.tcp_addr;
-  auto channel = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  KVTIER_ASSIGN_OR_RETURN(auto creds, ChannelCredentials(options));
+  if (!options.tls_server_name.empty()) {
+    args.SetString(GRPC_SSL_TARGET_NAME_OVERRIDE_ARG, options.tls_server_name);
+  }
+  auto channel = grpc::CreateCustomChannel(target, std::move(creds), args);
   auto stub = pb::Kvtier::NewStub(channel);
   pb::Kvtier::StubInterface* raw = stub.get();
   auto c = std::make_unique<ClientImpl>(channel, std::move(stub), raw, options);

@@ -46,6 +46,17 @@ struct ClientOptions {
   // Bearer token sent on every call (required by the daemon on TCP).
   // Default: ""
   std::string token;
+  // PEM CA bundle the daemon's TLS certificate must chain to; with it the
+  // TCP connection uses TLS (the daemon's --tls-cert). TCP only.
+  // Default: "" (plaintext)
+  std::string tls_ca;
+  // PEM client certificate chain and private key presented to a daemon
+  // that asks for one (--tls-client-ca). Need tls_ca. Default: "" (none)
+  std::string tls_cert;
+  std::string tls_key;
+  // Name the daemon's certificate is checked against instead of tcp_addr's
+  // host. Default: "" (the host of tcp_addr)
+  std::string tls_server_name;
   // Map the daemon's pool and move chunk bytes through it (Unix socket
   // only; falls back to inline bytes if the daemon has no pool).
   // Default: true

@@ -73,14 +73,24 @@ class GrpcWatch : public EtcdWatch {
 
 class GrpcEtcdClient : public EtcdClient {
  public:
-  GrpcEtcdClient(std::vector<std::string> endpoints, absl::Duration timeout) : timeout_(timeout) {
+  GrpcEtcdClient(std::vector<std::string> endpoints, const EtcdClientOptions& options)
+      : timeout_(options.timeout), user_(options.user), password_(options.password) {
+    std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
+    if (!options.ca.empty()) {
+      grpc::SslCredentialsOptions ssl;
+      ssl.pem_root_certs = options.ca;
+      ssl.pem_cert_chain = options.cert;
+      ssl.pem_private_key = options.key;
+      creds = grpc::SslCredentials(ssl);
+    }
     for (const auto& e : endpoints) {
       Endpoint ep;
       ep.address = e;
-      ep.channel = grpc::CreateChannel(e, grpc::InsecureChannelCredentials());
+      ep.channel = grpc::CreateChannel(e, creds);
       ep.kv = etcdserverpb::KV::NewStub(ep.channel);
       ep.lease = etcdserverpb::Lease::NewStub(ep.channel);
       ep.watch = etcdserverpb::Watch::NewStub(ep.channel);
+      ep.auth = etcdserverpb::Auth::NewStub(ep.channel);
       endpoints_.push_back(std::move(ep));
     }
   }
@@ -182,6 +192,11 @@ class GrpcEtcdClient : public EtcdClient {
       std::function<void(const absl::Status&)> on_end) override {
     Endpoint& ep = endpoints_[current_.load() % endpoints_.size()];
     auto w = std::make_unique<GrpcWatch>();
+    if (!user_.empty()) {
+      auto token = Token(ep, /*renew=*/false);
+      if (!token.ok()) return token.status();
+      w->context_.AddMetadata("token", *token);
+    }
     auto stream = std::shared_ptr<grpc::ClientReaderWriter<etcdserverpb::WatchRequest,
                                                            etcdserverpb::WatchResponse>>(
         ep.watch->Watch(&w->context_));
@@ -233,7 +248,55 @@ class GrpcEtcdClient : public EtcdClient {
     std::unique_ptr<etcdserverpb::KV::Stub> kv;
     std::unique_ptr<etcdserverpb::Lease::Stub> lease;
     std::unique_ptr<etcdserverpb::Watch::Stub> watch;
+    std::unique_ptr<etcdserverpb::Auth::Stub> auth;
   };
+
+  void SetDeadline(grpc::ClientContext* ctx) const {
+    ctx->set_deadline(std::chrono::system_clock::now() +
+                      std::chrono::microseconds(absl::ToInt64Microseconds(timeout_)));
+  }
+
+  // The auth token for `ep`'s etcd: the one held, or (none held, or
+  // `renew`) a new one from Authenticate. PermissionDenied for a wrong user
+  // or password.
+  absl::StatusOr<std::string> Token(Endpoint& ep, bool renew) {
+    {
+      absl::MutexLock lock(&token_mu_);
+      if (!renew && !token_.empty()) return token_;
+    }
+    etcdserverpb::AuthenticateRequest req;
+    req.set_name(user_);
+    req.set_password(password_);
+    etcdserverpb::AuthenticateResponse resp;
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx);
+    grpc::Status s = ep.auth->Authenticate(&ctx, req, &resp);
+    if (!s.ok()) return FromGrpc(s, absl::StrCat("authenticate as '", user_, "'"));
+    absl::MutexLock lock(&token_mu_);
+    token_ = resp.token();
+    return token_;
+  }
+
+  // One call of `fn` on `ep`, with the auth token when the client has a
+  // user; an expired or revoked token is renewed once.
+  grpc::Status CallOne(Endpoint& ep, const std::function<grpc::Status(Endpoint&, grpc::ClientContext*)>& fn) {
+    for (int attempt = 0;; ++attempt) {
+      grpc::ClientContext ctx;
+      SetDeadline(&ctx);
+      if (!user_.empty()) {
+        auto token = Token(ep, /*renew=*/attempt > 0);
+        if (!token.ok()) {
+          return grpc::Status(absl::IsUnavailable(token.status()) ? grpc::StatusCode::UNAVAILABLE
+                                                                  : grpc::StatusCode::PERMISSION_DENIED,
+                              std::string(token.status().message()));
+        }
+        ctx.AddMetadata("token", *token);
+      }
+      grpc::Status s = fn(ep, &ctx);
+      if (attempt == 0 && !user_.empty() && s.error_code() == grpc::StatusCode::UNAUTHENTICATED) continue;
+      return s;
+    }
+  }
 
   // Runs `fn` against the endpoints, starting with the last one that worked,
   // moving on while they are unavailable.
@@ -244,10 +307,7 @@ class GrpcEtcdClient : public EtcdClient {
     grpc::Status last;
     for (size_t i = 0; i < n; ++i) {
       size_t idx = (start + i) % n;
-      grpc::ClientContext ctx;
-      ctx.set_deadline(std::chrono::system_clock::now() +
-                       std::chrono::microseconds(absl::ToInt64Microseconds(timeout_)));
-      last = fn(endpoints_[idx], &ctx);
+      last = CallOne(endpoints_[idx], fn);
       if (last.error_code() != grpc::StatusCode::UNAVAILABLE &&
           last.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
         current_ = idx;
@@ -258,6 +318,10 @@ class GrpcEtcdClient : public EtcdClient {
   }
 
   const absl::Duration timeout_;
+  const std::string user_;
+  const std::string password_;
+  absl::Mutex token_mu_;
+  std::string token_ ABSL_GUARDED_BY(token_mu_);
   std::vector<Endpoint> endpoints_;
   std::atomic<size_t> current_{0};
 };
@@ -266,36 +330,59 @@ class GrpcEtcdClient : public EtcdClient {
 
 absl::StatusOr<std::vector<std::string>> ParseEtcdEndpoints(const std::string& list) {
   std::vector<std::string> out;
+  size_t num_https = 0;
   for (absl::string_view part : absl::StrSplit(list, ',', absl::SkipWhitespace())) {
     std::string e(absl::StripAsciiWhitespace(part));
-    if (e.rfind("https://", 0) == 0) {
-      return absl::InvalidArgumentError(absl::StrCat("etcd endpoint '", e, "': TLS is not supported"));
+    const bool https = e.rfind("https://", 0) == 0;
+    if (https) {
+      e = e.substr(8);
+      ++num_https;
+    } else if (e.rfind("http://", 0) == 0) {
+      e = e.substr(7);
     }
-    if (e.rfind("http://", 0) == 0) e = e.substr(7);
     while (!e.empty() && e.back() == '/') e.pop_back();
     size_t colon = e.rfind(':');
     if (e.empty() || colon == std::string::npos || colon == 0 || colon + 1 == e.size() ||
         e.find_first_not_of("0123456789", colon + 1) != std::string::npos ||
         e.find('/') != std::string::npos) {
       return absl::InvalidArgumentError(
-          absl::StrCat("etcd endpoint '", std::string(part), "' is not http://host:port"));
+          absl::StrCat("etcd endpoint '", std::string(part), "' is not http(s)://host:port"));
     }
-    out.push_back(e);
+    out.push_back(https ? "https://" + e : e);
   }
   if (out.empty()) return absl::InvalidArgumentError("no etcd endpoint given");
+  if (num_https != 0 && num_https != out.size()) {
+    return absl::InvalidArgumentError("etcd endpoints mix http:// and https://");
+  }
   return out;
 }
 
-absl::StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Connect(
-    const std::vector<std::string>& endpoints, absl::Duration timeout) {
+absl::StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Connect(const std::vector<std::string>& endpoints,
+                                                                const EtcdClientOptions& options) {
   std::vector<std::string> parsed;
   for (const auto& e : endpoints) {
     auto p = ParseEtcdEndpoints(e);
     if (!p.ok()) return p.status();
-    parsed.insert(parsed.end(), p->begin(), p->end());
+    for (std::string& h : *p) {
+      const bool https = h.rfind("https://", 0) == 0;
+      if (https && options.ca.empty()) {
+        return absl::InvalidArgumentError(absl::StrCat("etcd endpoint ", h, " needs a CA (--etcd-ca)"));
+      }
+      if (!https && !options.ca.empty()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("etcd endpoint ", h, " is plaintext but a CA is given: use https://"));
+      }
+      parsed.push_back(https ? h.substr(8) : h);
+    }
   }
   if (parsed.empty()) return absl::InvalidArgumentError("no etcd endpoint given");
-  return std::unique_ptr<EtcdClient>(new GrpcEtcdClient(std::move(parsed), timeout));
+  if (options.cert.empty() != options.key.empty()) {
+    return absl::InvalidArgumentError("an etcd client certificate needs its key, and a key its certificate");
+  }
+  if (options.user.empty() != options.password.empty()) {
+    return absl::InvalidArgumentError("an etcd user needs a password, and a password a user");
+  }
+  return std::unique_ptr<EtcdClient>(new GrpcEtcdClient(std::move(parsed), options));
 }
 
 }  // namespace kvtier::cluster

@@ -2,9 +2,12 @@
 // a dependency): key-value, leases and watches, which is all cluster
 // membership needs. Generated etcd types stay inside etcd_client.cc.
 //
-// Endpoints are "http://host:port" (or "host:port"); TLS is not supported.
-// Calls go to the first endpoint that answers; an endpoint that is down is
-// skipped. Every call is bounded by the client's timeout. Thread-safe.
+// Endpoints are "http://host:port" (or "host:port"), or "https://host:port"
+// with TLS (EtcdClientOptions::ca). With a user and password, the client
+// authenticates (etcd's Auth.Authenticate) and sends the token etcd gives
+// on every call, authenticating again when etcd says it expired. Calls go
+// to the first endpoint that answers; an endpoint that is down is skipped.
+// Every call is bounded by the client's timeout. Thread-safe.
 #ifndef KVTIER_CLUSTER_ETCD_CLIENT_H_
 #define KVTIER_CLUSTER_ETCD_CLIENT_H_
 
@@ -39,12 +42,36 @@ class EtcdWatch {
   virtual void Cancel() = 0;
 };
 
+// How the client reaches etcd: TLS and credentials.
+struct EtcdClientOptions {
+  // Bound on every call. Default: 3 s
+  absl::Duration timeout = absl::Seconds(3);
+  // PEM CA bundle etcd's server certificate must chain to; non-empty: TLS
+  // (the endpoints must be https://). Default: "" (plaintext, http://)
+  std::string ca;
+  // PEM client certificate chain and key for an etcd with
+  // --client-cert-auth. Need `ca`. Default: "" (none)
+  std::string cert;
+  std::string key;
+  // etcd user and password (etcd auth enabled). Default: "" (none)
+  std::string user;
+  std::string password;
+};
+
 class EtcdClient {
  public:
-  // Parses the endpoints (InvalidArgument for an empty list, https, or a
-  // malformed host:port) and opens channels; does not wait for etcd.
+  // Parses the endpoints (InvalidArgument for an empty list, a malformed
+  // host:port, https without options.ca or http with it, a certificate
+  // without its key, or a user without a password) and opens channels;
+  // does not wait for etcd.
+  static absl::StatusOr<std::unique_ptr<EtcdClient>> Connect(const std::vector<std::string>& endpoints,
+                                                             const EtcdClientOptions& options);
   static absl::StatusOr<std::unique_ptr<EtcdClient>> Connect(
-      const std::vector<std::string>& endpoints, absl::Duration timeout = absl::Seconds(3));
+      const std::vector<std::string>& endpoints, absl::Duration timeout = absl::Seconds(3)) {
+    EtcdClientOptions o;
+    o.timeout = timeout;
+    return Connect(endpoints, o);
+  }
   virtual ~EtcdClient() = default;
 
   // Returns the store revision after the put.
@@ -74,7 +101,10 @@ class EtcdClient {
       std::function<void(const absl::Status&)> on_end) = 0;
 };
 
-// "http://h:p,http://h2:p2" -> {"h:p", "h2:p2"}. InvalidArgument as Connect.
+// "http://h:p,http://h2:p2" -> {"h:p", "h2:p2"}; an https endpoint keeps
+// its scheme ("https://h:p"), so Connect knows it wants TLS. InvalidArgument
+// for an empty list, a malformed host:port or a list that mixes http and
+// https.
 absl::StatusOr<std::vector<std::string>> ParseEtcdEndpoints(const std::string& list);
 
 }  // namespace kvtier::cluster

@@ -1,5 +1,6 @@
 // Starts a private etcd server (Debian's etcd-server) on free loopback ports
-// in a temp directory, for tests; stops it (SIGKILL) and removes its data when
+// in a temp directory, for tests, plaintext or with TLS (and client
+// certificate authentication); stops it (SIGKILL) and removes its data when
 // destroyed. Fails loudly, not silently, when etcd is missing.
 #ifndef KVTIER_CLUSTER_ETCD_TEST_UTIL_H_
 #define KVTIER_CLUSTER_ETCD_TEST_UTIL_H_
@@ -14,6 +15,7 @@
 #include <cstdlib>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "cluster/etcd_client.h"
 #include "common/testing/temp_dir.h"
@@ -53,28 +55,57 @@ inline std::string FindEtcd() {
   return "";
 }
 
+// TLS of a test etcd's client port (PEM file paths).
+struct EtcdServerTls {
+  // Server certificate and key; CA of client certificates ("" for none:
+  // etcd then asks for no client certificate).
+  std::string cert, key, ca;
+  bool client_cert_auth = false;  // etcd's --client-cert-auth
+  // What the readiness check presents (a client certificate when required).
+  EtcdClientOptions client;
+  // More etcd flags (e.g. "--auth-token-ttl", "1").
+  std::vector<std::string> extra_args;
+};
+
 class EtcdServer {
  public:
-  // Starts etcd and waits (up to 20 s) until it answers. ok() tells.
-  EtcdServer() {
+  // Starts etcd and waits (up to 20 s) until it answers. ok() tells. With
+  // `tls`, the client port speaks TLS (endpoint() is https://).
+  explicit EtcdServer(const EtcdServerTls* tls = nullptr) {
     std::string etcd = FindEtcd();
     if (etcd.empty()) {
       error_ = "etcd not found: run scripts/install-deps (package etcd-server)";
       return;
     }
     int client = FreePort(), peer = FreePort();
-    endpoint_ = "http://127.0.0.1:" + std::to_string(client);
+    endpoint_ = (tls ? "https" : "http") + std::string("://127.0.0.1:") + std::to_string(client);
     std::string peer_url = "http://127.0.0.1:" + std::to_string(peer);
     pid_ = fork();
     if (pid_ == 0) {
       std::string log = dir_.path() + "/etcd.log";
       FILE* f = freopen(log.c_str(), "w", stderr);
       (void)f;
-      execl(etcd.c_str(), etcd.c_str(), "--name", "kvtier-test", "--data-dir",
-            (dir_.path() + "/data").c_str(), "--listen-client-urls", endpoint_.c_str(),
-            "--advertise-client-urls", endpoint_.c_str(), "--listen-peer-urls", peer_url.c_str(),
-            "--initial-advertise-peer-urls", peer_url.c_str(), "--initial-cluster",
-            ("kvtier-test=" + peer_url).c_str(), "--log-level", "error", nullptr);
+      std::vector<std::string> args = {etcd, "--name", "kvtier-test", "--data-dir", dir_.path() + "/data",
+                                       "--listen-client-urls", endpoint_, "--advertise-client-urls",
+                                       endpoint_, "--listen-peer-urls", peer_url,
+                                       "--initial-advertise-peer-urls", peer_url, "--initial-cluster",
+                                       "kvtier-test=" + peer_url, "--log-level", "error"};
+      if (tls) {
+        for (std::string a : {"--cert-file", tls->cert.c_str(), "--key-file", tls->key.c_str()}) {
+          args.push_back(a);
+        }
+        // etcd requires a client certificate whenever it has a client CA.
+        if (!tls->ca.empty()) {
+          args.push_back("--trusted-ca-file");
+          args.push_back(tls->ca);
+        }
+        if (tls->client_cert_auth) args.push_back("--client-cert-auth");
+        args.insert(args.end(), tls->extra_args.begin(), tls->extra_args.end());
+      }
+      std::vector<char*> argv;
+      for (std::string& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv(etcd.c_str(), argv.data());
       _exit(127);
     }
     // Wait for the port first: a gRPC channel that finds nothing listening
@@ -82,7 +113,9 @@ class EtcdServer {
     for (int i = 0; i < 400 && !PortOpen(client); ++i) {
       std::this_thread::sleep_for(std::chrono::milliseconds(25));
     }
-    auto client_or = EtcdClient::Connect({endpoint_}, absl::Seconds(1));
+    EtcdClientOptions co = tls ? tls->client : EtcdClientOptions{};
+    co.timeout = absl::Seconds(1);
+    auto client_or = EtcdClient::Connect({endpoint_}, co);
     for (int i = 0; i < 100 && client_or.ok(); ++i) {
       if ((*client_or)->GetPrefix("/").ok()) {
         ok_ = true;

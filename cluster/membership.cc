@@ -4,7 +4,9 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "common/crypto.h"
 #include "nlohmann/json.hpp"
+#include "tiering/remote/peer_auth.h"
 #include "tiering/remote/wire.h"
 
 namespace kvtier::cluster {
@@ -32,7 +34,33 @@ std::string EncodeMemberRecord(const MemberRecord& r) {
                       {"capacity_bytes", r.member.capacity_bytes},
                       {"used_bytes", r.member.used_bytes},
                       {"protocol", r.protocol}};
+  if (!r.mac.empty()) j["mac"] = r.mac;
   return j.dump();
+}
+
+absl::StatusOr<RecordSigner> RecordSigner::Create(std::string_view cluster_secret) {
+  if (cluster_secret.size() < tiering::remote::kMinClusterSecretBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("cluster secret of ", cluster_secret.size(),
+                                                   " bytes; it must have at least ",
+                                                   tiering::remote::kMinClusterSecretBytes));
+  }
+  std::array<uint8_t, 32> key{};
+  auto st = HkdfSha256(AsBytes(cluster_secret), "kvtier cluster secret v1", "member-records", key);
+  if (!st.ok()) return st;
+  return RecordSigner(key);
+}
+
+std::string RecordSigner::Sign(const std::string& etcd_key, const MemberRecord& r, int64_t lease) const {
+  const std::string capacity = std::to_string(r.member.capacity_bytes);
+  const std::string used = std::to_string(r.member.used_bytes);
+  const std::string protocol = std::to_string(r.protocol);
+  const std::string lease_text = std::to_string(lease);
+  return HexOf(HmacSha256(key_, {"kvtier member-record v1", etcd_key, r.member.id, r.member.address,
+                                 r.member.worker, capacity, used, protocol, lease_text}));
+}
+
+bool RecordSigner::Verify(const std::string& etcd_key, const MemberRecord& r, int64_t lease) const {
+  return ConstantTimeEquals(r.mac, Sign(etcd_key, r, lease));
 }
 
 absl::StatusOr<MemberRecord> DecodeMemberRecord(const std::string& text) {
@@ -73,10 +101,18 @@ absl::StatusOr<MemberRecord> DecodeMemberRecord(const std::string& text) {
   if (auto s = num("protocol", proto); !s.ok()) return s;
   if (proto > 0xFFFF) return absl::InvalidArgumentError("member record: bad protocol");
   r.protocol = static_cast<uint32_t>(proto);
+  if (auto it = j.find("mac"); it != j.end()) {
+    if (!it->is_string() || it->get<std::string>().size() != 2 * kSha256Bytes ||
+        it->get<std::string>().find_first_not_of("0123456789abcdef") != std::string::npos) {
+      return absl::InvalidArgumentError("member record: 'mac' must be 64 lowercase hex digits");
+    }
+    r.mac = it->get<std::string>();
+  }
   return r;
 }
 
-absl::StatusOr<MemberRecord> MemberFromKeyValue(const std::string& cluster, const EtcdKeyValue& kv) {
+absl::StatusOr<MemberRecord> MemberFromKeyValue(const std::string& cluster, const EtcdKeyValue& kv,
+                                                const RecordSigner* signer) {
   // etcd deletes a key when its lease expires or is revoked, and refuses a
   // put under a lease it does not know: a record with a lease is as alive as
   // the node keeping that lease. A record without one outlives any node (no
@@ -89,6 +125,11 @@ absl::StatusOr<MemberRecord> MemberFromKeyValue(const std::string& cluster, cons
       kv.key.substr(prefix.size()) != r->member.id) {
     return absl::InvalidArgumentError(absl::StrCat(kv.key, " holds the record of '", r->member.id, "'"));
   }
+  if (signer != nullptr && !signer->Verify(kv.key, *r, kv.lease)) {
+    return absl::UnauthenticatedError(absl::StrCat(
+        kv.key, r->mac.empty() ? " is not signed" : " has a MAC that does not verify",
+        " with this cluster's secret"));
+  }
   r->lease = kv.lease;
   return r;
 }
@@ -98,6 +139,13 @@ Membership::Membership(const MembershipOptions& options, std::unique_ptr<EtcdCli
       node_id_(options.node_id.empty() ? options.advertise : options.node_id),
       key_(MembersPrefix(options.cluster) + node_id_),
       etcd_(std::move(etcd)) {}
+
+std::optional<MemberRecord> Membership::Accept(const EtcdKeyValue& kv) {
+  auto r = MemberFromKeyValue(options_.cluster, kv, signer_ ? &*signer_ : nullptr);
+  if (r.ok()) return *std::move(r);
+  rejected_records_.fetch_add(1);
+  return std::nullopt;
+}
 
 absl::StatusOr<std::unique_ptr<Membership>> Membership::Join(const MembershipOptions& options,
                                                              std::unique_ptr<EtcdClient> etcd) {
@@ -109,6 +157,11 @@ absl::StatusOr<std::unique_ptr<Membership>> Membership::Join(const MembershipOpt
   std::unique_ptr<Membership> m(new Membership(options, std::move(etcd)));
   if (m->node_id_.find('/') != std::string::npos) {
     return absl::InvalidArgumentError("node id must not contain '/'");
+  }
+  if (!options.cluster_secret.empty()) {
+    auto signer = RecordSigner::Create(options.cluster_secret);
+    if (!signer.ok()) return signer.status();
+    m->signer_.emplace(*signer);
   }
   if (auto s = m->Register(); !s.ok()) return s;
   if (auto s = m->Resync(); !s.ok()) return s;
@@ -128,18 +181,19 @@ Membership::~Membership() {
   if (lease != 0) (void)etcd_->LeaseRevoke(lease);
 }
 
-MemberRecord Membership::SelfRecord() const {
+std::string Membership::SelfRecord(int64_t lease) const {
   MemberRecord r;
   r.member = {node_id_, options_.advertise, options_.worker_address, options_.capacity_bytes,
               options_.used_bytes ? options_.used_bytes() : 0};
   r.protocol = tiering::remote::kWireVersion;
-  return r;
+  if (signer_) r.mac = signer_->Sign(key_, r, lease);
+  return EncodeMemberRecord(r);
 }
 
 absl::Status Membership::Register() {
   auto lease = etcd_->LeaseGrant(options_.lease_ttl_s);
   if (!lease.ok()) return lease.status();
-  auto put = etcd_->Put(key_, EncodeMemberRecord(SelfRecord()), *lease);
+  auto put = etcd_->Put(key_, SelfRecord(*lease), *lease);
   if (!put.ok()) return put.status();
   absl::MutexLock lock(&mu_);
   lease_ = *lease;
@@ -153,8 +207,7 @@ absl::Status Membership::Resync() {
   if (!got.ok()) return got.status();
   std::vector<MemberRecord> members;
   for (const EtcdKeyValue& kv : got->first) {
-    auto r = MemberFromKeyValue(options_.cluster, kv);
-    if (r.ok()) members.push_back(*r);
+    if (auto r = Accept(kv)) members.push_back(*r);
   }
   {
     absl::MutexLock lock(&mu_);
@@ -182,8 +235,7 @@ void Membership::Apply(const std::vector<EtcdEvent>& events) {
                                   [&](const MemberRecord& r) { return r.member.id == id; }),
                    members_.end());
     if (e.deleted) continue;
-    auto r = MemberFromKeyValue(options_.cluster, e.kv);
-    if (r.ok()) members_.push_back(*r);
+    if (auto r = Accept(e.kv)) members_.push_back(*r);
   }
 }
 
@@ -207,7 +259,7 @@ void Membership::KeepAliveLoop() {
     if (absl::IsNotFound(ttl.status())) {
       (void)Register();  // the lease expired (a long pause, or etcd lost it)
     } else if (ttl.ok() && options_.used_bytes && ++tick % 5 == 0) {
-      (void)etcd_->Put(key_, EncodeMemberRecord(SelfRecord()), lease);
+      (void)etcd_->Put(key_, SelfRecord(lease), lease);
     }
     if (broken) (void)Resync();
   }

@@ -9,7 +9,10 @@
 
 #include <atomic>
 #include <functional>
+#include <array>
 #include <memory>
+#include <optional>
+#include <string_view>
 #include <string>
 #include <thread>
 #include <vector>
@@ -39,6 +42,11 @@ struct MembershipOptions {
   // Reports this node's used bytes; re-published every few keep-alives.
   // Default: none (0)
   std::function<uint64_t()> used_bytes;
+  // The cluster secret: this node signs its record with a key derived from
+  // it, and only records signed with the same key count as members (others
+  // are ignored and counted, rejected_records()). Default: "" (records are
+  // neither signed nor checked)
+  std::string cluster_secret;
 };
 
 // What a member publishes (JSON in etcd).
@@ -46,6 +54,29 @@ struct MemberRecord {
   tiering::remote::Member member;
   uint32_t protocol = 0;  // wire protocol version of its data path
   int64_t lease = 0;
+  // Hex HMAC-SHA256 of the record (RecordSigner); "" if unsigned.
+  std::string mac;
+};
+
+// Signs member records with a key derived from the cluster secret
+// (HKDF-SHA256, info "member-records"), so that a writer to etcd who lacks
+// the secret cannot add a member or redirect a member's traffic. The MAC
+// covers the record's etcd key, every field, and the lease it is stored
+// under (a record copied under another lease does not verify). Immutable,
+// thread-safe.
+class RecordSigner {
+ public:
+  // InvalidArgument for a secret shorter than
+  // tiering::remote::kMinClusterSecretBytes.
+  static absl::StatusOr<RecordSigner> Create(std::string_view cluster_secret);
+  // The hex MAC of `r` (its `mac` ignored) stored under `etcd_key` with `lease`.
+  std::string Sign(const std::string& etcd_key, const MemberRecord& r, int64_t lease) const;
+  // True if r.mac is Sign(etcd_key, r, lease) (constant-time compare).
+  bool Verify(const std::string& etcd_key, const MemberRecord& r, int64_t lease) const;
+
+ private:
+  explicit RecordSigner(std::array<uint8_t, 32> key) : key_(key) {}
+  std::array<uint8_t, 32> key_;
 };
 
 // Serializes / parses a member record. Parse is given whatever is in etcd:
@@ -55,8 +86,10 @@ absl::StatusOr<MemberRecord> DecodeMemberRecord(const std::string& json);
 
 // The member a key-value pair of etcd describes. InvalidArgument (not a
 // member) for a record that is malformed, is stored under another member's
-// key, or has no lease (lease 0).
-absl::StatusOr<MemberRecord> MemberFromKeyValue(const std::string& cluster, const EtcdKeyValue& kv);
+// key, or has no lease (lease 0); with a `signer`, Unauthenticated for a
+// record that is unsigned or whose MAC does not verify.
+absl::StatusOr<MemberRecord> MemberFromKeyValue(const std::string& cluster, const EtcdKeyValue& kv,
+                                                const RecordSigner* signer = nullptr);
 
 std::string MembersPrefix(const std::string& cluster);
 absl::Status ValidateClusterName(const std::string& cluster);
@@ -74,11 +107,19 @@ class Membership : public tiering::remote::MemberView {
   std::vector<tiering::remote::Member> LiveMembers() const override;
   // Times this node registered (1 + re-registrations after a lost lease).
   uint64_t registrations() const { return registrations_.load(); }
+  // Records under the cluster's prefix that were not taken as members:
+  // malformed, misplaced, without a lease, or (with a secret) not signed
+  // with it. Each read of a record counts (a forged record seen at a resync
+  // and again in a watch event counts twice).
+  uint64_t rejected_records() const { return rejected_records_.load(); }
 
  private:
   Membership(const MembershipOptions& options, std::unique_ptr<EtcdClient> etcd);
-  // What this node publishes: its addresses, capacity and current use.
-  MemberRecord SelfRecord() const;
+  // What this node publishes under `lease`: its addresses, capacity and
+  // current use, signed when it has a secret, as JSON.
+  std::string SelfRecord(int64_t lease) const;
+  // MemberFromKeyValue with this node's signer, counting rejections.
+  std::optional<MemberRecord> Accept(const EtcdKeyValue& kv);
   absl::Status Register();
   absl::Status Resync();  // reloads the member list, restarts the watch
   void KeepAliveLoop();
@@ -88,6 +129,8 @@ class Membership : public tiering::remote::MemberView {
   const std::string node_id_;
   const std::string key_;
   std::unique_ptr<EtcdClient> etcd_;
+  std::optional<RecordSigner> signer_;
+  std::atomic<uint64_t> rejected_records_{0};
 
   mutable absl::Mutex mu_;
   std::vector<MemberRecord> members_ ABSL_GUARDED_BY(mu_);

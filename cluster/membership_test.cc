@@ -59,7 +59,7 @@ TEST(EtcdEndpoints, ParsesListsAndRejectsBadOnes) {
   auto e = ParseEtcdEndpoints("http://127.0.0.1:2379, 10.0.0.2:2379/");
   ASSERT_TRUE(e.ok()) << e.status();
   EXPECT_THAT(*e, ::testing::ElementsAre("127.0.0.1:2379", "10.0.0.2:2379"));
-  for (const char* bad : {"", "https://h:1", "http://h", "h:", "h:12x", "http://h:1/v3"}) {
+  for (const char* bad : {"", "http://h", "h:", "h:12x", "http://h:1/v3"}) {
     EXPECT_EQ(ParseEtcdEndpoints(bad).status().code(), absl::StatusCode::kInvalidArgument) << bad;
   }
 }

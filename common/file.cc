@@ -74,6 +74,15 @@ absl::StatusOr<std::vector<uint8_t>> ReadFileBytes(const std::string& path, uint
   return data;
 }
 
+absl::StatusOr<std::string> ReadPemFile(const std::string& path, std::string_view what) {
+  auto bytes = ReadFileBytes(path, 1 << 20);
+  if (!bytes.ok()) {
+    return absl::Status(bytes.status().code(),
+                        absl::StrCat(std::string(what), " ", path, ": ", bytes.status().message()));
+  }
+  return std::string(bytes->begin(), bytes->end());
+}
+
 absl::Status WriteFileAtomic(const std::string& path, std::span<const uint8_t> data) {
   std::string tmp = absl::StrCat(path, ".tmp.", ::getpid());
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);

@@ -19,6 +19,10 @@ namespace kvtier {
 // not a regular file or is larger than `max_bytes`, Unavailable on I/O errors.
 absl::StatusOr<std::vector<uint8_t>> ReadFileBytes(const std::string& path, uint64_t max_bytes);
 
+// ReadFileBytes as text, for a PEM file (certificates, CA bundles) up to
+// 1 MiB; errors name `what` (a flag such as "--tls-cert") and the path.
+absl::StatusOr<std::string> ReadPemFile(const std::string& path, std::string_view what);
+
 // Writes `data` to `path` through a temporary file and rename, so a reader
 // never sees a partial file.
 absl::Status WriteFileAtomic(const std::string& path, std::span<const uint8_t> data);

@@ -27,6 +27,7 @@
 #include "cluster/membership.h"
 #include "tiering/placement_engine.h"
 #include "tiering/remote/cluster_tier.h"
+#include "tiering/remote/peer_auth.h"
 #include "tiering/remote/ucx_transport.h"
 
 namespace kvtier::server {
@@ -54,6 +55,7 @@ uint64_t FreeDiskBytes(const std::string& dir) {
 
 uint64_t RoundDown(uint64_t v, uint64_t unit) { return v / unit * unit; }
 
+
 }  // namespace
 
 Daemon::Daemon() = default;
@@ -61,15 +63,38 @@ Daemon::Daemon() = default;
 absl::Status Daemon::JoinCluster(tiering::EngineTiers& tiers) {
   const DaemonOptions& o = options_;
   peer_service_ = std::make_unique<EnginePeerService>();
+  std::string secret;
+  if (!o.cluster_secret_file.empty()) {
+    KVTIER_ASSIGN_OR_RETURN(secret, ReadSecretFile(o.cluster_secret_file, "cluster secret",
+                                                   tiering::remote::kMinClusterSecretBytes));
+  } else {
+    spdlog::warn("cluster '{}' without --cluster-secret-file: any host that reaches {} can read and "
+                 "write this node's chunks, and any writer to etcd can add members",
+                 o.cluster, o.advertise);
+  }
   tiering::remote::UcxTransportOptions to;
   to.listen = o.advertise;
   to.max_object_bytes = uint64_t{o.max_message_mib} << 20;
+  to.cluster_secret = secret;
+  to.node_id = o.node_id.empty() ? o.advertise : o.node_id;
   KVTIER_ASSIGN_OR_RETURN(transport_, tiering::remote::UcxTransport::Create(to, peer_service_.get()));
   if (tiers.dram != nullptr) {
     KVTIER_RETURN_IF_ERROR(transport_->RegisterMemory(tiers.dram->base(), tiers.dram->shm_size()));
   }
   KVTIER_ASSIGN_OR_RETURN(auto endpoints, cluster::ParseEtcdEndpoints(o.etcd));
-  KVTIER_ASSIGN_OR_RETURN(auto etcd, cluster::EtcdClient::Connect(endpoints));
+  cluster::EtcdClientOptions eo;
+  if (!o.etcd_ca.empty()) {
+    KVTIER_ASSIGN_OR_RETURN(eo.ca, ReadPemFile(o.etcd_ca, "--etcd-ca"));
+  }
+  if (!o.etcd_cert.empty()) {
+    KVTIER_ASSIGN_OR_RETURN(eo.cert, ReadPemFile(o.etcd_cert, "--etcd-cert"));
+    KVTIER_ASSIGN_OR_RETURN(eo.key, ReadSecretFile(o.etcd_key, "etcd key", 1));
+  }
+  if (!o.etcd_user.empty()) {
+    eo.user = o.etcd_user;
+    KVTIER_ASSIGN_OR_RETURN(eo.password, ReadSecretFile(o.etcd_password_file, "etcd password", 1));
+  }
+  KVTIER_ASSIGN_OR_RETURN(auto etcd, cluster::EtcdClient::Connect(endpoints, eo));
   cluster::MembershipOptions mo;
   mo.cluster = o.cluster;
   mo.node_id = o.node_id;
@@ -77,6 +102,7 @@ absl::Status Daemon::JoinCluster(tiering::EngineTiers& tiers) {
   mo.advertise = transport_->listen_address();
   mo.worker_address = transport_->worker_address();
   mo.lease_ttl_s = o.cluster_lease_s;
+  mo.cluster_secret = secret;
   uint64_t capacity = 0;
   if (tiers.dram) capacity += tiers.dram->capacity_bytes();
   if (tiers.nvme) capacity += tiers.nvme->capacity_bytes();
@@ -276,18 +302,34 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     ::chmod(d->socket_path_.c_str(), 0600);
   }
   if (!options.listen_tcp.empty()) {
-    spdlog::warn("TCP listener {} is plaintext; the bearer token travels unencrypted",
-                 options.listen_tcp);
+    std::optional<ServerTls> tls;
+    if (!options.tls_cert.empty()) {
+      tls.emplace();
+      KVTIER_ASSIGN_OR_RETURN(tls->cert_chain, ReadPemFile(options.tls_cert, "--tls-cert"));
+      KVTIER_ASSIGN_OR_RETURN(tls->private_key, ReadSecretFile(options.tls_key, "TLS key", 1));
+      if (!options.tls_client_ca.empty()) {
+        KVTIER_ASSIGN_OR_RETURN(tls->client_ca, ReadPemFile(options.tls_client_ca, "--tls-client-ca"));
+      }
+      KVTIER_RETURN_IF_ERROR(CheckServerTls(*tls));
+    } else if (IsLoopbackListen(options.listen_tcp)) {
+      spdlog::warn("TCP listener {} is plaintext (loopback only); the bearer token travels unencrypted",
+                   options.listen_tcp);
+    } else {
+      spdlog::error("INSECURE: TCP listener {} is plaintext on a network address (--insecure-tcp): the "
+                    "bearer token and every chunk cross the network unencrypted; use --tls-cert/--tls-key",
+                    options.listen_tcp);
+    }
     ao.thread_name = "kvtierd-tcp";
     d->tcp_adapter_ = std::make_unique<GrpcAdapter>(d->service_.get(), d->metrics_.get(), ao);
     // With tenants, any tenant's token opens a call (the adapter finds its
     // tenant); without, the daemon's token.
+    const ServerTls* tls_ptr = tls ? &*tls : nullptr;
     std::shared_ptr<grpc::ServerCredentials> creds =
         d->tenants_->configured()
             ? BearerTokenServerCredentials(
                   [t = d->tenants_.get()](std::string_view v) { return t->ByBearer(v) != nullptr; },
-                  d->metrics_.get())
-            : BearerTokenServerCredentials(ao.token, d->metrics_.get());
+                  d->metrics_.get(), tls_ptr)
+            : BearerTokenServerCredentials(ao.token, d->metrics_.get(), tls_ptr);
     d->tcp_server_ = build(options.listen_tcp, std::move(creds), d->tcp_adapter_.get(), &d->tcp_port_);
     if (d->tcp_server_ == nullptr || d->tcp_port_ == 0) {
       return absl::FailedPreconditionError(absl::StrCat("cannot listen on ", options.listen_tcp));
@@ -296,7 +338,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   if (!options.metrics_addr.empty()) {
     Daemon* self = d.get();
     KVTIER_ASSIGN_OR_RETURN(d->http_, MetricsHttpServer::Start(options.metrics_addr, [self] {
-      return self->metrics_->RenderPrometheus(self->service_->Stats());
+      return self->metrics_->RenderPrometheus(self->service_->Stats()) + self->ClusterMetricsText();
     }));
   }
   if (!options.ready_file.empty()) {
@@ -310,6 +352,23 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
 }
 
 int Daemon::metrics_port() const { return http_ ? http_->port() : 0; }
+
+std::string Daemon::ClusterMetricsText() const {
+  if (!membership_) return "";
+  std::string out;
+  auto counter = [&](const char* name, const char* help, uint64_t v) {
+    absl::StrAppend(&out, "# HELP ", name, " ", help, "\n# TYPE ", name, " counter\n", name, " ", v, "\n");
+  };
+  counter("kvtier_cluster_peer_auth_failures_total",
+          "Peer handshakes that failed (wrong or missing cluster secret, hostile handshake messages).",
+          transport_->auth_failures());
+  counter("kvtier_cluster_peer_auth_successes_total", "Peer handshakes completed.",
+          transport_->auth_successes());
+  counter("kvtier_cluster_records_rejected_total",
+          "Member records in etcd ignored: malformed, or not signed with the cluster secret.",
+          membership_->rejected_records());
+  return out;
+}
 
 uint64_t Daemon::grpc_inflight_bytes() const {
   uint64_t n = 0;
@@ -332,7 +391,12 @@ int Daemon::data_plane_connections() const { return shm_ ? shm_->connections() :
 std::string Daemon::Describe() const {
   std::string s = absl::StrCat("unix:", socket_path_);
   if (shm_) absl::StrAppend(&s, " (shared memory: ", shm_socket_path_, ")");
-  if (!options_.listen_tcp.empty()) absl::StrAppend(&s, ", tcp port ", tcp_port_, " (token)");
+  if (!options_.listen_tcp.empty()) {
+    absl::StrAppend(&s, ", tcp port ", tcp_port_,
+                    options_.tls_cert.empty()       ? " (token)"
+                    : options_.tls_client_ca.empty() ? " (TLS, token)"
+                                                     : " (mutual TLS, token)");
+  }
   if (http_) absl::StrAppend(&s, ", metrics http port ", http_->port(), "/metrics");
   if (membership_) {
     absl::StrAppend(&s, ", cluster '", options_.cluster, "' as ", membership_->self_id(), " (data path ",

@@ -62,6 +62,10 @@ class Daemon {
   const std::string& shm_socket_path() const { return shm_socket_path_; }
   int tcp_port() const { return tcp_port_; }
   int metrics_port() const;
+  // The cluster's security counters in the Prometheus text format (peer
+  // handshakes failed and completed, member records rejected); "" when the
+  // node is not in a cluster. The metrics endpoint appends it.
+  std::string ClusterMetricsText() const;
   uint64_t flushed_chunks() const { return flushed_chunks_; }
   // Shared-memory data-plane connections being served now (each has a
   // thread); 0 without a DRAM pool or after Shutdown.

@@ -4,23 +4,20 @@
 #include <grpc/grpc_security.h>
 #include <grpc/slice.h>
 
+#include <openssl/bio.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
+
+#include <memory>
 #include <optional>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
+
+#include "common/crypto.h"
 #include "server/metrics.h"
 
 namespace kvtier::server {
-
-bool ConstantTimeEquals(std::string_view given, std::string_view expected) {
-  // Every byte of `expected` is compared against something, so the loop's
-  // length never depends on `given`.
-  volatile unsigned char diff = given.size() == expected.size() ? 0 : 1;
-  for (size_t i = 0; i < expected.size(); ++i) {
-    const unsigned char g = i < given.size() ? static_cast<unsigned char>(given[i]) : 0;
-    diff = diff | (g ^ static_cast<unsigned char>(expected[i]));
-  }
-  return diff == 0;
-}
 
 bool IsBearerToken(std::string_view value, std::string_view token) {
   constexpr std::string_view kBearer = "Bearer ";
@@ -86,14 +83,28 @@ void DestroyToken(void* state) { delete static_cast<TokenState*>(state); }
 // core's insecure credentials take one, so the port is added through them.
 class BearerTokenCredentials final : public grpc::ServerCredentials {
  public:
-  BearerTokenCredentials(std::function<bool(std::string_view)> accepts, ServerMetrics* metrics)
-      : accepts_(std::move(accepts)), metrics_(metrics) {}
+  BearerTokenCredentials(std::function<bool(std::string_view)> accepts, ServerMetrics* metrics,
+                         std::optional<ServerTls> tls)
+      : accepts_(std::move(accepts)), metrics_(metrics), tls_(std::move(tls)) {}
 
   void SetAuthMetadataProcessor(const std::shared_ptr<grpc::AuthMetadataProcessor>&) override {}
 
  private:
   int AddPortToServer(const std::string& addr, grpc_server* server) override {
-    grpc_server_credentials* creds = grpc_insecure_server_credentials_create();
+    grpc_server_credentials* creds = nullptr;
+    if (tls_) {
+      // The core copies the PEM strings.
+      grpc_ssl_pem_key_cert_pair pair{tls_->private_key.c_str(), tls_->cert_chain.c_str()};
+      const bool mtls = !tls_->client_ca.empty();
+      creds = grpc_ssl_server_credentials_create_ex(
+          mtls ? tls_->client_ca.c_str() : nullptr, &pair, 1,
+          mtls ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
+               : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE,
+          nullptr);
+    } else {
+      creds = grpc_insecure_server_credentials_create();
+    }
+    if (creds == nullptr) return 0;
     grpc_auth_metadata_processor p;
     p.process = ProcessToken;
     p.destroy = DestroyToken;
@@ -106,19 +117,69 @@ class BearerTokenCredentials final : public grpc::ServerCredentials {
 
   const std::function<bool(std::string_view)> accepts_;
   ServerMetrics* const metrics_;
+  const std::optional<ServerTls> tls_;
 };
+
+struct BioFree {
+  void operator()(BIO* b) const { BIO_free(b); }
+};
+struct X509Free {
+  void operator()(X509* x) const { X509_free(x); }
+};
+struct PkeyFree {
+  void operator()(EVP_PKEY* k) const { EVP_PKEY_free(k); }
+};
+
+std::unique_ptr<BIO, BioFree> MemBio(const std::string& pem) {
+  return std::unique_ptr<BIO, BioFree>(BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())));
+}
+
+std::unique_ptr<X509, X509Free> FirstCert(const std::string& pem) {
+  auto bio = MemBio(pem);
+  return std::unique_ptr<X509, X509Free>(bio ? PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr)
+                                             : nullptr);
+}
 
 }  // namespace
 
+absl::Status CheckServerTls(const ServerTls& tls) {
+  auto cert = FirstCert(tls.cert_chain);
+  if (cert == nullptr) return absl::InvalidArgumentError("--tls-cert holds no PEM certificate");
+  auto bio = MemBio(tls.private_key);
+  std::unique_ptr<EVP_PKEY, PkeyFree> key(
+      bio ? PEM_read_bio_PrivateKey(bio.get(), nullptr, nullptr, nullptr) : nullptr);
+  if (key == nullptr) return absl::InvalidArgumentError("--tls-key holds no PEM private key");
+  if (X509_check_private_key(cert.get(), key.get()) != 1) {
+    return absl::InvalidArgumentError("--tls-key is not the key of --tls-cert's certificate");
+  }
+  if (!tls.client_ca.empty() && FirstCert(tls.client_ca) == nullptr) {
+    return absl::InvalidArgumentError("--tls-client-ca holds no PEM certificate");
+  }
+  return absl::OkStatus();
+}
+
 std::shared_ptr<grpc::ServerCredentials> BearerTokenServerCredentials(std::string token,
-                                                                      ServerMetrics* metrics) {
+                                                                      ServerMetrics* metrics,
+                                                                      const ServerTls* tls) {
   return BearerTokenServerCredentials(
-      [token = std::move(token)](std::string_view v) { return IsBearerToken(v, token); }, metrics);
+      [token = std::move(token)](std::string_view v) { return IsBearerToken(v, token); }, metrics, tls);
 }
 
 std::shared_ptr<grpc::ServerCredentials> BearerTokenServerCredentials(
-    std::function<bool(std::string_view)> accepts, ServerMetrics* metrics) {
-  return std::make_shared<BearerTokenCredentials>(std::move(accepts), metrics);
+    std::function<bool(std::string_view)> accepts, ServerMetrics* metrics, const ServerTls* tls) {
+  return std::make_shared<BearerTokenCredentials>(std::move(accepts), metrics,
+                                                  tls ? std::optional<ServerTls>(*tls) : std::nullopt);
+}
+
+std::string PeerTlsIdentity(const grpc::AuthContext& context) {
+  // gRPC fills these properties from a client certificate only after it
+  // verified the certificate against the listener's client CA.
+  for (const char* property : {GRPC_X509_SAN_PROPERTY_NAME, GRPC_X509_CN_PROPERTY_NAME}) {
+    for (const grpc::string_ref& v : context.FindPropertyValues(property)) {
+      if (v.size() > 0) return std::string(v.data(), v.size());
+    }
+  }
+  return "";
 }
 
 }  // namespace kvtier::server

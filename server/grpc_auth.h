@@ -10,29 +10,50 @@
 #include <string>
 #include <string_view>
 
+#include "absl/status/status.h"
+#include "grpcpp/security/auth_context.h"
 #include "grpcpp/security/server_credentials.h"
 
 namespace kvtier::server {
 
 class ServerMetrics;
 
-// Constant-time comparison of two secrets: the time depends on the length of
-// `expected` only, never on where the two differ or on `given`'s length.
-bool ConstantTimeEquals(std::string_view given, std::string_view expected);
-
-// True if `value` (an "authorization" metadata value) is "Bearer <token>".
+// True if `value` (an "authorization" metadata value) is "Bearer <token>";
+// the token is compared in constant time (kvtier::ConstantTimeEquals).
 bool IsBearerToken(std::string_view value, std::string_view token);
 
-// Plaintext HTTP/2 credentials whose every call must carry
-// "authorization: Bearer <token>"; other calls end with UNAUTHENTICATED as
-// soon as their headers arrive, counted in `metrics` (kAuthFailures; not
-// owned, must outlive the server). REQUIRES: `token` is not empty.
+// TLS of a TCP listener, as PEM text.
+struct ServerTls {
+  std::string cert_chain;  // the listener's certificate chain
+  std::string private_key;
+  // CA bundle client certificates must chain to; non-empty: a client must
+  // present a certificate it signed (mutual TLS), else the handshake fails.
+  std::string client_ca;
+};
+
+// Checks `tls` before a listener uses it, so a bad file is a clear startup
+// error: InvalidArgument if the chain, the key or the client CA is not PEM
+// OpenSSL can parse, or the key does not belong to the first certificate.
+absl::Status CheckServerTls(const ServerTls& tls);
+
+// HTTP/2 credentials, plaintext or (with `tls`) TLS through gRPC's SSL
+// credentials, whose every call must carry "authorization: Bearer <token>";
+// other calls end with UNAUTHENTICATED as soon as their headers arrive,
+// counted in `metrics` (kAuthFailures; not owned, must outlive the server).
+// REQUIRES: `token` is not empty; `tls`, if given, passed CheckServerTls.
 std::shared_ptr<grpc::ServerCredentials> BearerTokenServerCredentials(std::string token,
-                                                                      ServerMetrics* metrics);
+                                                                      ServerMetrics* metrics,
+                                                                      const ServerTls* tls = nullptr);
 // The same with the check in `accepts`: true for an "authorization" value
 // that opens a call (e.g. any tenant's token). Thread-safe, non-blocking.
 std::shared_ptr<grpc::ServerCredentials> BearerTokenServerCredentials(
-    std::function<bool(std::string_view authorization)> accepts, ServerMetrics* metrics);
+    std::function<bool(std::string_view authorization)> accepts, ServerMetrics* metrics,
+    const ServerTls* tls = nullptr);
+
+// The verified TLS client identity of a call: its certificate's first
+// subject alternative name, else its subject CN; "" without a verified
+// client certificate.
+std::string PeerTlsIdentity(const grpc::AuthContext& context);
 
 }  // namespace kvtier::server
 

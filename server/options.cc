@@ -1,5 +1,7 @@
 #include "server/options.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/stat.h>
 
 #include <cerrno>
@@ -40,6 +42,12 @@ void RegisterDaemonFlags(CLI::App& app, DaemonOptions* o) {
   app.add_option("--tenants", o->tenants,
                  "tenants file (TOML [[tenant]] tables): per-tenant keys, quotas, metrics "
                  "[default: none, one tenant]");
+  app.add_option("--tls-cert", o->tls_cert, "PEM certificate chain of the TCP listener (TLS; needs --tls-key)");
+  app.add_option("--tls-key", o->tls_key, "PEM private key of the TCP listener");
+  app.add_option("--tls-client-ca", o->tls_client_ca,
+                 "PEM CA that TCP clients' certificates must chain to (mutual TLS)");
+  app.add_flag("--insecure-tcp", o->insecure_tcp,
+               "allow a plaintext TCP listener on a non-loopback address (logged as INSECURE)");
   app.add_option("--metrics-addr", o->metrics_addr, "Prometheus metrics at http://HOST:PORT/metrics")
       ->capture_default_str();
   app.add_option("--max-message-mib", o->max_message_mib, "largest gRPC message, MiB")->capture_default_str();
@@ -81,7 +89,14 @@ void RegisterDaemonFlags(CLI::App& app, DaemonOptions* o) {
   app.add_option("--ready-file", o->ready_file,
                  "write this file (pid, then what is served) once every listener is serving [default: none]");
   app.add_option("--cluster", o->cluster, "join this cluster (needs --etcd and --advertise) [default: standalone]");
-  app.add_option("--etcd", o->etcd, "etcd endpoints http://HOST:PORT[,...]");
+  app.add_option("--etcd", o->etcd, "etcd endpoints http://HOST:PORT[,...] or https://...");
+  app.add_option("--etcd-ca", o->etcd_ca, "PEM CA of etcd's server certificate (TLS to etcd)");
+  app.add_option("--etcd-cert", o->etcd_cert, "PEM client certificate presented to etcd");
+  app.add_option("--etcd-key", o->etcd_key, "PEM private key of --etcd-cert");
+  app.add_option("--etcd-user", o->etcd_user, "etcd user (etcd auth; password in --etcd-password-file)");
+  app.add_option("--etcd-password-file", o->etcd_password_file, "file holding the etcd user's password (mode 0600)");
+  app.add_option("--cluster-secret-file", o->cluster_secret_file,
+                 "file holding the cluster secret (mode 0600, >= 32 bytes): authenticates peers, signs member records");
   app.add_option("--advertise", o->advertise, "HOST:PORT peers reach this node's UCX data path on");
   app.add_option("--replicas", o->replicas, "copies of each chunk in the cluster")->capture_default_str();
   app.add_option("--node-id", o->node_id, "node id in the cluster [default: the advertise address]");
@@ -129,14 +144,16 @@ absl::Status LoadConfigFile(const std::string& path, DaemonOptions* o) {
     return absl::InvalidArgumentError(absl::StrCat("config ", path, ": ", std::string(e.description())));
   }
   static const char* kKeys[] = {"data_dir", "socket", "dram_gib", "nvme_gib", "hbm_gib",
-                                "dram_populate", "listen_tcp", "token_file", "tenants", "metrics_addr",
+                                "dram_populate", "listen_tcp", "token_file", "tenants", "tls_cert", "tls_key",
+                                "tls_client_ca", "insecure_tcp", "metrics_addr",
                                 "max_message_mib", "max_keys_per_request", "max_concurrent_streams",
                                 "request_threads", "max_queued_requests", "max_inflight_mib",
                                 "max_inflight_mib_per_connection", "write_timeout_ms",
                                 "stream_idle_timeout_ms", "keepalive_s",
                                 "default_lease_ms", "max_held_share", "nvme_admit_after_uses", "eviction", "shutdown_grace_s", "put_check_threads",
-                                "log_level", "ready_file", "cluster", "etcd", "advertise", "replicas", "node_id",
-                                "cluster_lease_s"};
+                                "log_level", "ready_file", "cluster", "etcd", "etcd_ca", "etcd_cert",
+                                "etcd_key", "etcd_user", "etcd_password_file", "cluster_secret_file",
+                                "advertise", "replicas", "node_id", "cluster_lease_s"};
   for (const auto& [k, v] : t) {
     bool known = false;
     for (const char* name : kKeys) known = known || k.str() == name;
@@ -158,6 +175,10 @@ absl::Status LoadConfigFile(const std::string& path, DaemonOptions* o) {
   take("listen_tcp", &o->listen_tcp);
   take("token_file", &o->token_file);
   take("tenants", &o->tenants);
+  take("tls_cert", &o->tls_cert);
+  take("tls_key", &o->tls_key);
+  take("tls_client_ca", &o->tls_client_ca);
+  take("insecure_tcp", &o->insecure_tcp);
   take("metrics_addr", &o->metrics_addr);
   take("max_message_mib", &o->max_message_mib);
   take("max_keys_per_request", &o->max_keys_per_request);
@@ -179,6 +200,12 @@ absl::Status LoadConfigFile(const std::string& path, DaemonOptions* o) {
   take("ready_file", &o->ready_file);
   take("cluster", &o->cluster);
   take("etcd", &o->etcd);
+  take("etcd_ca", &o->etcd_ca);
+  take("etcd_cert", &o->etcd_cert);
+  take("etcd_key", &o->etcd_key);
+  take("etcd_user", &o->etcd_user);
+  take("etcd_password_file", &o->etcd_password_file);
+  take("cluster_secret_file", &o->cluster_secret_file);
   take("advertise", &o->advertise);
   take("replicas", &o->replicas);
   take("node_id", &o->node_id);
@@ -200,6 +227,21 @@ absl::Status ValidateDaemonOptions(const DaemonOptions& o) {
   }
   if (!o.listen_tcp.empty() && o.token_file.empty() && o.tenants.empty()) {
     return absl::InvalidArgumentError("--listen-tcp requires --token-file or --tenants");
+  }
+  if (o.tls_cert.empty() != o.tls_key.empty()) {
+    return absl::InvalidArgumentError("--tls-cert and --tls-key go together");
+  }
+  if (!o.tls_client_ca.empty() && o.tls_cert.empty()) {
+    return absl::InvalidArgumentError("--tls-client-ca requires --tls-cert and --tls-key");
+  }
+  if (!o.tls_cert.empty() && o.listen_tcp.empty()) {
+    return absl::InvalidArgumentError("--tls-cert is for the TCP listener: give --listen-tcp");
+  }
+  if (!o.listen_tcp.empty() && o.tls_cert.empty() && !o.insecure_tcp && !IsLoopbackListen(o.listen_tcp)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--listen-tcp ", o.listen_tcp,
+        " is not a loopback address and has no TLS: the bearer token would cross the network in "
+        "clear text. Give --tls-cert/--tls-key, or --insecure-tcp to accept that"));
   }
   if (o.max_message_mib == 0 || o.max_message_mib > 2047) {
     return absl::InvalidArgumentError("--max-message-mib must be 1..2047");
@@ -229,31 +271,54 @@ absl::Status ValidateDaemonOptions(const DaemonOptions& o) {
     if (o.cluster_lease_s < 2 || o.cluster_lease_s > 3600) {
       return absl::InvalidArgumentError("--cluster-lease-s must be 2..3600");
     }
+    if (o.etcd_cert.empty() != o.etcd_key.empty()) {
+      return absl::InvalidArgumentError("--etcd-cert and --etcd-key go together");
+    }
+    if (!o.etcd_cert.empty() && o.etcd_ca.empty()) {
+      return absl::InvalidArgumentError("--etcd-cert needs --etcd-ca (a client certificate only travels over TLS)");
+    }
+    if (o.etcd_user.empty() != o.etcd_password_file.empty()) {
+      return absl::InvalidArgumentError("--etcd-user and --etcd-password-file go together");
+    }
   } else if (!o.etcd.empty() || !o.advertise.empty()) {
     return absl::InvalidArgumentError("--etcd and --advertise need --cluster");
+  } else if (!o.cluster_secret_file.empty() || !o.etcd_ca.empty() || !o.etcd_user.empty()) {
+    return absl::InvalidArgumentError("--cluster-secret-file and the --etcd-* options need --cluster");
   }
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
+  return ReadSecretFile(path, "token", kMinTokenBytes);
+}
+
+bool IsLoopbackListen(const std::string& host_port) {
+  std::string host = host_port.substr(0, host_port.rfind(':'));
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  if (host == "localhost" || host == "::1") return true;
+  in_addr a{};
+  return ::inet_pton(AF_INET, host.c_str(), &a) == 1 && (ntohl(a.s_addr) >> 24) == 127;
+}
+
+absl::StatusOr<std::string> ReadSecretFile(const std::string& path, const char* what, size_t min_bytes) {
   // Checked on the file the path resolves to (a symlink, as in a mounted
   // secret, is followed).
   struct stat st;
-  if (::stat(path.c_str(), &st) != 0) return ErrnoToStatus(errno, absl::StrCat("token file ", path));
+  if (::stat(path.c_str(), &st) != 0) return ErrnoToStatus(errno, absl::StrCat(what, " file ", path));
   if ((st.st_mode & 077) != 0) {
     return absl::FailedPreconditionError(absl::StrFormat(
-        "token file %s is readable or writable by group or others (mode %04o); run chmod 600 %s",
-        path, st.st_mode & 07777, path));
+        "%s file %s is readable or writable by group or others (mode %04o); run chmod 600 %s",
+        what, path, st.st_mode & 07777, path));
   }
   KVTIER_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, ReadFileBytes(path, kMaxTokenFileBytes));
   std::string t(bytes.begin(), bytes.end());
   size_t b = t.find_first_not_of(" \t\r\n");
   size_t e = t.find_last_not_of(" \t\r\n");
-  if (b == std::string::npos) return absl::InvalidArgumentError(absl::StrCat("token file ", path, " is empty"));
+  if (b == std::string::npos) return absl::InvalidArgumentError(absl::StrCat(what, " file ", path, " is empty"));
   t = t.substr(b, e - b + 1);
-  if (t.size() < kMinTokenBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("token in ", path, " is ", t.size(),
-                                                   " bytes; it must have at least ", kMinTokenBytes,
+  if (t.size() < min_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " in ", path, " is ", t.size(),
+                                                   " bytes; it must have at least ", min_bytes,
                                                    " (e.g. openssl rand -hex 32)"));
   }
   return t;

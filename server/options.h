@@ -50,6 +50,19 @@ struct DaemonOptions {
   // client is a tenant, with its own key namespace, quotas and metrics.
   // Default: "" (one tenant; keys stored as sent)
   std::string tenants;
+  // PEM certificate chain and private key of the TCP listener: with both,
+  // it speaks TLS (gRPC's SSL credentials) and the bearer token is still
+  // required. Default: "" (plaintext)
+  std::string tls_cert;
+  std::string tls_key;
+  // PEM CA bundle that TCP clients' certificates must chain to: with it, a
+  // client must present a certificate the CA signed (mutual TLS). Needs
+  // tls_cert. Default: "" (no client certificate asked for)
+  std::string tls_client_ca;
+  // Allow a plaintext TCP listener on an address other than loopback (the
+  // token then crosses the network in clear text; logged as an error at
+  // startup). Without it such a listener is refused. Default: false
+  bool insecure_tcp = false;
   // Prometheus metrics over HTTP at "HOST:PORT/metrics". Default: "" (off)
   std::string metrics_addr;
   // Largest gRPC message in MiB, each way (an inline chunk must fit).
@@ -114,9 +127,26 @@ struct DaemonOptions {
   // Cluster to join: nodes of one cluster find each other in etcd and share
   // chunks through the remote tier. Default: "" (standalone)
   std::string cluster;
-  // etcd endpoints, "http://HOST:PORT[,...]". Required with `cluster`.
-  // Default: ""
+  // etcd endpoints, "http://HOST:PORT[,...]" or "https://HOST:PORT[,...]"
+  // (TLS; needs etcd_ca). Required with `cluster`. Default: ""
   std::string etcd;
+  // PEM CA bundle that etcd's server certificate must chain to; with it
+  // the etcd connection uses TLS. Default: "" (plaintext)
+  std::string etcd_ca;
+  // PEM client certificate and key presented to etcd (its
+  // --client-cert-auth). Need etcd_ca. Default: "" (none)
+  std::string etcd_cert;
+  std::string etcd_key;
+  // etcd user (etcd's auth); its password is read from etcd_password_file
+  // (owner-only, like token_file). Default: "" (no etcd auth)
+  std::string etcd_user;
+  std::string etcd_password_file;
+  // File holding the cluster secret (owner-only, at least
+  // kMinClusterSecretBytes after trimming): peers prove they hold it before
+  // any chunk moves, and member records in etcd are signed with a key
+  // derived from it (docs/security.md). Never sent, logged or stored in
+  // etcd. Default: "" (no authentication; logged as a warning)
+  std::string cluster_secret_file;
   // Address peers reach this node's data path (UCX) on, "HOST:PORT"; the
   // node listens there. Required with `cluster`. Default: ""
   std::string advertise;
@@ -151,13 +181,20 @@ inline constexpr size_t kMinTokenBytes = 32;
 // The largest token file ReadTokenFile reads.
 inline constexpr uint64_t kMaxTokenFileBytes = 4096;
 
-// Reads the bearer token from `path` (following a symlink) and trims
-// surrounding whitespace. FailedPrecondition if group or others have any
-// access to the file (mode & 077; the message says to chmod 600 it);
-// InvalidArgument if it is not a regular file, is larger than
-// kMaxTokenFileBytes, is empty or holds a token shorter than
-// kMinTokenBytes; NotFound if it does not exist.
+// Reads a secret (`what`: "token", "cluster secret", ...) from `path`
+// (following a symlink) and trims surrounding whitespace.
+// FailedPrecondition if group or others have any access to the file
+// (mode & 077; the message says to chmod 600 it); InvalidArgument if it is
+// not a regular file, is larger than kMaxTokenFileBytes, is empty or holds a
+// secret shorter than `min_bytes`; NotFound if it does not exist.
+absl::StatusOr<std::string> ReadSecretFile(const std::string& path, const char* what, size_t min_bytes);
+
+// ReadSecretFile for the bearer token (at least kMinTokenBytes).
 absl::StatusOr<std::string> ReadTokenFile(const std::string& path);
+
+// True if `host_port`'s host is a loopback address (127.0.0.0/8, ::1 or
+// "localhost"): a listener there is reachable from this host only.
+bool IsLoopbackListen(const std::string& host_port);
 
 }  // namespace kvtier::server
 

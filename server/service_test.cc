@@ -503,13 +503,6 @@ TEST(GrpcAdapter, StatusMappingKeepsCodeAndMessage) {
   EXPECT_TRUE(ToGrpcStatus(absl::OkStatus()).ok());
 }
 
-TEST(GrpcAdapter, ConstantTimeEqualsComparesWholeSecrets) {
-  EXPECT_TRUE(ConstantTimeEquals("s3cret-token", "s3cret-token"));
-  EXPECT_FALSE(ConstantTimeEquals("s3cret-token", "s3cret-tokeN"));
-  EXPECT_FALSE(ConstantTimeEquals("s3cret", "s3cret-token"));
-  EXPECT_FALSE(ConstantTimeEquals("", "x"));
-}
-
 TEST(DaemonOptions, ConfigFileSetsValuesAndRejectsUnknownKeys) {
   TempDir dir;
   std::string path = dir.path() + "/kvtierd.toml";

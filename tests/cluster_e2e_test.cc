@@ -5,6 +5,7 @@
 // stopped one. Bounded: every wait has a deadline; everything started is
 // killed at the end.
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -25,12 +26,14 @@
 #include "cluster/etcd_test_util.h"
 #include "cluster/membership.h"
 #include "tests/cli_runner.h"
+#include "tests/http_get.h"
 #include "tiering/remote/rendezvous.h"
 
 namespace kvtier {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 using testing::RunCommand;
 using testing::TempDir;
 
@@ -39,8 +42,9 @@ const std::string kKvtierd = KVTIERD_PATH;
 
 class Node {
  public:
-  Node(std::string id, std::string dir, std::string etcd, int port)
-      : id_(std::move(id)), dir_(std::move(dir)), etcd_(std::move(etcd)), port_(port) {}
+  // `extra`: more kvtierd flags (e.g. --cluster-secret-file F).
+  Node(std::string id, std::string dir, std::string etcd, int port, std::vector<std::string> extra = {})
+      : id_(std::move(id)), dir_(std::move(dir)), etcd_(std::move(etcd)), port_(port), extra_(std::move(extra)) {}
   ~Node() { Kill(); }
 
   void Start() {
@@ -51,11 +55,16 @@ class Node {
       FILE* f = freopen((dir_ + ".log").c_str(), "a", stderr);
       (void)f;
       std::string adv = "127.0.0.1:" + std::to_string(port_);
-      execl(kKvtierd.c_str(), kKvtierd.c_str(), "--data-dir", dir_.c_str(), "--dram-gib", "0.0625",
-            "--nvme-gib", "0.125", "--hbm-gib", "0", "--cluster", "e2e", "--etcd", etcd_.c_str(),
-            "--advertise", adv.c_str(), "--node-id", id_.c_str(), "--replicas", "2",
-            "--cluster-lease-s", "2", "--log-level", "warn", "--ready-file", ready_file().c_str(),
-            nullptr);
+      std::vector<std::string> args = {kKvtierd, "--data-dir", dir_, "--dram-gib", "0.0625",
+                                       "--nvme-gib", "0.125", "--hbm-gib", "0", "--cluster", "e2e",
+                                       "--etcd", etcd_, "--advertise", adv, "--node-id", id_,
+                                       "--replicas", "2", "--cluster-lease-s", "2", "--log-level",
+                                       "warn", "--ready-file", ready_file()};
+      args.insert(args.end(), extra_.begin(), extra_.end());
+      std::vector<char*> argv;
+      for (std::string& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv(kKvtierd.c_str(), argv.data());
       _exit(127);
     }
   }
@@ -80,17 +89,19 @@ class Node {
  private:
   std::string id_, dir_, etcd_;
   int port_;
+  std::vector<std::string> extra_;
   pid_t pid_ = -1;
 };
 
 class ClusterE2E : public ::testing::Test {
  protected:
-  void SetUp() override {
+  // Starts three nodes with `extra` flags (SecureClusterE2E adds a secret).
+  void StartNodes(const std::vector<std::string>& extra) {
     ASSERT_TRUE(etcd_.ok()) << etcd_.error();
     for (int i = 0; i < 3; ++i) {
       nodes_.push_back(std::make_unique<Node>("node-" + std::to_string(i + 1),
                                               dir_.path() + "/n" + std::to_string(i + 1),
-                                              etcd_.endpoint(), cluster::testing::FreePort()));
+                                              etcd_.endpoint(), cluster::testing::FreePort(), extra));
       nodes_.back()->Start();
     }
     for (auto& n : nodes_) ASSERT_TRUE(n->WaitReady()) << n->id();
@@ -99,6 +110,7 @@ class ClusterE2E : public ::testing::Test {
     // others' registrations too, so every node computes the same owners.
     for (int n = 0; n < 3; ++n) ASSERT_TRUE(WaitListed(n, 3)) << "node " << n + 1;
   }
+  void SetUp() override { StartNodes({}); }
   void TearDown() override {
     for (auto& n : nodes_) n->Kill();
   }
@@ -307,12 +319,111 @@ TEST_F(ClusterE2E, StatusAndBadClusterInput) {
   EXPECT_THAT(table.out, HasSubstr("node-2"));
   auto bad = Cli("cluster status --etcd https://127.0.0.1:1 --cluster e2e");
   EXPECT_EQ(bad.exit_code, 2);
-  EXPECT_THAT(bad.err, HasSubstr("TLS"));
+  EXPECT_THAT(bad.err, HasSubstr("--etcd-ca"));
   auto bad_name = Cli("cluster status --etcd " + etcd_.endpoint() + " --cluster 'a/b'");
   EXPECT_EQ(bad_name.exit_code, 2);
   auto no_etcd = RunCommand(kKvtierd + " --cluster x --data-dir " + dir_.path() + "/z", dir_.path());
   EXPECT_EQ(no_etcd.exit_code, 2);
   EXPECT_THAT(no_etcd.err, HasSubstr("--etcd"));
+}
+
+// Three nodes that hold the cluster secret, and two intruders that join the
+// same etcd: one with another secret, one with none. The members never list
+// the intruders (their records are not signed with the secret), the
+// intruder without a secret is refused at the handshake when it asks a
+// member for a chunk, neither can read the members' chunks nor write into
+// them, and the members keep serving; their /metrics count the refusals.
+class SecureClusterE2E : public ClusterE2E {
+ protected:
+  std::string SecretFile(const std::string& name, const std::string& secret) {
+    std::string path = dir_.path() + "/" + name;
+    EXPECT_TRUE(WriteFileAtomic(path, {reinterpret_cast<const uint8_t*>(secret.data()), secret.size()}).ok());
+    ::chmod(path.c_str(), 0600);
+    return path;
+  }
+  static constexpr char kSecret[] = "e2e-secret-0123456789abcdef0123456789abcdef";
+  void SetUp() override {
+    StartNodes({"--cluster-secret-file", SecretFile("secret", kSecret), "--metrics-addr", "127.0.0.1:0"});
+  }
+  // Node n's /metrics ("" if it cannot be read).
+  std::string Metrics(int n) {
+    auto ready = ReadFileBytes(nodes_[n]->ready_file(), 1 << 16);
+    if (!ready.ok()) return "";
+    std::string text(ready->begin(), ready->end());
+    size_t at = text.find("metrics http port ");
+    if (at == std::string::npos) return "";
+    return testing::HttpGetLocal(std::atoi(text.c_str() + at + 18), "/metrics");
+  }
+  // The counter `name` on node n's /metrics (-1 if it cannot be read).
+  int64_t Metric(int n, const std::string& name) {
+    const std::string body = Metrics(n);
+    size_t line = body.find("\n" + name + " ");
+    if (line == std::string::npos) return -1;
+    return std::atoll(body.c_str() + line + name.size() + 2);
+  }
+};
+
+TEST_F(SecureClusterE2E, NodesWithoutTheSecretCannotJoinReadOrWrite) {
+  std::vector<uint8_t> a;
+  std::string fa = MakeChunk(0, &a);
+  ASSERT_EQ(Cli("put --socket " + nodes_[0]->socket() + " --key " + Key(0) + " " + fa).exit_code, 0);
+  ExpectGet(2, 0, a);  // members authenticate each other and share chunks
+
+  Node wrong("intruder-1", dir_.path() + "/i1", etcd_.endpoint(), cluster::testing::FreePort(),
+             {"--cluster-secret-file", SecretFile("wrong", "not-the-secret-0123456789abcdef0123456789")});
+  Node none("intruder-2", dir_.path() + "/i2", etcd_.endpoint(), cluster::testing::FreePort());
+  wrong.Start();
+  none.Start();
+  ASSERT_TRUE(wrong.WaitReady());
+  ASSERT_TRUE(none.WaitReady());
+  ASSERT_TRUE(WaitMembers(5)) << Status();  // both wrote records into etcd
+  // The members reject both records: each still lists the other two only.
+  ASSERT_TRUE(testing::WaitUntil([&] { return Metric(0, "kvtier_cluster_records_rejected_total") >= 2; },
+                                 std::chrono::seconds(15), std::chrono::milliseconds(200)))
+      << Metric(0, "kvtier_cluster_records_rejected_total");
+  for (int n = 0; n < 3; ++n) ASSERT_TRUE(WaitListed(n, 3)) << "node " << n + 1;
+
+  auto cli_on = [&](const Node& node, const std::string& args) {
+    return Cli(args + " --socket " + node.socket());
+  };
+  // Neither intruder reads the members' chunk.
+  for (const Node* n : {&wrong, &none}) {
+    auto r = cli_on(*n, "get --key " + Key(0) + " -o " + dir_.path() + "/stolen");
+    EXPECT_EQ(r.exit_code, 1) << n->id() << ": " << r.err;
+  }
+  // The intruder without a secret asked the members and was refused.
+  ASSERT_TRUE(testing::WaitUntil([&] {
+    int64_t f = 0;
+    for (int n = 0; n < 3; ++n) f += std::max<int64_t>(0, Metric(n, "kvtier_cluster_peer_auth_failures_total"));
+    return f >= 1;
+  }, std::chrono::seconds(10), std::chrono::milliseconds(200)));
+  // What the intruders put stays with them: no member serves it.
+  std::vector<uint8_t> b;
+  std::string fb = MakeChunk(1, &b);
+  for (const Node* n : {&wrong, &none}) {
+    auto r = cli_on(*n, "put --key " + Key(1) + " " + fb);
+    EXPECT_EQ(r.exit_code, 0) << n->id() << ": " << r.err;  // its own tiers take it
+  }
+  for (int n = 0; n < 3; ++n) {
+    auto r = Cli("get --socket " + nodes_[n]->socket() + " --key " + Key(1) + " -o " + dir_.path() + "/x");
+    EXPECT_EQ(r.exit_code, 1) << "node " << n + 1 << " serves an intruder's chunk";
+  }
+  // The members keep serving each other.
+  ExpectGet(1, 0, a);
+  EXPECT_GE(Metric(0, "kvtier_cluster_peer_auth_successes_total"), 1);
+  // The secret is nowhere in etcd, the metrics or the logs.
+  auto etcd = cluster::EtcdClient::Connect({etcd_.endpoint()});
+  ASSERT_TRUE(etcd.ok());
+  auto all = (*etcd)->GetPrefix("/");
+  ASSERT_TRUE(all.ok());
+  EXPECT_GE(all->first.size(), 5u);
+  for (const auto& kv : all->first) EXPECT_THAT(kv.value, Not(HasSubstr(kSecret))) << kv.key;
+  for (int n = 0; n < 3; ++n) {
+    EXPECT_THAT(Metrics(n), Not(HasSubstr(kSecret)));
+    auto log = ReadFileBytes(dir_.path() + "/n" + std::to_string(n + 1) + ".log", 1 << 24);
+    ASSERT_TRUE(log.ok());
+    EXPECT_THAT(std::string(log->begin(), log->end()), Not(HasSubstr(kSecret)));
+  }
 }
 
 }  // namespace

@@ -47,3 +47,12 @@ kvtier_add_test(server_tenancy_test
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/server_tenancy_test.cc
   DEPS kvtier_server kvtier_client
   TIMEOUT 120)
+# The TCP listener with TLS and mutual TLS (certificates made by the test
+# with the openssl CLI): handshakes that succeed and fail, the startup
+# checks, and the verified client identity.
+kvtier_add_test(server_tls_test
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/server_tls_test.cc
+  DEPS kvtier_server kvtier_client
+  TIMEOUT 120)
+target_compile_definitions(server_tls_test PRIVATE KVTIER_CLI_PATH="$<TARGET_FILE:kvtier>")
+add_dependencies(server_tls_test kvtier)

@@ -24,6 +24,7 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "server/test_util.h"
+#include "tests/http_get.h"
 #include "tests/in_process_daemon.h"
 #include "wire/kvtier.grpc.pb.h"
 #include "codec/chunk.h"
@@ -1110,19 +1111,7 @@ TEST_F(E2eTest, TcpRequiresTheBearerToken) {
         << header;
   }
   // The metrics endpoint counts the refusals.
-  int s = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(daemon_->metrics_port()));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::connect(s, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-  std::string rq = "GET /metrics HTTP/1.0\r\n\r\n";
-  ASSERT_EQ(::send(s, rq.data(), rq.size(), 0), static_cast<ssize_t>(rq.size()));
-  std::string body;
-  char buf[4096];
-  ssize_t n;
-  while ((n = ::recv(s, buf, sizeof(buf), 0)) > 0) body.append(buf, static_cast<size_t>(n));
-  ::close(s);
+  const std::string body = testing::HttpGetLocal(daemon_->metrics_port(), "/metrics");
   EXPECT_THAT(body, ::testing::StartsWith("HTTP/1.1 200 OK"));
   EXPECT_THAT(body, ::testing::HasSubstr("kvtier_auth_failures_total 3\n"));
   EXPECT_THAT(body, ::testing::HasSubstr("kvtier_requests_total{method=\"put\"} 1\n"));

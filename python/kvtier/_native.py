@@ -47,6 +47,10 @@ class ClientOptions(ctypes.Structure):
         ("shared_memory", c_int32),
         ("max_data_connections", c_int32),
         ("populate_mapping", c_int32),
+        ("tls_ca", c_char_p),
+        ("tls_cert", c_char_p),
+        ("tls_key", c_char_p),
+        ("tls_server_name", c_char_p),
     ]
 
 

@@ -121,13 +121,19 @@ class Client:
     socket: the daemon's Unix socket (default ./kvtier-data/kvtierd.sock);
     addr: "HOST:PORT" of its TCP listener instead (bytes travel inline);
     token / token_file: the bearer token (required on TCP);
+    tls_ca: PEM file of the CA that signed the daemon's TLS certificate (TLS
+    over TCP); tls_cert / tls_key: PEM files of a client certificate for a
+    daemon that requires one (mutual TLS); tls_server_name: the name the
+    daemon's certificate is checked against instead of addr's host;
     timeout_ms: deadline of each call; shared_memory: map the daemon's pool
     (Unix socket only). Raises Unavailable if the daemon does not answer."""
 
     def __init__(self, socket: Optional[str] = None, addr: Optional[str] = None,
                  token: Optional[str] = None, token_file: Optional[str] = None,
                  timeout_ms: int = 60000, shared_memory: bool = True,
-                 max_data_connections: Optional[int] = None):
+                 max_data_connections: Optional[int] = None,
+                 tls_ca: Optional[str] = None, tls_cert: Optional[str] = None,
+                 tls_key: Optional[str] = None, tls_server_name: Optional[str] = None):
         self._lib = _native.load()
         opts = _native.ClientOptions()
         self._lib.kvtier_client_options_init(ctypes.byref(opts))
@@ -139,6 +145,11 @@ class Client:
             opts.token = token.encode()
         if token_file is not None:
             opts.token_file = os.fsencode(token_file)
+        for name, path in (("tls_ca", tls_ca), ("tls_cert", tls_cert), ("tls_key", tls_key)):
+            if path is not None:
+                setattr(opts, name, os.fsencode(path))
+        if tls_server_name is not None:
+            opts.tls_server_name = tls_server_name.encode()
         opts.timeout_ms = int(timeout_ms)
         opts.shared_memory = 1 if shared_memory else 0
         if max_data_connections is not None:

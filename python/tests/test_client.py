@@ -284,3 +284,48 @@ def test_tcp_with_token_file(tmp_path):
             kvtier.Client(addr=f"127.0.0.1:{port}", token="a", token_file=str(token))
     finally:
         d.kill()
+
+
+def make_certs(d) -> dict:
+    """A CA, a daemon certificate for 127.0.0.1 and a client certificate,
+    made with the openssl CLI; returns their paths."""
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    run = lambda *a: subprocess.run(["openssl", *a], check=True, capture_output=True)
+    run("req", "-x509", *ec, "-keyout", f"{d}/ca.key", "-out", f"{d}/ca.pem", "-subj", "/CN=ca",
+        "-days", "30")
+    for name, san in (("server", "IP:127.0.0.1"), ("client", "DNS:py.clients")):
+        (d / f"{name}.ext").write_text(f"subjectAltName={san}\n")
+        run("req", *ec, "-keyout", f"{d}/{name}.key", "-out", f"{d}/{name}.csr", "-subj", f"/CN={name}")
+        run("x509", "-req", "-in", f"{d}/{name}.csr", "-CA", f"{d}/ca.pem", "-CAkey", f"{d}/ca.key",
+            "-CAcreateserial", "-out", f"{d}/{name}.pem", "-days", "30", "-extfile", f"{d}/{name}.ext")
+        os.chmod(d / f"{name}.key", 0o600)
+    return {n: str(d / n) for n in ("ca.pem", "server.pem", "server.key", "client.pem", "client.key")}
+
+
+def test_tcp_with_mutual_tls(tmp_path):
+    from conftest import Daemon
+    certs = make_certs(tmp_path)
+    token = tmp_path / "token"
+    token.write_text("0123456789abcdef0123456789abcdef-test\n")
+    os.chmod(token, 0o600)
+    d = Daemon(tmp_path / "d", extra=("--listen-tcp", "127.0.0.1:0", "--token-file", str(token),
+                                      "--tls-cert", certs["server.pem"], "--tls-key", certs["server.key"],
+                                      "--tls-client-ca", certs["ca.pem"])).start()
+    try:
+        ready = open(d.ready).read()
+        assert "mutual TLS" in ready
+        addr = "127.0.0.1:" + re.search(r"tcp port (\d+)", ready).group(1)
+        chunk = make_chunk()[3]
+        with kvtier.Client(addr=addr, token_file=str(token), tls_ca=certs["ca.pem"],
+                           tls_cert=certs["client.pem"], tls_key=certs["client.key"]) as c:
+            c.put(key_of(4), chunk)
+            assert c.get_bytes(key_of(4)) == chunk
+        # No client certificate, or plaintext: the handshake fails.
+        with pytest.raises(kvtier.Unavailable):
+            kvtier.Client(addr=addr, token_file=str(token), tls_ca=certs["ca.pem"], timeout_ms=3000)
+        with pytest.raises(kvtier.Unavailable):
+            kvtier.Client(addr=addr, token_file=str(token), timeout_ms=3000)
+        with pytest.raises(kvtier.InvalidArgument):
+            kvtier.Client(addr=addr, token_file=str(token), tls_cert=certs["client.pem"])
+    finally:
+        d.kill()

@@ -60,7 +60,9 @@ void ClusterTier::CountIfFailed(const absl::Status& s) {
 void ClusterTier::Settle(const Member& m, const absl::Status& s) {
   const int64_t now = clock_->NowMicros();
   absl::MutexLock lock(&down_mu_);
-  if (!absl::IsUnavailable(s)) {
+  // A peer that fails authentication is skipped like one that is down: it
+  // is not a member this node may trust, and asking again costs a handshake.
+  if (!absl::IsUnavailable(s) && !absl::IsUnauthenticated(s)) {
     down_until_.erase(DataPath(m));  // it answered
     return;
   }

@@ -22,6 +22,8 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "tiering/remote/peer_auth.h"
 #include "tiering/remote/wire.h"
 
 namespace kvtier::tiering::remote {
@@ -126,9 +128,18 @@ struct Pending {
   }
 };
 
+// Whether a request of `op` touches objects (and so needs an authenticated
+// connection when the transport has a cluster secret).
+bool IsChunkOp(Op op) { return op == Op::kPut || op == Op::kGet || op == Op::kSize || op == Op::kErase; }
+
 struct UcxTransport::Impl {
   UcxTransportOptions options;
   PeerService* service = nullptr;
+  // Set when the transport has a cluster secret.
+  std::optional<PeerAuthenticator> auth;
+  NonceHistory nonces;
+  std::atomic<uint64_t> auth_failures{0};
+  std::atomic<uint64_t> auth_successes{0};
 
   ucp_context_h context = nullptr;
   ucp_worker_h worker = nullptr;
@@ -157,6 +168,22 @@ struct UcxTransport::Impl {
   // arrives, an endpoint is dropped), read by callers.
   absl::Mutex answered_mu;
   absl::flat_hash_set<std::string> answered ABSL_GUARDED_BY(answered_mu);
+  // Peers whose current client endpoint passed the handshake (with a secret).
+  absl::flat_hash_set<std::string> authenticated ABSL_GUARDED_BY(answered_mu);
+  // One lock per peer that callers hold while they handshake with it, so
+  // concurrent first calls to a peer run one handshake, not one each.
+  absl::flat_hash_map<std::string, std::shared_ptr<absl::Mutex>> handshake_locks ABSL_GUARDED_BY(answered_mu);
+
+  // Server side of the handshake, by incoming endpoint (progress thread):
+  // the challenges it answered and not yet saw proven (a few at once, for
+  // clients that start several handshakes on one connection), and whether
+  // the endpoint has authenticated.
+  struct EpAuth {
+    bool authenticated = false;
+    std::deque<std::pair<AuthHello, AuthChallenge>> open;
+  };
+  static constexpr size_t kMaxOpenChallenges = 8;
+  absl::flat_hash_map<ucp_ep_h, EpAuth> ep_auth;
 
   absl::Mutex pending_mu;
   absl::flat_hash_map<uint64_t, std::shared_ptr<Pending>> pending ABSL_GUARDED_BY(pending_mu);
@@ -264,16 +291,20 @@ struct UcxTransport::Impl {
     static_cast<Impl*>(arg)->DropEndpoint(ep, status);
   }
 
-  void DropEndpoint(ucp_ep_h ep, ucs_status_t status) {
+  // Closes `ep`: forcibly (what is in flight is cancelled), or, with
+  // `flush`, after what was sent on it is delivered (a refusal's reply).
+  void DropEndpoint(ucp_ep_h ep, ucs_status_t status, bool flush = false) {
     auto it = ep_names.find(ep);
     if (it == ep_names.end()) return;
     std::string name = it->second;
     ep_names.erase(it);
+    ep_auth.erase(ep);
     auto pit = peers.find(name);
     if (pit != peers.end() && pit->second == ep) {
       peers.erase(pit);
       absl::MutexLock lock(&answered_mu);
       answered.erase(name);
+      authenticated.erase(name);
     }
     // Requests still waiting for a reply on this endpoint will get none.
     std::vector<std::shared_ptr<Pending>> failed;
@@ -294,7 +325,7 @@ struct UcxTransport::Impl {
     }
     ucp_request_param_t prm{};
     prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    prm.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    prm.flags = flush ? 0 : UCP_EP_CLOSE_FLAG_FORCE;
     void* req = ucp_ep_close_nbx(ep, &prm);
     if (UCS_PTR_IS_PTR(req)) closing.push_back(req);
   }
@@ -367,7 +398,8 @@ struct UcxTransport::Impl {
     std::array<uint8_t, kWireHeaderSize> header;
     std::shared_ptr<Pending> pending;                   // requests
     std::unique_ptr<PeerService::GetSource> keepalive;  // replies carrying an object
-    std::string text;                                   // replies carrying an error
+    std::string text;                                   // replies carrying an error or a handshake
+    ucp_ep_h close_after = nullptr;                     // a refusal: close once sent
   };
 
   static void OnSendDone(void* request, ucs_status_t status, void* user_data) {
@@ -386,6 +418,7 @@ struct UcxTransport::Impl {
         FailPending(ctx->pending, UcsError(absl::StrCat("send to ", Printable(ctx->pending->peer)).c_str(), status));
       }
     }
+    if (ctx->close_after != nullptr) DropEndpoint(ctx->close_after, UCS_ERR_REJECTED, /*flush=*/true);
     delete ctx;
   }
 
@@ -444,13 +477,16 @@ struct UcxTransport::Impl {
       return;
     }
     p->ep = *ep;
-    auto* ctx = new SendCtx{this, {}, p, nullptr, {}};
+    auto* ctx = new SendCtx{this, {}, p, nullptr, {}, nullptr};
     EncodeHeader(h, ctx->header);
     Send(*ep, kAmRequest, ctx, payload.data(), payload.size(), /*want_reply=*/true);
   }
 
+  // Replies to `req` with `status` and, on success, `src`'s bytes or `body`.
+  // With `close`, the connection is closed once the reply is sent.
   void SendReply(ucp_ep_h ep, const WireHeader& req, absl::Status status, uint64_t length,
-                 std::unique_ptr<PeerService::GetSource> src) {
+                 std::unique_ptr<PeerService::GetSource> src, std::string body = {},
+                 bool close = false) {
     if (!ep_names.contains(ep)) return;  // the requester is gone
     WireHeader h;
     h.op = req.op;
@@ -459,10 +495,14 @@ struct UcxTransport::Impl {
     h.id = req.id;
     h.status = status.code();
     h.length = length;
-    auto* ctx = new SendCtx{this, {}, nullptr, std::move(src), {}};
+    auto* ctx = new SendCtx{this, {}, nullptr, std::move(src), std::move(body), close ? ep : nullptr};
     const void* payload = nullptr;
     size_t len = 0;
-    if (!status.ok()) {
+    if (status.ok() && !ctx->text.empty()) {
+      payload = ctx->text.data();
+      len = ctx->text.size();
+      h.length = len;
+    } else if (!status.ok()) {
       ctx->text = std::string(status.message().substr(0, kMaxErrorMessage));
       payload = ctx->text.data();
       len = ctx->text.size();
@@ -533,6 +573,12 @@ struct UcxTransport::Impl {
       return release();
     }
     if (h->status != absl::StatusCode::kOk) {
+      // A refused handshake or an unauthenticated request: the peer closes
+      // the connection after this reply, so drop it here first and let the
+      // next call reconnect rather than find it half closed.
+      if (h->status == absl::StatusCode::kUnauthenticated || h->op == Op::kHello || h->op == Op::kProof) {
+        Post([this, ep = p->ep] { DropEndpoint(ep, UCS_ERR_REJECTED); });
+      }
       std::string msg;
       if (!rndv) msg.assign(static_cast<const char*>(data), std::min(length, kMaxErrorMessage));
       p->Complete(absl::Status(h->status, absl::StrCat("peer ", Printable(p->peer), ": ", msg)));
@@ -541,6 +587,17 @@ struct UcxTransport::Impl {
     if (h->op == Op::kSize) {
       p->Complete(absl::OkStatus(), h->length);
       return release();
+    }
+    if (h->op == Op::kHello) {
+      if (rndv || length > p->out.size()) {
+        p->Complete(absl::InvalidArgumentError(absl::StrCat(
+            "peer ", Printable(p->peer), ": handshake reply of ", length, " bytes (at most ",
+            p->out.size(), ")")));
+        return release();
+      }
+      std::memcpy(p->out.data(), data, length);
+      p->Complete(absl::OkStatus(), length);
+      return UCS_OK;
     }
     if (h->op != Op::kGet) {
       p->Complete(absl::OkStatus());
@@ -638,6 +695,32 @@ struct UcxTransport::Impl {
     }
     if (req.op == Op::kPing) {
       SendReply(ep, req, absl::OkStatus(), 0, nullptr);
+      return release();
+    }
+    if (req.op == Op::kHello || req.op == Op::kProof) {
+      if (rndv || length != req.length || length > kMaxAuthMessageBytes) {
+        RefuseAuth(ep, req, absl::InvalidArgumentError(absl::StrCat(
+                                "peer handshake: message of ", length, " bytes (at most ",
+                                kMaxAuthMessageBytes, ")")));
+        return release();
+      }
+      if (!auth) {
+        RefuseAuth(ep, req, absl::FailedPreconditionError(
+                                "this node has no cluster secret and cannot authenticate"));
+        return UCS_OK;
+      }
+      std::span<const uint8_t> body(static_cast<const uint8_t*>(data), length);
+      if (req.op == Op::kHello) {
+        HandleHello(ep, req, body);
+      } else {
+        HandleProof(ep, req, body);
+      }
+      return UCS_OK;
+    }
+    if (auth && !(ep_auth.contains(ep) && ep_auth[ep].authenticated)) {
+      RefuseAuth(ep, req, absl::UnauthenticatedError(
+                              "this node requires cluster authentication (--cluster-secret-file) "
+                              "before any chunk operation"));
       return release();
     }
     if (service == nullptr) {
@@ -740,12 +823,124 @@ struct UcxTransport::Impl {
     return answered.contains(peer);
   }
 
+  // --- the handshake, server side (progress thread) ---
+  // Counts a failed handshake, refuses `req` with `s` and closes `ep`.
+  void RefuseAuth(ucp_ep_h ep, const WireHeader& req, absl::Status s) {
+    auth_failures.fetch_add(1);
+    SendReply(ep, req, std::move(s), 0, nullptr, {}, /*close=*/true);
+  }
+
+  // REQUIRES: auth.
+  void HandleHello(ucp_ep_h ep, const WireHeader& req, std::span<const uint8_t> body) {
+    auto hello = DecodeHello(body);
+    if (!hello.ok()) return RefuseAuth(ep, req, hello.status());
+    if (!nonces.Insert(hello->client_nonce)) {
+      return RefuseAuth(ep, req, absl::InvalidArgumentError(
+                                     "peer handshake: replayed nonce (a recorded hello was sent again)"));
+    }
+    auto challenge = auth->Answer(*hello);
+    if (!challenge.ok()) return RefuseAuth(ep, req, challenge.status());
+    std::vector<uint8_t> reply = EncodeChallenge(*challenge);
+    EpAuth& st = ep_auth[ep];
+    st.open.emplace_back(*std::move(hello), *std::move(challenge));
+    if (st.open.size() > kMaxOpenChallenges) st.open.pop_front();
+    SendReply(ep, req, absl::OkStatus(), 0, nullptr, std::string(reply.begin(), reply.end()));
+  }
+
+  // REQUIRES: auth.
+  void HandleProof(ucp_ep_h ep, const WireHeader& req, std::span<const uint8_t> body) {
+    auto proof = DecodeProof(body);
+    if (!proof.ok()) return RefuseAuth(ep, req, proof.status());
+    auto it = ep_auth.find(ep);
+    if (it != ep_auth.end()) {
+      auto& open = it->second.open;
+      for (auto o = open.begin(); o != open.end(); ++o) {
+        if (o->first.client_nonce != proof->client_nonce) continue;
+        absl::Status v = auth->Verify(o->first, o->second, *proof);
+        open.erase(o);
+        if (!v.ok()) return RefuseAuth(ep, req, v);
+        it->second.authenticated = true;
+        it->second.open.clear();
+        auth_successes.fetch_add(1);
+        SendReply(ep, req, absl::OkStatus(), 0, nullptr);
+        return;
+      }
+    }
+    RefuseAuth(ep, req, absl::UnauthenticatedError(
+                            "peer handshake: a proof for no challenge this connection was sent"));
+  }
+
+  // --- the handshake, client side (caller thread) ---
+  absl::StatusOr<std::vector<uint8_t>> AuthCall(const std::string& peer, Op op,
+                                                std::span<const uint8_t> payload, absl::Duration timeout) {
+    std::vector<uint8_t> reply(kMaxAuthMessageBytes);
+    KVTIER_ASSIGN_OR_RETURN(uint64_t n, Call(peer, op, ObjectKey{}, payload, reply, timeout));
+    reply.resize(op == Op::kHello ? n : 0);
+    return reply;
+  }
+
+  absl::Status Handshake(const std::string& peer, absl::Duration timeout) {
+    KVTIER_ASSIGN_OR_RETURN(AuthHello hello, auth->NewHello());
+    const std::vector<uint8_t> hello_bytes = EncodeHello(hello);
+    auto challenge_bytes = AuthCall(peer, Op::kHello, hello_bytes, timeout);
+    if (!challenge_bytes.ok()) {
+      if (!absl::IsUnavailable(challenge_bytes.status())) auth_failures.fetch_add(1);
+      return challenge_bytes.status();
+    }
+    auto challenge = DecodeChallenge(*challenge_bytes);
+    absl::StatusOr<AuthProof> proof =
+        challenge.ok() ? auth->Prove(hello, *challenge) : absl::StatusOr<AuthProof>(challenge.status());
+    if (!proof.ok()) {
+      auth_failures.fetch_add(1);
+      Post([this, peer] {
+        if (auto it = peers.find(peer); it != peers.end()) DropEndpoint(it->second, UCS_ERR_REJECTED);
+      });
+      return absl::Status(proof.status().code(),
+                          absl::StrCat("peer ", Printable(peer), ": ", proof.status().message()));
+    }
+    const std::vector<uint8_t> proof_bytes = EncodeProof(*proof);
+    auto done = AuthCall(peer, Op::kProof, proof_bytes, timeout);
+    if (!done.ok()) {
+      if (!absl::IsUnavailable(done.status())) auth_failures.fetch_add(1);
+      return done.status();
+    }
+    auth_successes.fetch_add(1);
+    absl::MutexLock lock(&answered_mu);
+    authenticated.insert(peer);
+    return absl::OkStatus();
+  }
+
   // --- a whole request from a caller thread ---
   absl::StatusOr<uint64_t> Call(const std::string& peer, Op op, const ObjectKey& id,
                                 std::span<const uint8_t> payload, std::span<uint8_t> out,
                                 absl::Duration timeout, uint16_t version = kWireVersion) {
     if (stop_progress.load()) return absl::UnavailableError("transport is shutting down");
-    if (op != Op::kPing && options.connect_timeout > absl::ZeroDuration() && !Answered(peer)) {
+    if (auth && IsChunkOp(op)) {
+      std::shared_ptr<absl::Mutex> handshake_lock;
+      {
+        absl::MutexLock lock(&answered_mu);
+        if (!authenticated.contains(peer)) {
+          auto& l = handshake_locks[peer];
+          if (l == nullptr) l = std::make_shared<absl::Mutex>();
+          handshake_lock = l;
+        }
+      }
+      if (handshake_lock != nullptr) {
+        absl::MutexLock serial(handshake_lock.get());
+        bool done;
+        {
+          absl::MutexLock lock(&answered_mu);
+          done = authenticated.contains(peer);  // another caller's handshake finished
+        }
+        // The handshake also probes a new connection, bounded as the ping is.
+        if (!done) {
+          const absl::Duration t = options.connect_timeout > absl::ZeroDuration()
+                                       ? std::min(timeout, options.connect_timeout)
+                                       : timeout;
+          KVTIER_RETURN_IF_ERROR(Handshake(peer, t));
+        }
+      }
+    } else if (IsChunkOp(op) && options.connect_timeout > absl::ZeroDuration() && !Answered(peer)) {
       // A new connection: make sure someone answers before waiting on a
       // request (and its payload) for the whole timeout.
       auto probe = Call(peer, Op::kPing, ObjectKey{}, {}, {}, std::min(timeout, options.connect_timeout));
@@ -761,7 +956,7 @@ struct UcxTransport::Impl {
     h.op = op;
     h.request_id = rid;
     h.id = id;
-    h.length = op == Op::kPut ? payload.size() : out.size();
+    h.length = op == Op::kGet || op == Op::kSize ? out.size() : payload.size();
     {
       absl::MutexLock lock(&pending_mu);
       pending[rid] = p;
@@ -823,6 +1018,13 @@ absl::StatusOr<std::unique_ptr<UcxTransport>> UcxTransport::Create(
   auto impl = std::make_unique<Impl>();
   impl->options = options;
   impl->service = service;
+  if (!options.cluster_secret.empty()) {
+    std::string id = !options.node_id.empty() ? options.node_id
+                     : !options.listen.empty() ? options.listen
+                                               : "client";
+    KVTIER_ASSIGN_OR_RETURN(PeerAuthenticator a, PeerAuthenticator::Create(options.cluster_secret, id));
+    impl->auth.emplace(std::move(a));
+  }
   std::optional<sockaddr_storage> listen_addr;
   if (!options.listen.empty()) {
     auto hp = ParseHostPort(options.listen);
@@ -1012,6 +1214,17 @@ absl::Status UcxTransport::Erase(const std::string& peer, const ObjectKey& id,
 
 absl::Status UcxTransport::Ping(const std::string& peer, absl::Duration timeout) {
   return impl_->Call(peer, Op::kPing, ObjectKey{}, {}, {}, timeout).status();
+}
+
+uint64_t UcxTransport::auth_failures() const { return impl_->auth_failures.load(); }
+
+uint64_t UcxTransport::auth_successes() const { return impl_->auth_successes.load(); }
+
+absl::StatusOr<std::vector<uint8_t>> UcxTransport::SendAuthMessage(const std::string& peer, Op op,
+                                                                   std::span<const uint8_t> payload,
+                                                                   absl::Duration timeout) {
+  if (op != Op::kHello && op != Op::kProof) return absl::InvalidArgumentError("not a handshake op");
+  return impl_->AuthCall(peer, op, payload, timeout);
 }
 
 absl::Status UcxTransport::PingWithVersion(const std::string& peer, uint16_t version,

@@ -24,6 +24,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "tiering/remote/transport.h"
+#include "tiering/remote/wire.h"
 
 namespace kvtier::tiering::remote {
 
@@ -48,6 +49,19 @@ struct UcxTransportOptions {
   // long, not the call's whole timeout. Calls that pass a shorter timeout
   // keep theirs; zero sends no probe. Default: 500 ms
   absl::Duration connect_timeout = absl::Milliseconds(500);
+  // The cluster secret (docs/security.md). When set, every connection runs
+  // the mutual challenge-response of peer_auth.h before its first chunk
+  // operation, both ways: this node answers chunk requests only on
+  // connections whose peer proved it holds the secret, and talks only to
+  // peers that prove the same; a peer that fails is refused
+  // (Unauthenticated), its connection closed and the failure counted
+  // (auth_failures()). At least kMinClusterSecretBytes. Empty: no
+  // authentication (a node without a secret cannot talk to one that has
+  // one). Default: ""
+  std::string cluster_secret{};
+  // This node's id in handshakes (bound into the MACs and named in errors).
+  // Default: "" (listen, or "client" for a client-only transport)
+  std::string node_id{};
 };
 
 class UcxTransport : public Transport {
@@ -83,6 +97,19 @@ class UcxTransport : public Transport {
   absl::Status Erase(const std::string& peer, const ObjectKey& id,
                      absl::Duration timeout) override;
   absl::Status Ping(const std::string& peer, absl::Duration timeout) override;
+
+  // Handshakes (client or server side) that failed: a wrong MAC, a replayed
+  // or malformed message, or a chunk request on a connection that has not
+  // authenticated. Each closed the connection.
+  uint64_t auth_failures() const;
+  // Handshakes this node completed as a client or a server.
+  uint64_t auth_successes() const;
+
+  // Sends a raw handshake message of `op` (kHello or kProof) with `payload`
+  // and returns the reply's payload (tests of hostile handshakes).
+  absl::StatusOr<std::vector<uint8_t>> SendAuthMessage(const std::string& peer, Op op,
+                                                       std::span<const uint8_t> payload,
+                                                       absl::Duration timeout);
 
   // Sends a request with an arbitrary wire version (tests of version refusal).
   absl::Status PingWithVersion(const std::string& peer, uint16_t version, absl::Duration timeout);

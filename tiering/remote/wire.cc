@@ -47,7 +47,7 @@ absl::StatusOr<WireHeader> DecodeHeader(std::span<const uint8_t> bytes) {
                                                    " bytes, want ", kWireHeaderSize));
   }
   uint8_t op = p[kWireOffOp];
-  if (op < static_cast<uint8_t>(Op::kPut) || op > static_cast<uint8_t>(Op::kPing)) {
+  if (op < static_cast<uint8_t>(Op::kPut) || op > static_cast<uint8_t>(Op::kProof)) {
     return absl::InvalidArgumentError(absl::StrCat("wire header: unknown op ", op));
   }
   h.op = static_cast<Op>(op);

@@ -30,6 +30,8 @@ enum class Op : uint8_t {
   kSize = 3,   // reply: `length` = object size
   kErase = 4,  // reply: status
   kPing = 5,   // reply: status OK
+  kHello = 6,  // payload: AuthHello (peer_auth.h); reply: AuthChallenge
+  kProof = 7,  // payload: AuthProof; reply: status (Unauthenticated closes)
 };
 
 // Header field offsets, 64 bytes in all.
