@@ -12,6 +12,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "common/crypto.h"
 #include "common/file.h"
 #include "server/grpc_auth.h"
 #include "toml++/toml.h"
