@@ -11,6 +11,7 @@
 #include <future>
 
 #include "client/kvtier_client.h"
+#include "common/crypto.h"
 #include "common/testing/temp_dir.h"
 #include "common/testing/tls_certs.h"
 #include "gmock/gmock.h"
@@ -21,6 +22,7 @@
 #include "server/daemon.h"
 #include "server/grpc_auth.h"
 #include "server/metrics.h"
+#include "server/tenants.h"
 #include "server/test_util.h"
 #include "tests/cli_runner.h"
 
@@ -190,6 +192,31 @@ TEST_F(TlsTest, StartupRefusesPlaintextOnNetworkAddressesAndBadKeys) {
 
 // A service that answers every call with the caller's verified identity
 // (in the status message), behind the daemon's TCP credentials.
+TEST_F(TlsTest, TenantTokenMustMatchTheCertificatesTenant) {
+  // Tenant "a" is the client certificate's CN; "b" has only a token.
+  const std::string token_b = "tenant-b-tls-token-0123456789abcdef012345";
+  auto sha = [](const std::string& t) {
+    return HexOf(server::Sha256({reinterpret_cast<const uint8_t*>(t.data()), t.size()}));
+  };
+  const std::string tenants = dir_.path() + "/tenants.toml";
+  std::ofstream(tenants) << "[[tenant]]\nname = \"a\"\ntls_cn = [\"" << TlsCerts::kClientCn
+                         << "\"]\ntoken_sha256 = \"" << sha(kToken) << "\"\n[[tenant]]\nname = \"b\"\n"
+                         << "token_sha256 = \"" << sha(token_b) << "\"\n";
+  server::DaemonOptions o = Options(/*mtls=*/true);
+  o.tenants = tenants;
+  o.token_file.clear();
+  Start(o);
+  // A's certificate with A's token: served, in A's namespace.
+  ExpectRoundTrip(ClientOpts("client"), 1);
+  // A's certificate with B's token: refused before any chunk moves.
+  client::ClientOptions co = ClientOpts("client");
+  co.token = token_b;
+  auto c = client::KvtierClient::Connect(co);
+  absl::Status st = c.ok() ? (*c)->Get(TestKey(1)).status() : c.status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kUnauthenticated) << st;
+  EXPECT_THAT(std::string(st.message()), HasSubstr("different tenants"));
+}
+
 class IdentityService : public grpc::CallbackGenericService {
   grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext* ctx) override {
     class Reactor : public grpc::ServerGenericBidiReactor {
