@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
@@ -56,6 +55,7 @@ struct CodecParams {
   uint32_t num_blocks_in_chunk;  // ceil(num_tokens / block_size)
   uint32_t layer_begin;          // first layer of the launch (grid y = layer - layer_begin)
   uint32_t heads_per_cta;        // kv heads of one CTA (blockDim.y; divides num_kv_heads)
+  bool staged;                   // general kernels: kQuant sections go through a CodecStage
   uint32_t layer_end;
   bool bf16;                     // the chunk dtype
   SectionArgs sec[2];            // K, V
@@ -340,25 +340,33 @@ __device__ void ZeroPadding(uint8_t* layer, const SectionArgs& s) {
   }
 }
 
-// General encode kernels: a CTA serves up to kMaxHeadsPerCta kv heads of a
-// chunk block (threadIdx.y = head), so that the codes of its kQuant sections
-// and their per-(token, head) scales form runs of whole heads x tokens in the
-// chunk ([token][kv_head] order). They are staged in shared memory and then
-// stored in 16-byte vectors: into mapped pinned memory that turns a 4-byte
-// PCIe write per scale and half-line INT4 rows into full-line writes.
-// Sized so that a section's staged 8-bit codes take at most 16 KiB.
+// General kernels with a chunk in host memory (mapped pinned): a CTA serves
+// up to kMaxHeadsPerCta kv heads of a chunk block (threadIdx.y = head), and
+// the codes of its kQuant sections and their per-(token, head) scales are
+// staged in shared memory and moved between stage and chunk in 16-byte
+// vectors by consecutive threads (MoveStage): they are runs of whole heads x
+// tokens in the chunk ([token][kv_head] order), so full PCIe lines instead
+// of a 4-byte access per scale and half-line INT4 rows. With a chunk in
+// device memory a CTA serves one head and accesses the chunk directly (more,
+// smaller CTAs without the stage's barrier hide HBM latency better).
+// kMaxHeadsPerCta keeps a section's staged 8-bit codes within 16 KiB.
 template <int HD, int BS>
 inline constexpr int kMaxHeadsPerCta = 16384 / (BS * HD) >= 8 ? 8
                                        : 16384 / (BS * HD) >= 1 ? 16384 / (BS * HD) : 1;
 
+// The stage in dynamic shared memory of a CTA of `g` heads: codes
+// [section][token][head in the CTA][code bytes of a row] (INT4 rows half as
+// long), then scales [section][token][head in the CTA] (per-(token, head)).
 template <int HD, int BS>
-struct EncodeStage {
-  static constexpr int kHeads = kMaxHeadsPerCta<HD, BS>;
-  // [section][token][head in the CTA][code bytes of a row] (INT4 rows half as long).
-  alignas(16) uint8_t codes[2][BS * kHeads * HD];
-  float scales[2][BS * kHeads];  // [section][token][head in the CTA], per-(token, head)
+struct CodecStage {
+  uint8_t* base;
+  uint32_t g;
+  static constexpr uint32_t Bytes(uint32_t heads) { return 2 * BS * heads * (HD + 4); }
+  __device__ __forceinline__ uint8_t* codes(int s) const { return base + s * BS * g * HD; }
+  __device__ __forceinline__ float* scales(int s) const {
+    return reinterpret_cast<float*>(base + 2 * BS * g * HD) + s * BS * g;
+  }
 };
-struct NoStage {};
 
 // Encodes the kQuant sections of the CTA's tile (general kernels): the
 // scales by each section's granularity, the codes, and the scale slots the
@@ -368,8 +376,9 @@ struct NoStage {};
 // (shuffles), per-(block, head) over the CTA. A group holding NaN / inf is
 // reduced again over its finite elements (the codec's amax). Vectors go
 // through QuantizeVecFast where proven, else the exact QuantizeVec. Codes
-// and per-(token, head) scales go to `stage` (FlushStage stores them); the
-// per-(block, head) and per-tensor scales straight to the chunk.
+// and per-(token, head) scales go to `stage` when p.staged (MoveStage stores
+// them), else straight to the chunk, as the per-(block, head) and
+// per-tensor scales.
 // Returns whether a kQuant section of the tile holds a NaN or inf.
 // REQUIRES: called by every thread of the CTA (block-wide reductions);
 // `smem` is this head's (threadIdx.y's) reduction scratch.
@@ -377,7 +386,7 @@ template <int HD, int BS>
 __device__ __forceinline__ bool EncodeQuantSections(
     const CodecParams& p, const uint4 (&data)[2][Tile<HD, BS>::kPerThread], uint32_t valid_mask,
     uint32_t t0, uint32_t H, uint32_t head, uint32_t cb, uint32_t layer, uint32_t* smem,
-    EncodeStage<HD, BS>& stage) {
+    const CodecStage<HD, BS>& stage) {
   using T = Tile<HD, BS>;
   static_assert(32 % T::kVecsPerRow == 0 && kThreads % T::kVecsPerRow == 0,
                 "a token row must lie within one warp");
@@ -469,14 +478,17 @@ __device__ __forceinline__ bool EncodeQuantSections(
       const bool fast = ((vmax[i] >> (16 * s)) & 0xFFFFu) < inf_bits && amax >= min_fast;
       const int v = threadIdx.x + i * kThreads;
       const uint32_t t = v / T::kVecsPerRow;
-      // Element index in the stage: [token][head in the CTA][dim].
-      const uint32_t idx = (t * p.heads_per_cta + threadIdx.y) * HD + (v % T::kVecsPerRow) * kVecElems;
+      // Element index in the stage ([token][head in the CTA][dim]) or chunk.
+      uint8_t* const dst = p.staged ? stage.codes(s) : layer_base;
+      const uint64_t idx =
+          p.staged ? (t * p.heads_per_cta + threadIdx.y) * HD + (v % T::kVecsPerRow) * kVecElems
+                   : T::ChunkIndex(t0, v, H, head);
       if (sa.qdtype == DType::kINT4) {
         static_assert(kVecElems % 8 == 0, "INT4 vectors are whole 4-byte words");
         const uint2 q = !fast ? QuantizeVec<DType::kINT4>(data[s][i], scale, bf16)
                         : bf16 ? QuantizeVecFast<DType::kINT4, true>(data[s][i], scale, rcp)
                                : QuantizeVecFast<DType::kINT4, false>(data[s][i], scale, rcp);
-        *reinterpret_cast<uint32_t*>(stage.codes[s] + idx / 2) = q.x;
+        *reinterpret_cast<uint32_t*>(dst + idx / 2) = q.x;
       } else {
         uint2 q;
         if (sa.qdtype == DType::kINT8) {
@@ -488,10 +500,18 @@ __device__ __forceinline__ bool EncodeQuantSections(
               : bf16 ? QuantizeVecFast<DType::kFP8E4M3, true>(data[s][i], scale, rcp)
                      : QuantizeVecFast<DType::kFP8E4M3, false>(data[s][i], scale, rcp);
         }
-        *reinterpret_cast<uint2*>(stage.codes[s] + idx) = q;
+        if (p.staged) {
+          *reinterpret_cast<uint2*>(dst + idx) = q;
+        } else {
+          StoreU2(dst + idx, q);
+        }
       }
       if (token[s] && v % T::kVecsPerRow == 0) {
-        stage.scales[s][t * p.heads_per_cta + threadIdx.y] = scale;
+        if (p.staged) {
+          stage.scales(s)[t * p.heads_per_cta + threadIdx.y] = scale;
+        } else {
+          scales[uint64_t{t0 + t} * H + head] = scale;
+        }
       }
     }
     if (threadIdx.x == 0) {
@@ -505,15 +525,17 @@ __device__ __forceinline__ bool EncodeQuantSections(
   return non_finite;
 }
 
-// Stores what EncodeQuantSections staged: for tokens [t0, t0 + nt) and the
-// CTA's heads [h0, h0 + heads_per_cta), each token's codes as one run of
-// 16-byte vectors (consecutive threads, consecutive addresses) and the
-// per-(token, head) scales as one run per token.
-// REQUIRES: the stage is complete (a barrier after EncodeQuantSections).
-template <int HD, int BS>
-__device__ __forceinline__ void FlushStage(const CodecParams& p, const EncodeStage<HD, BS>& stage,
-                                           uint32_t t0, uint32_t nt, uint32_t H, uint32_t h0,
-                                           uint32_t layer) {
+// Moves the kQuant sections' codes and per-(token, head) scales of tokens
+// [t0, t0 + nt) and the CTA's heads [h0, h0 + heads_per_cta) between the
+// stage and the chunk: kStore (encode) from stage to chunk, else (decode)
+// from chunk to stage. Each token's codes are one run of 16-byte vectors
+// (consecutive threads, consecutive addresses), its scales one run of floats.
+// REQUIRES (kStore): the stage is complete (a barrier after
+// EncodeQuantSections); (!kStore): a barrier before the stage is read.
+template <int HD, int BS, bool kStore>
+__device__ __forceinline__ void MoveStage(const CodecParams& p, const CodecStage<HD, BS>& stage,
+                                          uint32_t t0, uint32_t nt, uint32_t H, uint32_t h0,
+                                          uint32_t layer) {
   const uint32_t g = p.heads_per_cta;
   const uint32_t tid = threadIdx.y * kThreads + threadIdx.x, stride = kThreads * g;
 #pragma unroll
@@ -527,14 +549,24 @@ __device__ __forceinline__ void FlushStage(const CodecParams& p, const EncodeSta
     const uint32_t row_vecs = row_bytes / 16;
     for (uint32_t i = tid; i < nt * row_vecs; i += stride) {
       const uint32_t t = i / row_vecs, o = i % row_vecs;
-      const uint4 w = *reinterpret_cast<const uint4*>(stage.codes[s] + t * row_bytes + o * 16);
-      *reinterpret_cast<uint4*>(layer_base + (uint64_t{t0 + t} * H + h0) * HD * bits / 8 +
-                                o * 16) = w;
+      uint4* staged = reinterpret_cast<uint4*>(stage.codes(s) + t * row_bytes + o * 16);
+      uint4* chunk = reinterpret_cast<uint4*>(
+          layer_base + (uint64_t{t0 + t} * H + h0) * HD * bits / 8 + o * 16);
+      if constexpr (kStore) {
+        *chunk = *staged;
+      } else {
+        *staged = __ldg(chunk);
+      }
     }
     if (sa.gran == ScaleGranularity::kPerTokenHead) {
       float* scales = reinterpret_cast<float*>(layer_base + sa.data_bytes);
       for (uint32_t i = tid; i < nt * g; i += stride) {
-        scales[uint64_t{t0 + i / g} * H + h0 + i % g] = stage.scales[s][i];
+        float* chunk = scales + uint64_t{t0 + i / g} * H + h0 + i % g;
+        if constexpr (kStore) {
+          *chunk = stage.scales(s)[i];
+        } else {
+          stage.scales(s)[i] = __ldg(chunk);
+        }
       }
     }
   }
@@ -587,13 +619,15 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // The general kernels run kThreads x heads_per_cta threads a CTA (at most
-// kMaxHeadsPerCta heads, EncodeStage); the fast ones kThreads (one head).
+// kMaxHeadsPerCta heads); the fast ones kThreads (one head). The general ones
+// take CodecStage::Bytes(heads_per_cta) of dynamic shared memory.
 template <int HD, int BS, bool kGeneral>
 __global__ void __launch_bounds__(kThreads * (kGeneral ? kMaxHeadsPerCta<HD, BS> : 1))
     GatherEncodeKernel(const __grid_constant__ CodecParams p) {
   using T = Tile<HD, BS>;
   __shared__ uint32_t smem_heads[kGeneral ? kMaxHeadsPerCta<HD, BS> : 1][kThreads / 32];
-  __shared__ std::conditional_t<kGeneral, EncodeStage<HD, BS>, NoStage> stage;
+  extern __shared__ __align__(16) uint8_t stage_smem[];
+  const CodecStage<HD, BS> stage{stage_smem, p.heads_per_cta};
   uint32_t* smem = smem_heads[threadIdx.y];
   const PagedKvLayout& c = p.cache;
   const auto [H, head, cb, layer, t0, nt] = T::Here(p);
@@ -631,8 +665,10 @@ __global__ void __launch_bounds__(kThreads * (kGeneral ? kMaxHeadsPerCta<HD, BS>
     if (p.sec[0].mode == Mode::kQuant || p.sec[1].mode == Mode::kQuant) {
       non_finite =
           EncodeQuantSections<HD, BS>(p, data, valid_mask, t0, H, head, cb, layer, smem, stage);
-      __syncthreads();
-      FlushStage<HD, BS>(p, stage, t0, nt, H, head - threadIdx.y, layer);
+      if (p.staged) {
+        __syncthreads();
+        MoveStage<HD, BS, true>(p, stage, t0, nt, H, head - threadIdx.y, layer);
+      }
     }
   }
 #pragma unroll
@@ -750,11 +786,21 @@ __global__ void __launch_bounds__(kThreads * (kGeneral ? kMaxHeadsPerCta<HD, BS>
 }
 
 template <int HD, int BS, bool kGeneral>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads * (kGeneral ? kMaxHeadsPerCta<HD, BS> : 1))
     DecodeScatterKernel(const __grid_constant__ CodecParams p) {
   using T = Tile<HD, BS>;
   const PagedKvLayout& c = p.cache;
   const auto [H, head, cb, layer, t0, nt] = T::Here(p);
+  extern __shared__ __align__(16) uint8_t stage_smem[];
+  const CodecStage<HD, BS> stage{stage_smem, p.heads_per_cta};
+  if constexpr (kGeneral) {
+    // The kQuant sections' codes and per-(token, head) scales of the CTA's
+    // heads, read from the chunk in runs.
+    if (p.staged) {
+      MoveStage<HD, BS, false>(p, stage, t0, nt, H, head - threadIdx.y, layer);
+      __syncthreads();
+    }
+  }
 
   uint4 data[2][T::kPerThread];
   float scale[2] = {1.0f, 1.0f};
@@ -776,15 +822,30 @@ __global__ void __launch_bounds__(kThreads)
           data[s][i] = make_uint4(0, 0, 0, 0);
           qscale[s][i] = group;
           if (v < T::kVecs && t < nt) {
-            const uint64_t idx = T::ChunkIndex(t0, v, H, head);
-            if (sa.qdtype == DType::kINT4) {
-              data[s][i].x = __ldg(reinterpret_cast<const uint32_t*>(layer_base + idx / 2));
+            if (p.staged) {
+              // Element index in the stage: [token][head in the CTA][dim].
+              const uint32_t idx =
+                  (t * p.heads_per_cta + threadIdx.y) * HD + (v % T::kVecsPerRow) * kVecElems;
+              if (sa.qdtype == DType::kINT4) {
+                data[s][i].x = *reinterpret_cast<const uint32_t*>(stage.codes(s) + idx / 2);
+              } else {
+                const uint2 w = *reinterpret_cast<const uint2*>(stage.codes(s) + idx);
+                data[s][i] = make_uint4(w.x, w.y, 0, 0);
+              }
+              if (sa.gran == ScaleGranularity::kPerTokenHead) {
+                qscale[s][i] = stage.scales(s)[t * p.heads_per_cta + threadIdx.y];
+              }
             } else {
-              const uint2 w = __ldg(reinterpret_cast<const uint2*>(layer_base + idx));
-              data[s][i] = make_uint4(w.x, w.y, 0, 0);
-            }
-            if (sa.gran == ScaleGranularity::kPerTokenHead) {
-              qscale[s][i] = __ldg(scales + uint64_t{t0 + t} * H + head);
+              const uint64_t idx = T::ChunkIndex(t0, v, H, head);
+              if (sa.qdtype == DType::kINT4) {
+                data[s][i].x = __ldg(reinterpret_cast<const uint32_t*>(layer_base + idx / 2));
+              } else {
+                const uint2 w = __ldg(reinterpret_cast<const uint2*>(layer_base + idx));
+                data[s][i] = make_uint4(w.x, w.y, 0, 0);
+              }
+              if (sa.gran == ScaleGranularity::kPerTokenHead) {
+                qscale[s][i] = __ldg(scales + uint64_t{t0 + t} * H + head);
+              }
             }
           }
         }
@@ -955,25 +1016,43 @@ absl::StatusOr<CodecParams> Prepare(const codec::ChunkSpec& spec, const codec::C
 
 using KernelFn = void (*)(CodecParams);
 
-// kMaxHeads: kv heads a CTA of the general kernel may serve (blockDim.y).
+// kMaxHeads: kv heads a CTA of the general kernel may serve (blockDim.y);
+// kStaged: the general kernel takes a CodecStage in dynamic shared memory.
 template <int HD, int BS>
 struct EncodeK {
   static constexpr KernelFn fast = GatherEncodeKernel<HD, BS, false>;
   static constexpr KernelFn general = GatherEncodeKernel<HD, BS, true>;
   static constexpr int kMaxHeads = kMaxHeadsPerCta<HD, BS>;
+  static constexpr bool kStaged = true;
 };
 template <int HD, int BS>
 struct DecodeK {
   static constexpr KernelFn fast = DecodeScatterKernel<HD, BS, false>;
   static constexpr KernelFn general = DecodeScatterKernel<HD, BS, true>;
-  static constexpr int kMaxHeads = 1;
+  static constexpr int kMaxHeads = kMaxHeadsPerCta<HD, BS>;
+  static constexpr bool kStaged = true;
 };
 template <int HD, int BS>
 struct AmaxK {
   static constexpr KernelFn fast = LayerAmaxKernel<HD, BS>;
   static constexpr KernelFn general = LayerAmaxKernel<HD, BS>;
   static constexpr int kMaxHeads = 1;
+  static constexpr bool kStaged = false;
 };
+
+// Whether `p` points into host memory (pinned, mapped or registered), which
+// a kernel reaches over PCIe. The query is not a stream operation, but a
+// thread capturing a CUDA graph in global mode may not make it: it runs in
+// relaxed capture mode for this thread.
+absl::StatusOr<bool> IsHostMemory(const void* p) {
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  KVTIER_CUDA_RETURN_IF_ERROR(cudaThreadExchangeStreamCaptureMode(&mode));
+  cudaPointerAttributes a{};
+  const cudaError_t e = cudaPointerGetAttributes(&a, p);
+  KVTIER_CUDA_RETURN_IF_ERROR(cudaThreadExchangeStreamCaptureMode(&mode));
+  KVTIER_CUDA_RETURN_IF_ERROR(e);
+  return a.type == cudaMemoryTypeHost;
+}
 
 // Whether a launch needs the general kernels (some section is kQuant).
 bool NeedsGeneral(const CodecParams& p) {
@@ -986,21 +1065,29 @@ bool NeedsGeneral(const CodecParams& p) {
 template <template <int, int> class Kernel>
 absl::Status Launch(CodecParams p, cudaStream_t stream) {
   const bool general = NeedsGeneral(p);
+  bool host_chunk = false;
+  if (general) {
+    KVTIER_ASSIGN_OR_RETURN(host_chunk, IsHostMemory(p.chunk));
+  }
+  // Heads per CTA: for a chunk in host memory the most the kernel allows
+  // that divide the kv heads, else one.
+  const uint32_t H = p.cache.num_kv_heads;
   KernelFn fn = nullptr;
-  uint32_t max_heads = 1;
+  uint32_t g = 1, smem = 0;
   KVTIER_RETURN_IF_ERROR(KVTIER_DISPATCH_HEAD_DIM(p.cache.head_dim, HD, {
     return KVTIER_DISPATCH_CODEC_BLOCK_SIZE(p.cache.block_size, BS, {
       fn = general ? Kernel<HD, BS>::general : Kernel<HD, BS>::fast;
-      max_heads = general ? Kernel<HD, BS>::kMaxHeads : 1;
+      if (general && host_chunk) {
+        g = std::min<uint32_t>(Kernel<HD, BS>::kMaxHeads, H);
+        while (H % g != 0) --g;
+      }
+      if (general && host_chunk && Kernel<HD, BS>::kStaged) smem = CodecStage<HD, BS>::Bytes(g);
     });
   }));
-  // The most heads a CTA may serve that divide the kv heads.
-  const uint32_t H = p.cache.num_kv_heads;
-  uint32_t g = std::min(max_heads, H);
-  while (H % g != 0) --g;
   p.heads_per_cta = g;
+  p.staged = smem != 0;
   const dim3 grid(p.num_blocks_in_chunk * (H / g), p.layer_end - p.layer_begin);
-  fn<<<grid, dim3(kThreads, g), 0, stream>>>(p);
+  fn<<<grid, dim3(kThreads, g), smem, stream>>>(p);
   KVTIER_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();
 }
