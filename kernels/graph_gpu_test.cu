@@ -1,7 +1,7 @@
-// Every launcher is capturable in a CUDA graph: GatherEncode (whole chunk and
-// layer ranges, per-tensor formats with their amax pre-pass), DecodeScatter of
-// each layer range (from device memory and from mapped pinned host memory)
-// and PagedDecodeAttention (both partial kernels, with and without the
+// Every launcher is capturable in a CUDA graph: GatherEncode (whole chunk into
+// device and mapped pinned memory, and layer ranges; per-tensor formats with
+// their amax pre-pass), DecodeScatter of each layer range from mapped pinned
+// host memory, and PagedDecodeAttention (both partial kernels, with and without the
 // combine kernel). Each test captures the launches in global capture mode
 // (any host synchronisation or unsafe call inside a launcher fails the
 // capture), replays the graph twice and compares with the eager launches of
@@ -98,15 +98,22 @@ void RunCodecGraph(const CodecGraphCase& c) {
     KVTIER_ASSERT_CUDA(cudaMalloc(p, bytes));
     KVTIER_ASSERT_CUDA(cudaMemset(*p, 0xCD, bytes));
   }
+  // A mapped pinned destination too (the store path of GpuPagedIo).
+  uint8_t *h_enc = nullptr, *d_enc = nullptr;
+  KVTIER_ASSERT_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&h_enc), bytes, cudaHostAllocMapped));
+  std::memset(h_enc, 0xCD, bytes);
+  KVTIER_ASSERT_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&d_enc), h_enc, 0));
   BlockSpan span{d_ids, ids.data(), need, c.first_slot};
   cudaStream_t stream;
   KVTIER_ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
 
-  // Store: the whole chunk in one launch, and layer by layer (the ranges'
-  // launches share the workspace in stream order), as one graph.
+  // Store: the whole chunk in one launch (into device and into mapped pinned
+  // memory), and layer by layer (the launches share the workspace in stream
+  // order), as one graph.
   const std::vector<LayerRange> ranges = {{0, 1}, {1, 3}, {3, L}};
   CaptureAndReplay(stream, [&](cudaStream_t s) {
     KVTIER_RETURN_IF_ERROR(GatherEncode(spec, dev.layout, span, d_graph, ws, s));
+    KVTIER_RETURN_IF_ERROR(GatherEncode(spec, dev.layout, span, d_enc, ws, s));
     for (const LayerRange& r : ranges) {
       KVTIER_RETURN_IF_ERROR(GatherEncode(spec, dev.layout, span, r, d_ranges, ws, s));
     }
@@ -120,6 +127,8 @@ void RunCodecGraph(const CodecGraphCase& c) {
   KVTIER_ASSERT_CUDA(cudaMemcpy(graph.data(), d_graph, bytes, cudaMemcpyDeviceToHost));
   KVTIER_ASSERT_CUDA(cudaMemcpy(by_range.data(), d_ranges, bytes, cudaMemcpyDeviceToHost));
   ASSERT_EQ(graph, eager) << "graph replay of the one-launch encode";
+  ASSERT_EQ(std::memcmp(h_enc, eager.data(), bytes), 0)
+      << "graph replay of the encode into mapped pinned memory";
   ASSERT_EQ(by_range, eager) << "graph replay of the layer-range encodes";
   ASSERT_TRUE(codec::SealChunk(eager).ok());
   ASSERT_EQ(eager, *want) << "the eager chunk is the CPU codec's";
@@ -174,6 +183,7 @@ void RunCodecGraph(const CodecGraphCase& c) {
   }
   cudaStreamDestroy(stream);
   cudaFreeHost(h_pinned);
+  cudaFreeHost(h_enc);
   cudaFree(d_ids);
   cudaFree(ws);
   cudaFree(d_eager);
