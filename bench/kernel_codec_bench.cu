@@ -3,11 +3,19 @@
 //   device to device: kernel time vs cudaMemcpyAsync D2D of the same number
 //     of bytes moved (bytes read + bytes written, a memcpy of N bytes moves 2N);
 //   into pinned host memory: kernel time vs cudaMemcpyAsync D2H of the
-//     encoded bytes into pinned memory.
+//     encoded bytes into pinned memory;
+//   from pinned host memory (the load path of GpuPagedIo::Load): decode+scatter
+//     reading the chunk from mapped pinned memory vs cudaMemcpyAsync H2D of the
+//     same encoded bytes;
+//   layer-wise load (Llama and Qwen k16v8): the load of a prefix of kRotate
+//     chunks from mapped pinned memory, one DecodeScatter launch per chunk and
+//     layer, interleaved with a stand-in compute kernel per layer on a second
+//     stream vs the same launches serialized on one stream.
 // Each ratio is the median over kTrials interleaved batches of (baseline
 // time / kernel time) of the same batch, with its 10th-90th percentiles.
-// Usage: kernel_codec_bench OUT.json [CODEC...]   (CODECs: Llama shape only,
-//          instead of the default list)
+// Usage: kernel_codec_bench OUT.json [[--model=NAME] CODEC...]   (instead of the
+//          default list: CODECs of the Llama shape, or of the model named by
+//          the --model= before them: llama3.1-8b, qwen2.5-7b)
 //        kernel_codec_bench --check-division   (host only, no GPU: see CheckDivision)
 #include <cuda_runtime_api.h>
 
@@ -80,6 +88,119 @@ Ratio PairedRatio(const std::vector<double>& baseline, const std::vector<double>
   std::vector<double> r;
   for (size_t i = 0; i < baseline.size(); ++i) r.push_back(baseline[i] / kernel[i]);
   return {Quantile(r, 0.5), Quantile(r, 0.1), Quantile(r, 0.9)};
+}
+
+// The stand-in for one layer's compute in LayerOverlap: `iters` dependent
+// FMAs per thread in two CTAs per SM, no memory traffic, so the loads and the
+// compute share only the SMs' issue slots and the launch queues.
+__global__ void StandInCompute(uint32_t iters, float* out) {
+  float a = static_cast<float>(threadIdx.x) * 1e-3f;
+  for (uint32_t i = 0; i < iters; ++i) a = fmaf(a, 0.9999999f, 1e-3f);
+  if (a == -1.0f) out[0] = a;  // never true: the loop's result is used
+}
+
+// The issue's layer-wise overlap: an engine loads layer l + 1 (one
+// DecodeScatter of layer range [l + 1, l + 2) per chunk) from mapped pinned
+// memory while it computes layer l. A prefix of kRotate chunks, every layer,
+// four schedules timed kTrials times each, interleaved:
+//   load only (every layer's launches on one stream), compute only (one
+//   stand-in kernel per layer, calibrated to take about one layer's load),
+//   serialized (load l then compute l, one stream) and overlapped (loads on
+//   one stream, compute l on a second stream waiting for load l's event).
+// `t_layer_chunk` is the measured time of one chunk's layer, which sizes the
+// stand-in. Returns the JSON object.
+std::string LayerOverlap(const codec::ChunkHeader& header, const PagedKvLayout& cache,
+                         const std::function<BlockSpan(int)>& span,
+                         const std::vector<uint8_t*>& chunks, double t_layer_chunk) {
+  const uint32_t L = header.spec.geometry.num_layers;
+  int sms = 0;
+  CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  float* sink = nullptr;
+  CHECK_CUDA(cudaMalloc(&sink, 4));
+  cudaStream_t s_load, s_compute;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&s_load, cudaStreamNonBlocking));
+  CHECK_CUDA(cudaStreamCreateWithFlags(&s_compute, cudaStreamNonBlocking));
+  std::vector<cudaEvent_t> loaded(L);
+  for (auto& e : loaded) CHECK_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  cudaEvent_t a, b;
+  CHECK_CUDA(cudaEventCreate(&a));
+  CHECK_CUDA(cudaEventCreate(&b));
+  auto load_layer = [&](uint32_t l, cudaStream_t s) {
+    for (int r = 0; r < kRotate; ++r) {
+      CHECK_OK(DecodeScatter(header, chunks[r], cache, span(r), LayerRange{l, l + 1}, s));
+    }
+  };
+  uint32_t iters = 1 << 14;
+  auto compute = [&](cudaStream_t s) {
+    StandInCompute<<<2 * sms, 256, 0, s>>>(iters, sink);
+    CHECK_CUDA(cudaGetLastError());
+  };
+  // Times fn (which enqueues on s_load and, for the overlap, s_compute, and
+  // leaves s_compute joined into s_load) from an event on s_load.
+  auto time = [&](const std::function<void()>& fn) {
+    CHECK_CUDA(cudaEventRecord(a, s_load));
+    fn();
+    CHECK_CUDA(cudaEventRecord(b, s_load));
+    CHECK_CUDA(cudaEventSynchronize(b));
+    float ms = 0;
+    CHECK_CUDA(cudaEventElapsedTime(&ms, a, b));
+    return ms * 1e-3;
+  };
+  // Calibration: iters so that one stand-in takes kRotate chunks' layer load.
+  const double t_layer = t_layer_chunk * kRotate;
+  time([&] { compute(s_load); });
+  const double t_probe = time([&] { compute(s_load); });
+  iters = std::max<uint32_t>(1, static_cast<uint32_t>(iters * t_layer / t_probe));
+
+  const std::vector<std::function<void()>> schedules = {
+      [&] { for (uint32_t l = 0; l < L; ++l) load_layer(l, s_load); },
+      [&] { for (uint32_t l = 0; l < L; ++l) compute(s_load); },
+      [&] {
+        for (uint32_t l = 0; l < L; ++l) {
+          load_layer(l, s_load);
+          compute(s_load);
+        }
+      },
+      [&] {
+        CHECK_CUDA(cudaEventRecord(loaded[0], s_load));
+        CHECK_CUDA(cudaStreamWaitEvent(s_compute, loaded[0]));  // starts after `a`
+        for (uint32_t l = 0; l < L; ++l) {
+          load_layer(l, s_load);
+          CHECK_CUDA(cudaEventRecord(loaded[l], s_load));
+          CHECK_CUDA(cudaStreamWaitEvent(s_compute, loaded[l]));
+          compute(s_compute);
+        }
+        CHECK_CUDA(cudaEventRecord(loaded[L - 1], s_compute));
+        CHECK_CUDA(cudaStreamWaitEvent(s_load, loaded[L - 1]));
+      },
+  };
+  std::vector<std::vector<double>> t(schedules.size());
+  for (const auto& fn : schedules) time(fn);  // warm-up
+  for (int trial = 0; trial < kTrials; ++trial) {
+    for (size_t k = 0; k < schedules.size(); ++k) t[k].push_back(time(schedules[k]));
+  }
+  const double t_load = Quantile(t[0], 0.5), t_compute = Quantile(t[1], 0.5);
+  const double t_serial = Quantile(t[2], 0.5), t_overlap = Quantile(t[3], 0.5);
+  const Ratio speedup = PairedRatio(t[2], t[3]);
+  std::printf(
+      "  layer-wise load of %d chunks x %u layers: load %.0f us, compute %.0f us, serialized "
+      "%.0f us, overlapped %.0f us = %.2f x faster than serialized (bound %.2f)\n",
+      kRotate, L, t_load * 1e6, t_compute * 1e6, t_serial * 1e6, t_overlap * 1e6, speedup.median,
+      t_serial / std::max(t_load, t_compute));
+  for (auto& e : loaded) cudaEventDestroy(e);
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  cudaStreamDestroy(s_load);
+  cudaStreamDestroy(s_compute);
+  cudaFree(sink);
+  return absl::StrCat(
+      "{\"chunks\": ", kRotate, ", \"layers\": ", L, ", \"launches_per_layer\": ", kRotate,
+      ", \"stand_in_compute\": \"dependent FMAs, 2 CTAs x 256 threads per SM\", "
+      "\"stand_in_iters\": ", iters, ", \"t_load_s\": ", t_load, ", \"t_compute_s\": ", t_compute,
+      ", \"t_serialized_s\": ", t_serial, ", \"t_overlapped_s\": ", t_overlap,
+      ", \"overlapped_vs_serialized\": ", speedup.median, ", \"overlapped_vs_serialized_p10_p90\": [",
+      speedup.p10, ", ", speedup.p90, "], \"bound_serialized_vs_max_load_compute\": ",
+      t_serial / std::max(t_load, t_compute), "}");
 }
 
 struct Model {
@@ -178,8 +299,29 @@ std::string RunModel(const Model& m, const char* codec_name) {
                                    cudaMemcpyDeviceToHost));
       },
   });
+  // The load: decode+scatter from the mapped pinned chunks (the encoded bytes,
+  // checksums 0: the kernel does not read them) vs a pinned H2D memcpy of them.
+  for (int r = 0; r < kRotate; ++r) {
+    CHECK_CUDA(cudaMemcpy(h_chunks[r], d_chunks[r], chunk_bytes, cudaMemcpyDeviceToHost));
+  }
+  const auto load = TimeInterleaved({
+      [&](int i) {
+        CHECK_OK(DecodeScatter(*header, hd_chunks[i % kRotate], dev.layout,
+                               span((i + 3) % kRotate), nullptr));
+      },
+      [&](int i) {
+        CHECK_CUDA(cudaMemcpyAsync(d_scratch[i % kRotate], h_chunks[i % kRotate], chunk_bytes,
+                                   cudaMemcpyHostToDevice));
+      },
+  });
   CHECK_CUDA(cudaDeviceSynchronize());
   for (int r = 0; r < kRotate; ++r) cudaFree(d_scratch[r]);
+  const double t_load = Quantile(load[0], 0.5), t_h2d = Quantile(load[1], 0.5);
+  const Ratio ld = PairedRatio(load[1], load[0]);
+  std::string overlap;
+  if (std::strcmp(codec_name, "k16v8") == 0) {
+    overlap = LayerOverlap(*header, dev.layout, span, hd_chunks, t_load / m.layers);
+  }
   const double t_encode = Quantile(d2d[0], 0.5), t_decode = Quantile(d2d[1], 0.5);
   const double t_d2d = Quantile(d2d[2], 0.5);
   const double t_encode_pinned = Quantile(pinned[0], 0.5), t_d2h = Quantile(pinned[1], 0.5);
@@ -195,6 +337,11 @@ std::string RunModel(const Model& m, const char* codec_name) {
       moved / t_encode / 1e9, enc_ratio, moved / t_decode / 1e9, dec_ratio,
       chunk_bytes / t_d2h / 1e9, chunk_bytes / t_encode_pinned / 1e9, pin_ratio,
       kv16_bytes / t_encode_pinned / 1e9);
+  std::printf(
+      "%-12s %-7s load: pinned H2D memcpy %5.1f GB/s, decode+scatter from pinned %5.1f GB/s = "
+      "%.3f x (fp16-equivalent %5.1f GB/s)\n",
+      m.name, codec_name, chunk_bytes / t_h2d / 1e9, chunk_bytes / t_load / 1e9, ld.median,
+      kv16_bytes / t_load / 1e9);
 
   for (int r = 0; r < kRotate; ++r) {
     cudaFree(d_chunks[r]);
@@ -218,10 +365,16 @@ std::string RunModel(const Model& m, const char* codec_name) {
       ", \"gather_encode_pinned_vs_pinned_memcpy\": ", pin_ratio,
       ", \"fp16_equivalent_offload_gbps\": ", kv16_bytes / t_encode_pinned / 1e9,
       ", \"pinned_d2h_memcpy_gbps\": ", chunk_bytes / t_d2h / 1e9,
+      ", \"t_pinned_h2d_memcpy_encoded_bytes_s\": ", t_h2d,
+      ", \"t_decode_scatter_from_pinned_s\": ", t_load,
+      ", \"decode_scatter_from_pinned_vs_pinned_h2d_memcpy\": ", ld.median,
+      ", \"fp16_equivalent_load_gbps\": ", kv16_bytes / t_load / 1e9,
+      ", \"pinned_h2d_memcpy_gbps\": ", chunk_bytes / t_h2d / 1e9,
       ", \"ratio_p10_p90\": {\"gather_encode_d2d\": [", enc.p10, ", ", enc.p90,
       "], \"decode_scatter_d2d\": [", dec.p10, ", ", dec.p90, "], \"gather_encode_pinned\": [",
-      pin.p10, ", ", pin.p90, "]}, \"trials\": ", kTrials, ", \"iters_per_trial\": ", kIters,
-      "}");
+      pin.p10, ", ", pin.p90, "], \"decode_scatter_from_pinned\": [", ld.p10, ", ", ld.p90,
+      "]}, \"trials\": ", kTrials, ", \"iters_per_trial\": ", kIters,
+      overlap.empty() ? "" : ", \"layer_overlap\": ", overlap, "}");
 }
 
 
@@ -323,7 +476,21 @@ int main(int argc, char** argv) {
     std::printf("  (%.1f s)\n", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   };
   if (argc > 2) {
-    for (int i = 2; i < argc; ++i) run(models[0], argv[i]);
+    const Model* model = &models[0];
+    for (int i = 2; i < argc; ++i) {
+      if (std::strncmp(argv[i], "--model=", 8) == 0) {
+        model = nullptr;
+        for (const Model& m : models) {
+          if (std::strcmp(argv[i] + 8, m.name) == 0) model = &m;
+        }
+        if (model == nullptr) {
+          std::fprintf(stderr, "unknown model %s\n", argv[i] + 8);
+          return 2;
+        }
+        continue;
+      }
+      run(*model, argv[i]);
+    }
   } else {
     for (const Model& m : models) {
       for (const char* c : {"k16v8", "k16v16"}) run(m, c);

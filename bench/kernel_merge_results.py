@@ -26,8 +26,14 @@ def main():
             s[key] = {k: r[k] for k in ("gather_encode_d2d_vs_memcpy",
                                         "decode_scatter_d2d_vs_memcpy",
                                         "gather_encode_pinned_vs_pinned_memcpy",
-                                        "fp16_equivalent_offload_gbps", "pinned_d2h_memcpy_gbps")
+                                        "decode_scatter_from_pinned_vs_pinned_h2d_memcpy",
+                                        "fp16_equivalent_offload_gbps", "fp16_equivalent_load_gbps",
+                                        "pinned_d2h_memcpy_gbps", "pinned_h2d_memcpy_gbps")
                       if k in r}
+            if "layer_overlap" in r:
+                s[key]["layer_overlap"] = {k: r["layer_overlap"][k] for k in (
+                    "t_load_s", "t_compute_s", "t_serialized_s", "t_overlapped_s",
+                    "overlapped_vs_serialized")}
             if "ratio_p10_p90" in r:
                 s[key]["ratio_p10_p90"] = r["ratio_p10_p90"]
     if attn:

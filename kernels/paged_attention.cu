@@ -576,15 +576,21 @@ struct TcGeometry {
   static constexpr int NT = HD / 8;        // mma n-tiles of p.v
   static constexpr int STAGE_K = kTcTile * KROW, STAGE_V = kTcTile * VROW;
   static constexpr int STAGE = STAGE_K + STAGE_V + 2 * kTcTile * 4;  // rows + K, V scales
+  // head_dim 256: q's A fragments live in shared memory after the stages
+  // ([KSTEPS][32 lanes] x 8 bytes), read per tile, instead of 2 x KSTEPS
+  // registers: with the 2 x NT accumulators they would not fit in 255
+  // registers without spills.
+  static constexpr bool QSMEM = HD >= 256;
+  static constexpr int QBYTES = QSMEM ? KSTEPS * 32 * 8 : 0;
   // CTAs per SM and pipeline depth from the shared memory of an SM: 3 CTAs
   // when 3 stages each fit (FP8, head_dim 64), else 2 CTAs with as many
   // stages as fit (at least 2). Run 5a (kTcInFlightBytes = 48 KB: 3 stages,
   // K16/V8 limited to 2 CTAs by shared memory anyway) had K16/V8 behind FP8.
-  static constexpr int STAGES3 = (kTcSmemPerSm / 3 - kTcStaticSmem) / STAGE;
+  static constexpr int STAGES3 = (kTcSmemPerSm / 3 - kTcStaticSmem - QBYTES) / STAGE;
   static constexpr int CTAS = STAGES3 >= 3 ? 3 : 2;
-  static constexpr int STAGES2 = (kTcSmemPerSm / 2 - kTcStaticSmem) / STAGE;
+  static constexpr int STAGES2 = (kTcSmemPerSm / 2 - kTcStaticSmem - QBYTES) / STAGE;
   static constexpr int STAGES = CTAS == 3 ? STAGES3 : (STAGES2 >= 2 ? STAGES2 : 2);
-  static constexpr int PIPE = STAGES * STAGE;
+  static constexpr int PIPE = STAGES * STAGE + QBYTES;
   static constexpr int MERGE = kWarps * kTcRows * (HD + 2) * 4;
   static constexpr int SMEM = PIPE > MERGE ? PIPE : MERGE;
   static_assert(KCH % 4 == 0 && KSPANS * KE * 4 == HD, "a quad covers whole K rows");
@@ -725,6 +731,20 @@ __global__ void __launch_bounds__(kThreads, (TcGeometry<HD, K8, V8>::CTAS))
       }
     }
   }
+  // head_dim 256: warp 0 parks the fragments (the same in every warp) in
+  // shared memory; the first tile's barrier publishes them.
+  uint2* s_q = reinterpret_cast<uint2*>(smem + G_::STAGES * G_::STAGE);
+  if constexpr (G_::QSMEM) {
+    if (warp == 0) {
+#pragma unroll
+      for (int k = 0; k < G_::KSTEPS; ++k) s_q[k * 32 + lane] = make_uint2(qa[k][0], qa[k][1]);
+    }
+  }
+  // q's A fragment of k-step k (register or shared memory).
+  auto q_frag = [&](int k) {
+    if constexpr (G_::QSMEM) return s_q[k * 32 + lane];
+    return make_uint2(qa[k][0], qa[k][1]);
+  };
   const int wr = 16 * warp;  // the warp's first tile row
   for (int it = 0; it < ntiles; ++it) {
     CpAsyncWait<kStages - 2>();
@@ -743,18 +763,21 @@ __global__ void __launch_bounds__(kThreads, (TcGeometry<HD, K8, V8>::CTAS))
     for (int nt = 0; nt < 2; ++nt) {
       const int r = wr + 8 * nt + g;
       const uint8_t* row = st + r * G_::KROW;
-#pragma unroll
+      // head_dim 256 (q from shared memory): two spans at a time, so that the
+      // K chunk loads are not all hoisted into registers.
+#pragma unroll(G_::QSMEM ? 2 : G_::KSPANS)
       for (int sp = 0; sp < G_::KSPANS; ++sp) {
         const uint4 x = *reinterpret_cast<const uint4*>(row + SwzK<G_::KCH>(r, 4 * sp + t) * 16);
         if constexpr (!K8) {
-          MmaRows8<kQkBf16>(s[nt], qa[2 * sp][0], qa[2 * sp][1], x.x, x.y);
-          MmaRows8<kQkBf16>(s[nt], qa[2 * sp + 1][0], qa[2 * sp + 1][1], x.z, x.w);
+          const uint2 q0 = q_frag(2 * sp), q1 = q_frag(2 * sp + 1);
+          MmaRows8<kQkBf16>(s[nt], q0.x, q0.y, x.x, x.y);
+          MmaRows8<kQkBf16>(s[nt], q1.x, q1.y, x.z, x.w);
         } else {
           const uint32_t ws[4] = {x.x, x.y, x.z, x.w};
 #pragma unroll
           for (int j = 0; j < 4; ++j) {
-            MmaRows8<false>(s[nt], qa[4 * sp + j][0], qa[4 * sp + j][1], Fp8x2ToH2(ws[j]),
-                            Fp8x2ToH2(ws[j] >> 16));
+            const uint2 q = q_frag(4 * sp + j);
+            MmaRows8<false>(s[nt], q.x, q.y, Fp8x2ToH2(ws[j]), Fp8x2ToH2(ws[j] >> 16));
           }
         }
       }

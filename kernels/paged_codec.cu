@@ -1,5 +1,6 @@
 #include "kernels/paged_codec.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -53,6 +54,8 @@ struct CodecParams {
   uint32_t num_tokens;
   uint32_t num_blocks_in_chunk;  // ceil(num_tokens / block_size)
   uint32_t layer_begin;          // first layer of the launch (grid y = layer - layer_begin)
+  uint32_t heads_per_cta;        // kv heads of one CTA (blockDim.y; divides num_kv_heads)
+  bool staged;                   // general kernels: kQuant sections go through a CodecStage
   uint32_t layer_end;
   bool bf16;                     // the chunk dtype
   SectionArgs sec[2];            // K, V
@@ -76,16 +79,18 @@ struct Tile {
                                                         uint32_t head) {
     return (uint64_t{t0 + v / kVecsPerRow} * H + head) * HD + (v % kVecsPerRow) * kVecElems;
   }
-  // This CTA's tile (grid x = chunk block * kv heads + kv head, y = layer -
-  // layer_begin):
+  // This thread's tile (grid x = chunk block * (kv heads / G) + head group,
+  // y = layer - layer_begin; G = heads_per_cta kv heads per CTA, threadIdx.y
+  // the head within the group):
   // kv heads H, kv head, chunk block, layer, first chunk token, tokens.
   struct Coords {
     uint32_t H, head, cb, layer, t0, nt;
   };
   static __device__ __forceinline__ Coords Here(const CodecParams& p) {
-    const uint32_t H = p.cache.num_kv_heads;
-    const uint32_t cb = blockIdx.x / H, t0 = cb * BS;
-    return {H, blockIdx.x % H, cb, p.layer_begin + blockIdx.y, t0,
+    const uint32_t H = p.cache.num_kv_heads, groups = H / p.heads_per_cta;
+    const uint32_t cb = blockIdx.x / groups, t0 = cb * BS;
+    return {H, (blockIdx.x % groups) * p.heads_per_cta + threadIdx.y, cb,
+            p.layer_begin + blockIdx.y, t0,
             min(static_cast<uint32_t>(BS), p.num_tokens - t0)};
   }
   // Cache block (x) and slot (y) of chunk token `token` (BlockSpan's map).
@@ -104,37 +109,6 @@ constexpr int kWsCount = 1;
 constexpr int kWsAmax = 2;
 static_assert(kGatherEncodeWorkspaceBytes == 4 * (kWsAmax + 2 * size_t{codec::kMaxLayers}),
               "the workspace holds the two counters and a K and a V amax per layer");
-
-__device__ __forceinline__ float BlockMax(float v, float* smem) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  __syncthreads();  // smem may still be read by a previous call
-  if (lane == 0) smem[warp] = v;
-  __syncthreads();
-  float m = smem[0];
-#pragma unroll
-  for (int w = 1; w < kThreads / 32; ++w) m = fmaxf(m, smem[w]);
-  return m;
-}
-
-__device__ __forceinline__ float AmaxOf(const uint4& v, bool bf16) {
-  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-  float m = 0.0f;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    m = fmaxf(m, codec::AmaxTerm(codec::Load16(w[i] & 0xFFFFu, bf16 ? DType::kBF16 : DType::kFP16)));
-    m = fmaxf(m, codec::AmaxTerm(codec::Load16(w[i] >> 16, bf16 ? DType::kBF16 : DType::kFP16)));
-  }
-  return m;
-}
-
-__device__ __forceinline__ bool AnyNonFinite(const uint4& v, bool bf16) {
-  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-  bool nf = false;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) nf |= NonFinite16(w[i] & 0xFFFFu, bf16) | NonFinite16(w[i] >> 16, bf16);
-  return nf;
-}
 
 __device__ __forceinline__ bool AnyNaN8(const uint2& v) {
   const uint32_t w[2] = {v.x, v.y};
@@ -366,6 +340,34 @@ __device__ void ZeroPadding(uint8_t* layer, const SectionArgs& s) {
   }
 }
 
+// General kernels with a chunk in host memory (mapped pinned): a CTA serves
+// up to kMaxHeadsPerCta kv heads of a chunk block (threadIdx.y = head), and
+// the codes of its kQuant sections and their per-(token, head) scales are
+// staged in shared memory and moved between stage and chunk in 16-byte
+// vectors by consecutive threads (MoveStage): they are runs of whole heads x
+// tokens in the chunk ([token][kv_head] order), so full PCIe lines instead
+// of a 4-byte access per scale and half-line INT4 rows. With a chunk in
+// device memory a CTA serves one head and accesses the chunk directly (more,
+// smaller CTAs without the stage's barrier hide HBM latency better).
+// kMaxHeadsPerCta keeps a section's staged 8-bit codes within 16 KiB.
+template <int HD, int BS>
+inline constexpr int kMaxHeadsPerCta = 16384 / (BS * HD) >= 8 ? 8
+                                       : 16384 / (BS * HD) >= 1 ? 16384 / (BS * HD) : 1;
+
+// The stage in dynamic shared memory of a CTA of `g` heads: codes
+// [section][token][head in the CTA][code bytes of a row] (INT4 rows half as
+// long), then scales [section][token][head in the CTA] (per-(token, head)).
+template <int HD, int BS>
+struct CodecStage {
+  uint8_t* base;
+  uint32_t g;
+  static constexpr uint32_t Bytes(uint32_t heads) { return 2 * BS * heads * (HD + 4); }
+  __device__ __forceinline__ uint8_t* codes(int s) const { return base + s * BS * g * HD; }
+  __device__ __forceinline__ float* scales(int s) const {
+    return reinterpret_cast<float*>(base + 2 * BS * g * HD) + s * BS * g;
+  }
+};
+
 // Encodes the kQuant sections of the CTA's tile (general kernels): the
 // scales by each section's granularity, the codes, and the scale slots the
 // CTA owns. Group amaxes are taken on 16-bit magnitude bits, K in the low and
@@ -373,13 +375,18 @@ __device__ void ZeroPadding(uint8_t* layer, const SectionArgs& s) {
 // per-(token, head) over the kVecsPerRow consecutive lanes of a row
 // (shuffles), per-(block, head) over the CTA. A group holding NaN / inf is
 // reduced again over its finite elements (the codec's amax). Vectors go
-// through QuantizeVecFast where proven, else the exact QuantizeVec.
+// through QuantizeVecFast where proven, else the exact QuantizeVec. Codes
+// and per-(token, head) scales go to `stage` when p.staged (MoveStage stores
+// them), else straight to the chunk, as the per-(block, head) and
+// per-tensor scales.
 // Returns whether a kQuant section of the tile holds a NaN or inf.
-// REQUIRES: called by every thread of the CTA (block-wide reductions).
+// REQUIRES: called by every thread of the CTA (block-wide reductions);
+// `smem` is this head's (threadIdx.y's) reduction scratch.
 template <int HD, int BS>
 __device__ __forceinline__ bool EncodeQuantSections(
     const CodecParams& p, const uint4 (&data)[2][Tile<HD, BS>::kPerThread], uint32_t valid_mask,
-    uint32_t t0, uint32_t H, uint32_t head, uint32_t cb, uint32_t layer, uint32_t* smem) {
+    uint32_t t0, uint32_t H, uint32_t head, uint32_t cb, uint32_t layer, uint32_t* smem,
+    const CodecStage<HD, BS>& stage) {
   using T = Tile<HD, BS>;
   static_assert(32 % T::kVecsPerRow == 0 && kThreads % T::kVecsPerRow == 0,
                 "a token row must lie within one warp");
@@ -470,13 +477,18 @@ __device__ __forceinline__ bool EncodeQuantSections(
       }
       const bool fast = ((vmax[i] >> (16 * s)) & 0xFFFFu) < inf_bits && amax >= min_fast;
       const int v = threadIdx.x + i * kThreads;
-      const uint64_t idx = T::ChunkIndex(t0, v, H, head);
+      const uint32_t t = v / T::kVecsPerRow;
+      // Element index in the stage ([token][head in the CTA][dim]) or chunk.
+      uint8_t* const dst = p.staged ? stage.codes(s) : layer_base;
+      const uint64_t idx =
+          p.staged ? (t * p.heads_per_cta + threadIdx.y) * HD + (v % T::kVecsPerRow) * kVecElems
+                   : T::ChunkIndex(t0, v, H, head);
       if (sa.qdtype == DType::kINT4) {
         static_assert(kVecElems % 8 == 0, "INT4 vectors are whole 4-byte words");
         const uint2 q = !fast ? QuantizeVec<DType::kINT4>(data[s][i], scale, bf16)
                         : bf16 ? QuantizeVecFast<DType::kINT4, true>(data[s][i], scale, rcp)
                                : QuantizeVecFast<DType::kINT4, false>(data[s][i], scale, rcp);
-        *reinterpret_cast<uint32_t*>(layer_base + idx / 2) = q.x;
+        *reinterpret_cast<uint32_t*>(dst + idx / 2) = q.x;
       } else {
         uint2 q;
         if (sa.qdtype == DType::kINT8) {
@@ -488,21 +500,76 @@ __device__ __forceinline__ bool EncodeQuantSections(
               : bf16 ? QuantizeVecFast<DType::kFP8E4M3, true>(data[s][i], scale, rcp)
                      : QuantizeVecFast<DType::kFP8E4M3, false>(data[s][i], scale, rcp);
         }
-        StoreU2(layer_base + idx, q);
+        if (p.staged) {
+          *reinterpret_cast<uint2*>(dst + idx) = q;
+        } else {
+          StoreU2(dst + idx, q);
+        }
       }
       if (token[s] && v % T::kVecsPerRow == 0) {
-        scales[uint64_t{t0 + v / T::kVecsPerRow} * H + head] = scale;
+        if (p.staged) {
+          stage.scales(s)[t * p.heads_per_cta + threadIdx.y] = scale;
+        } else {
+          scales[uint64_t{t0 + t} * H + head] = scale;
+        }
       }
     }
     if (threadIdx.x == 0) {
       if (block[s]) {
         scales[uint64_t{cb} * H + head] = group_scale;
-      } else if (sa.gran == ScaleGranularity::kPerTensor && blockIdx.x == 0) {
+      } else if (sa.gran == ScaleGranularity::kPerTensor && blockIdx.x == 0 && threadIdx.y == 0) {
         scales[0] = group_scale;
       }
     }
   }
   return non_finite;
+}
+
+// Moves the kQuant sections' codes and per-(token, head) scales of tokens
+// [t0, t0 + nt) and the CTA's heads [h0, h0 + heads_per_cta) between the
+// stage and the chunk: kStore (encode) from stage to chunk, else (decode)
+// from chunk to stage. Each token's codes are one run of 16-byte vectors
+// (consecutive threads, consecutive addresses), its scales one run of floats.
+// REQUIRES (kStore): the stage is complete (a barrier after
+// EncodeQuantSections); (!kStore): a barrier before the stage is read.
+template <int HD, int BS, bool kStore>
+__device__ __forceinline__ void MoveStage(const CodecParams& p, const CodecStage<HD, BS>& stage,
+                                          uint32_t t0, uint32_t nt, uint32_t H, uint32_t h0,
+                                          uint32_t layer) {
+  const uint32_t g = p.heads_per_cta;
+  const uint32_t tid = threadIdx.y * kThreads + threadIdx.x, stride = kThreads * g;
+#pragma unroll
+  for (int s = 0; s < 2; ++s) {
+    const SectionArgs& sa = p.sec[s];
+    if (sa.mode != Mode::kQuant) continue;
+    uint8_t* layer_base = p.chunk + sa.offset + sa.layer_stride * layer;
+    const uint32_t bits = sa.qdtype == DType::kINT4 ? 4 : 8;
+    const uint32_t row_bytes = g * HD * bits / 8;  // a token's codes of the CTA's heads
+    static_assert(HD * 4 / 8 % 16 == 0, "an INT4 row is whole 16-byte vectors");
+    const uint32_t row_vecs = row_bytes / 16;
+    for (uint32_t i = tid; i < nt * row_vecs; i += stride) {
+      const uint32_t t = i / row_vecs, o = i % row_vecs;
+      uint4* staged = reinterpret_cast<uint4*>(stage.codes(s) + t * row_bytes + o * 16);
+      uint4* chunk = reinterpret_cast<uint4*>(
+          layer_base + (uint64_t{t0 + t} * H + h0) * HD * bits / 8 + o * 16);
+      if constexpr (kStore) {
+        *chunk = *staged;
+      } else {
+        *staged = __ldg(chunk);
+      }
+    }
+    if (sa.gran == ScaleGranularity::kPerTokenHead) {
+      float* scales = reinterpret_cast<float*>(layer_base + sa.data_bytes);
+      for (uint32_t i = tid; i < nt * g; i += stride) {
+        float* chunk = scales + uint64_t{t0 + i / g} * H + h0 + i % g;
+        if constexpr (kStore) {
+          *chunk = stage.scales(s)[i];
+        } else {
+          stage.scales(s)[i] = __ldg(chunk);
+        }
+      }
+    }
+  }
 }
 
 // Pre-pass of launches with a per-tensor section: each CTA reduces its tile
@@ -551,15 +618,17 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// General kernels with small tiles (<= 2 vectors a thread, e.g. head_dim 128
-// x block 16): at most 48 registers, i.e. 10 CTAs per SM, as they are
-// latency-bound (each CTA loads, reduces, computes, then stores). 0 leaves
-// the other instantiations as they were (the fast ones' SASS is unchanged).
+// The general kernels run kThreads x heads_per_cta threads a CTA (at most
+// kMaxHeadsPerCta heads); the fast ones kThreads (one head). The general ones
+// take CodecStage::Bytes(heads_per_cta) of dynamic shared memory.
 template <int HD, int BS, bool kGeneral>
-__global__ void __launch_bounds__(kThreads, kGeneral && Tile<HD, BS>::kPerThread <= 2 ? 10 : 0)
+__global__ void __launch_bounds__(kThreads * (kGeneral ? kMaxHeadsPerCta<HD, BS> : 1))
     GatherEncodeKernel(const __grid_constant__ CodecParams p) {
   using T = Tile<HD, BS>;
-  __shared__ float smem[kThreads / 32];
+  __shared__ uint32_t smem_heads[kGeneral ? kMaxHeadsPerCta<HD, BS> : 1][kThreads / 32];
+  extern __shared__ __align__(16) uint8_t stage_smem[];
+  const CodecStage<HD, BS> stage{stage_smem, p.heads_per_cta};
+  uint32_t* smem = smem_heads[threadIdx.y];
   const PagedKvLayout& c = p.cache;
   const auto [H, head, cb, layer, t0, nt] = T::Here(p);
 
@@ -591,10 +660,15 @@ __global__ void __launch_bounds__(kThreads, kGeneral && Tile<HD, BS>::kPerThread
   }
 
   bool non_finite = false;
+  const uint32_t inf_bits = InfAbsBits(p.bf16);
   if constexpr (kGeneral) {
     if (p.sec[0].mode == Mode::kQuant || p.sec[1].mode == Mode::kQuant) {
-      non_finite = EncodeQuantSections<HD, BS>(p, data, valid_mask, t0, H, head, cb, layer,
-                                               reinterpret_cast<uint32_t*>(smem));
+      non_finite =
+          EncodeQuantSections<HD, BS>(p, data, valid_mask, t0, H, head, cb, layer, smem, stage);
+      if (p.staged) {
+        __syncthreads();
+        MoveStage<HD, BS, true>(p, stage, t0, nt, H, head - threadIdx.y, layer);
+      }
     }
   }
 #pragma unroll
@@ -607,34 +681,45 @@ __global__ void __launch_bounds__(kThreads, kGeneral && Tile<HD, BS>::kPerThread
         if (!(valid_mask >> i & 1u)) continue;
         const int v = threadIdx.x + i * kThreads;
         const uint64_t idx = T::ChunkIndex(t0, v, H, head);
-        non_finite |= AnyNonFinite(data[s][i], p.bf16);
+        non_finite |= AbsBitsMax(data[s][i]) >= inf_bits;
         *reinterpret_cast<uint4*>(layer_base + idx * 2) = data[s][i];
       }
     } else if (sa.mode == Mode::kFp8) {
-      float amax = 0.0f;
+      // The group amax on magnitude bits (EncodeQuantSections' way), over the
+      // finite elements when the tile holds a NaN / inf; codes through the
+      // proven fast division where it holds (QuantizeVecFast), else exact.
+      uint32_t vmax[T::kPerThread];
+      uint32_t m = 0;
+      bool nf = false;
 #pragma unroll
       for (int i = 0; i < T::kPerThread; ++i) {
-        if (valid_mask >> i & 1u) {
-          amax = fmaxf(amax, AmaxOf(data[s][i], p.bf16));
-          non_finite |= AnyNonFinite(data[s][i], p.bf16);
+        vmax[i] = (valid_mask >> i & 1u) ? AbsBitsMax(data[s][i]) : 0u;
+        nf |= vmax[i] >= inf_bits;
+        m = max(m, vmax[i]);
+      }
+      non_finite |= nf;
+      if (__syncthreads_or(nf)) {
+        m = 0;
+#pragma unroll
+        for (int i = 0; i < T::kPerThread; ++i) {
+          if (valid_mask >> i & 1u) m = max(m, FiniteAbsBitsMax(data[s][i], inf_bits));
         }
       }
-      amax = BlockMax(amax, smem);
+      m = BlockMaxU16x2(m, smem) & 0xFFFFu;
+      const float amax = codec::Load16(static_cast<uint16_t>(m), p.bf16 ? DType::kBF16 : DType::kFP16);
       const float scale = amax > 0.0f ? __fdiv_rn(amax, codec::kFp8Max) : 1.0f;
+      const float rcp = __frcp_rn(scale);
+      const bool fast_group = amax >= FastMinAmax(p.bf16);
 #pragma unroll
       for (int i = 0; i < T::kPerThread; ++i) {
         if (!(valid_mask >> i & 1u)) continue;
         const int v = threadIdx.x + i * kThreads;
         const uint64_t idx = T::ChunkIndex(t0, v, H, head);
-        const uint32_t w[4] = {data[s][i].x, data[s][i].y, data[s][i].z, data[s][i].w};
-        uint32_t out[2] = {0, 0};
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          const uint32_t bits = (w[e / 2] >> (16 * (e % 2))) & 0xFFFFu;
-          const float x = codec::Load16(bits, p.bf16 ? DType::kBF16 : DType::kFP16);
-          out[e / 4] |= uint32_t{QuantizeFp8Device(x, scale)} << (8 * (e % 4));
-        }
-        *reinterpret_cast<uint2*>(layer_base + idx) = make_uint2(out[0], out[1]);
+        const uint2 q = !(fast_group && vmax[i] < inf_bits)
+                            ? QuantizeVec<DType::kFP8E4M3>(data[s][i], scale, p.bf16)
+                        : p.bf16 ? QuantizeVecFast<DType::kFP8E4M3, true>(data[s][i], scale, rcp)
+                                 : QuantizeVecFast<DType::kFP8E4M3, false>(data[s][i], scale, rcp);
+        StoreU2(layer_base + idx, q);
       }
       if (threadIdx.x == 0) {
         reinterpret_cast<float*>(layer_base + sa.data_bytes)[uint64_t{cb} * H + head] = scale;
@@ -659,7 +744,7 @@ __global__ void __launch_bounds__(kThreads, kGeneral && Tile<HD, BS>::kPerThread
             scales[c.scale_index(block, head)];
       }
     }
-    if (blockIdx.x == 0) ZeroPadding(layer_base, sa);
+    if (blockIdx.x == 0 && threadIdx.y == 0) ZeroPadding(layer_base, sa);
   }
 
   // The last CTA to finish writes the header with the OR of every CTA's
@@ -668,7 +753,7 @@ __global__ void __launch_bounds__(kThreads, kGeneral && Tile<HD, BS>::kPerThread
   // for the next launch.
   non_finite = __syncthreads_or(non_finite);
   bool last = false;
-  if (threadIdx.x == 0) {
+  if (threadIdx.x == 0 && threadIdx.y == 0) {
     if (non_finite) atomicOr(p.workspace + kWsFlags, 1u);
     __threadfence();
     const uint32_t total = gridDim.x * gridDim.y;
@@ -691,7 +776,7 @@ __global__ void __launch_bounds__(kThreads, kGeneral && Tile<HD, BS>::kPerThread
   if constexpr (kGeneral) {
     // The last CTA also clears the per-layer amax words: every other CTA
     // read them before it counted itself.
-    if (p.tensor_amax && __syncthreads_or(last)) {
+    if (p.tensor_amax && __syncthreads_or(last) && threadIdx.y == 0) {
       __threadfence();
       for (uint32_t i = threadIdx.x; i < 2 * gridDim.y; i += kThreads) {
         p.workspace[kWsAmax + 2 * p.layer_begin + i] = 0;
@@ -701,11 +786,21 @@ __global__ void __launch_bounds__(kThreads, kGeneral && Tile<HD, BS>::kPerThread
 }
 
 template <int HD, int BS, bool kGeneral>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads * (kGeneral ? kMaxHeadsPerCta<HD, BS> : 1))
     DecodeScatterKernel(const __grid_constant__ CodecParams p) {
   using T = Tile<HD, BS>;
   const PagedKvLayout& c = p.cache;
   const auto [H, head, cb, layer, t0, nt] = T::Here(p);
+  extern __shared__ __align__(16) uint8_t stage_smem[];
+  const CodecStage<HD, BS> stage{stage_smem, p.heads_per_cta};
+  if constexpr (kGeneral) {
+    // The kQuant sections' codes and per-(token, head) scales of the CTA's
+    // heads, read from the chunk in runs.
+    if (p.staged) {
+      MoveStage<HD, BS, false>(p, stage, t0, nt, H, head - threadIdx.y, layer);
+      __syncthreads();
+    }
+  }
 
   uint4 data[2][T::kPerThread];
   float scale[2] = {1.0f, 1.0f};
@@ -727,15 +822,30 @@ __global__ void __launch_bounds__(kThreads)
           data[s][i] = make_uint4(0, 0, 0, 0);
           qscale[s][i] = group;
           if (v < T::kVecs && t < nt) {
-            const uint64_t idx = T::ChunkIndex(t0, v, H, head);
-            if (sa.qdtype == DType::kINT4) {
-              data[s][i].x = __ldg(reinterpret_cast<const uint32_t*>(layer_base + idx / 2));
+            if (p.staged) {
+              // Element index in the stage: [token][head in the CTA][dim].
+              const uint32_t idx =
+                  (t * p.heads_per_cta + threadIdx.y) * HD + (v % T::kVecsPerRow) * kVecElems;
+              if (sa.qdtype == DType::kINT4) {
+                data[s][i].x = *reinterpret_cast<const uint32_t*>(stage.codes(s) + idx / 2);
+              } else {
+                const uint2 w = *reinterpret_cast<const uint2*>(stage.codes(s) + idx);
+                data[s][i] = make_uint4(w.x, w.y, 0, 0);
+              }
+              if (sa.gran == ScaleGranularity::kPerTokenHead) {
+                qscale[s][i] = stage.scales(s)[t * p.heads_per_cta + threadIdx.y];
+              }
             } else {
-              const uint2 w = __ldg(reinterpret_cast<const uint2*>(layer_base + idx));
-              data[s][i] = make_uint4(w.x, w.y, 0, 0);
-            }
-            if (sa.gran == ScaleGranularity::kPerTokenHead) {
-              qscale[s][i] = __ldg(scales + uint64_t{t0 + t} * H + head);
+              const uint64_t idx = T::ChunkIndex(t0, v, H, head);
+              if (sa.qdtype == DType::kINT4) {
+                data[s][i].x = __ldg(reinterpret_cast<const uint32_t*>(layer_base + idx / 2));
+              } else {
+                const uint2 w = __ldg(reinterpret_cast<const uint2*>(layer_base + idx));
+                data[s][i] = make_uint4(w.x, w.y, 0, 0);
+              }
+              if (sa.gran == ScaleGranularity::kPerTokenHead) {
+                qscale[s][i] = __ldg(scales + uint64_t{t0 + t} * H + head);
+              }
             }
           }
         }
@@ -906,21 +1016,43 @@ absl::StatusOr<CodecParams> Prepare(const codec::ChunkSpec& spec, const codec::C
 
 using KernelFn = void (*)(CodecParams);
 
+// kMaxHeads: kv heads a CTA of the general kernel may serve (blockDim.y);
+// kStaged: the general kernel takes a CodecStage in dynamic shared memory.
 template <int HD, int BS>
 struct EncodeK {
   static constexpr KernelFn fast = GatherEncodeKernel<HD, BS, false>;
   static constexpr KernelFn general = GatherEncodeKernel<HD, BS, true>;
+  static constexpr int kMaxHeads = kMaxHeadsPerCta<HD, BS>;
+  static constexpr bool kStaged = true;
 };
 template <int HD, int BS>
 struct DecodeK {
   static constexpr KernelFn fast = DecodeScatterKernel<HD, BS, false>;
   static constexpr KernelFn general = DecodeScatterKernel<HD, BS, true>;
+  static constexpr int kMaxHeads = kMaxHeadsPerCta<HD, BS>;
+  static constexpr bool kStaged = true;
 };
 template <int HD, int BS>
 struct AmaxK {
   static constexpr KernelFn fast = LayerAmaxKernel<HD, BS>;
   static constexpr KernelFn general = LayerAmaxKernel<HD, BS>;
+  static constexpr int kMaxHeads = 1;
+  static constexpr bool kStaged = false;
 };
+
+// Whether `p` points into host memory (pinned, mapped or registered), which
+// a kernel reaches over PCIe. The query is not a stream operation, but a
+// thread capturing a CUDA graph in global mode may not make it: it runs in
+// relaxed capture mode for this thread.
+absl::StatusOr<bool> IsHostMemory(const void* p) {
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  KVTIER_CUDA_RETURN_IF_ERROR(cudaThreadExchangeStreamCaptureMode(&mode));
+  cudaPointerAttributes a{};
+  const cudaError_t e = cudaPointerGetAttributes(&a, p);
+  KVTIER_CUDA_RETURN_IF_ERROR(cudaThreadExchangeStreamCaptureMode(&mode));
+  KVTIER_CUDA_RETURN_IF_ERROR(e);
+  return a.type == cudaMemoryTypeHost;
+}
 
 // Whether a launch needs the general kernels (some section is kQuant).
 bool NeedsGeneral(const CodecParams& p) {
@@ -931,16 +1063,31 @@ bool NeedsGeneral(const CodecParams& p) {
 // to an instantiation of Kernel (a struct template with `fast` and `general`
 // kernels).
 template <template <int, int> class Kernel>
-absl::Status Launch(const CodecParams& p, cudaStream_t stream) {
+absl::Status Launch(CodecParams p, cudaStream_t stream) {
   const bool general = NeedsGeneral(p);
+  bool host_chunk = false;
+  if (general) {
+    KVTIER_ASSIGN_OR_RETURN(host_chunk, IsHostMemory(p.chunk));
+  }
+  // Heads per CTA: for a chunk in host memory the most the kernel allows
+  // that divide the kv heads, else one.
+  const uint32_t H = p.cache.num_kv_heads;
   KernelFn fn = nullptr;
+  uint32_t g = 1, smem = 0;
   KVTIER_RETURN_IF_ERROR(KVTIER_DISPATCH_HEAD_DIM(p.cache.head_dim, HD, {
     return KVTIER_DISPATCH_CODEC_BLOCK_SIZE(p.cache.block_size, BS, {
       fn = general ? Kernel<HD, BS>::general : Kernel<HD, BS>::fast;
+      if (general && host_chunk) {
+        g = std::min<uint32_t>(Kernel<HD, BS>::kMaxHeads, H);
+        while (H % g != 0) --g;
+      }
+      if (general && host_chunk && Kernel<HD, BS>::kStaged) smem = CodecStage<HD, BS>::Bytes(g);
     });
   }));
-  const dim3 grid(p.num_blocks_in_chunk * p.cache.num_kv_heads, p.layer_end - p.layer_begin);
-  fn<<<grid, kThreads, 0, stream>>>(p);
+  p.heads_per_cta = g;
+  p.staged = smem != 0;
+  const dim3 grid(p.num_blocks_in_chunk * (H / g), p.layer_end - p.layer_begin);
+  fn<<<grid, dim3(kThreads, g), smem, stream>>>(p);
   KVTIER_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();
 }
