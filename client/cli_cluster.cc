@@ -1,5 +1,6 @@
 // `kvtier cluster status`: the members of a kvtier cluster, read from etcd.
 #include <cstdio>
+#include <optional>
 #include <string>
 
 #include "client/cli.h"
@@ -8,6 +9,7 @@
 #include "common/status.h"
 #include "nlohmann/json.hpp"
 #include "cluster/membership.h"
+#include "tiering/remote/peer_auth.h"
 
 namespace kvtier::cli {
 namespace {
@@ -16,6 +18,8 @@ struct StatusArgs {
   std::string etcd;
   std::string cluster;
   std::string etcd_ca, etcd_cert, etcd_key;
+  std::string etcd_user, etcd_password_file;
+  std::string cluster_secret_file;
   bool json = false;
 };
 
@@ -36,8 +40,24 @@ absl::Status RunStatus(const StatusArgs& a) {
     KVTIER_ASSIGN_OR_RETURN(eo.cert, ReadPemFile(a.etcd_cert, "--etcd-cert"));
     KVTIER_ASSIGN_OR_RETURN(eo.key, ReadPemFile(a.etcd_key, "--etcd-key"));
   }
+  if (!a.etcd_user.empty()) {
+    if (a.etcd_password_file.empty()) return absl::InvalidArgumentError("--etcd-user needs --etcd-password-file");
+    eo.user = a.etcd_user;
+    KVTIER_ASSIGN_OR_RETURN(eo.password, ReadSecretFile(a.etcd_password_file, "etcd password", 1));
+  }
+  std::optional<cluster::RecordSigner> signer;
+  if (!a.cluster_secret_file.empty()) {
+    KVTIER_ASSIGN_OR_RETURN(std::string secret,
+                            ReadSecretFile(a.cluster_secret_file, "cluster secret",
+                                                   tiering::remote::kMinClusterSecretBytes));
+    KVTIER_ASSIGN_OR_RETURN(signer, cluster::RecordSigner::Create(secret));
+  }
   KVTIER_ASSIGN_OR_RETURN(auto etcd, cluster::EtcdClient::Connect(endpoints, eo));
-  KVTIER_ASSIGN_OR_RETURN(auto members, cluster::ListMembers(*etcd, a.cluster));
+  KVTIER_ASSIGN_OR_RETURN(auto members, cluster::ListMembers(*etcd, a.cluster, signer ? &*signer : nullptr));
+  auto signature = [](const cluster::MemberStatus& m) -> const char* {
+    if (!m.signature_ok) return "unchecked";
+    return *m.signature_ok ? "valid" : "invalid";
+  };
   if (a.json) {
     nlohmann::json out = nlohmann::json::array();
     for (const auto& m : members) {
@@ -46,17 +66,20 @@ absl::Status RunStatus(const StatusArgs& a) {
                      {"lease_ttl_left_s", m.ttl_left_s},
                      {"capacity_bytes", m.record.member.capacity_bytes},
                      {"used_bytes", m.record.member.used_bytes},
-                     {"protocol", m.record.protocol}});
+                     {"protocol", m.record.protocol},
+                     {"signature", signature(m)}});
     }
     std::printf("%s\n", nlohmann::json{{"cluster", a.cluster}, {"members", out}}.dump().c_str());
     return absl::OkStatus();
   }
   std::printf("cluster %s: %zu member(s)\n", a.cluster.c_str(), members.size());
-  std::printf("%-24s %-24s %8s %14s %14s\n", "ID", "ADDRESS", "TTL(s)", "CAPACITY(GiB)", "USED(GiB)");
+  std::printf("%-24s %-24s %8s %14s %14s %10s\n", "ID", "ADDRESS", "TTL(s)", "CAPACITY(GiB)", "USED(GiB)",
+              "SIGNATURE");
   for (const auto& m : members) {
-    std::printf("%-24s %-24s %8lld %14s %14s\n", m.record.member.id.c_str(),
+    std::printf("%-24s %-24s %8lld %14s %14s %10s\n", m.record.member.id.c_str(),
                 m.record.member.address.c_str(), static_cast<long long>(m.ttl_left_s),
-                Gib(m.record.member.capacity_bytes).c_str(), Gib(m.record.member.used_bytes).c_str());
+                Gib(m.record.member.capacity_bytes).c_str(), Gib(m.record.member.used_bytes).c_str(),
+                signature(m));
   }
   return absl::OkStatus();
 }
@@ -72,6 +95,10 @@ void RegisterClusterCommands(CLI::App& app, CommandResult& result) {
   s->add_option("--etcd-ca", args.etcd_ca, "PEM CA of etcd's server certificate (https:// endpoints)");
   s->add_option("--etcd-cert", args.etcd_cert, "PEM client certificate presented to etcd");
   s->add_option("--etcd-key", args.etcd_key, "PEM private key of --etcd-cert");
+  s->add_option("--etcd-user", args.etcd_user, "etcd user (etcd auth enabled; needs --etcd-password-file)");
+  s->add_option("--etcd-password-file", args.etcd_password_file, "file holding the etcd user's password (mode 0600)");
+  s->add_option("--cluster-secret-file", args.cluster_secret_file,
+                "the cluster secret (mode 0600): mark each record's signature valid or invalid");
   s->add_option("--cluster", args.cluster, "cluster name")->required();
   s->add_flag("--json", args.json, "machine-readable output");
   s->callback(Action(result, [] { return RunStatus(args); }));

@@ -273,7 +273,8 @@ std::vector<Member> Membership::LiveMembers() const {
   return out;
 }
 
-absl::StatusOr<std::vector<MemberStatus>> ListMembers(EtcdClient& etcd, const std::string& cluster) {
+absl::StatusOr<std::vector<MemberStatus>> ListMembers(EtcdClient& etcd, const std::string& cluster,
+                                                      const RecordSigner* signer) {
   if (auto s = ValidateClusterName(cluster); !s.ok()) return s;
   auto got = etcd.GetPrefix(MembersPrefix(cluster));
   if (!got.ok()) return got.status();
@@ -283,6 +284,7 @@ absl::StatusOr<std::vector<MemberStatus>> ListMembers(EtcdClient& etcd, const st
     if (!r.ok()) continue;
     MemberStatus st;
     st.record = *r;
+    if (signer != nullptr) st.signature_ok = signer->Verify(kv.key, *r, kv.lease);
     auto ttl = etcd.LeaseTimeToLive(kv.lease);
     st.ttl_left_s = ttl.ok() ? *ttl : -1;
     out.push_back(st);

@@ -146,10 +146,17 @@ class Membership : public tiering::remote::MemberView {
 struct MemberStatus {
   MemberRecord record;
   int64_t ttl_left_s = -1;  // -1 if the lease could not be read
+  // With a signer: whether the record's MAC verifies (members ignore a
+  // record that does not). Without one: nullopt.
+  std::optional<bool> signature_ok;
 };
 
-// Lists a cluster's members with the time left on their leases.
-absl::StatusOr<std::vector<MemberStatus>> ListMembers(EtcdClient& etcd, const std::string& cluster);
+// Lists a cluster's members with the time left on their leases, and, with
+// `signer`, whether each record is signed with the cluster's secret (records
+// that fail are listed, marked, so that a forged one shows). Malformed or
+// misplaced records and records without a lease are left out.
+absl::StatusOr<std::vector<MemberStatus>> ListMembers(EtcdClient& etcd, const std::string& cluster,
+                                                      const RecordSigner* signer = nullptr);
 
 }  // namespace kvtier::cluster
 

@@ -10,6 +10,8 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/status.h"
 #include "common/strings.h"
 
 namespace kvtier {
@@ -163,6 +165,30 @@ ExclusiveFileLock& ExclusiveFileLock::operator=(ExclusiveFileLock&& other) noexc
 
 ExclusiveFileLock::~ExclusiveFileLock() {
   if (fd_ >= 0) ::close(fd_);
+}
+
+absl::StatusOr<std::string> ReadSecretFile(const std::string& path, const char* what, size_t min_bytes) {
+  // Checked on the file the path resolves to (a symlink, as in a mounted
+  // secret, is followed).
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return ErrnoToStatus(errno, absl::StrCat(what, " file ", path));
+  if ((st.st_mode & 077) != 0) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "%s file %s is readable or writable by group or others (mode %04o); run chmod 600 %s",
+        what, path, st.st_mode & 07777, path));
+  }
+  KVTIER_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, ReadFileBytes(path, kMaxSecretFileBytes));
+  std::string t(bytes.begin(), bytes.end());
+  size_t b = t.find_first_not_of(" \t\r\n");
+  size_t e = t.find_last_not_of(" \t\r\n");
+  if (b == std::string::npos) return absl::InvalidArgumentError(absl::StrCat(what, " file ", path, " is empty"));
+  t = t.substr(b, e - b + 1);
+  if (t.size() < min_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " in ", path, " is ", t.size(),
+                                                   " bytes; it must have at least ", min_bytes,
+                                                   " (e.g. openssl rand -hex 32)"));
+  }
+  return t;
 }
 
 }  // namespace kvtier

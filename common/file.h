@@ -62,6 +62,17 @@ class ExclusiveFileLock {
   int fd_ = -1;
 };
 
+// Largest secret file ReadSecretFile reads.
+inline constexpr uint64_t kMaxSecretFileBytes = 4096;
+
+// Reads a secret (`what`: "token", "cluster secret", ...) from `path`
+// (following a symlink) and trims surrounding whitespace.
+// FailedPrecondition if group or others have any access to the file
+// (mode & 077; the message says to chmod 600 it); InvalidArgument if it is
+// not a regular file, is larger than kMaxSecretFileBytes, is empty or holds a
+// secret shorter than `min_bytes`; NotFound if it does not exist.
+absl::StatusOr<std::string> ReadSecretFile(const std::string& path, const char* what, size_t min_bytes);
+
 }  // namespace kvtier
 
 #endif  // KVTIER_COMMON_FILE_H_

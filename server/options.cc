@@ -300,28 +300,5 @@ bool IsLoopbackListen(const std::string& host_port) {
   return ::inet_pton(AF_INET, host.c_str(), &a) == 1 && (ntohl(a.s_addr) >> 24) == 127;
 }
 
-absl::StatusOr<std::string> ReadSecretFile(const std::string& path, const char* what, size_t min_bytes) {
-  // Checked on the file the path resolves to (a symlink, as in a mounted
-  // secret, is followed).
-  struct stat st;
-  if (::stat(path.c_str(), &st) != 0) return ErrnoToStatus(errno, absl::StrCat(what, " file ", path));
-  if ((st.st_mode & 077) != 0) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "%s file %s is readable or writable by group or others (mode %04o); run chmod 600 %s",
-        what, path, st.st_mode & 07777, path));
-  }
-  KVTIER_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, ReadFileBytes(path, kMaxTokenFileBytes));
-  std::string t(bytes.begin(), bytes.end());
-  size_t b = t.find_first_not_of(" \t\r\n");
-  size_t e = t.find_last_not_of(" \t\r\n");
-  if (b == std::string::npos) return absl::InvalidArgumentError(absl::StrCat(what, " file ", path, " is empty"));
-  t = t.substr(b, e - b + 1);
-  if (t.size() < min_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " in ", path, " is ", t.size(),
-                                                   " bytes; it must have at least ", min_bytes,
-                                                   " (e.g. openssl rand -hex 32)"));
-  }
-  return t;
-}
 
 }  // namespace kvtier::server

@@ -10,6 +10,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/file.h"
 
 namespace kvtier::server {
 
@@ -179,15 +180,8 @@ absl::Status ValidateDaemonOptions(const DaemonOptions& opts);
 // A random one: `openssl rand -hex 32` writes 64 characters.
 inline constexpr size_t kMinTokenBytes = 32;
 // The largest token file ReadTokenFile reads.
-inline constexpr uint64_t kMaxTokenFileBytes = 4096;
+inline constexpr uint64_t kMaxTokenFileBytes = kMaxSecretFileBytes;
 
-// Reads a secret (`what`: "token", "cluster secret", ...) from `path`
-// (following a symlink) and trims surrounding whitespace.
-// FailedPrecondition if group or others have any access to the file
-// (mode & 077; the message says to chmod 600 it); InvalidArgument if it is
-// not a regular file, is larger than kMaxTokenFileBytes, is empty or holds a
-// secret shorter than `min_bytes`; NotFound if it does not exist.
-absl::StatusOr<std::string> ReadSecretFile(const std::string& path, const char* what, size_t min_bytes);
 
 // ReadSecretFile for the bearer token (at least kMinTokenBytes).
 absl::StatusOr<std::string> ReadTokenFile(const std::string& path);

@@ -382,6 +382,22 @@ TEST_F(SecureClusterE2E, NodesWithoutTheSecretCannotJoinReadOrWrite) {
                                  std::chrono::seconds(15), std::chrono::milliseconds(200)))
       << Metric(0, "kvtier_cluster_records_rejected_total");
   for (int n = 0; n < 3; ++n) ASSERT_TRUE(WaitListed(n, 3)) << "node " << n + 1;
+  // `kvtier cluster status` with the secret marks the intruders' records.
+  auto status = nlohmann::json::parse(
+      Cli("cluster status --etcd " + etcd_.endpoint() + " --cluster e2e --json --cluster-secret-file " +
+          SecretFile("status-secret", kSecret)).out, nullptr, false);
+  ASSERT_FALSE(status.is_discarded());
+  ASSERT_EQ(status["members"].size(), 5u);
+  for (const auto& m : status["members"]) {
+    const bool intruder = m["id"].get<std::string>().rfind("intruder-", 0) == 0;
+    EXPECT_EQ(m["signature"], intruder ? "invalid" : "valid") << m.dump();
+  }
+  EXPECT_THAT(Cli("cluster status --etcd " + etcd_.endpoint() + " --cluster e2e").out, HasSubstr("unchecked"));
+  auto short_secret = Cli("cluster status --etcd " + etcd_.endpoint() + " --cluster e2e --cluster-secret-file " +
+                          SecretFile("short", "short"));
+  EXPECT_NE(short_secret.exit_code, 0);
+  EXPECT_THAT(short_secret.err, HasSubstr("cluster secret"));
+  EXPECT_NE(Cli("cluster status --etcd " + etcd_.endpoint() + " --cluster e2e --etcd-user root").exit_code, 0);
 
   auto cli_on = [&](const Node& node, const std::string& args) {
     return Cli(args + " --socket " + node.socket());
