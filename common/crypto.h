@@ -20,6 +20,11 @@ namespace kvtier {
 inline constexpr size_t kSha256Bytes = 32;
 using Mac256 = std::array<uint8_t, kSha256Bytes>;
 
+// SHA-256 of `data`. Aborts if libcrypto cannot compute it (no SHA-256 or
+// out of memory): callers derive key namespaces from it, and no result is
+// safe to fall back to.
+Mac256 Sha256(std::span<const uint8_t> data);
+
 // HMAC-SHA256 over the concatenation of `parts` keyed by `key`. A part is
 // length-prefixed (u32 little endian) before it is hashed, so ("ab", "c")
 // and ("a", "bc") give different MACs.

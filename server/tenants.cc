@@ -152,27 +152,6 @@ absl::StatusOr<TenantSpec> ParseTenant(const toml::table& t, size_t index) {
 
 }  // namespace
 
-std::array<uint8_t, 32> Sha256(std::span<const uint8_t> data) {
-  // The digest fetched once and a context per thread: OpenSSL's one-shot
-  // SHA256() looks the algorithm up on every call, which costs three times
-  // the hash of a key (bench/tenant_keys_bench.cc).
-  static EVP_MD* const md = EVP_MD_fetch(nullptr, "SHA256", nullptr);
-  struct CtxFree {
-    void operator()(EVP_MD_CTX* c) const { EVP_MD_CTX_free(c); }
-  };
-  thread_local std::unique_ptr<EVP_MD_CTX, CtxFree> ctx(EVP_MD_CTX_new());
-  std::array<uint8_t, 32> out;
-  unsigned int n = 0;
-  if (md == nullptr || ctx == nullptr || EVP_DigestInit_ex2(ctx.get(), md, nullptr) != 1 ||
-      EVP_DigestUpdate(ctx.get(), data.data(), data.size()) != 1 ||
-      EVP_DigestFinal_ex(ctx.get(), out.data(), &n) != 1 || n != out.size()) {
-    // libcrypto without SHA-256 (or out of memory): no namespace can be
-    // computed, and serving keys unsalted would break isolation.
-    std::abort();
-  }
-  return out;
-}
-
 absl::StatusOr<std::vector<TenantSpec>> ParseTenants(std::string_view text) {
   toml::table root;
   try {

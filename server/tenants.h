@@ -75,9 +75,6 @@ absl::StatusOr<std::vector<TenantSpec>> ParseTenants(std::string_view toml_text)
 // not exist; ParseTenants' errors otherwise.
 absl::StatusOr<std::vector<TenantSpec>> LoadTenantsFile(const std::string& path);
 
-// SHA-256 of `data`.
-std::array<uint8_t, 32> Sha256(std::span<const uint8_t> data);
-
 // A tenant as the daemon serves it. Its counters are thread-safe.
 class Tenant {
  public:

@@ -18,18 +18,8 @@ namespace {
 
 using ::testing::HasSubstr;
 
-std::string Hex(const std::array<uint8_t, 32>& d) {
-  static constexpr char kDigits[] = "0123456789abcdef";
-  std::string s;
-  for (uint8_t b : d) {
-    s += kDigits[b >> 4];
-    s += kDigits[b & 15];
-  }
-  return s;
-}
-
 std::string TokenSha(std::string_view token) {
-  return Hex(Sha256({reinterpret_cast<const uint8_t*>(token.data()), token.size()}));
+  return HexOf(Sha256(AsBytes(token)));
 }
 
 constexpr char kTokenA[] = "token-of-team-a-0123456789abcdef0123456789";

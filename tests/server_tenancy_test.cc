@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/kvtier_client.h"
+#include "common/crypto.h"
 #include "common/testing/temp_dir.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
@@ -38,15 +39,7 @@ constexpr char kTokenPub[] = "tenant-pub-token-0123456789abcdef0123456789abcd";
 constexpr char kTokenReader[] = "tenant-reader-token-0123456789abcdef0123456789";
 constexpr uint64_t kQuotaB = uint64_t{2} << 20;
 
-std::string TokenSha(std::string_view token) {
-  static constexpr char kDigits[] = "0123456789abcdef";
-  std::string s;
-  for (uint8_t b : Sha256({reinterpret_cast<const uint8_t*>(token.data()), token.size()})) {
-    s += kDigits[b >> 4];
-    s += kDigits[b & 15];
-  }
-  return s;
-}
+std::string TokenSha(std::string_view token) { return HexOf(Sha256(AsBytes(token))); }
 
 class TenancyTest : public ::testing::Test {
  protected:

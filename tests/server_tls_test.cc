@@ -196,7 +196,7 @@ TEST_F(TlsTest, TenantTokenMustMatchTheCertificatesTenant) {
   // Tenant "a" is the client certificate's CN; "b" has only a token.
   const std::string token_b = "tenant-b-tls-token-0123456789abcdef012345";
   auto sha = [](const std::string& t) {
-    return HexOf(server::Sha256({reinterpret_cast<const uint8_t*>(t.data()), t.size()}));
+    return HexOf(Sha256(AsBytes(t)));
   };
   const std::string tenants = dir_.path() + "/tenants.toml";
   std::ofstream(tenants) << "[[tenant]]\nname = \"a\"\ntls_cn = [\"" << TlsCerts::kClientCn
