@@ -137,6 +137,34 @@ TEST(DecodeAttentionPartition, TensorCoreRuleFillsTheGpuAndItsLastWave) {
             kAttentionMaxPartitionTokens);
 }
 
+// The kernels compute row offsets as 32x32->64-bit products: a block stride
+// of 2^32 elements or more is refused before anything launches.
+TEST(DecodeAttentionLaunch, StridesOf2To32ElementsAreInvalidArgument) {
+  Fixture f;
+  std::vector<uint16_t> q(2 * 128), out(2 * 128);
+  std::vector<int32_t> lens = {40};
+  DecodeAttentionParams p;
+  p.q = q.data();
+  p.out = out.data();
+  p.batch = 1;
+  p.num_q_heads = 2;
+  p.block_table = f.ids.data();
+  p.max_blocks_per_seq = 3;
+  p.seq_lens = lens.data();
+  p.sm_scale = 0.1f;
+  ASSERT_TRUE(DecodeAttentionWorkspaceBytes(f.cache.layout, p).ok());
+  PagedKvLayout big = f.cache.layout;
+  big.stride_block = int64_t{1} << 32;
+  EXPECT_EQ(DecodeAttentionWorkspaceBytes(big, p).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(PagedDecodeAttention(big, p, nullptr, 0, nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+  big = f.cache.layout;
+  big.stride_token = (int64_t{1} << 32) / 15;  // 15 slots past slot 0 reach 2^32
+  EXPECT_EQ(DecodeAttentionWorkspaceBytes(big, p).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 // Every chunk section format of the codec, for a 16-bit cache section.
 std::vector<codec::SectionFormat> AllSectionFormats(DType native) {
   std::vector<codec::SectionFormat> out = {{native, codec::ScaleGranularity::kNone}};

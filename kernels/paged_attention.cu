@@ -93,6 +93,8 @@ struct Geometry {
   static constexpr int KB = K8 ? 1 : 2, VB = V8 ? 1 : 2;  // bytes per element
   static constexpr int KROW = HD * KB, VROW = HD * VB;    // bytes per row
   static constexpr int KCH = KROW / 16, VCH = VROW / 16;  // 16-byte chunks per row
+  // Tile loader: threads per token (whole 128-byte lines per warp copy).
+  static constexpr int TPR = KCH < 8 || VCH < 8 ? (KCH < VCH ? KCH : VCH) : 8;
   static constexpr int STAGE_K = kTile * KROW;
   static constexpr int STAGE_V = kTile * VROW;
   static constexpr int STAGE = STAGE_K + STAGE_V + 2 * kTile * 4;  // rows + K, V scales
@@ -250,43 +252,48 @@ __device__ __forceinline__ void MergeWarpsToWorkspace(const AttnParams& p, const
 template <bool K8, bool V8>
 struct CtaPartition {
   static constexpr int KB = K8 ? 1 : 2, VB = V8 ? 1 : 2;  // bytes per element
-  const PagedKvLayout& c;
   uint32_t b, kvh, part;
   int t_begin, n, G;
-  uint32_t shift, bs_mask;
+  uint32_t shift, bs_mask, kv_heads;
   const int32_t* table;
-  const uint8_t *kbase, *vbase;
+  // Row (block, slot) starts at khead + KB * e and vhead + VB * e, with
+  // e = block * stride_block + slot * stride_token (elements; K and V share
+  // the strides, KVTIER_HD k_elem / v_elem).
+  // Both strides fit 32 bits (PrepareAttention checks), so e is one 32x32->64
+  // multiply-add.
+  const uint8_t *khead, *vhead;
+  uint32_t stride_block, stride_token;
   const float *kscale, *vscale;
 
   // kv head fastest in the grid: the CTAs of all kv heads of one (sequence,
   // partition) run side by side and read neighbouring rows of the same blocks.
   __device__ explicit CtaPartition(const AttnParams& p)
-      : c(p.cache), b(blockIdx.z), kvh(blockIdx.x), part(blockIdx.y) {
+      : b(blockIdx.z), kvh(blockIdx.x), part(blockIdx.y) {
+    const PagedKvLayout& c = p.cache;
     const int len = __ldg(p.seq_lens + b);
     t_begin = static_cast<int>(part * p.part_tokens);
     n = min(static_cast<int>(p.part_tokens), len - t_begin);
     G = static_cast<int>(p.group);
     shift = p.bs_shift;
     bs_mask = (1u << shift) - 1;
+    kv_heads = c.num_kv_heads;
     table = p.block_table + uint64_t{b} * p.max_blocks_per_seq;
-    kbase = static_cast<const uint8_t*>(c.k_layers[p.layer]);
-    vbase = static_cast<const uint8_t*>(c.v_layers[p.layer]);
-    kscale = K8 ? c.k_scale_layers[p.layer] : nullptr;
-    vscale = V8 ? c.v_scale_layers[p.layer] : nullptr;
+    khead = static_cast<const uint8_t*>(c.k_layers[p.layer]) + int64_t{KB} * c.k_elem(0, 0, kvh, 0);
+    vhead = static_cast<const uint8_t*>(c.v_layers[p.layer]) + int64_t{VB} * c.v_elem(0, 0, kvh, 0);
+    stride_block = static_cast<uint32_t>(c.stride_block);
+    stride_token = static_cast<uint32_t>(c.stride_token);
+    kscale = K8 ? c.k_scale_layers[p.layer] + kvh : nullptr;
+    vscale = V8 ? c.v_scale_layers[p.layer] + kvh : nullptr;
   }
   // False when the partition starts past the sequence's end.
   __device__ bool has_work() const { return n > 0; }
   __device__ uint32_t Block(int t) const { return __ldg(table + ((t_begin + t) >> shift)); }
-  __device__ uint32_t Slot(int t) const { return (t_begin + t) & bs_mask; }
-  __device__ const uint8_t* KRow(int t) const {
-    return kbase + int64_t{KB} * c.k_elem(Block(t), Slot(t), kvh, 0);
+  // e of partition-local token t, which lies in block `block`.
+  __device__ uint64_t RowElem(uint32_t block, int t) const {
+    return uint64_t{block} * stride_block + ((t_begin + t) & bs_mask) * stride_token;
   }
-  __device__ const uint8_t* VRow(int t) const {
-    return vbase + int64_t{VB} * c.v_elem(Block(t), Slot(t), kvh, 0);
-  }
-  __device__ const float* Scale(bool v, int t) const {
-    return (v ? vscale : kscale) + c.scale_index(Block(t), kvh);
-  }
+  // Offset of block's scale from kscale / vscale (KVTIER_HD scale_index).
+  __device__ int64_t ScaleOffset(uint32_t block) const { return int64_t{block} * kv_heads; }
 };
 
 // How a stage lays out its rows: logical 16-byte chunk c of tile row r is
@@ -303,41 +310,50 @@ struct NoSwizzle {
 // `st`, laid out as Geo says (Geo::TILE rows, Geo::KROW / Geo::VROW bytes
 // each, Geo::KCH / Geo::VCH 16-byte chunks): K rows at st, V rows at
 // st + STAGE_K, then Geo::TILE K scales and Geo::TILE V scales (floats; FP8
-// sections only). Rows past the partition's end are zero-filled (src-size 0,
-// with row 0's address), so every thread issues the same number of 16-byte
-// copies (Geo's static_assert); threads [0, TILE) copy the K scales,
-// [TILE, 2 TILE) the V scales.
+// sections only). A thread serves whole tokens: Geo::TPR threads share a
+// token's K and V rows (a warp's copy moves TPR x 16 contiguous bytes of
+// 32 / TPR rows), and a token's block id and row offsets are computed once
+// for both rows and its scales (the address arithmetic, not the copies, is
+// what a tile costs in instructions). Rows past the partition's end are zero-filled
+// (src-size 0, with row 0's address), so every thread issues the same
+// number of 16-byte copies.
 template <class Geo, class Swz, bool K8, bool V8>
 __device__ __forceinline__ void LoadKvTile(uint8_t* st, const CtaPartition<K8, V8>& w, int tile,
                                            int tid) {
   constexpr int TILE = Geo::TILE;
-  static_assert(2 * TILE <= kThreads, "one thread per K scale and per V scale");
-  const int n = w.n;
+  constexpr int TPR = Geo::TPR;  // threads per token
+  constexpr int RPP = kThreads / TPR;                            // tokens per pass
+  static_assert(kThreads % TPR == 0 && TILE % RPP == 0 && Geo::KCH % TPR == 0 &&
+                    Geo::VCH % TPR == 0,
+                "every thread issues the same copies");
   const int t0 = tile * TILE;
+  const int c0 = tid % TPR;
 #pragma unroll
-  for (int k = 0; k < TILE * Geo::KCH / kThreads; ++k) {
-    const int i = tid + k * kThreads;
-    const int r = i / Geo::KCH, col = i % Geo::KCH;
-    const bool ok = t0 + r < n;
-    CpAsync16(st + r * Geo::KROW + (col ^ Swz::K(r)) * 16, w.KRow(ok ? t0 + r : 0) + col * 16,
-              ok);
-  }
+  for (int k = 0; k < TILE / RPP; ++k) {
+    const int r = tid / TPR + k * RPP;
+    const bool ok = t0 + r < w.n;
+    const int t = ok ? t0 + r : 0;
+    const uint32_t block = w.Block(t);
+    const uint64_t e = w.RowElem(block, t);
+    const uint8_t* krow = w.khead + CtaPartition<K8, V8>::KB * e;
+    const uint8_t* vrow = w.vhead + CtaPartition<K8, V8>::VB * e;
 #pragma unroll
-  for (int k = 0; k < TILE * Geo::VCH / kThreads; ++k) {
-    const int i = tid + k * kThreads;
-    const int r = i / Geo::VCH, col = i % Geo::VCH;
-    const bool ok = t0 + r < n;
-    CpAsync16(st + Geo::STAGE_K + r * Geo::VROW + (col ^ Swz::V(r)) * 16,
-              w.VRow(ok ? t0 + r : 0) + col * 16, ok);
-  }
-  if constexpr (K8 || V8) {
-    const int r = tid % TILE;
-    const bool is_v = tid >= TILE;
-    // With 2 TILE == kThreads every thread copies one scale: no range test.
-    if ((2 * TILE == kThreads || tid < 2 * TILE) && (is_v ? V8 : K8)) {
-      const bool ok = t0 + r < n;
-      CpAsync4(st + Geo::STAGE_K + Geo::STAGE_V + (is_v ? TILE : 0) * 4 + r * 4,
-               w.Scale(is_v, ok ? t0 + r : 0), ok);
+    for (int j = 0; j < Geo::KCH / TPR; ++j) {
+      const int col = c0 + j * TPR;
+      CpAsync16(st + r * Geo::KROW + (col ^ Swz::K(r)) * 16, krow + col * 16, ok);
+    }
+#pragma unroll
+    for (int j = 0; j < Geo::VCH / TPR; ++j) {
+      const int col = c0 + j * TPR;
+      CpAsync16(st + Geo::STAGE_K + r * Geo::VROW + (col ^ Swz::V(r)) * 16, vrow + col * 16, ok);
+    }
+    if constexpr (K8 || V8) {
+      if (c0 == 0) {
+        const int64_t so = w.ScaleOffset(block);
+        float* s = reinterpret_cast<float*>(st + Geo::STAGE_K + Geo::STAGE_V) + r;
+        if constexpr (K8) CpAsync4(s, w.kscale + so, ok);
+        if constexpr (V8) CpAsync4(s + TILE, w.vscale + so, ok);
+      }
     }
   }
 }
@@ -528,39 +544,43 @@ __global__ void __launch_bounds__(kThreads, GP <= 4 ? 4 : 2)
 // Tensor-core kernel (AttentionKernel::kTensorCore). Same CTA, pipeline, tile
 // loader (LoadKvTile, here with swizzled rows), partitions and combine as
 // above; per tile of kTcTile tokens each warp takes 16 tokens and computes,
-// with mma.sync m16n8k16 (FP32 accumulate):
-//   S[16 x 16] = Q[16 x HD] . K^T   (rows 0..7: the group's q heads, padded
-//                                    with zero rows; rows 8..15 are zero too)
-//   O[16 x HD] += P[16 x 16] . V
-// Only rows 0..7 are kept (group <= 8): the accumulator registers of rows
-// 8..15 are scratch, so S costs 4 and O HD/4 registers per thread.
-// - K: each lane reads 16-byte chunks of a K row (lane (g, t) of the
-//   fragment layout: row g of the n-tile, chunk 4s + t of span s), and the
-//   head dimension is permuted within the chunk so that a chunk's words are
-//   directly the B fragments (b0 = dims 4j..4j+1, b1 = 4j+2..4j+3 of the
-//   chunk's 4j-th dims); q's A fragments use the same permutation (q.k is a
-//   sum over dims, so any common order gives the same dot). FP8 K codes are
-//   converted to FP16 pairs (cvt e4m3x2 -> f16x2); q.k then runs in FP16
-//   (q converted from BF16 when needed; exact for |q| < 65504) and the K
-//   scale multiplies the logit.
-// - V 16-bit: ldmatrix.x4.trans of swizzled 16-byte chunks gives the B
-//   fragments. FP8 V: lane (g, t) reads 4 codes (dims 4g..4g+3 of a 32-dim
-//   span) of tokens 2t, 2t+1, 2t+8, 2t+9, byte-permutes them into
-//   token pairs and converts to f16x2, so n-tile 4s + j holds dims
-//   32s + 4n + j (un-permuted when the result is written). P.V then runs in
-//   FP16 with P' = p * v_scale / w, where w is the running max of the V
-//   scales seen by the warp (rescaled like the softmax max), so P' <= 1
-//   keeps FP16's precision whatever the scales; O is multiplied by w at the
-//   end.
-// - Online softmax (base 2) on the accumulator fragments: a row's 16 logits
-//   are spread over the 4 lanes of a quad (2 shuffles for the max; the sum
-//   is kept per lane and reduced once at the end).
+// with mma.sync m16n8k16 (FP32 accumulate), the transposed products
+//   S^T[16 tokens x 8 heads] = K[16 x HD] . Q^T        (HD/16 mmas)
+//   O^T[HD x 8 heads]       += V^T[HD x 16 tokens] . P^T  (HD/16 mmas)
+// Tokens and head dims are the 16 mma rows, the GQA group (up to 8 heads,
+// zero q rows past the group) the 8 columns: no row is padding, and a
+// token's K or V row is read by the lanes that need it, once.
+// - q.k: lane (g, t) reads 16-byte chunk 4s + t of K rows g and g + 8 of its
+//   16 tokens (span s); the head dim is permuted within the chunk so that the
+//   chunk's words are directly A fragments (a0/a1 = dims 4j..4j+1 of rows g /
+//   g + 8, a2/a3 = dims 4j+2..4j+3); q's B fragments use the same permutation
+//   (q.k is a sum over dims, so any common order gives the same dot). The
+//   k-steps alternate over kTcChains accumulators (independent mma chains),
+//   summed once per tile. FP8 K codes become FP16 pairs in registers (cvt
+//   e4m3x2 -> f16x2); q.k then runs in FP16 (q converted from BF16 when
+//   needed; exact for |q| < 65504) and the K scale multiplies the logit.
+// - Online softmax (base 2) on the S^T fragments: lane (g, t) holds tokens g
+//   and g + 8 of heads 2t and 2t + 1; a head's max over the warp's 16 tokens
+//   takes 3 shuffles (lanes xor 4, 8, 16), the sum is kept per lane and
+//   reduced once at the end. The probabilities, packed to 16-bit pairs, are
+//   an 8x8 [token][head] matrix in mma layout: movmatrix.trans turns each of
+//   the two (tokens 0-7, 8-15) into the B fragment of P.V.
+// - V 16-bit: ldmatrix.x4.trans of swizzled 16-byte chunks gives the A
+//   fragments of V^T. FP8 V: lane (g, t) reads 4 codes (dims 4g..4g+3 of a
+//   32-dim span) of tokens 2t, 2t+1, 2t+8, 2t+9 and byte-permutes them into
+//   token pairs; rows g and g + 8 of the span's two m-tiles are dims 4g, 4g+1
+//   and 4g+2, 4g+3 (un-permuted when the result is written). P.V for FP8 V
+//   runs in FP16 with P' = p * v_scale / w, where w is the running max of
+//   the V scales seen by the warp (rescaled like the softmax max), so
+//   P' <= 1 keeps FP16's precision whatever the scales; O is multiplied by w
+//   at the end.
 // - Shared memory rows are XOR-swizzled by 16-byte chunk (SwzK / SwzV) so
 //   that these reads are free of bank conflicts.
 constexpr int kTcTile = 64;  // tokens per pipeline stage: 16 per warp
 constexpr int kTcSmemPerSm = 220 * 1024;  // H100: 228 KB per SM, some kept for the runtime
 constexpr int kTcStaticSmem = 1024;  // the runtime's per-CTA reserve
-constexpr int kTcRows = 8;  // q-head rows kept (kAttentionMaxGroup)
+constexpr int kTcRows = 8;  // q-head columns of the mma (kAttentionMaxGroup)
+constexpr int kTcChains = 4;  // independent q.k accumulators
 static_assert(kMinPart % 32 == 0 && kTcRows >= static_cast<int>(kAttentionMaxGroup),
               "tensor-core rows cover every group");
 
@@ -571,14 +591,18 @@ struct TcGeometry {
   static constexpr int KROW = HD * KB, VROW = HD * VB;
   static constexpr int KCH = KROW / 16, VCH = VROW / 16;
   static constexpr int KE = 16 / KB;       // dims per 16-byte K chunk
+  // Tile loader: threads per token, 8 so that a warp's copy moves whole
+  // 128-byte lines (H200, b32 ctx 8K: with 4, i.e. half lines and half the
+  // address arithmetic, BF16 ran 1.24x and K16/V8 1.13x slower, FP8 1.02x).
+  static constexpr int TPR = KCH < 8 || VCH < 8 ? (KCH < VCH ? KCH : VCH) : 8;
   static constexpr int KSPANS = KCH / 4;   // chunk groups read by the 4 lanes of a quad
   static constexpr int KSTEPS = HD / 16;   // mma k-steps of q.k
-  static constexpr int NT = HD / 8;        // mma n-tiles of p.v
+  static constexpr int MT = HD / 16;       // mma m-tiles of O^T
   static constexpr int STAGE_K = kTcTile * KROW, STAGE_V = kTcTile * VROW;
   static constexpr int STAGE = STAGE_K + STAGE_V + 2 * kTcTile * 4;  // rows + K, V scales
-  // head_dim 256: q's A fragments live in shared memory after the stages
+  // head_dim 256: q's B fragments live in shared memory after the stages
   // ([KSTEPS][32 lanes] x 8 bytes), read per tile, instead of 2 x KSTEPS
-  // registers: with the 2 x NT accumulators they would not fit in 255
+  // registers: with the HD / 4 accumulators they would not fit in 255
   // registers without spills.
   static constexpr bool QSMEM = HD >= 256;
   static constexpr int QBYTES = QSMEM ? KSTEPS * 32 * 8 : 0;
@@ -587,6 +611,8 @@ struct TcGeometry {
   // stages as fit (at least 2). Run 5a (kTcInFlightBytes = 48 KB: 3 stages,
   // K16/V8 limited to 2 CTAs by shared memory anyway) had K16/V8 behind FP8.
   static constexpr int STAGES3 = (kTcSmemPerSm / 3 - kTcStaticSmem - QBYTES) / STAGE;
+  // (H200: 3 CTAs of 2 stages for BF16 and K16/V8, which the registers now
+  // allow, ran 1.01x and 1.06x slower than 2 CTAs of 3 and 4 stages.)
   static constexpr int CTAS = STAGES3 >= 3 ? 3 : 2;
   static constexpr int STAGES2 = (kTcSmemPerSm / 2 - kTcStaticSmem - QBYTES) / STAGE;
   static constexpr int STAGES = CTAS == 3 ? STAGES3 : (STAGES2 >= 2 ? STAGES2 : 2);
@@ -596,7 +622,6 @@ struct TcGeometry {
   static_assert(KCH % 4 == 0 && KSPANS * KE * 4 == HD, "a quad covers whole K rows");
   static_assert((kTcTile * KCH) % kThreads == 0 && (kTcTile * VCH) % kThreads == 0,
                 "every thread issues the same number of 16-byte copies per tile");
-  static_assert(2 * kTcTile == kThreads, "one thread per K scale and per V scale");
   static_assert(V8 || VCH >= 8, "ldmatrix swizzle needs 8 chunks per row");
   static_assert(STAGE % 16 == 0 && STAGE_K % 16 == 0, "16-byte aligned stages");
 };
@@ -622,23 +647,28 @@ struct TcSwizzle {
   static __device__ __forceinline__ int V(int r) { return SwzV<V8, VCH>(r, 0); }
 };
 
-// d[0..1] (row g, cols 2t, 2t+1) += A . B with A rows 8..15 zero.
+// 2^x for x <= 0 (ex2.approx, subnormal results flushed to zero: they are
+// below FP16's and BF16's resolution of the probabilities anyway).
+__device__ __forceinline__ float Exp2Ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// d (rows g / g + 8, cols 2t, 2t + 1) += A . B, m16n8k16, FP32 accumulate.
 template <bool BF16>
-__device__ __forceinline__ void MmaRows8(float (&d)[2], uint32_t a0, uint32_t a2, uint32_t b0,
-                                         uint32_t b1) {
-  float j2, j3;
+__device__ __forceinline__ void Mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                         uint32_t a3, uint32_t b0, uint32_t b1) {
   if constexpr (BF16) {
     asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%10,%11,%12,%13};\n"
-        : "=f"(d[0]), "=f"(d[1]), "=f"(j2), "=f"(j3)
-        : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1), "f"(d[0]), "f"(d[1]), "f"(0.0f),
-          "f"(0.0f));
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
   } else {
     asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%10,%11,%12,%13};\n"
-        : "=f"(d[0]), "=f"(d[1]), "=f"(j2), "=f"(j3)
-        : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1), "f"(d[0]), "f"(d[1]), "f"(0.0f),
-          "f"(0.0f));
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
   }
 }
 
@@ -649,11 +679,23 @@ __device__ __forceinline__ void LdsmX4T(uint32_t (&r)[4], const void* p) {
                : "r"(s));
 }
 
-// Two FP8 e4m3 codes (low 16 bits) -> f16x2, low code in the low half.
-__device__ __forceinline__ uint32_t Fp8x2ToH2(uint32_t two) {
+// The transpose of an 8x8 16-bit matrix held in mma layout (lane (g, t):
+// row g, cols 2t, 2t + 1).
+__device__ __forceinline__ uint32_t MovTrans(uint32_t x) {
+  uint32_t y;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+  return y;
+}
+
+// Four FP8 e4m3 codes [c3 c2 c1 c0] -> lo = f16x2(c0, c1), hi = f16x2(c2, c3)
+// (cvt e4m3x2 -> f16x2; the high pair is read from the upper half-word).
+__device__ __forceinline__ void Fp8x4ToH2x2(uint32_t w, uint32_t& lo, uint32_t& hi) {
+  const __half2_raw l = __nv_cvt_fp8x2_to_halfraw2(
+      static_cast<__nv_fp8x2_storage_t>(w & 0xFFFFu), __NV_E4M3);
   const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(
-      static_cast<__nv_fp8x2_storage_t>(two & 0xFFFFu), __NV_E4M3);
-  return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
+      static_cast<__nv_fp8x2_storage_t>(w >> 16), __NV_E4M3);
+  lo = static_cast<uint32_t>(l.x) | (static_cast<uint32_t>(l.y) << 16);
+  hi = static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
 }
 
 template <bool BF16>
@@ -674,6 +716,7 @@ __global__ void __launch_bounds__(kThreads, (TcGeometry<HD, K8, V8>::CTAS))
   using G_ = TcGeometry<HD, K8, V8>;
   constexpr bool kQkBf16 = BF16 && !K8;  // mma input type of q.k
   constexpr bool kPvBf16 = BF16 && !V8;  // and of p.v
+  constexpr int kChains = G_::KSTEPS < kTcChains ? G_::KSTEPS : kTcChains;
   extern __shared__ __align__(16) uint8_t smem[];
 
   const CtaPartition<K8, V8> w(p);
@@ -687,11 +730,12 @@ __global__ void __launch_bounds__(kThreads, (TcGeometry<HD, K8, V8>::CTAS))
     LoadKvTile<G_, TcSwizzle<G_::KCH, G_::VCH, V8>>(smem + stage * G_::STAGE, w, tile, tid);
   };
 
-  float o[G_::NT][2];
+  // O^T m-tile i: o[i][0..1] = dim row g, heads 2t, 2t+1; o[i][2..3] = row g + 8.
+  float o[G_::MT][4];
 #pragma unroll
-  for (int i = 0; i < G_::NT; ++i) o[i][0] = o[i][1] = 0.0f;
-  float m_run = -INFINITY, l_run = 0.0f;  // row g; l_run: this lane's share
-  float w_run = 0.0f;                     // FP8 V: running max of the V scales
+  for (int i = 0; i < G_::MT; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};  // heads 2t, 2t+1
+  float w_run = 0.0f, rw = 0.0f;  // FP8 V: running max of the V scales, its inverse
 
   constexpr int kStages = G_::STAGES;
   const int ntiles = (n + kTcTile - 1) / kTcTile;
@@ -701,8 +745,9 @@ __global__ void __launch_bounds__(kThreads, (TcGeometry<HD, K8, V8>::CTAS))
     CpAsyncCommit();
   }
   // The first tiles are on their way; q's loads overlap them.
-  // q A fragments (rows g < G), in the permuted dim order of the K chunks.
-  uint32_t qa[G_::KSTEPS][2];
+  // q B fragments (column g = q head g < G), in the permuted dim order of the
+  // K chunks: b0 pairs with a K chunk word's a0/a1 dims, b1 with a2/a3.
+  uint32_t qb[G_::KSTEPS][2];
   {
     const uint16_t* qrow = static_cast<const uint16_t*>(p.q) +
                            (uint64_t{b} * p.num_q_heads + uint64_t{kvh} * G + g) * HD;
@@ -727,7 +772,7 @@ __global__ void __launch_bounds__(kThreads, (TcGeometry<HD, K8, V8>::CTAS))
           const float2 f = Unpack16x2<true>(v);
           v = Pack2<false>(f.x, f.y);
         }
-        qa[s * (kWords / 2) + i / 2][i % 2] = v;
+        qb[s * (kWords / 2) + i / 2][i % 2] = v;
       }
     }
   }
@@ -737,13 +782,13 @@ __global__ void __launch_bounds__(kThreads, (TcGeometry<HD, K8, V8>::CTAS))
   if constexpr (G_::QSMEM) {
     if (warp == 0) {
 #pragma unroll
-      for (int k = 0; k < G_::KSTEPS; ++k) s_q[k * 32 + lane] = make_uint2(qa[k][0], qa[k][1]);
+      for (int k = 0; k < G_::KSTEPS; ++k) s_q[k * 32 + lane] = make_uint2(qb[k][0], qb[k][1]);
     }
   }
-  // q's A fragment of k-step k (register or shared memory).
+  // q's B fragment of k-step k (register or shared memory).
   auto q_frag = [&](int k) {
     if constexpr (G_::QSMEM) return s_q[k * 32 + lane];
-    return make_uint2(qa[k][0], qa[k][1]);
+    return make_uint2(qb[k][0], qb[k][1]);
   };
   const int wr = 16 * warp;  // the warp's first tile row
   for (int it = 0; it < ntiles; ++it) {
@@ -756,139 +801,166 @@ __global__ void __launch_bounds__(kThreads, (TcGeometry<HD, K8, V8>::CTAS))
     const uint8_t* st = smem + (it % kStages) * G_::STAGE;
     const float* s_ks = reinterpret_cast<const float*>(st + G_::STAGE_K + G_::STAGE_V);
     const float* s_vs = s_ks + kTcTile;
+    const int r0 = wr + g, r1 = wr + 8 + g;  // this lane's tile rows (tokens)
 
-    // S = Q . K^T for tokens wr + 8 nt + 2t + e (nt, e in {0, 1}).
-    float s[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
+    // S^T = K . Q^T over kChains independent accumulators.
+    float acc[kChains][4];
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
-      const int r = wr + 8 * nt + g;
-      const uint8_t* row = st + r * G_::KROW;
-      // head_dim 256 (q from shared memory): two spans at a time, so that the
-      // K chunk loads are not all hoisted into registers.
+    for (int c = 0; c < kChains; ++c) acc[c][0] = acc[c][1] = acc[c][2] = acc[c][3] = 0.0f;
+    const uint8_t* krow0 = st + r0 * G_::KROW;
+    const uint8_t* krow1 = st + r1 * G_::KROW;
+    // head_dim 256 (q from shared memory): two spans at a time, so that the
+    // K chunk loads are not all hoisted into registers.
 #pragma unroll(G_::QSMEM ? 2 : G_::KSPANS)
-      for (int sp = 0; sp < G_::KSPANS; ++sp) {
-        const uint4 x = *reinterpret_cast<const uint4*>(row + SwzK<G_::KCH>(r, 4 * sp + t) * 16);
-        if constexpr (!K8) {
-          const uint2 q0 = q_frag(2 * sp), q1 = q_frag(2 * sp + 1);
-          MmaRows8<kQkBf16>(s[nt], q0.x, q0.y, x.x, x.y);
-          MmaRows8<kQkBf16>(s[nt], q1.x, q1.y, x.z, x.w);
-        } else {
-          const uint32_t ws[4] = {x.x, x.y, x.z, x.w};
+    for (int sp = 0; sp < G_::KSPANS; ++sp) {
+      const uint4 x0 = *reinterpret_cast<const uint4*>(krow0 + SwzK<G_::KCH>(r0, 4 * sp + t) * 16);
+      const uint4 x1 = *reinterpret_cast<const uint4*>(krow1 + SwzK<G_::KCH>(r1, 4 * sp + t) * 16);
+      if constexpr (!K8) {
+        const uint2 q0 = q_frag(2 * sp), q1 = q_frag(2 * sp + 1);
+        Mma16816<kQkBf16>(acc[(2 * sp) % kChains], x0.x, x1.x, x0.y, x1.y, q0.x, q0.y);
+        Mma16816<kQkBf16>(acc[(2 * sp + 1) % kChains], x0.z, x1.z, x0.w, x1.w, q1.x, q1.y);
+      } else {
+        const uint32_t w0[4] = {x0.x, x0.y, x0.z, x0.w}, w1[4] = {x1.x, x1.y, x1.z, x1.w};
 #pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            const uint2 q = q_frag(4 * sp + j);
-            MmaRows8<false>(s[nt], q.x, q.y, Fp8x2ToH2(ws[j]), Fp8x2ToH2(ws[j] >> 16));
-          }
+        for (int j = 0; j < 4; ++j) {
+          uint32_t lo0, hi0, lo1, hi1;
+          Fp8x4ToH2x2(w0[j], lo0, hi0);
+          Fp8x4ToH2x2(w1[j], lo1, hi1);
+          const uint2 q = q_frag(4 * sp + j);
+          Mma16816<false>(acc[(4 * sp + j) % kChains], lo0, lo1, hi0, hi1, q.x, q.y);
         }
       }
     }
+    float s[4];  // tokens r0 (s[0], s[1]) and r1 (s[2], s[3]); heads 2t, 2t+1
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      s[i] = acc[0][i];
+#pragma unroll
+      for (int c = 1; c < kChains; ++c) s[i] += acc[c][i];
+    }
 
-    // Online softmax on the fragments: row g, this lane's 4 tokens.
-    float x[4];
-    float mt = -INFINITY;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int tr = wr + 8 * (i / 2) + 2 * t + (i % 2);  // tile row
-      float sc = p.q_scale;
-      if constexpr (K8) sc *= s_ks[tr];
-      x[i] = it * kTcTile + tr < n ? s[i / 2][i % 2] * sc : -INFINITY;
-      mt = fmaxf(mt, x[i]);
+    // Online softmax on the fragments.
+    float sc0 = p.q_scale, sc1 = p.q_scale;
+    if constexpr (K8) {
+      sc0 *= s_ks[r0];
+      sc1 *= s_ks[r1];
     }
-    mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 1));
-    mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 2));
-    const float m_new = fmaxf(m_run, mt);
-    const float m_use = m_new == -INFINITY ? 0.0f : m_new;
-    float alpha = exp2f(m_run - m_use);
-    m_run = m_new;
+    const bool in0 = tok0 + g < n, in1 = tok0 + 8 + g < n;
+    float x[4] = {in0 ? s[0] * sc0 : -INFINITY, in0 ? s[1] * sc0 : -INFINITY,
+                  in1 ? s[2] * sc1 : -INFINITY, in1 ? s[3] * sc1 : -INFINITY};
+    float alpha[2], m_use[2];
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      float mt = fmaxf(x[e], x[e + 2]);
+      mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 4));
+      mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 8));
+      mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 16));
+      const float m_new = fmaxf(m_run[e], mt);
+      m_use[e] = m_new == -INFINITY ? 0.0f : m_new;
+      alpha[e] = Exp2Ftz(m_run[e] - m_use[e]);
+      m_run[e] = m_new;
+    }
     float pr[4];
-    float sum = 0.0f;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      pr[i] = exp2f(x[i] - m_use);
-      sum += pr[i];
-    }
-    l_run = l_run * alpha + sum;
+    for (int i = 0; i < 4; ++i) pr[i] = Exp2Ftz(x[i] - m_use[i % 2]);
+#pragma unroll
+    for (int e = 0; e < 2; ++e) l_run[e] = l_run[e] * alpha[e] + (pr[e] + pr[e + 2]);
     if constexpr (V8) {
-      float vs[4];
-      float vt = 0.0f;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        vs[i] = s_vs[wr + 8 * (i / 2) + 2 * t + (i % 2)];  // 0 past the end (zero-filled)
-        vt = fmaxf(vt, vs[i]);
-      }
-      vt = fmaxf(vt, __shfl_xor_sync(0xffffffffu, vt, 1));
-      vt = fmaxf(vt, __shfl_xor_sync(0xffffffffu, vt, 2));
+      const float vs0 = s_vs[r0], vs1 = s_vs[r1];  // 0 past the end (zero-filled)
+      float vt = fmaxf(vs0, vs1);
+      vt = fmaxf(vt, __shfl_xor_sync(0xffffffffu, vt, 4));
+      vt = fmaxf(vt, __shfl_xor_sync(0xffffffffu, vt, 8));
+      vt = fmaxf(vt, __shfl_xor_sync(0xffffffffu, vt, 16));
       const float w_new = fmaxf(w_run, vt);  // the same in every lane
-      if (w_new > w_run) {
-        alpha *= w_run / w_new;  // O is kept in units of w
+      if (w_new > w_run) {  // then w_new > 0
+        rw = __fdividef(1.0f, w_new);
+        const float r = w_run * rw;  // O is kept in units of w
+        alpha[0] *= r;
+        alpha[1] *= r;
         w_run = w_new;
       }
-      const float rw = w_run > 0.0f ? 1.0f / w_run : 0.0f;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) pr[i] *= vs[i] * rw;
+      pr[0] *= vs0 * rw;
+      pr[1] *= vs0 * rw;
+      pr[2] *= vs1 * rw;
+      pr[3] *= vs1 * rw;
     }
-    if (__any_sync(0xffffffffu, alpha != 1.0f)) {
+    if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
 #pragma unroll
-      for (int i = 0; i < G_::NT; ++i) {
-        o[i][0] *= alpha;
-        o[i][1] *= alpha;
+      for (int i = 0; i < G_::MT; ++i) {
+        o[i][0] *= alpha[0];
+        o[i][1] *= alpha[1];
+        o[i][2] *= alpha[0];
+        o[i][3] *= alpha[1];
       }
     }
-    const uint32_t a0 = Pack2<kPvBf16>(pr[0], pr[1]);  // tokens 2t, 2t+1
-    const uint32_t a2 = Pack2<kPvBf16>(pr[2], pr[3]);  // tokens 8+2t, 9+2t
+    // P^T's B fragments: b0 = tokens 2t, 2t+1 of head g, b1 = tokens 2t+8, 2t+9.
+    const uint32_t pb0 = MovTrans(Pack2<kPvBf16>(pr[0], pr[1]));
+    const uint32_t pb1 = MovTrans(Pack2<kPvBf16>(pr[2], pr[3]));
 
-    // O += P . V
+    // O^T += V^T . P^T
     const uint8_t* vrows = st + G_::STAGE_K;
     if constexpr (!V8) {
+      // Matrices: tokens 0-7 / 8-15 (mi & 1) x chunk 2i / 2i+1 (mi >> 1).
       const int mi = lane >> 3, ri = lane & 7;
       const int r = wr + (mi & 1) * 8 + ri;
 #pragma unroll
-      for (int cp = 0; cp < G_::NT / 2; ++cp) {
-        uint32_t bf[4];
-        LdsmX4T(bf, vrows + r * G_::VROW + SwzV<false, G_::VCH>(r, 2 * cp + (mi >> 1)) * 16);
-        MmaRows8<kPvBf16>(o[2 * cp], a0, a2, bf[0], bf[1]);
-        MmaRows8<kPvBf16>(o[2 * cp + 1], a0, a2, bf[2], bf[3]);
+      for (int i = 0; i < G_::MT; ++i) {
+        uint32_t v[4];
+        LdsmX4T(v, vrows + r * G_::VROW + SwzV<false, G_::VCH>(r, 2 * i + (mi >> 1)) * 16);
+        Mma16816<kPvBf16>(o[i], v[0], v[2], v[1], v[3], pb0, pb1);
       }
     } else {
-      const int r0 = wr + 2 * t;
-      const int rows[4] = {r0, r0 + 1, r0 + 8, r0 + 9};
+      const int rv = wr + 2 * t;
+      const int rows[4] = {rv, rv + 1, rv + 8, rv + 9};
 #pragma unroll
       for (int sp = 0; sp < HD / 32; ++sp) {
-        uint32_t w[4];
+        uint32_t wv[4];
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-          w[i] = *reinterpret_cast<const uint32_t*>(
+          wv[i] = *reinterpret_cast<const uint32_t*>(
               vrows + rows[i] * G_::VROW + SwzV<true, G_::VCH>(rows[i], 2 * sp + (g >> 2)) * 16 +
               (g & 3) * 4);
         }
-        const uint32_t lo01 = __byte_perm(w[0], w[1], 0x5140), hi01 = __byte_perm(w[0], w[1], 0x7362);
-        const uint32_t lo23 = __byte_perm(w[2], w[3], 0x5140), hi23 = __byte_perm(w[2], w[3], 0x7362);
-        MmaRows8<false>(o[4 * sp + 0], a0, a2, Fp8x2ToH2(lo01), Fp8x2ToH2(lo23));
-        MmaRows8<false>(o[4 * sp + 1], a0, a2, Fp8x2ToH2(lo01 >> 16), Fp8x2ToH2(lo23 >> 16));
-        MmaRows8<false>(o[4 * sp + 2], a0, a2, Fp8x2ToH2(hi01), Fp8x2ToH2(hi23));
-        MmaRows8<false>(o[4 * sp + 3], a0, a2, Fp8x2ToH2(hi01 >> 16), Fp8x2ToH2(hi23 >> 16));
+        // Token pairs (2t, 2t+1) and (2t+8, 2t+9) of dims 4g, 4g+1 (first
+        // m-tile) and 4g+2, 4g+3 (second).
+        uint32_t a[2][4];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const uint32_t sel = h == 0 ? 0x5140 : 0x7362;
+          Fp8x4ToH2x2(__byte_perm(wv[0], wv[1], sel), a[h][0], a[h][1]);
+          Fp8x4ToH2x2(__byte_perm(wv[2], wv[3], sel), a[h][2], a[h][3]);
+          Mma16816<false>(o[2 * sp + h], a[h][0], a[h][1], a[h][2], a[h][3], pb0, pb1);
+        }
       }
     }
   }
   CpAsyncWait<0>();
   __syncthreads();  // the pipeline's shared memory is reused below
 
-  l_run += __shfl_xor_sync(0xffffffffu, l_run, 1);
-  l_run += __shfl_xor_sync(0xffffffffu, l_run, 2);
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    l_run[e] += __shfl_xor_sync(0xffffffffu, l_run[e], 4);
+    l_run[e] += __shfl_xor_sync(0xffffffffu, l_run[e], 8);
+    l_run[e] += __shfl_xor_sync(0xffffffffu, l_run[e], 16);
+  }
   float* s_acc = reinterpret_cast<float*>(smem);  // [kWarps][kTcRows][HD]
   float* s_ml = s_acc + kWarps * kTcRows * HD;    // [kWarps][kTcRows][2]
   const float wscale = V8 ? w_run : 1.0f;
 #pragma unroll
-  for (int i = 0; i < G_::NT; ++i) {
+  for (int i = 0; i < G_::MT; ++i) {
 #pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int d = V8 ? (i / 4) * 32 + 4 * (2 * t + e) + (i % 4) : 8 * i + 2 * t + e;
-      s_acc[(warp * kTcRows + g) * HD + d] = o[i][e] * wscale;
+    for (int e = 0; e < 4; ++e) {
+      const int head = 2 * t + (e & 1), hi = e >> 1;  // hi: row g + 8
+      const int d = V8 ? (i / 2) * 32 + 4 * g + 2 * (i % 2) + hi : 16 * i + 8 * hi + g;
+      s_acc[(warp * kTcRows + head) * HD + d] = o[i][e] * wscale;
     }
   }
-  if (t == 0) {
-    s_ml[(warp * kTcRows + g) * 2] = m_run;
-    s_ml[(warp * kTcRows + g) * 2 + 1] = l_run;
+  if (g == 0) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      s_ml[(warp * kTcRows + 2 * t + e) * 2] = m_run[e];
+      s_ml[(warp * kTcRows + 2 * t + e) * 2 + 1] = l_run[e];
+    }
   }
   __syncthreads();
   MergeWarpsToWorkspace<HD, kTcRows, BF16>(p, s_acc, s_ml, G, b, kvh, w.part, tid);
@@ -1034,6 +1106,14 @@ absl::StatusOr<AttnParams> PrepareAttention(const PagedKvLayout& cache,
   if (p.batch > 65535) return absl::InvalidArgumentError("attention: batch > 65535");
   if (cache.num_kv_heads > 2147483647u) {
     return absl::InvalidArgumentError("attention: num_kv_heads too large");
+  }
+  // The kernels' row offsets are 32x32->64-bit products (CtaPartition).
+  constexpr int64_t kMaxStride = int64_t{1} << 32;
+  if (cache.stride_block < 0 || cache.stride_block >= kMaxStride || cache.stride_token < 0 ||
+      cache.stride_token * (bs - 1) >= kMaxStride) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("attention: stride_block = ", cache.stride_block, ", stride_token = ",
+                     cache.stride_token, "; both must be below 2^32 elements within a block"));
   }
   AttnParams a{};
   a.cache = cache;
