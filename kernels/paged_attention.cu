@@ -81,6 +81,17 @@ struct AttnParams {
   AttentionKernel kernel;  // host side only
 };
 
+// Threads of the tile loader (LoadKvTile) that share a token's K and V rows
+// of kch and vch 16-byte chunks: 8, so that a warp's copy moves whole
+// 128-byte lines, or all of a shorter row's chunks. (H200, tensor-core
+// kernel, b32 ctx8K: with 4, i.e. half lines and half the address
+// arithmetic, BF16 ran 1.24x and K16/V8 1.13x slower, FP8 1.02x;
+// bench/results/h200-2026-11-24-kernels.md.)
+constexpr int LoaderThreadsPerToken(int kch, int vch) {
+  const int shorter = kch < vch ? kch : vch;
+  return shorter < 8 ? shorter : 8;
+}
+
 // Compile-time geometry of one instantiation.
 template <int HD, int GP, bool K8, bool V8>
 struct Geometry {
@@ -93,8 +104,7 @@ struct Geometry {
   static constexpr int KB = K8 ? 1 : 2, VB = V8 ? 1 : 2;  // bytes per element
   static constexpr int KROW = HD * KB, VROW = HD * VB;    // bytes per row
   static constexpr int KCH = KROW / 16, VCH = VROW / 16;  // 16-byte chunks per row
-  // Tile loader: threads per token (whole 128-byte lines per warp copy).
-  static constexpr int TPR = KCH < 8 || VCH < 8 ? (KCH < VCH ? KCH : VCH) : 8;
+  static constexpr int TPR = LoaderThreadsPerToken(KCH, VCH);
   static constexpr int STAGE_K = kTile * KROW;
   static constexpr int STAGE_V = kTile * VROW;
   static constexpr int STAGE = STAGE_K + STAGE_V + 2 * kTile * 4;  // rows + K, V scales
@@ -591,10 +601,7 @@ struct TcGeometry {
   static constexpr int KROW = HD * KB, VROW = HD * VB;
   static constexpr int KCH = KROW / 16, VCH = VROW / 16;
   static constexpr int KE = 16 / KB;       // dims per 16-byte K chunk
-  // Tile loader: threads per token, 8 so that a warp's copy moves whole
-  // 128-byte lines (H200, b32 ctx 8K: with 4, i.e. half lines and half the
-  // address arithmetic, BF16 ran 1.24x and K16/V8 1.13x slower, FP8 1.02x).
-  static constexpr int TPR = KCH < 8 || VCH < 8 ? (KCH < VCH ? KCH : VCH) : 8;
+  static constexpr int TPR = LoaderThreadsPerToken(KCH, VCH);
   static constexpr int KSPANS = KCH / 4;   // chunk groups read by the 4 lanes of a quad
   static constexpr int KSTEPS = HD / 16;   // mma k-steps of q.k
   static constexpr int MT = HD / 16;       // mma m-tiles of O^T
@@ -608,11 +615,11 @@ struct TcGeometry {
   static constexpr int QBYTES = QSMEM ? KSTEPS * 32 * 8 : 0;
   // CTAs per SM and pipeline depth from the shared memory of an SM: 3 CTAs
   // when 3 stages each fit (FP8, head_dim 64), else 2 CTAs with as many
-  // stages as fit (at least 2). Run 5a (kTcInFlightBytes = 48 KB: 3 stages,
-  // K16/V8 limited to 2 CTAs by shared memory anyway) had K16/V8 behind FP8.
+  // stages as fit (at least 2); a fixed 48 KB in flight (3 stages) left
+  // K16/V8 behind FP8 on the H100 (bench/results/kernels-h100.md).
   static constexpr int STAGES3 = (kTcSmemPerSm / 3 - kTcStaticSmem - QBYTES) / STAGE;
-  // (H200: 3 CTAs of 2 stages for BF16 and K16/V8, which the registers now
-  // allow, ran 1.01x and 1.06x slower than 2 CTAs of 3 and 4 stages.)
+  // (H200: 3 CTAs of 2 stages for BF16 and K16/V8, which their registers
+  // would allow, run 1.01x and 1.06x slower than 2 CTAs of 3 and 4 stages.)
   static constexpr int CTAS = STAGES3 >= 3 ? 3 : 2;
   static constexpr int STAGES2 = (kTcSmemPerSm / 2 - kTcStaticSmem - QBYTES) / STAGE;
   static constexpr int STAGES = CTAS == 3 ? STAGES3 : (STAGES2 >= 2 ? STAGES2 : 2);

@@ -39,6 +39,14 @@ struct SectionArgs {
   uint64_t payload;       // per layer, unpadded data bytes
   uint64_t scale_count;   // per layer
   uint64_t scale_bytes;   // per layer, padded
+
+  // Layer `layer`'s record of the section in `chunk`: codes, then scales.
+  __device__ uint8_t* LayerBase(uint8_t* chunk, uint32_t layer) const {
+    return chunk + offset + layer_stride * layer;
+  }
+  __device__ float* LayerScales(uint8_t* chunk, uint32_t layer) const {
+    return reinterpret_cast<float*>(LayerBase(chunk, layer) + data_bytes);
+  }
 };
 
 struct alignas(16) Header128 {
@@ -445,7 +453,7 @@ __device__ __forceinline__ bool EncodeQuantSections(
   for (int s = 0; s < 2; ++s) {
     if (!quant[s]) continue;
     const SectionArgs& sa = p.sec[s];
-    uint8_t* layer_base = p.chunk + sa.offset + sa.layer_stride * layer;
+    uint8_t* layer_base = sa.LayerBase(p.chunk, layer);
     float* scales = reinterpret_cast<float*>(layer_base + sa.data_bytes);
     const float qmax = codec::QMax(sa.qdtype);
     // Written by LayerAmaxKernel earlier on the stream; cleared by this
@@ -537,7 +545,7 @@ __device__ __forceinline__ void MoveStage(const CodecParams& p, const CodecStage
   for (int s = 0; s < 2; ++s) {
     const SectionArgs& sa = p.sec[s];
     if (sa.mode != Mode::kQuant) continue;
-    uint8_t* layer_base = p.chunk + sa.offset + sa.layer_stride * layer;
+    uint8_t* layer_base = sa.LayerBase(p.chunk, layer);
     const uint32_t bits = sa.qdtype == DType::kINT4 ? 4 : 8;
     const uint32_t row_bytes = g * HD * bits / 8;  // a token's codes of the CTA's heads
     static_assert(HD * 4 / 8 % 16 == 0, "an INT4 row is whole 16-byte vectors");
@@ -685,7 +693,7 @@ __global__ void __launch_bounds__(kThreads * (kGeneral ? kMaxHeadsPerCta<HD, BS>
 #pragma unroll
   for (int s = 0; s < 2; ++s) {
     const SectionArgs& sa = p.sec[s];
-    uint8_t* layer_base = p.chunk + sa.offset + sa.layer_stride * layer;
+    uint8_t* layer_base = sa.LayerBase(p.chunk, layer);
     if (sa.mode == Mode::kCopy16) {
 #pragma unroll
       for (int i = 0; i < T::kPerThread; ++i) {
@@ -810,15 +818,14 @@ __global__ void __launch_bounds__(kThreads * (kGeneral ? kMaxHeadsPerCta<HD, BS>
   // stage's reads, so that their latency (a PCIe round trip for a chunk in
   // host memory) overlaps the codes'; one request per head instead of one
   // per warp (each a PCIe read of its own when the chunk is in host memory).
-  __shared__ float s_group[2][kGeneral ? kMaxHeadsPerCta<HD, BS> : 1];
   float group[2] = {1.0f, 1.0f};
   if constexpr (kGeneral) {
+    __shared__ float s_group[2][kMaxHeadsPerCta<HD, BS>];
     if (threadIdx.x < 2) {
       const SectionArgs& sa = p.sec[threadIdx.x];
       float v = 1.0f;
       if (sa.mode == Mode::kQuant) {
-        const float* scales = reinterpret_cast<const float*>(
-            p.chunk + sa.offset + sa.layer_stride * layer + sa.data_bytes);
+        const float* scales = sa.LayerScales(p.chunk, layer);
         if (sa.gran == ScaleGranularity::kPerTensor) v = __ldg(scales);
         if (sa.gran == ScaleGranularity::kPerBlockHead) v = __ldg(scales + uint64_t{cb} * H + head);
       }
@@ -838,7 +845,7 @@ __global__ void __launch_bounds__(kThreads * (kGeneral ? kMaxHeadsPerCta<HD, BS>
 #pragma unroll
   for (int s = 0; s < 2; ++s) {
     const SectionArgs& sa = p.sec[s];
-    const uint8_t* layer_base = p.chunk + sa.offset + sa.layer_stride * layer;
+    const uint8_t* layer_base = sa.LayerBase(p.chunk, layer);
     if constexpr (kGeneral) {
       if (sa.mode == Mode::kQuant) {
         const float* scales = reinterpret_cast<const float*>(layer_base + sa.data_bytes);
