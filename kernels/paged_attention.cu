@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "kernels/cuda_status.h"
+#include "kernels/device_copy.cuh"
 #include "kernels/dispatch.h"
 
 // Design (FlashDecoding / FlashInfer style; numbers for Llama-3.1-8B shapes):
@@ -123,23 +124,6 @@ struct Geometry {
                 "every thread issues the same number of 16-byte copies per tile");
   static_assert(STAGE_K % 16 == 0 && STAGE % 16 == 0, "16-byte aligned stages");
 };
-
-__device__ __forceinline__ void CpAsync16(void* dst, const void* src, bool valid) {
-  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
-  // src-size 0 fills the 16 bytes with zeros (rows past the sequence end).
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src),
-               "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void CpAsync4(void* dst, const void* src, bool valid) {
-  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(src),
-               "r"(valid ? 4 : 0));
-}
-__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void CpAsyncWait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
 
 template <bool BF16>
 __device__ __forceinline__ float2 Unpack16x2(uint32_t w) {

@@ -39,6 +39,34 @@ std::string Name(const Case& c) {
          std::to_string(c.first_slot) + (c.pinned_dst ? "/pinned" : "");
 }
 
+// Decodes layers `r` of `chunk` (device memory, or mapped pinned host memory:
+// the two decode paths) into a cache poisoned with `poison` and checks it
+// against the CPU reference's decode of `want` into the same poisoned cache.
+void CheckDecode(const Case& c, const PagedKvLayout& layout, const std::vector<uint8_t>& want,
+                 const uint8_t* chunk, const BlockSpan& host_span, const BlockSpan& dev_span,
+                 LayerRange r, uint8_t poison) {
+  auto header = codec::VerifyChunk(want);
+  ASSERT_TRUE(header.ok()) << header.status();
+  HostCache expect, gpu_out;
+  expect.Init(c.kind, layout);
+  gpu_out.Init(c.kind, layout);
+  expect.Poison(poison);
+  gpu_out.Poison(poison);
+  DeviceCache dst;
+  KVTIER_ASSERT_CUDA(dst.Upload(expect));
+  ASSERT_TRUE(ReferenceDecodeScatter(want, expect.layout, host_span, r).ok());
+  absl::Status st = DecodeScatter(*header, chunk, dst.layout, dev_span, r, nullptr);
+  ASSERT_TRUE(st.ok()) << st;
+  KVTIER_ASSERT_CUDA(cudaDeviceSynchronize());
+  KVTIER_ASSERT_CUDA(dst.CopyTo(gpu_out));
+  for (uint32_t l = 0; l < c.layers; ++l) {
+    ASSERT_EQ(gpu_out.k_tensors[l], expect.k_tensors[l]) << "layer " << l;
+    if (!gpu_out.v_tensors.empty()) ASSERT_EQ(gpu_out.v_tensors[l], expect.v_tensors[l]);
+    if (!gpu_out.v_scales.empty()) ASSERT_EQ(gpu_out.v_scales[l], expect.v_scales[l]);
+    if (!gpu_out.k_scales.empty()) ASSERT_EQ(gpu_out.k_scales[l], expect.k_scales[l]);
+  }
+}
+
 // Returns the host chunk produced by the GPU (sealed) and checks decode+scatter.
 void RunCase(const Case& c, bool inject_non_finite = false) {
   SCOPED_TRACE(Name(c));
@@ -141,30 +169,23 @@ void RunCase(const Case& c, bool inject_non_finite = false) {
                                 cudaMemcpyDeviceToHost));
   for (size_t i = 0; i < ws_after.size(); ++i) ASSERT_EQ(ws_after[i], 0u) << "workspace word " << i;
 
-  // Decode+scatter into a poisoned cache, on the GPU and on the CPU.
-  HostCache expect, gpu_out;
-  expect.Init(c.kind, *layout);
-  gpu_out.Init(c.kind, *layout);
-  expect.Poison(0x5C);
-  gpu_out.Poison(0x5C);
-  DeviceCache dst;
-  KVTIER_ASSERT_CUDA(dst.Upload(expect));
-  ASSERT_TRUE(ReferenceDecodeScatter(*want, expect.layout, host_span).ok());
-  auto header = codec::VerifyChunk(*want);
-  ASSERT_TRUE(header.ok());
+  // Decode+scatter into a poisoned cache, on the GPU and on the CPU, from
+  // device memory and from mapped pinned host memory.
   uint8_t* d_src = nullptr;
+  uint8_t* h_src = nullptr;
+  uint8_t* hd_src = nullptr;
   KVTIER_ASSERT_CUDA(cudaMalloc(&d_src, bytes));
   KVTIER_ASSERT_CUDA(cudaMemcpy(d_src, want->data(), bytes, cudaMemcpyHostToDevice));
-  absl::Status st = DecodeScatter(*header, d_src, dst.layout, dev_span, nullptr);
-  ASSERT_TRUE(st.ok()) << st;
-  KVTIER_ASSERT_CUDA(cudaDeviceSynchronize());
-  KVTIER_ASSERT_CUDA(dst.CopyTo(gpu_out));
-  for (uint32_t l = 0; l < c.layers; ++l) {
-    ASSERT_EQ(gpu_out.k_tensors[l], expect.k_tensors[l]) << "layer " << l;
-    if (!gpu_out.v_tensors.empty()) ASSERT_EQ(gpu_out.v_tensors[l], expect.v_tensors[l]);
-    if (!gpu_out.v_scales.empty()) ASSERT_EQ(gpu_out.v_scales[l], expect.v_scales[l]);
-    if (!gpu_out.k_scales.empty()) ASSERT_EQ(gpu_out.k_scales[l], expect.k_scales[l]);
+  KVTIER_ASSERT_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&h_src), bytes, cudaHostAllocMapped));
+  std::memcpy(h_src, want->data(), bytes);
+  KVTIER_ASSERT_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&hd_src), h_src, 0));
+  for (const uint8_t* src : {static_cast<const uint8_t*>(d_src), static_cast<const uint8_t*>(hd_src)}) {
+    SCOPED_TRACE(src == d_src ? "decode from device memory" : "decode from pinned host memory");
+    CheckDecode(c, *layout, *want, src, host_span, dev_span, LayerRange{}, 0x5C);
+    if (::testing::Test::HasFatalFailure()) return;
   }
+  auto header = codec::VerifyChunk(*want);
+  ASSERT_TRUE(header.ok());
 
   // Layer ranges: the chunk encoded range by range is the single launch's
   // chunk; a range alone writes exactly its layers' records; a range decode
@@ -221,26 +242,16 @@ void RunCase(const Case& c, bool inject_non_finite = false) {
                                   cudaMemcpyDeviceToHost));
     for (size_t i = 0; i < ws_after.size(); ++i) ASSERT_EQ(ws_after[i], 0u) << "workspace word " << i;
 
-    HostCache expect_r, gpu_r;
-    expect_r.Init(c.kind, *layout);
-    gpu_r.Init(c.kind, *layout);
-    expect_r.Poison(0x3A);
-    gpu_r.Poison(0x3A);
-    DeviceCache dst_r;
-    KVTIER_ASSERT_CUDA(dst_r.Upload(expect_r));
     const LayerRange mid = split[1];
-    ASSERT_TRUE(ReferenceDecodeScatter(*want, expect_r.layout, host_span, mid).ok());
-    rs = DecodeScatter(*header, d_src, dst_r.layout, dev_span, mid, nullptr);
-    ASSERT_TRUE(rs.ok()) << rs;
-    KVTIER_ASSERT_CUDA(cudaDeviceSynchronize());
-    KVTIER_ASSERT_CUDA(dst_r.CopyTo(gpu_r));
-    for (uint32_t l = 0; l < c.layers; ++l) {
-      ASSERT_EQ(gpu_r.k_tensors[l], expect_r.k_tensors[l]) << "range decode, layer " << l;
-      if (!gpu_r.v_tensors.empty()) ASSERT_EQ(gpu_r.v_tensors[l], expect_r.v_tensors[l]);
-      if (!gpu_r.v_scales.empty()) ASSERT_EQ(gpu_r.v_scales[l], expect_r.v_scales[l]);
+    for (const uint8_t* src : {static_cast<const uint8_t*>(d_src), static_cast<const uint8_t*>(hd_src)}) {
+      SCOPED_TRACE(src == d_src ? "range decode from device memory"
+                                : "range decode from pinned host memory");
+      CheckDecode(c, *layout, *want, src, host_span, dev_span, mid, 0x3A);
+      if (::testing::Test::HasFatalFailure()) return;
     }
   }
   cudaFree(d_src);
+  cudaFreeHost(h_src);
   cudaFree(d_ids);
   cudaFree(ws);
   if (c.pinned_dst) {
