@@ -926,8 +926,10 @@ __global__ void __launch_bounds__(kThreads)
 // (bench/results/h200-2026-11-24-kernels.md).
 
 // Most 16-byte vectors of codes a thread loads for one tile: a tile is
-// BS x heads_per_cta rows of HD codes per section, at most 16 bits each, over
-// kThreads x heads_per_cta threads.
+// BS x heads_per_cta rows of HD codes per section, over kThreads x
+// heads_per_cta threads. Counted as two 16-bit sections: a launch of this
+// kernel has a kQuant section (at most 8 bits), and the other 8 bits a code
+// cover the at most 2 x 7 slots HostCodeVec places before the runs.
 template <int HD, int BS>
 inline constexpr int kHostVecsPerThread = (BS * HD * 2 * 2 / 16 + kThreads - 1) / kThreads;
 
@@ -939,9 +941,14 @@ struct HostTileRegs {
   float group[2];
 };
 
-// Where this thread's j-th code vector of the tile at `at` lies: section s,
-// source in the chunk and destination offset in the stage; false past the
-// tile's end.
+// Where this thread's j-th code vector of the tile at `at` lies: source in
+// the chunk and destination offset in the stage; false for none (past the
+// tile's end, or a slot before a section's run).
+// With all kv heads in the CTA a section's tile is one run of nt * H rows;
+// its slots start at the run's 128-byte line, `lead` slots before the run,
+// so that every warp's 32 vectors are four whole lines even where the layer
+// record is not line-aligned (per-tensor sections: a record is its codes and
+// 16 bytes of scale), not five partial ones.
 template <int HD, int BS>
 __device__ __forceinline__ bool HostCodeVec(const CodecParams& p,
                                             const typename Tile<HD, BS>::Coords& at, int j,
@@ -952,13 +959,16 @@ __device__ __forceinline__ bool HostCodeVec(const CodecParams& p,
 #pragma unroll
   for (int s = 0; s < 2; ++s) {
     const uint32_t rb = hs.row_bytes[s], row = g * rb, row_vecs = row / 16;
-    if (f < at.nt * row_vecs) {
-      const uint32_t t = f / row_vecs, o = f % row_vecs;
-      *src = p.sec[s].LayerBase(p.chunk, at.layer) + (uint64_t{at.t0 + t} * at.H + h0) * rb + o * 16;
+    const uint8_t* run = p.sec[s].LayerBase(p.chunk, at.layer) + (uint64_t{at.t0} * at.H + h0) * rb;
+    const uint32_t lead = g == at.H ? reinterpret_cast<uintptr_t>(run) % 128 / 16 : 0;
+    if (f < lead + at.nt * row_vecs) {
+      if (f < lead) return false;
+      const uint32_t v = f - lead, t = v / row_vecs, o = v % row_vecs;
+      *src = run + uint64_t{t} * at.H * rb + o * 16;
       *dst = hs.codes[s] + t * row + o * 16;
       return true;
     }
-    f -= at.nt * row_vecs;
+    f -= lead + at.nt * row_vecs;
   }
   return false;
 }
