@@ -920,10 +920,10 @@ __global__ void __launch_bounds__(kThreads)
 // ordinary loads (all issued before any is used), stores them into a stage
 // in shared memory (HostStage), and scatters from there: each thread then
 // dequantizes whole vectors of one head's row. cp.async copies from host
-// memory went over PCIe as partial-line requests (H200: 2.7 sectors a
-// request instead of 4, 1.5x the requests), and persistent CTAs that load
-// tile k + 1 while they scatter tile k were slower than one CTA a tile
-// (bench/results/h200-2026-11-24-kernels.md).
+// memory go over PCIe as partial-line requests (H200: 2.7 sectors a request
+// instead of 4, 1.5x the requests), and persistent CTAs that load tile k + 1
+// while they scatter tile k measure slower than one CTA a tile
+// (bench/results/h200-2026-11-24-kernels-run14-decode-variants.txt).
 
 // Most 16-byte vectors of codes a thread loads for one tile: a tile is
 // BS x heads_per_cta rows of HD codes per section, over kThreads x
