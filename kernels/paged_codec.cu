@@ -1423,7 +1423,7 @@ absl::Status DecodeScatter(const codec::ChunkHeader& header, const uint8_t* chun
                            LayerRange layers, cudaStream_t stream) {
   KVTIER_ASSIGN_OR_RETURN(CodecParams p, PrepareDecode(header, chunk, cache, blocks, layers));
   // Chunks in device memory, and in host memory without a kQuant section
-  // (DecodeScatterKernel's direct loads reach 0.92 of a pinned memcpy there).
+  // (DecodeScatterKernel's direct loads reach 0.91-0.92 of a pinned memcpy there).
   if (NeedsGeneral(p)) {
     KVTIER_ASSIGN_OR_RETURN(const bool host_chunk, IsHostMemory(p.chunk));
     if (host_chunk) return LaunchDecodeFromHost(p, stream);
