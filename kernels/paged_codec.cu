@@ -995,7 +995,9 @@ __device__ __forceinline__ void LoadHostTile(const CodecParams& p,
   for (int j = 0; j < kHostVecsPerThread<HD, BS>; ++j) {
     const uint8_t* src;
     uint32_t dst;
-    if (HostCodeVec<HD, BS>(p, at, j, &src, &dst)) r.codes[j] = __ldg(reinterpret_cast<const uint4*>(src));
+    if (HostCodeVec<HD, BS>(p, at, j, &src, &dst)) {
+      r.codes[j] = __ldg(reinterpret_cast<const uint4*>(src));
+    }
   }
 #pragma unroll
   for (int s = 0; s < 2; ++s) {
@@ -1007,7 +1009,8 @@ __device__ __forceinline__ void LoadHostTile(const CodecParams& p,
       if (TokenScaleVectors(p, run, at.nt)) {
         if (tid < at.nt * g / 4) r.token[s] = __ldg(reinterpret_cast<const uint4*>(run) + tid);
       } else if (tid < at.nt * g) {
-        r.token[s].x = __float_as_uint(__ldg(scales + uint64_t{at.t0 + tid / g} * H + h0 + tid % g));
+        const float* scale = scales + uint64_t{at.t0 + tid / g} * H + h0 + tid % g;
+        r.token[s].x = __float_as_uint(__ldg(scale));
       }
     } else if (quant && sa.gran == ScaleGranularity::kPerTensor) {
       if (tid == 0) r.group[s] = __ldg(scales);
@@ -1029,7 +1032,9 @@ __device__ __forceinline__ void StageHostTile(const CodecParams& p,
   for (int j = 0; j < kHostVecsPerThread<HD, BS>; ++j) {
     const uint8_t* src;
     uint32_t dst;
-    if (HostCodeVec<HD, BS>(p, at, j, &src, &dst)) *reinterpret_cast<uint4*>(buf + dst) = r.codes[j];
+    if (HostCodeVec<HD, BS>(p, at, j, &src, &dst)) {
+      *reinterpret_cast<uint4*>(buf + dst) = r.codes[j];
+    }
   }
 #pragma unroll
   for (int s = 0; s < 2; ++s) {
@@ -1038,7 +1043,9 @@ __device__ __forceinline__ void StageHostTile(const CodecParams& p,
     if (quant && sa.gran == ScaleGranularity::kPerTokenHead) {
       const float* run = sa.LayerScales(p.chunk, at.layer) + uint64_t{at.t0} * at.H;
       if (TokenScaleVectors(p, run, at.nt)) {
-        if (tid < at.nt * g / 4) reinterpret_cast<uint4*>(buf + hs.token_scales[s])[tid] = r.token[s];
+        if (tid < at.nt * g / 4) {
+          reinterpret_cast<uint4*>(buf + hs.token_scales[s])[tid] = r.token[s];
+        }
       } else if (tid < at.nt * g) {
         reinterpret_cast<uint32_t*>(buf + hs.token_scales[s])[tid] = r.token[s].x;
       }
@@ -1095,7 +1102,8 @@ __device__ __forceinline__ void ScatterHostTile(const CodecParams& p,
       }
       const float scale =
           token[s] ? reinterpret_cast<const float*>(buf + hs.token_scales[s])[t * g + y] : group[s];
-      const int64_t e = s == 0 ? c.k_elem(bs.x, bs.y, at.head, d) : c.v_elem(bs.x, bs.y, at.head, d);
+      const int64_t e =
+          s == 0 ? c.k_elem(bs.x, bs.y, at.head, d) : c.v_elem(bs.x, bs.y, at.head, d);
       StoreToCache<true>(p, s, at.layer, e, w, scale);
     }
   }

@@ -179,7 +179,8 @@ void RunCase(const Case& c, bool inject_non_finite = false) {
   KVTIER_ASSERT_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&h_src), bytes, cudaHostAllocMapped));
   std::memcpy(h_src, want->data(), bytes);
   KVTIER_ASSERT_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&hd_src), h_src, 0));
-  for (const uint8_t* src : {static_cast<const uint8_t*>(d_src), static_cast<const uint8_t*>(hd_src)}) {
+  const uint8_t* const sources[] = {d_src, hd_src};
+  for (const uint8_t* src : sources) {
     SCOPED_TRACE(src == d_src ? "decode from device memory" : "decode from pinned host memory");
     CheckDecode(c, *layout, *want, src, host_span, dev_span, LayerRange{}, 0x5C);
     if (::testing::Test::HasFatalFailure()) return;
@@ -243,7 +244,7 @@ void RunCase(const Case& c, bool inject_non_finite = false) {
     for (size_t i = 0; i < ws_after.size(); ++i) ASSERT_EQ(ws_after[i], 0u) << "workspace word " << i;
 
     const LayerRange mid = split[1];
-    for (const uint8_t* src : {static_cast<const uint8_t*>(d_src), static_cast<const uint8_t*>(hd_src)}) {
+    for (const uint8_t* src : sources) {
       SCOPED_TRACE(src == d_src ? "range decode from device memory"
                                 : "range decode from pinned host memory");
       CheckDecode(c, *layout, *want, src, host_span, dev_span, mid, 0x3A);
