@@ -32,7 +32,7 @@ enum class Mode : uint32_t {
 struct SectionArgs {
   Mode mode;
   DType qdtype;                 // kQuant: kFP8E4M3, kINT8 or kINT4
-  ScaleGranularity gran;        // kQuant: the section's scale granularity
+  ScaleGranularity gran;        // the section's scales (kNone: 16-bit; kFp8 / kPass8: block-head)
   uint64_t offset;        // section start, from the chunk start
   uint64_t layer_stride;  // bytes per layer record
   uint64_t data_bytes;    // per layer, padded
@@ -373,6 +373,15 @@ __device__ void ZeroPadding(uint8_t* layer, const SectionArgs& s) {
 template <int HD, int BS>
 inline constexpr int kMaxHeadsPerCta = 16384 / (BS * HD) >= 8 ? 8
                                        : 16384 / (BS * HD) >= 1 ? 16384 / (BS * HD) : 1;
+
+// Kv heads of a CTA with a chunk in host memory: the most, up to
+// kMaxHeadsPerCta, that divide the `kv_heads`.
+template <int HD, int BS>
+uint32_t HostHeadsPerCta(uint32_t kv_heads) {
+  uint32_t g = std::min<uint32_t>(kMaxHeadsPerCta<HD, BS>, kv_heads);
+  while (kv_heads % g != 0) --g;
+  return g;
+}
 
 // The stage in dynamic shared memory of a CTA of `g` heads: codes
 // [section][token][head in the CTA][code bytes of a row] (INT4 rows half as
@@ -860,13 +869,12 @@ __global__ void __launch_bounds__(kThreads)
     const SectionArgs& sa = p.sec[s];
     const uint8_t* layer_base = sa.LayerBase(p.chunk, layer);
     const float* scales = sa.LayerScales(p.chunk, layer);
-    const bool token = kGeneral && sa.mode == Mode::kQuant &&
-                       sa.gran == ScaleGranularity::kPerTokenHead;
+    const bool token = kGeneral && sa.gran == ScaleGranularity::kPerTokenHead;
     const bool int4 = kGeneral && sa.mode == Mode::kQuant && sa.qdtype == DType::kINT4;
     float group = 1.0f;
-    if (kGeneral && sa.mode == Mode::kQuant && sa.gran == ScaleGranularity::kPerTensor) {
+    if (kGeneral && sa.gran == ScaleGranularity::kPerTensor) {
       group = __ldg(scales);
-    } else if (sa.mode != Mode::kCopy16 && !token) {
+    } else if (sa.gran == ScaleGranularity::kPerBlockHead) {
       group = __ldg(scales + uint64_t{cb} * H + head);
     }
 #pragma unroll
@@ -1071,13 +1079,12 @@ __device__ __forceinline__ void ScatterHostTile(const CodecParams& p,
   bool token[2];
 #pragma unroll
   for (int s = 0; s < 2; ++s) {
-    const SectionArgs& sa = p.sec[s];
-    const bool quant = sa.mode == Mode::kQuant;
-    token[s] = quant && sa.gran == ScaleGranularity::kPerTokenHead;
+    const ScaleGranularity gran = p.sec[s].gran;
+    token[s] = gran == ScaleGranularity::kPerTokenHead;
     const float* gs = reinterpret_cast<const float*>(buf + hs.group[s]);
-    group[s] = sa.mode == Mode::kCopy16 || token[s]                     ? 1.0f
-               : quant && sa.gran == ScaleGranularity::kPerTensor ? gs[0]
-                                                                          : gs[y];
+    group[s] = gran == ScaleGranularity::kPerTensor      ? gs[0]
+               : gran == ScaleGranularity::kPerBlockHead ? gs[y]
+                                                         : 1.0f;
   }
 #pragma unroll
   for (int i = 0; i < T::kPerThread; ++i) {
@@ -1226,26 +1233,20 @@ absl::StatusOr<CodecParams> Prepare(const codec::ChunkSpec& spec, const codec::C
 
 using KernelFn = void (*)(CodecParams);
 
-// kStaged: with a chunk in host memory, the general kernel serves
-// kMaxHeadsPerCta kv heads a CTA (blockDim.y) and takes a CodecStage in
-// dynamic shared memory.
 template <int HD, int BS>
 struct EncodeK {
   static constexpr KernelFn fast = GatherEncodeKernel<HD, BS, false>;
   static constexpr KernelFn general = GatherEncodeKernel<HD, BS, true>;
-  static constexpr bool kStaged = true;
 };
 template <int HD, int BS>
 struct DecodeK {  // no kQuant section, or a chunk in device memory (else LaunchDecodeFromHost)
   static constexpr KernelFn fast = DecodeScatterKernel<HD, BS, false>;
   static constexpr KernelFn general = DecodeScatterKernel<HD, BS, true>;
-  static constexpr bool kStaged = false;
 };
 template <int HD, int BS>
 struct AmaxK {
   static constexpr KernelFn fast = LayerAmaxKernel<HD, BS>;
   static constexpr KernelFn general = LayerAmaxKernel<HD, BS>;
-  static constexpr bool kStaged = false;
 };
 
 // Runs `query` (CUDA calls that are not stream operations: pointer and
@@ -1276,21 +1277,20 @@ bool NeedsGeneral(const CodecParams& p) {
 
 // The one dispatch point: runtime head_dim and block size (kernels/dispatch.h)
 // to an instantiation of Kernel (a struct template with `fast` and `general`
-// kernels).
+// kernels). `staged`: a general encode into host memory, whose CTAs serve
+// HostHeadsPerCta kv heads (blockDim.y) and take a CodecStage in dynamic
+// shared memory; else one head a CTA.
 template <template <int, int> class Kernel>
-absl::Status Launch(CodecParams p, bool host_chunk, cudaStream_t stream) {
+absl::Status Launch(CodecParams p, bool staged, cudaStream_t stream) {
   const bool general = NeedsGeneral(p);
-  // Heads per CTA: for a staged launch (a chunk in host memory) the most the
-  // kernel allows that divide the kv heads, else one.
   const uint32_t H = p.cache.num_kv_heads;
   KernelFn fn = nullptr;
   uint32_t g = 1, smem = 0;
   KVTIER_RETURN_IF_ERROR(KVTIER_DISPATCH_HEAD_DIM(p.cache.head_dim, HD, {
     return KVTIER_DISPATCH_CODEC_BLOCK_SIZE(p.cache.block_size, BS, {
       fn = general ? Kernel<HD, BS>::general : Kernel<HD, BS>::fast;
-      if (general && host_chunk && Kernel<HD, BS>::kStaged) {
-        g = std::min<uint32_t>(kMaxHeadsPerCta<HD, BS>, H);
-        while (H % g != 0) --g;
+      if (general && staged) {
+        g = HostHeadsPerCta<HD, BS>(H);
         smem = CodecStage<HD, BS>::Bytes(g);
       }
     });
@@ -1322,8 +1322,7 @@ HostStage MakeHostStage(const CodecParams& p, uint32_t head_dim, uint32_t block_
   }
   for (int s = 0; s < 2; ++s) {
     hs.token_scales[s] = at;
-    const bool token = p.sec[s].mode == Mode::kQuant &&
-                       p.sec[s].gran == ScaleGranularity::kPerTokenHead;
+    const bool token = p.sec[s].gran == ScaleGranularity::kPerTokenHead;
     at = align16(at + (token ? block_size * g * 4 : 0));
   }
   for (int s = 0; s < 2; ++s) {
@@ -1342,8 +1341,7 @@ absl::Status LaunchDecodeFromHost(CodecParams p, cudaStream_t stream) {
   uint32_t g = 1;
   KVTIER_RETURN_IF_ERROR(KVTIER_DISPATCH_HEAD_DIM(p.cache.head_dim, HD, {
     return KVTIER_DISPATCH_CODEC_BLOCK_SIZE(p.cache.block_size, BS, {
-      g = std::min<uint32_t>(kMaxHeadsPerCta<HD, BS>, H);
-      while (H % g != 0) --g;
+      g = HostHeadsPerCta<HD, BS>(H);
       p.host_stage = MakeHostStage(p, HD, BS, g);
       fn = DecodeFromHostKernel<HD, BS>;
     });

@@ -43,10 +43,9 @@ std::string Name(const Case& c) {
 // the two decode paths) into a cache poisoned with `poison` and checks it
 // against the CPU reference's decode of `want` into the same poisoned cache.
 void CheckDecode(const Case& c, const PagedKvLayout& layout, const std::vector<uint8_t>& want,
-                 const uint8_t* chunk, const BlockSpan& host_span, const BlockSpan& dev_span,
-                 LayerRange r, uint8_t poison) {
-  auto header = codec::VerifyChunk(want);
-  ASSERT_TRUE(header.ok()) << header.status();
+                 const codec::ChunkHeader& header, const uint8_t* chunk,
+                 const BlockSpan& host_span, const BlockSpan& dev_span, LayerRange r,
+                 uint8_t poison) {
   HostCache expect, gpu_out;
   expect.Init(c.kind, layout);
   gpu_out.Init(c.kind, layout);
@@ -55,7 +54,7 @@ void CheckDecode(const Case& c, const PagedKvLayout& layout, const std::vector<u
   DeviceCache dst;
   KVTIER_ASSERT_CUDA(dst.Upload(expect));
   ASSERT_TRUE(ReferenceDecodeScatter(want, expect.layout, host_span, r).ok());
-  absl::Status st = DecodeScatter(*header, chunk, dst.layout, dev_span, r, nullptr);
+  absl::Status st = DecodeScatter(header, chunk, dst.layout, dev_span, r, nullptr);
   ASSERT_TRUE(st.ok()) << st;
   KVTIER_ASSERT_CUDA(cudaDeviceSynchronize());
   KVTIER_ASSERT_CUDA(dst.CopyTo(gpu_out));
@@ -171,6 +170,8 @@ void RunCase(const Case& c, bool inject_non_finite = false) {
 
   // Decode+scatter into a poisoned cache, on the GPU and on the CPU, from
   // device memory and from mapped pinned host memory.
+  auto header = codec::VerifyChunk(*want);
+  ASSERT_TRUE(header.ok()) << header.status();
   uint8_t* d_src = nullptr;
   uint8_t* h_src = nullptr;
   uint8_t* hd_src = nullptr;
@@ -182,11 +183,9 @@ void RunCase(const Case& c, bool inject_non_finite = false) {
   const uint8_t* const sources[] = {d_src, hd_src};
   for (const uint8_t* src : sources) {
     SCOPED_TRACE(src == d_src ? "decode from device memory" : "decode from pinned host memory");
-    CheckDecode(c, *layout, *want, src, host_span, dev_span, LayerRange{}, 0x5C);
+    CheckDecode(c, *layout, *want, *header, src, host_span, dev_span, LayerRange{}, 0x5C);
     if (::testing::Test::HasFatalFailure()) return;
   }
-  auto header = codec::VerifyChunk(*want);
-  ASSERT_TRUE(header.ok());
 
   // Layer ranges: the chunk encoded range by range is the single launch's
   // chunk; a range alone writes exactly its layers' records; a range decode
@@ -247,7 +246,7 @@ void RunCase(const Case& c, bool inject_non_finite = false) {
     for (const uint8_t* src : sources) {
       SCOPED_TRACE(src == d_src ? "range decode from device memory"
                                 : "range decode from pinned host memory");
-      CheckDecode(c, *layout, *want, src, host_span, dev_span, mid, 0x3A);
+      CheckDecode(c, *layout, *want, *header, src, host_span, dev_span, mid, 0x3A);
       if (::testing::Test::HasFatalFailure()) return;
     }
   }
