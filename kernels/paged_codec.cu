@@ -992,7 +992,10 @@ __device__ __forceinline__ bool TokenScaleVectors(const CodecParams& p, const fl
 }
 
 // Issues this thread's loads of the tile at `at` (its first head h0 =
-// at.head - threadIdx.y) into `r`.
+// at.head - threadIdx.y) into `r`. StageHostTile walks the same slots again
+// rather than one function keeping them: merged, nvcc scheduled stage stores
+// among the loads and INT4 decode from pinned memory measured 0.02-0.03 lower
+// (bench/results/h200-2026-11-24-kernels-run17-19-review.txt).
 template <int HD, int BS>
 __device__ __forceinline__ void LoadHostTile(const CodecParams& p,
                                              const typename Tile<HD, BS>::Coords& at,
