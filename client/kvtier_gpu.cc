@@ -287,6 +287,7 @@ absl::StatusOr<std::unique_ptr<GpuPagedIo>> GpuPagedIo::Create(KvtierClient* cli
 GpuPagedIo::~GpuPagedIo() {
   absl::MutexLock l(&ws_mu_);
   for (uint32_t* ws : all_workspaces_) cudaFree(ws);
+  free_stagings_.clear();
   cudaHostUnregister(pool_.data());
 }
 
@@ -321,6 +322,25 @@ void GpuPagedIo::ReturnWorkspace(uint32_t* ws, bool dirty) {
   }
   all_workspaces_.erase(std::find(all_workspaces_.begin(), all_workspaces_.end(), ws));
   cudaFree(ws);
+}
+
+absl::StatusOr<std::unique_ptr<kernels::HostStaging>> GpuPagedIo::TakeStaging(size_t bytes) {
+  std::unique_ptr<kernels::HostStaging> s;
+  {
+    absl::MutexLock l(&ws_mu_);
+    if (!free_stagings_.empty()) {
+      s = std::move(free_stagings_.back());
+      free_stagings_.pop_back();
+    }
+  }
+  if (s == nullptr) return kernels::HostStaging::Create(bytes);
+  KVTIER_RETURN_IF_ERROR(s->Reserve(bytes));
+  return s;
+}
+
+void GpuPagedIo::ReturnStaging(std::unique_ptr<kernels::HostStaging> staging) {
+  absl::MutexLock l(&ws_mu_);
+  free_stagings_.push_back(std::move(staging));
 }
 
 absl::StatusOr<std::unique_ptr<PendingStore>> GpuPagedIo::BeginStore(const codec::ChunkSpec& spec) {
@@ -371,8 +391,17 @@ absl::StatusOr<Tier> GpuPagedIo::Load(const Hash128& key, const kernels::PagedKv
       (void)client_->Unhold(held);
       return st;
     }
-    st = kernels::DecodeScatter(*header, Device(held.data.data()), cache, blocks, layers, stream);
+    auto staging = TakeStaging(held.data.size());
+    if (!staging.ok()) {
+      (void)client_->Unhold(held);
+      return staging.status();
+    }
+    st = kernels::DecodeScatter(*header, Device(held.data.data()), cache, blocks, layers,
+                                **staging, stream);
     if (!st.ok()) {
+      // A launch that failed after its copy was enqueued: the copy may still
+      // read the extent (and write the staging buffer, which is dropped).
+      if (!absl::IsInvalidArgument(st)) (void)Sync(stream);
       (void)client_->Unhold(held);
       return st;
     }
@@ -380,6 +409,7 @@ absl::StatusOr<Tier> GpuPagedIo::Load(const Hash128& key, const kernels::PagedKv
     st = Sync(stream);
     absl::Status u = client_->Unhold(held);
     if (!st.ok()) return st;
+    ReturnStaging(*std::move(staging));
     if (checked.ok()) {
       if (!u.ok()) return u;
       return held.tier;

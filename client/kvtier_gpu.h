@@ -11,16 +11,19 @@
 //          encode layer l while it computes layer l + 1.
 //   Load:  Hold (the chunk's extent, pinned) -> the header and both section
 //          checksums are checked on the host (the reader's check; the daemon
-//          verified at put) while kernels::DecodeScatter reads the extent
-//          over the mapping -> the stream is synchronized -> Unhold.
+//          verified at put) while kernels::DecodeScatter decodes the extent
+//          (a copy-engine copy into a kernels::HostStaging, the decode from
+//          there) -> the stream is synchronized -> Unhold.
 //          A LayerwiseLoad holds and checks many chunks at once, then
-//          enqueues their decode layer group by layer group with a CUDA
+////          enqueues their decode layer group by layer group with a CUDA
 //          event per group, so that attention of layer l waits for layer l
-//          only.
+//          only; these decodes read the extents over the mapping (a layer
+//          group's records are too small for a copy to pay).
 //
 // Thread-safe: any number of Store, Load and BeginStore / BeginLayerwiseLoad
-// calls may run at once (each launch of GatherEncode gets its own workspace
-// from a pool). A PendingStore or LayerwiseLoad is used by one thread at a
+// calls may run at once (each launch of GatherEncode gets its own workspace,
+// each Load its own staging buffer, from pools; a staging buffer is as large
+// as the largest chunk it loaded). A PendingStore or LayerwiseLoad is used by one thread at a
 // time. The client must outlive this object and keep its pool mapping (it
 // does for its lifetime); PendingStore and LayerwiseLoad objects must not
 // outlive the GpuPagedIo that made them.
@@ -43,6 +46,7 @@
 #include "client/kvtier_client.h"
 #include "codec/chunk.h"
 #include "common/hash.h"
+#include "kernels/paged_codec.h"
 #include "kernels/paged_layout.h"
 
 namespace kvtier::client {
@@ -230,6 +234,11 @@ class GpuPagedIo {
   // Returns a workspace whose launches have all completed (it is zero
   // again), or frees a `dirty` one (a launch failed part-way).
   void ReturnWorkspace(uint32_t* ws, bool dirty);
+  // A staging buffer of at least `bytes` for one Load (from the pool, grown
+  // if needed, or a new one).
+  absl::StatusOr<std::unique_ptr<kernels::HostStaging>> TakeStaging(size_t bytes);
+  // Returns a staging buffer whose launches have all completed.
+  void ReturnStaging(std::unique_ptr<kernels::HostStaging> staging);
 
   KvtierClient* const client_;
   const std::span<uint8_t> pool_;
@@ -237,6 +246,7 @@ class GpuPagedIo {
   absl::Mutex ws_mu_;
   std::vector<uint32_t*> free_workspaces_ ABSL_GUARDED_BY(ws_mu_);
   std::vector<uint32_t*> all_workspaces_ ABSL_GUARDED_BY(ws_mu_);
+  std::vector<std::unique_ptr<kernels::HostStaging>> free_stagings_ ABSL_GUARDED_BY(ws_mu_);
 };
 
 }  // namespace kvtier::client

@@ -1,7 +1,8 @@
 // Every launcher is capturable in a CUDA graph: GatherEncode (whole chunk into
 // device and mapped pinned memory, and layer ranges; per-tensor formats with
 // their amax pre-pass), DecodeScatter of each layer range from mapped pinned
-// host memory, and PagedDecodeAttention (both partial kernels, with and without the
+// host memory and of the whole chunk through a HostStaging (a memcpy node and
+// the decode), and PagedDecodeAttention (both partial kernels, with and without the
 // combine kernel). Each test captures the launches in global capture mode
 // (any host synchronisation or unsafe call inside a launcher fails the
 // capture), replays the graph twice and compares with the eager launches of
@@ -149,20 +150,23 @@ void RunCodecGraph(const CodecGraphCase& c) {
   KVTIER_ASSERT_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&h_pinned), bytes, cudaHostAllocMapped));
   std::memcpy(h_pinned, want->data(), bytes);
   KVTIER_ASSERT_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&d_pinned), h_pinned, 0));
-  HostCache expect, out_graph, out_eager;
-  for (HostCache* hc : {&expect, &out_graph, &out_eager}) {
+  HostCache expect, out_graph, out_eager, out_staged;
+  for (HostCache* hc : {&expect, &out_graph, &out_eager, &out_staged}) {
     hc->Init(c.kind, *layout);
     hc->Poison(0x5C);
   }
-  DeviceCache dst_graph, dst_eager;
+  DeviceCache dst_graph, dst_eager, dst_staged;
   KVTIER_ASSERT_CUDA(dst_graph.Upload(expect));
   KVTIER_ASSERT_CUDA(dst_eager.Upload(expect));
+  KVTIER_ASSERT_CUDA(dst_staged.Upload(expect));
   ASSERT_TRUE(ReferenceDecodeScatter(*want, expect.layout, host_span).ok());
+  auto staging = HostStaging::Create(bytes);
+  ASSERT_TRUE(staging.ok()) << staging.status();
   CaptureAndReplay(stream, [&](cudaStream_t s) {
     for (const LayerRange& r : ranges) {
       KVTIER_RETURN_IF_ERROR(DecodeScatter(*header, d_pinned, dst_graph.layout, span, r, s));
     }
-    return absl::OkStatus();
+    return DecodeScatter(*header, d_pinned, dst_staged.layout, span, {}, **staging, s);
   }, 2);
   if (::testing::Test::HasFatalFailure()) return;
   for (const LayerRange& r : ranges) {
@@ -171,15 +175,21 @@ void RunCodecGraph(const CodecGraphCase& c) {
   KVTIER_ASSERT_CUDA(cudaStreamSynchronize(stream));
   KVTIER_ASSERT_CUDA(dst_graph.CopyTo(out_graph));
   KVTIER_ASSERT_CUDA(dst_eager.CopyTo(out_eager));
+  KVTIER_ASSERT_CUDA(dst_staged.CopyTo(out_staged));
   for (uint32_t l = 0; l < L; ++l) {
     SCOPED_TRACE("layer " + std::to_string(l));
     ASSERT_EQ(out_graph.k_tensors[l], out_eager.k_tensors[l]);
     ASSERT_EQ(out_graph.k_tensors[l], expect.k_tensors[l]);
+    ASSERT_EQ(out_staged.k_tensors[l], expect.k_tensors[l]) << "staged";
     if (!expect.v_tensors.empty()) {
       ASSERT_EQ(out_graph.v_tensors[l], out_eager.v_tensors[l]);
       ASSERT_EQ(out_graph.v_tensors[l], expect.v_tensors[l]);
+      ASSERT_EQ(out_staged.v_tensors[l], expect.v_tensors[l]) << "staged";
     }
-    if (!expect.v_scales.empty()) ASSERT_EQ(out_graph.v_scales[l], expect.v_scales[l]);
+    if (!expect.v_scales.empty()) {
+      ASSERT_EQ(out_graph.v_scales[l], expect.v_scales[l]);
+      ASSERT_EQ(out_staged.v_scales[l], expect.v_scales[l]) << "staged";
+    }
   }
   cudaStreamDestroy(stream);
   cudaFreeHost(h_pinned);

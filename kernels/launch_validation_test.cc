@@ -114,6 +114,12 @@ TEST(DecodeScatterLaunch, InvalidInputIsInvalidArgument) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// A staging of no bytes is refused before anything is allocated (no device
+// needed).
+TEST(HostStagingCreate, ZeroBytesIsInvalidArgument) {
+  EXPECT_EQ(HostStaging::Create(0).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 // The tensor-core partition rule on an H100 (132 SMs; 2 CTAs per SM for
 // BF16 and K16/V8, 3 for FP8 at head_dim 128) picks the partition lengths
 // that measured fastest on the H100 (bench/results/kernels-h100.md).

@@ -33,7 +33,9 @@ struct SectionArgs {
   Mode mode;
   DType qdtype;                 // kQuant: kFP8E4M3, kINT8 or kINT4
   ScaleGranularity gran;        // the section's scales (kNone: 16-bit; kFp8 / kPass8: block-head)
-  uint64_t offset;        // section start, from the chunk start
+  // Layer 0's record, from `chunk` (mod 2^64: a staging slot holds only the
+  // records of layers [layer_begin, layer_end), so this may "precede" it).
+  uint64_t offset;
   uint64_t layer_stride;  // bytes per layer record
   uint64_t data_bytes;    // per layer, padded
   uint64_t payload;       // per layer, unpadded data bytes
@@ -42,7 +44,7 @@ struct SectionArgs {
 
   // Layer `layer`'s record of the section in `chunk`: codes, then scales.
   __device__ uint8_t* LayerBase(uint8_t* chunk, uint32_t layer) const {
-    return chunk + offset + layer_stride * layer;
+    return chunk + (offset + layer_stride * layer);
   }
   __device__ float* LayerScales(uint8_t* chunk, uint32_t layer) const {
     return reinterpret_cast<float*>(LayerBase(chunk, layer) + data_bytes);
@@ -1265,12 +1267,21 @@ absl::Status OutsideCapture(Query&& query) {
   return absl::OkStatus();
 }
 
-// Whether `p` points into host memory (pinned, mapped or registered), which
-// a kernel reaches over PCIe.
-absl::StatusOr<bool> IsHostMemory(const void* p) {
+// Where `p` points: `host` is its host address when it is in host memory
+// (pinned, mapped or registered, which a kernel reaches over PCIe), else null.
+struct HostAddress {
+  const uint8_t* host;
+};
+absl::StatusOr<HostAddress> HostAddressOf(const void* p) {
   cudaPointerAttributes a{};
   KVTIER_RETURN_IF_ERROR(OutsideCapture([&] { return cudaPointerGetAttributes(&a, p); }));
-  return a.type == cudaMemoryTypeHost;
+  if (a.type != cudaMemoryTypeHost) return HostAddress{nullptr};
+  return HostAddress{static_cast<const uint8_t*>(a.hostPointer)};
+}
+
+absl::StatusOr<bool> IsHostMemory(const void* p) {
+  KVTIER_ASSIGN_OR_RETURN(const HostAddress a, HostAddressOf(p));
+  return a.host != nullptr;
 }
 
 // Whether a launch needs the general kernels (some section is kQuant).
@@ -1437,6 +1448,51 @@ absl::Status DecodeScatter(const codec::ChunkHeader& header, const uint8_t* chun
     KVTIER_ASSIGN_OR_RETURN(const bool host_chunk, IsHostMemory(p.chunk));
     if (host_chunk) return LaunchDecodeFromHost(p, stream);
   }
+  return Launch<DecodeK>(p, false, stream);
+}
+
+// ---- HostStaging ----
+
+absl::StatusOr<std::unique_ptr<HostStaging>> HostStaging::Create(size_t bytes) {
+  if (bytes == 0) return absl::InvalidArgumentError("a HostStaging of 0 bytes");
+  std::unique_ptr<HostStaging> s(new HostStaging());
+  KVTIER_RETURN_IF_ERROR(s->Reserve(bytes));
+  return s;
+}
+
+HostStaging::~HostStaging() {
+  if (data_ != nullptr) cudaFree(data_);
+}
+
+absl::Status HostStaging::Reserve(size_t bytes) {
+  if (bytes <= capacity_) return absl::OkStatus();
+  if (data_ != nullptr) KVTIER_CUDA_RETURN_IF_ERROR(cudaFree(data_));
+  data_ = nullptr;
+  capacity_ = 0;
+  KVTIER_CUDA_RETURN_IF_ERROR(cudaMalloc(reinterpret_cast<void**>(&data_), bytes));
+  capacity_ = bytes;
+  return absl::OkStatus();
+}
+
+absl::Status DecodeScatter(const codec::ChunkHeader& header, const uint8_t* chunk,
+                           const PagedKvLayout& cache, const BlockSpan& blocks,
+                           LayerRange layers, HostStaging& staging, cudaStream_t stream) {
+  KVTIER_ASSIGN_OR_RETURN(CodecParams p, PrepareDecode(header, chunk, cache, blocks, layers));
+  KVTIER_ASSIGN_OR_RETURN(const HostAddress host, HostAddressOf(chunk));
+  // The bytes from layer b's K record to layer e - 1's V record: the K
+  // records of layers [b, L) and the V records of layers [0, e).
+  const uint64_t k_at = p.sec[0].offset, ks = p.sec[0].layer_stride;
+  const uint64_t v_at = p.sec[1].offset, vs = p.sec[1].layer_stride;
+  const uint64_t b = p.layer_begin, e = p.layer_end;
+  const uint64_t first = k_at + b * ks, end = v_at + e * vs, own = (e - b) * (ks + vs);
+  if (host.host == nullptr || end - first > staging.capacity() || 3 * (end - first) > 4 * own) {
+    return DecodeScatter(header, chunk, cache, blocks, layers, stream);
+  }
+  KVTIER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(staging.data(), host.host + first, end - first,
+                                              cudaMemcpyHostToDevice, stream));
+  p.chunk = staging.data();
+  p.sec[0].offset = k_at - first;  // mod 2^64 (SectionArgs::offset)
+  p.sec[1].offset = v_at - first;
   return Launch<DecodeK>(p, false, stream);
 }
 

@@ -18,8 +18,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "codec/chunk.h"
 #include "kernels/paged_layout.h"
 
@@ -100,6 +102,48 @@ absl::Status DecodeScatter(const codec::ChunkHeader& header, const uint8_t* chun
 absl::Status DecodeScatter(const codec::ChunkHeader& header, const uint8_t* chunk,
                            const PagedKvLayout& cache, const BlockSpan& blocks,
                            LayerRange layers, cudaStream_t stream);
+
+// Device memory through which DecodeScatter loads a chunk that is in pinned
+// host memory: one copy-engine H2D copy of the layer range's records into
+// it, then the decode from device memory, both on the caller's stream. A
+// copy engine moves host memory at the link's rate, SMs reading it do not:
+// the decode kernels reach 0.88-0.92 of a pinned memcpy reading the chunk
+// over PCIe, the copy and a decode from HBM 0.92-0.97 (kernels/README.md).
+// Not thread-safe: one thread uses it at a time.
+class HostStaging {
+ public:
+  // Allocates `bytes` (> 0) of device memory on the current device.
+  // InvalidArgument for 0; CUDA errors as Internal.
+  static absl::StatusOr<std::unique_ptr<HostStaging>> Create(size_t bytes);
+  ~HostStaging();
+  HostStaging(const HostStaging&) = delete;
+  HostStaging& operator=(const HostStaging&) = delete;
+
+  // Grows the buffer to at least `bytes`; keeps it when it is large enough.
+  // REQUIRES: no launch that uses it is in flight, no stream capture on this
+  // thread (it allocates).
+  absl::Status Reserve(size_t bytes);
+  size_t capacity() const { return capacity_; }
+  uint8_t* data() const { return data_; }
+
+ private:
+  HostStaging() = default;
+  uint8_t* data_ = nullptr;
+  size_t capacity_ = 0;
+};
+
+// DecodeScatter of a chunk through `staging`: when the chunk is in host
+// memory and the bytes from layer layers.begin's K record to layer
+// layers.end - 1's V record fit `staging` and are mostly the range's own
+// records (at most a quarter of them belong to other layers: the whole
+// chunk, or a range that leaves out a few layers at an end), one cudaMemcpyAsync of those bytes into `staging` and the
+// decode from there; otherwise exactly DecodeScatter above. Results, errors
+// and graph capture as DecodeScatter. REQUIRES: launches that share
+// `staging` run in stream order (a launch overwrites what the previous
+// one's decode reads).
+absl::Status DecodeScatter(const codec::ChunkHeader& header, const uint8_t* chunk,
+                           const PagedKvLayout& cache, const BlockSpan& blocks,
+                           LayerRange layers, HostStaging& staging, cudaStream_t stream);
 
 // Every host-side check of DecodeScatter, without launching anything.
 absl::Status ValidateDecodeScatter(const codec::ChunkHeader& header, const uint8_t* chunk,

@@ -39,13 +39,14 @@ std::string Name(const Case& c) {
          std::to_string(c.first_slot) + (c.pinned_dst ? "/pinned" : "");
 }
 
-// Decodes layers `r` of `chunk` (device memory, or mapped pinned host memory:
-// the two decode paths) into a cache poisoned with `poison` and checks it
-// against the CPU reference's decode of `want` into the same poisoned cache.
+// Decodes layers `r` of `chunk` (device memory, or mapped pinned host memory,
+// read by the kernel or, with `staging`, copied through its slots: the three
+// decode paths) into a cache poisoned with `poison` and checks it against the
+// CPU reference's decode of `want` into the same poisoned cache.
 void CheckDecode(const Case& c, const PagedKvLayout& layout, const std::vector<uint8_t>& want,
                  const codec::ChunkHeader& header, const uint8_t* chunk,
                  const BlockSpan& host_span, const BlockSpan& dev_span, LayerRange r,
-                 uint8_t poison) {
+                 HostStaging* staging, uint8_t poison) {
   HostCache expect, gpu_out;
   expect.Init(c.kind, layout);
   gpu_out.Init(c.kind, layout);
@@ -54,7 +55,9 @@ void CheckDecode(const Case& c, const PagedKvLayout& layout, const std::vector<u
   DeviceCache dst;
   KVTIER_ASSERT_CUDA(dst.Upload(expect));
   ASSERT_TRUE(ReferenceDecodeScatter(want, expect.layout, host_span, r).ok());
-  absl::Status st = DecodeScatter(header, chunk, dst.layout, dev_span, r, nullptr);
+  absl::Status st = staging == nullptr
+                        ? DecodeScatter(header, chunk, dst.layout, dev_span, r, nullptr)
+                        : DecodeScatter(header, chunk, dst.layout, dev_span, r, *staging, nullptr);
   ASSERT_TRUE(st.ok()) << st;
   KVTIER_ASSERT_CUDA(cudaDeviceSynchronize());
   KVTIER_ASSERT_CUDA(dst.CopyTo(gpu_out));
@@ -180,10 +183,25 @@ void RunCase(const Case& c, bool inject_non_finite = false) {
   KVTIER_ASSERT_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&h_src), bytes, cudaHostAllocMapped));
   std::memcpy(h_src, want->data(), bytes);
   KVTIER_ASSERT_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&hd_src), h_src, 0));
-  const uint8_t* const sources[] = {d_src, hd_src};
-  for (const uint8_t* src : sources) {
-    SCOPED_TRACE(src == d_src ? "decode from device memory" : "decode from pinned host memory");
-    CheckDecode(c, *layout, *want, *header, src, host_span, dev_span, LayerRange{}, 0x5C);
+  // A staging that holds the chunk, and one that holds no layer (the staged
+  // call decodes without it).
+  auto staging = HostStaging::Create(bytes);
+  ASSERT_TRUE(staging.ok()) << staging.status();
+  auto tiny = HostStaging::Create(16);
+  ASSERT_TRUE(tiny.ok()) << tiny.status();
+  struct Source {
+    const uint8_t* chunk;
+    HostStaging* staging;
+    const char* name;
+  };
+  const Source sources[] = {{d_src, nullptr, "device memory"},
+                            {hd_src, nullptr, "pinned host memory"},
+                            {hd_src, staging->get(), "pinned host memory, staged"},
+                            {hd_src, tiny->get(), "pinned host memory, staging < a layer"}};
+  for (const Source& src : sources) {
+    SCOPED_TRACE(std::string("decode from ") + src.name);
+    CheckDecode(c, *layout, *want, *header, src.chunk, host_span, dev_span, LayerRange{},
+                src.staging, 0x5C);
     if (::testing::Test::HasFatalFailure()) return;
   }
 
@@ -242,12 +260,17 @@ void RunCase(const Case& c, bool inject_non_finite = false) {
                                   cudaMemcpyDeviceToHost));
     for (size_t i = 0; i < ws_after.size(); ++i) ASSERT_EQ(ws_after[i], 0u) << "workspace word " << i;
 
-    const LayerRange mid = split[1];
-    for (const uint8_t* src : sources) {
-      SCOPED_TRACE(src == d_src ? "range decode from device memory"
-                                : "range decode from pinned host memory");
-      CheckDecode(c, *layout, *want, *header, src, host_span, dev_span, mid, 0x3A);
-      if (::testing::Test::HasFatalFailure()) return;
+    // The middle range (with a staging too: other layers' records lie
+    // between its K and V records, so it is decoded without) and the tail
+    // [1, L) (staged when L >= 3).
+    for (const LayerRange& r : {split[1], tail}) {
+      for (const Source& src : sources) {
+        SCOPED_TRACE(std::string("range [") + std::to_string(r.begin) + ", " +
+                     std::to_string(r.end) + ") decode from " + src.name);
+        CheckDecode(c, *layout, *want, *header, src.chunk, host_span, dev_span, r, src.staging,
+                    0x3A);
+        if (::testing::Test::HasFatalFailure()) return;
+      }
     }
   }
   cudaFree(d_src);
