@@ -35,6 +35,26 @@ __device__ __forceinline__ uint16_t DequantizeFp8To16(uint8_t code, float scale,
   return __half_as_ushort(__float2half_rn(x));
 }
 
+// DequantizeFp8To16 of two codes (`two`: the first in the low byte), packed
+// the same way. The hardware converts e4m3 pairs to f16 exactly (every e4m3
+// value is an f16 value, NaN stays NaN) and f32 pairs to 16-bit with the
+// codec's rounding and canonical NaN (numeric_gpu_test checks every pair).
+__device__ __forceinline__ uint32_t DequantizeFp8x2To16(uint16_t two, float scale, bool bf16) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(two, __NV_E4M3)));
+  const float lo = __fmul_rn(f.x, scale), hi = __fmul_rn(f.y, scale);
+  if (bf16) {
+    const __nv_bfloat162 b = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&b);
+  }
+  const __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+#else
+  return uint32_t{DequantizeFp8To16(static_cast<uint8_t>(two), scale, bf16)} |
+         uint32_t{DequantizeFp8To16(static_cast<uint8_t>(two >> 8), scale, bf16)} << 16;
+#endif
+}
+
 // Whether a 16-bit element of dtype bf16 / fp16 is NaN or infinite.
 __device__ __forceinline__ bool NonFinite16(uint32_t bits, bool bf16) {
   return bf16 ? (bits & 0x7F80u) == 0x7F80u : (bits & 0x7C00u) == 0x7C00u;

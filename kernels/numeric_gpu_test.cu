@@ -8,6 +8,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "codec/numeric.h"
@@ -107,6 +108,59 @@ TEST(NumericGpu, HostCodecMatchesHardwareAtEveryFp8Boundary) {
   }
   EXPECT_EQ(bad, 0u) << "of " << in.size();
   cudaFree(d_in);
+  cudaFree(d_out);
+}
+
+// DequantizeFp8x2To16 of every pair of codes, for each scale and dtype.
+__global__ void DequantizeEveryPair(const float* scales, int num_scales, uint32_t* out) {
+  const uint32_t pair = blockIdx.x * blockDim.x + threadIdx.x;  // < 2^16
+  for (int s = 0; s < num_scales; ++s) {
+    for (int bf16 = 0; bf16 < 2; ++bf16) {
+      out[(size_t{2} * s + bf16) * 65536 + pair] =
+          DequantizeFp8x2To16(static_cast<uint16_t>(pair), scales[s], bf16 != 0);
+    }
+  }
+}
+
+// The decode kernels' FP8 pairs (hardware e4m3x2 -> f16x2, f32x2 -> 16-bit x2)
+// give codec::Store16(codec::DequantizeFp8(code, scale)) for every code, NaN
+// codes of both signs, and scales that make subnormal, overflowing,
+// rounding-boundary and NaN results.
+TEST(NumericGpu, Fp8PairDequantizeMatchesTheCodecForEveryCodePair) {
+  KVTIER_SKIP_WITHOUT_GPU();
+  const std::vector<float> scales = {1.0f,   0.5f,      3.0f / 448.0f, 1e-3f,  1e-30f, 7.1e-6f,
+                                     1e30f,  146.3f,    -2.0f,         0.0f,   1.0f / 3.0f,
+                                     std::numeric_limits<float>::infinity(),
+                                     std::numeric_limits<float>::quiet_NaN()};
+  const int n = static_cast<int>(scales.size());
+  float* d_scales = nullptr;
+  uint32_t* d_out = nullptr;
+  KVTIER_ASSERT_CUDA(cudaMalloc(&d_scales, n * sizeof(float)));
+  KVTIER_ASSERT_CUDA(cudaMalloc(&d_out, size_t{2} * n * 65536 * 4));
+  KVTIER_ASSERT_CUDA(
+      cudaMemcpy(d_scales, scales.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+  DequantizeEveryPair<<<256, 256>>>(d_scales, n, d_out);
+  KVTIER_ASSERT_CUDA(cudaGetLastError());
+  std::vector<uint32_t> got(size_t{2} * n * 65536);
+  KVTIER_ASSERT_CUDA(cudaMemcpy(got.data(), d_out, got.size() * 4, cudaMemcpyDeviceToHost));
+  uint64_t bad = 0;
+  for (int s = 0; s < n; ++s) {
+    for (int bf16 = 0; bf16 < 2; ++bf16) {
+      const codec::DType dt = bf16 ? codec::DType::kBF16 : codec::DType::kFP16;
+      for (uint32_t pair = 0; pair < 65536; ++pair) {
+        const uint32_t want =
+            uint32_t{codec::Store16(codec::DequantizeFp8(pair & 0xFF, scales[s]), dt)} |
+            uint32_t{codec::Store16(codec::DequantizeFp8(pair >> 8, scales[s]), dt)} << 16;
+        const uint32_t g = got[(size_t{2} * s + bf16) * 65536 + pair];
+        if (g != want && bad++ < 8) {
+          ADD_FAILURE() << "scale " << scales[s] << (bf16 ? " bf16" : " fp16") << " codes 0x"
+                        << std::hex << pair << ": got 0x" << g << ", codec 0x" << want;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(bad, 0u);
+  cudaFree(d_scales);
   cudaFree(d_out);
 }
 

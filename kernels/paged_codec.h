@@ -132,15 +132,18 @@ class HostStaging {
   size_t capacity_ = 0;
 };
 
-// DecodeScatter of a chunk through `staging`: when the chunk is in host
-// memory and the bytes from layer layers.begin's K record to layer
-// layers.end - 1's V record fit `staging` and are mostly the range's own
-// records (at most a quarter of them belong to other layers: the whole
-// chunk, or a range that leaves out a few layers at an end), one cudaMemcpyAsync of those bytes into `staging` and the
-// decode from there; otherwise exactly DecodeScatter above. Results, errors
-// and graph capture as DecodeScatter. REQUIRES: launches that share
-// `staging` run in stream order (a launch overwrites what the previous
-// one's decode reads).
+// DecodeScatter of a chunk through `staging`: one cudaMemcpyAsync of the
+// bytes from layer layers.begin's K record to layer layers.end - 1's V record
+// into `staging`, and the decode from there, when
+//   - the chunk is in host memory and those bytes fit `staging`,
+//   - at most a quarter of them belong to other layers (the whole chunk, or
+//     a range that leaves out a few layers at an end), and
+//   - the range's records are at least 3/8 of the bytes the decode writes
+//     into the cache (all but 4-bit chunks, for which the kernel reading
+//     host memory is faster);
+// otherwise exactly DecodeScatter above. Results, errors and graph capture
+// as DecodeScatter. REQUIRES: launches that share `staging` run in stream
+// order (a launch overwrites what the previous one's decode reads).
 absl::Status DecodeScatter(const codec::ChunkHeader& header, const uint8_t* chunk,
                            const PagedKvLayout& cache, const BlockSpan& blocks,
                            LayerRange layers, HostStaging& staging, cudaStream_t stream);
