@@ -35,6 +35,17 @@ __device__ __forceinline__ uint16_t DequantizeFp8To16(uint8_t code, float scale,
   return __half_as_ushort(__float2half_rn(x));
 }
 
+// Two binary32 values to 16 bits each (round to nearest even, the codec's
+// canonical NaN), `lo` in the low half: one cvt of the pair.
+__device__ __forceinline__ uint32_t Pack16x2(float lo, float hi, bool bf16) {
+  if (bf16) {
+    const __nv_bfloat162 b = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&b);
+  }
+  const __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
 // DequantizeFp8To16 of two codes (`two`: the first in the low byte), packed
 // the same way. The hardware converts e4m3 pairs to f16 exactly (every e4m3
 // value is an f16 value, NaN stays NaN) and f32 pairs to 16-bit with the
@@ -42,17 +53,30 @@ __device__ __forceinline__ uint16_t DequantizeFp8To16(uint8_t code, float scale,
 __device__ __forceinline__ uint32_t DequantizeFp8x2To16(uint16_t two, float scale, bool bf16) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
   const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(two, __NV_E4M3)));
-  const float lo = __fmul_rn(f.x, scale), hi = __fmul_rn(f.y, scale);
-  if (bf16) {
-    const __nv_bfloat162 b = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&b);
-  }
-  const __half2 h = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&h);
+  return Pack16x2(__fmul_rn(f.x, scale), __fmul_rn(f.y, scale), bf16);
 #else
   return uint32_t{DequantizeFp8To16(static_cast<uint8_t>(two), scale, bf16)} |
          uint32_t{DequantizeFp8To16(static_cast<uint8_t>(two >> 8), scale, bf16)} << 16;
 #endif
+}
+
+// The value of a two's complement code of `bits` (8 or 4) bits held in the
+// low bits of `code` (higher bits ignored), exactly: 2^23 with the biased
+// code in its mantissa, less 2^23 and the bias (a logic op and an add
+// instead of an integer-to-float conversion).
+template <int kBits>
+__device__ __forceinline__ float IntCodeToFloat(uint32_t code) {
+  constexpr uint32_t kMask = (1u << kBits) - 1, kBias = 1u << (kBits - 1);
+  return __int_as_float(0x4B000000u | ((code & kMask) ^ kBias)) - (8388608.0f + kBias);
+}
+
+// codec::Store16(codec::DequantizeInt(code, scale), dtype) of the two codes
+// of `kBits` bits at the bottom of `two` (the first lowest), packed as
+// DequantizeFp8x2To16.
+template <int kBits>
+__device__ __forceinline__ uint32_t DequantizeIntx2To16(uint32_t two, float scale, bool bf16) {
+  return Pack16x2(__fmul_rn(IntCodeToFloat<kBits>(two), scale),
+                  __fmul_rn(IntCodeToFloat<kBits>(two >> kBits), scale), bf16);
 }
 
 // Whether a 16-bit element of dtype bf16 / fp16 is NaN or infinite.

@@ -111,22 +111,53 @@ TEST(NumericGpu, HostCodecMatchesHardwareAtEveryFp8Boundary) {
   cudaFree(d_out);
 }
 
-// DequantizeFp8x2To16 of every pair of codes, for each scale and dtype.
-__global__ void DequantizeEveryPair(const float* scales, int num_scales, uint32_t* out) {
+// The decode kernels' dequantization of a pair of codes (`two`: FP8 or INT8
+// codes in its two bytes, INT4 in its two low nibbles).
+enum class PairFormat { kFp8, kInt8, kInt4 };
+
+__device__ uint32_t DequantizePair(PairFormat f, uint32_t two, float scale, bool bf16) {
+  switch (f) {
+    case PairFormat::kFp8:
+      return DequantizeFp8x2To16(static_cast<uint16_t>(two), scale, bf16);
+    case PairFormat::kInt8:
+      return DequantizeIntx2To16<8>(two, scale, bf16);
+    case PairFormat::kInt4:
+      return DequantizeIntx2To16<4>(two, scale, bf16);
+  }
+  return 0;
+}
+
+// DequantizePair of every pair of codes, for each scale and dtype.
+__global__ void DequantizeEveryPair(PairFormat f, const float* scales, int num_scales,
+                                    uint32_t* out) {
   const uint32_t pair = blockIdx.x * blockDim.x + threadIdx.x;  // < 2^16
   for (int s = 0; s < num_scales; ++s) {
     for (int bf16 = 0; bf16 < 2; ++bf16) {
-      out[(size_t{2} * s + bf16) * 65536 + pair] =
-          DequantizeFp8x2To16(static_cast<uint16_t>(pair), scales[s], bf16 != 0);
+      out[(size_t{2} * s + bf16) * 65536 + pair] = DequantizePair(f, pair, scales[s], bf16 != 0);
     }
   }
 }
 
-// The decode kernels' FP8 pairs (hardware e4m3x2 -> f16x2, f32x2 -> 16-bit x2)
-// give codec::Store16(codec::DequantizeFp8(code, scale)) for every code, NaN
-// codes of both signs, and scales that make subnormal, overflowing,
-// rounding-boundary and NaN results.
-TEST(NumericGpu, Fp8PairDequantizeMatchesTheCodecForEveryCodePair) {
+// The codec's value of code `i` (0 or 1) of a pair.
+float CodecValue(PairFormat f, uint32_t two, int i, float scale) {
+  switch (f) {
+    case PairFormat::kFp8:
+      return codec::DequantizeFp8(static_cast<uint8_t>(two >> (8 * i)), scale);
+    case PairFormat::kInt8:
+      return codec::DequantizeInt(static_cast<int8_t>(static_cast<uint8_t>(two >> (8 * i))),
+                                  scale);
+    case PairFormat::kInt4:
+      return codec::DequantizeInt(codec::UnpackInt4(static_cast<uint8_t>(two), i != 0), scale);
+  }
+  return 0.0f;
+}
+
+// The decode kernels' pairs (FP8: hardware e4m3x2 -> f16x2; INT8 / INT4: the
+// biased-mantissa conversion; then f32x2 -> 16-bit x2) give
+// codec::Store16(codec::DequantizeFp8 / DequantizeInt(code, scale)) for every
+// code (FP8 NaN codes of both signs too) and scales that make subnormal,
+// overflowing, rounding-boundary and NaN results.
+TEST(NumericGpu, PairDequantizeMatchesTheCodecForEveryCodePair) {
   KVTIER_SKIP_WITHOUT_GPU();
   const std::vector<float> scales = {1.0f,   0.5f,      3.0f / 448.0f, 1e-3f,  1e-30f, 7.1e-6f,
                                      1e30f,  146.3f,    -2.0f,         0.0f,   1.0f / 3.0f,
@@ -139,27 +170,31 @@ TEST(NumericGpu, Fp8PairDequantizeMatchesTheCodecForEveryCodePair) {
   KVTIER_ASSERT_CUDA(cudaMalloc(&d_out, size_t{2} * n * 65536 * 4));
   KVTIER_ASSERT_CUDA(
       cudaMemcpy(d_scales, scales.data(), n * sizeof(float), cudaMemcpyHostToDevice));
-  DequantizeEveryPair<<<256, 256>>>(d_scales, n, d_out);
-  KVTIER_ASSERT_CUDA(cudaGetLastError());
   std::vector<uint32_t> got(size_t{2} * n * 65536);
-  KVTIER_ASSERT_CUDA(cudaMemcpy(got.data(), d_out, got.size() * 4, cudaMemcpyDeviceToHost));
-  uint64_t bad = 0;
-  for (int s = 0; s < n; ++s) {
-    for (int bf16 = 0; bf16 < 2; ++bf16) {
-      const codec::DType dt = bf16 ? codec::DType::kBF16 : codec::DType::kFP16;
-      for (uint32_t pair = 0; pair < 65536; ++pair) {
-        const uint32_t want =
-            uint32_t{codec::Store16(codec::DequantizeFp8(pair & 0xFF, scales[s]), dt)} |
-            uint32_t{codec::Store16(codec::DequantizeFp8(pair >> 8, scales[s]), dt)} << 16;
-        const uint32_t g = got[(size_t{2} * s + bf16) * 65536 + pair];
-        if (g != want && bad++ < 8) {
-          ADD_FAILURE() << "scale " << scales[s] << (bf16 ? " bf16" : " fp16") << " codes 0x"
-                        << std::hex << pair << ": got 0x" << g << ", codec 0x" << want;
+  for (const PairFormat f : {PairFormat::kFp8, PairFormat::kInt8, PairFormat::kInt4}) {
+    SCOPED_TRACE(f == PairFormat::kFp8 ? "fp8" : f == PairFormat::kInt8 ? "int8" : "int4");
+    DequantizeEveryPair<<<256, 256>>>(f, d_scales, n, d_out);
+    KVTIER_ASSERT_CUDA(cudaGetLastError());
+    KVTIER_ASSERT_CUDA(cudaMemcpy(got.data(), d_out, got.size() * 4, cudaMemcpyDeviceToHost));
+    uint64_t bad = 0;
+    for (int s = 0; s < n; ++s) {
+      for (int bf16 = 0; bf16 < 2; ++bf16) {
+        const codec::DType dt = bf16 ? codec::DType::kBF16 : codec::DType::kFP16;
+        // INT4 pairs are the low byte; the higher bits must not matter.
+        for (uint32_t pair = 0; pair < 65536; ++pair) {
+          const uint32_t want = uint32_t{codec::Store16(CodecValue(f, pair, 0, scales[s]), dt)} |
+                                uint32_t{codec::Store16(CodecValue(f, pair, 1, scales[s]), dt)}
+                                    << 16;
+          const uint32_t g = got[(size_t{2} * s + bf16) * 65536 + pair];
+          if (g != want && bad++ < 8) {
+            ADD_FAILURE() << "scale " << scales[s] << (bf16 ? " bf16" : " fp16") << " codes 0x"
+                          << std::hex << pair << ": got 0x" << g << ", codec 0x" << want;
+          }
         }
       }
     }
+    EXPECT_EQ(bad, 0u);
   }
-  EXPECT_EQ(bad, 0u);
   cudaFree(d_scales);
   cudaFree(d_out);
 }

@@ -159,13 +159,6 @@ __device__ __forceinline__ int32_t QuantizeIntDevice(float x, float scale, int32
   return __float2int_rn(q);
 }
 
-// codec::Store16: nearest even, NaN -> 0x7FFF (the hardware conversions;
-// numeric_gpu_test checks them against the codec's integer rules).
-__device__ __forceinline__ uint16_t Store16Device(float x, bool bf16) {
-  if (bf16) return __bfloat16_as_ushort(__float2bfloat16_rn(x));
-  return __half_as_ushort(__float2half_rn(x));
-}
-
 // Codes of the 8 16-bit elements of `v`, as the chunk stores them: FP8 and
 // INT8 one byte each (x, y), INT4 packed two a byte, element 2i in the low
 // nibble of byte i (x only).
@@ -202,22 +195,16 @@ __device__ __forceinline__ uint4 DequantizeFp8Vec(const uint2& c, float scale, b
 // codec::DequantizeFp8 / DequantizeInt, one binary32 multiply each.
 __device__ __forceinline__ uint4 DequantizeVec(const uint2& c, float scale, DType qt, bool bf16) {
   if (qt == DType::kFP8E4M3) return DequantizeFp8Vec(c, scale, bf16);
-  uint16_t h[kVecElems];
   if (qt == DType::kINT8) {
-#pragma unroll
-    for (int e = 0; e < kVecElems; ++e) {
-      const int8_t code = static_cast<int8_t>(static_cast<uint8_t>((e < 4 ? c.x : c.y) >> (8 * (e % 4))));
-      h[e] = Store16Device(__fmul_rn(static_cast<float>(code), scale), bf16);
-    }
-  } else {  // kINT4
-#pragma unroll
-    for (int e = 0; e < kVecElems; ++e) {
-      const int32_t code = codec::UnpackInt4(static_cast<uint8_t>(c.x >> (8 * (e / 2))), e % 2 != 0);
-      h[e] = Store16Device(__fmul_rn(static_cast<float>(code), scale), bf16);
-    }
+    return make_uint4(DequantizeIntx2To16<8>(c.x, scale, bf16),
+                      DequantizeIntx2To16<8>(c.x >> 16, scale, bf16),
+                      DequantizeIntx2To16<8>(c.y, scale, bf16),
+                      DequantizeIntx2To16<8>(c.y >> 16, scale, bf16));
   }
-  return make_uint4(uint32_t{h[0]} | uint32_t{h[1]} << 16, uint32_t{h[2]} | uint32_t{h[3]} << 16,
-                    uint32_t{h[4]} | uint32_t{h[5]} << 16, uint32_t{h[6]} | uint32_t{h[7]} << 16);
+  return make_uint4(DequantizeIntx2To16<4>(c.x, scale, bf16),  // kINT4: 8 nibbles of x
+                    DequantizeIntx2To16<4>(c.x >> 8, scale, bf16),
+                    DequantizeIntx2To16<4>(c.x >> 16, scale, bf16),
+                    DequantizeIntx2To16<4>(c.x >> 24, scale, bf16));
 }
 
 // ---- Fast path of the general encode (kQuant sections) ----
