@@ -107,8 +107,9 @@ absl::Status DecodeScatter(const codec::ChunkHeader& header, const uint8_t* chun
 // host memory: one copy-engine H2D copy of the layer range's records into
 // it, then the decode from device memory, both on the caller's stream. A
 // copy engine moves host memory at the link's rate, SMs reading it do not:
-// the decode kernels reach 0.88-0.92 of a pinned memcpy reading the chunk
-// over PCIe, the copy and a decode from HBM 0.92-0.97 (kernels/README.md).
+// on the H200 the decode kernels reach 0.88-0.92 of a pinned memcpy reading
+// the chunk over PCIe, the copy and a decode from HBM 0.92-0.95 (all but
+// 4-bit chunks; kernels/README.md).
 // Not thread-safe: one thread uses it at a time.
 class HostStaging {
  public:
