@@ -288,6 +288,28 @@ constexpr CacheLayout kAllLayouts[] = {
     CacheLayout::kVllmFlashAttnNHD,  CacheLayout::kVllmFlashAttnHND, CacheLayout::kVllmFlashInferNHD,
     CacheLayout::kVllmFlashInferHND, CacheLayout::kSeparateNHD,      CacheLayout::kSeparateHND};
 
+// A staging buffer keeps its memory for smaller sizes and grows for larger
+// ones (what GpuPagedIo's pool relies on); the grown buffer is usable.
+TEST(HostStagingGpu, ReserveKeepsOrGrowsTheBuffer) {
+  KVTIER_SKIP_WITHOUT_GPU();
+  auto s = HostStaging::Create(100);
+  ASSERT_TRUE(s.ok()) << s.status();
+  HostStaging& st = **s;
+  EXPECT_EQ(st.capacity(), 100u);
+  ASSERT_NE(st.data(), nullptr);
+  const uint8_t* first = st.data();
+  ASSERT_TRUE(st.Reserve(64).ok());
+  EXPECT_EQ(st.data(), first);
+  EXPECT_EQ(st.capacity(), 100u);
+  ASSERT_TRUE(st.Reserve(size_t{3} << 20).ok());
+  EXPECT_EQ(st.capacity(), size_t{3} << 20);
+  std::vector<uint8_t> back(st.capacity());
+  KVTIER_ASSERT_CUDA(cudaMemset(st.data(), 0xA5, st.capacity()));
+  KVTIER_ASSERT_CUDA(cudaMemcpy(back.data(), st.data(), back.size(), cudaMemcpyDeviceToHost));
+  EXPECT_EQ(back.front(), 0xA5);
+  EXPECT_EQ(back.back(), 0xA5);
+}
+
 TEST(PagedCodecGpu, MatchesCodecOnEveryLayoutDtypeAndCodec) {
   KVTIER_SKIP_WITHOUT_GPU();
   for (CacheLayout kind : kAllLayouts)

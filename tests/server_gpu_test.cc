@@ -65,7 +65,10 @@ TEST_F(ServerGpuTest, PagedCacheStoreAndLoadMatchTheCpuCodec) {
   constexpr uint32_t kLayers = 4, kHeads = 8, kDim = 128, kBlock = 16, kTokens = 256;
   uint32_t case_index = 0;
   for (CacheLayout kind : {CacheLayout::kVllmFlashAttnNHD, CacheLayout::kSeparateHND}) {
-    for (const char* name : {"k16v16", "k16v8"}) {
+    // k16v8 before the larger k16v16, so the pooled staging buffer of the
+    // loads grows; ki8vi8 through the general decode; INT4 by the kernel
+    // reading the pool itself (DecodeScatter's choice for 4-bit chunks).
+    for (const char* name : {"k16v8", "k16v16", "ki8vi8", "k=int4/token-head,v=int4/token-head"}) {
       SCOPED_TRACE(std::string(kernels::CacheLayoutName(kind)) + "/" + name);
       const uint32_t need = kTokens / kBlock, num_blocks = 2 * need + 3;
       auto layout = kernels::MakePagedKvLayout(kind, kLayers, num_blocks, kBlock, kHeads, kDim,
