@@ -33,8 +33,8 @@ struct SectionArgs {
   Mode mode;
   DType qdtype;                 // kQuant: kFP8E4M3, kINT8 or kINT4
   ScaleGranularity gran;        // the section's scales (kNone: 16-bit; kFp8 / kPass8: block-head)
-  // Layer 0's record, from `chunk` (mod 2^64: a staging slot holds only the
-  // records of layers [layer_begin, layer_end), so this may "precede" it).
+  // Layer 0's record, from `chunk` (mod 2^64: a HostStaging buffer holds
+  // the bytes from layer_begin's K record on, so this may "precede" it).
   uint64_t offset;
   uint64_t layer_stride;  // bytes per layer record
   uint64_t data_bytes;    // per layer, padded
@@ -1248,21 +1248,22 @@ absl::Status OutsideCapture(Query&& query) {
   return absl::OkStatus();
 }
 
-// Where `p` points: `host` is its host address when it is in host memory
-// (pinned, mapped or registered, which a kernel reaches over PCIe), else null.
+// Where `p` points: whether into host memory (pinned, mapped or registered,
+// which a kernel reaches over PCIe), and then its host address.
 struct HostAddress {
-  const uint8_t* host;
+  bool in_host;
+  const uint8_t* host;  // null when unknown
 };
 absl::StatusOr<HostAddress> HostAddressOf(const void* p) {
   cudaPointerAttributes a{};
   KVTIER_RETURN_IF_ERROR(OutsideCapture([&] { return cudaPointerGetAttributes(&a, p); }));
-  if (a.type != cudaMemoryTypeHost) return HostAddress{nullptr};
-  return HostAddress{static_cast<const uint8_t*>(a.hostPointer)};
+  if (a.type != cudaMemoryTypeHost) return HostAddress{false, nullptr};
+  return HostAddress{true, static_cast<const uint8_t*>(a.hostPointer)};
 }
 
 absl::StatusOr<bool> IsHostMemory(const void* p) {
   KVTIER_ASSIGN_OR_RETURN(const HostAddress a, HostAddressOf(p));
-  return a.host != nullptr;
+  return a.in_host;
 }
 
 // Whether a launch needs the general kernels (some section is kQuant).
