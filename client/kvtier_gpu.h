@@ -15,7 +15,7 @@
 //          (a copy-engine copy into a kernels::HostStaging, the decode from
 //          there) -> the stream is synchronized -> Unhold.
 //          A LayerwiseLoad holds and checks many chunks at once, then
-////          enqueues their decode layer group by layer group with a CUDA
+//          enqueues their decode layer group by layer group with a CUDA
 //          event per group, so that attention of layer l waits for layer l
 //          only; these decodes read the extents over the mapping (a layer
 //          group's records are too small for a copy to pay).
@@ -23,10 +23,10 @@
 // Thread-safe: any number of Store, Load and BeginStore / BeginLayerwiseLoad
 // calls may run at once (each launch of GatherEncode gets its own workspace,
 // each Load its own staging buffer, from pools; a staging buffer is as large
-// as the largest chunk it loaded). A PendingStore or LayerwiseLoad is used by one thread at a
-// time. The client must outlive this object and keep its pool mapping (it
-// does for its lifetime); PendingStore and LayerwiseLoad objects must not
-// outlive the GpuPagedIo that made them.
+// as the largest chunk it loaded). A PendingStore or LayerwiseLoad is used
+// by one thread at a time. The client must outlive this object and keep its
+// pool mapping (it does for its lifetime); PendingStore and LayerwiseLoad
+// objects must not outlive the GpuPagedIo that made them.
 #ifndef KVTIER_CLIENT_KVTIER_GPU_H_
 #define KVTIER_CLIENT_KVTIER_GPU_H_
 

@@ -1384,6 +1384,15 @@ absl::StatusOr<CodecParams> PrepareDecode(const codec::ChunkHeader& header, cons
   return p;
 }
 
+// The decode launch of a checked `p` whose chunk is (`in_host`) or is not in
+// host memory: DecodeFromHostKernel for a chunk in host memory with a kQuant
+// section, else DecodeScatterKernel (its direct loads reach 0.91-0.92 of a
+// pinned memcpy from host memory without a kQuant section).
+absl::Status LaunchDecode(const CodecParams& p, bool in_host, cudaStream_t stream) {
+  if (in_host && NeedsGeneral(p)) return LaunchDecodeFromHost(p, stream);
+  return Launch<DecodeK>(p, false, stream);
+}
+
 }  // namespace
 
 absl::Status GatherEncode(const codec::ChunkSpec& spec, const PagedKvLayout& cache,
@@ -1424,13 +1433,11 @@ absl::Status DecodeScatter(const codec::ChunkHeader& header, const uint8_t* chun
                            const PagedKvLayout& cache, const BlockSpan& blocks,
                            LayerRange layers, cudaStream_t stream) {
   KVTIER_ASSIGN_OR_RETURN(CodecParams p, PrepareDecode(header, chunk, cache, blocks, layers));
-  // Chunks in device memory, and in host memory without a kQuant section
-  // (DecodeScatterKernel's direct loads reach 0.91-0.92 of a pinned memcpy there).
-  if (NeedsGeneral(p)) {
-    KVTIER_ASSIGN_OR_RETURN(const bool host_chunk, IsHostMemory(p.chunk));
-    if (host_chunk) return LaunchDecodeFromHost(p, stream);
+  bool in_host = false;
+  if (NeedsGeneral(p)) {  // only then does the answer change the kernel
+    KVTIER_ASSIGN_OR_RETURN(in_host, IsHostMemory(p.chunk));
   }
-  return Launch<DecodeK>(p, false, stream);
+  return LaunchDecode(p, in_host, stream);
 }
 
 // ---- HostStaging ----
@@ -1479,7 +1486,7 @@ absl::Status DecodeScatter(const codec::ChunkHeader& header, const uint8_t* chun
   }
   if (host.host == nullptr || end - first > staging.capacity() || 3 * (end - first) > 4 * own ||
       8 * own < 3 * written) {
-    return DecodeScatter(header, chunk, cache, blocks, layers, stream);
+    return LaunchDecode(p, host.in_host, stream);
   }
   KVTIER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(staging.data(), host.host + first, end - first,
                                               cudaMemcpyHostToDevice, stream));

@@ -40,7 +40,7 @@ std::string Name(const Case& c) {
 }
 
 // Decodes layers `r` of `chunk` (device memory, or mapped pinned host memory,
-// read by the kernel or, with `staging`, copied through its slots: the three
+// read by the kernel or, with `staging`, copied into it first: the three
 // decode paths) into a cache poisoned with `poison` and checks it against the
 // CPU reference's decode of `want` into the same poisoned cache.
 void CheckDecode(const Case& c, const PagedKvLayout& layout, const std::vector<uint8_t>& want,
@@ -308,6 +308,64 @@ TEST(HostStagingGpu, ReserveKeepsOrGrowsTheBuffer) {
   KVTIER_ASSERT_CUDA(cudaMemcpy(back.data(), st.data(), back.size(), cudaMemcpyDeviceToHost));
   EXPECT_EQ(back.front(), 0xA5);
   EXPECT_EQ(back.back(), 0xA5);
+}
+
+// The staged decode checks its input before it copies or launches anything:
+// a null chunk, a header whose geometry is not the cache's and a layer range
+// past the chunk are InvalidArgument, and the staging buffer is untouched.
+TEST(HostStagingGpu, StagedDecodeOfBadInputIsInvalidArgumentAndCopiesNothing) {
+  KVTIER_SKIP_WITHOUT_GPU();
+  auto layout = MakePagedKvLayout(CacheLayout::kVllmFlashAttnNHD, 2, 3, 16, 2, 128, DType::kBF16,
+                                  DType::kBF16);
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  HostCache host;
+  host.Init(CacheLayout::kVllmFlashAttnNHD, *layout);
+  DeviceCache dev;
+  KVTIER_ASSERT_CUDA(dev.Upload(host));
+  std::vector<int32_t> ids = {2, 0, 1};
+  int32_t* d_ids = nullptr;
+  KVTIER_ASSERT_CUDA(cudaMalloc(&d_ids, ids.size() * 4));
+  KVTIER_ASSERT_CUDA(cudaMemcpy(d_ids, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice));
+  const BlockSpan span{d_ids, ids.data(), 3, 0};
+  codec::ChunkHeader header;
+  header.spec.geometry = {2, 2, 128, 40, 16};
+  header.spec.dtype = DType::kBF16;
+  header.spec.k = {DType::kINT8, codec::ScaleGranularity::kPerTokenHead};
+  header.spec.v = {DType::kINT8, codec::ScaleGranularity::kPerTokenHead};
+  auto cl = codec::ValidateSpec(header.spec);
+  ASSERT_TRUE(cl.ok()) << cl.status();
+  header.layout = *cl;
+  uint8_t *h_chunk = nullptr, *d_chunk = nullptr;
+  KVTIER_ASSERT_CUDA(
+      cudaHostAlloc(reinterpret_cast<void**>(&h_chunk), cl->total_bytes, cudaHostAllocMapped));
+  std::memset(h_chunk, 0x11, cl->total_bytes);
+  KVTIER_ASSERT_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&d_chunk), h_chunk, 0));
+  auto staging = HostStaging::Create(cl->total_bytes);
+  ASSERT_TRUE(staging.ok()) << staging.status();
+  HostStaging& st = **staging;
+  KVTIER_ASSERT_CUDA(cudaMemset(st.data(), 0xA5, st.capacity()));
+  // The header and chunk are good: the staged decode runs (a sanity check
+  // that the bad cases below fail for their own reason).
+  ASSERT_TRUE(DecodeScatter(header, d_chunk, dev.layout, span, {}, st, nullptr).ok());
+  KVTIER_ASSERT_CUDA(cudaDeviceSynchronize());
+  KVTIER_ASSERT_CUDA(cudaMemset(st.data(), 0xA5, st.capacity()));
+  EXPECT_EQ(DecodeScatter(header, nullptr, dev.layout, span, {}, st, nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(DecodeScatter(header, d_chunk, dev.layout, span, {1, 5}, st, nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+  codec::ChunkHeader other = header;
+  other.spec.geometry.head_dim = 64;
+  auto ol = codec::ValidateSpec(other.spec);
+  ASSERT_TRUE(ol.ok());
+  other.layout = *ol;
+  EXPECT_EQ(DecodeScatter(other, d_chunk, dev.layout, span, {}, st, nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+  KVTIER_ASSERT_CUDA(cudaDeviceSynchronize());
+  std::vector<uint8_t> back(st.capacity());
+  KVTIER_ASSERT_CUDA(cudaMemcpy(back.data(), st.data(), back.size(), cudaMemcpyDeviceToHost));
+  for (size_t i = 0; i < back.size(); ++i) ASSERT_EQ(back[i], 0xA5) << "staging byte " << i;
+  cudaFreeHost(h_chunk);
+  cudaFree(d_ids);
 }
 
 TEST(PagedCodecGpu, MatchesCodecOnEveryLayoutDtypeAndCodec) {

@@ -348,5 +348,52 @@ TEST_F(ServerGpuTest, LayerwiseLoadReportsAChunkCorruptedInThePoolAtFinish) {
   cudaStreamDestroy(stream);
 }
 
+// A chunk whose bytes rot in the pool after the daemon verified them: Load
+// decodes it through the staging buffer, the reader's check fails, the
+// daemon re-checks it and Load returns DataLoss; the chunk is not served as
+// good again. Nothing else is lost: another chunk, loaded next by the same
+// GpuPagedIo (reusing the pooled staging buffer), scatters the CPU
+// reference's values.
+TEST_F(ServerGpuTest, LoadOfAChunkCorruptedInThePoolIsDataLossAndTheNextLoadIsExact) {
+  LayerCase c;
+  ASSERT_NO_FATAL_FAILURE(c.Init(35));
+  for (uint32_t i = 0; i < 2; ++i) {
+    ASSERT_TRUE(io_->Store(TestKey(90 + i), c.spec, c.dev.layout, c.Span(i), nullptr).ok());
+  }
+  auto good = client_->Get(TestKey(91));
+  ASSERT_TRUE(good.ok()) << good.status();
+  {
+    auto held = client_->Hold(TestKey(90));
+    ASSERT_TRUE(held.ok()) << held.status();
+    auto* p = const_cast<uint8_t*>(held->data.data()) + held->data.size() - 80;
+    *p ^= 0x40;
+    ASSERT_TRUE(client_->Unhold(*held).ok());
+  }
+  HostCache expect, got;
+  expect.Init(CacheLayout::kVllmFlashAttnNHD, c.host.layout);
+  got.Init(CacheLayout::kVllmFlashAttnNHD, c.host.layout);
+  expect.Poison(0x3C);
+  got.Poison(0x3C);
+  DeviceCache dst;
+  KVTIER_ASSERT_CUDA(dst.Upload(expect));
+  EXPECT_EQ(io_->Load(TestKey(90), dst.layout, c.Span(0), nullptr).status().code(),
+            absl::StatusCode::kDataLoss);
+  const absl::StatusCode code = client_->Get(TestKey(90)).status().code();
+  EXPECT_TRUE(code == absl::StatusCode::kDataLoss || code == absl::StatusCode::kNotFound) << code;
+
+  // Chunk 1 into a poisoned cache: exactly the reference's values, every
+  // other slot still poisoned.
+  DeviceCache next;  // a fresh poisoned cache (a DeviceCache uploads once)
+  KVTIER_ASSERT_CUDA(next.Upload(expect));
+  ASSERT_TRUE(kernels::ReferenceDecodeScatter(*good, expect.layout, c.HostSpan(1)).ok());
+  auto tier = io_->Load(TestKey(91), next.layout, c.Span(1), nullptr);
+  ASSERT_TRUE(tier.ok()) << tier.status();
+  EXPECT_EQ(*tier, Tier::kDram);
+  KVTIER_ASSERT_CUDA(next.CopyTo(got));
+  for (uint32_t l = 0; l < LayerCase::kLayers; ++l) {
+    ASSERT_EQ(got.k_tensors[l], expect.k_tensors[l]) << "layer " << l;
+  }
+}
+
 }  // namespace
 }  // namespace kvtier::client
