@@ -55,6 +55,16 @@ class ServerGpuTest : public ::testing::Test {
     daemon_.reset();
   }
 
+  // Bit rot in DRAM: one V payload byte of chunk `key` flips in the pool,
+  // after the daemon verified it at put.
+  void CorruptInPool(const Hash128& key) {
+    auto held = client_->Hold(key);
+    ASSERT_TRUE(held.ok()) << held.status();
+    auto* p = const_cast<uint8_t*>(held->data.data()) + held->data.size() - 80;
+    *p ^= 0x40;
+    ASSERT_TRUE(client_->Unhold(*held).ok());
+  }
+
   TempDir dir_;
   std::unique_ptr<server::Daemon> daemon_;
   std::unique_ptr<KvtierClient> client_;
@@ -202,6 +212,14 @@ struct LayerCase {
   BlockSpan HostSpan(uint32_t chunk) const {
     return BlockSpan{ids.data() + chunk * kNeed, ids.data() + chunk * kNeed, kNeed, 0};
   }
+  // Host caches of this layout, every byte `poison`: the expected and the
+  // read-back contents of a load target.
+  void PoisonedCaches(uint8_t poison, HostCache* expect, HostCache* got) const {
+    for (HostCache* h : {expect, got}) {
+      h->Init(CacheLayout::kVllmFlashAttnNHD, host.layout);
+      h->Poison(poison);
+    }
+  }
 };
 
 TEST_F(ServerGpuTest, StoreByLayerRangesIsTheChunkOfOneStore) {
@@ -243,10 +261,7 @@ TEST_F(ServerGpuTest, LoadOfALayerRangeWritesOnlyThoseLayers) {
   auto chunk = client_->Get(TestKey(50));
   ASSERT_TRUE(chunk.ok());
   HostCache expect, got;
-  expect.Init(CacheLayout::kVllmFlashAttnNHD, c.host.layout);
-  got.Init(CacheLayout::kVllmFlashAttnNHD, c.host.layout);
-  expect.Poison(0x77);
-  got.Poison(0x77);
+  c.PoisonedCaches(0x77, &expect, &got);
   DeviceCache dst;
   KVTIER_ASSERT_CUDA(dst.Upload(expect));
   ASSERT_TRUE(kernels::ReferenceDecodeScatter(*chunk, expect.layout, c.HostSpan(0), {1, 3}).ok());
@@ -270,10 +285,7 @@ TEST_F(ServerGpuTest, LayerwiseLoadDecodesEveryFoundChunkAndReportsTheMissing) {
   }
   chunks.insert(chunks.begin() + 1, LayerwiseChunk{TestKey(69), c.Span(0)});  // a miss
   HostCache expect, got;
-  expect.Init(CacheLayout::kVllmFlashAttnNHD, c.host.layout);
-  got.Init(CacheLayout::kVllmFlashAttnNHD, c.host.layout);
-  expect.Poison(0x21);
-  got.Poison(0x21);
+  c.PoisonedCaches(0x21, &expect, &got);
   DeviceCache dst;
   KVTIER_ASSERT_CUDA(dst.Upload(expect));
   for (uint32_t i = 0; i < LayerCase::kChunks; ++i) {
@@ -317,15 +329,7 @@ TEST_F(ServerGpuTest, LayerwiseLoadReportsAChunkCorruptedInThePoolAtFinish) {
     ASSERT_TRUE(io_->Store(TestKey(80 + i), c.spec, c.dev.layout, c.Span(i), nullptr).ok());
     chunks.push_back({TestKey(80 + i), c.Span(i)});
   }
-  // Bit rot in DRAM: one V payload byte of chunk 1 flips in the pool, after
-  // the daemon verified it at put.
-  {
-    auto held = client_->Hold(TestKey(81));
-    ASSERT_TRUE(held.ok()) << held.status();
-    auto* p = const_cast<uint8_t*>(held->data.data()) + held->data.size() - 80;
-    *p ^= 0x40;
-    ASSERT_TRUE(client_->Unhold(*held).ok());
-  }
+  ASSERT_NO_FATAL_FAILURE(CorruptInPool(TestKey(81)));
   DeviceCache dst;
   HostCache poisoned;
   poisoned.Init(CacheLayout::kVllmFlashAttnNHD, c.host.layout);
@@ -362,18 +366,9 @@ TEST_F(ServerGpuTest, LoadOfAChunkCorruptedInThePoolIsDataLossAndTheNextLoadIsEx
   }
   auto good = client_->Get(TestKey(91));
   ASSERT_TRUE(good.ok()) << good.status();
-  {
-    auto held = client_->Hold(TestKey(90));
-    ASSERT_TRUE(held.ok()) << held.status();
-    auto* p = const_cast<uint8_t*>(held->data.data()) + held->data.size() - 80;
-    *p ^= 0x40;
-    ASSERT_TRUE(client_->Unhold(*held).ok());
-  }
+  ASSERT_NO_FATAL_FAILURE(CorruptInPool(TestKey(90)));
   HostCache expect, got;
-  expect.Init(CacheLayout::kVllmFlashAttnNHD, c.host.layout);
-  got.Init(CacheLayout::kVllmFlashAttnNHD, c.host.layout);
-  expect.Poison(0x3C);
-  got.Poison(0x3C);
+  c.PoisonedCaches(0x3C, &expect, &got);
   DeviceCache dst;
   KVTIER_ASSERT_CUDA(dst.Upload(expect));
   EXPECT_EQ(io_->Load(TestKey(90), dst.layout, c.Span(0), nullptr).status().code(),
