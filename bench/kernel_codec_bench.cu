@@ -15,9 +15,10 @@
 //     stream vs the same launches serialized on one stream.
 // Each ratio is the median over kTrials interleaved batches of (baseline
 // time / kernel time) of the same batch, with its 10th-90th percentiles.
-// Usage: kernel_codec_bench OUT.json [[--model=NAME] CODEC...]   (instead of the
-//          default list: CODECs of the Llama shape, or of the model named by
-//          the --model= before them: llama3.1-8b, qwen2.5-7b)
+// Usage: kernel_codec_bench OUT.json [[--model=NAME] [--tokens=N] CODEC...]
+//          (instead of the default list: CODECs of the Llama shape, or of the
+//          model named by the --model= before them: llama3.1-8b, qwen2.5-7b;
+//          chunks of the --tokens= before them, a multiple of 16, default 256)
 //        kernel_codec_bench --check-division   (host only, no GPU: see CheckDivision)
 #include <cuda_runtime_api.h>
 
@@ -210,8 +211,8 @@ struct Model {
   uint32_t layers, heads, head_dim;
 };
 
-std::string RunModel(const Model& m, const char* codec_name) {
-  const uint32_t T = 256, BS = 16, blocks_per_chunk = T / BS;
+std::string RunModel(const Model& m, const char* codec_name, uint32_t T) {
+  const uint32_t BS = 16, blocks_per_chunk = T / BS;
   const uint32_t num_blocks = blocks_per_chunk * kRotate + 5;
   auto layout = MakePagedKvLayout(CacheLayout::kVllmFlashAttnNHD, m.layers, num_blocks, BS,
                                   m.heads, m.head_dim, DType::kBF16, DType::kBF16);
@@ -364,7 +365,7 @@ std::string RunModel(const Model& m, const char* codec_name) {
   return absl::StrCat(
       "{\"model\": \"", m.name, "\", \"codec\": \"", codec_name, "\", \"layers\": ", m.layers,
       ", \"kv_heads\": ", m.heads, ", \"head_dim\": ", m.head_dim,
-      ", \"chunk_tokens\": 256, \"block_size\": 16, \"cache_layout\": \"vllm-flashattn-nhd\", "
+      ", \"chunk_tokens\": ", T, ", \"block_size\": 16, \"cache_layout\": \"vllm-flashattn-nhd\", "
       "\"dtype\": \"bf16\", \"chunk_bytes\": ", chunk_bytes, ", \"kv16_bytes\": ", kv16_bytes,
       ", \"bytes_moved_encode\": ", moved, ", \"t_d2d_memcpy_same_bytes_s\": ", t_d2d,
       ", \"t_gather_encode_d2d_s\": ", t_encode, ", \"t_decode_scatter_d2d_s\": ", t_decode,
@@ -481,9 +482,10 @@ int main(int argc, char** argv) {
   const Model models[] = {{"llama3.1-8b", 32, 8, 128}, {"qwen2.5-7b", 28, 4, 128}};
   std::string json = absl::StrCat("{\"device\": \"", prop.name, "\", \"codec_kernels\": [");
   bool first = true;
+  uint32_t tokens = 256;  // a chunk's tokens: a multiple of the block size, 16
   auto run = [&](const Model& m, const char* c) {
     const auto start = std::chrono::steady_clock::now();
-    json += (first ? "" : ", ") + RunModel(m, c);
+    json += (first ? "" : ", ") + RunModel(m, c, tokens);
     first = false;
     std::printf("  (%.1f s)\n", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   };
@@ -499,6 +501,15 @@ int main(int argc, char** argv) {
           std::fprintf(stderr, "unknown model %s\n", argv[i] + 8);
           return 2;
         }
+        continue;
+      }
+      if (std::strncmp(argv[i], "--tokens=", 9) == 0) {
+        const int t = std::atoi(argv[i] + 9);
+        if (t <= 0 || t % 16 != 0 || t > 65536) {
+          std::fprintf(stderr, "--tokens: a multiple of 16 in [16, 65536], not %s\n", argv[i] + 9);
+          return 2;
+        }
+        tokens = static_cast<uint32_t>(t);
         continue;
       }
       run(*model, argv[i]);
