@@ -33,6 +33,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "bench/kernel_bench_util.h"
 #include "codec/chunk.h"
@@ -46,6 +47,8 @@ namespace {
 using codec::DType;
 
 constexpr int kRotate = 8;   // distinct buffers, so repeats do not hit L2
+constexpr uint32_t kBlockSize = 16;       // the cache's block size (vLLM's default)
+constexpr uint32_t kDefaultTokens = 256;  // a chunk's tokens without --tokens=
 constexpr int kIters = 50;   // launches per timed batch
 constexpr int kTrials = 31;  // batches per function, interleaved across functions
 
@@ -212,7 +215,7 @@ struct Model {
 };
 
 std::string RunModel(const Model& m, const char* codec_name, uint32_t T) {
-  const uint32_t BS = 16, blocks_per_chunk = T / BS;
+  const uint32_t BS = kBlockSize, blocks_per_chunk = T / BS;
   const uint32_t num_blocks = blocks_per_chunk * kRotate + 5;
   auto layout = MakePagedKvLayout(CacheLayout::kVllmFlashAttnNHD, m.layers, num_blocks, BS,
                                   m.heads, m.head_dim, DType::kBF16, DType::kBF16);
@@ -365,7 +368,7 @@ std::string RunModel(const Model& m, const char* codec_name, uint32_t T) {
   return absl::StrCat(
       "{\"model\": \"", m.name, "\", \"codec\": \"", codec_name, "\", \"layers\": ", m.layers,
       ", \"kv_heads\": ", m.heads, ", \"head_dim\": ", m.head_dim,
-      ", \"chunk_tokens\": ", T, ", \"block_size\": 16, \"cache_layout\": \"vllm-flashattn-nhd\", "
+      ", \"chunk_tokens\": ", T, ", \"block_size\": ", kBlockSize, ", \"cache_layout\": \"vllm-flashattn-nhd\", "
       "\"dtype\": \"bf16\", \"chunk_bytes\": ", chunk_bytes, ", \"kv16_bytes\": ", kv16_bytes,
       ", \"bytes_moved_encode\": ", moved, ", \"t_d2d_memcpy_same_bytes_s\": ", t_d2d,
       ", \"t_gather_encode_d2d_s\": ", t_encode, ", \"t_decode_scatter_d2d_s\": ", t_decode,
@@ -475,22 +478,18 @@ int main(int argc, char** argv) {
   using namespace kvtier::kernels;
   if (argc > 1 && std::strcmp(argv[1], "--check-division") == 0) return CheckDivision() == 0 ? 0 : 1;
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // lines reach a log even if a time limit ends the run
-  cudaDeviceProp prop;
-  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
-  std::printf("device: %s, %d SMs, L2 %d MiB\n", prop.name, prop.multiProcessorCount,
-              prop.l2CacheSize >> 20);
   const Model models[] = {{"llama3.1-8b", 32, 8, 128}, {"qwen2.5-7b", 28, 4, 128}};
-  std::string json = absl::StrCat("{\"device\": \"", prop.name, "\", \"codec_kernels\": [");
-  bool first = true;
-  uint32_t tokens = 256;  // a chunk's tokens: a multiple of the block size, 16
-  auto run = [&](const Model& m, const char* c) {
-    const auto start = std::chrono::steady_clock::now();
-    json += (first ? "" : ", ") + RunModel(m, c, tokens);
-    first = false;
-    std::printf("  (%.1f s)\n", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  // Every argument is checked before the first benchmark runs, so a typo
+  // late on the command line costs no GPU time and no results.
+  struct Job {
+    const Model* model;
+    const char* codec;
+    uint32_t tokens;
   };
+  std::vector<Job> jobs;
   if (argc > 2) {
     const Model* model = &models[0];
+    uint32_t tokens = kDefaultTokens;
     for (int i = 2; i < argc; ++i) {
       if (std::strncmp(argv[i], "--model=", 8) == 0) {
         model = nullptr;
@@ -504,19 +503,23 @@ int main(int argc, char** argv) {
         continue;
       }
       if (std::strncmp(argv[i], "--tokens=", 9) == 0) {
-        const int t = std::atoi(argv[i] + 9);
-        if (t <= 0 || t % 16 != 0 || t > 65536) {
-          std::fprintf(stderr, "--tokens: a multiple of 16 in [16, 65536], not %s\n", argv[i] + 9);
+        if (!absl::SimpleAtoi(argv[i] + 9, &tokens) || tokens == 0 || tokens % kBlockSize != 0 ||
+            tokens > 65536) {
+          std::fprintf(stderr, "--tokens: a multiple of %u in [%u, 65536], not %s\n", kBlockSize,
+                       kBlockSize, argv[i] + 9);
           return 2;
         }
-        tokens = static_cast<uint32_t>(t);
         continue;
       }
-      run(*model, argv[i]);
+      if (absl::Status st = kvtier::codec::ParseCodec(argv[i], DType::kBF16).status(); !st.ok()) {
+        std::fprintf(stderr, "codec %s: %s\n", argv[i], st.ToString().c_str());
+        return 2;
+      }
+      jobs.push_back({model, argv[i], tokens});
     }
   } else {
     for (const Model& m : models) {
-      for (const char* c : {"k16v8", "k16v16"}) run(m, c);
+      for (const char* c : {"k16v8", "k16v16"}) jobs.push_back({&m, c, kDefaultTokens});
     }
     // The general kernels: INT8 per-(token, head) on both sections,
     // INT8 per-tensor V (amax pre-pass + encode pass), and the other
@@ -526,8 +529,19 @@ int main(int argc, char** argv) {
           "k=int8/tensor,v=int8/tensor", "k=int4/token-head,v=int4/token-head",
           "k=int4/block-head,v=int4/block-head", "k=fp8e4m3/token-head,v=fp8e4m3/token-head",
           "k16v4"}) {
-      run(models[0], c);
+      jobs.push_back({&models[0], c, kDefaultTokens});
     }
+  }
+
+  cudaDeviceProp prop;
+  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device: %s, %d SMs, L2 %d MiB\n", prop.name, prop.multiProcessorCount,
+              prop.l2CacheSize >> 20);
+  std::string json = absl::StrCat("{\"device\": \"", prop.name, "\", \"codec_kernels\": [");
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    const auto start = std::chrono::steady_clock::now();
+    json += (j == 0 ? "" : ", ") + RunModel(*jobs[j].model, jobs[j].codec, jobs[j].tokens);
+    std::printf("  (%.1f s)\n", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
   json += "]}\n";
   if (argc > 1) {
