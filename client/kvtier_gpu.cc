@@ -495,17 +495,21 @@ absl::StatusOr<std::unique_ptr<LayerwiseLoad>> GpuPagedIo::BeginLayerwiseLoad(
     });
   }
 
-  // Enqueue group by group; nothing here waits for the device.
+  // Enqueue group by group; nothing here waits for the device. Every launch
+  // after the first follows one of these decodes, which write no chunk: it
+  // may start while that one finishes (kernels::PriorKernel).
   auto range_of = [&](uint32_t g) {
     return kernels::LayerRange{g * layer_group, std::min(cache.num_layers, (g + 1) * layer_group)};
   };
   absl::Status launch;
+  kernels::PriorKernel prior = kernels::PriorKernel::kUnknown;
   for (size_t i = 0; i < n; ++i) {
     ready_mu.LockWhen(absl::Condition(+[](char* c) { return *c != 0; }, &ready[i]));
     ready_mu.Unlock();
     if (!held[i] || !launch.ok()) continue;
     launch = kernels::DecodeScatter(headers[i], Device(held[i]->data.data()), cache,
-                                    chunks[i].blocks, range_of(0), stream);
+                                    chunks[i].blocks, range_of(0), stream, prior);
+    prior = kernels::PriorKernel::kLeavesChunk;
   }
   for (std::thread& t : threads) t.join();
   load->keys_.reserve(n);
@@ -516,7 +520,7 @@ absl::StatusOr<std::unique_ptr<LayerwiseLoad>> GpuPagedIo::BeginLayerwiseLoad(
     for (size_t i = 0; i < n && launch.ok() && g > 0; ++i) {
       if (!held[i]) continue;
       launch = kernels::DecodeScatter(headers[i], Device(held[i]->data.data()), cache,
-                                      chunks[i].blocks, range_of(g), stream);
+                                      chunks[i].blocks, range_of(g), stream, prior);
     }
     if (launch.ok()) {
       launch = kernels::CudaStatus(cudaEventRecord(load->events_[g], stream), "cudaEventRecord",

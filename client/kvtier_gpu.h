@@ -18,7 +18,10 @@
 //          enqueues their decode layer group by layer group with a CUDA
 //          event per group, so that attention of layer l waits for layer l
 //          only; these decodes read the extents over the mapping (a layer
-//          group's records are too small for a copy to pay).
+//          group's records are too small for a copy to pay), each launch
+//          after the first chained to the one before it
+//          (kernels::PriorKernel::kLeavesChunk: it loads its part of the
+//          extent while the previous decode finishes).
 //
 // Thread-safe: any number of Store, Load and BeginStore / BeginLayerwiseLoad
 // calls may run at once (each launch of GatherEncode gets its own workspace,

@@ -1,5 +1,6 @@
 // Asynchronous global -> shared copies (cp.async, sm_80 and later), shared by
-// the attention and codec kernels' pipelines.
+// the attention and codec kernels' pipelines; and the ordering of a grid
+// against the one before it on its stream (programmatic dependent launch).
 #ifndef KVTIER_KERNELS_DEVICE_COPY_CUH_
 #define KVTIER_KERNELS_DEVICE_COPY_CUH_
 
@@ -26,6 +27,23 @@ __device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_
 template <int N>
 __device__ __forceinline__ void CpAsyncWait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// Programmatic dependent launch (sm_90 and later; no-ops before, and in a
+// grid launched without cudaLaunchAttributeProgrammaticStreamSerialization).
+// AllowDependentLaunch: a grid launched after this one with the attribute may
+// start once every CTA of this one has executed it (or exited).
+// WaitForPriorGrids: returns once the grids this one may overlap have
+// completed and their memory writes are visible to it.
+__device__ __forceinline__ void AllowDependentLaunch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void WaitForPriorGrids() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
 }
 
 }  // namespace kvtier::kernels

@@ -139,6 +139,22 @@ struct DeviceCache {
   }
 };
 
+// A decode test's caches: the expected and the device's result on the host,
+// both of `layout` and poisoned with one byte, and the device cache uploaded
+// from them.
+struct PoisonedCaches {
+  HostCache expect, got;
+  DeviceCache dev;
+
+  cudaError_t Init(CacheLayout kind, const PagedKvLayout& layout, uint8_t poison) {
+    expect.Init(kind, layout);
+    got.Init(kind, layout);
+    expect.Poison(poison);
+    got.Poison(poison);
+    return dev.Upload(expect);
+  }
+};
+
 }  // namespace kvtier::kernels::testing
 
 #endif  // KVTIER_KERNELS_GPU_TEST_UTIL_H_

@@ -37,8 +37,10 @@ using testing::HostCache;
 // Captures `enqueue` (launches on the stream it is given) into a graph in
 // global capture mode, instantiates it and replays it `replays` times on
 // `stream`, then waits. Fails the test on any capture or launch error.
+// `programmatic_edges`, when set, receives the graph's count of programmatic
+// dependency edges (launches with PriorKernel::kLeavesChunk after a kernel).
 void CaptureAndReplay(cudaStream_t stream, const std::function<absl::Status(cudaStream_t)>& enqueue,
-                      int replays) {
+                      int replays, size_t* programmatic_edges = nullptr) {
   KVTIER_ASSERT_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
   const absl::Status st = enqueue(stream);
   cudaGraph_t graph = nullptr;
@@ -48,6 +50,17 @@ void CaptureAndReplay(cudaStream_t stream, const std::function<absl::Status(cuda
   size_t nodes = 0;
   KVTIER_ASSERT_CUDA(cudaGraphGetNodes(graph, nullptr, &nodes));
   EXPECT_GT(nodes, 0u) << "the capture recorded no launch";
+  if (programmatic_edges != nullptr) {
+    size_t n = 0;
+    KVTIER_ASSERT_CUDA(cudaGraphGetEdges(graph, nullptr, nullptr, nullptr, &n));
+    std::vector<cudaGraphNode_t> from(n), to(n);
+    std::vector<cudaGraphEdgeData> data(n);
+    KVTIER_ASSERT_CUDA(cudaGraphGetEdges(graph, from.data(), to.data(), data.data(), &n));
+    *programmatic_edges = 0;
+    for (const cudaGraphEdgeData& d : data) {
+      *programmatic_edges += d.type == cudaGraphDependencyTypeProgrammatic;
+    }
+  }
   cudaGraphExec_t exec = nullptr;
   KVTIER_ASSERT_CUDA(cudaGraphInstantiate(&exec, graph, 0));
   for (int i = 0; i < replays; ++i) KVTIER_ASSERT_CUDA(cudaGraphLaunch(exec, stream));
@@ -61,12 +74,13 @@ struct CodecGraphCase {
   DType v_cache;
   const char* codec;
   uint32_t tokens, first_slot;
+  uint32_t layers = 5, kv_heads = 2;
 };
 
 void RunCodecGraph(const CodecGraphCase& c) {
   SCOPED_TRACE(std::string(CacheLayoutName(c.kind)) + "/" + c.codec + "/t" +
                std::to_string(c.tokens) + "/s" + std::to_string(c.first_slot));
-  const uint32_t L = 5, H = 2, D = 128, BS = 16;
+  const uint32_t L = c.layers, H = c.kv_heads, D = 128, BS = 16;
   const uint32_t need = (c.first_slot + c.tokens + BS - 1) / BS, num_blocks = 2 * need + 3;
   auto layout = MakePagedKvLayout(c.kind, L, num_blocks, BS, H, D, DType::kBF16, c.v_cache);
   ASSERT_TRUE(layout.ok()) << layout.status();
@@ -162,15 +176,28 @@ void RunCodecGraph(const CodecGraphCase& c) {
   ASSERT_TRUE(ReferenceDecodeScatter(*want, expect.layout, host_span).ok());
   auto staging = HostStaging::Create(bytes);
   ASSERT_TRUE(staging.ok()) << staging.status();
+  // The ranges after the first follow a decode of the same chunk, which does
+  // not write it: each may start while the one before it runs.
+  auto prior = [&](const LayerRange& r) {
+    return &r == &ranges.front() ? PriorKernel::kUnknown : PriorKernel::kLeavesChunk;
+  };
+  size_t programmatic = 0;
   CaptureAndReplay(stream, [&](cudaStream_t s) {
     for (const LayerRange& r : ranges) {
-      KVTIER_RETURN_IF_ERROR(DecodeScatter(*header, d_pinned, dst_graph.layout, span, r, s));
+      KVTIER_RETURN_IF_ERROR(
+          DecodeScatter(*header, d_pinned, dst_graph.layout, span, r, s, prior(r)));
     }
     return DecodeScatter(*header, d_pinned, dst_staged.layout, span, {}, **staging, s);
-  }, 2);
+  }, 2, &programmatic);
   if (::testing::Test::HasFatalFailure()) return;
+  // The chained decodes overlap on Hopper and later.
+  int device = 0, major = 0;
+  KVTIER_ASSERT_CUDA(cudaGetDevice(&device));
+  KVTIER_ASSERT_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  EXPECT_EQ(programmatic, major >= 9 ? ranges.size() - 1 : 0u);
   for (const LayerRange& r : ranges) {
-    ASSERT_TRUE(DecodeScatter(*header, d_pinned, dst_eager.layout, span, r, stream).ok());
+    ASSERT_TRUE(
+        DecodeScatter(*header, d_pinned, dst_eager.layout, span, r, stream, prior(r)).ok());
   }
   KVTIER_ASSERT_CUDA(cudaStreamSynchronize(stream));
   KVTIER_ASSERT_CUDA(dst_graph.CopyTo(out_graph));
@@ -211,6 +238,10 @@ TEST(CudaGraphGpu, StoreAndLoadOfLayerRangesReplayLikeEagerLaunches) {
       {CacheLayout::kSeparateNHD, DType::kBF16, "k=int4/token-head,v=fp8e4m3/token-head", 130, 0},
       // FP8 cache section: codes and scales pass through.
       {CacheLayout::kSeparateHND, DType::kFP8E4M3, "k16v8", 64, 0},
+      // Llama-like: a decode from host memory of more CTAs than the GPU
+      // holds at once (range [3, 24): 336 CTAs of 1024 threads).
+      {CacheLayout::kVllmFlashAttnNHD, DType::kBF16, "k=int4/token-head,v=int4/token-head", 256, 0,
+       24, 8},
   };
   for (const CodecGraphCase& c : cases) {
     RunCodecGraph(c);

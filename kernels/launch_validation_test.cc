@@ -114,6 +114,31 @@ TEST(DecodeScatterLaunch, InvalidInputIsInvalidArgument) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// A chained decode (PriorKernel::kLeavesChunk) is checked as any other,
+// before the device is asked anything.
+TEST(DecodeScatterLaunch, ChainedInvalidInputIsInvalidArgument) {
+  Fixture f;
+  auto layout = codec::ValidateSpec(f.spec);
+  ASSERT_TRUE(layout.ok());
+  codec::ChunkHeader header;
+  header.spec = f.spec;
+  header.layout = *layout;
+  f.ids[2] = 7;  // out of range
+  EXPECT_EQ(DecodeScatter(header, f.dst, f.cache.layout, f.span, LayerRange{}, nullptr,
+                          PriorKernel::kLeavesChunk)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  Fixture g;
+  EXPECT_EQ(DecodeScatter(header, nullptr, g.cache.layout, g.span, LayerRange{}, nullptr,
+                          PriorKernel::kLeavesChunk)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(DecodeScatter(header, g.dst, g.cache.layout, g.span, LayerRange{2, 9}, nullptr,
+                          PriorKernel::kLeavesChunk)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 // A staging of no bytes is refused before anything is allocated (no device
 // needed).
 TEST(HostStagingCreate, ZeroBytesIsInvalidArgument) {

@@ -1,11 +1,13 @@
 #include "kernels/paged_codec.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "kernels/cuda_status.h"
+#include "kernels/device_copy.cuh"
 #include "kernels/device_numeric.cuh"
 #include "kernels/dispatch.h"
 
@@ -839,11 +841,14 @@ __device__ __forceinline__ void StorePass8Scale(const CodecParams& p, int s, uin
 }
 
 // Decode+scatter of a chunk in device memory: one CTA a tile of one kv head,
-// every load issued before any store.
+// every load issued before any store. As a programmatic dependent launch
+// (PriorKernel::kLeavesChunk) it loads its tile before WaitForPriorGrids and
+// reads the block ids and stores after it, as DecodeFromHostKernel.
 template <int HD, int BS, bool kGeneral>
 __global__ void __launch_bounds__(kThreads)
     DecodeScatterKernel(const __grid_constant__ CodecParams p) {
   using T = Tile<HD, BS>;
+  AllowDependentLaunch();
   const auto [H, head, cb, layer, t0, nt] = T::Here(p);
   uint4 data[2][T::kPerThread];
   float scale[2][T::kPerThread];
@@ -881,6 +886,7 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
 
+  WaitForPriorGrids();
   const PagedKvLayout& c = p.cache;
 #pragma unroll
   for (int i = 0; i < T::kPerThread; ++i) {
@@ -1110,14 +1116,24 @@ __device__ __forceinline__ void ScatterHostTile(const CodecParams& p,
 
 // kThreads x heads_per_cta threads a CTA, host_stage.bytes of dynamic shared
 // memory; the grid of Tile::Here.
+//
+// Launched with PriorKernel::kLeavesChunk (LaunchDecodeFromHost), the grid
+// may start while the kernel before it on the stream finishes: a CTA reads
+// its tile of the chunk (which that kernel does not write) before
+// WaitForPriorGrids, and reads the block ids and writes the cache only after
+// it. Every CTA allows the next grid's launch at once, so that a chain of
+// decodes keeps the link busy across launches: the next grid's CTAs take
+// the SMs this grid's last CTAs leave and load their tiles while those finish.
 template <int HD, int BS>
 __global__ void __launch_bounds__(kThreads * kMaxHeadsPerCta<HD, BS>)
     DecodeFromHostKernel(const __grid_constant__ CodecParams p) {
   using T = Tile<HD, BS>;
   extern __shared__ __align__(16) uint8_t stage_smem[];
+  AllowDependentLaunch();
   const typename T::Coords at = T::Here(p);
   HostTileRegs<HD, BS> r;
   LoadHostTile<HD, BS>(p, at, r);
+  WaitForPriorGrids();
   StageHostTile<HD, BS>(p, at, r, stage_smem);
   __syncthreads();
   ScatterHostTile<HD, BS>(p, at, stage_smem);
@@ -1271,13 +1287,58 @@ bool NeedsGeneral(const CodecParams& p) {
   return p.sec[0].mode == Mode::kQuant || p.sec[1].mode == Mode::kQuant;
 }
 
+// Whether the current device runs programmatic dependent launches (compute
+// capability 9.0 or later). Asked once a device: every chained decode
+// launch (hundreds in a layer-wise load) would otherwise repeat the query.
+absl::StatusOr<bool> HasDependentLaunch() {
+  constexpr int kKnownDevices = 64;
+  static std::atomic<int8_t> known[kKnownDevices] = {};  // 0 not asked, 1 no, 2 yes
+  int device = 0, major = 0;
+  KVTIER_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  const bool cached = device >= 0 && device < kKnownDevices;
+  if (cached) {
+    const int8_t k = known[device].load(std::memory_order_relaxed);
+    if (k != 0) return k == 2;
+  }
+  KVTIER_RETURN_IF_ERROR(OutsideCapture([&] {
+    return cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  }));
+  if (cached) known[device].store(major >= 9 ? 2 : 1, std::memory_order_relaxed);
+  return major >= 9;
+}
+
+// Launches `fn(p)` on `stream`; with `prior` kLeavesChunk (decode kernels
+// only: they wait for the prior grid before their first store) as a
+// programmatic dependent launch where the device has them.
+absl::Status LaunchKernel(KernelFn fn, const CodecParams& p, dim3 grid, dim3 block, uint32_t smem,
+                          PriorKernel prior, cudaStream_t stream) {
+  cudaLaunchAttribute overlap{};
+  overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  overlap.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  if (prior == PriorKernel::kLeavesChunk) {
+    KVTIER_ASSIGN_OR_RETURN(const bool dependent, HasDependentLaunch());
+    if (dependent) {
+      config.attrs = &overlap;
+      config.numAttrs = 1;
+    }
+  }
+  KVTIER_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, fn, p));
+  return absl::OkStatus();
+}
+
 // The one dispatch point: runtime head_dim and block size (kernels/dispatch.h)
 // to an instantiation of Kernel (a struct template with `fast` and `general`
 // kernels). `staged`: a general encode into host memory, whose CTAs serve
 // HostHeadsPerCta kv heads (blockDim.y) and take a CodecStage in dynamic
 // shared memory; else one head a CTA.
 template <template <int, int> class Kernel>
-absl::Status Launch(CodecParams p, bool staged, cudaStream_t stream) {
+absl::Status Launch(CodecParams p, bool staged, cudaStream_t stream,
+                    PriorKernel prior = PriorKernel::kUnknown) {
   const bool general = NeedsGeneral(p);
   const uint32_t H = p.cache.num_kv_heads;
   KernelFn fn = nullptr;
@@ -1293,10 +1354,8 @@ absl::Status Launch(CodecParams p, bool staged, cudaStream_t stream) {
   }));
   p.heads_per_cta = g;
   p.staged = smem != 0;
-  const dim3 grid(p.num_blocks_in_chunk * (H / g), p.layer_end - p.layer_begin);
-  fn<<<grid, dim3(kThreads, g), smem, stream>>>(p);
-  KVTIER_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  return absl::OkStatus();
+  return LaunchKernel(fn, p, dim3(p.num_blocks_in_chunk * (H / g), p.layer_end - p.layer_begin),
+                      dim3(kThreads, g), smem, prior, stream);
 }
 
 // Codes of one element of a section that a kernel of `mode` reads or writes.
@@ -1330,8 +1389,10 @@ HostStage MakeHostStage(const CodecParams& p, uint32_t head_dim, uint32_t block_
 }
 
 // Decode+scatter of a chunk in host memory with a kQuant section:
-// DecodeFromHostKernel, the most kv heads a CTA that divide the kv heads.
-absl::Status LaunchDecodeFromHost(CodecParams p, cudaStream_t stream) {
+// DecodeFromHostKernel, the most kv heads a CTA that divide the kv heads;
+// with `prior` kLeavesChunk a programmatic dependent launch where the device
+// has them.
+absl::Status LaunchDecodeFromHost(CodecParams p, PriorKernel prior, cudaStream_t stream) {
   const uint32_t H = p.cache.num_kv_heads;
   KernelFn fn = nullptr;
   uint32_t g = 1;
@@ -1350,10 +1411,8 @@ absl::Status LaunchDecodeFromHost(CodecParams p, cudaStream_t stream) {
                                   static_cast<int>(smem));
     }));
   }
-  const dim3 grid(p.num_blocks_in_chunk * (H / g), p.layer_end - p.layer_begin);
-  fn<<<grid, dim3(kThreads, g), smem, stream>>>(p);
-  KVTIER_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  return absl::OkStatus();
+  return LaunchKernel(fn, p, dim3(p.num_blocks_in_chunk * (H / g), p.layer_end - p.layer_begin),
+                      dim3(kThreads, g), smem, prior, stream);
 }
 
 // GatherEncode's checks; fills the launch parameters.
@@ -1388,9 +1447,10 @@ absl::StatusOr<CodecParams> PrepareDecode(const codec::ChunkHeader& header, cons
 // host memory: DecodeFromHostKernel for a chunk in host memory with a kQuant
 // section, else DecodeScatterKernel (its direct loads reach 0.91-0.92 of a
 // pinned memcpy from host memory without a kQuant section).
-absl::Status LaunchDecode(const CodecParams& p, bool in_host, cudaStream_t stream) {
-  if (in_host && NeedsGeneral(p)) return LaunchDecodeFromHost(p, stream);
-  return Launch<DecodeK>(p, false, stream);
+absl::Status LaunchDecode(const CodecParams& p, bool in_host, PriorKernel prior,
+                          cudaStream_t stream) {
+  if (in_host && NeedsGeneral(p)) return LaunchDecodeFromHost(p, prior, stream);
+  return Launch<DecodeK>(p, false, stream, prior);
 }
 
 }  // namespace
@@ -1425,19 +1485,19 @@ absl::Status ValidateGatherEncode(const codec::ChunkSpec& spec, const PagedKvLay
 
 absl::Status DecodeScatter(const codec::ChunkHeader& header, const uint8_t* chunk,
                            const PagedKvLayout& cache, const BlockSpan& blocks,
-                           cudaStream_t stream) {
-  return DecodeScatter(header, chunk, cache, blocks, LayerRange{}, stream);
+                           cudaStream_t stream, PriorKernel prior) {
+  return DecodeScatter(header, chunk, cache, blocks, LayerRange{}, stream, prior);
 }
 
 absl::Status DecodeScatter(const codec::ChunkHeader& header, const uint8_t* chunk,
                            const PagedKvLayout& cache, const BlockSpan& blocks,
-                           LayerRange layers, cudaStream_t stream) {
+                           LayerRange layers, cudaStream_t stream, PriorKernel prior) {
   KVTIER_ASSIGN_OR_RETURN(CodecParams p, PrepareDecode(header, chunk, cache, blocks, layers));
   bool in_host = false;
   if (NeedsGeneral(p)) {  // only then does the answer change the kernel
     KVTIER_ASSIGN_OR_RETURN(in_host, IsHostMemory(p.chunk));
   }
-  return LaunchDecode(p, in_host, stream);
+  return LaunchDecode(p, in_host, prior, stream);
 }
 
 // ---- HostStaging ----
@@ -1465,7 +1525,8 @@ absl::Status HostStaging::Reserve(size_t bytes) {
 
 absl::Status DecodeScatter(const codec::ChunkHeader& header, const uint8_t* chunk,
                            const PagedKvLayout& cache, const BlockSpan& blocks,
-                           LayerRange layers, HostStaging& staging, cudaStream_t stream) {
+                           LayerRange layers, HostStaging& staging, cudaStream_t stream,
+                           PriorKernel prior) {
   KVTIER_ASSIGN_OR_RETURN(CodecParams p, PrepareDecode(header, chunk, cache, blocks, layers));
   KVTIER_ASSIGN_OR_RETURN(const HostAddress host, HostAddressOf(chunk));
   // The bytes from layer b's K record to layer e - 1's V record: the K
@@ -1486,7 +1547,7 @@ absl::Status DecodeScatter(const codec::ChunkHeader& header, const uint8_t* chun
   }
   if (host.host == nullptr || end - first > staging.capacity() || 3 * (end - first) > 4 * own ||
       8 * own < 3 * written) {
-    return LaunchDecode(p, host.in_host, stream);
+    return LaunchDecode(p, host.in_host, prior, stream);
   }
   KVTIER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(staging.data(), host.host + first, end - first,
                                               cudaMemcpyHostToDevice, stream));

@@ -82,6 +82,31 @@ absl::Status ValidateGatherEncode(const codec::ChunkSpec& spec, const PagedKvLay
                                   const BlockSpan& blocks, const uint8_t* dst,
                                   const uint32_t* workspace, LayerRange layers = {});
 
+// What a decode launch may assume of the kernel enqueued just before it on
+// its stream.
+enum class PriorKernel {
+  // Nothing: the decode starts once the work before it completes (stream
+  // order).
+  kUnknown,
+  // It does not write the chunk's bytes (e.g. it is the decode of another
+  // chunk, or there is none). Then, on a GPU of compute capability 9.0 or
+  // later, the decode kernel may start while that kernel runs (a
+  // programmatic dependent launch, which graph capture keeps as a
+  // programmatic edge): it reads its part of the chunk early, and reads the
+  // block ids and writes the cache only once the kernel before it has
+  // completed and its writes are visible. A chain of decodes (the chunks of
+  // a prefix, layer range by layer range) so keeps the link busy across
+  // launches (H200: kernels/README.md). A decode through a HostStaging's
+  // copy ignores it (its kernel follows the copy). The caller guarantees the
+  // premise: a kernel that writes the chunk just before a decode launched
+  // with kLeavesChunk races with the decode's reads.
+  kLeavesChunk,
+};
+// Every decode kernel lets a launch after it start early in turn: a kernel
+// launched after a decode with cudaLaunchAttributeProgrammaticStreamSerialization
+// must wait (cudaGridDependencySynchronize / griddepcontrol.wait) before it
+// reads what the decode wrote, as that attribute requires.
+
 // Decodes the chunk at `chunk` (device memory or mapped pinned host memory)
 // whose parsed header is `header` into the cache slots at `blocks`: 16-bit
 // cache sections receive codec::DecodeChunk's values, FP8 cache sections the
@@ -92,7 +117,7 @@ absl::Status ValidateGatherEncode(const codec::ChunkSpec& spec, const PagedKvLay
 // InvalidArgument as GatherEncode. Asynchronous.
 absl::Status DecodeScatter(const codec::ChunkHeader& header, const uint8_t* chunk,
                            const PagedKvLayout& cache, const BlockSpan& blocks,
-                           cudaStream_t stream);
+                           cudaStream_t stream, PriorKernel prior = PriorKernel::kUnknown);
 
 // DecodeScatter of layers [layers.begin, layers.end) of the chunk into the
 // same layers of the cache; the other layers of the cache are untouched.
@@ -101,7 +126,8 @@ absl::Status DecodeScatter(const codec::ChunkHeader& header, const uint8_t* chun
 // out-of-range `layers`. Asynchronous.
 absl::Status DecodeScatter(const codec::ChunkHeader& header, const uint8_t* chunk,
                            const PagedKvLayout& cache, const BlockSpan& blocks,
-                           LayerRange layers, cudaStream_t stream);
+                           LayerRange layers, cudaStream_t stream,
+                           PriorKernel prior = PriorKernel::kUnknown);
 
 // Device memory through which DecodeScatter loads a chunk that is in pinned
 // host memory: one copy-engine H2D copy of the layer range's records into
@@ -147,7 +173,8 @@ class HostStaging {
 // order (a launch overwrites what the previous one's decode reads).
 absl::Status DecodeScatter(const codec::ChunkHeader& header, const uint8_t* chunk,
                            const PagedKvLayout& cache, const BlockSpan& blocks,
-                           LayerRange layers, HostStaging& staging, cudaStream_t stream);
+                           LayerRange layers, HostStaging& staging, cudaStream_t stream,
+                           PriorKernel prior = PriorKernel::kUnknown);
 
 // Every host-side check of DecodeScatter, without launching anything.
 absl::Status ValidateDecodeScatter(const codec::ChunkHeader& header, const uint8_t* chunk,

@@ -9,6 +9,7 @@
 
 #include "codec/codec.h"
 #include "gtest/gtest.h"
+#include "kernels/device_copy.cuh"
 #include "kernels/gpu_test_util.h"
 #include "kernels/paged_codec.h"
 #include "kernels/reference.h"
@@ -47,13 +48,10 @@ void CheckDecode(const Case& c, const PagedKvLayout& layout, const std::vector<u
                  const codec::ChunkHeader& header, const uint8_t* chunk,
                  const BlockSpan& host_span, const BlockSpan& dev_span, LayerRange r,
                  HostStaging* staging, uint8_t poison) {
-  HostCache expect, gpu_out;
-  expect.Init(c.kind, layout);
-  gpu_out.Init(c.kind, layout);
-  expect.Poison(poison);
-  gpu_out.Poison(poison);
-  DeviceCache dst;
-  KVTIER_ASSERT_CUDA(dst.Upload(expect));
+  testing::PoisonedCaches caches;
+  KVTIER_ASSERT_CUDA(caches.Init(c.kind, layout, poison));
+  HostCache &expect = caches.expect, &gpu_out = caches.got;
+  DeviceCache& dst = caches.dev;
   ASSERT_TRUE(ReferenceDecodeScatter(want, expect.layout, host_span, r).ok());
   absl::Status st = staging == nullptr
                         ? DecodeScatter(header, chunk, dst.layout, dev_span, r, nullptr)
@@ -472,6 +470,11 @@ TEST(PagedCodecGpu, QuantizedFormatsOnAwkwardShapes) {
       // into mapped pinned host memory
       {CacheLayout::kVllmFlashAttnNHD, DType::kBF16, DType::kBF16, "k=int8/tensor,v=int4/token-head", 128, 16, 99, 2, 3, 4, Fill::kNormal, true},
       {CacheLayout::kSeparateNHD, DType::kBF16, DType::kFP8E4M3, "k=int4/block-head,v=fp8e4m3", 128, 16, 64, 0, 2, 4, Fill::kNormal, true},
+      // model-like shapes (8 kv heads, 16-24 layers, 250-300 tokens): decodes
+      // from host memory of more CTAs than the GPU holds at once
+      {CacheLayout::kVllmFlashAttnNHD, DType::kBF16, DType::kBF16, "k=int4/token-head,v=int4/token-head", 128, 16, 250, 3, 24, 8, Fill::kNormal, false},
+      {CacheLayout::kVllmFlashInferHND, DType::kFP16, DType::kFP16, "k=int8/block-head,v=int4/block-head", 128, 16, 256, 0, 20, 8, Fill::kNormal, false},
+      {CacheLayout::kSeparateNHD, DType::kBF16, DType::kBF16, "k=fp8e4m3/token-head,v=int8/tensor", 64, 32, 300, 5, 16, 8, Fill::kNormal, false},
   };
   for (const Case& c : cases) {
     RunCase(c);
@@ -489,6 +492,145 @@ TEST(PagedCodecGpu, NonFiniteInputSetsFlagAndMatchesForEveryQuantizedFormat) {
       if (HasFatalFailure()) return;
     }
   }
+}
+
+// A kernel that lets the next grid launch at once (programmatic dependent
+// launch), sleeps about `sleep_ns`, then copies `n` block ids from `from`
+// to `to`: a decode launched after it with PriorKernel::kLeavesChunk starts
+// while it sleeps, and must read the ids it writes, not the ones before.
+__global__ void GateThenWriteIds(const int32_t* from, int32_t* to, uint32_t n, uint64_t sleep_ns) {
+  AllowDependentLaunch();
+  uint64_t start, now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    __nanosleep(1000);
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < sleep_ns);
+  for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) to[i] = from[i];
+}
+
+// Decodes chained on one stream with PriorKernel::kLeavesChunk, as a prefix
+// load enqueues them: each may start while the one before it runs. Chunks in
+// host memory (both decode kernels: quantized formats and 16-bit / FP8
+// per-(block, head) ones) and in device memory. The cache must be the
+// reference's decode of the chunks in stream order: every decode reads block
+// ids written by the kernel before the chain (which sleeps while the first
+// decodes load their chunks), and the last chunk overwrites the blocks of
+// the one before it.
+TEST(PagedCodecGpu, ChainedDecodesFromHostKeepStreamOrder) {
+  KVTIER_SKIP_WITHOUT_GPU();
+  const CacheLayout kind = CacheLayout::kVllmFlashAttnNHD;
+  const uint32_t L = 4, H = 8, D = 128, BS = 16, kChunks = 7;
+  struct Run {
+    uint32_t tokens, first_slot;
+  };
+  const Run runs[kChunks] = {{64, 0}, {64, 0}, {40, 5}, {64, 0}, {17, 0}, {64, 0}, {64, 0}};
+  uint32_t total_ids = 0;
+  std::vector<uint32_t> id_at(kChunks);
+  for (uint32_t i = 0; i < kChunks; ++i) {
+    id_at[i] = total_ids;
+    total_ids += (runs[i].first_slot + runs[i].tokens + BS - 1) / BS;
+  }
+  const uint32_t num_blocks = total_ids + 4;
+  auto layout = MakePagedKvLayout(kind, L, num_blocks, BS, H, D, DType::kBF16, DType::kBF16);
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  HostCache src;
+  src.Init(kind, *layout);
+  src.FillValues(Fill::kNormal, 4242);
+  // Chunk i comes from source blocks ids[id_at[i]...] and goes to the same
+  // block ids of the destination; the last chunk takes its predecessor's
+  // destination blocks (its source blocks are its own).
+  std::vector<int32_t> ids = testing::ShuffledBlocks(num_blocks, total_ids, 99);
+  std::vector<int32_t> dst_ids = ids;
+  const uint32_t last = kChunks - 1, prev = kChunks - 2;
+  for (uint32_t j = 0; j < (runs[last].tokens + BS - 1) / BS; ++j) {
+    dst_ids[id_at[last] + j] = ids[id_at[prev] + j];
+  }
+  // What the ids hold until the gate kernel writes them: other valid blocks.
+  std::vector<int32_t> stale(total_ids);
+  for (uint32_t i = 0; i < total_ids; ++i) stale[i] = (dst_ids[i] + 1) % num_blocks;
+  int32_t *d_ids = nullptr, *d_good = nullptr;
+  KVTIER_ASSERT_CUDA(cudaMalloc(&d_ids, total_ids * 4));
+  KVTIER_ASSERT_CUDA(cudaMalloc(&d_good, total_ids * 4));
+  KVTIER_ASSERT_CUDA(cudaMemcpy(d_good, dst_ids.data(), total_ids * 4, cudaMemcpyHostToDevice));
+  cudaStream_t stream;
+  KVTIER_ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+
+  struct Format {
+    const char* name;
+    bool in_device;
+  };
+  for (const auto& [name, in_device] :
+       {Format{"k=int4/token-head,v=int4/token-head", false},
+        Format{"k=int4/block-head,v=int4/block-head", false}, Format{"ki8vi8", false},
+        Format{"k=fp8e4m3/token-head,v=int8/tensor", false}, Format{"k16v4", false},
+        Format{"k16v8", false}, Format{"k16v16", false}, Format{"ki8vi8", true},
+        Format{"k16v8", true}}) {
+    SCOPED_TRACE(std::string(name) + (in_device ? " in device memory" : " in host memory"));
+    auto fmt = codec::ParseCodec(name, DType::kBF16);
+    ASSERT_TRUE(fmt.ok()) << fmt.status();
+    testing::PoisonedCaches caches;
+    KVTIER_ASSERT_CUDA(caches.Init(kind, *layout, 0x6B));
+    HostCache &expect = caches.expect, &got = caches.got;
+    DeviceCache& dst = caches.dev;
+    std::vector<std::vector<uint8_t>> chunks(kChunks);
+    std::vector<codec::ChunkHeader> headers(kChunks);
+    std::vector<uint8_t*> pinned(kChunks, nullptr), mapped(kChunks, nullptr);
+    for (uint32_t i = 0; i < kChunks; ++i) {
+      codec::ChunkSpec spec;
+      spec.geometry = {L, H, D, runs[i].tokens, BS};
+      spec.dtype = DType::kBF16;
+      spec.k = fmt->k;
+      spec.v = fmt->v;
+      const uint32_t n = (runs[i].first_slot + runs[i].tokens + BS - 1) / BS;
+      const BlockSpan from{ids.data() + id_at[i], ids.data() + id_at[i], n, runs[i].first_slot};
+      auto chunk = ReferenceGatherEncode(spec, src.layout, from);
+      ASSERT_TRUE(chunk.ok()) << chunk.status();
+      chunks[i] = *std::move(chunk);
+      auto header = codec::VerifyChunk(chunks[i]);
+      ASSERT_TRUE(header.ok()) << header.status();
+      headers[i] = *header;
+      const BlockSpan to{dst_ids.data() + id_at[i], dst_ids.data() + id_at[i], n,
+                         runs[i].first_slot};
+      ASSERT_TRUE(ReferenceDecodeScatter(chunks[i], expect.layout, to).ok());
+      if (in_device) {
+        KVTIER_ASSERT_CUDA(cudaMalloc(&mapped[i], chunks[i].size()));
+        KVTIER_ASSERT_CUDA(cudaMemcpy(mapped[i], chunks[i].data(), chunks[i].size(),
+                                      cudaMemcpyHostToDevice));
+        continue;
+      }
+      KVTIER_ASSERT_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&pinned[i]), chunks[i].size(),
+                                       cudaHostAllocMapped));
+      std::memcpy(pinned[i], chunks[i].data(), chunks[i].size());
+      KVTIER_ASSERT_CUDA(
+          cudaHostGetDevicePointer(reinterpret_cast<void**>(&mapped[i]), pinned[i], 0));
+    }
+    KVTIER_ASSERT_CUDA(cudaMemcpy(d_ids, stale.data(), total_ids * 4, cudaMemcpyHostToDevice));
+    GateThenWriteIds<<<1, 128, 0, stream>>>(d_good, d_ids, total_ids, 200'000);
+    KVTIER_ASSERT_CUDA(cudaGetLastError());
+    for (uint32_t i = 0; i < kChunks; ++i) {
+      const uint32_t n = (runs[i].first_slot + runs[i].tokens + BS - 1) / BS;
+      const BlockSpan to{d_ids + id_at[i], dst_ids.data() + id_at[i], n, runs[i].first_slot};
+      const absl::Status st = DecodeScatter(headers[i], mapped[i], dst.layout, to, LayerRange{},
+                                            stream, PriorKernel::kLeavesChunk);
+      ASSERT_TRUE(st.ok()) << st;
+    }
+    KVTIER_ASSERT_CUDA(cudaStreamSynchronize(stream));
+    KVTIER_ASSERT_CUDA(dst.CopyTo(got));
+    for (uint32_t l = 0; l < L; ++l) {
+      ASSERT_EQ(got.k_tensors[l], expect.k_tensors[l]) << "layer " << l;
+    }
+    for (uint32_t i = 0; i < kChunks; ++i) {
+      if (in_device) {
+        cudaFree(mapped[i]);
+      } else {
+        cudaFreeHost(pinned[i]);
+      }
+    }
+  }
+  cudaStreamDestroy(stream);
+  cudaFree(d_ids);
+  cudaFree(d_good);
 }
 
 }  // namespace
