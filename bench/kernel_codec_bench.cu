@@ -56,7 +56,7 @@ constexpr int kTrials = 31;  // batches per function, interleaved across functio
 // every function, then batch t + 1, ...) so that clock or thermal drift hits
 // all of them alike. Returns per function the time per call of every batch.
 std::vector<std::vector<double>> TimeInterleaved(
-    const std::vector<std::function<void(int)>>& fns) {
+    const std::vector<std::function<void(int)>>& fns, cudaStream_t stream = nullptr) {
   cudaEvent_t a, b;
   CHECK_CUDA(cudaEventCreate(&a));
   CHECK_CUDA(cudaEventCreate(&b));
@@ -66,9 +66,9 @@ std::vector<std::vector<double>> TimeInterleaved(
   std::vector<std::vector<double>> t(fns.size());
   for (int trial = 0; trial < kTrials; ++trial) {
     for (size_t k = 0; k < fns.size(); ++k) {
-      CHECK_CUDA(cudaEventRecord(a));
+      CHECK_CUDA(cudaEventRecord(a, stream));
       for (int i = 0; i < kIters; ++i) fns[k](i);
-      CHECK_CUDA(cudaEventRecord(b));
+      CHECK_CUDA(cudaEventRecord(b, stream));
       CHECK_CUDA(cudaEventSynchronize(b));
       float ms = 0;
       CHECK_CUDA(cudaEventElapsedTime(&ms, a, b));
@@ -131,9 +131,14 @@ std::string LayerOverlap(const codec::ChunkHeader& header, const PagedKvLayout& 
   cudaEvent_t a, b;
   CHECK_CUDA(cudaEventCreate(&a));
   CHECK_CUDA(cudaEventCreate(&b));
-  auto load_layer = [&](uint32_t l, cudaStream_t s) {
+  // As GpuPagedIo::BeginLayerwiseLoad: every launch but a schedule's first
+  // chained (PriorKernel::kLeavesChunk); `chained` false: none.
+  auto load_layer = [&](uint32_t l, cudaStream_t s, bool chained = true) {
     for (int r = 0; r < kRotate; ++r) {
-      CHECK_OK(DecodeScatter(header, chunks[r], cache, span(r), LayerRange{l, l + 1}, s));
+      const bool first = l == 0 && r == 0;
+      CHECK_OK(DecodeScatter(header, chunks[r], cache, span(r), LayerRange{l, l + 1}, s,
+                             chained && !first ? PriorKernel::kLeavesChunk
+                                               : PriorKernel::kUnknown));
     }
   };
   uint32_t iters = 1 << 14;
@@ -179,6 +184,7 @@ std::string LayerOverlap(const codec::ChunkHeader& header, const PagedKvLayout& 
         CHECK_CUDA(cudaEventRecord(loaded[L - 1], s_compute));
         CHECK_CUDA(cudaStreamWaitEvent(s_load, loaded[L - 1]));
       },
+      [&] { for (uint32_t l = 0; l < L; ++l) load_layer(l, s_load, /*chained=*/false); },
   };
   std::vector<std::vector<double>> t(schedules.size());
   for (const auto& fn : schedules) time(fn);  // warm-up
@@ -187,12 +193,14 @@ std::string LayerOverlap(const codec::ChunkHeader& header, const PagedKvLayout& 
   }
   const double t_load = Quantile(t[0], 0.5), t_compute = Quantile(t[1], 0.5);
   const double t_serial = Quantile(t[2], 0.5), t_overlap = Quantile(t[3], 0.5);
-  const Ratio speedup = PairedRatio(t[2], t[3]);
+  const double t_unchained = Quantile(t[4], 0.5);
+  const Ratio speedup = PairedRatio(t[2], t[3]), chaining = PairedRatio(t[4], t[0]);
   std::printf(
-      "  layer-wise load of %d chunks x %u layers: load %.0f us, compute %.0f us, serialized "
-      "%.0f us, overlapped %.0f us = %.2f x faster than serialized (bound %.2f)\n",
-      kRotate, L, t_load * 1e6, t_compute * 1e6, t_serial * 1e6, t_overlap * 1e6, speedup.median,
-      t_serial / std::max(t_load, t_compute));
+      "  layer-wise load of %d chunks x %u layers: load %.0f us (unchained %.0f us: chaining "
+      "%.3f x), compute %.0f us, serialized %.0f us, overlapped %.0f us = %.2f x faster than "
+      "serialized (bound %.2f)\n",
+      kRotate, L, t_load * 1e6, t_unchained * 1e6, chaining.median, t_compute * 1e6,
+      t_serial * 1e6, t_overlap * 1e6, speedup.median, t_serial / std::max(t_load, t_compute));
   for (auto& e : loaded) cudaEventDestroy(e);
   cudaEventDestroy(a);
   cudaEventDestroy(b);
@@ -202,7 +210,9 @@ std::string LayerOverlap(const codec::ChunkHeader& header, const PagedKvLayout& 
   return absl::StrCat(
       "{\"chunks\": ", kRotate, ", \"layers\": ", L, ", \"launches_per_layer\": ", kRotate,
       ", \"stand_in_compute\": \"dependent FMAs, 2 CTAs x 256 threads per SM\", "
-      "\"stand_in_iters\": ", iters, ", \"t_load_s\": ", t_load, ", \"t_compute_s\": ", t_compute,
+      "\"stand_in_iters\": ", iters, ", \"t_load_s\": ", t_load,
+      ", \"t_load_unchained_s\": ", t_unchained, ", \"unchained_vs_chained_load\": ",
+      chaining.median, ", \"t_compute_s\": ", t_compute,
       ", \"t_serialized_s\": ", t_serial, ", \"t_overlapped_s\": ", t_overlap,
       ", \"overlapped_vs_serialized\": ", speedup.median, ", \"overlapped_vs_serialized_p10_p90\": [",
       speedup.p10, ", ", speedup.p90, "], \"bound_serialized_vs_max_load_compute\": ",
@@ -312,26 +322,42 @@ std::string RunModel(const Model& m, const char* codec_name, uint32_t T) {
   }
   auto staging = HostStaging::Create(chunk_bytes);
   CHECK_OK(staging.status());
+  // On a stream of its own (programmatic dependent launches are for streams
+  // an application creates).
+  cudaStream_t ls;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&ls, cudaStreamNonBlocking));
+  // Call i of a batch: the decode through `staging` (GpuPagedIo::Load's
+  // path) or zero-copy; `chained`: each call after a batch's first told that
+  // the kernel before it (the previous call's decode; the first call follows
+  // other work) does not write its chunk, as a prefix load enqueues them.
+  auto decode = [&](int i, bool staged, bool chained) {
+    const PriorKernel prior =
+        chained && i > 0 ? PriorKernel::kLeavesChunk : PriorKernel::kUnknown;
+    const uint8_t* chunk = hd_chunks[i % kRotate];
+    const BlockSpan to = span((i + 3) % kRotate);
+    CHECK_OK(staged ? DecodeScatter(*header, chunk, dev.layout, to, LayerRange{}, **staging, ls,
+                                    prior)
+                    : DecodeScatter(*header, chunk, dev.layout, to, LayerRange{}, ls, prior));
+  };
   const auto load = TimeInterleaved({
-      [&](int i) {
-        CHECK_OK(DecodeScatter(*header, hd_chunks[i % kRotate], dev.layout,
-                               span((i + 3) % kRotate), LayerRange{}, **staging, nullptr));
-      },
+      [&](int i) { decode(i, /*staged=*/true, /*chained=*/false); },
       [&](int i) {
         CHECK_CUDA(cudaMemcpyAsync(d_scratch[i % kRotate], h_chunks[i % kRotate], chunk_bytes,
-                                   cudaMemcpyHostToDevice));
+                                   cudaMemcpyHostToDevice, ls));
       },
-      [&](int i) {
-        CHECK_OK(DecodeScatter(*header, hd_chunks[i % kRotate], dev.layout,
-                               span((i + 3) % kRotate), nullptr));
-      },
-  });
+      [&](int i) { decode(i, /*staged=*/false, /*chained=*/false); },
+      [&](int i) { decode(i, /*staged=*/true, /*chained=*/true); },
+      [&](int i) { decode(i, /*staged=*/false, /*chained=*/true); },
+  }, ls);
   CHECK_CUDA(cudaDeviceSynchronize());
+  CHECK_CUDA(cudaStreamDestroy(ls));
   staging->reset();
   for (int r = 0; r < kRotate; ++r) cudaFree(d_scratch[r]);
   const double t_load = Quantile(load[0], 0.5), t_h2d = Quantile(load[1], 0.5);
-  const double t_zero_copy = Quantile(load[2], 0.5);
+  const double t_zero_copy = Quantile(load[2], 0.5), t_chained = Quantile(load[3], 0.5);
+  const double t_zc_chained = Quantile(load[4], 0.5);
   const Ratio ld = PairedRatio(load[1], load[0]), zc = PairedRatio(load[1], load[2]);
+  const Ratio ch = PairedRatio(load[1], load[3]), zch = PairedRatio(load[1], load[4]);
   std::string overlap;
   if (std::strcmp(codec_name, "k16v8") == 0) {
     overlap = LayerOverlap(*header, dev.layout, span, hd_chunks, t_zero_copy / m.layers);
@@ -353,9 +379,11 @@ std::string RunModel(const Model& m, const char* codec_name, uint32_t T) {
       kv16_bytes / t_encode_pinned / 1e9);
   std::printf(
       "%-12s %-7s load: pinned H2D memcpy %5.1f GB/s, decode+scatter from pinned (staged) "
-      "%5.1f GB/s = %.3f x (fp16-equivalent %5.1f GB/s), zero-copy %5.1f GB/s = %.3f x\n",
+      "%5.1f GB/s = %.3f x (fp16-equivalent %5.1f GB/s), zero-copy %5.1f GB/s = %.3f x, "
+      "chained %5.1f GB/s = %.3f x, zero-copy chained %5.1f GB/s = %.3f x\n",
       m.name, codec_name, chunk_bytes / t_h2d / 1e9, chunk_bytes / t_load / 1e9, ld.median,
-      kv16_bytes / t_load / 1e9, chunk_bytes / t_zero_copy / 1e9, zc.median);
+      kv16_bytes / t_load / 1e9, chunk_bytes / t_zero_copy / 1e9, zc.median,
+      chunk_bytes / t_chained / 1e9, ch.median, chunk_bytes / t_zc_chained / 1e9, zch.median);
 
   for (int r = 0; r < kRotate; ++r) {
     cudaFree(d_chunks[r]);
@@ -384,12 +412,19 @@ std::string RunModel(const Model& m, const char* codec_name, uint32_t T) {
       ", \"decode_scatter_from_pinned_vs_pinned_h2d_memcpy\": ", ld.median,
       ", \"t_decode_scatter_zero_copy_from_pinned_s\": ", t_zero_copy,
       ", \"decode_scatter_zero_copy_from_pinned_vs_pinned_h2d_memcpy\": ", zc.median,
+      ", \"t_decode_scatter_from_pinned_chained_s\": ", t_chained,
+      ", \"decode_scatter_from_pinned_chained_vs_pinned_h2d_memcpy\": ", ch.median,
+      ", \"t_decode_scatter_zero_copy_chained_s\": ", t_zc_chained,
+      ", \"decode_scatter_zero_copy_chained_vs_pinned_h2d_memcpy\": ", zch.median,
       ", \"fp16_equivalent_load_gbps\": ", kv16_bytes / t_load / 1e9,
       ", \"pinned_h2d_memcpy_gbps\": ", chunk_bytes / t_h2d / 1e9,
       ", \"ratio_p10_p90\": {\"gather_encode_d2d\": [", enc.p10, ", ", enc.p90,
       "], \"decode_scatter_d2d\": [", dec.p10, ", ", dec.p90, "], \"gather_encode_pinned\": [",
       pin.p10, ", ", pin.p90, "], \"decode_scatter_from_pinned\": [", ld.p10, ", ", ld.p90,
-      "], \"decode_scatter_zero_copy_from_pinned\": [", zc.p10, ", ", zc.p90, "]}, \"trials\": ", kTrials, ", \"iters_per_trial\": ", kIters,
+      "], \"decode_scatter_zero_copy_from_pinned\": [", zc.p10, ", ", zc.p90,
+      "], \"decode_scatter_from_pinned_chained\": [", ch.p10, ", ", ch.p90,
+      "], \"decode_scatter_zero_copy_chained\": [", zch.p10, ", ", zch.p90,
+      "]}, \"trials\": ", kTrials, ", \"iters_per_trial\": ", kIters,
       overlap.empty() ? "" : ", \"layer_overlap\": ", overlap, "}");
 }
 

@@ -27,13 +27,15 @@ def main():
                                         "decode_scatter_d2d_vs_memcpy",
                                         "gather_encode_pinned_vs_pinned_memcpy",
                                         "decode_scatter_from_pinned_vs_pinned_h2d_memcpy",
+                                        "decode_scatter_from_pinned_chained_vs_pinned_h2d_memcpy",
+                                        "decode_scatter_zero_copy_chained_vs_pinned_h2d_memcpy",
                                         "fp16_equivalent_offload_gbps", "fp16_equivalent_load_gbps",
                                         "pinned_d2h_memcpy_gbps", "pinned_h2d_memcpy_gbps")
                       if k in r}
             if "layer_overlap" in r:
                 s[key]["layer_overlap"] = {k: r["layer_overlap"][k] for k in (
-                    "t_load_s", "t_compute_s", "t_serialized_s", "t_overlapped_s",
-                    "overlapped_vs_serialized")}
+                    "t_load_s", "t_load_unchained_s", "t_compute_s", "t_serialized_s",
+                    "t_overlapped_s", "overlapped_vs_serialized") if k in r["layer_overlap"]}
             if "ratio_p10_p90" in r:
                 s[key]["ratio_p10_p90"] = r["ratio_p10_p90"]
     if attn:
