@@ -96,47 +96,31 @@ TEST(GatherEncodeLaunch, EmptyOrOutOfRangeLayerRangeIsInvalidArgument) {
   }
 }
 
+// Bad input is InvalidArgument before the device is asked anything, for a
+// chained decode (PriorKernel::kLeavesChunk) as for any other.
 TEST(DecodeScatterLaunch, InvalidInputIsInvalidArgument) {
-  Fixture f;
-  auto layout = codec::ValidateSpec(f.spec);
-  ASSERT_TRUE(layout.ok());
-  codec::ChunkHeader header;
-  header.spec = f.spec;
-  header.layout = *layout;
-  f.ids[2] = 7;
-  EXPECT_EQ(DecodeScatter(header, f.dst, f.cache.layout, f.span, nullptr).code(),
-            absl::StatusCode::kInvalidArgument);
-  Fixture g;
-  EXPECT_EQ(DecodeScatter(header, nullptr, g.cache.layout, g.span, nullptr).code(),
-            absl::StatusCode::kInvalidArgument);
-  header.spec.geometry.head_dim = 64;
-  EXPECT_EQ(DecodeScatter(header, g.dst, g.cache.layout, g.span, nullptr).code(),
-            absl::StatusCode::kInvalidArgument);
-}
-
-// A chained decode (PriorKernel::kLeavesChunk) is checked as any other,
-// before the device is asked anything.
-TEST(DecodeScatterLaunch, ChainedInvalidInputIsInvalidArgument) {
-  Fixture f;
-  auto layout = codec::ValidateSpec(f.spec);
-  ASSERT_TRUE(layout.ok());
-  codec::ChunkHeader header;
-  header.spec = f.spec;
-  header.layout = *layout;
-  f.ids[2] = 7;  // out of range
-  EXPECT_EQ(DecodeScatter(header, f.dst, f.cache.layout, f.span, LayerRange{}, nullptr,
-                          PriorKernel::kLeavesChunk)
-                .code(),
-            absl::StatusCode::kInvalidArgument);
-  Fixture g;
-  EXPECT_EQ(DecodeScatter(header, nullptr, g.cache.layout, g.span, LayerRange{}, nullptr,
-                          PriorKernel::kLeavesChunk)
-                .code(),
-            absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(DecodeScatter(header, g.dst, g.cache.layout, g.span, LayerRange{2, 9}, nullptr,
-                          PriorKernel::kLeavesChunk)
-                .code(),
-            absl::StatusCode::kInvalidArgument);
+  for (PriorKernel prior : {PriorKernel::kUnknown, PriorKernel::kLeavesChunk}) {
+    SCOPED_TRACE(prior == PriorKernel::kUnknown ? "kUnknown" : "kLeavesChunk");
+    Fixture f;
+    auto layout = codec::ValidateSpec(f.spec);
+    ASSERT_TRUE(layout.ok());
+    codec::ChunkHeader header;
+    header.spec = f.spec;
+    header.layout = *layout;
+    f.ids[2] = 7;  // out of range
+    EXPECT_EQ(DecodeScatter(header, f.dst, f.cache.layout, f.span, nullptr, prior).code(),
+              absl::StatusCode::kInvalidArgument);
+    Fixture g;
+    EXPECT_EQ(DecodeScatter(header, nullptr, g.cache.layout, g.span, nullptr, prior).code(),
+              absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(
+        DecodeScatter(header, g.dst, g.cache.layout, g.span, LayerRange{2, 9}, nullptr, prior)
+            .code(),
+        absl::StatusCode::kInvalidArgument);
+    header.spec.geometry.head_dim = 64;
+    EXPECT_EQ(DecodeScatter(header, g.dst, g.cache.layout, g.span, nullptr, prior).code(),
+              absl::StatusCode::kInvalidArgument);
+  }
 }
 
 // A staging of no bytes is refused before anything is allocated (no device
