@@ -20,7 +20,7 @@ build: configure
 
 # `make test` runs every test, the engine connectors' tests against vLLM and
 # SGLang included (ctest label `engines`). Their venvs (each engine with its
-# own CUDA torch build, about 20 GB with the package's test venv) take about 10
+# own CUDA torch build, about 24 GB with the package's test venv) take about 10
 # minutes to download on a cold machine, so they are made while the C++ build
 # runs (network-bound pip beside compile-bound ninja); ctest's venv fixtures
 # then find them made (or retry one that failed, with its error in the log).
