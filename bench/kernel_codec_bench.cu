@@ -396,8 +396,9 @@ std::string RunModel(const Model& m, const char* codec_name, uint32_t T) {
   return absl::StrCat(
       "{\"model\": \"", m.name, "\", \"codec\": \"", codec_name, "\", \"layers\": ", m.layers,
       ", \"kv_heads\": ", m.heads, ", \"head_dim\": ", m.head_dim,
-      ", \"chunk_tokens\": ", T, ", \"block_size\": ", kBlockSize, ", \"cache_layout\": \"vllm-flashattn-nhd\", "
-      "\"dtype\": \"bf16\", \"chunk_bytes\": ", chunk_bytes, ", \"kv16_bytes\": ", kv16_bytes,
+      ", \"chunk_tokens\": ", T, ", \"block_size\": ", kBlockSize,
+      ", \"cache_layout\": \"vllm-flashattn-nhd\", \"dtype\": \"bf16\", \"chunk_bytes\": ",
+      chunk_bytes, ", \"kv16_bytes\": ", kv16_bytes,
       ", \"bytes_moved_encode\": ", moved, ", \"t_d2d_memcpy_same_bytes_s\": ", t_d2d,
       ", \"t_gather_encode_d2d_s\": ", t_encode, ", \"t_decode_scatter_d2d_s\": ", t_decode,
       ", \"gather_encode_d2d_vs_memcpy\": ", enc_ratio,

@@ -203,21 +203,9 @@ void RunCodecGraph(const CodecGraphCase& c) {
   KVTIER_ASSERT_CUDA(dst_graph.CopyTo(out_graph));
   KVTIER_ASSERT_CUDA(dst_eager.CopyTo(out_eager));
   KVTIER_ASSERT_CUDA(dst_staged.CopyTo(out_staged));
-  for (uint32_t l = 0; l < L; ++l) {
-    SCOPED_TRACE("layer " + std::to_string(l));
-    ASSERT_EQ(out_graph.k_tensors[l], out_eager.k_tensors[l]);
-    ASSERT_EQ(out_graph.k_tensors[l], expect.k_tensors[l]);
-    ASSERT_EQ(out_staged.k_tensors[l], expect.k_tensors[l]) << "staged";
-    if (!expect.v_tensors.empty()) {
-      ASSERT_EQ(out_graph.v_tensors[l], out_eager.v_tensors[l]);
-      ASSERT_EQ(out_graph.v_tensors[l], expect.v_tensors[l]);
-      ASSERT_EQ(out_staged.v_tensors[l], expect.v_tensors[l]) << "staged";
-    }
-    if (!expect.v_scales.empty()) {
-      ASSERT_EQ(out_graph.v_scales[l], expect.v_scales[l]);
-      ASSERT_EQ(out_staged.v_scales[l], expect.v_scales[l]) << "staged";
-    }
-  }
+  ASSERT_EQ(testing::CacheDifference(out_graph, out_eager), "");
+  ASSERT_EQ(testing::CacheDifference(out_graph, expect), "");
+  ASSERT_EQ(testing::CacheDifference(out_staged, expect), "") << "staged";
   cudaStreamDestroy(stream);
   cudaFreeHost(h_pinned);
   cudaFreeHost(h_enc);

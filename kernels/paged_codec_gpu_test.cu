@@ -59,12 +59,7 @@ void CheckDecode(const Case& c, const PagedKvLayout& layout, const std::vector<u
   ASSERT_TRUE(st.ok()) << st;
   KVTIER_ASSERT_CUDA(cudaDeviceSynchronize());
   KVTIER_ASSERT_CUDA(dst.CopyTo(gpu_out));
-  for (uint32_t l = 0; l < c.layers; ++l) {
-    ASSERT_EQ(gpu_out.k_tensors[l], expect.k_tensors[l]) << "layer " << l;
-    if (!gpu_out.v_tensors.empty()) ASSERT_EQ(gpu_out.v_tensors[l], expect.v_tensors[l]);
-    if (!gpu_out.v_scales.empty()) ASSERT_EQ(gpu_out.v_scales[l], expect.v_scales[l]);
-    if (!gpu_out.k_scales.empty()) ASSERT_EQ(gpu_out.k_scales[l], expect.k_scales[l]);
-  }
+  ASSERT_EQ(testing::CacheDifference(gpu_out, expect), "");
 }
 
 // Returns the host chunk produced by the GPU (sealed) and checks decode+scatter.
@@ -617,9 +612,7 @@ TEST(PagedCodecGpu, ChainedDecodesFromHostKeepStreamOrder) {
     }
     KVTIER_ASSERT_CUDA(cudaStreamSynchronize(stream));
     KVTIER_ASSERT_CUDA(dst.CopyTo(got));
-    for (uint32_t l = 0; l < L; ++l) {
-      ASSERT_EQ(got.k_tensors[l], expect.k_tensors[l]) << "layer " << l;
-    }
+    ASSERT_EQ(testing::CacheDifference(got, expect), "");
     for (uint32_t i = 0; i < kChunks; ++i) {
       if (in_device) {
         cudaFree(mapped[i]);

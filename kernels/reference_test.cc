@@ -102,6 +102,26 @@ TEST(ReferenceDecodeScatter, LayerRangeWritesOnlyItsLayers) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// The tests' cache comparison names the first layer, tensor and entry that
+// differ, and "" for equal caches.
+TEST(CacheDifference, NamesTheFirstDifference) {
+  auto d = MakePagedKvLayout(CacheLayout::kSeparateNHD, 3, 4, 16, 2, 64, DType::kBF16,
+                             DType::kFP8E4M3);
+  ASSERT_TRUE(d.ok());
+  HostCache a, b;
+  a.Init(CacheLayout::kSeparateNHD, *d);
+  b.Init(CacheLayout::kSeparateNHD, *d);
+  a.FillValues(Fill::kNormal, 5);
+  b.FillValues(Fill::kNormal, 5);
+  EXPECT_EQ(testing::CacheDifference(a, b), "");
+  b.v_scales[2][3] += 1.0f;
+  EXPECT_EQ(testing::CacheDifference(a, b), "layer 2 V scales at entry 3");
+  b.v_tensors[1][100] ^= 1;
+  EXPECT_EQ(testing::CacheDifference(a, b), "layer 1 V at entry 100");
+  b.k_tensors[1][7] ^= 1;
+  EXPECT_EQ(testing::CacheDifference(a, b), "layer 1 K at entry 7");
+}
+
 TEST(LayerRecordBytes, CoverEachSectionsRecordsOfTheRange) {
   codec::Geometry g{4, 2, 64, 32, 16};
   auto layout = codec::ComputeLayout(g, {DType::kBF16, codec::ScaleGranularity::kNone}, kFp8BH);

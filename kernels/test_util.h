@@ -4,10 +4,12 @@
 #ifndef KVTIER_KERNELS_TEST_UTIL_H_
 #define KVTIER_KERNELS_TEST_UTIL_H_
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "codec/numeric.h"
@@ -132,6 +134,30 @@ inline std::vector<int32_t> ShuffledBlocks(uint32_t num_blocks, uint32_t count, 
   std::shuffle(ids.begin(), ids.end(), rng);
   ids.resize(count);
   return ids;
+}
+
+// Where `got` differs from `want` (caches of the same kind and layout): the
+// first layer's tensor or scales that differ and the byte, e.g. "layer 3 V
+// at entry 4096"; "" if they are equal. Tests assert it is "".
+inline std::string CacheDifference(const HostCache& got, const HostCache& want) {
+  auto differ = [](const auto& a, const auto& b, size_t l, const char* what) -> std::string {
+    if (a == b) return "";
+    if (a.size() != b.size()) {
+      return "layer " + std::to_string(l) + " " + what + ": " + std::to_string(a.size()) +
+             " entries, want " + std::to_string(b.size());
+    }
+    const size_t at = std::mismatch(a.begin(), a.end(), b.begin()).first - a.begin();
+    return "layer " + std::to_string(l) + " " + what + " at entry " + std::to_string(at);
+  };
+  for (size_t l = 0; l < want.k_tensors.size(); ++l) {
+    std::string d = differ(got.k_tensors[l], want.k_tensors[l], l,
+                           want.v_tensors.empty() ? "K and V" : "K");
+    if (d.empty() && !want.v_tensors.empty()) d = differ(got.v_tensors[l], want.v_tensors[l], l, "V");
+    if (d.empty() && !want.k_scales.empty()) d = differ(got.k_scales[l], want.k_scales[l], l, "K scales");
+    if (d.empty() && !want.v_scales.empty()) d = differ(got.v_scales[l], want.v_scales[l], l, "V scales");
+    if (!d.empty()) return d;
+  }
+  return "";
 }
 
 }  // namespace kvtier::kernels::testing
