@@ -109,10 +109,10 @@ TEST(CacheDifference, NamesTheFirstDifference) {
                              DType::kFP8E4M3);
   ASSERT_TRUE(d.ok());
   HostCache a, b;
-  a.Init(CacheLayout::kSeparateNHD, *d);
-  b.Init(CacheLayout::kSeparateNHD, *d);
-  a.FillValues(Fill::kNormal, 5);
-  b.FillValues(Fill::kNormal, 5);
+  for (HostCache* c : {&a, &b}) {  // the same contents
+    c->Init(CacheLayout::kSeparateNHD, *d);
+    c->FillValues(Fill::kNormal, 5);
+  }
   EXPECT_EQ(testing::CacheDifference(a, b), "");
   b.v_scales[2][3] += 1.0f;
   EXPECT_EQ(testing::CacheDifference(a, b), "layer 2 V scales at entry 3");
