@@ -385,7 +385,7 @@ class FreqLruOrder {
   // multiplier `bonus`. Returns true if `id` was held.
   bool Use(const ObjectKey& id, uint64_t bytes, uint32_t uses, double bonus) {
     const uint32_t extra = std::min(uses > 0 ? uses - 1 : 0, max_bonus_uses_);
-    auto [it, inserted] = held_.try_emplace(id, Held{0, bytes});
+    auto [it, inserted] = held_.try_emplace(id, Held{0, bytes, uses});
     const double p = static_cast<double>(++clock_) +
                      bonus * static_cast<double>(held_.size()) * static_cast<double>(extra);
     if (!inserted) {
@@ -394,6 +394,7 @@ class FreqLruOrder {
       bytes_ += bytes;
     }
     it->second.priority = p;
+    it->second.uses = uses;
     order_.insert({p, id});
     return !inserted;
   }
@@ -412,9 +413,19 @@ class FreqLruOrder {
     }
     return std::nullopt;
   }
-  // Evicts lowest-priority objects until at most `capacity` bytes are held.
+  // Evicts lowest-priority objects until at most `capacity` bytes are held,
+  // calling `evicted(id, bytes, uses)` for each (uses: at its last use).
+  template <typename F>
+  void Trim(uint64_t capacity, F&& evicted) {
+    while (bytes_ > capacity && !order_.empty()) {
+      const ObjectKey id = order_.begin()->second;
+      const Held h = held_.at(id);
+      Erase(id);
+      evicted(id, h.bytes, h.uses);
+    }
+  }
   void Trim(uint64_t capacity) {
-    while (bytes_ > capacity && !order_.empty()) Erase(order_.begin()->second);
+    Trim(capacity, [](const ObjectKey&, uint64_t, uint32_t) {});
   }
   size_t size() const { return held_.size(); }
 
@@ -422,6 +433,7 @@ class FreqLruOrder {
   struct Held {
     double priority;
     uint64_t bytes;
+    uint32_t uses;
   };
   struct Less {
     bool operator()(const std::pair<double, ObjectKey>& a, const std::pair<double, ObjectKey>& b) const {
@@ -443,12 +455,22 @@ class FreqLruOrder {
 // one per candidate bonus, and every kEpoch sampled uses the bonus whose
 // cache hit most (hits decay by half per epoch) becomes the tier's. Zero is
 // a candidate, so where frequency does not pay (a tier large enough that
-// recency alone keeps what is reused) the policy is LRU.
+// recency alone keeps what is reused) the policy is LRU. With a tier below
+// (TierBelow), each small cache evicts into a small LRU cache of that
+// tier's capacity / kSampleRate, admitting what the engine would admit, and
+// a hit in either counts: the bonus is chosen for the hits of both tiers,
+// since what this tier keeps decides what the one below receives.
 class FreqLruPolicy : public EvictionPolicy {
  public:
-  FreqLruPolicy(uint64_t capacity, double bonus, uint32_t max_bonus_uses)
-      : bonus_(bonus), order_(max_bonus_uses), mini_capacity_(capacity / kSampleRate) {
-    for (double b : {0.0, 0.25, 0.5, 1.0, 2.0, 4.0}) minis_.push_back(Mini{b, FreqLruOrder(max_bonus_uses), 0});
+  FreqLruPolicy(uint64_t capacity, double bonus, uint32_t max_bonus_uses, const TierBelow& below)
+      : bonus_(bonus),
+        order_(max_bonus_uses),
+        mini_capacity_(capacity / kSampleRate),
+        below_capacity_(below.capacity_bytes / kSampleRate),
+        below_admit_after_uses_(below.admit_after_uses) {
+    for (double b : {0.0, 0.25, 0.5, 1.0, 2.0, 4.0}) {
+      minis_.push_back(Mini{b, FreqLruOrder(max_bonus_uses), FreqLruOrder(0), 0});
+    }
   }
 
   void OnInsert(const ObjectKey& id, uint64_t bytes) override { Use(id, bytes); }
@@ -470,8 +492,27 @@ class FreqLruPolicy : public EvictionPolicy {
   struct Mini {
     double bonus;
     FreqLruOrder order;
+    FreqLruOrder below;  // LRU (bonus 0); empty without a tier below
     double hits;
   };
+
+  // One use of a sampled object in miniature cache `m`: a hit in it or in
+  // its tier below, as the engine would serve it (a hit below is copied up
+  // and stays below too).
+  void UseMini(Mini& m, const ObjectKey& id, uint64_t bytes, uint32_t uses) {
+    bool hit = m.order.Contains(id);
+    if (!hit && m.below.Contains(id)) {
+      m.below.Use(id, bytes, uses, 0);
+      hit = true;
+    }
+    m.order.Use(id, bytes, uses, m.bonus);
+    if (hit) m.hits += 1;
+    m.order.Trim(mini_capacity_, [&](const ObjectKey& v, uint64_t vb, uint32_t vu) {
+      if (below_capacity_ == 0 || vu < below_admit_after_uses_ || m.below.Contains(v)) return;
+      m.below.Use(v, vb, vu, 0);
+      m.below.Trim(below_capacity_);
+    });
+  }
 
   void Use(const ObjectKey& id, uint64_t bytes) {
     const uint32_t uses = sketch_.Increment(id);
@@ -481,15 +522,12 @@ class FreqLruPolicy : public EvictionPolicy {
     // (remembered from its insert: an access carries none).
     auto [sz, fresh] = sample_bytes_.try_emplace(id, bytes);
     if (!fresh && bytes != 0) sz->second = bytes;
-    for (Mini& m : minis_) {
-      if (m.order.Use(id, sz->second, uses, m.bonus)) m.hits += 1;
-      m.order.Trim(mini_capacity_);
-    }
-    if (sample_bytes_.size() > 4 * (minis_[0].order.size() + 1024)) {
+    for (Mini& m : minis_) UseMini(m, id, sz->second, uses);
+    if (sample_bytes_.size() > 4 * (minis_[0].order.size() + minis_[0].below.size() + 1024)) {
       // Forget sizes of objects no miniature cache holds.
       absl::erase_if(sample_bytes_, [&](const auto& kv) {
         for (const Mini& m : minis_) {
-          if (m.order.Contains(kv.first)) return false;
+          if (m.order.Contains(kv.first) || m.below.Contains(kv.first)) return false;
         }
         return true;
       });
@@ -511,6 +549,8 @@ class FreqLruPolicy : public EvictionPolicy {
   FrequencySketch sketch_;
   FreqLruOrder order_;
   const uint64_t mini_capacity_;
+  const uint64_t below_capacity_;
+  const uint32_t below_admit_after_uses_;
   std::vector<Mini> minis_;
   absl::flat_hash_map<ObjectKey, uint64_t> sample_bytes_;
   uint64_t sampled_ = 0;
@@ -519,7 +559,7 @@ class FreqLruPolicy : public EvictionPolicy {
 }  // namespace
 
 std::unique_ptr<EvictionPolicy> NewEvictionPolicy(EvictionPolicyKind kind, uint64_t capacity,
-                                                  const EvictionOptions& options) {
+                                                  const EvictionOptions& options, const TierBelow& below) {
   switch (kind) {
     case EvictionPolicyKind::kLru:
       return std::make_unique<LruPolicy>();
@@ -528,7 +568,8 @@ std::unique_ptr<EvictionPolicy> NewEvictionPolicy(EvictionPolicyKind kind, uint6
     case EvictionPolicyKind::kArc:
       return std::make_unique<ArcPolicy>(capacity);
     case EvictionPolicyKind::kFreqLru:
-      return std::make_unique<FreqLruPolicy>(capacity, options.flru_bonus, options.flru_max_bonus_uses);
+      return std::make_unique<FreqLruPolicy>(capacity, options.flru_bonus, options.flru_max_bonus_uses,
+                                             below);
   }
   return std::make_unique<LruPolicy>();
 }

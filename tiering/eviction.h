@@ -50,11 +50,19 @@ absl::StatusOr<EvictionPolicyKind> ParseEvictionPolicy(std::string_view name);
 // overrides. A tier's best policy depends on what reaches it: DRAM sees every
 // put (most chunks are read once), NVMe only what DRAM evicted and admission
 // let through.
+// A spec names its policies; the engine's default is
+// PlacementEngineOptions::eviction.
 struct EvictionPolicySpec {
-  EvictionPolicyKind all = EvictionPolicyKind::kS3Fifo;
+  EvictionPolicyKind all = EvictionPolicyKind::kFreqLru;
   std::array<std::optional<EvictionPolicyKind>, kNumTierKinds> tier{};
 
   EvictionPolicyKind For(TierKind k) const { return tier[static_cast<int>(k)].value_or(all); }
+  // This spec with tier `k` overridden by `kind`.
+  EvictionPolicySpec With(TierKind k, EvictionPolicyKind kind) const {
+    EvictionPolicySpec s = *this;
+    s.tier[static_cast<int>(k)] = kind;
+    return s;
+  }
 };
 // "POLICY", or a comma-separated list of POLICY and TIER=POLICY items
 // ("flru,nvme=lru", "dram=flru"): a bare policy sets every tier (`fallback`
@@ -62,7 +70,7 @@ struct EvictionPolicySpec {
 // the bad item for an unknown policy or tier, an empty item, or a tier or
 // bare policy given twice.
 absl::StatusOr<EvictionPolicySpec> ParseEvictionPolicySpec(
-    std::string_view spec, EvictionPolicyKind fallback = EvictionPolicyKind::kS3Fifo);
+    std::string_view spec, EvictionPolicyKind fallback = EvictionPolicyKind::kFreqLru);
 // `s` in ParseEvictionPolicySpec's form: "flru", or "flru,nvme=lru" with
 // the overrides that differ from the bare policy, in tier order.
 std::string EvictionPolicySpecName(const EvictionPolicySpec& s);
@@ -105,11 +113,23 @@ class EvictionPolicy {
   virtual bool IsGhost(const ObjectKey& id) const = 0;
 };
 
+// The tier that takes a tier's evicted objects (DRAM's is NVMe), as the
+// engine runs it: FLRU chooses its bonus for the hits of both tiers.
+struct TierBelow {
+  // Its capacity; 0: no tier below (evicted objects are dropped).
+  uint64_t capacity_bytes = 0;
+  // An evicted object goes down only after this many uses (the engine's
+  // nvme_admit_after_uses for DRAM); others are dropped.
+  uint32_t admit_after_uses = 1;
+};
+
 // `capacity_bytes`: the tier's capacity (S3-FIFO sizes its queues and ARC
-// its target and ghost lists from it).
+// its target and ghost lists from it). `below`: the tier under it (only
+// FLRU uses it).
 std::unique_ptr<EvictionPolicy> NewEvictionPolicy(EvictionPolicyKind kind,
                                                   uint64_t capacity_bytes,
-                                                  const EvictionOptions& options = {});
+                                                  const EvictionOptions& options = {},
+                                                  const TierBelow& below = {});
 
 }  // namespace kvtier::tiering
 

@@ -120,8 +120,15 @@ PlacementEngine::PlacementEngine(const PlacementEngineOptions& o, EngineTiers ti
   absl::MutexLock l(&mu_);
   for (int k = 0; k < kNumTierKinds; ++k) {
     if (!tiers_[k]) continue;
+    // Where EvictOne demotes the tier's victims: HBM's to DRAM, DRAM's to
+    // NVMe after nvme_admit_after_uses.
+    TierBelow below;
+    if (k == static_cast<int>(TierKind::kHbm) && dram_) below = {dram_->capacity_bytes(), 1};
+    if (k == static_cast<int>(TierKind::kDram) && nvme_) {
+      below = {nvme_->capacity_bytes(), o.nvme_admit_after_uses};
+    }
     policies_[k] = NewEvictionPolicy(o.eviction.For(static_cast<TierKind>(k)),
-                                     tiers_[k]->capacity_bytes(), o.eviction_options);
+                                     tiers_[k]->capacity_bytes(), o.eviction_options, below);
     if (!o.tenant_quotas.empty()) {
       // Called by the policy, under mu_.
       auto tenant_of = [this](const Hash128& key) ABSL_NO_THREAD_SAFETY_ANALYSIS {
