@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/file.h"
+#include "tiering/placement_engine.h"
 
 namespace kvtier::server {
 
@@ -104,11 +105,12 @@ struct DaemonOptions {
   // beyond it gets RESOURCE_EXHAUSTED. 0 < share <= 1. Default: 0.5
   double max_held_share = 0.5;
   // A chunk evicted from DRAM goes to NVMe only after this many uses.
-  // Default: 2
-  uint32_t nvme_admit_after_uses = 2;
-  // Eviction policy of every tier: lru, s3fifo, arc or flru
-  // (tiering/eviction.h). Default: "s3fifo"
-  std::string eviction = "s3fifo";
+  // Default: 1 (the engine's, PlacementEngineOptions::nvme_admit_after_uses)
+  uint32_t nvme_admit_after_uses = tiering::PlacementEngineOptions{}.nvme_admit_after_uses;
+  // Eviction policy of every tier: lru, s3fifo, arc or flru, or one per
+  // tier (tiering/eviction.h). Default: "flru,nvme=lru" (the engine's,
+  // PlacementEngineOptions::eviction)
+  std::string eviction = tiering::EvictionPolicySpecName(tiering::PlacementEngineOptions{}.eviction);
   // Seconds SIGTERM waits for in-flight requests before cancelling them.
   // Default: 10
   uint32_t shutdown_grace_s = 10;

@@ -67,16 +67,23 @@ struct PrefixLoadEstimate {
 };
 
 struct PlacementEngineOptions {
-  // Eviction policy of each tier (one for all, per-tier overrides).
-  // Default: kS3Fifo in every tier
-  EvictionPolicySpec eviction;
+  // Eviction policy of each tier (one for all, per-tier overrides). FLRU in
+  // DRAM keeps reused chunks through scans and chooses its frequency bonus
+  // for the hits of DRAM and the NVMe tier below it; NVMe, which receives
+  // what DRAM evicted, keeps it by recency (docs/tiering.md "Default
+  // placement"). kvtierd's --eviction and `kvtier replay` default to this.
+  // Default: "flru,nvme=lru"
+  EvictionPolicySpec eviction =
+      EvictionPolicySpec{.all = EvictionPolicyKind::kFreqLru}.With(TierKind::kNvme, EvictionPolicyKind::kLru);
   // Tuning of the eviction policies (e.g. S3-FIFO's small-queue share).
   // Default: EvictionOptions{}
   EvictionOptions eviction_options;
   // A chunk evicted from DRAM is written to NVMe only if it was used (put or
   // get) at least this many times; otherwise it is dropped. 1 admits every
-  // chunk. Default: 2
-  uint32_t nvme_admit_after_uses = 2;
+  // chunk: most reuse of a KV chunk is its second read, one conversation
+  // turn later, which 2 would give up; the cost is NVMe writes of every
+  // chunk DRAM evicts. Default: 1
+  uint32_t nvme_admit_after_uses = 1;
   // Uses of chunks that eviction dropped are remembered (the most recent
   // this many chunks), so a chunk put again after being dropped counts its
   // earlier uses towards nvme_admit_after_uses: its second use is a second

@@ -28,7 +28,9 @@ struct Setup {
   uint64_t nvme = 4 << 20;
   uint64_t hbm = 0;
   bool with_nvme = true;
-  PlacementEngineOptions options{.maintenance_interval_ms = 0};
+  // Admission after two uses, so that the tests below can tell admitted
+  // chunks from dropped ones.
+  PlacementEngineOptions options{.nvme_admit_after_uses = 2, .maintenance_interval_ms = 0};
 };
 
 std::unique_ptr<PlacementEngine> MakeEngine(const TempDir& dir, Setup s) {
@@ -122,7 +124,8 @@ TEST(PlacementEngine, UseBeforeADropCountsTowardsNvmeAdmission) {
   // unless the engine forgets dropped chunks (admission_history = 0).
   for (uint32_t history : {0u, 1024u}) {
     TempDir dir;
-    auto e = MakeEngine(dir, {.options = {.admission_history = history, .maintenance_interval_ms = 0}});
+    auto e = MakeEngine(
+        dir, {.options = {.nvme_admit_after_uses = 2, .admission_history = history, .maintenance_interval_ms = 0}});
     for (int round = 0; round < 2; ++round) {
       for (int i = 0; i < 32; ++i) ASSERT_TRUE(e->Put(KeyOf(i), MakeChunk(i)).ok());
     }
@@ -414,10 +417,13 @@ TEST(PlacementEngine, ConcurrentPutsGetsAndEvictionsReturnExactBytesOrNotFound) 
 // GetShared (the daemon's shared-memory get) is a read like Get: a chunk read
 // that way is used, so it stays in DRAM while four DRAM tiers' worth of
 // chunks that are only put pass through, and each read counts one get and
-// one hit (or miss).
+// one hit (or miss). S3-FIFO: FLRU's miniature caches need a tier of more
+// than 8 chunks to choose a bonus, and without one it is LRU.
 TEST(PlacementEngine, SharedReadsKeepAChunkHotAndAreCounted) {
   TempDir dir;
-  auto e = MakeEngine(dir, {});
+  auto e = MakeEngine(dir, {.options = {.eviction = {.all = EvictionPolicyKind::kS3Fifo},
+                                        .nvme_admit_after_uses = 2,
+                                        .maintenance_interval_ms = 0}});
   const auto c = MakeChunk(1);
   ASSERT_TRUE(e->Put(KeyOf(1), c).ok());
   for (int i = 0; i < 3; ++i) {
@@ -450,6 +456,7 @@ TEST(PlacementEngine, SharedReadsKeepAChunkHotAndAreCounted) {
 TEST(PlacementEngine, SharedReadCountsTowardsNvmeAdmissionAndScratchReadsCountOnce) {
   TempDir dir;
   auto e = MakeEngine(dir, {.options = {.eviction = {.all = EvictionPolicyKind::kLru},
+                                        .nvme_admit_after_uses = 2,
                                         .maintenance_interval_ms = 0}});
   const auto c = MakeChunk(1);
   ASSERT_TRUE(e->Put(KeyOf(1), c).ok());

@@ -33,7 +33,7 @@ ReplayOptions Options(uint64_t dram_chunks, uint64_t nvme_chunks, EvictionPolicy
   o.chunk = SmallChunk();
   o.dram_bytes = dram_chunks * Aligned();
   o.nvme_bytes = nvme_chunks * Aligned();
-  o.engine.eviction.all = kind;
+  o.engine.eviction = {.all = kind};
   return o;
 }
 
@@ -198,6 +198,129 @@ TEST(ReplayTrace, EachTierRunsItsOwnPolicy) {
   nvme_flru.tier[static_cast<int>(TierKind::kNvme)] = EvictionPolicyKind::kFreqLru;
   EXPECT_EQ(prefix_hits(dram_flru, 0), flru);  // DRAM's override is DRAM's policy
   EXPECT_EQ(prefix_hits(nvme_flru, 0), lru);   // an override of a tier not there does nothing
+}
+
+// The engine's default placement (PlacementEngineOptions{}: eviction policy
+// per tier and NVMe admission) beside LRU under the same admission, as
+// `kvtier replay` prints them.
+struct DefaultAndLru {
+  double default_ratio = 0, lru_ratio = 0;
+};
+DefaultAndLru ReplayDefaultAndLru(const Trace& t, uint64_t dram_bytes, uint64_t nvme_bytes) {
+  ReplayOptions o;
+  o.chunk = SmallChunk();
+  o.dram_bytes = dram_bytes;
+  o.nvme_bytes = nvme_bytes;
+  DefaultAndLru out;
+  auto d = ReplayTrace(t, o);
+  EXPECT_TRUE(d.ok()) << d.status();
+  o.engine.eviction = {.all = EvictionPolicyKind::kLru};
+  auto l = ReplayTrace(t, o);
+  EXPECT_TRUE(l.ok()) << l.status();
+  if (d.ok() && l.ok()) out = {d->prefix_hit_ratio(), l->prefix_hit_ratio()};
+  return out;
+}
+
+TEST(DefaultPlacement, IsFlruInDramLruInNvmeAdmittingEveryEvictedChunk) {
+  const PlacementEngineOptions o;
+  EXPECT_EQ(EvictionPolicySpecName(o.eviction), "flru,nvme=lru");
+  EXPECT_EQ(o.nvme_admit_after_uses, 1u);
+  EXPECT_EQ(ReplayOptions{}.engine.nvme_admit_after_uses, 1u);
+}
+
+// The Mooncake FAST'25 conversation trace (12,031 requests, 288,500 block
+// reads of 182,790 distinct blocks; about 0.4 s per replay). Tier sizes are
+// shares of the distinct blocks, as `kvtier replay --dram-share` sizes them.
+class MooncakeTrace : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    auto t = ReadTrace(KVTIER_MOONCAKE_TRACE, 512);
+    ASSERT_TRUE(t.ok()) << t.status() << " (the trace ships in shared/traces beside the repository)";
+    trace_ = new Trace(*std::move(t));
+  }
+  static void TearDownTestSuite() {
+    delete trace_;
+    trace_ = nullptr;
+  }
+  static uint64_t Bytes(double share) { return BytesForShare(*trace_, Aligned(), share); }
+  static Trace* trace_;
+};
+Trace* MooncakeTrace::trace_ = nullptr;
+
+TEST_F(MooncakeTrace, DefaultPlacementReaches030AtFivePercentDramAndTenNvme) {
+  ASSERT_NE(trace_, nullptr);
+  ASSERT_EQ(trace_->distinct_blocks, 182790u);
+  const DefaultAndLru r = ReplayDefaultAndLru(*trace_, Bytes(0.05), Bytes(0.1));
+  EXPECT_GE(r.default_ratio, 0.30);
+  EXPECT_NEAR(r.default_ratio, 0.3155, 0.0005);
+  EXPECT_GT(r.default_ratio, r.lru_ratio + 0.01);  // LRU: 0.3049
+}
+
+TEST_F(MooncakeTrace, DefaultPlacementIsAtLeastLruWithDramAloneAndWithALargeNvme) {
+  ASSERT_NE(trace_, nullptr);
+  // DRAM alone: FLRU's bonus keeps reused chunks at 2% (LRU 0.0787) and
+  // falls to 0 at 20%, where recency alone keeps them.
+  DefaultAndLru r = ReplayDefaultAndLru(*trace_, Bytes(0.02), 0);
+  EXPECT_GT(r.default_ratio, r.lru_ratio + 0.05);
+  r = ReplayDefaultAndLru(*trace_, Bytes(0.2), 0);
+  EXPECT_GE(r.default_ratio, r.lru_ratio);
+  // An NVMe tier ten times DRAM: a bonus chosen for DRAM's hits alone costs
+  // NVMe more than it gains in DRAM; chosen for both tiers' hits it does not.
+  r = ReplayDefaultAndLru(*trace_, Bytes(0.02), Bytes(0.2));
+  EXPECT_GE(r.default_ratio, r.lru_ratio);  // both 0.3497
+}
+
+TEST_F(MooncakeTrace, BeladyIsTheOptimumOfDramPlusNvme) {
+  ASSERT_NE(trace_, nullptr);
+  ReplayOptions o;
+  o.chunk = SmallChunk();
+  o.dram_bytes = Bytes(0.02);
+  const ReplayResult dram_only = BeladyReplay(*trace_, o);
+  o.nvme_bytes = Bytes(0.02);
+  const ReplayResult both = BeladyReplay(*trace_, o);
+  EXPECT_EQ(both.capacity_chunks, 2 * dram_only.capacity_chunks);
+  EXPECT_GT(both.prefix_hit_ratio(), dram_only.prefix_hit_ratio() + 0.04);  // 0.3635 vs 0.3143
+  // From 5% of the distinct blocks on, the optimum keeps every block until
+  // its last read: every read but a block's first hits, whatever the split.
+  const double ceiling = 1.0 - double(trace_->distinct_blocks) / double(trace_->block_reads);
+  o.dram_bytes = Bytes(0.05);
+  o.nvme_bytes = 0;
+  EXPECT_DOUBLE_EQ(BeladyReplay(*trace_, o).chunk_hit_ratio(), ceiling);
+  o.nvme_bytes = Bytes(0.1);
+  EXPECT_DOUBLE_EQ(BeladyReplay(*trace_, o).chunk_hit_ratio(), ceiling);
+}
+
+// Hot requests (4 blocks each, 100 of them: 400 blocks) read once per
+// round, each followed by a scan request of 8 blocks never read again: every
+// hot block is reused after 1,200 block reads, more than DRAM and NVMe hold
+// together, so LRU never hits. The default keeps the hot set in DRAM once
+// FLRU's miniature caches have chosen a bonus (their first epoch, about
+// 14 rounds).
+std::string HotSetBetweenScans(int rounds) {
+  std::string text;
+  uint64_t next = 1'000'000;
+  int ts = 0;
+  for (int round = 0; round < rounds; ++round) {
+    for (int h = 0; h < 100; ++h) {
+      absl::StrAppend(&text, "{\"timestamp\": ", ts++, ", \"hash_ids\": [", 4 * h, ", ", 4 * h + 1, ", ",
+                      4 * h + 2, ", ", 4 * h + 3, "]}\n");
+      std::string ids;
+      for (int i = 0; i < 8; ++i) absl::StrAppend(&ids, i ? ", " : "", next++);
+      absl::StrAppend(&text, "{\"timestamp\": ", ts++, ", \"hash_ids\": [", ids, "]}\n");
+    }
+  }
+  return text;
+}
+
+TEST(DefaultPlacement, KeepsAHotSetThroughScansWhereLruLosesIt) {
+  const Trace t = MakeTrace(HotSetBetweenScans(40));
+  ASSERT_EQ(t.block_reads, 40u * 1200u);
+  // 40 rounds x 400 hot reads; 16,000 at most.
+  for (uint64_t nvme_chunks : {0, 320}) {
+    const DefaultAndLru r = ReplayDefaultAndLru(t, 640 * Aligned(), nvme_chunks * Aligned());
+    EXPECT_EQ(r.lru_ratio, 0.0) << nvme_chunks;
+    EXPECT_GT(r.default_ratio * double(t.block_reads), 0.5 * 16000) << nvme_chunks;
+  }
 }
 
 TEST(EvictionPolicySpec, ParsesOnePolicyOrOnePerTier) {
