@@ -32,7 +32,7 @@ using kvtier::client::KvtierClient;
 // A chunk read for the caller: either held in place in the daemon's pool
 // (zero-copy) or a private copy of an inline get.
 struct kvtier_held {
-  KvtierClient* client = nullptr;
+  std::shared_ptr<KvtierClient> client;  // keeps the pool mapped while held
   std::optional<kvtier::client::HeldChunk> hold;
   std::vector<uint8_t> copy;
 };
@@ -186,6 +186,7 @@ int kvtier_client_open(const kvtier_client_options* o, kvtier_client** out) {
   return Done(absl::OkStatus());
 }
 
+// The client itself goes when the last of its holds and GPU handles does.
 void kvtier_client_close(kvtier_client* c) { delete c; }
 
 int kvtier_client_uses_shared_memory(const kvtier_client* c) {
@@ -211,7 +212,7 @@ int kvtier_get(kvtier_client* c, const uint8_t key[16], kvtier_held** held, cons
   *data = nullptr;
   *size = 0;
   auto h = std::make_unique<kvtier_held>();
-  h->client = c->impl.get();
+  h->client = c->impl;
   const Hash128 k = KeyOf(key);
   kvtier::client::Tier t = kvtier::client::Tier::kUnknown;
   if (c->impl->uses_shared_memory()) {

@@ -85,6 +85,9 @@ typedef struct kvtier_client_options {
 KVTIER_C_EXPORT void kvtier_client_options_init(kvtier_client_options* o);
 /* Connects (and checks the daemon answers). UNAVAILABLE if it does not. */
 KVTIER_C_EXPORT int kvtier_client_open(const kvtier_client_options* o, kvtier_client** out);
+/* Closes the handle. Holds (kvtier_held) and GPU handles taken through it
+ * stay valid: the connection and its pool mapping go when the last of them
+ * is released, so bytes a caller still reads are never unmapped under it. */
 KVTIER_C_EXPORT void kvtier_client_close(kvtier_client* c);
 /* 1 if chunk bytes move through the daemon's shared-memory pool. */
 KVTIER_C_EXPORT int kvtier_client_uses_shared_memory(const kvtier_client* c);

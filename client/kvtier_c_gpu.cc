@@ -51,6 +51,7 @@ struct kvtier_gpu_cache {
 
 struct kvtier_gpu {
   int device = 0;
+  std::shared_ptr<kvtier::client::KvtierClient> client;  // outlives io
   std::unique_ptr<kvtier::client::GpuPagedIo> io;
 };
 
@@ -293,7 +294,7 @@ int kvtier_gpu_open(kvtier_client* c, int32_t device, kvtier_gpu** out) {
   if (!scope.status().ok()) return Fail(scope.status());
   auto io = kvtier::client::GpuPagedIo::Create(c->impl.get());
   if (!io.ok()) return Fail(io.status());
-  *out = new kvtier_gpu{dev, std::move(*io)};
+  *out = new kvtier_gpu{dev, c->impl, std::move(*io)};
   return KVTIER_OK;
 }
 

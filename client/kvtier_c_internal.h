@@ -9,8 +9,11 @@
 #include "absl/status/status.h"
 #include "client/kvtier_client.h"
 
+// The client is shared with what reads through it: each kvtier_held and
+// kvtier_gpu keeps it (and so its pool mapping) alive, so that bytes a
+// caller still views stay mapped after kvtier_client_close.
 struct kvtier_client {
-  std::unique_ptr<kvtier::client::KvtierClient> impl;
+  std::shared_ptr<kvtier::client::KvtierClient> impl;
 };
 
 namespace kvtier::capi {

@@ -102,6 +102,42 @@ std::string KeyBytes(const Hash128& k) {
 }
 
 
+// A mapping of one daemon's pool. Its id is wire::shm::PoolIdOf the memfd
+// it maps: extents that name another pool are never read through it.
+class PoolMapping {
+ public:
+  // Maps the pool received in `h` (closes its memfd).
+  static absl::StatusOr<std::shared_ptr<const PoolMapping>> Map(const ShmHandshake& h,
+                                                                bool populate) {
+    const uint64_t id = wire::shm::PoolIdOf(h.memfd);
+    void* p = ::mmap(nullptr, h.size, PROT_READ | PROT_WRITE,
+                     MAP_SHARED | (populate ? MAP_POPULATE : 0), h.memfd, 0);
+    ::close(h.memfd);
+    if (p == MAP_FAILED) {
+      return absl::FailedPreconditionError(absl::StrCat("mmap of the pool: ", std::strerror(errno)));
+    }
+    return std::shared_ptr<const PoolMapping>(new PoolMapping(static_cast<uint8_t*>(p), h.size, id));
+  }
+  ~PoolMapping() { ::munmap(base_, size_); }
+
+  uint64_t id() const { return id_; }
+  std::span<uint8_t> all() const { return std::span<uint8_t>(base_, size_); }
+
+  // The mapped range of an extent the daemon named; never trusted blindly.
+  absl::StatusOr<std::span<uint8_t>> Range(uint64_t offset, uint64_t length) const {
+    if (offset > size_ || length > size_ - offset) {
+      return absl::InternalError("daemon named an extent outside the pool");
+    }
+    return std::span<uint8_t>(base_ + offset, length);
+  }
+
+ private:
+  PoolMapping(uint8_t* base, uint64_t size, uint64_t id) : base_(base), size_(size), id_(id) {}
+  uint8_t* const base_;
+  const uint64_t size_;
+  const uint64_t id_;
+};
+
 // One data-plane connection (wire/shm_frames.h; the protocol is specified in
 // server/shm_channel.h): frames out, answers in.
 // Not thread-safe; the client hands each to one call at a time. Once a
@@ -125,10 +161,12 @@ class DataConn {
   // `owed_releases` (not owned) counts the releases sent on any connection
   // whose answers are not read yet. `serial` (nonzero) names the connection
   // within its client (HeldChunk::connection).
-  static std::unique_ptr<DataConn> Open(int sock, int64_t timeout_ms,
-                                        std::atomic<int>* owed_releases, uint64_t serial,
-                                        const std::string& token) {
-    auto c = std::unique_ptr<DataConn>(new DataConn(sock, owed_releases, serial));
+  // `pool` is the mapping of the memfd that came on `sock`: every extent an
+  // answer on this connection names is in it.
+  static std::unique_ptr<DataConn> Open(int sock, std::shared_ptr<const PoolMapping> pool,
+                                        int64_t timeout_ms, std::atomic<int>* owed_releases,
+                                        uint64_t serial, const std::string& token) {
+    auto c = std::unique_ptr<DataConn>(new DataConn(sock, std::move(pool), owed_releases, serial));
     timeval tv{static_cast<time_t>(timeout_ms / 1000), static_cast<suseconds_t>(timeout_ms % 1000 * 1000)};
     ::setsockopt(sock, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
     ::setsockopt(sock, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
@@ -152,6 +190,16 @@ class DataConn {
 
   bool broken() const { return broken_; }
   uint64_t serial() const { return serial_; }
+  const PoolMapping& pool() const { return *pool_; }
+
+  // False once the daemon has closed its end (it exited or restarted): such
+  // a connection is dropped before it is lent, so that the call it would
+  // have served opens a fresh one (and maps the new daemon's pool).
+  bool PeerOpen() const {
+    if (broken_) return false;
+    pollfd p{fd_, POLLRDHUP, 0};
+    return ::poll(&p, 1, 0) == 0 || (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) == 0;
+  }
 
   // Sends one request. Unavailable if the connection failed.
   absl::Status Send(Op op, const uint8_t* payload, uint32_t n) {
@@ -273,8 +321,9 @@ class DataConn {
   std::optional<Spare> TakeSpare() { return std::exchange(spare_, std::nullopt); }
 
  private:
-  DataConn(int fd, std::atomic<int>* owed_releases, uint64_t serial)
-      : fd_(fd), owed_releases_(owed_releases), serial_(serial) {}
+  DataConn(int fd, std::shared_ptr<const PoolMapping> pool, std::atomic<int>* owed_releases,
+           uint64_t serial)
+      : fd_(fd), pool_(std::move(pool)), owed_releases_(owed_releases), serial_(serial) {}
 
   void DropOwed() {
     for (Op op : owed_) {
@@ -321,45 +370,12 @@ class DataConn {
   }
 
   const int fd_;
+  const std::shared_ptr<const PoolMapping> pool_;
   std::atomic<int>* const owed_releases_;
   const uint64_t serial_;
   bool broken_ = false;
   std::deque<Op> owed_;  // answers to read, in order
   std::optional<Spare> spare_;
-};
-
-// The daemon's pool, mapped.
-class PoolMapping {
- public:
-  // Maps the pool received in `h` (closes its memfd).
-  static absl::StatusOr<std::unique_ptr<PoolMapping>> Map(const ShmHandshake& h, bool populate) {
-    void* p = ::mmap(nullptr, h.size, PROT_READ | PROT_WRITE,
-                     MAP_SHARED | (populate ? MAP_POPULATE : 0), h.memfd, 0);
-    ::close(h.memfd);
-    if (p == MAP_FAILED) {
-      return absl::FailedPreconditionError(absl::StrCat("mmap of the pool: ", std::strerror(errno)));
-    }
-    return std::unique_ptr<PoolMapping>(new PoolMapping(static_cast<uint8_t*>(p), h.size));
-  }
-  ~PoolMapping() { ::munmap(base_, size_); }
-
-  std::span<uint8_t> all() const { return std::span<uint8_t>(base_, size_); }
-
-  // The mapped range of an extent the daemon named; never trusted blindly.
-  absl::StatusOr<std::span<uint8_t>> Range(uint64_t offset, uint64_t length) const {
-    if (offset > size_ || length > size_ - offset) {
-      return absl::InternalError("daemon named an extent outside the pool");
-    }
-    return std::span<uint8_t>(base_ + offset, length);
-  }
-  absl::StatusOr<std::span<uint8_t>> Range(const pb::ShmExtent& e) const {
-    return Range(e.offset(), e.length());
-  }
-
- private:
-  PoolMapping(uint8_t* base, uint64_t size) : base_(base), size_(size) {}
-  uint8_t* base_;
-  uint64_t size_;
 };
 
 class ClientImpl final : public KvtierClient {
@@ -392,12 +408,16 @@ class ClientImpl final : public KvtierClient {
         ::close(h.sock);
         return pool.status();
       }
-      pool_ = std::move(*pool);
+      {
+        absl::MutexLock l(&pool_mu_);
+        pool_ = *pool;
+      }
+      shm_ = true;
       // The same connection carries the data plane, if the daemon serves it.
       std::unique_ptr<DataConn> c;
       if (options_.max_data_connections > 0) {
-        c = DataConn::Open(h.sock, options_.timeout_ms, owed_releases_.get(), next_conn_serial_++,
-                           options_.token);
+        c = DataConn::Open(h.sock, *pool, options_.timeout_ms, owed_releases_.get(),
+                           next_conn_serial_++, options_.token);
       } else {
         ::close(h.sock);
       }
@@ -419,11 +439,11 @@ class ClientImpl final : public KvtierClient {
     return options_.tcp_addr.empty() ? "unix:" + options_.socket_path : options_.tcp_addr;
   }
 
-  bool uses_shared_memory() const override { return pool_ != nullptr; }
+  bool uses_shared_memory() const override { return shm_; }
   bool checks_on_helper_thread() const override { return verifier_ != nullptr; }
 
   absl::StatusOr<std::vector<Tier>> Lookup(std::span<const Hash128> keys) override {
-    if (pool_ && keys.size() <= kMaxBatchKeys) {
+    if (shm_ && keys.size() <= kMaxBatchKeys) {
       if (ConnLease c = AcquireConn()) return LookupOver(*c, keys);
     }
     pb::LookupRequest req;
@@ -438,7 +458,7 @@ class ClientImpl final : public KvtierClient {
 
   absl::StatusOr<LoadPlan> PlanLoad(std::span<const Hash128> keys, double prefill_tokens_per_s,
                                     uint32_t tokens_per_chunk) override {
-    if (pool_ && keys.size() <= kMaxBatchKeys) {
+    if (shm_ && keys.size() <= kMaxBatchKeys) {
       if (ConnLease c = AcquireConn()) {
         KVTIER_ASSIGN_OR_RETURN(HeldPlan h,
                                 PlanOver(*c, keys, prefill_tokens_per_s, tokens_per_chunk, 0, false));
@@ -532,7 +552,7 @@ class ClientImpl final : public KvtierClient {
 
   absl::StatusOr<HeldPlan> LookupAndHold(std::span<const Hash128> keys, double rate,
                                          uint32_t tokens_per_chunk, uint32_t lease_ms) override {
-    if (pool_ && keys.size() <= kMaxBatchKeys) {
+    if (shm_ && keys.size() <= kMaxBatchKeys) {
       if (ConnLease c = AcquireConn()) {
         return PlanOver(*c, keys, rate, tokens_per_chunk, lease_ms, true);
       }
@@ -560,7 +580,7 @@ class ClientImpl final : public KvtierClient {
   absl::StatusOr<std::vector<absl::StatusOr<HeldChunk>>> HoldBatch(std::span<const Hash128> keys,
                                                                    bool verify) override {
     namespace w = wire::shm;
-    if (!pool_) return absl::FailedPreconditionError("no shared-memory pool mapped");
+    if (!shm_) return absl::FailedPreconditionError("no shared-memory pool mapped");
     if (keys.size() > kMaxBatchKeys) {
       return absl::InvalidArgumentError(
           absl::StrCat(keys.size(), " keys in one batch; the limit is ", kMaxBatchKeys));
@@ -605,7 +625,7 @@ class ClientImpl final : public KvtierClient {
                                                     absl::StatusCodeToString(sc))));
         continue;
       }
-      auto range = pool_->Range(offset, length);
+      auto range = (*c).pool().Range(offset, length);
       if (!range.ok() || (h.lease_id == 0) == (h.scratch_slot_id == 0)) {
         (void)UnholdOver(*c, h);
         out.push_back(absl::InternalError("daemon answered a hold outside the pool"));
@@ -673,7 +693,7 @@ class ClientImpl final : public KvtierClient {
   absl::StatusOr<PrefetchResult> PrefetchWithin(std::span<const Hash128> keys, uint64_t byte_budget,
                                                 uint32_t deadline_ms) override {
     namespace w = wire::shm;
-    if (pool_ && keys.size() <= kMaxBatchKeys) {
+    if (shm_ && keys.size() <= kMaxBatchKeys) {
       if (ConnLease c = AcquireConn()) {
         std::vector<uint8_t> req(w::kPrefetchBytes + keys.size() * w::kKeyBytes), rep;
         w::Writer b(req.data());
@@ -703,7 +723,7 @@ class ClientImpl final : public KvtierClient {
       std::span<const Hash128> keys, std::span<const std::span<const uint8_t>> chunks,
       const PutOptions& options) override {
     namespace w = wire::shm;
-    if (!pool_) return absl::FailedPreconditionError("no shared-memory pool mapped");
+    if (!shm_) return absl::FailedPreconditionError("no shared-memory pool mapped");
     if (keys.size() != chunks.size() || keys.empty() || keys.size() > kMaxBatchKeys) {
       return absl::FailedPreconditionError("not a batch for one data-plane exchange");
     }
@@ -737,7 +757,7 @@ class ClientImpl final : public KvtierClient {
         ids[i] = r.U64();
         const uint64_t offset = r.U64(), length = r.U64();
         (void)r.U64();
-        auto range = pool_->Range(offset, length);
+        auto range = (*c).pool().Range(offset, length);
         if (!range.ok() || range->size() != chunks[i].size()) {
           bad = absl::InternalError("daemon returned a slot outside the pool or of another size");
         } else {
@@ -781,7 +801,7 @@ class ClientImpl final : public KvtierClient {
   absl::Status Put(const Hash128& key, std::span<const uint8_t> chunk,
                    const PutOptions& options) override {
     WaitForReleases();
-    if (pool_) {
+    if (shm_) {
       if (ConnLease c = AcquireConn()) return PutOverDataPlane(*c, key, chunk, options);
       KVTIER_ASSIGN_OR_RETURN(WritableSlot slot, AllocateSlot(chunk.size()));
       return StreamIntoSlot(slot, key, chunk, options);
@@ -854,7 +874,7 @@ class ClientImpl final : public KvtierClient {
       offset = r.U64();
       length = r.U64();
     }
-    auto range = pool_->Range(offset, length);
+    auto range = c.pool().Range(offset, length);
     absl::Status st = range.status();
     if (st.ok() && range->size() != chunk.size()) {
       st = absl::InternalError("daemon returned a slot of another size");
@@ -902,15 +922,20 @@ class ClientImpl final : public KvtierClient {
   }
 
   absl::StatusOr<WritableSlot> AllocateSlot(uint64_t bytes) override {
-    if (!pool_) return absl::FailedPreconditionError("no shared-memory pool mapped");
+    if (!shm_) return absl::FailedPreconditionError("no shared-memory pool mapped");
     pb::AllocateSlotRequest req;
     req.set_version(kProtocolVersion);
     req.set_bytes(bytes);
     pb::AllocateSlotResponse resp;
     KVTIER_RETURN_IF_ERROR(Call(&pb::Kvtier::StubInterface::AllocateSlot, req, &resp));
-    KVTIER_ASSIGN_OR_RETURN(std::span<uint8_t> r, pool_->Range(resp.extent()));
-    if (r.size() < bytes) return absl::InternalError("daemon returned a short slot");
-    return WritableSlot{resp.slot_id(), r.first(bytes)};
+    auto r = PoolRange(resp.extent());
+    absl::Status st = r.status();
+    if (st.ok() && r->size() < bytes) st = absl::InternalError("daemon returned a short slot");
+    if (!st.ok()) {
+      (void)AbortSlot(WritableSlot{resp.slot_id(), {}});
+      return st;
+    }
+    return WritableSlot{resp.slot_id(), r->first(bytes)};
   }
 
   absl::Status CommitSlot(const WritableSlot& slot, const Hash128& key,
@@ -1024,7 +1049,7 @@ class ClientImpl final : public KvtierClient {
   // Into `out` (span) or `vec` (resized).
   absl::StatusOr<std::pair<uint64_t, Tier>> GetImpl(const Hash128& key, std::span<uint8_t>* out,
                                                     std::vector<uint8_t>* vec) {
-    if (!pool_) {
+    if (!shm_) {
       pb::GetRequest req;
       req.set_version(kProtocolVersion);
       req.set_key(KeyBytes(key));
@@ -1096,7 +1121,7 @@ class ClientImpl final : public KvtierClient {
   }
 
   absl::StatusOr<HeldChunk> Hold(const Hash128& key, bool verify) override {
-    if (!pool_) return absl::FailedPreconditionError("no shared-memory pool mapped");
+    if (!shm_) return absl::FailedPreconditionError("no shared-memory pool mapped");
     if (ConnLease c = AcquireConn()) return HoldOver(*c, key, verify);
     return HoldRpc(key, verify);
   }
@@ -1113,7 +1138,7 @@ class ClientImpl final : public KvtierClient {
     h.tier = FromProto(resp.tier());
     h.lease_id = resp.lease_id();
     h.scratch_slot_id = resp.scratch_slot_id();
-    auto r = pool_->Range(resp.extent());
+    auto r = PoolRange(resp.extent());
     if (!r.ok()) {
       (void)Unhold(h);
       return r.status();
@@ -1139,7 +1164,7 @@ class ClientImpl final : public KvtierClient {
     h.lease_id = r.U64();
     h.scratch_slot_id = r.U64();
     h.connection = c.serial();
-    auto range = pool_->Range(offset, length);
+    auto range = c.pool().Range(offset, length);
     if (!range.ok()) {
       (void)UnholdOver(c, h);
       return range.status();
@@ -1198,10 +1223,12 @@ class ClientImpl final : public KvtierClient {
     {
       absl::MutexLock l(&conns_mu_);
       if (!data_plane_) return ConnLease(this, nullptr);
-      if (!idle_conns_.empty()) {
+      while (!idle_conns_.empty()) {
         std::unique_ptr<DataConn> c = std::move(idle_conns_.back());
         idle_conns_.pop_back();
-        return ConnLease(this, std::move(c));
+        if (c->PeerOpen()) return ConnLease(this, std::move(c));
+        --open_conns_;  // the daemon went away: closed here
+        live_conns_.erase(c->serial());
       }
       if (open_conns_ >= options_.max_data_connections) return ConnLease(this, nullptr);
       ++open_conns_;
@@ -1209,9 +1236,13 @@ class ClientImpl final : public KvtierClient {
     std::unique_ptr<DataConn> c;
     auto h = ConnectShm(shm_socket_);
     if (h.ok()) {
-      ::close(h->memfd);
-      c = DataConn::Open(h->sock, options_.timeout_ms, owed_releases_.get(), next_conn_serial_++,
-                         options_.token);
+      auto pool = AdoptPool(*h);
+      if (pool.ok()) {
+        c = DataConn::Open(h->sock, *std::move(pool), options_.timeout_ms, owed_releases_.get(),
+                           next_conn_serial_++, options_.token);
+      } else {
+        ::close(h->sock);
+      }
     }
     absl::MutexLock l(&conns_mu_);
     if (c == nullptr) {
@@ -1220,6 +1251,58 @@ class ClientImpl final : public KvtierClient {
       live_conns_.insert(c->serial());
     }
     return ConnLease(this, std::move(c));
+  }
+
+  // The mapping of the pool whose memfd came in `h` (the memfd is closed):
+  // the current mapping if it is the same pool, else a new mapping that
+  // becomes the current one (a restarted daemon's pool). Replaced mappings
+  // stay mapped: chunks held in them are still read.
+  absl::StatusOr<std::shared_ptr<const PoolMapping>> AdoptPool(const ShmHandshake& h) {
+    const uint64_t id = wire::shm::PoolIdOf(h.memfd);
+    {
+      absl::MutexLock l(&pool_mu_);
+      if (id != 0 && pool_ != nullptr && pool_->id() == id) {
+        ::close(h.memfd);
+        return pool_;
+      }
+    }
+    KVTIER_ASSIGN_OR_RETURN(std::shared_ptr<const PoolMapping> fresh,
+                            PoolMapping::Map(h, options_.populate_mapping));
+    absl::MutexLock l(&pool_mu_);
+    if (pool_ != nullptr && pool_->id() == fresh->id()) return pool_;  // another call was first
+    if (pool_ != nullptr) old_pools_.push_back(std::move(pool_));
+    pool_ = fresh;
+    return fresh;
+  }
+
+  // The bytes of an extent that a gRPC reply named, read through a mapping
+  // of the pool it names (ShmExtent.pool_id), never another's: a gRPC
+  // channel reconnects to a restarted daemon by itself, whose offsets mean
+  // nothing in the old pool. A pool not mapped yet is taken from the side
+  // channel first. Unavailable if the daemon there serves another pool.
+  absl::StatusOr<std::span<uint8_t>> PoolRange(const pb::ShmExtent& e) {
+    if (e.pool_id() == 0) {
+      return absl::FailedPreconditionError(
+          "kvtierd named no pool for a shared-memory extent (it predates pool ids); upgrade it");
+    }
+    std::shared_ptr<const PoolMapping> pool;
+    {
+      absl::MutexLock l(&pool_mu_);
+      pool = pool_;
+    }
+    if (pool == nullptr || pool->id() != e.pool_id()) {
+      auto h = ConnectShm(shm_socket_);
+      if (h.ok()) {
+        ::close(h->sock);
+        KVTIER_ASSIGN_OR_RETURN(pool, AdoptPool(*h));
+      }
+    }
+    if (pool == nullptr || pool->id() != e.pool_id()) {
+      return absl::UnavailableError(
+          "kvtierd answered with an extent of a pool this client cannot map (the daemon "
+          "restarted, or another one serves its side channel)");
+    }
+    return pool->Range(e.offset(), e.length());
   }
 
   // The data-plane connection `serial`, once no other call is using it.
@@ -1308,6 +1391,7 @@ class ClientImpl final : public KvtierClient {
   }
 
   std::span<uint8_t> mapped_pool() const override {
+    absl::MutexLock l(&pool_mu_);
     return pool_ ? pool_->all() : std::span<uint8_t>();
   }
 
@@ -1319,8 +1403,15 @@ class ClientImpl final : public KvtierClient {
   std::unique_ptr<pb::Kvtier::StubInterface> owned_;
   pb::Kvtier::StubInterface* stub_;
   const ClientOptions options_;
-  std::unique_ptr<PoolMapping> pool_;
+  // Whether bytes move through the daemon's pool (set by Init).
+  bool shm_ = false;
   std::string shm_socket_;
+  // The mapping of the daemon's pool as of the last handshake, and those of
+  // pools replaced since (a daemon restarted): chunks held in them stay
+  // mapped while this client lives.
+  mutable absl::Mutex pool_mu_;
+  std::shared_ptr<const PoolMapping> pool_ ABSL_GUARDED_BY(pool_mu_);
+  std::vector<std::shared_ptr<const PoolMapping>> old_pools_ ABSL_GUARDED_BY(pool_mu_);
   // Releases sent on data-plane connections whose answers are unread;
   // declared before the connections, which hold a pointer to it.
   std::unique_ptr<std::atomic<int>> owed_releases_ = std::make_unique<std::atomic<int>>(0);
@@ -1372,6 +1463,10 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentials(con
 
 absl::StatusOr<std::unique_ptr<KvtierClient>> KvtierClient::Connect(const ClientOptions& options) {
   grpc::ChannelArguments args;
+  // A channel of its own: gRPC shares connections between the channels of
+  // a process by default, and a client opened after the daemon restarted
+  // would then start on the dead daemon's connection and fail its first call.
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   args.SetMaxReceiveMessageSize(options.max_message_mib << 20);
   args.SetMaxSendMessageSize(options.max_message_mib << 20);
   std::string target = options.tcp_addr.empty() ? "unix:" + options.socket_path : options.tcp_addr;

@@ -343,13 +343,29 @@ void GpuPagedIo::ReturnStaging(std::unique_ptr<kernels::HostStaging> staging) {
   free_stagings_.push_back(std::move(staging));
 }
 
+absl::Status GpuPagedIo::InPool(std::span<const uint8_t> bytes) const {
+  const auto at = reinterpret_cast<uintptr_t>(bytes.data());
+  const auto base = reinterpret_cast<uintptr_t>(pool_.data());
+  if (at >= base && bytes.size() <= pool_.size() && at - base <= pool_.size() - bytes.size()) {
+    return absl::OkStatus();
+  }
+  return absl::FailedPreconditionError(
+      "the daemon's pool changed (kvtierd restarted): this GPU handle registered the old one; "
+      "open a new one");
+}
+
 absl::StatusOr<std::unique_ptr<PendingStore>> GpuPagedIo::BeginStore(const codec::ChunkSpec& spec) {
   KVTIER_ASSIGN_OR_RETURN(codec::ChunkLayout layout, codec::ValidateSpec(spec));
   KVTIER_ASSIGN_OR_RETURN(uint32_t * ws, TakeWorkspace());
   auto slot = client_->AllocateSlot(layout.total_bytes);
-  if (!slot.ok()) {
+  absl::Status st = slot.status();
+  if (st.ok()) {
+    st = InPool(slot->data);
+    if (!st.ok()) (void)client_->AbortSlot(*slot);
+  }
+  if (!st.ok()) {
     ReturnWorkspace(ws, /*dirty=*/false);
-    return slot.status();
+    return st;
   }
   return std::unique_ptr<PendingStore>(new PendingStore(this, spec, layout, *slot, ws));
 }
@@ -381,7 +397,8 @@ absl::StatusOr<Tier> GpuPagedIo::Load(const Hash128& key, const kernels::PagedKv
     // The header is checked before the launch (it sizes every read); the
     // sections are hashed on the host while the kernel decodes them.
     auto header = codec::ParseHeader(held.data);
-    absl::Status st = header.status();
+    absl::Status st = InPool(held.data);
+    if (st.ok()) st = header.status();
     if (st.ok() && header->layout.total_bytes != held.data.size()) {
       st = absl::DataLossError(absl::StrCat("chunk ", key.ToHex(), " is ", held.data.size(),
                                             " bytes, its header says ",
@@ -459,7 +476,8 @@ absl::StatusOr<std::unique_ptr<LayerwiseLoad>> GpuPagedIo::BeginLayerwiseLoad(
       return;
     }
     auto header = codec::ParseHeader(h->data);
-    absl::Status v = header.status();
+    absl::Status v = InPool(h->data);
+    if (v.ok()) v = header.status();
     if (v.ok() && header->layout.total_bytes != h->data.size()) {
       v = absl::DataLossError(absl::StrCat("chunk ", chunks[i].key.ToHex(), " is ",
                                            h->data.size(), " bytes, its header says ",

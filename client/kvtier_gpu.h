@@ -231,7 +231,12 @@ class GpuPagedIo {
   GpuPagedIo(KvtierClient* client, std::span<uint8_t> pool, uint8_t* device_pool)
       : client_(client), pool_(pool), device_pool_(device_pool) {}
   // The device address of host bytes inside the registered pool.
+  // REQUIRES: InPool(host bytes) is OK.
   const uint8_t* Device(const uint8_t* host) const { return device_pool_ + (host - pool_.data()); }
+  // OK if `bytes` lie in the registered pool; FailedPrecondition if not (the
+  // client remapped the pool of a restarted daemon: this handle's
+  // registration is of the old one).
+  absl::Status InPool(std::span<const uint8_t> bytes) const;
   // A zeroed GatherEncode workspace (from the pool, or a new one).
   absl::StatusOr<uint32_t*> TakeWorkspace();
   // Returns a workspace whose launches have all completed (it is zero

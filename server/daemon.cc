@@ -161,6 +161,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   d->shm_socket_path_ = d->socket_path_ + ".shm";
   KVTIER_RETURN_IF_ERROR(lock(absl::StrCat("socket ", d->socket_path_), d->socket_path_ + ".lock",
                               &d->socket_lock_));
+  // The data-plane socket too: a daemon whose --socket is another's
+  // `<socket>.shm` must not replace (or, stopping, remove) that socket.
+  KVTIER_RETURN_IF_ERROR(lock(absl::StrCat("data-plane socket ", d->shm_socket_path_),
+                              d->shm_socket_path_ + ".lock", &d->shm_socket_lock_));
 
   tiering::EngineTiers tiers;
   const uint64_t kUnit = 1 << 20;
@@ -234,7 +238,12 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     eo.max_held_bytes = std::max<uint64_t>(
         1, static_cast<uint64_t>(options.max_held_share *
                                  static_cast<double>(tiers.dram->capacity_bytes())));
+    eo.max_held_bytes_per_holder = std::max<uint64_t>(
+        1, static_cast<uint64_t>(options.max_holder_share *
+                                 static_cast<double>(tiers.dram->capacity_bytes())));
   }
+  eo.max_holds_per_holder = options.max_holds_per_holder;
+  eo.max_held_keys_per_holder = options.max_held_keys_per_holder;
   KVTIER_ASSIGN_OR_RETURN(d->engine_, tiering::PlacementEngine::Create(eo, std::move(tiers)));
   if (d->peer_service_) d->peer_service_->set_engine(d->engine_.get());
 
@@ -267,6 +276,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
                                                       d->engine_->dram()->shm_size(),
                                                       d->metrics_.get(), d->service_.get(), so));
     ao.shm_socket = d->shm_socket_path_;
+    ao.shm_pool_id = wire::shm::PoolIdOf(d->engine_->dram()->shm_fd());
   }
 
   // The Unix socket and the TCP listener are separate servers, each with its
@@ -446,6 +456,7 @@ absl::Status Daemon::Shutdown() {
   if (socket_bound_) ::unlink(socket_path_.c_str());
   // Last: a daemon starting on this data dir or socket once the locks are
   // released finds the tiers closed and the sockets gone.
+  shm_socket_lock_.reset();
   socket_lock_.reset();
   data_dir_lock_.reset();
   return st;

@@ -99,6 +99,7 @@ class Daemon {
   bool socket_bound_ = false;  // the gRPC Unix socket is this daemon's to remove
   std::optional<ExclusiveFileLock> data_dir_lock_;
   std::optional<ExclusiveFileLock> socket_lock_;
+  std::optional<ExclusiveFileLock> shm_socket_lock_;  // every path it binds is locked
   // Cluster parts outlive the engine, whose remote tier uses them.
   std::unique_ptr<EnginePeerService> peer_service_;
   std::unique_ptr<tiering::remote::UcxTransport> transport_;

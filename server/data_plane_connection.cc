@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 
@@ -116,6 +117,12 @@ bool FrameReader::Fill(size_t n, bool idle_ok, int64_t spin_us) {
   return true;
 }
 
+tiering::HolderId DataPlaneConnection::NextHolderId() {
+  // Below 2^63: GrpcHolder's ids have the top bit set.
+  static std::atomic<uint64_t> next{1};
+  return next.fetch_add(1, std::memory_order_relaxed);
+}
+
 DataPlaneConnection::DataPlaneConnection(int fd, KvService* service,
                                          const TenantRegistry* tenants, const Tenant* tenant,
                                          ServerMetrics* metrics, const ShmChannelOptions& options,
@@ -127,6 +134,7 @@ DataPlaneConnection::DataPlaneConnection(int fd, KvService* service,
       metrics_(metrics),
       options_(options),
       put_check_threads_(put_check_threads),
+      holder_id_(NextHolderId()),
       in_(fd, options.frame_timeout_ms),
       payload_(wire::shm::kMaxRequestPayloadBytes),
       answer_(wire::shm::kResponseHeaderBytes + wire::shm::kMaxReplyPayloadBytes) {}
@@ -134,8 +142,8 @@ DataPlaneConnection::DataPlaneConnection(int fd, KvService* service,
 DataPlaneConnection::~DataPlaneConnection() {
   // The client is gone (or broke the protocol): free what it held (the slot
   // of a put still open included).
-  for (uint64_t id : slots_) (void)service_->AbortSlot(id);
-  for (uint64_t id : leases_) (void)service_->Release(id);
+  for (uint64_t id : slots_) (void)service_->AbortSlot(id, holder_id_);
+  for (uint64_t id : leases_) (void)service_->Release(id, holder_id_);
 }
 
 absl::Status DataPlaneConnection::CheckFrame(uint16_t version, uint16_t op, uint32_t len) const {
@@ -278,7 +286,7 @@ absl::Status DataPlaneConnection::Full() const {
 void DataPlaneConnection::FailPut(absl::Status st) {
   put_->error = std::move(st);
   put_->check.reset();
-  if (slots_.erase(put_->slot_id) > 0) (void)service_->AbortSlot(put_->slot_id);
+  if (slots_.erase(put_->slot_id) > 0) (void)service_->AbortSlot(put_->slot_id, holder_id_);
 }
 
 absl::Status DataPlaneConnection::OnHelloTenant(wire::shm::Reader& r, uint32_t n) {
@@ -303,7 +311,7 @@ absl::Status DataPlaneConnection::OnAllocate(wire::shm::Reader& r, wire::shm::Wr
   if (!Room()) {
     st = Full();
   } else {
-    auto slot = service_->AllocateSlot(bytes, ttl_ms, tenant_->id());
+    auto slot = service_->AllocateSlot(bytes, ttl_ms, Holder());
     st = slot.status();
     if (slot.ok()) {
       slots_.insert(slot->id);
@@ -323,6 +331,7 @@ void DataPlaneConnection::OnPutBegin(wire::shm::Reader& r, Clock::time_point t0)
   r.Raw(key.bytes.data(), wire::shm::kKeyBytes);
   put_->args.key = tenant_->WriteKey(key);
   put_->args.tenant = tenant_->id();
+  put_->args.holder = holder_id_;
   const uint8_t durable = r.U8(), tier = r.U8();
   const uint16_t zero = r.U16();
   put_->args.durable = durable != 0;
@@ -340,7 +349,7 @@ void DataPlaneConnection::OnPutBegin(wire::shm::Reader& r, Clock::time_point t0)
   if (put_check_threads_ >= 2 && !put_hasher_) {
     put_hasher_ = std::make_unique<wire::TrailingHasher>();
   }
-  auto check = service_->BeginStreamedCommit(put_->slot_id, put_hasher_.get());
+  auto check = service_->BeginStreamedCommit(put_->slot_id, holder_id_, put_hasher_.get());
   if (check.ok()) {
     put_->check = std::move(*check);
   } else {
@@ -389,8 +398,8 @@ absl::Status DataPlaneConnection::OnGet(wire::shm::Reader& r, wire::shm::Writer&
   } else if (!Room()) {
     st = Full();
   } else {
-    auto g = service_->Get(tenant_->ReadKey(key, service_->engine()), GetMode::kShm, 0, lease_ms,
-                           verify != 0);
+    auto g = service_->Get(tenant_->ReadKey(key, service_->engine()), GetMode::kShm, Holder(), 0,
+                           lease_ms, verify != 0);
     st = g.status();
     tenant_->CountRead(st);
     if (g.ok()) {
@@ -407,14 +416,14 @@ absl::Status DataPlaneConnection::OnGet(wire::shm::Reader& r, wire::shm::Writer&
 
 absl::Status DataPlaneConnection::OnRelease(wire::shm::Reader& r, Clock::time_point t0) {
   const uint64_t id = r.U64();
-  absl::Status st = leases_.erase(id) > 0 ? service_->Release(id) : UnknownLeaseError(id);
+  absl::Status st = leases_.erase(id) > 0 ? service_->Release(id, holder_id_) : UnknownLeaseError(id);
   metrics_->Record(Method::kRelease, static_cast<int>(st.code()), SecondsSince(t0));
   return st;
 }
 
 absl::Status DataPlaneConnection::OnAbortSlot(wire::shm::Reader& r, Clock::time_point t0) {
   const uint64_t id = r.U64();
-  absl::Status st = slots_.erase(id) > 0 ? service_->AbortSlot(id) : UnknownSlotError(id);
+  absl::Status st = slots_.erase(id) > 0 ? service_->AbortSlot(id, holder_id_) : UnknownSlotError(id);
   metrics_->Record(Method::kAbortSlot, static_cast<int>(st.code()), SecondsSince(t0));
   return st;
 }
@@ -448,7 +457,7 @@ absl::Status DataPlaneConnection::OnPlan(wire::shm::Reader& r, uint32_t n, bool 
   KvService::HeldPlan h;
   if (hold) {
     if (!Room()) return Full();
-    KVTIER_ASSIGN_OR_RETURN(h, service_->PlanAndHold(keys, rate, tokens_per_chunk, lease_ms));
+    KVTIER_ASSIGN_OR_RETURN(h, service_->PlanAndHold(keys, rate, tokens_per_chunk, lease_ms, Holder()));
     if (h.lease.id != 0) leases_.insert(h.lease.id);
   } else {
     KVTIER_ASSIGN_OR_RETURN(h.plan, service_->PlanLoad(keys, rate, tokens_per_chunk));
@@ -477,7 +486,7 @@ absl::Status DataPlaneConnection::OnGetBatch(wire::shm::Reader& r, uint32_t n,
   if (verify > 1 || zero != 0) return absl::InvalidArgumentError("get batch with nonzero reserved bytes");
   const std::vector<Hash128> keys = ReadKeys(r, n);
   if (!Room(n)) return Full();
-  KVTIER_ASSIGN_OR_RETURN(auto results, service_->GetBatchShared(keys, lease_ms, verify != 0));
+  KVTIER_ASSIGN_OR_RETURN(auto results, service_->GetBatchShared(keys, lease_ms, verify != 0, Holder()));
   w.U32(n).U32(0);
   uint64_t bytes = 0;
   for (const absl::StatusOr<GetResult>& g : results) {
@@ -506,9 +515,9 @@ absl::Status DataPlaneConnection::OnReleaseBatch(wire::shm::Reader& r, uint32_t 
     if ((lease == 0) == (slot == 0)) {
       st = absl::InvalidArgumentError("a release item names one lease or one scratch slot");
     } else if (lease != 0) {
-      st = leases_.erase(lease) > 0 ? service_->Release(lease) : UnknownLeaseError(lease);
+      st = leases_.erase(lease) > 0 ? service_->Release(lease, holder_id_) : UnknownLeaseError(lease);
     } else {
-      st = slots_.erase(slot) > 0 ? service_->AbortSlot(slot) : UnknownSlotError(slot);
+      st = slots_.erase(slot) > 0 ? service_->AbortSlot(slot, holder_id_) : UnknownSlotError(slot);
     }
     w.U32(static_cast<uint32_t>(st.code()));
   }
@@ -533,12 +542,12 @@ absl::Status DataPlaneConnection::OnAllocateBatch(wire::shm::Reader& r, uint32_t
   std::vector<tiering::Slot> got;
   absl::Status st;
   for (uint32_t i = 0; i < n && st.ok(); ++i) {
-    auto slot = service_->AllocateSlot(r.U64(), ttl_ms, tenant_->id());
+    auto slot = service_->AllocateSlot(r.U64(), ttl_ms, Holder());
     st = slot.status();
     if (slot.ok()) got.push_back(*slot);
   }
   if (!st.ok()) {  // all or nothing
-    for (const tiering::Slot& s : got) (void)service_->AbortSlot(s.id);
+    for (const tiering::Slot& s : got) (void)service_->AbortSlot(s.id, holder_id_);
     return st;
   }
   w.U32(n).U32(0);
@@ -577,6 +586,7 @@ absl::Status DataPlaneConnection::OnCommitBatch(wire::shm::Reader& r, uint32_t n
       PutArgs args;
       args.key = tenant_->WriteKey(key);
       args.tenant = tenant_->id();
+      args.holder = holder_id_;
       args.durable = durable != 0;
       // Verified (header, lengths, checksums) before it is stored.
       st = service_->CommitSlot(args, id);

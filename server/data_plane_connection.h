@@ -115,6 +115,11 @@ class DataPlaneConnection {
   // Reads `n` keys of a read: the tenant's stored keys (Tenant::MapReadKeys).
   std::vector<Hash128> ReadKeys(wire::shm::Reader& r, uint32_t n);
 
+  // A new connection's holder id: 1, 2, ... in this process.
+  static tiering::HolderId NextHolderId();
+  // The connection's holder: its slots and leases are its own.
+  tiering::Holder Holder() const { return {holder_id_, tenant_->id()}; }
+
   // Whether the connection may take `n` more slots or leases; at the limit
   // it first forgets the ids the engine has ended.
   bool Room(size_t n = 1);
@@ -131,6 +136,7 @@ class DataPlaneConnection {
   ServerMetrics* const metrics_;
   const ShmChannelOptions options_;
   const int put_check_threads_;
+  const tiering::HolderId holder_id_;
   FrameReader in_;
   // A request's payload, and an answer (header room, then the payload).
   std::vector<uint8_t> payload_, answer_;

@@ -276,10 +276,12 @@ grpc::ServerUnaryReactor* GrpcAdapter::AllocateSlot(Ctx* ctx, const Bytes* in, B
   return Serve<pb::AllocateSlotRequest, pb::AllocateSlotResponse>(Method::kAllocateSlot, ctx, in, out, [this](UnaryCall& call, const pb::AllocateSlotRequest* req, pb::AllocateSlotResponse* resp) -> absl::Status {
     KVTIER_RETURN_IF_ERROR(call.PoolAccess());
     KVTIER_ASSIGN_OR_RETURN(tiering::Slot slot,
-                            service_->AllocateSlot(req->bytes(), req->ttl_ms(), call.tenant->id()));
+                            service_->AllocateSlot(req->bytes(), req->ttl_ms(),
+                                                   GrpcHolder(call.tenant->id())));
     resp->set_slot_id(slot.id);
     resp->mutable_extent()->set_offset(slot.extent.offset);
     resp->mutable_extent()->set_length(slot.extent.length);
+    resp->mutable_extent()->set_pool_id(options_.shm_pool_id);
     resp->set_expires_at_us(slot.expires_at_us);
     return absl::OkStatus();
   });
@@ -287,7 +289,9 @@ grpc::ServerUnaryReactor* GrpcAdapter::AllocateSlot(Ctx* ctx, const Bytes* in, B
 
 grpc::ServerUnaryReactor* GrpcAdapter::AbortSlot(Ctx* ctx, const Bytes* in, Bytes* out) {
   return Serve<pb::AbortSlotRequest, pb::AbortSlotResponse>(Method::kAbortSlot, ctx, in, out,
-               [this](UnaryCall&, const pb::AbortSlotRequest* req, pb::AbortSlotResponse*) { return service_->AbortSlot(req->slot_id()); },
+               [this](UnaryCall& call, const pb::AbortSlotRequest* req, pb::AbortSlotResponse*) {
+                 return service_->AbortSlot(req->slot_id(), GrpcHolder(call.tenant->id()).id);
+               },
       ServeMode{.run_inline = true});
 }
 
@@ -297,6 +301,7 @@ grpc::ServerUnaryReactor* GrpcAdapter::Put(Ctx* ctx, const Bytes* in, Bytes* out
     KVTIER_ASSIGN_OR_RETURN(Hash128 key, KeyFromBytes(req->key()));
     args.key = call.tenant->WriteKey(key);
     args.tenant = call.tenant->id();
+    args.holder = GrpcHolder(args.tenant).id;
     KVTIER_ASSIGN_OR_RETURN(args.tier, FromProto(req->tier()));
     args.durable = req->durable();
     switch (req->data_case()) {
@@ -359,7 +364,7 @@ class GrpcAdapter::PutStreamCall final : public grpc::ServerReadReactor<grpc::By
   }
 
   void OnDone() override {
-    if (slot_open_) (void)adapter_->service_->AbortSlot(slot_id_);
+    if (slot_open_) (void)adapter_->service_->AbortSlot(slot_id_, StreamHolder());
     adapter_->tracker_.Unregister(&entry_);
     delete this;
   }
@@ -380,7 +385,7 @@ class GrpcAdapter::PutStreamCall final : public grpc::ServerReadReactor<grpc::By
       if (!ok) return Reply(absl::InvalidArgumentError("empty put stream"));
       if (absl::Status st = adapter_->CheckVersion(m_.version()); !st.ok()) return Reply(st);
       slot_id_ = m_.slot_id();
-      auto check = adapter_->service_->BeginStreamedCommit(slot_id_);
+      auto check = adapter_->service_->BeginStreamedCommit(slot_id_, StreamHolder());
       if (!check.ok()) return Reply(check.status());
       check_ = std::move(*check);
       slot_open_ = true;
@@ -391,6 +396,7 @@ class GrpcAdapter::PutStreamCall final : public grpc::ServerReadReactor<grpc::By
       if (!st.ok()) return Fail(st);
       args_.key = tenant_->WriteKey(*key);
       args_.tenant = tenant_->id();
+      args_.holder = StreamHolder();
       args_.tier = *tier;
     } else if (!ok) {
       return Fail(absl::InvalidArgumentError("put stream ended without its commit message"));
@@ -408,9 +414,12 @@ class GrpcAdapter::PutStreamCall final : public grpc::ServerReadReactor<grpc::By
     Reply(st);
   }
 
+  // The stream's credential holds its slot (GrpcHolder).
+  tiering::HolderId StreamHolder() const { return GrpcHolder(tenant_->id()).id; }
+
   void Fail(const absl::Status& st) {
     slot_open_ = false;
-    (void)adapter_->service_->AbortSlot(slot_id_);
+    (void)adapter_->service_->AbortSlot(slot_id_, StreamHolder());
     Reply(st);
   }
 
@@ -456,7 +465,8 @@ grpc::ServerUnaryReactor* GrpcAdapter::Get(Ctx* ctx, const Bytes* in, Bytes* out
       KVTIER_RETURN_IF_ERROR(n.status());
       KVTIER_RETURN_IF_ERROR(call.Reserve(2 * *n));
     }
-    auto got = service_->Get(key, mode, req->slot_id(), req->lease_ms(), req->verify());
+    auto got = service_->Get(key, mode, GrpcHolder(call.tenant->id()), req->slot_id(),
+                             req->lease_ms(), req->verify());
     call.tenant->CountRead(got.status());
     KVTIER_ASSIGN_OR_RETURN(GetResult r, std::move(got));
     resp->set_tier(ToProto(r.tier));
@@ -467,6 +477,7 @@ grpc::ServerUnaryReactor* GrpcAdapter::Get(Ctx* ctx, const Bytes* in, Bytes* out
     } else {
       resp->mutable_extent()->set_offset(r.extent.offset);
       resp->mutable_extent()->set_length(r.extent.length);
+      resp->mutable_extent()->set_pool_id(options_.shm_pool_id);
       resp->set_lease_id(r.lease_id);
       resp->set_scratch_slot_id(r.scratch_slot_id);
       metrics_->Add(ServerMetric::kBytesGetShm, r.chunk_bytes);
@@ -489,7 +500,8 @@ grpc::ServerUnaryReactor* GrpcAdapter::Pin(Ctx* ctx, const Bytes* in, Bytes* out
   return Serve<pb::PinRequest, pb::PinResponse>(Method::kPin, ctx, in, out, [this](UnaryCall& call, const pb::PinRequest* req, pb::PinResponse* resp) -> absl::Status {
     KVTIER_ASSIGN_OR_RETURN(auto keys, KeysFrom(req->keys(), service_->limits().max_keys_per_request));
     call.tenant->MapReadKeys(keys, service_->engine());
-    KVTIER_ASSIGN_OR_RETURN(tiering::Lease l, service_->Pin(keys, req->ttl_ms()));
+    KVTIER_ASSIGN_OR_RETURN(tiering::Lease l,
+                            service_->Pin(keys, req->ttl_ms(), GrpcHolder(call.tenant->id())));
     SetLease(l, resp);
     return absl::OkStatus();
   },
@@ -497,8 +509,9 @@ grpc::ServerUnaryReactor* GrpcAdapter::Pin(Ctx* ctx, const Bytes* in, Bytes* out
 }
 
 grpc::ServerUnaryReactor* GrpcAdapter::Renew(Ctx* ctx, const Bytes* in, Bytes* out) {
-  return Serve<pb::RenewRequest, pb::PinResponse>(Method::kRenew, ctx, in, out, [this](UnaryCall&, const pb::RenewRequest* req, pb::PinResponse* resp) -> absl::Status {
-    KVTIER_ASSIGN_OR_RETURN(tiering::Lease l, service_->Renew(req->lease_id(), req->ttl_ms()));
+  return Serve<pb::RenewRequest, pb::PinResponse>(Method::kRenew, ctx, in, out, [this](UnaryCall& call, const pb::RenewRequest* req, pb::PinResponse* resp) -> absl::Status {
+    KVTIER_ASSIGN_OR_RETURN(tiering::Lease l, service_->Renew(req->lease_id(), req->ttl_ms(),
+                                                              GrpcHolder(call.tenant->id()).id));
     SetLease(l, resp);
     return absl::OkStatus();
   },
@@ -507,7 +520,9 @@ grpc::ServerUnaryReactor* GrpcAdapter::Renew(Ctx* ctx, const Bytes* in, Bytes* o
 
 grpc::ServerUnaryReactor* GrpcAdapter::Release(Ctx* ctx, const Bytes* in, Bytes* out) {
   return Serve<pb::ReleaseRequest, pb::ReleaseResponse>(Method::kRelease, ctx, in, out,
-               [this](UnaryCall&, const pb::ReleaseRequest* req, pb::ReleaseResponse*) { return service_->Release(req->lease_id()); },
+               [this](UnaryCall& call, const pb::ReleaseRequest* req, pb::ReleaseResponse*) {
+                 return service_->Release(req->lease_id(), GrpcHolder(call.tenant->id()).id);
+               },
       ServeMode{.run_inline = true});
 }
 

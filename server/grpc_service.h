@@ -38,6 +38,9 @@ struct AdapterOptions {
   // Path of the side-channel socket that passes the pool memfd, reported by
   // Health. Default: "" (no shared-memory data plane)
   std::string shm_socket;
+  // The pool's identity (wire::shm::PoolIdOf its memfd), named in every
+  // extent a reply hands out. Default: 0 (no shared-memory data plane)
+  uint64_t shm_pool_id = 0;
   // Largest message accepted, reported by Health. Default: 0
   uint64_t max_message_bytes = 0;
   // Threads that run this listener's requests. Default: 8

@@ -56,6 +56,15 @@ void RegisterDaemonFlags(CLI::App& app, DaemonOptions* o) {
   app.add_option("--max-held-share", o->max_held_share,
                  "share of the DRAM tier that holds may keep in place (0 < share <= 1)")
       ->capture_default_str();
+  app.add_option("--max-holder-share", o->max_holder_share,
+                 "share of the DRAM tier that one connection or credential may hold (0 < share <= 1)")
+      ->capture_default_str();
+  app.add_option("--max-holds-per-holder", o->max_holds_per_holder,
+                 "most leases and slots one connection or credential may have open")
+      ->capture_default_str();
+  app.add_option("--max-held-keys-per-holder", o->max_held_keys_per_holder,
+                 "most keys the leases of one connection or credential may pin")
+      ->capture_default_str();
   app.add_option("--max-concurrent-streams", o->max_concurrent_streams,
                  "most concurrent streams per connection")->capture_default_str();
   app.add_option("--request-threads", o->request_threads,
@@ -150,7 +159,7 @@ absl::Status LoadConfigFile(const std::string& path, DaemonOptions* o) {
                                 "request_threads", "max_queued_requests", "max_inflight_mib",
                                 "max_inflight_mib_per_connection", "write_timeout_ms",
                                 "stream_idle_timeout_ms", "keepalive_s",
-                                "default_lease_ms", "max_held_share", "nvme_admit_after_uses", "eviction", "shutdown_grace_s", "put_check_threads",
+                                "default_lease_ms", "max_held_share", "max_holder_share", "max_holds_per_holder", "max_held_keys_per_holder", "nvme_admit_after_uses", "eviction", "shutdown_grace_s", "put_check_threads",
                                 "log_level", "ready_file", "cluster", "etcd", "etcd_ca", "etcd_cert",
                                 "etcd_key", "etcd_user", "etcd_password_file", "cluster_secret_file",
                                 "advertise", "replicas", "node_id", "cluster_lease_s"};
@@ -192,6 +201,9 @@ absl::Status LoadConfigFile(const std::string& path, DaemonOptions* o) {
   take("keepalive_s", &o->keepalive_s);
   take("default_lease_ms", &o->default_lease_ms);
   take("max_held_share", &o->max_held_share);
+  take("max_holder_share", &o->max_holder_share);
+  take("max_holds_per_holder", &o->max_holds_per_holder);
+  take("max_held_keys_per_holder", &o->max_held_keys_per_holder);
   take("nvme_admit_after_uses", &o->nvme_admit_after_uses);
   take("eviction", &o->eviction);
   take("shutdown_grace_s", &o->shutdown_grace_s);
@@ -249,6 +261,13 @@ absl::Status ValidateDaemonOptions(const DaemonOptions& o) {
   if (o.max_keys_per_request == 0) return absl::InvalidArgumentError("--max-keys-per-request is 0");
   if (!(o.max_held_share > 0 && o.max_held_share <= 1)) {
     return absl::InvalidArgumentError("--max-held-share must be in (0, 1]");
+  }
+  if (!(o.max_holder_share > 0 && o.max_holder_share <= 1)) {
+    return absl::InvalidArgumentError("--max-holder-share must be in (0, 1]");
+  }
+  if (o.max_holds_per_holder == 0 || o.max_held_keys_per_holder == 0) {
+    return absl::InvalidArgumentError(
+        "--max-holds-per-holder and --max-held-keys-per-holder must be at least 1");
   }
   if (o.put_check_threads > 2) {
     return absl::InvalidArgumentError("--put-check-threads must be 0 (auto), 1 or 2");

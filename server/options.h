@@ -104,6 +104,15 @@ struct DaemonOptions {
   // (lookup-and-hold leases, shared-memory gets, scratch copies); a hold
   // beyond it gets RESOURCE_EXHAUSTED. 0 < share <= 1. Default: 0.5
   double max_held_share = 0.5;
+  // Share of the DRAM tier that one holder (a data-plane connection, or the
+  // gRPC calls of one credential) may hold, so that no one holder takes the
+  // whole of max_held_share. 0 < share <= 1. Default: 0.25
+  double max_holder_share = 0.25;
+  // Most leases and slots one holder may have open at once; beyond it a
+  // pin, hold, get or slot gets RESOURCE_EXHAUSTED. Default: 16384
+  uint32_t max_holds_per_holder = 16384;
+  // Most keys the leases of one holder may pin at once. Default: 262144
+  uint32_t max_held_keys_per_holder = 262144;
   // A chunk evicted from DRAM goes to NVMe only after this many uses.
   // Default: 1 (the engine's, PlacementEngineOptions::nvme_admit_after_uses)
   uint32_t nvme_admit_after_uses = tiering::PlacementEngineOptions{}.nvme_admit_after_uses;

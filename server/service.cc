@@ -21,6 +21,7 @@ tiering::PutOptions PutOptionsOf(const PutArgs& args) {
   po.durable = args.durable;
   po.tier = args.tier;
   po.tenant = args.tenant;
+  po.holder = args.holder;
   return po;
 }
 
@@ -76,7 +77,8 @@ absl::StatusOr<KvService::LoadPlan> KvService::PlanLoad(std::span<const Hash128>
 absl::StatusOr<KvService::HeldPlan> KvService::PlanAndHold(std::span<const Hash128> keys,
                                                            double prefill_tokens_per_s,
                                                            uint32_t tokens_per_chunk,
-                                                           uint32_t lease_ms) {
+                                                           uint32_t lease_ms,
+                                                           const tiering::Holder& holder) {
   HeldPlan h;
   KVTIER_ASSIGN_OR_RETURN(h.plan, PlanLoad(keys, prefill_tokens_per_s, tokens_per_chunk));
   const size_t hits = h.plan.estimate.tiers.size();
@@ -91,13 +93,13 @@ absl::StatusOr<KvService::HeldPlan> KvService::PlanAndHold(std::span<const Hash1
     }
   }
   if (n == 0) return h;
-  auto lease = engine_->Hold(keys.first(n), lease_ms);
+  auto lease = engine_->Hold(keys.first(n), lease_ms, holder);
   if (absl::IsNotFound(lease.status())) {
     // Deleted or evicted between the plan and the hold: plan again once.
     KVTIER_ASSIGN_OR_RETURN(h.plan, PlanLoad(keys, prefill_tokens_per_s, tokens_per_chunk));
     n = std::min(n, h.plan.estimate.tiers.size());
     if (n == 0) return h;
-    lease = engine_->Hold(keys.first(n), lease_ms);
+    lease = engine_->Hold(keys.first(n), lease_ms, holder);
   }
   KVTIER_RETURN_IF_ERROR(lease.status());
   h.held_chunks = static_cast<uint32_t>(n);
@@ -115,32 +117,33 @@ absl::Status KvService::Put(const PutArgs& args, std::span<const uint8_t> chunk)
 }
 
 absl::StatusOr<tiering::Slot> KvService::AllocateSlot(uint64_t bytes, uint32_t ttl_ms,
-                                                      tiering::TenantId tenant) {
+                                                      const tiering::Holder& holder) {
   if (bytes == 0 || bytes > limits_.max_chunk_bytes) {
     return absl::InvalidArgumentError(absl::StrCat("slot of ", bytes, " bytes; must be 1..",
                                                    limits_.max_chunk_bytes));
   }
-  return engine_->AllocateSlot(bytes, ttl_ms, tenant);
+  return engine_->AllocateSlot(bytes, ttl_ms, holder.tenant, holder.id);
 }
 
-absl::StatusOr<std::span<uint8_t>> KvService::SlotSpan(uint64_t slot_id) {
+absl::StatusOr<std::span<uint8_t>> KvService::SlotSpan(uint64_t slot_id,
+                                                       tiering::HolderId holder) {
   if (engine_->dram() == nullptr) {
     return absl::FailedPreconditionError("no DRAM tier: no shared-memory slots");
   }
-  auto view = engine_->SlotView(slot_id);
+  auto view = engine_->SlotView(slot_id, holder);
   if (!view.ok()) return UnknownSlotError(slot_id);
   return view->bytes;
 }
 
-absl::Status KvService::AbortSlot(uint64_t slot_id) {
-  absl::Status st = engine_->AbortSlot(slot_id);
+absl::Status KvService::AbortSlot(uint64_t slot_id, tiering::HolderId holder) {
+  absl::Status st = engine_->AbortSlot(slot_id, holder);
   return absl::IsNotFound(st) ? UnknownSlotError(slot_id) : st;
 }
 
 absl::Status KvService::CommitVerified(const PutArgs& args, uint64_t slot_id,
                                        const absl::StatusOr<codec::VerifiedChunk>& verified) {
   if (!verified.ok()) {
-    if (absl::IsNotFound(engine_->AbortSlot(slot_id))) return UnknownSlotError(slot_id);
+    if (absl::IsNotFound(engine_->AbortSlot(slot_id, args.holder))) return UnknownSlotError(slot_id);
     return verified.status();
   }
   absl::Status st = engine_->CommitSlot(slot_id, *verified, args.key, PutOptionsOf(args));
@@ -148,7 +151,7 @@ absl::Status KvService::CommitVerified(const PutArgs& args, uint64_t slot_id,
 }
 
 absl::Status KvService::CommitSlot(const PutArgs& args, uint64_t slot_id) {
-  KVTIER_ASSIGN_OR_RETURN(std::span<uint8_t> bytes, SlotSpan(slot_id));
+  KVTIER_ASSIGN_OR_RETURN(std::span<uint8_t> bytes, SlotSpan(slot_id, args.holder));
   // The one check of these bytes: on the pool, before the engine makes them
   // an object (with the header parsed here). Later shared-memory gets do
   // not read them again (the reader checks what it copies).
@@ -156,14 +159,14 @@ absl::Status KvService::CommitSlot(const PutArgs& args, uint64_t slot_id) {
 }
 
 absl::StatusOr<std::unique_ptr<wire::IncrementalChunkCheck>> KvService::BeginStreamedCommit(
-    uint64_t slot_id, wire::TrailingHasher* helper) {
-  KVTIER_ASSIGN_OR_RETURN(std::span<uint8_t> bytes, SlotSpan(slot_id));
+    uint64_t slot_id, tiering::HolderId holder, wire::TrailingHasher* helper) {
+  KVTIER_ASSIGN_OR_RETURN(std::span<uint8_t> bytes, SlotSpan(slot_id, holder));
   return std::make_unique<wire::IncrementalChunkCheck>(bytes, helper);
 }
 
 absl::Status KvService::FinishStreamedCommit(const PutArgs& args, uint64_t slot_id,
                                              wire::IncrementalChunkCheck& check) {
-  if (!SlotSpan(slot_id).ok()) return UnknownSlotError(slot_id);
+  if (!SlotSpan(slot_id, args.holder).ok()) return UnknownSlotError(slot_id);
   return CommitVerified(args, slot_id, check.Finish());
 }
 
@@ -179,7 +182,8 @@ absl::Status KvService::DropCorrupt(const Hash128& key, const absl::Status& st) 
                                           st.message()));
 }
 
-absl::StatusOr<GetResult> KvService::Get(const Hash128& key, GetMode mode, uint64_t slot_id,
+absl::StatusOr<GetResult> KvService::Get(const Hash128& key, GetMode mode,
+                                         const tiering::Holder& holder, uint64_t slot_id,
                                          uint32_t lease_ms, bool verify) {
   GetResult r;
   tiering::DramTier* dram = engine_->dram();
@@ -187,7 +191,9 @@ absl::StatusOr<GetResult> KvService::Get(const Hash128& key, GetMode mode, uint6
     return absl::FailedPreconditionError("no DRAM tier: no shared-memory gets");
   }
   if (mode == GetMode::kShm) {
-    KVTIER_ASSIGN_OR_RETURN(tiering::SharedRead sr, engine_->GetShared(key, lease_ms));
+    tiering::GetOptions go;
+    go.holder = holder;
+    KVTIER_ASSIGN_OR_RETURN(tiering::SharedRead sr, engine_->GetShared(key, lease_ms, go));
     std::span<const uint8_t> bytes = sr.bytes;
     // A stored chunk handed out in place was verified at put: its bytes are
     // read only on request (a reader found a mismatch), while still pinned.
@@ -195,7 +201,8 @@ absl::StatusOr<GetResult> KvService::Get(const Hash128& key, GetMode mode, uint6
     absl::Status st;
     if (sr.slot_id != 0 || verify) st = wire::VerifyChunkParallel(bytes).status();
     if (!st.ok()) {
-      (void)(sr.lease_id != 0 ? engine_->Release(sr.lease_id) : engine_->AbortSlot(sr.slot_id));
+      (void)(sr.lease_id != 0 ? engine_->Release(sr.lease_id, holder.id)
+                              : engine_->AbortSlot(sr.slot_id, holder.id));
       return DropCorrupt(key, st);
     }
     r.tier = sr.tier;
@@ -208,7 +215,7 @@ absl::StatusOr<GetResult> KvService::Get(const Hash128& key, GetMode mode, uint6
   }
   std::span<uint8_t> out;
   if (mode == GetMode::kSlot) {
-    auto view = engine_->SlotView(slot_id);
+    auto view = engine_->SlotView(slot_id, holder.id);
     if (!view.ok()) return UnknownSlotError(slot_id);
     KVTIER_ASSIGN_OR_RETURN(r.chunk_bytes, engine_->ChunkBytes(key));
     if (view->extent.length < r.chunk_bytes) {
@@ -231,7 +238,7 @@ absl::StatusOr<GetResult> KvService::Get(const Hash128& key, GetMode mode, uint6
 }
 
 absl::StatusOr<std::vector<absl::StatusOr<GetResult>>> KvService::GetBatchShared(
-    std::span<const Hash128> keys, uint32_t lease_ms, bool verify) {
+    std::span<const Hash128> keys, uint32_t lease_ms, bool verify, const tiering::Holder& holder) {
   KVTIER_RETURN_IF_ERROR(CheckKeyCount(keys.size()));
   if (engine_->dram() == nullptr) {
     return absl::FailedPreconditionError("no DRAM tier: no shared-memory gets");
@@ -244,7 +251,7 @@ absl::StatusOr<std::vector<absl::StatusOr<GetResult>>> KvService::GetBatchShared
     }
   }
   std::vector<absl::StatusOr<tiering::SharedRead>> reads =
-      engine_->GetSharedBatch(keys, lease_ms);
+      engine_->GetSharedBatch(keys, lease_ms, tiering::GetOptions{.holder = holder});
   std::vector<absl::StatusOr<GetResult>> out;
   out.reserve(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) {
@@ -260,7 +267,8 @@ absl::StatusOr<std::vector<absl::StatusOr<GetResult>>> KvService::GetBatchShared
       st = wire::VerifyChunkParallel(sr.bytes).status();
     }
     if (!st.ok()) {
-      (void)(sr.lease_id != 0 ? engine_->Release(sr.lease_id) : engine_->AbortSlot(sr.slot_id));
+      (void)(sr.lease_id != 0 ? engine_->Release(sr.lease_id, holder.id)
+                              : engine_->AbortSlot(sr.slot_id, holder.id));
       out.push_back(DropCorrupt(keys[i], st));
       continue;
     }
@@ -316,20 +324,22 @@ absl::StatusOr<bool> KvService::Prefetch(std::vector<Hash128> keys, uint32_t dea
   return true;
 }
 
-absl::StatusOr<tiering::Lease> KvService::Pin(std::span<const Hash128> keys, uint32_t ttl_ms) {
+absl::StatusOr<tiering::Lease> KvService::Pin(std::span<const Hash128> keys, uint32_t ttl_ms,
+                                              const tiering::Holder& holder) {
   KVTIER_RETURN_IF_ERROR(CheckKeyCount(keys.size()));
   if (keys.empty()) return absl::InvalidArgumentError("pin of no keys");
-  return engine_->Pin(keys, ttl_ms);
+  return engine_->Pin(keys, ttl_ms, /*allow_remote=*/true, holder);
 }
 
-absl::StatusOr<tiering::Lease> KvService::Renew(uint64_t lease_id, uint32_t ttl_ms) {
-  auto l = engine_->Renew(lease_id, ttl_ms);
+absl::StatusOr<tiering::Lease> KvService::Renew(uint64_t lease_id, uint32_t ttl_ms,
+                                                tiering::HolderId holder) {
+  auto l = engine_->Renew(lease_id, ttl_ms, holder);
   if (absl::IsNotFound(l.status())) return UnknownLeaseError(lease_id);
   return l;
 }
 
-absl::Status KvService::Release(uint64_t lease_id) {
-  absl::Status st = engine_->Release(lease_id);
+absl::Status KvService::Release(uint64_t lease_id, tiering::HolderId holder) {
+  absl::Status st = engine_->Release(lease_id, holder);
   return absl::IsNotFound(st) ? UnknownLeaseError(lease_id) : st;
 }
 

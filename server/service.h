@@ -56,6 +56,7 @@ struct PutArgs {
   bool durable = false;
   std::optional<tiering::TierKind> tier;
   tiering::TenantId tenant = 0;  // whose quotas the chunk counts towards
+  tiering::HolderId holder = tiering::kEngineHolder;  // a slot's commit: whose slot
 };
 
 // How a get hands the chunk out.
@@ -75,12 +76,20 @@ struct GetResult {
   int64_t expires_at_us = 0;        // kShm: when the lease or scratch slot ends
 };
 
-// The answer to a slot or lease id that is not the caller's: one that never
-// existed, one that ended or expired, and (on the data plane, whose ids are
-// scoped to their connection) one that another connection holds all get
-// this NotFound, so it tells nothing about other clients' ids.
+// Every slot and lease belongs to its holder (tiering::Holder): a data-plane
+// connection (ShmChannel numbers them) or a gRPC credential (GrpcHolder: the
+// tenant of the call). The answer to a slot or lease id that is not the
+// caller's: one that never existed, one that ended or expired, and one that
+// another holder holds all get this NotFound, so it tells nothing about
+// other clients' ids.
 absl::Status UnknownSlotError(uint64_t slot_id);
 absl::Status UnknownLeaseError(uint64_t lease_id);
+
+// The holder of the slots and leases that gRPC calls of `tenant` take: the
+// credential. Data-plane connections are holders 1, 2, ... (below 2^63).
+inline tiering::Holder GrpcHolder(tiering::TenantId tenant) {
+  return tiering::Holder{(uint64_t{1} << 63) | tenant, tenant};
+}
 
 // One tenant's share and counters (with a tenants file).
 struct TenantStats {
@@ -132,26 +141,30 @@ class KvService {
     tiering::Lease lease;
   };
   absl::StatusOr<HeldPlan> PlanAndHold(std::span<const Hash128> keys, double prefill_tokens_per_s,
-                                       uint32_t tokens_per_chunk, uint32_t lease_ms);
+                                       uint32_t tokens_per_chunk, uint32_t lease_ms,
+                                       const tiering::Holder& holder);
 
   // Verifies and stores `chunk`. InvalidArgument for malformed bytes or a
   // chunk over the size limit, DataLoss for a checksum mismatch, the
   // engine's codes otherwise.
   absl::Status Put(const PutArgs& args, std::span<const uint8_t> chunk);
 
-  // The slot counts towards `tenant`'s DRAM quota (PlacementEngine::AllocateSlot).
+  // The slot is `holder`'s and counts towards its tenant's DRAM quota
+  // (PlacementEngine::AllocateSlot).
   absl::StatusOr<tiering::Slot> AllocateSlot(uint64_t bytes, uint32_t ttl_ms,
-                                             tiering::TenantId tenant = 0);
-  // NotFound (UnknownSlotError) for a slot that is unknown or expired.
-  absl::Status AbortSlot(uint64_t slot_id);
+                                             const tiering::Holder& holder);
+  // NotFound (UnknownSlotError) for a slot that is unknown, expired or
+  // another holder's.
+  absl::Status AbortSlot(uint64_t slot_id, tiering::HolderId holder);
   // Removes the ids of slots and leases that ended (unknown or expired) from
   // the sets (PlacementEngine::ForgetEnded).
   void ForgetEnded(absl::flat_hash_set<uint64_t>& slot_ids,
                    absl::flat_hash_set<uint64_t>& lease_ids) {
     engine_->ForgetEnded(slot_ids, lease_ids);
   }
-  // Verifies the bytes the client wrote into slot `slot_id`, then stores them
-  // as `args.key` without a copy. NotFound for an unknown or expired slot,
+  // Verifies the bytes the client wrote into slot `slot_id` (args.holder's),
+  // then stores them as `args.key` without a copy. NotFound for an unknown,
+  // expired or another holder's slot,
   // DataLoss/InvalidArgument for bad bytes (the slot is then freed).
   absl::Status CommitSlot(const PutArgs& args, uint64_t slot_id);
 
@@ -162,7 +175,7 @@ class KvService {
   // caller aborts the slot (AbortSlot). With a `helper` (owned by the caller,
   // idle), the check hashes the V section on it.
   absl::StatusOr<std::unique_ptr<wire::IncrementalChunkCheck>> BeginStreamedCommit(
-      uint64_t slot_id, wire::TrailingHasher* helper = nullptr);
+      uint64_t slot_id, tiering::HolderId holder, wire::TrailingHasher* helper = nullptr);
   // Finishes `check` (DataLoss/InvalidArgument: the slot is freed) and
   // commits. NotFound if the slot expired meanwhile.
   absl::Status FinishStreamedCommit(const PutArgs& args, uint64_t slot_id,
@@ -176,9 +189,10 @@ class KvService {
   // chunk and one count in the engine's gets and hits or misses.
   // NotFound on a miss; DataLoss if the stored bytes are corrupt (the chunk
   // is dropped). kShm of a chunk whole in DRAM reads no chunk bytes unless
-  // `verify` is set.
-  absl::StatusOr<GetResult> Get(const Hash128& key, GetMode mode, uint64_t slot_id = 0,
-                                uint32_t lease_ms = 0, bool verify = false);
+  // `verify` is set. The lease or scratch slot of kShm is `holder`'s; so
+  // must the slot of kSlot be.
+  absl::StatusOr<GetResult> Get(const Hash128& key, GetMode mode, const tiering::Holder& holder,
+                                uint64_t slot_id = 0, uint32_t lease_ms = 0, bool verify = false);
 
   // Get in kShm mode of every key (PlacementEngine::GetSharedBatch: the
   // NVMe-only chunks are read in one submission), one result per key in
@@ -186,7 +200,8 @@ class KvService {
   // InvalidArgument for the whole batch (nothing held) for too many keys or
   // a key that appears twice.
   absl::StatusOr<std::vector<absl::StatusOr<GetResult>>> GetBatchShared(
-      std::span<const Hash128> keys, uint32_t lease_ms, bool verify);
+      std::span<const Hash128> keys, uint32_t lease_ms, bool verify,
+      const tiering::Holder& holder);
 
   absl::Status Delete(const Hash128& key);
   // Promotes NVMe-only keys to DRAM. Waits up to `deadline_ms` (clamped);
@@ -203,10 +218,13 @@ class KvService {
   };
   absl::StatusOr<PrefetchReport> PrefetchWithin(std::span<const Hash128> keys,
                                                 uint64_t byte_budget, uint32_t deadline_ms);
-  absl::StatusOr<tiering::Lease> Pin(std::span<const Hash128> keys, uint32_t ttl_ms);
-  // NotFound (UnknownLeaseError) for a lease that is unknown or expired.
-  absl::StatusOr<tiering::Lease> Renew(uint64_t lease_id, uint32_t ttl_ms);
-  absl::Status Release(uint64_t lease_id);
+  absl::StatusOr<tiering::Lease> Pin(std::span<const Hash128> keys, uint32_t ttl_ms,
+                                     const tiering::Holder& holder);
+  // NotFound (UnknownLeaseError) for a lease that is unknown, expired or
+  // another holder's.
+  absl::StatusOr<tiering::Lease> Renew(uint64_t lease_id, uint32_t ttl_ms,
+                                       tiering::HolderId holder);
+  absl::Status Release(uint64_t lease_id, tiering::HolderId holder);
   ServiceStats Stats();
 
   // What FlushDramToNvme did with the whole chunks held only in DRAM.
@@ -227,7 +245,7 @@ class KvService {
   // to expire counts as expired). NotFound (UnknownSlotError) for a slot
   // that is unknown, a scratch slot, or expired; FailedPrecondition without
   // a DRAM tier.
-  absl::StatusOr<std::span<uint8_t>> SlotSpan(uint64_t slot_id);
+  absl::StatusOr<std::span<uint8_t>> SlotSpan(uint64_t slot_id, tiering::HolderId holder);
   // Commits slot `slot_id` whose bytes were verified into `verified`; on a
   // verification error frees the slot and returns the error.
   absl::Status CommitVerified(const PutArgs& args, uint64_t slot_id,

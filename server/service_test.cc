@@ -59,15 +59,15 @@ class ServiceTest : public ::testing::Test {
 TEST_F(ServiceTest, PutThenGetReturnsSameBytes) {
   auto chunk = MakeChunk(1);
   ASSERT_TRUE(service_->Put({TestKey(1)}, chunk).ok());
-  auto r = service_->Get(TestKey(1), GetMode::kCopy);
+  auto r = service_->Get(TestKey(1), GetMode::kCopy, tiering::Holder{});
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->bytes, chunk);
   EXPECT_EQ(r->tier, TierKind::kDram);
 }
 
 TEST_F(ServiceTest, GetOfUnknownKeyReturnsNotFound) {
-  EXPECT_EQ(service_->Get(TestKey(99), GetMode::kCopy).status().code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(service_->Get(TestKey(99), GetMode::kShm).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(service_->Get(TestKey(99), GetMode::kCopy, tiering::Holder{}).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(service_->Get(TestKey(99), GetMode::kShm, tiering::Holder{}).status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(service_->Delete(TestKey(99)).code(), absl::StatusCode::kNotFound);
 }
 
@@ -96,16 +96,16 @@ TEST_F(ServiceTest, LookupReturnsLongestPrefixAndRejectsTooManyKeys) {
   EXPECT_THAT(*r, ::testing::ElementsAre(TierKind::kDram, TierKind::kDram));
   std::vector<Hash128> many(9, TestKey(10));
   EXPECT_EQ(service_->Lookup(many).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(service_->Pin(many, 0).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(service_->Pin(many, 0, tiering::Holder{}).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(ServiceTest, SlotCommitStoresBytesWrittenInPlace) {
   auto chunk = MakeChunk(20);
-  auto slot = service_->AllocateSlot(chunk.size(), 0);
+  auto slot = service_->AllocateSlot(chunk.size(), 0, tiering::Holder{});
   ASSERT_TRUE(slot.ok()) << slot.status();
   std::copy(chunk.begin(), chunk.end(), Pool(slot->extent).begin());
   ASSERT_TRUE(service_->CommitSlot({TestKey(20)}, slot->id).ok());
-  auto r = service_->Get(TestKey(20), GetMode::kCopy);
+  auto r = service_->Get(TestKey(20), GetMode::kCopy, tiering::Holder{});
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->bytes, chunk);
   // The slot is consumed: committing it again is NotFound.
@@ -114,57 +114,57 @@ TEST_F(ServiceTest, SlotCommitStoresBytesWrittenInPlace) {
 
 TEST_F(ServiceTest, CommitOfUnknownSlotReturnsNotFound) {
   EXPECT_EQ(service_->CommitSlot({TestKey(22)}, 424242).code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(service_->AbortSlot(424242).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(service_->AbortSlot(424242, 0).code(), absl::StatusCode::kNotFound);
 }
 
 TEST_F(ServiceTest, CommitOfCorruptSlotReturnsDataLossAndFreesIt) {
   auto chunk = MakeChunk(23);
-  auto slot = service_->AllocateSlot(chunk.size(), 0);
+  auto slot = service_->AllocateSlot(chunk.size(), 0, tiering::Holder{});
   ASSERT_TRUE(slot.ok());
   chunk[200] ^= 1;
   std::copy(chunk.begin(), chunk.end(), Pool(slot->extent).begin());
   EXPECT_EQ(service_->CommitSlot({TestKey(23)}, slot->id).code(), absl::StatusCode::kDataLoss);
   EXPECT_FALSE(engine_->Contains(TestKey(23)));
-  EXPECT_EQ(service_->AbortSlot(slot->id).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(service_->AbortSlot(slot->id, 0).code(), absl::StatusCode::kNotFound);
 }
 
 TEST_F(ServiceTest, ShmGetPinsTheChunkUntilReleased) {
   auto chunk = MakeChunk(30);
   ASSERT_TRUE(service_->Put({TestKey(30)}, chunk).ok());
-  auto r = service_->Get(TestKey(30), GetMode::kShm, 0, 10000);
+  auto r = service_->Get(TestKey(30), GetMode::kShm, tiering::Holder{}, 0, 10000);
   ASSERT_TRUE(r.ok()) << r.status();
   ASSERT_NE(r->lease_id, 0u);
   auto view = Pool(r->extent);
   EXPECT_TRUE(std::equal(view.begin(), view.end(), chunk.begin(), chunk.end()));
   EXPECT_EQ(service_->Delete(TestKey(30)).code(), absl::StatusCode::kFailedPrecondition);
-  ASSERT_TRUE(service_->Release(r->lease_id).ok());
+  ASSERT_TRUE(service_->Release(r->lease_id, 0).ok());
   EXPECT_TRUE(service_->Delete(TestKey(30)).ok());
 }
 
 TEST_F(ServiceTest, BytesCorruptedInThePoolAfterCommitAreDataLossOnVerifiedGet) {
   auto chunk = MakeChunk(31);
-  auto slot = service_->AllocateSlot(chunk.size(), 0);
+  auto slot = service_->AllocateSlot(chunk.size(), 0, tiering::Holder{});
   ASSERT_TRUE(slot.ok());
   std::copy(chunk.begin(), chunk.end(), Pool(slot->extent).begin());
   ASSERT_TRUE(service_->CommitSlot({TestKey(31)}, slot->id).ok());
   Pool(slot->extent)[500] ^= 0xff;  // a client writing into a slot it no longer owns
   // A plain shared-memory get hands out the extent without reading it (the
   // reader checks what it copies)...
-  auto r = service_->Get(TestKey(31), GetMode::kShm, 0, 10000);
+  auto r = service_->Get(TestKey(31), GetMode::kShm, tiering::Holder{}, 0, 10000);
   ASSERT_TRUE(r.ok()) << r.status();
-  ASSERT_TRUE(service_->Release(r->lease_id).ok());
+  ASSERT_TRUE(service_->Release(r->lease_id, 0).ok());
   // ...and the reader's follow-up with verify finds the damage and drops it.
-  EXPECT_EQ(service_->Get(TestKey(31), GetMode::kShm, 0, 0, /*verify=*/true).status().code(),
+  EXPECT_EQ(service_->Get(TestKey(31), GetMode::kShm, tiering::Holder{}, 0, 0, /*verify=*/true).status().code(),
             absl::StatusCode::kDataLoss);
-  EXPECT_EQ(service_->Get(TestKey(31), GetMode::kCopy).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(service_->Get(TestKey(31), GetMode::kCopy, tiering::Holder{}).status().code(), absl::StatusCode::kNotFound);
 }
 
 TEST_F(ServiceTest, CopyOutOfThePoolVerifiesWhatItCopies) {
   auto chunk = MakeChunk(33);
   ASSERT_TRUE(service_->Put({TestKey(33)}, chunk).ok());
   Pool(*engine_->Locate(TestKey(33))->parts[0].dram_slot)[700] ^= 1;
-  EXPECT_EQ(service_->Get(TestKey(33), GetMode::kCopy).status().code(), absl::StatusCode::kDataLoss);
-  EXPECT_EQ(service_->Get(TestKey(33), GetMode::kCopy).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(service_->Get(TestKey(33), GetMode::kCopy, tiering::Holder{}).status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(service_->Get(TestKey(33), GetMode::kCopy, tiering::Holder{}).status().code(), absl::StatusCode::kNotFound);
 }
 
 // A chunk or a slot over the daemon's chunk limit is refused before any
@@ -175,10 +175,10 @@ TEST_F(ServiceTest, ChunksOverTheSizeLimitAreInvalidArgument) {
   limits.max_chunk_bytes = chunk.size() - 1;
   KvService small(engine_.get(), limits);
   EXPECT_EQ(small.Put({TestKey(34)}, chunk).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(small.AllocateSlot(chunk.size(), 0).status().code(),
+  EXPECT_EQ(small.AllocateSlot(chunk.size(), 0, tiering::Holder{}).status().code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(small.AllocateSlot(0, 0).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(service_->Get(TestKey(34), GetMode::kCopy).status().code(),
+  EXPECT_EQ(small.AllocateSlot(0, 0, tiering::Holder{}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(service_->Get(TestKey(34), GetMode::kCopy, tiering::Holder{}).status().code(),
             absl::StatusCode::kNotFound);
 }
 
@@ -188,35 +188,35 @@ TEST_F(ServiceTest, PlanAndHoldHoldsWhatThePlanLoads) {
   for (uint32_t i = 0; i < 3; ++i) ASSERT_TRUE(service_->Put({TestKey(i)}, MakeChunk(i)).ok());
   std::vector<Hash128> keys = {TestKey(0), TestKey(1), TestKey(2), TestKey(3)};
   // A slow prefill (1 token/s): every hit is worth loading, and held.
-  auto slow = service_->PlanAndHold(keys, 1, 16, 0);
+  auto slow = service_->PlanAndHold(keys, 1, 16, 0, tiering::Holder{});
   ASSERT_TRUE(slow.ok()) << slow.status();
   EXPECT_EQ(slow->plan.estimate.tiers.size(), 3u);
   EXPECT_EQ(slow->plan.decision.chunks, 3u);
   EXPECT_EQ(slow->held_chunks, 3u);
   ASSERT_NE(slow->lease.id, 0u);
   EXPECT_EQ(service_->Delete(TestKey(2)).code(), absl::StatusCode::kFailedPrecondition);
-  ASSERT_TRUE(service_->Release(slow->lease.id).ok());
+  ASSERT_TRUE(service_->Release(slow->lease.id, 0).ok());
   // A prefill faster than any load: nothing is worth loading, nothing held.
-  auto fast = service_->PlanAndHold(keys, 1e15, 16, 0);
+  auto fast = service_->PlanAndHold(keys, 1e15, 16, 0, tiering::Holder{});
   ASSERT_TRUE(fast.ok()) << fast.status();
   EXPECT_EQ(fast->plan.decision.chunks, 0u);
   EXPECT_EQ(fast->held_chunks, 0u);
   EXPECT_EQ(fast->lease.id, 0u);
   EXPECT_TRUE(service_->Delete(TestKey(2)).ok());
   // Without a rate every hit is held.
-  auto all = service_->PlanAndHold(keys, 0, 16, 0);
+  auto all = service_->PlanAndHold(keys, 0, 16, 0, tiering::Holder{});
   ASSERT_TRUE(all.ok()) << all.status();
   EXPECT_EQ(all->held_chunks, 2u);
-  ASSERT_TRUE(service_->Release(all->lease.id).ok());
+  ASSERT_TRUE(service_->Release(all->lease.id, 0).ok());
   EXPECT_EQ(engine_->held_bytes(), 0u);
-  EXPECT_EQ(service_->PlanAndHold(keys, -1, 16, 0).status().code(),
+  EXPECT_EQ(service_->PlanAndHold(keys, -1, 16, 0, tiering::Holder{}).status().code(),
             absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(ServiceTest, GetBatchSharedServesHitsNamesMissesAndRefusesDuplicates) {
   ASSERT_TRUE(service_->Put({TestKey(1)}, MakeChunk(1)).ok());
   std::vector<Hash128> keys = {TestKey(1), TestKey(2)};
-  auto got = service_->GetBatchShared(keys, 0, /*verify=*/true);
+  auto got = service_->GetBatchShared(keys, 0, /*verify=*/true, tiering::Holder{});
   ASSERT_TRUE(got.ok()) << got.status();
   ASSERT_EQ(got->size(), 2u);
   ASSERT_TRUE((*got)[0].ok());
@@ -224,12 +224,12 @@ TEST_F(ServiceTest, GetBatchSharedServesHitsNamesMissesAndRefusesDuplicates) {
   const auto want = MakeChunk(1);
   auto bytes = Pool((*got)[0]->extent);
   EXPECT_TRUE(std::equal(want.begin(), want.end(), bytes.begin(), bytes.end()));
-  ASSERT_TRUE(service_->Release((*got)[0]->lease_id).ok());
+  ASSERT_TRUE(service_->Release((*got)[0]->lease_id, 0).ok());
   std::vector<Hash128> dup = {TestKey(1), TestKey(1)};
-  EXPECT_EQ(service_->GetBatchShared(dup, 0, false).status().code(),
+  EXPECT_EQ(service_->GetBatchShared(dup, 0, false, tiering::Holder{}).status().code(),
             absl::StatusCode::kInvalidArgument);
   std::vector<Hash128> many(9, TestKey(1));
-  EXPECT_EQ(service_->GetBatchShared(many, 0, false).status().code(),
+  EXPECT_EQ(service_->GetBatchShared(many, 0, false, tiering::Holder{}).status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(engine_->held_bytes(), 0u);
 }
@@ -410,17 +410,17 @@ TEST(ChunkCheck, TrailingHasherMatchesTheSectionChecksums) {
 TEST_F(ServiceTest, GetIntoClientSlotCopiesAndChecksItsSize) {
   auto chunk = MakeChunk(32);
   ASSERT_TRUE(service_->Put({TestKey(32)}, chunk).ok());
-  auto small = service_->AllocateSlot(chunk.size() / 2, 0);
+  auto small = service_->AllocateSlot(chunk.size() / 2, 0, tiering::Holder{});
   ASSERT_TRUE(small.ok());
-  EXPECT_EQ(service_->Get(TestKey(32), GetMode::kSlot, small->id).status().code(),
+  EXPECT_EQ(service_->Get(TestKey(32), GetMode::kSlot, tiering::Holder{}, small->id).status().code(),
             absl::StatusCode::kInvalidArgument);
-  auto slot = service_->AllocateSlot(chunk.size(), 0);
+  auto slot = service_->AllocateSlot(chunk.size(), 0, tiering::Holder{});
   ASSERT_TRUE(slot.ok());
-  auto r = service_->Get(TestKey(32), GetMode::kSlot, slot->id);
+  auto r = service_->Get(TestKey(32), GetMode::kSlot, tiering::Holder{}, slot->id);
   ASSERT_TRUE(r.ok()) << r.status();
   auto view = Pool(r->extent);
   EXPECT_TRUE(std::equal(view.begin(), view.end(), chunk.begin(), chunk.end()));
-  EXPECT_EQ(service_->Get(TestKey(32), GetMode::kSlot, 999999).status().code(),
+  EXPECT_EQ(service_->Get(TestKey(32), GetMode::kSlot, tiering::Holder{}, 999999).status().code(),
             absl::StatusCode::kNotFound);
 }
 
@@ -557,7 +557,7 @@ TEST(DaemonOptions, ValidationRequiresATokenForTcp) {
 
 TEST(DaemonOptions, EvictionNamesAPolicy) {
   DaemonOptions o;
-  EXPECT_EQ(o.eviction, "s3fifo");
+  EXPECT_EQ(o.eviction, "flru,nvme=lru");
   for (const char* name : {"lru", "s3fifo", "arc", "flru", "flru,nvme=lru", "dram=arc"}) {
     o.eviction = name;
     EXPECT_TRUE(ValidateDaemonOptions(o).ok()) << name;

@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include "common/testing/wait.h"
 
@@ -20,17 +21,25 @@ namespace kvtier::testing {
 
 class DaemonProcess {
  public:
-  explicit DaemonProcess(const std::string& dir) : dir_(dir), ready_(dir + "/kvtierd.ready") {
+  // `extra`: more command-line arguments, after the defaults (a later
+  // option of the same name wins).
+  explicit DaemonProcess(const std::string& dir, std::vector<std::string> extra = {})
+      : dir_(dir), ready_(dir + "/kvtierd.ready") {
     ::unlink(ready_.c_str());  // a killed daemon leaves its file behind
+    std::vector<std::string> args = {KVTIERD_PATH, "--data-dir", dir + "/data", "--dram-gib",
+                                     "0.03125", "--nvme-gib", "0.0625", "--hbm-gib", "0",
+                                     "--dram-populate", "false", "--ready-file", ready_};
+    args.insert(args.end(), extra.begin(), extra.end());
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
     pid_ = ::fork();
     if (pid_ == 0) {
       std::string log = dir + "/kvtierd.log";
       FILE* f = std::freopen(log.c_str(), "a", stderr);
       (void)f;
       std::freopen(log.c_str(), "a", stdout);
-      ::execl(KVTIERD_PATH, KVTIERD_PATH, "--data-dir", (dir + "/data").c_str(), "--dram-gib",
-              "0.03125", "--nvme-gib", "0.0625", "--hbm-gib", "0", "--dram-populate", "false",
-              "--ready-file", ready_.c_str(), static_cast<char*>(nullptr));
+      ::execv(KVTIERD_PATH, argv.data());
       ::_exit(127);
     }
   }
@@ -47,6 +56,13 @@ class DaemonProcess {
   bool WaitReady() {
     return WaitUntil([&] { return FileExists(ready_) || Exited(); }, std::chrono::seconds(20)) &&
            FileExists(ready_);
+  }
+  // SIGKILL, reaped.
+  void Kill() {
+    if (pid_ <= 0) return;
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+    pid_ = -1;
   }
   // SIGTERM and the exit status (-1 if it did not exit within 20 s).
   int Terminate() {

@@ -19,6 +19,13 @@ kvtier_add_test(server_cli_test
 target_compile_definitions(server_cli_test PRIVATE
   KVTIER_CLI_PATH="$<TARGET_FILE:kvtier>" KVTIERD_PATH="$<TARGET_FILE:kvtierd>")
 add_dependencies(server_cli_test kvtier kvtierd)
+# libkvtier across a restart of the real daemon (SIGKILL, SIGTERM).
+kvtier_add_test(server_restart_test
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/server_restart_test.cc
+  DEPS kvtier_client
+  TIMEOUT 120)
+target_compile_definitions(server_restart_test PRIVATE KVTIERD_PATH="$<TARGET_FILE:kvtierd>")
+add_dependencies(server_restart_test kvtierd)
 # The GPU paged-cache path of libkvtier (client/kvtier_gpu.h) against an
 # in-process daemon; skips without a CUDA device.
 if(KVTIER_HAVE_CUDA)

@@ -139,6 +139,25 @@ TEST_F(E2eTest, SecondDaemonOnTheSameSocketIsRefusedAndTheFirstKeepsServing) {
   }
 }
 
+// A second daemon whose --socket is the first one's data-plane socket is
+// refused: it would replace that socket (and remove it when it stops).
+TEST_F(E2eTest, SecondDaemonOnTheFirstsDataPlaneSocketIsRefused) {
+  auto before = Client();
+  ASSERT_TRUE(before && before->uses_shared_memory());
+  DaemonOptions second = SmallDaemonOptions(dir_.path() + "/b");
+  second.nvme_gib = 0;
+  second.socket = daemon_->shm_socket_path();
+  auto d = Daemon::Start(second);
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(d.status().message(), ::testing::HasSubstr(daemon_->shm_socket_path()));
+  d = absl::FailedPreconditionError("");  // a started one would stop (and unlink) here
+  EXPECT_TRUE(SocketExists(daemon_->shm_socket_path()));
+  auto after = Client();
+  ASSERT_TRUE(after);
+  EXPECT_TRUE(after->uses_shared_memory());
+  ExpectServes(daemon_.get(), 49);
+}
+
 TEST_F(E2eTest, SharedMemoryAndInlineClientsSeeTheSameChunks) {
   auto shm = Client(true);
   auto inl = Client(false);
@@ -208,10 +227,14 @@ std::map<std::string, uint64_t> Counters(client::KvtierClient& c) {
 std::vector<uint8_t> MediumChunk(uint32_t seed) { return MakeChunk(seed, 256, 2, 4, 64); }
 
 // Chunks read through shared memory (libkvtier's Get over the data plane)
-// are uses like inline gets: a chunk read ten times stays in DRAM while four
-// DRAM tiers' worth of chunks that are only put pass through, and the reads
-// move the engine's gets and hits counters.
+// are uses like inline gets: under a frequency-aware policy (S3-FIFO: the
+// default FLRU acts as LRU on a tier of 80 chunks) a chunk read ten times
+// stays in DRAM while four DRAM tiers' worth of chunks that are only put
+// pass through, and the reads move the engine's gets and hits counters.
 TEST_F(E2eTest, SharedMemoryGetsKeepAChunkHotAndAreCounted) {
+  DaemonOptions o = SmallDaemonOptions(dir_.path());
+  o.eviction = "s3fifo";
+  StartDaemon(o);
   auto c = Client();
   ASSERT_TRUE(c);
   ASSERT_TRUE(c->uses_shared_memory());
@@ -783,6 +806,22 @@ TEST_F(E2eTest, DataPlaneConnectionCannotUseAnotherConnectionsSlotOrLease) {
   EXPECT_EQ(begin_commit(slot), kNotFound);
   EXPECT_EQ(begin_commit(unknown), kNotFound);
   EXPECT_EQ(c->Get(TestKey(48)).status().code(), absl::StatusCode::kNotFound);
+  // Over gRPC too: a lease or slot is its connection's, whoever names it.
+  EXPECT_EQ(c->Release(lease).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(c->Release(unknown).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(c->AbortSlot(client::WritableSlot{slot, {}}).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(c->CommitSlot(client::WritableSlot{slot, {}}, TestKey(48)).code(),
+            absl::StatusCode::kNotFound);
+  {
+    auto stub = RawStub();
+    grpc::ClientContext ctx;
+    Deadline(ctx);
+    pb::RenewRequest req;
+    req.set_version(1);
+    req.set_lease_id(lease);
+    pb::PinResponse resp;
+    EXPECT_EQ(stub->Renew(&ctx, req, &resp).error_code(), grpc::StatusCode::NOT_FOUND);
+  }
 
   // A's lease still pins the chunk, and A's slot still takes A's put.
   EXPECT_EQ(c->Delete(TestKey(46)).code(), absl::StatusCode::kFailedPrecondition);

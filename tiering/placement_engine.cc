@@ -405,35 +405,29 @@ bool PlacementEngine::EvictOne(TierKind kind, int tenant, bool own_only) {
   return true;
 }
 
-void PlacementEngine::ExpireLocked(int64_t now) {
-  for (auto it = leases_.begin(); it != leases_.end();) {
-    if (it->second.expires_at_us > now) {
-      ++it;
-      continue;
-    }
-    for (const Hash128& k : it->second.keys) {
-      auto c = chunks_.find(k);
-      if (c != chunks_.end()) --c->second.pins;
-    }
-    held_bytes_ -= it->second.held_bytes;
-    Count(EngineMetric::kLeasesExpired);
-    leases_.erase(it++);
+void PlacementEngine::EndLeaseLocked(const LeaseState& lease) {
+  for (const Hash128& k : lease.keys) {
+    auto c = chunks_.find(k);
+    if (c != chunks_.end()) --c->second.pins;
   }
-  for (auto it = slots_.begin(); it != slots_.end();) {
-    if (it->second.expires_at_us > now) {
-      ++it;
-      continue;
-    }
-    (void)dram_->AbortSlot(it->second.extent);
-    held_bytes_ -= it->second.held_bytes;
-    if (it->second.promote) {
-      if (auto ld = loading_.find(it->second.key); ld != loading_.end() && --ld->second == 0) {
+}
+
+void PlacementEngine::ExpireLocked(int64_t now) {
+  leases_.TakeExpired(now, [&](uint64_t, HoldTable<LeaseState>::Entry&& e)
+                               ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    EndLeaseLocked(e.state);
+    Count(EngineMetric::kLeasesExpired);
+  });
+  slots_.TakeExpired(now, [&](uint64_t, HoldTable<SlotState>::Entry&& e)
+                              ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    (void)dram_->AbortSlot(e.state.extent);
+    if (e.state.promote) {
+      if (auto ld = loading_.find(e.state.key); ld != loading_.end() && --ld->second == 0) {
         loading_.erase(ld);
       }
     }
     Count(EngineMetric::kSlotsExpired);
-    slots_.erase(it++);
-  }
+  });
 }
 
 void PlacementEngine::Replicate(const Hash128& key, std::span<const uint8_t> chunk,
@@ -684,7 +678,8 @@ absl::StatusOr<SharedRead> PlacementEngine::GetShared(const Hash128& key, int64_
     KVTIER_ASSIGN_OR_RETURN(ChunkState * st, StartReadLocked(key));
     shape = {st->bytes, st->k_object_bytes, st->split};
     r.chunk_bytes = st->bytes;
-    KVTIER_ASSIGN_OR_RETURN(bool pinned, PinInDramLocked(key, st, ttl_ms, now, fetched, &r));
+    KVTIER_ASSIGN_OR_RETURN(bool pinned,
+                            PinInDramLocked(key, st, ttl_ms, now, fetched, opts.holder, &r));
     if (pinned) return r;
     // Pinned (without a lease) while a scratch slot is made and filled, so
     // that making room for the slot cannot evict it.
@@ -692,7 +687,7 @@ absl::StatusOr<SharedRead> PlacementEngine::GetShared(const Hash128& key, int64_
     tenant = st->tenant;
   }
   auto unpin = [&] { UnpinOne(key); };
-  auto slot = AllocateSlotOf(shape.bytes, ttl_ms, /*scratch=*/true, tenant);
+  auto slot = AllocateSlotOf(shape.bytes, ttl_ms, /*scratch=*/true, tenant, opts.holder);
   if (!slot.ok()) {
     unpin();
     return slot.status();
@@ -700,7 +695,7 @@ absl::StatusOr<SharedRead> PlacementEngine::GetShared(const Hash128& key, int64_
   auto src = FinishRead(key, shape, {dram_->base() + slot->extent.offset, shape.bytes}, opts);
   unpin();
   if (!src.ok()) {
-    (void)AbortSlot(slot->id);
+    (void)AbortSlot(slot->id, opts.holder.id);
     return src.status();
   }
   r.tier = fetched ? TierKind::kRemote : *src;
@@ -713,24 +708,20 @@ absl::StatusOr<SharedRead> PlacementEngine::GetShared(const Hash128& key, int64_
 
 absl::StatusOr<bool> PlacementEngine::PinInDramLocked(const Hash128& key, ChunkState* st,
                                                       int64_t ttl_ms, int64_t now, bool fetched,
-                                                      SharedRead* r) {
+                                                      const Holder& holder, SharedRead* r) {
   if (st->split || (st->where[0] & Bit(TierKind::kDram)) == 0) return false;
   // Whole in DRAM: pinned where it is. The pin keeps the extent (no
   // eviction, move or delete), so the reference is only for the offset.
   auto ref = dram_->AcquireRef({key, Part::kWhole});
   if (!ref.ok()) return false;
   dram_->ReleaseRef(*ref);
-  KVTIER_RETURN_IF_ERROR(ChargeHeldLocked(st->bytes));
-  auto id = NewIdLocked();
-  if (!id.ok()) {
-    held_bytes_ -= st->bytes;
-    return id.status();
-  }
+  KVTIER_RETURN_IF_ERROR(CheckHoldLocked(holder, 1, st->bytes));
+  KVTIER_ASSIGN_OR_RETURN(const uint64_t id, NewIdLocked());
   r->chunk_bytes = st->bytes;
-  r->lease_id = *id;
+  r->lease_id = id;
   ++st->pins;
   r->expires_at_us = now + LeaseUs(ttl_ms);
-  leases_[r->lease_id] = LeaseState{{key}, r->expires_at_us, st->bytes};
+  leases_.Insert(id, {LeaseState{{key}}, r->expires_at_us, holder, 1, st->bytes});
   r->extent = PoolExtent{ref->offset, st->bytes};
   r->bytes = std::span<const uint8_t>(dram_->base() + ref->offset, st->bytes);
   r->tier = fetched ? TierKind::kRemote : TierKind::kDram;
@@ -744,22 +735,50 @@ void PlacementEngine::UnpinOne(const Hash128& key) {
   if (it != chunks_.end() && it->second.pins > 0) --it->second.pins;
 }
 
-absl::Status PlacementEngine::ChargeHeldLocked(uint64_t bytes) {
-  const uint64_t cap = options_.max_held_bytes;
-  if (cap != 0 && (bytes > cap || held_bytes_ > cap - bytes)) {
-    Count(EngineMetric::kHoldsRefused);
-    return absl::ResourceExhaustedError(
-        absl::StrCat("holding ", bytes, " more bytes would exceed the held-bytes limit (",
-                     held_bytes_, " of ", cap, " held)"));
+absl::Status PlacementEngine::CheckHoldLocked(const Holder& holder, uint64_t keys,
+                                              uint64_t bytes) {
+  // `bytes` more within `cap` given `held` (0: no cap).
+  auto over = [bytes](uint64_t cap, uint64_t held) {
+    return cap != 0 && (bytes > cap || held > cap - bytes);
+  };
+  const HolderTally lt = leases_.TallyOf(holder.id), st = slots_.TallyOf(holder.id);
+  std::string why;
+  const uint64_t held = leases_.held_bytes() + slots_.held_bytes();
+  if (over(options_.max_held_bytes, held)) {
+    why = absl::StrCat("the held-bytes limit (", held, " of ", options_.max_held_bytes, " held)");
+  } else if (over(options_.max_held_bytes_per_holder, lt.held_bytes + st.held_bytes)) {
+    why = absl::StrCat("this holder's share of the held bytes (", lt.held_bytes + st.held_bytes,
+                       " of ", options_.max_held_bytes_per_holder, " held)");
+  } else if (lt.entries + st.entries >= options_.max_holds_per_holder) {
+    why = absl::StrCat("this holder's ", options_.max_holds_per_holder, " open leases and slots");
+  } else if (lt.keys + keys > options_.max_held_keys_per_holder) {
+    why = absl::StrCat("this holder's ", options_.max_held_keys_per_holder, " pinned keys (",
+                       lt.keys, " pinned)");
+  } else if (dram_ != nullptr && options_.max_held_bytes != 0 && !options_.tenant_quotas.empty()) {
+    // The holds of one tenant's holders leave room for the others' DRAM
+    // quotas, which are guarantees.
+    const int dk = static_cast<int>(TierKind::kDram);
+    uint64_t others = 0;
+    for (size_t t = 0; t < options_.tenant_quotas.size(); ++t) {
+      if (t != holder.tenant) others += options_.tenant_quotas[t][dk];
+    }
+    const uint64_t cap = dram_->capacity_bytes() > others ? dram_->capacity_bytes() - others : 0;
+    const uint64_t mine = leases_.TenantHeldBytes(holder.tenant) + slots_.TenantHeldBytes(holder.tenant);
+    if (cap == 0 || over(cap, mine)) {
+      why = absl::StrCat("tenant ", holder.tenant, "'s share of DRAM that other tenants' quotas leave (",
+                         mine, " of ", cap, " held)");
+    }
   }
-  held_bytes_ += bytes;
-  return absl::OkStatus();
+  if (why.empty()) return absl::OkStatus();
+  Count(EngineMetric::kHoldsRefused);
+  return absl::ResourceExhaustedError(
+      absl::StrCat("holding ", bytes, " more bytes would exceed ", why));
 }
 
 uint64_t PlacementEngine::held_bytes() {
   absl::MutexLock l(&mu_);
   ExpireLocked(Now());
-  return held_bytes_;
+  return leases_.held_bytes() + slots_.held_bytes();
 }
 
 std::vector<absl::StatusOr<SharedRead>> PlacementEngine::GetSharedBatch(
@@ -800,7 +819,7 @@ std::vector<absl::StatusOr<SharedRead>> PlacementEngine::GetSharedBatch(
           continue;
         }
         SharedRead r;
-        auto pinned = PinInDramLocked(keys[i], *started, ttl_ms, now, false, &r);
+        auto pinned = PinInDramLocked(keys[i], *started, ttl_ms, now, false, opts.holder, &r);
         if (!pinned.ok()) {
           out[i] = pinned.status();
         } else if (*pinned) {
@@ -838,7 +857,7 @@ std::vector<absl::StatusOr<SharedRead>> PlacementEngine::GetSharedBatch(
       absl::MutexLock l(&mu_);
       tenant = TenantOfLocked(keys[i]);
     }
-    auto slot = AllocateSlotOf(nvme_bytes[j], ttl_ms, /*scratch=*/true, tenant);
+    auto slot = AllocateSlotOf(nvme_bytes[j], ttl_ms, /*scratch=*/true, tenant, opts.holder);
     if (!slot.ok()) {
       UnpinOne(keys[i]);
       loaded(keys[i]);
@@ -855,7 +874,7 @@ std::vector<absl::StatusOr<SharedRead>> PlacementEngine::GetSharedBatch(
   for (size_t j = 0; j < reading.size(); ++j) {
     const size_t i = reading[j];
     if (!read[j].ok()) {
-      (void)AbortSlot(slots[j].id);
+      (void)AbortSlot(slots[j].id, opts.holder.id);
       UnpinOne(keys[i]);
       loaded(keys[i]);
       // A corrupt copy (the tier dropped it) ends the chunk unless another
@@ -872,12 +891,11 @@ std::vector<absl::StatusOr<SharedRead>> PlacementEngine::GetSharedBatch(
     bool promote = false;
     if (opts.promote.value_or(options_.promote_on_hit)) {
       absl::MutexLock l(&mu_);
-      auto it = slots_.find(slots[j].id);
-      if (it != slots_.end()) {
+      if (auto* e = slots_.Find(slots[j].id)) {
         // The loading_ entry then ends with the promotion (PromoteFromSlot,
         // or the slot's expiry).
-        it->second.promote = promote = true;
-        it->second.key = keys[i];
+        e->state.promote = promote = true;
+        e->state.key = keys[i];
       }
     }
     if (!promote) loaded(keys[i]);
@@ -1069,72 +1087,67 @@ absl::Status PlacementEngine::DeleteLocal(const Hash128& key) {
 }
 
 absl::StatusOr<Lease> PlacementEngine::Pin(std::span<const Hash128> keys, int64_t ttl_ms,
-                                           bool allow_remote) {
+                                           bool allow_remote, Holder holder) {
   for (const Hash128& k : keys) {
     KVTIER_RETURN_IF_ERROR(FetchIfMissing(k, allow_remote).status());
   }
   absl::MutexLock l(&mu_);
-  int64_t now = Now();
+  const int64_t now = Now();
   ExpireLocked(now);
-  for (const Hash128& k : keys) {
-    if (!chunks_.contains(k)) return absl::NotFoundError(absl::StrCat("chunk ", k.ToHex(), " not stored"));
-  }
-  KVTIER_ASSIGN_OR_RETURN(uint64_t id, NewIdLocked());
-  for (const Hash128& k : keys) ++chunks_[k].pins;
-  int64_t exp = now + LeaseUs(ttl_ms);
-  leases_[id] = LeaseState{std::vector<Hash128>(keys.begin(), keys.end()), exp};
-  return Lease{id, exp};
+  return LeaseLocked(keys, ttl_ms, now, holder);
 }
 
-absl::StatusOr<Lease> PlacementEngine::Renew(uint64_t lease_id, int64_t ttl_ms) {
+absl::StatusOr<Lease> PlacementEngine::Renew(uint64_t lease_id, int64_t ttl_ms, HolderId holder) {
   absl::MutexLock l(&mu_);
   int64_t now = Now();
   ExpireLocked(now);
-  auto it = leases_.find(lease_id);
-  if (it == leases_.end()) return absl::NotFoundError("lease unknown or expired");
-  it->second.expires_at_us = now + LeaseUs(ttl_ms);
-  return Lease{lease_id, it->second.expires_at_us};
-}
-
-absl::Status PlacementEngine::Release(uint64_t lease_id) {
-  absl::MutexLock l(&mu_);
-  ExpireLocked(Now());
-  auto it = leases_.find(lease_id);
-  if (it == leases_.end()) return absl::NotFoundError("lease unknown or expired");
-  for (const Hash128& k : it->second.keys) {
-    auto c = chunks_.find(k);
-    if (c != chunks_.end()) --c->second.pins;
+  if (leases_.FindHeld(lease_id, holder, now) == nullptr) {
+    return absl::NotFoundError("lease unknown or expired");
   }
-  held_bytes_ -= it->second.held_bytes;
-  leases_.erase(it);
-  return absl::OkStatus();
+  const int64_t exp = now + LeaseUs(ttl_ms);
+  leases_.SetExpiry(lease_id, exp);
+  return Lease{lease_id, exp};
 }
 
-absl::StatusOr<Lease> PlacementEngine::Hold(std::span<const Hash128> keys, int64_t ttl_ms) {
+absl::Status PlacementEngine::Release(uint64_t lease_id, HolderId holder) {
   absl::MutexLock l(&mu_);
   const int64_t now = Now();
   ExpireLocked(now);
+  if (leases_.FindHeld(lease_id, holder, now) == nullptr) {
+    return absl::NotFoundError("lease unknown or expired");
+  }
+  EndLeaseLocked(leases_.Take(lease_id).state);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Lease> PlacementEngine::Hold(std::span<const Hash128> keys, int64_t ttl_ms,
+                                            Holder holder) {
+  absl::MutexLock l(&mu_);
+  const int64_t now = Now();
+  ExpireLocked(now);
+  return LeaseLocked(keys, ttl_ms, now, holder);
+}
+
+absl::StatusOr<Lease> PlacementEngine::LeaseLocked(std::span<const Hash128> keys, int64_t ttl_ms,
+                                                   int64_t now, const Holder& holder) {
   uint64_t bytes = 0;
   for (const Hash128& k : keys) {
     auto it = chunks_.find(k);
     if (it == chunks_.end()) return absl::NotFoundError(absl::StrCat("chunk ", k.ToHex(), " not stored"));
     bytes += it->second.bytes;
   }
-  KVTIER_RETURN_IF_ERROR(ChargeHeldLocked(bytes));
-  auto id = NewIdLocked();
-  if (!id.ok()) {
-    held_bytes_ -= bytes;
-    return id.status();
-  }
+  KVTIER_RETURN_IF_ERROR(CheckHoldLocked(holder, keys.size(), bytes));
+  KVTIER_ASSIGN_OR_RETURN(const uint64_t id, NewIdLocked());
   for (const Hash128& k : keys) ++chunks_[k].pins;
   const int64_t exp = now + LeaseUs(ttl_ms);
-  leases_[*id] = LeaseState{std::vector<Hash128>(keys.begin(), keys.end()), exp, bytes};
-  return Lease{*id, exp};
+  leases_.Insert(id, {LeaseState{std::vector<Hash128>(keys.begin(), keys.end())}, exp, holder,
+                      keys.size(), bytes});
+  return Lease{id, exp};
 }
 
 absl::StatusOr<Slot> PlacementEngine::AllocateSlot(uint64_t bytes, int64_t ttl_ms,
-                                                   TenantId tenant) {
-  return AllocateSlotOf(bytes, ttl_ms, /*scratch=*/false, tenant);
+                                                   TenantId tenant, HolderId holder) {
+  return AllocateSlotOf(bytes, ttl_ms, /*scratch=*/false, tenant, Holder{holder, tenant});
 }
 
 absl::StatusOr<PoolExtent> PlacementEngine::ReserveDram(uint64_t bytes, TenantId tenant) {
@@ -1148,7 +1161,7 @@ absl::StatusOr<PoolExtent> PlacementEngine::ReserveDram(uint64_t bytes, TenantId
 }
 
 absl::StatusOr<Slot> PlacementEngine::AllocateSlotOf(uint64_t bytes, int64_t ttl_ms, bool scratch,
-                                                     TenantId tenant) {
+                                                     TenantId tenant, const Holder& holder) {
   if (!dram_) return absl::FailedPreconditionError("no DRAM tier");
   if (bytes < codec::kHeaderSize) return absl::InvalidArgumentError("slot smaller than a chunk header");
   // A client slot becomes a stored chunk: its room is made inside the
@@ -1156,56 +1169,49 @@ absl::StatusOr<Slot> PlacementEngine::AllocateSlotOf(uint64_t bytes, int64_t ttl
   if (!scratch) KVTIER_RETURN_IF_ERROR(MakeQuotaRoom(TierKind::kDram, tenant, bytes));
   KVTIER_ASSIGN_OR_RETURN(PoolExtent ext, ReserveDram(bytes, tenant));
   absl::MutexLock l(&mu_);
-  auto id = NewIdLocked();
+  // A scratch slot counts the chunk's bytes, as a pin in place does.
+  absl::Status st = CheckHoldLocked(holder, 0, scratch ? bytes : 0);
+  auto id = st.ok() ? NewIdLocked() : st;
   if (!id.ok()) {
     (void)dram_->AbortSlot(ext);
     return id.status();
   }
-  // A scratch slot counts the chunk's bytes, as a pin in place does.
-  if (scratch) {
-    if (absl::Status c = ChargeHeldLocked(bytes); !c.ok()) {
-      (void)dram_->AbortSlot(ext);
-      return c;
-    }
-  }
-  int64_t exp = Now() + LeaseUs(ttl_ms);
-  slots_[*id] = SlotState{ext, exp, scratch, scratch ? bytes : 0};
+  const int64_t exp = Now() + LeaseUs(ttl_ms);
+  slots_.Insert(*id, {SlotState{ext, scratch}, exp, holder, 0, scratch ? bytes : 0});
   return Slot{*id, ext, exp};
 }
 
-absl::Status PlacementEngine::AbortSlot(uint64_t slot_id) {
+absl::Status PlacementEngine::AbortSlot(uint64_t slot_id, HolderId holder) {
   absl::MutexLock l(&mu_);
-  ExpireLocked(Now());
-  auto it = slots_.find(slot_id);
-  if (it == slots_.end()) return absl::NotFoundError("slot unknown or expired");
-  held_bytes_ -= it->second.held_bytes;
-  if (it->second.promote) {
+  const int64_t now = Now();
+  ExpireLocked(now);
+  if (slots_.FindHeld(slot_id, holder, now) == nullptr) {
+    return absl::NotFoundError("slot unknown or expired");
+  }
+  const SlotState slot = slots_.Take(slot_id).state;
+  if (slot.promote) {
     // Lock order: mu_, then bg_mu_.
     absl::MutexLock b(&bg_mu_);
     if (!stopping_) {
-      promote_queue_.emplace_back(it->second.key, it->second.extent);
-      slots_.erase(it);
+      promote_queue_.emplace_back(slot.key, slot.extent);
       return absl::OkStatus();
     }
   }
-  if (it->second.promote) {  // stopping: not promoted
-    if (auto ld = loading_.find(it->second.key); ld != loading_.end() && --ld->second == 0) {
+  if (slot.promote) {  // stopping: not promoted
+    if (auto ld = loading_.find(slot.key); ld != loading_.end() && --ld->second == 0) {
       loading_.erase(ld);
     }
   }
-  absl::Status st = dram_->AbortSlot(it->second.extent);
-  slots_.erase(it);
-  return st;
+  return dram_->AbortSlot(slot.extent);
 }
 
-absl::StatusOr<SlotBytes> PlacementEngine::SlotView(uint64_t slot_id, int64_t margin_us) {
+absl::StatusOr<SlotBytes> PlacementEngine::SlotView(uint64_t slot_id, HolderId holder,
+                                                    int64_t margin_us) {
   absl::MutexLock l(&mu_);
-  auto it = slots_.find(slot_id);
-  if (it == slots_.end() || it->second.scratch || it->second.expires_at_us < Now() + margin_us) {
-    return absl::NotFoundError("slot unknown or expired");
-  }
-  const PoolExtent& e = it->second.extent;
-  return SlotBytes{e, std::span<uint8_t>(dram_->base() + e.offset, e.length)};
+  auto* e = slots_.FindHeld(slot_id, holder, Now() + margin_us);
+  if (e == nullptr || e->state.scratch) return absl::NotFoundError("slot unknown or expired");
+  const PoolExtent& x = e->state.extent;
+  return SlotBytes{x, std::span<uint8_t>(dram_->base() + x.offset, x.length)};
 }
 
 void PlacementEngine::ForgetEnded(absl::flat_hash_set<uint64_t>& slot_ids,
@@ -1213,30 +1219,27 @@ void PlacementEngine::ForgetEnded(absl::flat_hash_set<uint64_t>& slot_ids,
   absl::MutexLock l(&mu_);
   const int64_t now = Now();
   absl::erase_if(slot_ids, [&](uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    auto it = slots_.find(id);
-    return it == slots_.end() || it->second.expires_at_us <= now;
+    auto* e = slots_.Find(id);
+    return e == nullptr || e->expires_at_us <= now;
   });
   absl::erase_if(lease_ids, [&](uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    auto it = leases_.find(id);
-    return it == leases_.end() || it->second.expires_at_us <= now;
+    auto* e = leases_.Find(id);
+    return e == nullptr || e->expires_at_us <= now;
   });
 }
 
-absl::StatusOr<PoolExtent> PlacementEngine::TakeClientSlot(uint64_t slot_id) {
+absl::StatusOr<PoolExtent> PlacementEngine::TakeClientSlot(uint64_t slot_id, HolderId holder) {
   absl::MutexLock l(&mu_);
-  ExpireLocked(Now());
-  auto it = slots_.find(slot_id);
-  if (it == slots_.end() || it->second.scratch) {
-    return absl::NotFoundError("slot unknown or expired");
-  }
-  PoolExtent ext = it->second.extent;
-  slots_.erase(it);
-  return ext;
+  const int64_t now = Now();
+  ExpireLocked(now);
+  auto* e = slots_.FindHeld(slot_id, holder, now);
+  if (e == nullptr || e->state.scratch) return absl::NotFoundError("slot unknown or expired");
+  return slots_.Take(slot_id).state.extent;
 }
 
 absl::Status PlacementEngine::CommitSlot(uint64_t slot_id, const Hash128& key,
                                          const PutOptions& opts) {
-  KVTIER_ASSIGN_OR_RETURN(PoolExtent ext, TakeClientSlot(slot_id));
+  KVTIER_ASSIGN_OR_RETURN(PoolExtent ext, TakeClientSlot(slot_id, opts.holder));
   std::span<const uint8_t> bytes(dram_->base() + ext.offset, ext.length);
   auto h = CheckPutChunk(bytes, "slot");
   if (!h.ok()) {
@@ -1248,7 +1251,7 @@ absl::Status PlacementEngine::CommitSlot(uint64_t slot_id, const Hash128& key,
 
 absl::Status PlacementEngine::CommitSlot(uint64_t slot_id, const codec::VerifiedChunk& chunk,
                                          const Hash128& key, const PutOptions& opts) {
-  KVTIER_ASSIGN_OR_RETURN(PoolExtent ext, TakeClientSlot(slot_id));
+  KVTIER_ASSIGN_OR_RETURN(PoolExtent ext, TakeClientSlot(slot_id, opts.holder));
   if (chunk.bytes().data() != dram_->base() + ext.offset || chunk.bytes().size() != ext.length) {
     (void)dram_->AbortSlot(ext);
     return absl::InvalidArgumentError(

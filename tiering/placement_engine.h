@@ -29,6 +29,7 @@
 #include "common/hash.h"
 #include "tiering/dram_tier.h"
 #include "tiering/eviction.h"
+#include "tiering/hold_table.h"
 #include "tiering/hbm_tier.h"
 #include "tiering/io.h"
 #include "tiering/nvme_tier.h"
@@ -114,11 +115,23 @@ struct PlacementEngineOptions {
   Clock* clock = nullptr;
   // Load-time estimates of EstimatePrefixLoad. Default: LoadCostModel{}
   LoadCostModel load_cost;
-  // Most bytes that holds may keep in place at once: the chunks of Hold
-  // leases, the chunks GetShared pins in DRAM and GetShared's scratch slots
-  // (Pin is not counted). A hold beyond it is ResourceExhausted, so that
-  // readers cannot pin the whole DRAM tier. 0: no limit. Default: 0
+  // Most bytes that holds may keep in place at once: the chunks of Pin and
+  // Hold leases, the chunks GetShared pins in DRAM and GetShared's scratch
+  // slots. A hold beyond it is ResourceExhausted (counted in
+  // kHoldsRefused), so that readers cannot pin the whole DRAM tier. With
+  // tenant quotas, the holds of one tenant's holders also leave room for
+  // every other tenant's DRAM quota (a guarantee): they keep at most the
+  // DRAM capacity less the other tenants' quotas. 0: no limit. Default: 0
   uint64_t max_held_bytes = 0;
+  // Most bytes one holder (a connection or a credential: Holder) may hold
+  // at once, so that no one holder takes the whole of max_held_bytes.
+  // 0: no limit of its own. Default: 0
+  uint64_t max_held_bytes_per_holder = 0;
+  // Most leases and slots one holder may have open at once; beyond it a
+  // Pin, Hold, GetShared or AllocateSlot is ResourceExhausted. Default: 16384
+  uint64_t max_holds_per_holder = 16384;
+  // Most keys the leases of one holder may pin at once. Default: 262144
+  uint64_t max_held_keys_per_holder = 262144;
   // Tenants' byte quotas per tier, indexed by tenant id (PutOptions::tenant)
   // and TierKind; 0 is no quota. A quota is a cap and a guarantee: a tenant's
   // chunks in a tier never exceed its quota there (to store more it evicts
@@ -153,6 +166,8 @@ struct PutOptions {
   // tenant's quotas (PlacementEngineOptions::tenant_quotas). A key already
   // stored keeps its tenant. Default: 0
   TenantId tenant = 0;
+  // CommitSlot: who commits; the slot must be its own. Default: kEngineHolder
+  HolderId holder = kEngineHolder;
 };
 
 // Per-call options of Get.
@@ -162,6 +177,9 @@ struct GetOptions {
   // On a local miss, fetch the chunk from the remote tier (and keep a local
   // copy). Default: true
   bool allow_remote = true;
+  // Who takes the lease or scratch slot of a GetShared: only it may end it.
+  // Default: the engine's own (kEngineHolder)
+  Holder holder;
 };
 
 // Per-call options of Delete.
@@ -185,8 +203,10 @@ struct ChunkLocation {
 
 // Lease and slot ids are nonzero 64-bit values drawn from getrandom(2): one
 // id tells nothing about any other, so a client cannot name another client's
-// lease or slot by guessing (the gRPC API takes ids from any caller). An id is
-// never handed out while a lease or slot holds it.
+// lease or slot by guessing. An id is never handed out while a lease or slot
+// holds it. Each lease and slot belongs to the holder that took it (a
+// data-plane connection or a gRPC credential): an id that another holder
+// names is NotFound to it, as an unknown one is.
 struct Lease {
   uint64_t id = 0;
   int64_t expires_at_us = 0;  // on the engine's clock
@@ -371,17 +391,21 @@ class PlacementEngine {
   // missing. A lease that is not released expires, so a dead client never
   // leaks a pin. With `allow_remote` and a remote tier, keys stored only in
   // the cluster are fetched here first.
+  // The pinned bytes count as held (max_held_bytes): ResourceExhausted
+  // (nothing pinned) beyond the limits.
   absl::StatusOr<Lease> Pin(std::span<const Hash128> keys, int64_t ttl_ms = 0,
-                            bool allow_remote = true);
-  // Extends a lease. NotFound if unknown or expired.
-  absl::StatusOr<Lease> Renew(uint64_t lease_id, int64_t ttl_ms = 0);
-  // Ends a lease. NotFound if unknown or expired.
-  absl::Status Release(uint64_t lease_id);
+                            bool allow_remote = true, Holder holder = {});
+  // Extends a lease of `holder`. NotFound if unknown, expired or another's.
+  absl::StatusOr<Lease> Renew(uint64_t lease_id, int64_t ttl_ms = 0,
+                              HolderId holder = kEngineHolder);
+  // Ends a lease of `holder`. NotFound if unknown, expired or another's.
+  absl::Status Release(uint64_t lease_id, HolderId holder = kEngineHolder);
   // Pin of chunks stored here (the remote tier is not asked), counted as
   // held bytes (PlacementEngineOptions::max_held_bytes): what a client holds
   // between planning a load and loading it. NotFound (nothing held) if a
   // key is missing; ResourceExhausted (nothing held) beyond the limit.
-  absl::StatusOr<Lease> Hold(std::span<const Hash128> keys, int64_t ttl_ms = 0);
+  absl::StatusOr<Lease> Hold(std::span<const Hash128> keys, int64_t ttl_ms = 0,
+                             Holder holder = {});
   // Bytes held now (see PlacementEngineOptions::max_held_bytes).
   uint64_t held_bytes();
 
@@ -395,12 +419,16 @@ class PlacementEngine {
   // The slot's bytes count towards `tenant`'s DRAM quota when committed; a
   // tenant at its quota evicts its own chunks for the slot first
   // (ResourceExhausted if none is evictable).
-  absl::StatusOr<Slot> AllocateSlot(uint64_t bytes, int64_t ttl_ms = 0, TenantId tenant = 0);
+  // The slot is `holder`'s: only it may view, commit or abort it.
+  absl::StatusOr<Slot> AllocateSlot(uint64_t bytes, int64_t ttl_ms = 0, TenantId tenant = 0,
+                                    HolderId holder = kEngineHolder);
   // The bytes of client slot `slot_id`, for a caller that fills or checks
   // them in place; valid until the slot is committed, aborted or expires.
   // NotFound for a slot that is unknown, a scratch slot, expired, or within
   // `margin_us` of its expiry (kSlotViewMarginUs).
-  absl::StatusOr<SlotBytes> SlotView(uint64_t slot_id, int64_t margin_us = kSlotViewMarginUs);
+  // NotFound too for another holder's slot.
+  absl::StatusOr<SlotBytes> SlotView(uint64_t slot_id, HolderId holder = kEngineHolder,
+                                     int64_t margin_us = kSlotViewMarginUs);
   // Removes from `slot_ids` and `lease_ids` the ids of slots and leases that
   // are unknown or expired (one pass under the engine's lock): a caller that
   // keeps the ids it got forgets the ones that ended.
@@ -409,16 +437,17 @@ class PlacementEngine {
   // Validates the chunk written into client slot `slot_id` (its header and
   // length) and stores it as `key` without copying (plus an NVMe copy if
   // durable). The slot is consumed on success and on InvalidArgument.
-  // NotFound if the slot is unknown, a scratch slot, or expired.
+  // NotFound if the slot is unknown, a scratch slot, expired, or not
+  // options.holder's.
   absl::Status CommitSlot(uint64_t slot_id, const Hash128& key, const PutOptions& options = {});
   // CommitSlot of a chunk verified in the slot: `chunk` must be the bytes of
   // SlotView(slot_id) (InvalidArgument otherwise; the slot is then freed),
   // and its header is not parsed again.
   absl::Status CommitSlot(uint64_t slot_id, const codec::VerifiedChunk& chunk, const Hash128& key,
                           const PutOptions& options = {});
-  // Frees a slot (a client's or a scratch one). NotFound if unknown or
-  // expired.
-  absl::Status AbortSlot(uint64_t slot_id);
+  // Frees a slot of `holder` (a client's or a scratch one). NotFound if
+  // unknown, expired or another holder's.
+  absl::Status AbortSlot(uint64_t slot_id, HolderId holder = kEngineHolder);
 
   // Starts copying the keys that are on NVMe only into DRAM, in order, on a
   // background thread. The future holds OK when all present keys were
@@ -458,16 +487,14 @@ class PlacementEngine {
     int busy = 0;  // evictions/promotions in flight
     TenantId tenant = 0;
   };
+  // The state of a lease or slot; its expiry, holder and held bytes (counted
+  // in held_bytes_) are its HoldTable entry's.
   struct LeaseState {
     std::vector<Hash128> keys;
-    int64_t expires_at_us;
-    uint64_t held_bytes = 0;  // counted in held_bytes_ (Hold, GetShared)
   };
   struct SlotState {
     PoolExtent extent;
-    int64_t expires_at_us;
     bool scratch = false;  // GetShared's copy: read only, never committed
-    uint64_t held_bytes = 0;  // counted in held_bytes_ (scratch slots)
     // A scratch copy of chunk `key` read from NVMe, promoted when freed.
     bool promote = false;
     Hash128 key;
@@ -484,20 +511,32 @@ class PlacementEngine {
   // codec::VerifiedChunk).
   absl::Status PutLocal(const Hash128& key, std::span<const uint8_t> chunk,
                         const codec::ChunkHeader& header, const PutOptions& opts);
+  // `tenant`: whose quota the slot's room is made in; `holder`: whose slot.
   absl::StatusOr<Slot> AllocateSlotOf(uint64_t bytes, int64_t ttl_ms, bool scratch,
-                                      TenantId tenant);
-  // Counts `bytes` more as held; ResourceExhausted (counted in
-  // kHoldsRefused) beyond options.max_held_bytes.
-  absl::Status ChargeHeldLocked(uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                                      TenantId tenant, const Holder& holder);
+  // Whether `holder` may take one more lease or slot of `keys` keys and
+  // `bytes` held bytes: ResourceExhausted (counted in kHoldsRefused) beyond
+  // max_held_bytes, the share its tenant may hold, or the holder's limits.
+  // The caller then inserts the entry, which counts the bytes.
+  absl::Status CheckHoldLocked(const Holder& holder, uint64_t keys, uint64_t bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A lease of `holder` on `keys` (NotFound if one is not stored), checked
+  // against the hold limits (CheckHoldLocked).
+  absl::StatusOr<Lease> LeaseLocked(std::span<const Hash128> keys, int64_t ttl_ms, int64_t now,
+                                    const Holder& holder) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends a lease taken out of leases_: unpins its keys.
+  void EndLeaseLocked(const LeaseState& lease) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // GetShared's in-place hand-out of a chunk whole in DRAM: pins it under a
   // new lease. False (nothing done) if the DRAM copy is not readable.
   absl::StatusOr<bool> PinInDramLocked(const Hash128& key, ChunkState* st, int64_t ttl_ms,
-                                       int64_t now, bool fetched, SharedRead* r)
+                                       int64_t now, bool fetched, const Holder& holder,
+                                       SharedRead* r)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UnpinOne(const Hash128& key) ABSL_LOCKS_EXCLUDED(mu_);
   // Removes client slot `slot_id` from the table and returns its extent, now
   // the caller's. NotFound for an unknown, expired or scratch slot.
-  absl::StatusOr<PoolExtent> TakeClientSlot(uint64_t slot_id) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<PoolExtent> TakeClientSlot(uint64_t slot_id, HolderId holder)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // The rest of both CommitSlots: the slot is taken out of slots_, `header`
   // is the header of its bytes.
   absl::Status CommitTakenSlot(const PoolExtent& ext, const codec::ChunkHeader& header,
@@ -625,9 +664,8 @@ class PlacementEngine {
   std::array<TenantAccountingPolicy*, kNumTierKinds> accounting_ ABSL_GUARDED_BY(mu_){};
   std::vector<uint64_t> tenant_evictions_ ABSL_GUARDED_BY(mu_);
   std::vector<uint64_t> tenant_rejections_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<uint64_t, LeaseState> leases_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<uint64_t, SlotState> slots_ ABSL_GUARDED_BY(mu_);
-  uint64_t held_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  HoldTable<LeaseState> leases_ ABSL_GUARDED_BY(mu_);
+  HoldTable<SlotState> slots_ ABSL_GUARDED_BY(mu_);
   // Chunks a prefetch group is reading into DRAM now; a batched read waits
   // for them (prefetch_done_) instead of reading them a second time.
   absl::flat_hash_set<Hash128> prefetching_ ABSL_GUARDED_BY(mu_);

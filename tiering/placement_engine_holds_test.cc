@@ -4,10 +4,12 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstring>
 #include <thread>
 #include <vector>
 
 #include "common/testing/temp_dir.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tiering/placement_engine.h"
 #include "tiering/test_util.h"
@@ -135,6 +137,118 @@ TEST(PlacementEngineHolds, HeldBytesAreCappedAcrossHoldsPinsAndScratchSlots) {
   std::vector<Hash128> missing = {KeyOf(2), KeyOf(99)};
   EXPECT_EQ(e->Hold(missing).status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(e->held_bytes(), 0u);
+}
+
+// Every lease and slot is its holder's: another holder's Release, Renew,
+// AbortSlot, SlotView or CommitSlot of its id is NotFound and changes nothing.
+TEST(PlacementEngineHolds, LeasesAndSlotsBelongToTheirHolder) {
+  TempDir dir;
+  auto e = MakeEngine(dir, {});
+  ASSERT_TRUE(e->Put(KeyOf(1), MakeChunk(1)).ok());
+  ASSERT_TRUE(e->Put(KeyOf(2), MakeChunk(2), {.tier = TierKind::kNvme}).ok());
+  GetOptions a;
+  a.holder = Holder{1, 0};
+  const HolderId b = 2;
+  auto in_place = e->GetShared(KeyOf(1), 0, a);
+  auto scratch = e->GetShared(KeyOf(2), 0, a);
+  ASSERT_TRUE(in_place.ok() && scratch.ok());
+  ASSERT_NE(in_place->lease_id, 0u);
+  ASSERT_NE(scratch->slot_id, 0u);
+  auto slot = e->AllocateSlot(MakeChunk(3).size(), 0, 0, a.holder.id);
+  ASSERT_TRUE(slot.ok()) << slot.status();
+  const std::vector<Hash128> one = {KeyOf(1)};
+  auto pin = e->Pin(one, 0, true, a.holder);
+  ASSERT_TRUE(pin.ok()) << pin.status();
+  for (HolderId other : {b, kEngineHolder}) {
+    EXPECT_EQ(e->Release(in_place->lease_id, other).code(), absl::StatusCode::kNotFound);
+    EXPECT_EQ(e->Release(pin->id, other).code(), absl::StatusCode::kNotFound);
+    EXPECT_EQ(e->Renew(pin->id, 0, other).status().code(), absl::StatusCode::kNotFound);
+    EXPECT_EQ(e->AbortSlot(scratch->slot_id, other).code(), absl::StatusCode::kNotFound);
+    EXPECT_EQ(e->AbortSlot(slot->id, other).code(), absl::StatusCode::kNotFound);
+    EXPECT_EQ(e->SlotView(slot->id, other).status().code(), absl::StatusCode::kNotFound);
+    std::memcpy(e->dram()->base() + slot->extent.offset, MakeChunk(3).data(), MakeChunk(3).size());
+    EXPECT_EQ(e->CommitSlot(slot->id, KeyOf(3), {.holder = other}).code(),
+              absl::StatusCode::kNotFound);
+  }
+  // Nothing ended: the chunk is still pinned, the copies still held.
+  EXPECT_EQ(e->Delete(KeyOf(1)).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(e->held_bytes(), 3 * MakeChunk(1).size());
+  EXPECT_TRUE(e->Renew(pin->id, 0, a.holder.id).ok());
+  EXPECT_TRUE(e->Release(pin->id, a.holder.id).ok());
+  EXPECT_TRUE(e->Release(in_place->lease_id, a.holder.id).ok());
+  EXPECT_TRUE(e->AbortSlot(scratch->slot_id, a.holder.id).ok());
+  EXPECT_TRUE(e->SlotView(slot->id, a.holder.id).ok());
+  EXPECT_TRUE(e->CommitSlot(slot->id, KeyOf(3), {.holder = a.holder.id}).ok());
+  EXPECT_EQ(e->held_bytes(), 0u);
+  EXPECT_TRUE(e->Delete(KeyOf(1)).ok());
+}
+
+// One holder's leases and slots, the keys they pin and the bytes they hold
+// are capped (the others keep theirs), and all of them expire on their own.
+TEST(PlacementEngineHolds, EachHolderIsCappedAndIdleHoldsExpire) {
+  TempDir dir;
+  const uint64_t chunk = MakeChunk(1).size();
+  FakeClock clock;
+  PlacementEngineOptions o{.clock = &clock};
+  o.max_holds_per_holder = 40;
+  o.max_held_bytes_per_holder = 20 * chunk;
+  auto e = MakeEngine(dir, o);
+  std::vector<Hash128> keys;
+  for (uint64_t i = 1; i <= 30; ++i) {
+    ASSERT_TRUE(e->Put(KeyOf(i), MakeChunk(i)).ok());
+    keys.push_back(KeyOf(i));
+  }
+  const Holder a{1, 0}, b{2, 0}, c{3, 0};
+  GetOptions as_a;
+  as_a.holder = a;
+  // Bytes: 20 chunks held in place, then the 21st is refused.
+  for (int i = 0; i < 20; ++i) ASSERT_TRUE(e->GetShared(keys[i], 0, as_a).ok()) << i;
+  auto over = e->GetShared(keys[20], 0, as_a);
+  EXPECT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(over.status().message(), ::testing::HasSubstr("holder's share"));
+  // Count: empty slots hold no bytes; 20 more reach the 40 holds.
+  for (int i = 0; i < 20; ++i) ASSERT_TRUE(e->AllocateSlot(chunk, 0, 0, a.id).ok()) << i;
+  EXPECT_EQ(e->AllocateSlot(chunk, 0, 0, a.id).status().code(), absl::StatusCode::kResourceExhausted);
+  // C pins 10 keys: its own share.
+  auto first = e->Pin(std::span<const Hash128>(keys).first(10), 0, true, c);
+  ASSERT_TRUE(first.ok()) << first.status();
+  // Another holder is not limited by A's use.
+  GetOptions as_b;
+  as_b.holder = b;
+  auto r = e->GetShared(keys[25], 0, as_b);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(e->metric(EngineMetric::kHoldsRefused), 2u);
+  // Nobody releases anything: the maintenance pass ends them at expiry.
+  EXPECT_GT(e->held_bytes(), 0u);
+  clock.AdvanceMicros(31'000'000);  // past the default lease
+  e->RunMaintenance();
+  EXPECT_EQ(e->held_bytes(), 0u);
+  EXPECT_EQ(e->metric(EngineMetric::kLeasesExpired), 22u);
+  EXPECT_EQ(e->metric(EngineMetric::kSlotsExpired), 20u);
+  EXPECT_TRUE(e->Delete(keys[0]).ok());
+  for (int i = 0; i < 20; ++i) EXPECT_TRUE(e->AllocateSlot(chunk, 0, 0, a.id).ok()) << i;
+}
+
+// The keys that one holder's leases pin are capped (a Pin of many keys
+// holds little memory in the tier but much in the lease table).
+TEST(PlacementEngineHolds, KeysPinnedByOneHolderAreCapped) {
+  TempDir dir;
+  PlacementEngineOptions o;
+  o.max_held_keys_per_holder = 15;
+  auto e = MakeEngine(dir, o);
+  std::vector<Hash128> keys;
+  for (uint64_t i = 1; i <= 10; ++i) {
+    ASSERT_TRUE(e->Put(KeyOf(i), MakeChunk(i)).ok());
+    keys.push_back(KeyOf(i));
+  }
+  const Holder c{3, 0};
+  ASSERT_TRUE(e->Pin(keys, 0, true, c).ok());
+  auto more = e->Pin(std::span<const Hash128>(keys).first(6), 0, true, c);
+  EXPECT_EQ(more.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(more.status().message(), ::testing::HasSubstr("pinned keys"));
+  EXPECT_TRUE(e->Pin(std::span<const Hash128>(keys).first(5), 0, true, c).ok());
+  EXPECT_TRUE(e->Pin(keys, 0, true, Holder{4, 0}).ok());  // another holder
+  EXPECT_EQ(e->metric(EngineMetric::kHoldsRefused), 1u);
 }
 
 }  // namespace

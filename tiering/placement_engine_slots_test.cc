@@ -66,7 +66,7 @@ TEST(PlacementEngineSlots, SlotAboutToExpireHasNoView) {
   ASSERT_TRUE(slot.ok());
   t.clock.AdvanceMicros(1'000'000 - kSlotViewMarginUs + 1);
   EXPECT_EQ(t.e->SlotView(slot->id).status().code(), absl::StatusCode::kNotFound);
-  EXPECT_TRUE(t.e->SlotView(slot->id, /*margin_us=*/0).ok());
+  EXPECT_TRUE(t.e->SlotView(slot->id, kEngineHolder, /*margin_us=*/0).ok());
   EXPECT_EQ(t.e->SlotView(424242).status().code(), absl::StatusCode::kNotFound);
 }
 

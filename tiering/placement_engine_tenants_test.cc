@@ -26,7 +26,7 @@ constexpr uint64_t kQuota = 8 * kChunkAlloc;
 // DRAM only, 32 chunks: tenants A and B have a quarter each, tenant kFree
 // and tenant 0 share the rest.
 std::unique_ptr<PlacementEngine> MakeEngine(
-    std::vector<std::array<uint64_t, kNumTierKinds>> quotas = {}) {
+    std::vector<std::array<uint64_t, kNumTierKinds>> quotas = {}, uint64_t max_held_bytes = 0) {
   if (quotas.empty()) {
     quotas.resize(4);
     quotas[kA][kDram] = kQuota;
@@ -35,6 +35,7 @@ std::unique_ptr<PlacementEngine> MakeEngine(
   EngineTiers tiers;
   tiers.dram = DramTier::Open({.capacity_bytes = 32 * kChunkAlloc, .populate = false}).value();
   PlacementEngineOptions o{.maintenance_interval_ms = 0};
+  o.max_held_bytes = max_held_bytes;
   o.tenant_quotas = std::move(quotas);
   auto e = PlacementEngine::Create(o, std::move(tiers));
   EXPECT_TRUE(e.ok()) << e.status();
@@ -153,6 +154,44 @@ TEST(PlacementEngineTenants, PutBeyondQuotaWithOwnChunksPinnedIsResourceExhauste
   EXPECT_LE(u[kA].bytes[kDram], kQuota);
   // B is unaffected.
   EXPECT_TRUE(PutAs(*e, kB, 1000).ok());
+}
+
+// A tenant without a quota that stores and pins the whole tier: its pins
+// count as held bytes, and one tenant's holds keep out of the DRAM that
+// the other tenants' quotas guarantee, so A and B still store their share.
+TEST(PlacementEngineTenants, PinsLeaveOtherTenantsGuaranteesAndCountAsHeld) {
+  auto e = MakeEngine({}, /*max_held_bytes=*/30 * kChunkAlloc);
+  ASSERT_NE(e, nullptr);
+  const Holder free_holder{7, kFree};
+  int pinned = 0, refused = 0;
+  for (uint64_t s = 2000; s < 2031; ++s) {
+    ASSERT_TRUE(PutAs(*e, kFree, s).ok()) << s;
+    const Hash128 k = KeyOf(s);
+    auto pin = e->Pin(std::span<const Hash128>(&k, 1), 60000, true, free_holder);
+    if (pin.ok()) {
+      ++pinned;
+    } else {
+      EXPECT_EQ(pin.status().code(), absl::StatusCode::kResourceExhausted) << pin.status();
+      EXPECT_THAT(pin.status().message(), HasSubstr("quotas leave"));
+      ++refused;
+    }
+  }
+  // The tier (32 allocation units) less the 16 units A's and B's quotas
+  // guarantee, in whole chunks.
+  const int room = static_cast<int>(16 * kChunkAlloc / MakeChunk(0).size());
+  ASSERT_LT(room, 31);
+  EXPECT_EQ(pinned, room);
+  EXPECT_EQ(refused, 31 - room);
+  EXPECT_EQ(e->metric(EngineMetric::kHoldsRefused), static_cast<uint64_t>(31 - room));
+  EXPECT_EQ(e->held_bytes(), room * MakeChunk(0).size());
+  uint64_t s = 0;
+  for (; (s + 1) * MakeChunk(0).size() <= kQuota; ++s) {
+    ASSERT_TRUE(PutAs(*e, kA, s).ok()) << s;
+    ASSERT_TRUE(PutAs(*e, kB, 1000 + s).ok()) << s;
+  }
+  const std::vector<TenantUsage> u = e->TenantUsages();
+  EXPECT_EQ(u[kA].quota_rejections, 0u);
+  EXPECT_EQ(u[kB].quota_rejections, 0u);
 }
 
 TEST(PlacementEngineTenants, BytesFollowDeletes) {

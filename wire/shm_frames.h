@@ -6,6 +6,7 @@
 #define KVTIER_WIRE_SHM_FRAMES_H_
 
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/uio.h>
 
 #include <cstddef>
@@ -169,6 +170,18 @@ struct PoolMessage {
   PoolMessage(const PoolMessage&) = delete;
   PoolMessage& operator=(const PoolMessage&) = delete;
 };
+
+// The identity of the pool behind a memfd: its inode (and device), the same
+// in the daemon that made it and in every client it was passed to, and
+// another for every other pool while either is open. gRPC replies name it
+// (ShmExtent.pool_id); a data-plane connection is bound to the memfd of its
+// own handshake. 0 if `fd` cannot be examined.
+inline uint64_t PoolIdOf(int fd) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return 0;
+  const uint64_t id = static_cast<uint64_t>(st.st_ino) ^ (static_cast<uint64_t>(st.st_dev) << 40);
+  return id != 0 ? id : 1;
+}
 
 // Little-endian field writer and reader over a caller's buffer (x86-64 and
 // aarch64 are little-endian; the daemon and its clients share a host).

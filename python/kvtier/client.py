@@ -161,8 +161,9 @@ class Client:
 
     # -- lifetime --
     def close(self) -> None:
-        """Closes the connection. Chunks still held keep their holds until
-        released; do not use them after close."""
+        """Closes the client: later calls raise ValueError. Chunks read
+        through it stay readable and keep their holds until released; the
+        connection and the pool mapping go with the last of them."""
         if self._handle and "kvtier._torch_gpu" in sys.modules:
             sys.modules["kvtier._torch_gpu"].close_gpu(self)  # before the pool is unmapped
         handle, self._handle = self._handle, None

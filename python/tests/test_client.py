@@ -7,6 +7,7 @@ import random
 import re
 import struct
 import subprocess
+import sys
 
 import pytest
 
@@ -197,6 +198,52 @@ def test_chunk_release_rules(daemon):
         c.put(key_of(1), chunk_bytes)
         c.get(key_of(1))
         assert not pinned(c, key_of(1))
+
+
+CHUNK_OUTLIVES_CLIENT = r"""
+import gc, sys
+sys.path.insert(0, sys.argv[1])
+import kvtier
+sock, key, want = sys.argv[2], bytes.fromhex(sys.argv[3]), sys.argv[4]
+# A chunk read through a client that is then closed, and one whose client was
+# never kept (the one-liner): both stay readable, nothing is unmapped under them.
+c = kvtier.Client(socket=sock)
+chunk = c.get(key)
+view = chunk.data[:64]
+c.close()
+gc.collect()
+assert bytes(chunk.data).hex()[:len(want)] == want, "closed client"
+assert bytes(view).hex() == want[:128]
+chunk.release()
+assert bytes(view).hex() == want[:128]
+del view
+one = kvtier.Client(socket=sock).get(key)
+gc.collect()
+assert bytes(one.data).hex()[:len(want)] == want, "collected client"
+data = one.data
+del one
+gc.collect()
+assert bytes(data[:64]).hex() == want[:128]
+del data
+gc.collect()
+print("ok")
+"""
+
+
+def test_chunk_outlives_its_client(daemon):
+    """A chunk (and any view of it) read through a client stays readable after
+    that client is closed or collected; a crash shows as the child's signal."""
+    chunk = make_chunk()[3]
+    with kvtier.Client(socket=daemon.socket) as c:
+        c.put(key_of(1), chunk)
+    pkg = os.path.dirname(os.path.dirname(kvtier.__file__))
+    r = subprocess.run([sys.executable, "-c", CHUNK_OUTLIVES_CLIENT, pkg, daemon.socket,
+                        key_of(1).hex(), chunk[:256].hex()],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
+    assert r.stdout.strip() == "ok"
+    with kvtier.Client(socket=daemon.socket) as c:
+        assert not pinned(c, key_of(1))  # every hold ended with its last view
 
 
 def test_codec_hostile_input():
