@@ -100,6 +100,9 @@ bool FrameReader::Fill(size_t n, bool idle_ok, int64_t spin_us) {
     } while (Clock::now() < until);
   }
   while (end_ < n) {
+    if (end_ > 0 && !frame_deadline_) {
+      frame_deadline_ = Clock::now() + std::chrono::milliseconds(timeout_ms_);
+    }
     const int flags = (end_ == 0 && idle_ok) ? 0 : MSG_DONTWAIT;
     ssize_t k = ::recv(fd_, buf_ + end_, sizeof(buf_) - end_, flags);
     if (k > 0) {
@@ -109,10 +112,16 @@ bool FrameReader::Fill(size_t n, bool idle_ok, int64_t spin_us) {
     if (k == 0) return false;
     if (errno == EINTR) continue;
     if (errno != EAGAIN && errno != EWOULDBLOCK) return false;
+    if (!frame_deadline_) frame_deadline_ = Clock::now() + std::chrono::milliseconds(timeout_ms_);
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(*frame_deadline_ - Clock::now());
+    if (left.count() <= 0) return false;
     pollfd pf{fd_, POLLIN, 0};
-    int r = ::poll(&pf, 1, timeout_ms_);
+    int r = ::poll(&pf, 1, static_cast<int>(left.count()));
     if (r < 0 && errno == EINTR) continue;
     if (r <= 0) return false;
+  }
+  if (end_ > 0 && !frame_deadline_) {
+    frame_deadline_ = Clock::now() + std::chrono::milliseconds(timeout_ms_);
   }
   return true;
 }
@@ -204,6 +213,7 @@ void DataPlaneConnection::Run() {
     if (!in_.Fill(len, /*idle_ok=*/false)) return;  // truncated frame
     std::memcpy(payload_.data(), in_.data(), len);
     in_.Consume(len);
+    in_.EndFrame();
     if (!wire::shm::BatchCountMatches(op, payload_.data(), len)) {
       (void)Answer(fd_, op,
                    absl::InvalidArgumentError(absl::StrCat(

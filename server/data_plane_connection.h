@@ -38,10 +38,14 @@ class FrameReader {
 
   // Makes `n` bytes available at data(). An idle connection (nothing
   // buffered) may wait indefinitely for its next frame when `idle_ok`,
-  // polling without sleeping for the first `spin_us`; the rest of a frame
-  // must arrive within the timeout. False on EOF, an error or the timeout.
+  // polling without sleeping for the first `spin_us`; the whole frame must
+  // have arrived within the timeout of its first byte (however it trickles
+  // in). False on EOF, an error or the timeout.
   // REQUIRES: n <= kBufferBytes.
   bool Fill(size_t n, bool idle_ok, int64_t spin_us = 0);
+  // The frame being read is whole: the next one's timeout starts at its
+  // first byte.
+  void EndFrame() { frame_deadline_.reset(); }
   const uint8_t* data() const { return buf_ + begin_; }
   void Consume(size_t n) {
     begin_ += n;
@@ -55,6 +59,8 @@ class FrameReader {
  private:
   const int fd_;
   const int timeout_ms_;
+  // When the frame being read must be whole (set at its first byte).
+  std::optional<std::chrono::steady_clock::time_point> frame_deadline_;
   uint8_t buf_[kBufferBytes];
   size_t begin_ = 0, end_ = 0;
 };

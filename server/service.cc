@@ -177,7 +177,7 @@ absl::Status KvService::VerifyStored(const Hash128& key, std::span<const uint8_t
 }
 
 absl::Status KvService::DropCorrupt(const Hash128& key, const absl::Status& st) {
-  (void)engine_->Delete(key);
+  (void)engine_->DropCorrupt(key);
   return absl::DataLossError(absl::StrCat("stored chunk ", key.ToHex(), " is corrupt (dropped): ",
                                           st.message()));
 }
@@ -383,8 +383,9 @@ KvService::FlushReport KvService::FlushDramToNvme() {
     buf.resize(len);
     if (!dram->Read(id, buf).ok()) continue;  // deleted meanwhile
     auto verified = wire::VerifyChunkParallel(buf);
-    if (!verified.ok()) {  // never persist corrupt bytes
+    if (!verified.ok()) {  // never persist corrupt bytes; counted in data_loss
       ++r.corrupt;
+      (void)engine_->DropCorrupt(id.key);
       continue;
     }
     tiering::PutOptions po;

@@ -449,6 +449,9 @@ TEST_F(ServiceTest, FlushReportsTheChunksItLeavesOut) {
   EXPECT_EQ(r.failed, 0u);
   EXPECT_TRUE(r.first_error.ok());
   EXPECT_EQ(engine_->nvme()->List().size(), 1u);
+  // The corrupt chunk is dropped and counted as data loss.
+  EXPECT_EQ(engine_->metric(tiering::EngineMetric::kDataLoss), 1u);
+  EXPECT_FALSE(engine_->Contains(TestKey(43)));
 }
 
 TEST_F(ServiceTest, StatsListsTiersAndEveryEngineCounter) {

@@ -1066,6 +1066,11 @@ absl::Status PlacementEngine::Delete(const Hash128& key, const DeleteOptions& op
   return local;
 }
 
+absl::Status PlacementEngine::DropCorrupt(const Hash128& key) {
+  Count(EngineMetric::kDataLoss);
+  return DeleteLocal(key);
+}
+
 absl::Status PlacementEngine::DeleteLocal(const Hash128& key) {
   std::vector<std::pair<ObjectKey, TierKind>> objs;
   {

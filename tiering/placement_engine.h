@@ -386,6 +386,10 @@ class PlacementEngine {
   // only the remote tier had it.
   absl::Status Delete(const Hash128& key, const DeleteOptions& options = {});
 
+  // Drops a chunk whose bytes a reader found corrupt: counts kDataLoss and
+  // removes the chunk from this node's tiers (Delete's codes).
+  absl::Status DropCorrupt(const Hash128& key);
+
   // Pins every key for `ttl_ms` (0: the default): pinned chunks are neither
   // evicted nor moved nor deleted. NotFound (nothing pinned) if a key is
   // missing. A lease that is not released expires, so a dead client never
