@@ -50,7 +50,8 @@ struct TcpAcceptorOptions {
 // gone: the loop keeps each handed-off socket's descriptor number with its
 // inode, and a connection whose descriptor no longer refers to that socket
 // (gRPC closed it) no longer counts. It checks them once a second, and
-// before it refuses a connection at a limit.
+// before it refuses a connection at a limit (at most every 20 ms, so that a
+// flood of refused connections costs one pass per period).
 class TcpAcceptor {
  public:
   // Gets each accepted socket (non-blocking, close-on-exec, TCP_NODELAY)

@@ -306,12 +306,14 @@ TEST(TcpAcceptor, ClosesConnectionsBeyondItsLimits) {
   clients.push_back(connect_from(4));  // over the listener limit
   ASSERT_TRUE(WaitUntil([&] { return (*acceptor)->refused() == 2; }, milliseconds(3000)));
   EXPECT_EQ(handed_count(), 3u);
-  // A connection that ends frees its place.
+  // A connection that ends frees its place (the acceptor checks its
+  // connections at most every 20 ms while refusing).
   {
     std::lock_guard<std::mutex> l(mu);
     ::close(handed.front());
     handed.erase(handed.begin());
   }
+  std::this_thread::sleep_for(milliseconds(50));
   clients.push_back(connect_from(4));
   EXPECT_TRUE(WaitUntil([&] { return handed_count() == 3u; }, milliseconds(3000)));
   EXPECT_EQ((*acceptor)->refused(), 2u);
