@@ -22,6 +22,7 @@
 #include "server/metrics.h"
 #include "server/service.h"
 #include "server/shm_channel.h"
+#include "server/tcp_acceptor.h"
 #include "spdlog/spdlog.h"
 #include "server/engine_peer_service.h"
 #include "cluster/membership.h"
@@ -54,6 +55,32 @@ uint64_t FreeDiskBytes(const std::string& dir) {
 }
 
 uint64_t RoundDown(uint64_t v, uint64_t unit) { return v / unit * unit; }
+
+// The TCP listener's connection limits: the options', lowered so that its
+// connections leave the descriptor reserve and those open now free under
+// RLIMIT_NOFILE. FailedPrecondition if no room is left.
+absl::StatusOr<TcpAcceptorOptions> TcpConnectionLimits(const DaemonOptions& o) {
+  const uint64_t limit = FdLimit();
+  const uint64_t reserve = ResolveFdReserve(o.fd_reserve, limit);
+  const uint64_t used = static_cast<uint64_t>(std::max(0, OpenFdCount())) + 2;  // + the listener, its pipe
+  if (limit <= used + reserve) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "RLIMIT_NOFILE %d leaves no descriptors for TCP connections: %d are open and --fd-reserve "
+        "keeps %d; raise the limit (ulimit -n) or lower --fd-reserve",
+        limit, used, reserve));
+  }
+  TcpAcceptorOptions t;
+  t.max_connections = static_cast<int>(std::min<uint64_t>(o.max_tcp_connections, limit - used - reserve));
+  t.max_connections_per_peer = std::min<int>(static_cast<int>(o.max_tcp_connections_per_peer), t.max_connections);
+  if (t.max_connections < static_cast<int>(o.max_tcp_connections)) {
+    spdlog::warn("TCP listener: at most {} connections (--max-tcp-connections {}), so that {} of the {} "
+                 "descriptors (RLIMIT_NOFILE) stay free for the rest of the daemon",
+                 t.max_connections, o.max_tcp_connections, reserve, limit);
+  }
+  spdlog::info("TCP listener: at most {} connections, {} per peer address; descriptor limit {}, {} reserved",
+               t.max_connections, t.max_connections_per_peer, limit, reserve);
+  return t;
+}
 
 
 }  // namespace
@@ -282,10 +309,18 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   // The Unix socket and the TCP listener are separate servers, each with its
   // own threads and limits: nothing a TCP peer does can take what the local
   // clients need.
+  // With `handoff`, the server gets its connections from the daemon's own
+  // accept loop (tcp_acceptor.h) instead of listening on `addr`.
   auto build = [&](const std::string& addr, std::shared_ptr<grpc::ServerCredentials> creds,
-                   grpc::Service* service, int* port) {
+                   grpc::Service* service, int* port,
+                   std::unique_ptr<grpc::experimental::ExternalConnectionAcceptor>* handoff = nullptr) {
     grpc::ServerBuilder b;
-    b.AddListeningPort(addr, std::move(creds), port);
+    if (handoff != nullptr) {
+      *handoff = b.experimental().AddExternalConnectionAcceptor(
+          grpc::ServerBuilder::experimental_type::ExternalConnectionType::FROM_FD, std::move(creds));
+    } else {
+      b.AddListeningPort(addr, std::move(creds), port);
+    }
     b.SetMaxReceiveMessageSize(static_cast<int>(max_msg));
     b.SetMaxSendMessageSize(static_cast<int>(max_msg));
     b.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, static_cast<int>(options.max_concurrent_streams));
@@ -340,10 +375,20 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
                   [t = d->tenants_.get()](std::string_view v) { return t->ByBearer(v) != nullptr; },
                   d->metrics_.get(), tls_ptr)
             : BearerTokenServerCredentials(ao.token, d->metrics_.get(), tls_ptr);
-    d->tcp_server_ = build(options.listen_tcp, std::move(creds), d->tcp_adapter_.get(), &d->tcp_port_);
-    if (d->tcp_server_ == nullptr || d->tcp_port_ == 0) {
-      return absl::FailedPreconditionError(absl::StrCat("cannot listen on ", options.listen_tcp));
+    KVTIER_ASSIGN_OR_RETURN(TcpAcceptorOptions to, TcpConnectionLimits(options));
+    KVTIER_ASSIGN_OR_RETURN(d->tcp_acceptor_, TcpAcceptor::Listen(options.listen_tcp, to));
+    d->tcp_port_ = d->tcp_acceptor_->port();
+    d->tcp_server_ = build(options.listen_tcp, std::move(creds), d->tcp_adapter_.get(), nullptr,
+                           &d->tcp_handoff_);
+    if (d->tcp_server_ == nullptr || d->tcp_handoff_ == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat("cannot serve ", options.listen_tcp));
     }
+    d->tcp_acceptor_->Start([h = d->tcp_handoff_.get(), lfd = d->tcp_acceptor_->listen_fd()](int fd) {
+      grpc::experimental::ExternalConnectionAcceptor::NewConnectionParameters p;
+      p.listener_fd = lfd;
+      p.fd = fd;
+      h->HandleNewConnection(&p);
+    });
   }
   if (!options.metrics_addr.empty()) {
     Daemon* self = d.get();
@@ -424,6 +469,8 @@ absl::Status Daemon::Shutdown() {
   shut_down_ = true;
   if (ready_file_written_) ::unlink(options_.ready_file.c_str());  // no longer ready
   auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(options_.shutdown_grace_s);
+  // Before the server stops: it would no longer take the sockets handed off.
+  if (tcp_acceptor_) tcp_acceptor_->Stop();
   for (grpc::Server* server : {tcp_server_.get(), unix_server_.get()}) {
     if (server != nullptr) server->Shutdown(deadline);
   }
@@ -442,7 +489,9 @@ absl::Status Daemon::Shutdown() {
     }
     st = r.first_error;
   }
+  tcp_acceptor_.reset();
   tcp_server_.reset();
+  tcp_handoff_.reset();
   unix_server_.reset();
   tcp_adapter_.reset();
   unix_adapter_.reset();

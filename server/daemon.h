@@ -17,6 +17,9 @@
 
 namespace grpc {
 class Server;
+namespace experimental {
+class ExternalConnectionAcceptor;
+}
 }
 
 namespace kvtier::tiering {
@@ -38,6 +41,7 @@ class KvService;
 class MetricsHttpServer;
 class ServerMetrics;
 class ShmChannel;
+class TcpAcceptor;
 
 class Daemon {
  public:
@@ -113,6 +117,10 @@ class Daemon {
   std::unique_ptr<GrpcAdapter> tcp_adapter_;
   std::unique_ptr<grpc::Server> unix_server_;
   std::unique_ptr<grpc::Server> tcp_server_;
+  // The TCP listener's accept loop, and where it hands each connection to
+  // tcp_server_.
+  std::unique_ptr<grpc::experimental::ExternalConnectionAcceptor> tcp_handoff_;
+  std::unique_ptr<TcpAcceptor> tcp_acceptor_;
   std::unique_ptr<ShmChannel> shm_;
   std::unique_ptr<MetricsHttpServer> http_;
 };

@@ -7,6 +7,7 @@
 #include "CLI/CLI.hpp"
 #include "server/daemon.h"
 #include "server/options.h"
+#include "server/tcp_acceptor.h"
 #include "spdlog/spdlog.h"
 
 int main(int argc, char** argv) {
@@ -46,6 +47,13 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : 2;
   }
   spdlog::set_level(spdlog::level::from_str(opts.log_level));
+  // Every connection and open file takes a descriptor; the soft limit is
+  // often 1024 while the hard one allows far more.
+  if (auto limit = RaiseFdLimitToHard(); limit.ok()) {
+    spdlog::info("kvtierd: file descriptor limit (RLIMIT_NOFILE) {}", *limit);
+  } else {
+    spdlog::warn("kvtierd: {}", std::string(limit.status().message()));
+  }
   auto daemon = Daemon::Start(opts);
   if (!daemon.ok()) {
     std::fprintf(stderr, "kvtierd: %s\n", std::string(daemon.status().message()).c_str());

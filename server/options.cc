@@ -4,6 +4,7 @@
 #include <netinet/in.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <fstream>
 #include <sstream>
@@ -48,6 +49,15 @@ void RegisterDaemonFlags(CLI::App& app, DaemonOptions* o) {
                  "PEM CA that TCP clients' certificates must chain to (mutual TLS)");
   app.add_flag("--insecure-tcp", o->insecure_tcp,
                "allow a plaintext TCP listener on a non-loopback address (logged as INSECURE)");
+  app.add_option("--max-tcp-connections", o->max_tcp_connections,
+                 "most connections the TCP listener serves at once (lowered to fit RLIMIT_NOFILE)")
+      ->capture_default_str();
+  app.add_option("--max-tcp-connections-per-peer", o->max_tcp_connections_per_peer,
+                 "most TCP connections served at once from one peer address")
+      ->capture_default_str();
+  app.add_option("--fd-reserve", o->fd_reserve,
+                 "descriptors TCP connections may never take (0: a quarter of RLIMIT_NOFILE, at least 128)")
+      ->capture_default_str();
   app.add_option("--metrics-addr", o->metrics_addr, "Prometheus metrics at http://HOST:PORT/metrics")
       ->capture_default_str();
   app.add_option("--max-message-mib", o->max_message_mib, "largest gRPC message, MiB")->capture_default_str();
@@ -154,7 +164,8 @@ absl::Status LoadConfigFile(const std::string& path, DaemonOptions* o) {
   }
   static const char* kKeys[] = {"data_dir", "socket", "dram_gib", "nvme_gib", "hbm_gib",
                                 "dram_populate", "listen_tcp", "token_file", "tenants", "tls_cert", "tls_key",
-                                "tls_client_ca", "insecure_tcp", "metrics_addr",
+                                "tls_client_ca", "insecure_tcp", "max_tcp_connections",
+                                "max_tcp_connections_per_peer", "fd_reserve", "metrics_addr",
                                 "max_message_mib", "max_keys_per_request", "max_concurrent_streams",
                                 "request_threads", "max_queued_requests", "max_inflight_mib",
                                 "max_inflight_mib_per_connection", "write_timeout_ms",
@@ -188,6 +199,9 @@ absl::Status LoadConfigFile(const std::string& path, DaemonOptions* o) {
   take("tls_key", &o->tls_key);
   take("tls_client_ca", &o->tls_client_ca);
   take("insecure_tcp", &o->insecure_tcp);
+  take("max_tcp_connections", &o->max_tcp_connections);
+  take("max_tcp_connections_per_peer", &o->max_tcp_connections_per_peer);
+  take("fd_reserve", &o->fd_reserve);
   take("metrics_addr", &o->metrics_addr);
   take("max_message_mib", &o->max_message_mib);
   take("max_keys_per_request", &o->max_keys_per_request);
@@ -255,6 +269,16 @@ absl::Status ValidateDaemonOptions(const DaemonOptions& o) {
         " is not a loopback address and has no TLS: the bearer token would cross the network in "
         "clear text. Give --tls-cert/--tls-key, or --insecure-tcp to accept that"));
   }
+  if (o.max_tcp_connections == 0 || o.max_tcp_connections > (1u << 20)) {
+    return absl::InvalidArgumentError("--max-tcp-connections must be 1..1048576");
+  }
+  if (o.max_tcp_connections_per_peer == 0 || o.max_tcp_connections_per_peer > o.max_tcp_connections) {
+    return absl::InvalidArgumentError("--max-tcp-connections-per-peer must be 1..--max-tcp-connections");
+  }
+  if (o.fd_reserve != 0 && (o.fd_reserve < kMinFdReserve || o.fd_reserve > (1u << 20))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--fd-reserve must be 0 (auto) or ", kMinFdReserve, "..1048576"));
+  }
   if (o.max_message_mib == 0 || o.max_message_mib > 2047) {
     return absl::InvalidArgumentError("--max-message-mib must be 1..2047");
   }
@@ -305,6 +329,10 @@ absl::Status ValidateDaemonOptions(const DaemonOptions& o) {
     return absl::InvalidArgumentError("--cluster-secret-file and the --etcd-* options need --cluster");
   }
   return absl::OkStatus();
+}
+
+uint64_t ResolveFdReserve(uint32_t option, uint64_t fd_limit) {
+  return option != 0 ? option : std::max<uint64_t>(128, fd_limit / 4);
 }
 
 absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {

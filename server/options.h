@@ -65,6 +65,20 @@ struct DaemonOptions {
   // token then crosses the network in clear text; logged as an error at
   // startup). Without it such a listener is refused. Default: false
   bool insecure_tcp = false;
+  // Most connections the TCP listener serves at once; a connection beyond
+  // them is closed as soon as it is accepted. The daemon lowers it (and logs
+  // so) to what RLIMIT_NOFILE leaves after the descriptors open at startup
+  // and fd_reserve. Default: 4096
+  uint32_t max_tcp_connections = 4096;
+  // Most TCP connections served at once from one peer IP address (at most
+  // max_tcp_connections); beyond them a peer's new connection is closed as
+  // soon as it is accepted. Default: 256
+  uint32_t max_tcp_connections_per_peer = 256;
+  // File descriptors the TCP listener's connections may never take: they
+  // stay free for the Unix socket's clients, the shared-memory data plane,
+  // metrics scrapes and the files the daemon opens. 0 picks a quarter of
+  // RLIMIT_NOFILE, at least 128. Default: 0 (auto)
+  uint32_t fd_reserve = 0;
   // Prometheus metrics over HTTP at "HOST:PORT/metrics". Default: "" (off)
   std::string metrics_addr;
   // Largest gRPC message in MiB, each way (an inline chunk must fit).
@@ -186,6 +200,13 @@ absl::Status LoadConfigFile(const std::string& path, DaemonOptions* opts);
 
 // Sanity checks (sizes >= 0, TCP needs a token file, ...).
 absl::Status ValidateDaemonOptions(const DaemonOptions& opts);
+
+// The smallest fd_reserve other than 0 (auto): room for the data plane's
+// connections (ShmChannelOptions::max_connections) and a few more.
+inline constexpr uint32_t kMinFdReserve = 96;
+// fd_reserve as the daemon applies it under a soft RLIMIT_NOFILE of
+// `fd_limit`: 0 is a quarter of the limit, at least 128.
+uint64_t ResolveFdReserve(uint32_t option, uint64_t fd_limit);
 
 // The shortest bearer token ReadTokenFile accepts, in bytes after trimming.
 // A random one: `openssl rand -hex 32` writes 64 characters.

@@ -21,6 +21,12 @@
 
 namespace kvtier::server {
 
+namespace {
+// How long the accept loop waits after accept failed for want of descriptors
+// or memory.
+constexpr int kAcceptBackoffMs = 100;
+}  // namespace
+
 absl::StatusOr<int> ListenUnixOwnerOnly(const std::string& path) {
   sockaddr_un addr{};
   if (path.size() >= sizeof(addr.sun_path)) {
@@ -136,7 +142,15 @@ void ShmChannel::Loop() {
     if (fds[1].revents != 0) return;
     if ((fds[0].revents & POLLIN) == 0) continue;
     int c = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (c < 0) continue;
+    if (c < 0) {
+      if (errno == EAGAIN || errno == EINTR || errno == ECONNABORTED) continue;
+      // Out of descriptors or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM): the
+      // connection stays in the backlog and the socket readable, so accepting
+      // again at once would spin. Waits (or stops) instead.
+      pollfd stop{stop_pipe_[0], POLLIN, 0};
+      if (::poll(&stop, 1, kAcceptBackoffMs) > 0) return;
+      continue;
+    }
     ucred cred{};
     socklen_t len = sizeof(cred);
     if (::getsockopt(c, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || cred.uid != ::geteuid()) {

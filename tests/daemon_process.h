@@ -6,12 +6,16 @@
 #define KVTIER_TESTS_DAEMON_PROCESS_H_
 
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -21,15 +25,22 @@ namespace kvtier::testing {
 
 class DaemonProcess {
  public:
-  // `extra`: more command-line arguments, after the defaults (a later
-  // option of the same name wins).
-  explicit DaemonProcess(const std::string& dir, std::vector<std::string> extra = {})
+  struct Options {
+    // Flags appended to the defaults (later ones win).
+    std::vector<std::string> extra_args;
+    // RLIMIT_NOFILE set in the child before exec: the soft limit, and the
+    // hard one (0: the same). 0 keeps the test's.
+    uint64_t fd_limit = 0;
+    uint64_t fd_hard_limit = 0;
+  };
+  explicit DaemonProcess(const std::string& dir) : DaemonProcess(dir, Options{}) {}
+  DaemonProcess(const std::string& dir, const Options& options)
       : dir_(dir), ready_(dir + "/kvtierd.ready") {
     ::unlink(ready_.c_str());  // a killed daemon leaves its file behind
-    std::vector<std::string> args = {KVTIERD_PATH, "--data-dir", dir + "/data", "--dram-gib",
-                                     "0.03125", "--nvme-gib", "0.0625", "--hbm-gib", "0",
-                                     "--dram-populate", "false", "--ready-file", ready_};
-    args.insert(args.end(), extra.begin(), extra.end());
+    std::vector<std::string> args = {KVTIERD_PATH, "--data-dir", dir + "/data", "--dram-gib", "0.03125",
+                                     "--nvme-gib", "0.0625", "--hbm-gib", "0", "--dram-populate",
+                                     "false", "--ready-file", ready_};
+    args.insert(args.end(), options.extra_args.begin(), options.extra_args.end());
     std::vector<char*> argv;
     for (std::string& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -39,6 +50,10 @@ class DaemonProcess {
       FILE* f = std::freopen(log.c_str(), "a", stderr);
       (void)f;
       std::freopen(log.c_str(), "a", stdout);
+      if (options.fd_limit > 0) {
+        rlimit r{options.fd_limit, options.fd_hard_limit > 0 ? options.fd_hard_limit : options.fd_limit};
+        if (::setrlimit(RLIMIT_NOFILE, &r) != 0) ::_exit(126);
+      }
       ::execv(KVTIERD_PATH, argv.data());
       ::_exit(127);
     }
@@ -50,6 +65,14 @@ class DaemonProcess {
     }
   }
   std::string socket() const { return dir_ + "/data/kvtierd.sock"; }
+  // The TCP port from the ready file's description ("tcp port N"); 0
+  // without a TCP listener. REQUIRES: WaitReady() returned true.
+  int tcp_port() const {
+    std::ifstream in(ready_);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const size_t at = text.find("tcp port ");
+    return at == std::string::npos ? 0 : std::atoi(text.c_str() + at + 9);
+  }
   pid_t pid() const { return pid_; }
   // Waits (up to 20 s) until the daemon reports every listener serving
   // (--ready-file); false at once if it exited instead.

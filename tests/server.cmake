@@ -12,6 +12,15 @@ kvtier_add_test(server_abuse_test
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/server_abuse_test.cc
   DEPS kvtier_server kvtier_client PkgConfig::NGHTTP2
   TIMEOUT 120)
+# Out of file descriptors: the real kvtierd under a small RLIMIT_NOFILE,
+# flooded with more TCP connections than it has descriptors, and the accept
+# loops of the TCP listener and of the data plane when accept fails.
+kvtier_add_test(server_fd_limits_test
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/server_fd_limits_test.cc
+  DEPS kvtier_server kvtier_client
+  TIMEOUT 60)
+target_compile_definitions(server_fd_limits_test PRIVATE KVTIERD_PATH="$<TARGET_FILE:kvtierd>")
+add_dependencies(server_fd_limits_test kvtierd)
 kvtier_add_test(server_cli_test
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/server_cli_test.cc
   DEPS kvtier_codec
