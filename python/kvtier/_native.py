@@ -165,10 +165,7 @@ def load():
             except OSError as e:
                 tried.append(f"{path} ({e})")
                 continue
-            for name, (restype, argtypes) in _SIGNATURES.items():
-                fn = getattr(lib, name)
-                fn.restype = restype
-                fn.argtypes = argtypes
+            bind(lib, _SIGNATURES)
             abi = lib.kvtier_abi_version()
             if abi != ABI_VERSION:
                 tried.append(f"{path} (ABI {abi}, this package needs {ABI_VERSION})")
@@ -178,6 +175,59 @@ def load():
             return lib
         raise ImportError("kvtier: libkvtier.so not found or unusable; set KVTIER_LIBRARY. Tried: "
                           + "; ".join(tried))
+
+
+# The values each integer type of the C API holds; ctypes would silently
+# wrap anything outside them (2**32 passed as a uint32_t is 0).
+_INT_RANGES = {
+    t: ((0, 2 ** (8 * ctypes.sizeof(t)) - 1) if t(-1).value > 0
+        else (-(2 ** (8 * ctypes.sizeof(t) - 1)), 2 ** (8 * ctypes.sizeof(t) - 1) - 1))
+    for t in (c_uint8, c_uint16, c_uint32, c_uint64, c_size_t, c_int, c_int32, c_int64)
+}
+
+
+def _out_of_range(what: str, value, ctype) -> Exception:
+    from kvtier.errors import InvalidArgument
+    lo, hi = _INT_RANGES[ctype]
+    return InvalidArgument(3, f"{what}: {value} is out of range ({lo}..{hi})")
+
+
+def bind(lib, signatures: dict) -> None:
+    """Sets the result and argument types of each C function in
+    `signatures` ({name: (restype, argtypes)}) and makes every integer
+    argument checked: a Python int outside its C type's range raises
+    InvalidArgument instead of being wrapped by ctypes."""
+    for name, (restype, argtypes) in signatures.items():
+        fn = getattr(lib, name)
+        fn.restype = restype
+        fn.argtypes = argtypes
+        checks = [(i, t) for i, t in enumerate(argtypes) if t in _INT_RANGES]
+        if checks:
+            setattr(lib, name, _checked(fn, name, checks))
+
+
+def _checked(fn, name: str, checks):
+    def call(*args):
+        for i, t in checks:
+            v = args[i]
+            if isinstance(v, int):
+                lo, hi = _INT_RANGES[t]
+                if not lo <= v <= hi:
+                    raise _out_of_range(f"{name} argument {i}", v, t)
+        return fn(*args)
+    call.__name__ = name
+    return call
+
+
+def set_int(struct, field: str, value) -> None:
+    """Sets an integer field of a ctypes Structure, or raises InvalidArgument
+    if `value` is outside the field's C type (ctypes would wrap it)."""
+    t = dict(struct._fields_)[field]
+    v = int(value)
+    lo, hi = _INT_RANGES[t]
+    if not lo <= v <= hi:
+        raise _out_of_range(field, v, t)
+    setattr(struct, field, v)
 
 
 def last_error() -> str:
@@ -229,6 +279,6 @@ def buffer_address(obj, writable: bool = False):
     return ctypes.addressof(arr), n, (arr, flat)
 
 
-__all__ = ["load", "check", "last_error", "ClientOptions", "LoadPlanC", "ModelIdentityC",
+__all__ = ["load", "bind", "set_int", "check", "last_error", "ClientOptions", "LoadPlanC", "ModelIdentityC",
            "ChunkSpecC", "ChunkInfoC", "key_arg", "keys_arg", "buffer_address", "c_uint16",
            "c_uint32"]

@@ -140,10 +140,14 @@ def _lib() -> ctypes.CDLL:
         lib = _find_library()
         if not lib.kvtier_has_cuda():
             raise ImportError(f"libkvtier ({getattr(lib, 'path', lib._name)}) was built without CUDA")
-        for name, (res, args) in _SIGNATURES.items():
-            fn = getattr(lib, name)
-            fn.restype = res
-            fn.argtypes = args
+        try:
+            from kvtier import _native
+            _native.bind(lib, _SIGNATURES)
+        except ImportError:  # this module alone: unchecked integer arguments
+            for name, (res, args) in _SIGNATURES.items():
+                fn = getattr(lib, name)
+                fn.restype = res
+                fn.argtypes = args
         _lib_cache = lib
     return _lib_cache
 

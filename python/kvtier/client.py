@@ -150,10 +150,10 @@ class Client:
                 setattr(opts, name, os.fsencode(path))
         if tls_server_name is not None:
             opts.tls_server_name = tls_server_name.encode()
-        opts.timeout_ms = int(timeout_ms)
+        _native.set_int(opts, "timeout_ms", timeout_ms)
         opts.shared_memory = 1 if shared_memory else 0
         if max_data_connections is not None:
-            opts.max_data_connections = int(max_data_connections)
+            _native.set_int(opts, "max_data_connections", max_data_connections)
         handle = ctypes.c_void_p()
         self._handle = None
         _native.check(self._lib.kvtier_client_open(ctypes.byref(opts), ctypes.byref(handle)))

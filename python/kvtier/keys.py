@@ -58,8 +58,8 @@ class ModelIdentity:
         c.dtype = self.dtype.encode()
         c.kv_layout = self.kv_layout.encode()
         c.codec = self.codec.encode()
-        c.tp_world_size = self.tp_world_size
-        c.tp_rank = self.tp_rank
+        _native.set_int(c, "tp_world_size", self.tp_world_size)
+        _native.set_int(c, "tp_rank", self.tp_rank)
         return c
 
     def fingerprint(self) -> bytes:

@@ -147,6 +147,21 @@ def test_hostile_keys_and_arguments(daemon):
             kvtier.prefix_keys("", [1, 2])  # empty model id
         with pytest.raises(kvtier.InvalidArgument):
             kvtier.ModelIdentity("m", tp_world_size=1, tp_rank=1).fingerprint()
+        # Integers outside their C type are refused, never wrapped (2**32 as
+        # a uint32_t would be 0; 2**32 + 256 would be 256).
+        with pytest.raises(kvtier.InvalidArgument):
+            kvtier.ModelIdentity("m", tp_world_size=2**32 + 1, tp_rank=1).fingerprint()
+        with pytest.raises(kvtier.InvalidArgument):
+            c.plan_load([key_of(1)], 1000.0, tokens_per_chunk=2**32 + 256)
+        with pytest.raises(kvtier.InvalidArgument):
+            c.prefetch([key_of(1)], deadline_ms=2**32)
+        with pytest.raises(kvtier.InvalidArgument):
+            c.prefetch([key_of(1)], deadline_ms=-1)
+        with pytest.raises(kvtier.InvalidArgument):
+            kvtier.Client(socket=daemon.socket, timeout_ms=2**63)
+        with pytest.raises(kvtier.InvalidArgument):
+            kvtier.Client(socket=daemon.socket, max_data_connections=2**31)
+        assert c.plan_load([key_of(1)], 1000.0, tokens_per_chunk=256).hits == 0
 
 
 def test_put_rejects_bad_chunks_and_keeps_good_ones(daemon):

@@ -1,12 +1,18 @@
 #include "tiering/replay/trace.h"
 
+#include <sys/stat.h>
+
+#include <fstream>
 #include <string>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "common/testing/temp_dir.h"
 
 namespace kvtier::tiering::replay {
 namespace {
+
+using ::kvtier::testing::TempDir;
 
 using ::testing::HasSubstr;
 
@@ -89,6 +95,24 @@ TEST(ParseTrace, OversizedInputIsRefusedByTheLimits) {
 
 TEST(ReadTrace, MissingFileIsNotFound) {
   EXPECT_EQ(ReadTrace("/nonexistent/trace.jsonl", 512).status().code(), absl::StatusCode::kNotFound);
+}
+
+// A FIFO with no writer is refused at once (a read would block for good);
+// /proc files are no traces; neither is a file of no requests.
+TEST(ReadTrace, OnlyARegularFileOfRequestsIsATrace) {
+  TempDir dir;
+  const std::string fifo = dir.path() + "/trace.fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  auto f = ReadTrace(fifo, 512);
+  EXPECT_EQ(f.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(f.status().message(), ::testing::HasSubstr("not a regular file"));
+  EXPECT_EQ(ReadTrace("/proc/self/status", 512).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ReadTrace(dir.path(), 512).status().code(), absl::StatusCode::kInvalidArgument);
+  const std::string empty = dir.path() + "/empty.jsonl";
+  std::ofstream(empty) << "\n  \n";
+  auto e = ReadTrace(empty, 512);
+  EXPECT_EQ(e.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(e.status().message(), ::testing::HasSubstr("no requests"));
 }
 
 }  // namespace
