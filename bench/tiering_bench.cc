@@ -15,7 +15,9 @@
 //   trace hit ratio of LRU (baseline), S3-FIFO (the engine's default), ARC
 //         and FLRU on a multi-turn chat / shared-document trace with DRAM = 10%
 //         and NVMe = 50% of the working set, plus four more trace seeds
-// Usage: tiering_bench [--dir DIR] [--json FILE] [--only dram|nvme|trace]
+//   holds a shared get and release with 10k / 100k idle leases of another
+//         holder open vs the same with the lease table empty
+// Usage: tiering_bench [--dir DIR] [--json FILE] [--only dram|nvme|trace|holds]
 //   experiment knobs (defaults = the engine's): --s3fifo-small F
 //   --admission-history N --admit-after N --dram-fraction F --nvme-fraction F
 //   --trace-seed S. Prints JSON.
@@ -122,6 +124,51 @@ std::string Dram() {
        << ", \"memcpy_get_gbps\": " << cpy_get << ", \"memcpy_put_anon_gbps\": " << bytes / anon_s / 1e9
        << ", \"put_ratio\": " << put / cpy << ", \"get_ratio\": " << get / cpy_get
        << ", \"put_ratio_vs_anon\": " << put / (bytes / anon_s / 1e9) << "}";
+    first = false;
+  }
+  js << "\n  ]";
+  return js.str();
+}
+
+// One shared get and its release (the engine's half of a data-plane get),
+// with the lease table empty (the baseline) and with `idle` leases that
+// another holder keeps open: what a client pays for others' holds.
+std::string Holds() {
+  std::ostringstream js;
+  js << "[";
+  bool first = true;
+  for (uint64_t idle : {uint64_t{10'000}, uint64_t{100'000}}) {
+    PlacementEngineOptions o;
+    o.maintenance_interval_ms = 0;
+    o.max_holds_per_holder = idle + 1;
+    o.max_held_keys_per_holder = idle + 1;
+    EngineTiers tiers;
+    tiers.dram = DramTier::Open({.capacity_bytes = 64 << 20, .populate = true}).value();
+    auto e = PlacementEngine::Create(o, std::move(tiers)).value();
+    const auto chunk = Chunk(2, 2, 64, 16, 1);
+    if (!e->Put(Key(0), chunk).ok() || !e->Put(Key(1), chunk).ok()) std::abort();
+    GetOptions reader;
+    reader.holder = Holder{1, 0};
+    auto round_trips_us = [&](int n) {
+      const double t0 = Now();
+      for (int i = 0; i < n; ++i) {
+        auto r = e->GetShared(Key(0), 0, reader);
+        if (!r.ok() || !e->Release(r->lease_id, reader.holder.id).ok()) std::abort();
+      }
+      return (Now() - t0) / n * 1e6;
+    };
+    const int n = 20000;
+    (void)round_trips_us(n / 10);  // warm
+    const double empty_us = round_trips_us(n);
+    const Hash128 other = Key(1);
+    for (uint64_t i = 0; i < idle; ++i) {
+      if (!e->Pin(std::span<const Hash128>(&other, 1), 600000, true, Holder{2, 0}).ok()) std::abort();
+    }
+    const double held_us = round_trips_us(n);
+    js << (first ? "" : ",") << "\n    {\"idle_leases\": " << idle
+       << ", \"get_release_us_empty_table\": " << empty_us
+       << ", \"get_release_us\": " << held_us << ", \"ratio_vs_empty_table\": " << held_us / empty_us
+       << "}";
     first = false;
   }
   js << "\n  ]";
@@ -458,7 +505,7 @@ int main(int argc, char** argv) {
     std::string a = argv[i], v = argv[i + 1];
     if (a == "--dir") dir = v;
     if (a == "--json") json = v;
-    if (a == "--only") only = v;  // dram, nvme or trace
+    if (a == "--only") only = v;  // dram, nvme, trace or holds
     if (a == "--s3fifo-small") g_knobs.engine.eviction_options.s3fifo_small_fraction = std::stod(v);
     if (a == "--admission-history") g_knobs.engine.admission_history = std::stoul(v);
     if (a == "--trace-seed") g_knobs.trace_seed = std::stoull(v);
@@ -474,6 +521,7 @@ int main(int argc, char** argv) {
   if (only.empty() || only == "dram") out << ",\n  \"dram\": " << kvtier::tiering::Dram();
   if (only.empty() || only == "nvme") out << ",\n  \"nvme\": " << kvtier::tiering::Nvme(dir);
   if (only.empty() || only == "trace") out << ",\n  \"trace\": " << kvtier::tiering::Trace();
+  if (only.empty() || only == "holds") out << ",\n  \"holds\": " << kvtier::tiering::Holds();
   out << "\n}\n";
   std::fputs(out.str().c_str(), stdout);
   if (!json.empty()) std::ofstream(json) << out.str();
