@@ -155,6 +155,26 @@ absl::Status CheckServerTls(const ServerTls& tls) {
   if (!tls.client_ca.empty() && FirstCert(tls.client_ca) == nullptr) {
     return absl::InvalidArgumentError("--tls-client-ca holds no PEM certificate");
   }
+  // A certificate outside its validity fails every handshake: say so at
+  // start, not as clients' handshake errors.
+  auto when = [](const ASN1_TIME* t) {
+    std::unique_ptr<BIO, decltype(&BIO_free)> out(BIO_new(BIO_s_mem()), &BIO_free);
+    if (out == nullptr || ASN1_TIME_print(out.get(), t) != 1) return std::string("?");
+    char* p = nullptr;
+    const long n = BIO_get_mem_data(out.get(), &p);
+    return std::string(p, static_cast<size_t>(n));
+  };
+  const ASN1_TIME* not_after = X509_get0_notAfter(cert.get());
+  if (X509_cmp_current_time(not_after) <= 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--tls-cert's certificate expired on ", when(not_after), "; renew it"));
+  }
+  const ASN1_TIME* not_before = X509_get0_notBefore(cert.get());
+  if (X509_cmp_current_time(not_before) > 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--tls-cert's certificate is not valid before ", when(not_before),
+                     " (check the clock)"));
+  }
   return absl::OkStatus();
 }
 

@@ -33,7 +33,8 @@ struct ServerTls {
 
 // Checks `tls` before a listener uses it, so a bad file is a clear startup
 // error: InvalidArgument if the chain, the key or the client CA is not PEM
-// OpenSSL can parse, or the key does not belong to the first certificate.
+// OpenSSL can parse, or the key does not belong to the first certificate;
+// FailedPrecondition if that certificate has expired or is not valid yet.
 absl::Status CheckServerTls(const ServerTls& tls);
 
 // HTTP/2 credentials, plaintext or (with `tls`) TLS through gRPC's SSL

@@ -68,7 +68,7 @@ kvtier_add_test(server_tenancy_test
 # checks, and the verified client identity.
 kvtier_add_test(server_tls_test
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/server_tls_test.cc
-  DEPS kvtier_server kvtier_client
+  DEPS kvtier_server kvtier_client OpenSSL::Crypto
   TIMEOUT 120)
 target_compile_definitions(server_tls_test PRIVATE KVTIER_CLI_PATH="$<TARGET_FILE:kvtier>")
 add_dependencies(server_tls_test kvtier)

@@ -5,6 +5,10 @@
 // that trusts another CA, a plaintext client), the token still required
 // over TLS, the startup checks (plaintext on a network address, mismatched
 // key), and the verified client identity handlers read (PeerTlsIdentity).
+#include <openssl/bio.h>
+#include <openssl/evp.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
 #include <sys/stat.h>
 
 #include <fstream>
@@ -188,6 +192,61 @@ TEST_F(TlsTest, StartupRefusesPlaintextOnNetworkAddressesAndBadKeys) {
   ASSERT_EQ(::chmod(t.tls_key.c_str(), 0644), 0);
   EXPECT_EQ(server::Daemon::Start(t).status().code(), absl::StatusCode::kFailedPrecondition);
   ASSERT_EQ(::chmod(t.tls_key.c_str(), 0600), 0);
+}
+
+// A self-signed certificate valid from now + `from_s` to now + `to_s`, and
+// its key, as PEM (the openssl CLI of Debian 12 cannot date one in the past).
+std::pair<std::string, std::string> DatedCert(long from_s, long to_s) {
+  auto pem = [](auto write) {
+    BIO* b = BIO_new(BIO_s_mem());
+    write(b);
+    char* p = nullptr;
+    const long n = BIO_get_mem_data(b, &p);
+    std::string s(p, static_cast<size_t>(n));
+    BIO_free(b);
+    return s;
+  };
+  EVP_PKEY* key = EVP_EC_gen("P-256");
+  X509* x = X509_new();
+  ASN1_INTEGER_set(X509_get_serialNumber(x), 7);
+  X509_gmtime_adj(X509_getm_notBefore(x), from_s);
+  X509_gmtime_adj(X509_getm_notAfter(x), to_s);
+  X509_set_pubkey(x, key);
+  X509_NAME* name = X509_get_subject_name(x);
+  X509_NAME_add_entry_by_txt(name, "CN", MBSTRING_ASC,
+                             reinterpret_cast<const unsigned char*>("localhost"), -1, -1, 0);
+  X509_set_issuer_name(x, name);
+  X509_sign(x, key, EVP_sha256());
+  auto cert = pem([&](BIO* b) { PEM_write_bio_X509(b, x); });
+  auto k = pem([&](BIO* b) { PEM_write_bio_PrivateKey(b, key, nullptr, nullptr, 0, nullptr, nullptr); });
+  X509_free(x);
+  EVP_PKEY_free(key);
+  return {cert, k};
+}
+
+// A certificate outside its validity fails every handshake: the daemon says
+// so at start and does not serve.
+TEST_F(TlsTest, StartupRefusesAnExpiredOrNotYetValidCertificate) {
+  const auto [expired, expired_key] = DatedCert(-2 * 86400, -86400);
+  absl::Status st = server::CheckServerTls({expired, expired_key, ""});
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(st.message(), HasSubstr("expired on"));
+  const auto [future, future_key] = DatedCert(86400, 2 * 86400);
+  st = server::CheckServerTls({future, future_key, ""});
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(st.message(), HasSubstr("not valid before"));
+  const auto [good, good_key] = DatedCert(-60, 86400);
+  EXPECT_TRUE(server::CheckServerTls({good, good_key, ""}).ok());
+  // Through the daemon's start.
+  server::DaemonOptions t = Options(true);
+  t.tls_cert = dir_.path() + "/expired.pem";
+  t.tls_key = dir_.path() + "/expired.key";
+  std::ofstream(t.tls_cert) << expired;
+  std::ofstream(t.tls_key) << expired_key;
+  ASSERT_EQ(::chmod(t.tls_key.c_str(), 0600), 0);
+  auto d = server::Daemon::Start(t);
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kFailedPrecondition) << d.status();
+  EXPECT_THAT(d.status().message(), HasSubstr("expired on"));
 }
 
 // A service that answers every call with the caller's verified identity
