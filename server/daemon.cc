@@ -1,11 +1,14 @@
 #include "server/daemon.h"
 
 #include <sys/stat.h>
+#include <sys/socket.h>
 #include <sys/statvfs.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -14,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/file.h"
+#include "common/hash.h"
 #include "common/status.h"
 #include "grpcpp/grpcpp.h"
 #include "server/grpc_auth.h"
@@ -34,6 +38,26 @@
 namespace kvtier::server {
 
 namespace {
+
+// Whether users other than the owner may create files in `dir` (a shared
+// directory such as /tmp).
+bool OthersMayWrite(const std::string& dir) {
+  struct stat st {};
+  return ::stat(dir.c_str(), &st) == 0 && (st.st_mode & (S_IWGRP | S_IWOTH)) != 0;
+}
+
+// Whether a process accepts connections on the Unix socket `path`.
+bool AcceptsConnections(const std::string& path) {
+  sockaddr_un addr{};
+  if (path.size() >= sizeof(addr.sun_path)) return false;
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  const bool live = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  ::close(fd);
+  return live;
+}
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
@@ -186,12 +210,29 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   ::chmod(options.data_dir.c_str(), 0700);
   d->socket_path_ = std::filesystem::absolute(options.SocketPath()).string();
   d->shm_socket_path_ = d->socket_path_ + ".shm";
-  KVTIER_RETURN_IF_ERROR(lock(absl::StrCat("socket ", d->socket_path_), d->socket_path_ + ".lock",
+  // The lock files sit beside the sockets, unless other users may create
+  // files there (/tmp): one of them could make and hold `<socket>.lock`
+  // first. Then they go to the data dir (owner-only), named by the socket's
+  // path, and a socket at the path that accepts connections is never
+  // replaced.
+  const std::string socket_dir = std::filesystem::path(d->socket_path_).parent_path().string();
+  std::string lock_base = d->socket_path_;
+  if (OthersMayWrite(socket_dir)) {
+    lock_base = absl::StrCat(options.data_dir, "/socket-",
+                             Hash128::Of(d->socket_path_, 0).ToHex().substr(0, 16));
+    for (const std::string& path : {d->socket_path_, d->shm_socket_path_}) {
+      if (AcceptsConnections(path)) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "socket ", path, " is in use: a process accepts connections on it"));
+      }
+    }
+  }
+  KVTIER_RETURN_IF_ERROR(lock(absl::StrCat("socket ", d->socket_path_), lock_base + ".lock",
                               &d->socket_lock_));
   // The data-plane socket too: a daemon whose --socket is another's
   // `<socket>.shm` must not replace (or, stopping, remove) that socket.
   KVTIER_RETURN_IF_ERROR(lock(absl::StrCat("data-plane socket ", d->shm_socket_path_),
-                              d->shm_socket_path_ + ".lock", &d->shm_socket_lock_));
+                              lock_base + ".shm.lock", &d->shm_socket_lock_));
 
   tiering::EngineTiers tiers;
   const uint64_t kUnit = 1 << 20;

@@ -18,6 +18,7 @@
 #include "absl/strings/str_replace.h"
 #include "client/kvtier_client.h"
 #include "client/kvtier_client_internal.h"
+#include "common/file.h"
 #include "common/testing/temp_dir.h"
 #include "gmock/gmock.h"
 #include "grpcpp/generic/generic_stub.h"
@@ -137,6 +138,34 @@ TEST_F(E2eTest, SecondDaemonOnTheSameSocketIsRefusedAndTheFirstKeepsServing) {
     EXPECT_TRUE(SocketExists(d->shm_socket_path()));
     ExpectServes(d, 46);
   }
+}
+
+// In a directory where other users may create files (/tmp), the lock files
+// beside the socket could be another user's: the daemon locks in its data
+// dir instead, and refuses a socket path on which a process accepts
+// connections.
+TEST_F(E2eTest, SocketInASharedDirectoryIgnoresOthersLockFilesAndRefusesALiveSocket) {
+  const std::string shared = dir_.path() + "/shared";
+  ASSERT_EQ(::mkdir(shared.c_str(), 0700), 0);
+  ASSERT_EQ(::chmod(shared.c_str(), 01777), 0);
+  const std::string socket = shared + "/kvtierd.sock";
+  // "Another user" made and holds both lock files first.
+  auto squat = kvtier::ExclusiveFileLock::Acquire(socket + ".lock");
+  auto squat_shm = kvtier::ExclusiveFileLock::Acquire(socket + ".shm.lock");
+  ASSERT_TRUE(squat.ok() && squat_shm.ok());
+  DaemonOptions a = SmallDaemonOptions(dir_.path() + "/a");
+  a.nvme_gib = 0;
+  a.socket = socket;
+  auto first = Daemon::Start(a);
+  ASSERT_TRUE(first.ok()) << first.status();
+  DaemonOptions b = SmallDaemonOptions(dir_.path() + "/b");
+  b.nvme_gib = 0;
+  b.socket = socket;
+  auto second = Daemon::Start(b);
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(second.status().message(), ::testing::HasSubstr("in use"));
+  EXPECT_TRUE(SocketExists(socket));
+  ExpectServes(first->get(), 50);
 }
 
 // A second daemon whose --socket is the first one's data-plane socket is
