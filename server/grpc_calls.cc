@@ -1,5 +1,6 @@
 #include "server/grpc_calls.h"
 
+#include <malloc.h>
 #include <pthread.h>
 
 #include "absl/strings/str_cat.h"
@@ -88,6 +89,7 @@ void CallTracker::Unregister(Entry* e) {
   entries_.erase(e);
   if (e->bytes > 0) {
     total_ -= e->bytes;
+    if (total_ == 0) idle_since_ = std::chrono::steady_clock::now();
     auto it = per_peer_.find(e->peer);
     if (it != per_peer_.end() && (it->second -= e->bytes) == 0) per_peer_.erase(it);
     e->bytes = 0;
@@ -109,6 +111,7 @@ absl::Status CallTracker::Reserve(Entry* e, uint64_t bytes) {
         " (read the answers, or retry later)"));
   }
   total_ += bytes;
+  reserved_since_trim_ += bytes;
   per_peer_[e->peer] += bytes;
   e->bytes += bytes;
   return absl::OkStatus();
@@ -143,9 +146,24 @@ CallTracker::Entry* CallTracker::FirstDueLocked(std::chrono::steady_clock::time_
 
 void CallTracker::Watch() {
   constexpr auto kTick = std::chrono::milliseconds(20);
+  // Calls that held this much, all over for this long: gRPC has freed
+  // their buffers, and the heap keeps them unless trimmed. A second trim a
+  // second later takes what gRPC freed after the first.
+  constexpr uint64_t kTrimAfterBytes = uint64_t{64} << 20;
+  constexpr std::chrono::milliseconds kTrimAfterIdle[] = {std::chrono::milliseconds(200),
+                                                          std::chrono::milliseconds(1200)};
   absl::MutexLock l(&mu_);
   while (!stopping_) {
     mu_.AwaitWithTimeout(absl::Condition(&stopping_), absl::FromChrono(kTick));
+    if (reserved_since_trim_ >= kTrimAfterBytes) trims_due_ = 2;  // new bytes: trim anew
+    if (trims_due_ > 0 && total_ == 0 &&
+        std::chrono::steady_clock::now() - idle_since_ >= kTrimAfterIdle[2 - trims_due_]) {
+      reserved_since_trim_ = 0;
+      --trims_due_;
+      mu_.Unlock();
+      ::malloc_trim(0);
+      mu_.Lock();
+    }
     while (Entry* due = FirstDueLocked(std::chrono::steady_clock::now())) {
       due->deadline = {};
       ++cancelled_;

@@ -111,6 +111,13 @@ class CallTracker {
   absl::flat_hash_set<Entry*> entries_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, uint64_t> per_peer_ ABSL_GUARDED_BY(mu_);
   uint64_t total_ ABSL_GUARDED_BY(mu_) = 0;
+  // Bytes reserved since the heap was last trimmed, and since when no call
+  // has held any: once calls that held much are over, the watchdog returns
+  // the heap's free memory to the system (malloc_trim), which the
+  // allocator's per-thread arenas would otherwise keep.
+  uint64_t reserved_since_trim_ ABSL_GUARDED_BY(mu_) = 0;
+  std::chrono::steady_clock::time_point idle_since_ ABSL_GUARDED_BY(mu_);
+  int trims_due_ ABSL_GUARDED_BY(mu_) = 0;  // trims left after the last calls that held much
   uint64_t cancelled_ ABSL_GUARDED_BY(mu_) = 0;
   // The entry whose context the watchdog is cancelling outside the lock.
   Entry* cancelling_ ABSL_GUARDED_BY(mu_) = nullptr;

@@ -11,12 +11,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/testing/wait.h"
@@ -26,7 +28,7 @@ namespace kvtier::testing {
 class DaemonProcess {
  public:
   struct Options {
-    // Flags appended to the defaults (later ones win).
+    // Flags after the defaults; a flag named here replaces its default.
     std::vector<std::string> extra_args;
     // RLIMIT_NOFILE set in the child before exec: the soft limit, and the
     // hard one (0: the same). 0 keeps the test's.
@@ -37,9 +39,19 @@ class DaemonProcess {
   DaemonProcess(const std::string& dir, const Options& options)
       : dir_(dir), ready_(dir + "/kvtierd.ready") {
     ::unlink(ready_.c_str());  // a killed daemon leaves its file behind
-    std::vector<std::string> args = {KVTIERD_PATH, "--data-dir", dir + "/data", "--dram-gib", "0.03125",
-                                     "--nvme-gib", "0.0625", "--hbm-gib", "0", "--dram-populate",
-                                     "false", "--ready-file", ready_};
+    // Each default (flag, value) unless extra_args names the flag itself.
+    const std::vector<std::pair<std::string, std::string>> defaults = {
+        {"--data-dir", dir + "/data"}, {"--dram-gib", "0.03125"}, {"--nvme-gib", "0.0625"},
+        {"--hbm-gib", "0"},           {"--dram-populate", "false"}, {"--ready-file", ready_}};
+    std::vector<std::string> args = {KVTIERD_PATH};
+    for (const auto& [flag, value] : defaults) {
+      if (std::find(options.extra_args.begin(), options.extra_args.end(), flag) !=
+          options.extra_args.end()) {
+        continue;
+      }
+      args.push_back(flag);
+      args.push_back(value);
+    }
     args.insert(args.end(), options.extra_args.begin(), options.extra_args.end());
     std::vector<char*> argv;
     for (std::string& a : args) argv.push_back(a.data());

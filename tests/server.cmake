@@ -35,6 +35,13 @@ kvtier_add_test(server_restart_test
   TIMEOUT 120)
 target_compile_definitions(server_restart_test PRIVATE KVTIERD_PATH="$<TARGET_FILE:kvtierd>")
 add_dependencies(server_restart_test kvtierd)
+# kvtierd's memory once large inline gets end (the real daemon).
+kvtier_add_test(server_memory_test
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/server_memory_test.cc
+  DEPS kvtier_client
+  TIMEOUT 120)
+target_compile_definitions(server_memory_test PRIVATE KVTIERD_PATH="$<TARGET_FILE:kvtierd>")
+add_dependencies(server_memory_test kvtierd)
 # The GPU paged-cache path of libkvtier (client/kvtier_gpu.h) against an
 # in-process daemon; skips without a CUDA device.
 if(KVTIER_HAVE_CUDA)
