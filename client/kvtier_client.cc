@@ -139,7 +139,7 @@ class PoolMapping {
 };
 
 // One data-plane connection (wire/shm_frames.h; the protocol is specified in
-// server/shm_channel.h): frames out, answers in.
+// wire/DATA_PLANE.md): frames out, answers in.
 // Not thread-safe; the client hands each to one call at a time. Once a
 // transport error or a malformed answer marks it broken it is closed.
 class DataConn {
@@ -1175,10 +1175,11 @@ class ClientImpl final : public KvtierClient {
 
   absl::Status Unhold(const HeldChunk& h) override {
     if (h.lease_id == 0 && h.scratch_slot_id == 0) return absl::OkStatus();
-    // The daemon takes a data-plane release or abort only from the
-    // connection that took the hold. If that connection has closed, the
-    // daemon ended the hold with it (gRPC then answers NotFound); if it
-    // stays lent out for timeout_ms, gRPC ends the hold instead.
+    // The daemon takes a release or abort of a data-plane hold only from
+    // the connection that took it (gRPC gets NotFound, as for any id it
+    // does not hold). If that connection has closed, the daemon ended the
+    // hold with it; if it stays lent out for timeout_ms, the hold ends with
+    // its lease.
     if (h.connection != 0) {
       if (ConnLease c = AcquireConnBySerial(h.connection)) return UnholdOver(*c, h);
     }
@@ -1417,7 +1418,7 @@ class ClientImpl final : public KvtierClient {
   std::unique_ptr<std::atomic<int>> owed_releases_ = std::make_unique<std::atomic<int>>(0);
   // Hashes what a shared-memory get copies (check_on_helper_thread).
   std::unique_ptr<wire::PipelinedCopyVerifier> verifier_;
-  // Data-plane connections (server/shm_channel.h).
+  // Data-plane connections (wire/DATA_PLANE.md).
   absl::Mutex conns_mu_;
   bool data_plane_ ABSL_GUARDED_BY(conns_mu_) = false;
   int open_conns_ ABSL_GUARDED_BY(conns_mu_) = 0;  // idle and lent

@@ -1,5 +1,5 @@
 // One connection of the shared-memory data plane (ShmChannel; the wire
-// format is in shm_channel.h): reads and checks its frames, runs each op
+// format is in wire/DATA_PLANE.md): reads and checks its frames, runs each op
 // against the KvService, answers, and when the client goes frees what the
 // connection got.
 //

@@ -1,47 +1,8 @@
 // The shared-memory side channel: a Unix socket (owner-only, beside the gRPC
 // socket) on which the daemon passes the DRAM pool's memfd to same-host
-// clients with SCM_RIGHTS, and then, on the same connection, serves the data
-// plane's control messages (allocate, streamed put, get, release, and the
-// batch ops: lookup, plan, plan-and-hold, get and release batches, prefetch,
-// allocate and commit batches) in a small binary protocol: a round trip of a few tens of microseconds instead of a
-// gRPC call's hundred or more (docs/daemon.md "Shared-memory data plane").
-//
-// Wire format (little-endian):
-//   1. server -> client, once: u64 pool size, with the memfd as SCM_RIGHTS
-//      ancillary data. Peers whose uid (SO_PEERCRED) differs from the
-//      daemon's are closed without an answer. A client that only wants the
-//      pool closes here (protocol 0).
-//   2. Then requests, each answered in order (except kPutBegin,
-//      kPutProgress and kPutRange, which have no answer):
-//        request:  u16 version | u16 op | u32 payload bytes | payload
-//        response: u16 version | u16 op | u32 code | u32 payload bytes | payload
-//      `code` is an absl::StatusCode; on an error the payload is the message
-//      (at most kMaxErrorMessageBytes), otherwise the op's reply payload.
-//      The first request of a client is kHello, or kHelloTenant with a
-//      tenant's bearer token (the connection is then that tenant's; an
-//      unknown token is answered Unauthenticated and the connection ends;
-//      with a tenants file, a peer whose uid is no tenant's must send it,
-//      and kHelloTenant after the first request is FailedPrecondition). A
-//      daemon that does not speak the protocol (or has no room for another
-//      connection) closes the connection instead, and the client uses gRPC
-//      for everything.
-//
-// Every frame is checked: a version other than kVersion, an unknown op, a
-// payload length other than the op's (for a batch op, kLookup and after:
-// its fixed part plus at most kMaxBatchItems whole items, as many as its
-// leading u32 count names), an incomplete frame or a put message
-// outside a put (progress or commit without a begin, a begin inside a put)
-// gets one error answer (InvalidArgument, or FailedPrecondition for the
-// lifecycle) and the daemon closes the connection. Field values are checked
-// by KvService as for gRPC (unknown slot or lease: NotFound, ...). Slot and
-// lease ids are scoped to the connection that got them (kAllocate, kGet and
-// their batch forms, kPlanAndHold): kRelease, kAbortSlot, kPutBegin,
-// kReleaseBatch and kCommitBatch of an id that this connection does not
-// hold get the NotFound of an unknown id (UnknownSlotError,
-// UnknownLeaseError), whoever holds it. When a connection closes, the daemon
-// frees the slots it allocated there and did not commit (one being streamed
-// included) and releases the leases of its gets and plans that were not
-// released.
+// clients with SCM_RIGHTS, then serves the data plane on the same
+// connection. Its wire format is specified in wire/DATA_PLANE.md, the
+// payload layouts in wire/shm_frames.h.
 #ifndef KVTIER_SERVER_SHM_CHANNEL_H_
 #define KVTIER_SERVER_SHM_CHANNEL_H_
 

@@ -27,7 +27,7 @@
 
 namespace kvtier::server {
 
-// A raw client of the shared-memory data plane (server/shm_channel.h), to
+// A raw client of the shared-memory data plane (wire/DATA_PLANE.md), to
 // send it what libkvtier never would.
 class RawDataPlane {
  public:

@@ -1,6 +1,6 @@
 // The shared-memory data plane's frames: constants, payload sizes and byte
 // layouts of the binary protocol that libkvtier and kvtierd speak over the
-// side-channel socket (its wire format is specified in server/shm_channel.h),
+// side-channel socket (its wire format is specified in wire/DATA_PLANE.md),
 // and the handshake message that passes the pool's memfd.
 #ifndef KVTIER_WIRE_SHM_FRAMES_H_
 #define KVTIER_WIRE_SHM_FRAMES_H_
