@@ -919,8 +919,8 @@ __global__ void __launch_bounds__(kThreads)
 // dequantizes whole vectors of one head's row. cp.async copies from host
 // memory go over PCIe as partial-line requests (H200: 2.7 sectors a request
 // instead of 4, 1.5x the requests), and persistent CTAs that load tile k + 1
-// while they scatter tile k measure slower than one CTA a tile
-// (bench/results/h200-2026-11-24-kernels-run14-decode-variants.txt).
+// while they scatter tile k measure slower than one CTA a tile (the
+// measurements: kernels/README.md and bench/results).
 
 // Most 16-byte vectors of codes a thread loads for one tile: a tile is
 // BS x heads_per_cta rows of HD codes per section, over kThreads x
@@ -984,7 +984,7 @@ __device__ __forceinline__ bool TokenScaleVectors(const CodecParams& p, const fl
 // at.head - threadIdx.y) into `r`. StageHostTile walks the same slots again
 // rather than one function keeping them: merged, nvcc scheduled stage stores
 // among the loads and INT4 decode from pinned memory measured 0.02-0.03 lower
-// (bench/results/h200-2026-11-24-kernels-run17-19-review.txt).
+// on the H200.
 template <int HD, int BS>
 __device__ __forceinline__ void LoadHostTile(const CodecParams& p,
                                              const typename Tile<HD, BS>::Coords& at,
