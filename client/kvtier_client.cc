@@ -49,10 +49,7 @@ absl::Status FromGrpcStatus(const grpc::Status& s) {
 }
 
 absl::StatusOr<ShmHandshake> ConnectShm(const std::string& path) {
-  sockaddr_un addr{};
-  if (path.size() >= sizeof(addr.sun_path)) return absl::InvalidArgumentError("shm socket path too long");
-  addr.sun_family = AF_UNIX;
-  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  KVTIER_ASSIGN_OR_RETURN(sockaddr_un addr, UnixSocketAddress(path));
   int s = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (s < 0) return absl::InternalError("socket");
   timeval tv{5, 0};

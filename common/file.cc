@@ -40,8 +40,20 @@ absl::Status ErrnoToStatus(int err, std::string_view what) {
   }
 }
 
+absl::StatusOr<sockaddr_un> UnixSocketAddress(const std::string& path) {
+  sockaddr_un addr{};
+  if (path.size() >= sizeof(addr.sun_path)) {
+    return absl::InvalidArgumentError(absl::StrCat("socket path too long: ", path));
+  }
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  return addr;
+}
+
 absl::StatusOr<std::vector<uint8_t>> ReadFileBytes(const std::string& path, uint64_t max_bytes) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO with no writer would block for good before
+  // the regular-file check below could refuse it.
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("open ", path));
   struct stat st;
   if (::fstat(fd, &st) != 0) {

@@ -1,7 +1,11 @@
 // Whole-file helpers with Status errors. Reads are bounded: a file larger than
-// the caller's limit is refused before any allocation.
+// the caller's limit is refused before any allocation. Also the address of a
+// Unix socket path.
 #ifndef KVTIER_COMMON_FILE_H_
 #define KVTIER_COMMON_FILE_H_
+
+#include <sys/socket.h>
+#include <sys/un.h>
 
 #include <cstdint>
 #include <span>
@@ -14,6 +18,10 @@
 #include "absl/status/statusor.h"
 
 namespace kvtier {
+
+// The address of the Unix socket at `path`. InvalidArgument if the path
+// does not fit sockaddr_un (107 bytes).
+absl::StatusOr<sockaddr_un> UnixSocketAddress(const std::string& path);
 
 // Reads all of `path`. NotFound if it does not exist, InvalidArgument if it is
 // not a regular file or is larger than `max_bytes`, Unavailable on I/O errors.

@@ -44,6 +44,15 @@ TEST(File, ReadDirectoryIsInvalidArgument) {
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// A FIFO with no writer is refused at once, not waited on.
+TEST(File, ReadFifoIsInvalidArgumentWithoutBlocking) {
+  testing::TempDir tmp("kvtier-file");
+  const std::string fifo = tmp.path() + "/fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  auto r = ReadFileBytes(fifo, 100);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(File, WriteIntoMissingDirectoryFails) {
   std::vector<uint8_t> data(3, 1);
   EXPECT_EQ(WriteFileAtomic("/nonexistent/kvtier/dir/f", data).code(),

@@ -48,13 +48,11 @@ bool OthersMayWrite(const std::string& dir) {
 
 // Whether a process accepts connections on the Unix socket `path`.
 bool AcceptsConnections(const std::string& path) {
-  sockaddr_un addr{};
-  if (path.size() >= sizeof(addr.sun_path)) return false;
-  addr.sun_family = AF_UNIX;
-  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  auto addr = UnixSocketAddress(path);
+  if (!addr.ok()) return false;
   const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return false;
-  const bool live = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  const bool live = ::connect(fd, reinterpret_cast<const sockaddr*>(&*addr), sizeof(*addr)) == 0;
   ::close(fd);
   return live;
 }

@@ -14,6 +14,8 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/file.h"
+#include "common/status.h"
 #include "server/data_plane_connection.h"
 #include "server/metrics.h"
 #include "server/tenants.h"
@@ -28,12 +30,7 @@ constexpr int kAcceptBackoffMs = 100;
 }  // namespace
 
 absl::StatusOr<int> ListenUnixOwnerOnly(const std::string& path) {
-  sockaddr_un addr{};
-  if (path.size() >= sizeof(addr.sun_path)) {
-    return absl::InvalidArgumentError(absl::StrCat("socket path too long: ", path));
-  }
-  addr.sun_family = AF_UNIX;
-  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  KVTIER_ASSIGN_OR_RETURN(sockaddr_un addr, UnixSocketAddress(path));
   int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
   struct stat st;

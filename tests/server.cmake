@@ -2,6 +2,13 @@
 # and the real binaries (CLI, SIGTERM + restart). The service logic and the
 # client against a mock stub are unit tests: server/service_test.cc,
 # client/kvtier_client_mock_test.cc.
+# A test that spawns the real daemon (tests/daemon_process.h) gets its path
+# as KVTIERD_PATH and builds after it.
+function(kvtier_test_spawns_kvtierd name)
+  target_compile_definitions(${name} PRIVATE KVTIERD_PATH="$<TARGET_FILE:kvtierd>")
+  add_dependencies(${name} kvtierd)
+endfunction()
+
 kvtier_add_test(server_e2e_test
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/server_e2e_test.cc
   DEPS kvtier_server kvtier_client
@@ -19,8 +26,7 @@ kvtier_add_test(server_fd_limits_test
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/server_fd_limits_test.cc
   DEPS kvtier_server kvtier_client
   TIMEOUT 60)
-target_compile_definitions(server_fd_limits_test PRIVATE KVTIERD_PATH="$<TARGET_FILE:kvtierd>")
-add_dependencies(server_fd_limits_test kvtierd)
+kvtier_test_spawns_kvtierd(server_fd_limits_test)
 kvtier_add_test(server_cli_test
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/server_cli_test.cc
   DEPS kvtier_codec
@@ -33,15 +39,13 @@ kvtier_add_test(server_restart_test
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/server_restart_test.cc
   DEPS kvtier_client
   TIMEOUT 120)
-target_compile_definitions(server_restart_test PRIVATE KVTIERD_PATH="$<TARGET_FILE:kvtierd>")
-add_dependencies(server_restart_test kvtierd)
+kvtier_test_spawns_kvtierd(server_restart_test)
 # kvtierd's memory once large inline gets end (the real daemon).
 kvtier_add_test(server_memory_test
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/server_memory_test.cc
   DEPS kvtier_client
   TIMEOUT 120)
-target_compile_definitions(server_memory_test PRIVATE KVTIERD_PATH="$<TARGET_FILE:kvtierd>")
-add_dependencies(server_memory_test kvtierd)
+kvtier_test_spawns_kvtierd(server_memory_test)
 # The GPU paged-cache path of libkvtier (client/kvtier_gpu.h) against an
 # in-process daemon; skips without a CUDA device.
 if(KVTIER_HAVE_CUDA)

@@ -233,15 +233,41 @@ double CpuOver(int ms) {
   return CpuSeconds() - t0;
 }
 
+// The sockets a TcpAcceptor handed off, kept (and closed) by the test.
+class HandedSockets {
+ public:
+  ~HandedSockets() { CloseAll(); }
+  server::TcpAcceptor::Handoff Handoff() {
+    return [this](int fd) {
+      std::lock_guard<std::mutex> l(mu_);
+      fds_.push_back(fd);
+    };
+  }
+  size_t size() {
+    std::lock_guard<std::mutex> l(mu_);
+    return fds_.size();
+  }
+  void CloseFirst() {
+    std::lock_guard<std::mutex> l(mu_);
+    ::close(fds_.front());
+    fds_.erase(fds_.begin());
+  }
+  void CloseAll() {
+    std::lock_guard<std::mutex> l(mu_);
+    for (int fd : fds_) ::close(fd);
+    fds_.clear();
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<int> fds_;
+};
+
 TEST(TcpAcceptor, WaitsOutEmfileWithoutSpinningAndAcceptsAgain) {
   auto acceptor = server::TcpAcceptor::Listen("127.0.0.1:0", {});
   ASSERT_TRUE(acceptor.ok()) << acceptor.status();
-  std::mutex mu;
-  std::vector<int> handed;
-  (*acceptor)->Start([&](int fd) {
-    std::lock_guard<std::mutex> l(mu);
-    handed.push_back(fd);
-  });
+  HandedSockets handed;
+  (*acceptor)->Start(handed.Handoff());
   int client = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   ASSERT_GE(client, 0);
   sockaddr_in dst{};
@@ -254,16 +280,10 @@ TEST(TcpAcceptor, WaitsOutEmfileWithoutSpinningAndAcceptsAgain) {
     ASSERT_TRUE(WaitUntil([&] { return (*acceptor)->accept_failures() > 0; }, milliseconds(3000)));
     EXPECT_LT(CpuOver(1000), 0.2);
     exhausted.Release();
-    EXPECT_TRUE(WaitUntil([&] {
-      std::lock_guard<std::mutex> l(mu);
-      return handed.size() == 1;
-    }, milliseconds(3000)));
+    EXPECT_TRUE(WaitUntil([&] { return handed.size() == 1; }, milliseconds(3000)));
   }
   EXPECT_EQ((*acceptor)->connections(), 1);
-  {
-    std::lock_guard<std::mutex> l(mu);
-    for (int fd : handed) ::close(fd);
-  }
+  handed.CloseAll();
   // A closed connection stops counting.
   EXPECT_EQ((*acceptor)->connections(), 0);
   ::close(client);
@@ -275,12 +295,8 @@ TEST(TcpAcceptor, ClosesConnectionsBeyondItsLimits) {
   o.max_connections_per_peer = 2;
   auto acceptor = server::TcpAcceptor::Listen("127.0.0.1:0", o);
   ASSERT_TRUE(acceptor.ok()) << acceptor.status();
-  std::mutex mu;
-  std::vector<int> handed;
-  (*acceptor)->Start([&](int fd) {
-    std::lock_guard<std::mutex> l(mu);
-    handed.push_back(fd);
-  });
+  HandedSockets handed;
+  (*acceptor)->Start(handed.Handoff());
   auto connect_from = [&](uint32_t host) {
     int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     sockaddr_in src{};
@@ -294,33 +310,24 @@ TEST(TcpAcceptor, ClosesConnectionsBeyondItsLimits) {
     EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&dst), sizeof(dst)), 0);
     return fd;
   };
-  auto handed_count = [&] {
-    std::lock_guard<std::mutex> l(mu);
-    return handed.size();
-  };
   std::vector<int> clients;
   for (int i = 0; i < 3; ++i) clients.push_back(connect_from(2));  // the third is over the peer limit
   ASSERT_TRUE(WaitUntil([&] { return (*acceptor)->refused() == 1; }, milliseconds(3000)));
-  EXPECT_EQ(handed_count(), 2u);
+  EXPECT_EQ(handed.size(), 2u);
   clients.push_back(connect_from(3));
   clients.push_back(connect_from(4));  // over the listener limit
   ASSERT_TRUE(WaitUntil([&] { return (*acceptor)->refused() == 2; }, milliseconds(3000)));
-  EXPECT_EQ(handed_count(), 3u);
+  EXPECT_EQ(handed.size(), 3u);
   // A connection that ends frees its place (the acceptor checks its
   // connections at most every 20 ms while refusing).
-  {
-    std::lock_guard<std::mutex> l(mu);
-    ::close(handed.front());
-    handed.erase(handed.begin());
-  }
+  handed.CloseFirst();
   std::this_thread::sleep_for(milliseconds(50));
   clients.push_back(connect_from(4));
-  EXPECT_TRUE(WaitUntil([&] { return handed_count() == 3u; }, milliseconds(3000)));
+  EXPECT_TRUE(WaitUntil([&] { return handed.size() == 3u; }, milliseconds(3000)));
   EXPECT_EQ((*acceptor)->refused(), 2u);
   (*acceptor)->Stop();
   for (int fd : clients) ::close(fd);
-  std::lock_guard<std::mutex> l(mu);
-  for (int fd : handed) ::close(fd);
+  handed.CloseAll();
 }
 
 TEST(ShmChannel, AcceptWaitsOutEmfileWithoutSpinning) {

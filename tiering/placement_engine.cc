@@ -117,6 +117,7 @@ PlacementEngine::PlacementEngine(const PlacementEngineOptions& o, EngineTiers ti
   tiers_[static_cast<int>(TierKind::kNvme)] = nvme_;
   remote_ = owned_.remote.get();
   tiers_[static_cast<int>(TierKind::kRemote)] = remote_;
+  for (const auto& q : o.tenant_quotas) dram_quota_sum_ += q[static_cast<int>(TierKind::kDram)];
   absl::MutexLock l(&mu_);
   for (int k = 0; k < kNumTierKinds; ++k) {
     if (!tiers_[k]) continue;
@@ -757,11 +758,7 @@ absl::Status PlacementEngine::CheckHoldLocked(const Holder& holder, uint64_t key
   } else if (dram_ != nullptr && options_.max_held_bytes != 0 && !options_.tenant_quotas.empty()) {
     // The holds of one tenant's holders leave room for the others' DRAM
     // quotas, which are guarantees.
-    const int dk = static_cast<int>(TierKind::kDram);
-    uint64_t others = 0;
-    for (size_t t = 0; t < options_.tenant_quotas.size(); ++t) {
-      if (t != holder.tenant) others += options_.tenant_quotas[t][dk];
-    }
+    const uint64_t others = dram_quota_sum_ - QuotaOf(holder.tenant, static_cast<int>(TierKind::kDram));
     const uint64_t cap = dram_->capacity_bytes() > others ? dram_->capacity_bytes() - others : 0;
     const uint64_t mine = leases_.TenantHeldBytes(holder.tenant) + slots_.TenantHeldBytes(holder.tenant);
     if (cap == 0 || over(cap, mine)) {

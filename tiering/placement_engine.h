@@ -650,6 +650,8 @@ class PlacementEngine {
   uint32_t RecallUsesLocked(const Hash128& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const PlacementEngineOptions options_;
+  // The DRAM quotas of every tenant, summed (options_.tenant_quotas).
+  uint64_t dram_quota_sum_ = 0;
   Clock* const clock_;
   EngineTiers owned_;
   std::array<Tier*, kNumTierKinds> tiers_{};

@@ -1,12 +1,5 @@
 #include "tiering/replay/trace.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <cerrno>
-#include <cstring>
-
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "common/file.h"
@@ -144,15 +137,6 @@ absl::StatusOr<Trace> ParseTrace(std::string_view text, uint32_t block_tokens,
 
 absl::StatusOr<Trace> ReadTrace(const std::string& path, uint32_t block_tokens,
                                 const TraceLimits& limits) {
-  // Only a regular file: a FIFO with no writer would block the read for
-  // good, and /proc or /sys files (size 0) are no traces.
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) {
-    return absl::NotFoundError(absl::StrCat(path, ": ", std::strerror(errno)));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": not a regular file"));
-  }
   KVTIER_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, ReadFileBytes(path, limits.max_file_bytes));
   auto t = ParseTrace(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()),
                       block_tokens, limits);
