@@ -9,6 +9,7 @@
 # tier in a temporary folder), runs the Python GPU tests (which start their
 # own kvtierd) and gpu_daemon_bench against it. "engines" runs the engine
 # connectors' core (kvtier.engine) on CUDA and CPU caches, under a minute.
+# "fidelity" runs bench/fidelity_bench.py on the real models staged there.
 set -uo pipefail
 STEPS=" ${STEPS:-tests codec attention sdpa daemon} "
 step() { [[ "$STEPS" == *" $1 "* ]]; }
@@ -67,6 +68,17 @@ if step hf; then
   tail -n 5 "$OUT/python_hf_test.log"
   PYTHONUNBUFFERED=1 timeout 330 python3 bench/e2e_prefix_reuse.py --kvtierd "$PWD/kvtierd" \
     --out "$OUT/e2e_prefix_reuse.json" 2>&1 | tee -a "$OUT/bench.log" | tail -n 40 || rc=1
+fi
+if step fidelity; then
+  # kvtier.fidelity on real models through the GPU path: the GGUFs of
+  # python/models.json, staged with scripts/gpu-stage into $KVTIER_MODELS
+  # (default /tmp/kvtier-stage/models); FIDELITY_ARGS adds arguments
+  # (e.g. "--model qwen2.5-coder-1.5b").
+  python3 -m pip install --quiet --no-index --no-deps --no-compile --target /tmp/site wheels/*.whl
+  PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 KVTIER_LIBRARY=$PWD/libkvtier.so timeout 540 \
+    python3 bench/fidelity_bench.py --kvtierd "$PWD/kvtierd" \
+    --models "${KVTIER_MODELS:-/tmp/kvtier-stage/models}" --out "$OUT/fidelity.json" \
+    ${FIDELITY_ARGS:-} 2>&1 | tee -a "$OUT/fidelity.log" | tail -n 60 || rc=1
 fi
 if step engines; then
   # kvtier.engine: the vLLM connector's worker calls on CUDA caches (needs no vLLM).

@@ -319,6 +319,10 @@ class PrefixReuse:
         for key in keys:
             try:
                 with self.client.get(key) as chunk:
+                    # A chunk of another model, codec, dtype or revision under this key
+                    # (its writer's fingerprint is in the header) is a miss, never mixed in.
+                    if kvtier.codec.read_header(chunk.data).fingerprint != self._fingerprint:
+                        break
                     k, v = kvt.decode_chunk(chunk.data)
                     tier = chunk.tier
             except _UNUSABLE:
