@@ -431,7 +431,7 @@ std::string RunModel(const Model& m, const char* codec_name, uint32_t T) {
 
 
 // The proof behind the fast path of the general encode kernel
-// (QuantizeVecFast in kernels/paged_codec.cu, whose formulas this repeats in
+// (QuantizeVecFast in kernels/paged_codec_encode.cu, whose formulas this repeats in
 // the same IEEE binary32 operations: multiply, fma, add, each rounded to
 // nearest even, no contraction). For BF16 and FP16, INT8, INT4 and FP8, every
 // 16-bit amax >= FastMinAmax (scale = codec::ScaleFromAmax, reciprocal 1 /

@@ -131,7 +131,7 @@ TEST(HostStagingCreate, ZeroBytesIsInvalidArgument) {
 
 // The tensor-core partition rule on an H100 (132 SMs; 2 CTAs per SM for
 // BF16 and K16/V8, 3 for FP8 at head_dim 128) picks the partition lengths
-// that measured fastest on the H100 (bench/results/kernels-h100.md).
+// that measured fastest on the H100 (bench/results/kernels.md).
 TEST(DecodeAttentionPartition, TensorCoreRuleFillsTheGpuAndItsLastWave) {
   // batch 32, ctx 8K: one partition, 256 CTAs in one wave.
   EXPECT_EQ(DecodeAttentionPartitionTokens(32, 8, 8192, 132, 2), 8192u);

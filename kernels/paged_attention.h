@@ -95,7 +95,7 @@ absl::Status ValidateDecodeAttention(const PagedKvLayout& cache, const DecodeAtt
 // fills its last wave to at least kAttentionMinLastWaveFill; the smallest if
 // none does. Longer partitions cost fewer pipeline fills, epilogues and
 // combine rows; a last wave of few CTAs leaves HBM idle (measured on the H100:
-// bench/results/kernels-h100.md). The CUDA-core kernel keeps its own
+// bench/results/kernels.md). The CUDA-core kernel keeps its own
 // rule (at most 2048 partitions, at most 1024 tokens each).
 inline constexpr double kAttentionMinLastWaveFill = 0.9;
 uint32_t DecodeAttentionPartitionTokens(uint32_t batch, uint32_t num_kv_heads,
