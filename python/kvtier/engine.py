@@ -48,10 +48,16 @@ DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 #: Separate (a (K, V) pair per layer, each of the shape after the name):
 #:   nhd [num_blocks, block_size, kv_heads, head_dim]
 #:   hnd [num_blocks, kv_heads, block_size, head_dim]
+#: Packed (one 4-D tensor per layer, K and V side by side in the last dimension):
+#:   packed [num_blocks, kv_heads, block_size, 2 * head_dim], K in [..., :head_dim],
+#:   V in [..., head_dim:]: what every attention backend of vLLM 0.26 and later
+#:   hands a connector (vLLM's logical [B, H, N, C] view, in whatever memory
+#:   order its KVCacheLayout gives: LBHNC, LBNHC, BLHNC, ...).
 #: Any strides are taken as they are, so vLLM's HND caches (a logical NHD
 #: shape over HND memory) are "…_nhd" views too.
 STACKED_LAYOUTS = ("flash_attn_nhd", "flash_attn_hnd", "flashinfer_nhd", "flashinfer_hnd")
 SEPARATE_LAYOUTS = ("nhd", "hnd")
+PACKED_LAYOUT = "packed"
 
 # A chunk that cannot be used ends the usable prefix; its tokens are recomputed.
 UNUSABLE = (kvtier.NotFound, kvtier.DataLoss, kvtier.InvalidArgument)
@@ -87,8 +93,8 @@ class ConnectorSettings:
       "all" loads every hit. Default: "plan".
     prefill_tokens_per_s: the engine's prefill rate, for the plan. Default: 0.
     io_timeout_ms: deadline of the worker's store and load calls. Default: 60000.
-    kv_cache_layout: the layout of the engine's KV tensors (STACKED_LAYOUTS /
-      SEPARATE_LAYOUTS). Default: inferred from the shapes.
+    kv_cache_layout: the layout of the engine's KV tensors (PACKED_LAYOUT,
+      STACKED_LAYOUTS / SEPARATE_LAYOUTS). Default: inferred from the shapes.
     layer_group: layers per step of a GPU load (one decode launch per chunk and
       group): larger groups launch less, smaller ones let layer 0 start sooner.
       Default: 4.
@@ -145,9 +151,9 @@ class ConnectorSettings:
         if self.prefill_tokens_per_s < 0:
             raise ValueError("kvtier: prefill_tokens_per_s must not be negative")
         if self.kv_cache_layout is not None and \
-                self.kv_cache_layout not in STACKED_LAYOUTS + SEPARATE_LAYOUTS:
+                self.kv_cache_layout not in STACKED_LAYOUTS + SEPARATE_LAYOUTS + (PACKED_LAYOUT,):
             raise ValueError(f"kvtier: kv_cache_layout {self.kv_cache_layout!r} is not one of "
-                             f"{STACKED_LAYOUTS + SEPARATE_LAYOUTS}")
+                             f"{(PACKED_LAYOUT,) + STACKED_LAYOUTS + SEPARATE_LAYOUTS}")
         if self.addr is not None and self.socket is not None:
             raise ValueError("kvtier: give socket or addr, not both")
 
@@ -308,9 +314,11 @@ def infer_layout(layer) -> str:
     Raises ValueError when the shape does not tell."""
     if isinstance(layer, (tuple, list)):
         return "nhd"
+    if isinstance(layer, torch.Tensor) and layer.dim() == 4:
+        return PACKED_LAYOUT
     if not isinstance(layer, torch.Tensor) or layer.dim() != 5:
-        raise ValueError(f"a layer's KV must be a 5-D tensor or a (K, V) pair, not "
-                         f"{getattr(layer, 'shape', type(layer).__name__)}")
+        raise ValueError(f"a layer's KV must be a 4-D tensor (K and V packed), a 5-D tensor "
+                         f"or a (K, V) pair, not {getattr(layer, 'shape', type(layer).__name__)}")
     first, second = layer.shape[0] == 2, layer.shape[1] == 2
     if first and not second:
         return "flash_attn_nhd"
@@ -323,18 +331,23 @@ def infer_layout(layer) -> str:
 class PagedKv:
     """An engine's paged KV cache, one entry per layer, in one layout.
 
-    layers: per layer a 5-D tensor (stacked layouts) or a (K, V) pair of 4-D
-    tensors (separate layouts), BF16 or FP16, all of one shape, dtype and
-    device. Holds references to the tensors; reads and writes them in place.
-    ``k[l]`` / ``v[l]`` are views [num_blocks, block_size, kv_heads, head_dim].
+    layers: per layer a 4-D tensor (the packed layout), a 5-D tensor (stacked
+    layouts) or a (K, V) pair of 4-D tensors (separate layouts), BF16 or FP16,
+    all of one shape, dtype and device. Holds references to the tensors; reads
+    and writes them in place. ``k[l]`` / ``v[l]`` are views [num_blocks,
+    block_size, kv_heads, head_dim].
+    head_dim: the model's head size, checked against a packed layer's last
+    dimension (2 * head_dim); None takes half of it.
     """
 
-    def __init__(self, layers: Sequence, layout: Optional[str] = None):
+    def __init__(self, layers: Sequence, layout: Optional[str] = None,
+                 head_dim: Optional[int] = None):
         layers = list(layers)
         if not layers:
             raise ValueError("the KV cache has no layers")
         self.layout = layout or infer_layout(layers[0])
         self.layers = layers
+        self._packed_head_dim = head_dim
         self.k, self.v = [], []
         for i, layer in enumerate(layers):
             k, v = self._views(layer, i)
@@ -356,6 +369,17 @@ class PagedKv:
 
     def _views(self, layer, i: int):
         layout = self.layout
+        if layout == PACKED_LAYOUT:
+            if not isinstance(layer, torch.Tensor) or layer.dim() != 4:
+                raise ValueError(f"layout packed: layer {i} must be a 4-D tensor [blocks, "
+                                 f"kv_heads, block_size, 2 * head_dim]")
+            width = layer.shape[3]
+            d = self._packed_head_dim or width // 2
+            if width != 2 * d:
+                raise ValueError(f"layout packed: layer {i}'s last dimension is {width}, not "
+                                 f"2 * head_dim {d} (K and V of one head size)")
+            k, v = layer[..., :d], layer[..., d:]
+            return k.transpose(1, 2), v.transpose(1, 2)
         if layout in SEPARATE_LAYOUTS:
             if not isinstance(layer, (tuple, list)) or len(layer) != 2:
                 raise ValueError(f"layout {layout}: layer {i} must be a (K, V) pair")
@@ -415,6 +439,11 @@ class PagedKv:
             kt = _kvtorch()
             if self.layout in STACKED_LAYOUTS:
                 self._gpu_cache = kt.PagedCache.from_vllm(self.layers, layout=self.layout)
+            elif self.layout == PACKED_LAYOUT:
+                # K and V [blocks, kv_heads, block_size, head_dim] views, one set of strides.
+                self._gpu_cache = kt.PagedCache.from_separate(
+                    [k.transpose(1, 2) for k in self.k], [v.transpose(1, 2) for v in self.v],
+                    layout="hnd")
             else:
                 self._gpu_cache = kt.PagedCache.from_separate(
                     [k for k, _ in self.layers], [v for _, v in self.layers], layout=self.layout)

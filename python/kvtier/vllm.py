@@ -14,15 +14,18 @@ answers with the chunks worth loading (a slow or dead kvtierd is a miss);
 ``request_finished`` hands the request's full chunks that kvtierd lacks to the
 workers and keeps their blocks until the workers report the save done.
 
-Worker side: ``register_kv_caches`` takes vLLM's per-layer KV tensors
-(FlashAttention [2, blocks, block_size, heads, dim] or FlashInfer
-[blocks, 2, block_size, heads, dim], NHD or HND memory, or (K, V) pairs);
+Worker side: ``register_kv_caches`` takes vLLM's per-layer KV tensors: one
+4-D tensor per layer, [blocks, kv_heads, block_size, 2 * head_dim] with K and
+V side by side in the last dimension, in the memory order of vLLM's
+KVCacheLayout (every backend of vLLM 0.26 and later; older ones' 5-D
+FlashAttention / FlashInfer stacks and (K, V) pairs are taken too);
 ``start_load_kv`` loads the step's chunks (CPU tensors through the CPU codec;
 CUDA tensors through kvtier's layer-by-layer GPU load, which
 ``wait_for_layer_load`` waits on per layer), ``wait_for_save`` starts the
-step's saves on a background thread, ``get_finished`` reports finished saves
-and ``get_block_ids_with_load_errors`` the blocks of chunks that were missing
-or corrupt, which vLLM then recomputes.
+step's saves on a background thread (vLLM 0.26-0.30 skip it on steps that run
+no tokens: ``get_finished`` then starts them), ``get_finished`` reports
+finished saves and ``get_block_ids_with_load_errors`` the blocks of chunks
+that were missing or corrupt, which vLLM then recomputes.
 
 The tensor work is ``kvtier.engine.KvMover``; this module only adapts vLLM's
 calls to it.
@@ -84,6 +87,7 @@ class _Candidate:
     hits: int
     keys: list
     loading: dict = dataclasses.field(default_factory=dict)
+    tiers: list = dataclasses.field(default_factory=list)  # kvtierd's tier of each hit
 
 
 def _model_dtype(vllm_config: "VllmConfig") -> torch.dtype:
@@ -107,6 +111,11 @@ class KvtierConnector(KVConnectorBase_V1):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         extra = self._kv_transfer_config.kv_connector_extra_config or {}
         self.settings = engine.ConnectorSettings.from_mapping(extra)
+        if getattr(self._kv_transfer_config, "kv_load_failure_policy", None) == "fail" and \
+                role == KVConnectorRole.SCHEDULER:
+            logger.warning("kvtier: kv_load_failure_policy is 'fail': a chunk kvtierd lost or "
+                           "found corrupt between lookup and load fails its request instead of "
+                           "being recomputed. kvtier is a cache; 'recompute' is the safe policy.")
         groups = getattr(kv_cache_config, "kv_cache_groups", None) or []
         if len(groups) > 1:
             raise ValueError(
@@ -114,6 +123,7 @@ class KvtierConnector(KVConnectorBase_V1):
                 f"this model has {len(groups)} groups (a hybrid model). Pass "
                 "--disable-hybrid-kv-cache-manager so every layer keeps full KV.")
         self.block_size = int(vllm_config.cache_config.block_size)
+        self.head_size = int(vllm_config.model_config.get_head_size())
         if self.settings.chunk_tokens % self.block_size:
             raise ValueError(f"kvtier: chunk_tokens {self.settings.chunk_tokens} must be a multiple "
                              f"of vLLM's block size {self.block_size} (--block-size)")
@@ -130,6 +140,11 @@ class KvtierConnector(KVConnectorBase_V1):
             self._init_scheduler()
         else:
             self._init_worker()
+
+    @property
+    def requires_kv_delivery(self) -> bool:
+        """False: kvtier is a cache; a save lost to a preemption is a later miss."""
+        return False
 
     @classmethod
     def requires_piecewise_for_cudagraph(cls, extra_config: dict) -> bool:
@@ -171,7 +186,8 @@ class KvtierConnector(KVConnectorBase_V1):
         plan = self.lookup.plan(keys, self.settings.prefill_tokens_per_s, self.chunk_tokens)
         chunks = engine.loadable_chunks(plan, self.settings, len(tokens))
         hits = plan.hits if plan is not None else 0
-        self._candidates[request.request_id] = _Candidate(first, chunks, hits, keys)
+        self._candidates[request.request_id] = _Candidate(
+            first, chunks, hits, keys, tiers=list(plan.tiers) if plan is not None else [])
         if chunks <= first:
             return 0, False
         return (chunks - first) * self.chunk_tokens, False
@@ -188,6 +204,28 @@ class KvtierConnector(KVConnectorBase_V1):
         cand.loading = {c: list(block_ids[c * per:(c + 1) * per]) for c in chunks}
         self._loads.append(ChunkJob(request.request_id, [cand.keys[c] for c in chunks],
                                     list(cand.loading.values())))
+
+    def get_external_cache_hit_sources(self, request: "Request",
+                                       num_external_tokens: int) -> dict:
+        """The loaded tokens by the kvtierd tier they come from (vLLM 0.32+):
+        DRAM as host, NVMe as disk, a peer node as p2p, kvtierd's HBM as device."""
+        from vllm.v1.metrics.cache_hit_source import CacheHitSource
+        if num_external_tokens <= 0:
+            return {}
+        cand = self._candidates.get(request.request_id)
+        sources = {"hbm": CacheHitSource.DEVICE, "dram": CacheHitSource.HOST,
+                   "nvme": CacheHitSource.DISK, "remote": CacheHitSource.P2P}
+        counts: dict = {}
+        chunks = num_external_tokens // self.chunk_tokens
+        for c in range(cand.first_chunk, cand.first_chunk + chunks) if cand else ():
+            tier = cand.tiers[c] if c < len(cand.tiers) else None
+            source = sources.get(tier, CacheHitSource.EXTERNAL_UNSPECIFIED)
+            counts[source] = counts.get(source, 0) + self.chunk_tokens
+        rest = num_external_tokens - sum(counts.values())
+        if rest:
+            counts[CacheHitSource.EXTERNAL_UNSPECIFIED] = \
+                counts.get(CacheHitSource.EXTERNAL_UNSPECIFIED, 0) + rest
+        return counts
 
     def update_connector_output(self, connector_output) -> None:
         """A chunk that failed to load is no longer counted as held by kvtierd
@@ -243,12 +281,14 @@ class KvtierConnector(KVConnectorBase_V1):
         self._mu = threading.Lock()
         self._saved: set = set()
         self._finished: set = set()  # finished requests vLLM told get_finished about
+        self._saves_submitted = True  # the bound metadata's saves were handed to the saver
         self.save_errors = 0
         self.load_errors = 0
 
     def register_kv_caches(self, kv_caches: dict) -> None:
         names = list(kv_caches)
-        kv = engine.PagedKv([kv_caches[n] for n in names], self.settings.kv_cache_layout)
+        kv = engine.PagedKv([kv_caches[n] for n in names], self.settings.kv_cache_layout,
+                            head_dim=self.head_size)
         if kv.block_size != self.block_size:
             raise ValueError(f"kvtier: the KV cache's block size {kv.block_size} is not the "
                              f"configured {self.block_size}")
@@ -302,10 +342,19 @@ class KvtierConnector(KVConnectorBase_V1):
             with self._mu:
                 self._saved.add(job.req_id)
 
+    def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
+        super().bind_connector_metadata(connector_metadata)
+        self._saves_submitted = False
+
     def wait_for_save(self) -> None:
         self._finish_loads()
-        if not self.has_connector_metadata():
+        self._submit_saves()
+
+    def _submit_saves(self) -> None:
+        """Hands the bound metadata's saves to the saver thread, once."""
+        if self._saves_submitted or not self.has_connector_metadata():
             return
+        self._saves_submitted = True
         meta = self._get_connector_metadata()
         stream = None
         if meta.saves and self._mover().on_gpu:
@@ -314,6 +363,9 @@ class KvtierConnector(KVConnectorBase_V1):
             self._saver.submit(self._save_job, job, stream)
 
     def get_finished(self, finished_req_ids: set) -> tuple[Optional[set], Optional[set]]:
+        # vLLM 0.26-0.30 call no wait_for_save on a step that runs no tokens, which is
+        # often the step that carries the last request's saves: start them here.
+        self._submit_saves()
         # A save is reported once vLLM has named its request as finished.
         with self._mu:
             self._finished |= set(finished_req_ids)

@@ -17,13 +17,16 @@ from vllm import SamplingParams
 from vllm.config import (CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig,
                          SchedulerConfig, VllmConfig)
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
-from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.core.kv_cache_utils import (get_kv_cache_config_from_groups,
+                                         get_request_block_hasher, init_none_hash)
 from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.kv_cache_layout import KVCacheLayout
 from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec,
                                         SlidingWindowSpec)
 from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
+from vllm.v1.worker.utils import allocate_kv_cache
 
 import kvtier
 from conftest import Daemon, corrupt_in_pool, eventually
@@ -92,26 +95,39 @@ def make_request(req_id: str, tokens: list, max_tokens: int = 1) -> Request:
                    block_hasher=get_request_block_hasher(BLOCK, sha256))
 
 
-class Engine:
-    """vLLM's scheduler plus one worker-side connector over CPU KV tensors:
-    ``step()`` schedules, runs the worker's connector calls around a "forward"
-    that writes seeded KV into the scheduled tokens' blocks, and feeds the
-    result back to the scheduler."""
+def vllm_kv_caches(config: VllmConfig, layout: str):
+    """(KVCacheConfig, per-layer KV tensors) as vLLM's own engine core and
+    worker make them for ``layout`` (a KVCacheLayout name): the KV cache config
+    from the groups (vLLM's placement of layers and blocks), then the worker's
+    allocation, whose per-layer [blocks, kv_heads, block_size, 2 * head_dim]
+    views are what a connector's register_kv_caches gets."""
+    config.cache_config.kv_cache_layout = layout
+    groups = kv_cache_config().kv_cache_groups
+    page = groups[0].kv_cache_spec.page_size_bytes
+    kvc = get_kv_cache_config_from_groups(config, groups, NUM_BLOCKS * LAYERS * page)
+    assert kvc.num_blocks == NUM_BLOCKS
+    return kvc, allocate_kv_cache(kvc, torch.device("cpu"), KVCacheLayout[layout])
 
-    def __init__(self, model_dir: str, extra: dict, seed: int = 0, layout="flash_attn_nhd",
-                 kv_role: str = "kv_both"):
+
+class Engine:
+    """vLLM's scheduler plus one worker-side connector over CPU KV tensors that
+    vLLM's own allocator made: ``step()`` schedules, runs the worker's
+    connector calls in the order of vLLM's runner around a "forward" that
+    writes seeded KV into the scheduled tokens' blocks, and feeds the result
+    back to the scheduler. ``runner`` "0.31": wait_for_save on every step;
+    "0.26": none on a step that runs no tokens (vLLM 0.26-0.30)."""
+
+    def __init__(self, model_dir: str, extra: dict, seed: int = 0, layout="LBNHC",
+                 kv_role: str = "kv_both", runner: str = "0.31"):
         self.config = vllm_config(model_dir, extra, kv_role)
-        kvc = kv_cache_config()
+        kvc, self.caches = vllm_kv_caches(self.config, layout)
         self.config.cache_config.num_gpu_blocks = NUM_BLOCKS
+        self.runner = runner
         self.scheduler = Scheduler(vllm_config=self.config, kv_cache_config=kvc, log_stats=True,
                                    structured_output_manager=StructuredOutputManager(self.config),
                                    block_size=BLOCK)
         self.worker = KvtierConnector(self.config, KVConnectorRole.WORKER, kvc)
         g = torch.Generator().manual_seed(seed)
-        shape = (2, NUM_BLOCKS, BLOCK, HEADS, DIM) if layout == "flash_attn_nhd" else \
-            (NUM_BLOCKS, 2, BLOCK, HEADS, DIM)
-        self.caches = {name: torch.zeros(shape, dtype=torch.bfloat16)
-                       for name in kvc.kv_cache_groups[0].layer_names}
         self.worker.register_kv_caches(self.caches)
         self.kv = self.worker.mover.kv
         self.gen = g
@@ -141,7 +157,8 @@ class Engine:
         self.loaded = {r.req_id: r.num_computed_tokens for r in out.scheduled_new_reqs}
         if writes:
             self.forward(out)
-        self.worker.wait_for_save()
+        if self.runner != "0.26" or out.total_num_scheduled_tokens > 0:
+            self.worker.wait_for_save()
         sending, recving = self.worker.get_finished(out.finished_req_ids)
         self.invalid = self.worker.get_block_ids_with_load_errors()
         self.worker.clear_connector_metadata()
@@ -226,22 +243,80 @@ def test_saved_prefix_is_scheduled_as_computed_and_loaded_exactly(model_dir, kvt
     eng.shutdown()
 
 
-def test_flashinfer_layout_and_k16v8_round_trip(model_dir, kvtierd):
-    tokens = _prompt(2 * CHUNK + 1, 2)
+@pytest.mark.parametrize("layout", [m.name for m in KVCacheLayout])
+def test_every_vllm_kv_layout_round_trips_k16v8(model_dir, kvtierd, layout):
+    """Every KVCacheLayout of vLLM's allocator: a writer in that layout, a reader in
+    the default one; K exact, V within FP8, the packed tensors' other bytes intact."""
+    tokens = _prompt(2 * CHUNK + 1, 2 + len(layout))
     extra = _extra(kvtierd, codec="k16v8")
-    eng = Engine(model_dir, extra, seed=3, layout="flashinfer_nhd")
-    assert eng.kv.layout == "flashinfer_nhd"
+    eng = Engine(model_dir, extra, seed=3, layout=layout)
+    layer = next(iter(eng.caches.values()))
+    assert layer.dim() == 4 and tuple(layer.shape) == (NUM_BLOCKS, HEADS, BLOCK, 2 * DIM)
+    assert eng.kv.layout == "packed"
     eng.scheduler.add_request(make_request("w", tokens))
     out = eng.step()
-    k, _ = eng.kv.gather(list(out.scheduled_new_reqs[0].block_ids[0])[:4])
+    k, v = eng.kv.gather(list(out.scheduled_new_reqs[0].block_ids[0])[:4])
+    # The views are vLLM's: its FlashAttention split of the packed tensor sees the same K.
+    k_vllm = layer.transpose(1, 2).split(DIM, dim=-1)[0]
+    ids = list(out.scheduled_new_reqs[0].block_ids[0])[:4]
+    assert torch.equal(k[0], k_vllm[ids].reshape(4 * BLOCK, HEADS, DIM))
     eng.run_until_idle()
     eng.shutdown()
-    eng = Engine(model_dir, extra, seed=4)  # a FlashAttention-layout reader
+    eng = Engine(model_dir, extra, seed=4)  # a reader in vLLM's default layout
+    before = {n: t.clone() for n, t in eng.caches.items()}
     eng.scheduler.add_request(make_request("r", tokens))
     out = eng.step(writes=False)
     assert out.scheduled_new_reqs[0].num_computed_tokens == 2 * CHUNK
-    got_k, _ = eng.kv.gather(list(out.scheduled_new_reqs[0].block_ids[0])[:4])
-    assert torch.equal(got_k, k)  # K16 is exact; V went through FP8
+    ids = list(out.scheduled_new_reqs[0].block_ids[0])[:4]
+    got_k, got_v = eng.kv.gather(ids)
+    assert torch.equal(got_k, k)  # K16 is exact
+    assert torch.allclose(got_v.float(), v.float(), rtol=0.07, atol=1e-2)  # V through FP8
+    others = [b for b in range(NUM_BLOCKS) if b not in ids]
+    for name, t in eng.caches.items():
+        assert torch.equal(t[others], before[name][others])  # no other block was written
+    eng.run_until_idle()
+    eng.shutdown()
+
+
+def test_a_packed_layer_of_another_head_size_is_a_clear_error(model_dir, kvtierd):
+    eng = Engine(model_dir, _extra(kvtierd))
+    odd = {n: torch.zeros(NUM_BLOCKS, HEADS, BLOCK, 3 * DIM, dtype=torch.bfloat16)
+           for n in eng.caches}
+    with pytest.raises(ValueError, match="not 2 \\* head_dim"):
+        eng.worker.register_kv_caches(odd)
+    eng.shutdown()
+
+
+def test_saves_are_not_lost_when_the_runner_skips_wait_for_save(model_dir, kvtierd):
+    """vLLM 0.26-0.30 call no wait_for_save on a step that runs no tokens; the step
+    after the last request finished is such a step, and carries its saves."""
+    tokens = _prompt(2 * CHUNK + 3, 9)
+    eng = Engine(model_dir, _extra(kvtierd), runner="0.26")
+    eng.scheduler.add_request(make_request("last", tokens))
+    eng.step()  # prefill; the request finishes (max_tokens 1)
+    out = eng.step()  # nothing to run: only the saves of "last"
+    assert out.total_num_scheduled_tokens == 0
+    eng.run_until_idle()
+    assert "last" not in eng.scheduler.requests  # its blocks were released
+    ident = engine.engine_identity(model_dir, torch.bfloat16, "k16v16")
+    with kvtier.Client(socket=kvtierd.socket) as c:
+        assert c.lookup(kvtier.chunk_keys(ident.fingerprint(), tokens, CHUNK)) == ["dram"] * 2
+    eng.shutdown()
+
+
+def test_connector_reports_hit_tiers_and_is_a_best_effort_cache(model_dir, kvtierd):
+    from vllm.v1.metrics.cache_hit_source import CacheHitSource
+    tokens = _prompt(3 * CHUNK + 5, 10)
+    _save_prompt(model_dir, kvtierd, tokens)
+    eng = Engine(model_dir, _extra(kvtierd), seed=1)
+    assert eng.worker.requires_kv_delivery is False
+    assert eng.connector().requires_kv_delivery is False
+    req = make_request("r", tokens, max_tokens=4)  # still running after the step
+    eng.scheduler.add_request(req)
+    out = eng.step(writes=False)
+    assert out.scheduled_new_reqs[0].num_computed_tokens == 3 * CHUNK
+    sources = eng.connector().get_external_cache_hit_sources(req, 3 * CHUNK)
+    assert sources == {CacheHitSource.HOST: 3 * CHUNK}  # kvtierd's DRAM
     eng.run_until_idle()
     eng.shutdown()
 
