@@ -42,14 +42,8 @@ std::optional<TierKind> Fastest(uint8_t mask) {
 // victim (other threads may be freeing space) before giving up.
 constexpr int kMaxEvictionsPerStore = 100000;
 constexpr int kMaxIdleRounds = 3;
-// A prefetch reads whole NVMe chunks in groups of at most this many chunks
-// or bytes, each group in one submission: enough requests to keep the
-// device queue full (32 of 1 MiB), few enough that chunks reach DRAM (and
-// a load that follows finds them there) a group at a time.
-constexpr size_t kPrefetchGroupChunks = 8;
 // How long a batched read waits for the chunks a prefetch is reading.
 constexpr int64_t kPrefetchWaitMs = 10000;
-constexpr uint64_t kPrefetchGroupBytes = uint64_t{64} << 20;
 
 // Stores that no caller waits on (demotion, promotion): not synced, and the
 // tier checks the header itself (the bytes come from another tier).
@@ -99,15 +93,40 @@ absl::StatusOr<std::unique_ptr<PlacementEngine>> PlacementEngine::Create(
   }
   std::unique_ptr<PlacementEngine> e(new PlacementEngine(options, std::move(tiers)));
   e->Bootstrap();
-  e->prefetch_thread_ = std::thread([p = e.get()] { p->PrefetchLoop(); });
+  e->prefetcher_.Start();
   if (options.maintenance_interval_ms > 0) {
     e->maintenance_thread_ = std::thread([p = e.get()] { p->MaintenanceLoop(); });
   }
   return e;
 }
 
+namespace {
+
+// The lease table's limits: the options', and the DRAM tier's capacity and
+// quotas for the tenants' shares.
+HoldLimits HoldLimitsOf(const PlacementEngineOptions& o, const DramTier* dram) {
+  HoldLimits l;
+  l.max_held_bytes = o.max_held_bytes;
+  l.max_held_bytes_per_holder = o.max_held_bytes_per_holder;
+  l.max_holds_per_holder = o.max_holds_per_holder;
+  l.max_held_keys_per_holder = o.max_held_keys_per_holder;
+  l.default_lease_ms = o.default_lease_ms;
+  l.max_lease_ms = o.max_lease_ms;
+  if (dram != nullptr) l.dram_capacity = dram->capacity_bytes();
+  for (const auto& q : o.tenant_quotas) {
+    l.tenant_dram_quotas.push_back(q[static_cast<int>(TierKind::kDram)]);
+  }
+  return l;
+}
+
+}  // namespace
+
 PlacementEngine::PlacementEngine(const PlacementEngineOptions& o, EngineTiers tiers)
-    : options_(o), clock_(o.clock ? o.clock : SystemClock()), owned_(std::move(tiers)) {
+    : options_(o),
+      clock_(o.clock ? o.clock : SystemClock()),
+      owned_(std::move(tiers)),
+      holds_(HoldLimitsOf(o, owned_.dram.get())),
+      prefetcher_(this) {
   hbm_ = owned_.hbm.get();
   dram_ = owned_.dram.get();
   nvme_ = owned_.nvme.get();
@@ -117,7 +136,6 @@ PlacementEngine::PlacementEngine(const PlacementEngineOptions& o, EngineTiers ti
   tiers_[static_cast<int>(TierKind::kNvme)] = nvme_;
   remote_ = owned_.remote.get();
   tiers_[static_cast<int>(TierKind::kRemote)] = remote_;
-  for (const auto& q : o.tenant_quotas) dram_quota_sum_ += q[static_cast<int>(TierKind::kDram)];
   absl::MutexLock l(&mu_);
   for (int k = 0; k < kNumTierKinds; ++k) {
     if (!tiers_[k]) continue;
@@ -149,11 +167,9 @@ PlacementEngine::~PlacementEngine() {
     absl::MutexLock l(&bg_mu_);
     stopping_ = true;
   }
-  if (prefetch_thread_.joinable()) prefetch_thread_.join();
+  const auto unpromoted = prefetcher_.Stop();
   if (maintenance_thread_.joinable()) maintenance_thread_.join();
-  absl::MutexLock l(&bg_mu_);
-  for (auto& job : prefetch_queue_) job.done.set_value(absl::CancelledError("engine stopped"));
-  for (auto& [key, extent] : promote_queue_) (void)dram_->AbortSlot(extent);
+  for (const auto& [key, extent] : unpromoted) (void)dram_->AbortSlot(extent);
 }
 
 void PlacementEngine::Bootstrap() {
@@ -199,11 +215,6 @@ void PlacementEngine::Bootstrap() {
     }
   }
   for (auto& [id, k] : orphans) (void)tiers_[static_cast<int>(k)]->Erase(id);
-}
-
-int64_t PlacementEngine::LeaseUs(int64_t ttl_ms) const {
-  if (ttl_ms <= 0) ttl_ms = options_.default_lease_ms;
-  return std::min(ttl_ms, options_.max_lease_ms) * 1000;
 }
 
 TierKind PlacementEngine::DefaultTier() const { return dram_ ? TierKind::kDram : TierKind::kNvme; }
@@ -414,21 +425,20 @@ void PlacementEngine::EndLeaseLocked(const LeaseState& lease) {
 }
 
 void PlacementEngine::ExpireLocked(int64_t now) {
-  leases_.TakeExpired(now, [&](uint64_t, HoldTable<LeaseState>::Entry&& e)
-                               ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    EndLeaseLocked(e.state);
+  const EndedHolds ended = holds_.TakeExpired(now);
+  for (const LeaseState& lease : ended.leases) {
+    EndLeaseLocked(lease);
     Count(EngineMetric::kLeasesExpired);
-  });
-  slots_.TakeExpired(now, [&](uint64_t, HoldTable<SlotState>::Entry&& e)
-                              ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    (void)dram_->AbortSlot(e.state.extent);
-    if (e.state.promote) {
-      if (auto ld = loading_.find(e.state.key); ld != loading_.end() && --ld->second == 0) {
+  }
+  for (const SlotState& slot : ended.slots) {
+    (void)dram_->AbortSlot(slot.extent);
+    if (slot.promote) {
+      if (auto ld = loading_.find(slot.key); ld != loading_.end() && --ld->second == 0) {
         loading_.erase(ld);
       }
     }
     Count(EngineMetric::kSlotsExpired);
-  });
+  }
 }
 
 void PlacementEngine::Replicate(const Hash128& key, std::span<const uint8_t> chunk,
@@ -716,13 +726,12 @@ absl::StatusOr<bool> PlacementEngine::PinInDramLocked(const Hash128& key, ChunkS
   auto ref = dram_->AcquireRef({key, Part::kWhole});
   if (!ref.ok()) return false;
   dram_->ReleaseRef(*ref);
-  KVTIER_RETURN_IF_ERROR(CheckHoldLocked(holder, 1, st->bytes));
-  KVTIER_ASSIGN_OR_RETURN(const uint64_t id, NewIdLocked());
+  auto lease = holds_.AddLease({key}, st->bytes, ttl_ms, now, holder);
+  KVTIER_RETURN_IF_ERROR(CountRefusal(lease.status()));
   r->chunk_bytes = st->bytes;
-  r->lease_id = id;
+  r->lease_id = lease->id;
   ++st->pins;
-  r->expires_at_us = now + LeaseUs(ttl_ms);
-  leases_.Insert(id, {LeaseState{{key}}, r->expires_at_us, holder, 1, st->bytes});
+  r->expires_at_us = lease->expires_at_us;
   r->extent = PoolExtent{ref->offset, st->bytes};
   r->bytes = std::span<const uint8_t>(dram_->base() + ref->offset, st->bytes);
   r->tier = fetched ? TierKind::kRemote : TierKind::kDram;
@@ -736,46 +745,15 @@ void PlacementEngine::UnpinOne(const Hash128& key) {
   if (it != chunks_.end() && it->second.pins > 0) --it->second.pins;
 }
 
-absl::Status PlacementEngine::CheckHoldLocked(const Holder& holder, uint64_t keys,
-                                              uint64_t bytes) {
-  // `bytes` more within `cap` given `held` (0: no cap).
-  auto over = [bytes](uint64_t cap, uint64_t held) {
-    return cap != 0 && (bytes > cap || held > cap - bytes);
-  };
-  const HolderTally lt = leases_.TallyOf(holder.id), st = slots_.TallyOf(holder.id);
-  std::string why;
-  const uint64_t held = leases_.held_bytes() + slots_.held_bytes();
-  if (over(options_.max_held_bytes, held)) {
-    why = absl::StrCat("the held-bytes limit (", held, " of ", options_.max_held_bytes, " held)");
-  } else if (over(options_.max_held_bytes_per_holder, lt.held_bytes + st.held_bytes)) {
-    why = absl::StrCat("this holder's share of the held bytes (", lt.held_bytes + st.held_bytes,
-                       " of ", options_.max_held_bytes_per_holder, " held)");
-  } else if (lt.entries + st.entries >= options_.max_holds_per_holder) {
-    why = absl::StrCat("this holder's ", options_.max_holds_per_holder, " open leases and slots");
-  } else if (lt.keys + keys > options_.max_held_keys_per_holder) {
-    why = absl::StrCat("this holder's ", options_.max_held_keys_per_holder, " pinned keys (",
-                       lt.keys, " pinned)");
-  } else if (dram_ != nullptr && options_.max_held_bytes != 0 && !options_.tenant_quotas.empty()) {
-    // The holds of one tenant's holders leave room for the others' DRAM
-    // quotas, which are guarantees.
-    const uint64_t others = dram_quota_sum_ - QuotaOf(holder.tenant, static_cast<int>(TierKind::kDram));
-    const uint64_t cap = dram_->capacity_bytes() > others ? dram_->capacity_bytes() - others : 0;
-    const uint64_t mine = leases_.TenantHeldBytes(holder.tenant) + slots_.TenantHeldBytes(holder.tenant);
-    if (cap == 0 || over(cap, mine)) {
-      why = absl::StrCat("tenant ", holder.tenant, "'s share of DRAM that other tenants' quotas leave (",
-                         mine, " of ", cap, " held)");
-    }
-  }
-  if (why.empty()) return absl::OkStatus();
-  Count(EngineMetric::kHoldsRefused);
-  return absl::ResourceExhaustedError(
-      absl::StrCat("holding ", bytes, " more bytes would exceed ", why));
+absl::Status PlacementEngine::CountRefusal(absl::Status st) {
+  if (absl::IsResourceExhausted(st)) Count(EngineMetric::kHoldsRefused);
+  return st;
 }
 
 uint64_t PlacementEngine::held_bytes() {
   absl::MutexLock l(&mu_);
   ExpireLocked(Now());
-  return leases_.held_bytes() + slots_.held_bytes();
+  return holds_.held_bytes();
 }
 
 std::vector<absl::StatusOr<SharedRead>> PlacementEngine::GetSharedBatch(
@@ -888,12 +866,9 @@ std::vector<absl::StatusOr<SharedRead>> PlacementEngine::GetSharedBatch(
     bool promote = false;
     if (opts.promote.value_or(options_.promote_on_hit)) {
       absl::MutexLock l(&mu_);
-      if (auto* e = slots_.Find(slots[j].id)) {
-        // The loading_ entry then ends with the promotion (PromoteFromSlot,
-        // or the slot's expiry).
-        e->state.promote = promote = true;
-        e->state.key = keys[i];
-      }
+      // The loading_ entry then ends with the promotion (PromoteFromSlot,
+      // or the slot's expiry).
+      promote = holds_.MarkPromote(slots[j].id, keys[i]);
     }
     if (!promote) loaded(keys[i]);
     UnpinOne(keys[i]);
@@ -909,27 +884,6 @@ std::vector<absl::StatusOr<SharedRead>> PlacementEngine::GetSharedBatch(
   }
   for (size_t i : single) out[i] = GetShared(keys[i], ttl_ms, opts);
   return out;
-}
-
-absl::StatusOr<uint64_t> PlacementEngine::NewIdLocked() {
-  for (;;) {
-    if (id_pool_next_ == id_pool_.size()) {
-      // At most 256 bytes: once the kernel's pool is initialized such a
-      // getrandom is never short and never interrupted (getrandom(2)).
-      auto* p = reinterpret_cast<uint8_t*>(id_pool_.data());
-      constexpr size_t kBytes = sizeof(id_pool_);
-      static_assert(kBytes <= 256, "larger getrandom requests may be short or interrupted");
-      for (size_t got = 0; got < kBytes;) {
-        const ssize_t k = ::getrandom(p + got, kBytes - got, 0);
-        if (k < 0 && errno == EINTR) continue;
-        if (k < 0) return absl::InternalError(absl::StrCat("getrandom: ", std::strerror(errno)));
-        got += static_cast<size_t>(k);
-      }
-      id_pool_next_ = 0;
-    }
-    const uint64_t id = id_pool_[id_pool_next_++];
-    if (id != 0 && !leases_.contains(id) && !slots_.contains(id)) return id;
-  }
 }
 
 }  // namespace kvtier::tiering
@@ -1101,24 +1055,17 @@ absl::StatusOr<Lease> PlacementEngine::Pin(std::span<const Hash128> keys, int64_
 
 absl::StatusOr<Lease> PlacementEngine::Renew(uint64_t lease_id, int64_t ttl_ms, HolderId holder) {
   absl::MutexLock l(&mu_);
-  int64_t now = Now();
+  const int64_t now = Now();
   ExpireLocked(now);
-  if (leases_.FindHeld(lease_id, holder, now) == nullptr) {
-    return absl::NotFoundError("lease unknown or expired");
-  }
-  const int64_t exp = now + LeaseUs(ttl_ms);
-  leases_.SetExpiry(lease_id, exp);
-  return Lease{lease_id, exp};
+  return holds_.Renew(lease_id, ttl_ms, holder, now);
 }
 
 absl::Status PlacementEngine::Release(uint64_t lease_id, HolderId holder) {
   absl::MutexLock l(&mu_);
   const int64_t now = Now();
   ExpireLocked(now);
-  if (leases_.FindHeld(lease_id, holder, now) == nullptr) {
-    return absl::NotFoundError("lease unknown or expired");
-  }
-  EndLeaseLocked(leases_.Take(lease_id).state);
+  KVTIER_ASSIGN_OR_RETURN(const LeaseState lease, holds_.TakeLease(lease_id, holder, now));
+  EndLeaseLocked(lease);
   return absl::OkStatus();
 }
 
@@ -1138,13 +1085,11 @@ absl::StatusOr<Lease> PlacementEngine::LeaseLocked(std::span<const Hash128> keys
     if (it == chunks_.end()) return absl::NotFoundError(absl::StrCat("chunk ", k.ToHex(), " not stored"));
     bytes += it->second.bytes;
   }
-  KVTIER_RETURN_IF_ERROR(CheckHoldLocked(holder, keys.size(), bytes));
-  KVTIER_ASSIGN_OR_RETURN(const uint64_t id, NewIdLocked());
+  auto lease = holds_.AddLease(std::vector<Hash128>(keys.begin(), keys.end()), bytes, ttl_ms, now,
+                               holder);
+  KVTIER_RETURN_IF_ERROR(CountRefusal(lease.status()));
   for (const Hash128& k : keys) ++chunks_[k].pins;
-  const int64_t exp = now + LeaseUs(ttl_ms);
-  leases_.Insert(id, {LeaseState{std::vector<Hash128>(keys.begin(), keys.end())}, exp, holder,
-                      keys.size(), bytes});
-  return Lease{id, exp};
+  return lease;
 }
 
 absl::StatusOr<Slot> PlacementEngine::AllocateSlot(uint64_t bytes, int64_t ttl_ms,
@@ -1172,32 +1117,22 @@ absl::StatusOr<Slot> PlacementEngine::AllocateSlotOf(uint64_t bytes, int64_t ttl
   KVTIER_ASSIGN_OR_RETURN(PoolExtent ext, ReserveDram(bytes, tenant));
   absl::MutexLock l(&mu_);
   // A scratch slot counts the chunk's bytes, as a pin in place does.
-  absl::Status st = CheckHoldLocked(holder, 0, scratch ? bytes : 0);
-  auto id = st.ok() ? NewIdLocked() : st;
-  if (!id.ok()) {
-    (void)dram_->AbortSlot(ext);
-    return id.status();
-  }
-  const int64_t exp = Now() + LeaseUs(ttl_ms);
-  slots_.Insert(*id, {SlotState{ext, scratch}, exp, holder, 0, scratch ? bytes : 0});
-  return Slot{*id, ext, exp};
+  SlotState state;
+  state.extent = ext;
+  state.scratch = scratch;
+  auto slot = holds_.AddSlot(std::move(state), scratch ? bytes : 0, ttl_ms, Now(), holder);
+  if (!CountRefusal(slot.status()).ok()) (void)dram_->AbortSlot(ext);
+  return slot;
 }
 
 absl::Status PlacementEngine::AbortSlot(uint64_t slot_id, HolderId holder) {
   absl::MutexLock l(&mu_);
   const int64_t now = Now();
   ExpireLocked(now);
-  if (slots_.FindHeld(slot_id, holder, now) == nullptr) {
-    return absl::NotFoundError("slot unknown or expired");
-  }
-  const SlotState slot = slots_.Take(slot_id).state;
-  if (slot.promote) {
-    // Lock order: mu_, then bg_mu_.
-    absl::MutexLock b(&bg_mu_);
-    if (!stopping_) {
-      promote_queue_.emplace_back(slot.key, slot.extent);
-      return absl::OkStatus();
-    }
+  KVTIER_ASSIGN_OR_RETURN(const SlotState slot, holds_.TakeSlot(slot_id, holder, now));
+  // Lock order: mu_, then the prefetcher's.
+  if (slot.promote && prefetcher_.EnqueuePromotion(slot.key, slot.extent)) {
+    return absl::OkStatus();
   }
   if (slot.promote) {  // stopping: not promoted
     if (auto ld = loading_.find(slot.key); ld != loading_.end() && --ld->second == 0) {
@@ -1210,33 +1145,22 @@ absl::Status PlacementEngine::AbortSlot(uint64_t slot_id, HolderId holder) {
 absl::StatusOr<SlotBytes> PlacementEngine::SlotView(uint64_t slot_id, HolderId holder,
                                                     int64_t margin_us) {
   absl::MutexLock l(&mu_);
-  auto* e = slots_.FindHeld(slot_id, holder, Now() + margin_us);
-  if (e == nullptr || e->state.scratch) return absl::NotFoundError("slot unknown or expired");
-  const PoolExtent& x = e->state.extent;
+  KVTIER_ASSIGN_OR_RETURN(const PoolExtent x,
+                          holds_.ClientSlotExtent(slot_id, holder, Now() + margin_us));
   return SlotBytes{x, std::span<uint8_t>(dram_->base() + x.offset, x.length)};
 }
 
 void PlacementEngine::ForgetEnded(absl::flat_hash_set<uint64_t>& slot_ids,
                                   absl::flat_hash_set<uint64_t>& lease_ids) {
   absl::MutexLock l(&mu_);
-  const int64_t now = Now();
-  absl::erase_if(slot_ids, [&](uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    auto* e = slots_.Find(id);
-    return e == nullptr || e->expires_at_us <= now;
-  });
-  absl::erase_if(lease_ids, [&](uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    auto* e = leases_.Find(id);
-    return e == nullptr || e->expires_at_us <= now;
-  });
+  holds_.ForgetEnded(Now(), slot_ids, lease_ids);
 }
 
 absl::StatusOr<PoolExtent> PlacementEngine::TakeClientSlot(uint64_t slot_id, HolderId holder) {
   absl::MutexLock l(&mu_);
   const int64_t now = Now();
   ExpireLocked(now);
-  auto* e = slots_.FindHeld(slot_id, holder, now);
-  if (e == nullptr || e->state.scratch) return absl::NotFoundError("slot unknown or expired");
-  return slots_.Take(slot_id).state.extent;
+  return holds_.TakeClientSlot(slot_id, holder, now);
 }
 
 absl::Status PlacementEngine::CommitSlot(uint64_t slot_id, const Hash128& key,
@@ -1303,7 +1227,7 @@ absl::Status PlacementEngine::CommitTakenSlot(const PoolExtent& ext,
   return absl::OkStatus();
 }
 
-absl::Status PlacementEngine::Promote(const Hash128& key) {
+absl::Status PlacementEngine::PromoteOne(const Hash128& key) {
   // A chunk only the remote tier has is fetched into DRAM.
   if (dram_ != nullptr) KVTIER_RETURN_IF_ERROR(FetchIfMissing(key, true).status());
   uint64_t bytes;
@@ -1332,16 +1256,7 @@ absl::Status PlacementEngine::Promote(const Hash128& key) {
 }
 
 std::future<absl::Status> PlacementEngine::Prefetch(std::vector<Hash128> keys) {
-  PrefetchJob job;
-  job.keys = std::move(keys);
-  std::future<absl::Status> f = job.done.get_future();
-  absl::MutexLock l(&bg_mu_);
-  if (stopping_) {
-    job.done.set_value(absl::CancelledError("engine stopping"));
-  } else {
-    prefetch_queue_.push_back(std::move(job));
-  }
-  return f;
+  return prefetcher_.Enqueue(std::move(keys));
 }
 
 void PlacementEngine::PromoteFromSlot(const Hash128& key, const PoolExtent& extent) {
@@ -1365,61 +1280,16 @@ void PlacementEngine::PromoteFromSlot(const Hash128& key, const PoolExtent& exte
   (void)dram_->AbortSlot(extent);
 }
 
-void PlacementEngine::PrefetchLoop() {
-  for (;;) {
-    PrefetchJob job;
-    {
-      absl::MutexLock l(&bg_mu_);
-      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(bg_mu_) {
-        return stopping_ || !prefetch_queue_.empty() || !promote_queue_.empty();
-      };
-      bg_mu_.Await(absl::Condition(&ready));
-      if (stopping_) return;
-      if (!promote_queue_.empty()) {
-        const auto [key, extent] = promote_queue_.front();
-        promote_queue_.pop_front();
-        bg_mu_.Unlock();
-        PromoteFromSlot(key, extent);
-        bg_mu_.Lock();
-        continue;
-      }
-      job = std::move(prefetch_queue_.front());
-      prefetch_queue_.pop_front();
-    }
-    // Chunks whole on NVMe only are read in groups, each group with one
-    // submission straight into DRAM space that becomes their DRAM copies;
-    // the rest (remote only, split) go through Promote.
-    absl::Status first;
-    auto note = [&first](absl::Status st) {
-      if (!st.ok() && first.ok()) first = std::move(st);
-    };
-    std::vector<std::pair<Hash128, uint64_t>> group;
-    uint64_t group_bytes = 0;
-    for (const Hash128& k : job.keys) {
-      std::optional<uint64_t> nvme_only;
-      if (nvme_ != nullptr && dram_ != nullptr) {
-        absl::MutexLock l(&mu_);
-        auto it = chunks_.find(k);
-        if (it != chunks_.end() && !it->second.split && it->second.where[0] == Bit(TierKind::kNvme)) {
-          if (loading_.contains(k)) continue;  // a batched read has it: promoted after it
-          nvme_only = it->second.bytes;
-        }
-      }
-      if (!nvme_only) {
-        note(Promote(k));
-        continue;
-      }
-      group.emplace_back(k, *nvme_only);
-      group_bytes += *nvme_only;
-      if (group.size() >= kPrefetchGroupChunks || group_bytes >= kPrefetchGroupBytes) {
-        note(PrefetchGroup(group));
-        group.clear();
-        group_bytes = 0;
-      }
-    }
-    if (!group.empty()) note(PrefetchGroup(group));
-    job.done.set_value(first);
+PrefetchTarget::Route PlacementEngine::RouteOf(const Hash128& key, uint64_t* bytes) {
+  if (nvme_ == nullptr || dram_ == nullptr) return Route::kPromote;
+  absl::MutexLock l(&mu_);
+  auto it = chunks_.find(key);
+  if (it == chunks_.end() || it->second.split || it->second.where[0] != Bit(TierKind::kNvme)) {
+    return Route::kPromote;
   }
+  if (loading_.contains(key)) return Route::kSkip;  // a batched read has it: promoted after it
+  *bytes = it->second.bytes;
+  return Route::kGroup;
 }
 
 absl::Status PlacementEngine::PrefetchGroup(std::span<const std::pair<Hash128, uint64_t>> chunks) {
