@@ -15,15 +15,6 @@
 #include "tiering/placement_engine_internal.h"
 
 namespace kvtier::tiering {
-
-using engine_internal::Bit;
-using engine_internal::CheckPutChunk;
-using engine_internal::Fastest;
-using engine_internal::PartIndex;
-using engine_internal::kBackground;
-using engine_internal::kMaxEvictionsPerStore;
-using engine_internal::kMaxIdleRounds;
-
 namespace {
 
 constexpr const char* kMetricNames[] = {
@@ -38,8 +29,7 @@ static_assert(sizeof(kMetricNames) / sizeof(kMetricNames[0]) ==
 
 }  // namespace
 
-absl::StatusOr<codec::ChunkHeader> engine_internal::CheckPutChunk(std::span<const uint8_t> bytes,
-                                                                  const char* what) {
+absl::StatusOr<codec::ChunkHeader> CheckPutChunk(std::span<const uint8_t> bytes, const char* what) {
   auto h = codec::ParseHeader(bytes);
   if (!h.ok()) return absl::InvalidArgumentError(absl::StrCat(what, ": ", h.status().message()));
   if (bytes.size() != h->layout.total_bytes) {

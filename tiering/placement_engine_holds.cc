@@ -12,10 +12,6 @@
 
 namespace kvtier::tiering {
 
-using engine_internal::CheckPutChunk;
-using engine_internal::kMaxEvictionsPerStore;
-using engine_internal::kMaxIdleRounds;
-
 void PlacementEngine::EndLeaseLocked(const LeaseState& lease) {
   for (const Hash128& k : lease.keys) {
     auto c = chunks_.find(k);

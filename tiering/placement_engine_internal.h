@@ -1,6 +1,7 @@
 // Helpers shared by the placement engine's source files (placement_engine.cc
 // and placement_engine_{read,holds,prefetch}.cc, split by concern); not part
-// of the engine's interface and included by nothing else.
+// of the engine's interface and included by nothing else, so these names
+// stand in kvtier::tiering only in those files.
 #ifndef KVTIER_TIERING_PLACEMENT_ENGINE_INTERNAL_H_
 #define KVTIER_TIERING_PLACEMENT_ENGINE_INTERNAL_H_
 
@@ -12,7 +13,7 @@
 #include "codec/chunk.h"
 #include "tiering/tier.h"
 
-namespace kvtier::tiering::engine_internal {
+namespace kvtier::tiering {
 
 // A tier's bit in ChunkState::where.
 inline uint8_t Bit(TierKind k) { return static_cast<uint8_t>(1u << static_cast<int>(k)); }
@@ -40,6 +41,6 @@ inline constexpr TierPutOptions kBackground{.sync = false};
 // total length is the chunk's. InvalidArgument otherwise.
 absl::StatusOr<codec::ChunkHeader> CheckPutChunk(std::span<const uint8_t> bytes, const char* what);
 
-}  // namespace kvtier::tiering::engine_internal
+}  // namespace kvtier::tiering
 
 #endif  // KVTIER_TIERING_PLACEMENT_ENGINE_INTERNAL_H_

@@ -11,9 +11,6 @@
 
 namespace kvtier::tiering {
 
-using engine_internal::Bit;
-using engine_internal::kBackground;
-
 absl::Status PlacementEngine::PromoteOne(const Hash128& key) {
   // A chunk only the remote tier has is fetched into DRAM.
   if (dram_ != nullptr) KVTIER_RETURN_IF_ERROR(FetchIfMissing(key, true).status());

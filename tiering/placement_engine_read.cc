@@ -16,12 +16,6 @@
 
 namespace kvtier::tiering {
 
-using engine_internal::Bit;
-using engine_internal::CheckPutChunk;
-using engine_internal::Fastest;
-using engine_internal::PartIndex;
-using engine_internal::kBackground;
-
 namespace {
 
 // How long a batched read waits for the chunks a prefetch is reading.
