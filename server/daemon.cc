@@ -105,6 +105,80 @@ absl::StatusOr<TcpAcceptorOptions> TcpConnectionLimits(const DaemonOptions& o) {
 }
 
 
+// The request adapters' options (both listeners), the bearer token included.
+absl::StatusOr<AdapterOptions> AdapterOptionsOf(const DaemonOptions& options,
+                                                TenantRegistry* tenants) {
+  AdapterOptions ao;
+  ao.tenants = tenants;
+  ao.max_message_bytes = uint64_t{options.max_message_mib} << 20;
+  ao.threads = options.request_threads > 0
+                   ? static_cast<int>(options.request_threads)
+                   : std::max(8, 2 * static_cast<int>(std::thread::hardware_concurrency()));
+  ao.max_queued = options.max_queued_requests;
+  ao.limits.max_inflight_bytes = uint64_t{options.max_inflight_mib} << 20;
+  ao.limits.max_inflight_bytes_per_connection = uint64_t{options.max_inflight_mib_per_connection} << 20;
+  ao.limits.write_timeout_ms = static_cast<int>(options.write_timeout_ms);
+  ao.limits.stream_idle_timeout_ms = static_cast<int>(options.stream_idle_timeout_ms);
+  if (!options.token_file.empty()) {
+    KVTIER_ASSIGN_OR_RETURN(ao.token, ReadTokenFile(options.token_file));
+  }
+  return ao;
+}
+
+// A gRPC server for `service` with the daemon's message, stream and
+// keepalive settings. The Unix socket and the TCP listener are separate
+// servers, each with its own threads and limits: nothing a TCP peer does can
+// take what the local clients need. With `handoff`, the server gets its
+// connections from the daemon's own accept loop (tcp_acceptor.h) instead of
+// listening on `addr`. Null if it cannot be started.
+std::unique_ptr<grpc::Server> BuildServer(
+    const DaemonOptions& options, const std::string& addr,
+    std::shared_ptr<grpc::ServerCredentials> creds, grpc::Service* service,
+    std::unique_ptr<grpc::experimental::ExternalConnectionAcceptor>* handoff = nullptr) {
+  const uint64_t max_msg = uint64_t{options.max_message_mib} << 20;
+  grpc::ServerBuilder b;
+  if (handoff != nullptr) {
+    *handoff = b.experimental().AddExternalConnectionAcceptor(
+        grpc::ServerBuilder::experimental_type::ExternalConnectionType::FROM_FD, std::move(creds));
+  } else {
+    b.AddListeningPort(addr, std::move(creds), nullptr);
+  }
+  b.SetMaxReceiveMessageSize(static_cast<int>(max_msg));
+  b.SetMaxSendMessageSize(static_cast<int>(max_msg));
+  b.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, static_cast<int>(options.max_concurrent_streams));
+  b.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, static_cast<int>(options.keepalive_s * 1000));
+  b.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
+  // Clients may ping as often as every 10 s without being disconnected.
+  b.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000);
+  b.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  b.RegisterService(service);
+  return b.BuildAndStart();
+}
+
+// The TCP listener's TLS material (--tls-cert, --tls-key, --tls-client-ca),
+// checked; unset for a plaintext listener, which is warned about.
+absl::StatusOr<std::optional<ServerTls>> TcpTls(const DaemonOptions& options) {
+  if (options.tls_cert.empty()) {
+    if (IsLoopbackListen(options.listen_tcp)) {
+      spdlog::warn("TCP listener {} is plaintext (loopback only); the bearer token travels unencrypted",
+                   options.listen_tcp);
+    } else {
+      spdlog::error("INSECURE: TCP listener {} is plaintext on a network address (--insecure-tcp): the "
+                    "bearer token and every chunk cross the network unencrypted; use --tls-cert/--tls-key",
+                    options.listen_tcp);
+    }
+    return std::nullopt;
+  }
+  ServerTls tls;
+  KVTIER_ASSIGN_OR_RETURN(tls.cert_chain, ReadPemFile(options.tls_cert, "--tls-cert"));
+  KVTIER_ASSIGN_OR_RETURN(tls.private_key, ReadSecretFile(options.tls_key, "TLS key", 1));
+  if (!options.tls_client_ca.empty()) {
+    KVTIER_ASSIGN_OR_RETURN(tls.client_ca, ReadPemFile(options.tls_client_ca, "--tls-client-ca"));
+  }
+  KVTIER_RETURN_IF_ERROR(CheckServerTls(tls));
+  return tls;
+}
+
 }  // namespace
 
 Daemon::Daemon() = default;
@@ -180,6 +254,18 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   KVTIER_RETURN_IF_ERROR(ValidateDaemonOptions(options));
   std::unique_ptr<Daemon> d(new Daemon());
   d->options_ = options;
+  KVTIER_RETURN_IF_ERROR(d->LockPaths());
+  tiering::EngineTiers tiers;
+  KVTIER_RETURN_IF_ERROR(d->OpenTiers(tiers));
+  if (!options.cluster.empty()) KVTIER_RETURN_IF_ERROR(d->JoinCluster(tiers));
+  KVTIER_RETURN_IF_ERROR(d->OpenEngine(std::move(tiers)));
+  KVTIER_RETURN_IF_ERROR(d->StartListeners());
+  KVTIER_RETURN_IF_ERROR(d->SignalReady());
+  return d;
+}
+
+absl::Status Daemon::LockPaths() {
+  const DaemonOptions& options = options_;
   std::error_code ec;
   std::filesystem::create_directories(options.data_dir, ec);
   if (ec) {
@@ -204,35 +290,38 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     return absl::FailedPreconditionError(absl::StrCat("cannot lock ", what, ": ", l.status().message()));
   };
   KVTIER_RETURN_IF_ERROR(lock(absl::StrCat("data dir ", options.data_dir),
-                              options.data_dir + "/kvtierd.lock", &d->data_dir_lock_));
+                              options.data_dir + "/kvtierd.lock", &data_dir_lock_));
   ::chmod(options.data_dir.c_str(), 0700);
-  d->socket_path_ = std::filesystem::absolute(options.SocketPath()).string();
-  d->shm_socket_path_ = d->socket_path_ + ".shm";
+  socket_path_ = std::filesystem::absolute(options.SocketPath()).string();
+  shm_socket_path_ = socket_path_ + ".shm";
   // The lock files sit beside the sockets, unless other users may create
   // files there (/tmp): one of them could make and hold `<socket>.lock`
   // first. Then they go to the data dir (owner-only), named by the socket's
   // path, and a socket at the path that accepts connections is never
   // replaced.
-  const std::string socket_dir = std::filesystem::path(d->socket_path_).parent_path().string();
-  std::string lock_base = d->socket_path_;
+  const std::string socket_dir = std::filesystem::path(socket_path_).parent_path().string();
+  std::string lock_base = socket_path_;
   if (OthersMayWrite(socket_dir)) {
     lock_base = absl::StrCat(options.data_dir, "/socket-",
-                             Hash128::Of(d->socket_path_, 0).ToHex().substr(0, 16));
-    for (const std::string& path : {d->socket_path_, d->shm_socket_path_}) {
+                             Hash128::Of(socket_path_, 0).ToHex().substr(0, 16));
+    for (const std::string& path : {socket_path_, shm_socket_path_}) {
       if (AcceptsConnections(path)) {
         return absl::FailedPreconditionError(absl::StrCat(
             "socket ", path, " is in use: a process accepts connections on it"));
       }
     }
   }
-  KVTIER_RETURN_IF_ERROR(lock(absl::StrCat("socket ", d->socket_path_), lock_base + ".lock",
-                              &d->socket_lock_));
+  KVTIER_RETURN_IF_ERROR(lock(absl::StrCat("socket ", socket_path_), lock_base + ".lock",
+                              &socket_lock_));
   // The data-plane socket too: a daemon whose --socket is another's
   // `<socket>.shm` must not replace (or, stopping, remove) that socket.
-  KVTIER_RETURN_IF_ERROR(lock(absl::StrCat("data-plane socket ", d->shm_socket_path_),
-                              lock_base + ".shm.lock", &d->shm_socket_lock_));
+  return lock(absl::StrCat("data-plane socket ", shm_socket_path_), lock_base + ".shm.lock",
+              &shm_socket_lock_);
+}
 
-  tiering::EngineTiers tiers;
+absl::Status Daemon::OpenTiers(tiering::EngineTiers& tiers) {
+  const DaemonOptions& options = options_;
+  std::error_code ec;
   const uint64_t kUnit = 1 << 20;
   if (options.dram_gib > 0) {
     uint64_t want = static_cast<uint64_t>(options.dram_gib * kGiB);
@@ -286,17 +375,21 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     }
   }
 #endif
-  if (!options.cluster.empty()) KVTIER_RETURN_IF_ERROR(d->JoinCluster(tiers));
+  return absl::OkStatus();
+}
+
+absl::Status Daemon::OpenEngine(tiering::EngineTiers tiers) {
+  const DaemonOptions& options = options_;
   if (options.tenants.empty()) {
-    d->tenants_ = std::make_unique<TenantRegistry>();
+    tenants_ = std::make_unique<TenantRegistry>();
   } else {
     KVTIER_ASSIGN_OR_RETURN(std::vector<TenantSpec> specs, LoadTenantsFile(options.tenants));
-    d->tenants_ = std::make_unique<TenantRegistry>(std::move(specs));
-    spdlog::info("{} tenants from {}; keys are namespaced per tenant", d->tenants_->tenants().size(),
+    tenants_ = std::make_unique<TenantRegistry>(std::move(specs));
+    spdlog::info("{} tenants from {}; keys are namespaced per tenant", tenants_->tenants().size(),
                  options.tenants);
   }
   tiering::PlacementEngineOptions eo;
-  eo.tenant_quotas = d->tenants_->EngineQuotas();
+  eo.tenant_quotas = tenants_->EngineQuotas();
   eo.default_lease_ms = options.default_lease_ms;
   eo.nvme_admit_after_uses = options.nvme_admit_after_uses;
   KVTIER_ASSIGN_OR_RETURN(eo.eviction, tiering::ParseEvictionPolicySpec(options.eviction));
@@ -310,139 +403,92 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   }
   eo.max_holds_per_holder = options.max_holds_per_holder;
   eo.max_held_keys_per_holder = options.max_held_keys_per_holder;
-  KVTIER_ASSIGN_OR_RETURN(d->engine_, tiering::PlacementEngine::Create(eo, std::move(tiers)));
-  if (d->peer_service_) d->peer_service_->set_engine(d->engine_.get());
+  KVTIER_ASSIGN_OR_RETURN(engine_, tiering::PlacementEngine::Create(eo, std::move(tiers)));
+  if (peer_service_) peer_service_->set_engine(engine_.get());
+  return absl::OkStatus();
+}
 
-  d->metrics_ = std::make_unique<ServerMetrics>();
+absl::Status Daemon::StartListeners() {
+  metrics_ = std::make_unique<ServerMetrics>();
   ServiceLimits limits;
-  limits.max_keys_per_request = options.max_keys_per_request;
-  const uint64_t max_msg = uint64_t{options.max_message_mib} << 20;
-  d->service_ = std::make_unique<KvService>(d->engine_.get(), limits, d->tenants_.get());
-
-  AdapterOptions ao;
-  ao.tenants = d->tenants_.get();
-  ao.max_message_bytes = max_msg;
-  ao.threads = options.request_threads > 0
-                   ? static_cast<int>(options.request_threads)
-                   : std::max(8, 2 * static_cast<int>(std::thread::hardware_concurrency()));
-  ao.max_queued = options.max_queued_requests;
-  ao.limits.max_inflight_bytes = uint64_t{options.max_inflight_mib} << 20;
-  ao.limits.max_inflight_bytes_per_connection = uint64_t{options.max_inflight_mib_per_connection} << 20;
-  ao.limits.write_timeout_ms = static_cast<int>(options.write_timeout_ms);
-  ao.limits.stream_idle_timeout_ms = static_cast<int>(options.stream_idle_timeout_ms);
-  if (!options.token_file.empty()) {
-    KVTIER_ASSIGN_OR_RETURN(ao.token, ReadTokenFile(options.token_file));
-  }
-  if (d->engine_->dram() != nullptr) {
+  limits.max_keys_per_request = options_.max_keys_per_request;
+  service_ = std::make_unique<KvService>(engine_.get(), limits, tenants_.get());
+  KVTIER_ASSIGN_OR_RETURN(AdapterOptions ao, AdapterOptionsOf(options_, tenants_.get()));
+  if (engine_->dram() != nullptr) {
     ShmChannelOptions so;
-    so.put_check_threads = static_cast<int>(options.put_check_threads);
-    so.tenants = d->tenants_.get();
-    KVTIER_ASSIGN_OR_RETURN(d->shm_, ShmChannel::Start(d->shm_socket_path_,
-                                                      d->engine_->dram()->shm_fd(),
-                                                      d->engine_->dram()->shm_size(),
-                                                      d->metrics_.get(), d->service_.get(), so));
-    ao.shm_socket = d->shm_socket_path_;
-    ao.shm_pool_id = wire::shm::PoolIdOf(d->engine_->dram()->shm_fd());
+    so.put_check_threads = static_cast<int>(options_.put_check_threads);
+    so.tenants = tenants_.get();
+    KVTIER_ASSIGN_OR_RETURN(shm_, ShmChannel::Start(shm_socket_path_, engine_->dram()->shm_fd(),
+                                                    engine_->dram()->shm_size(), metrics_.get(),
+                                                    service_.get(), so));
+    ao.shm_socket = shm_socket_path_;
+    ao.shm_pool_id = wire::shm::PoolIdOf(engine_->dram()->shm_fd());
   }
-
-  // The Unix socket and the TCP listener are separate servers, each with its
-  // own threads and limits: nothing a TCP peer does can take what the local
-  // clients need.
-  // With `handoff`, the server gets its connections from the daemon's own
-  // accept loop (tcp_acceptor.h) instead of listening on `addr`.
-  auto build = [&](const std::string& addr, std::shared_ptr<grpc::ServerCredentials> creds,
-                   grpc::Service* service, int* port,
-                   std::unique_ptr<grpc::experimental::ExternalConnectionAcceptor>* handoff = nullptr) {
-    grpc::ServerBuilder b;
-    if (handoff != nullptr) {
-      *handoff = b.experimental().AddExternalConnectionAcceptor(
-          grpc::ServerBuilder::experimental_type::ExternalConnectionType::FROM_FD, std::move(creds));
-    } else {
-      b.AddListeningPort(addr, std::move(creds), port);
-    }
-    b.SetMaxReceiveMessageSize(static_cast<int>(max_msg));
-    b.SetMaxSendMessageSize(static_cast<int>(max_msg));
-    b.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, static_cast<int>(options.max_concurrent_streams));
-    b.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, static_cast<int>(options.keepalive_s * 1000));
-    b.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
-    // Clients may ping as often as every 10 s without being disconnected.
-    b.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000);
-    b.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-    b.RegisterService(service);
-    return b.BuildAndStart();
-  };
-  ao.thread_name = "kvtierd-unix";
-  d->unix_adapter_ = std::make_unique<GrpcAdapter>(d->service_.get(), d->metrics_.get(), ao);
-  {
-    ::unlink(d->socket_path_.c_str());
-    mode_t old = ::umask(0077);  // the socket file is created owner-only
-    d->unix_server_ = build("unix:" + d->socket_path_, grpc::InsecureServerCredentials(),
-                            d->unix_adapter_.get(), nullptr);
-    ::umask(old);
-    if (d->unix_server_ == nullptr) {
-      return absl::FailedPreconditionError(absl::StrCat("cannot listen on unix:", d->socket_path_));
-    }
-    d->socket_bound_ = true;
-    ::chmod(d->socket_path_.c_str(), 0600);
-  }
-  if (!options.listen_tcp.empty()) {
-    std::optional<ServerTls> tls;
-    if (!options.tls_cert.empty()) {
-      tls.emplace();
-      KVTIER_ASSIGN_OR_RETURN(tls->cert_chain, ReadPemFile(options.tls_cert, "--tls-cert"));
-      KVTIER_ASSIGN_OR_RETURN(tls->private_key, ReadSecretFile(options.tls_key, "TLS key", 1));
-      if (!options.tls_client_ca.empty()) {
-        KVTIER_ASSIGN_OR_RETURN(tls->client_ca, ReadPemFile(options.tls_client_ca, "--tls-client-ca"));
-      }
-      KVTIER_RETURN_IF_ERROR(CheckServerTls(*tls));
-    } else if (IsLoopbackListen(options.listen_tcp)) {
-      spdlog::warn("TCP listener {} is plaintext (loopback only); the bearer token travels unencrypted",
-                   options.listen_tcp);
-    } else {
-      spdlog::error("INSECURE: TCP listener {} is plaintext on a network address (--insecure-tcp): the "
-                    "bearer token and every chunk cross the network unencrypted; use --tls-cert/--tls-key",
-                    options.listen_tcp);
-    }
-    ao.thread_name = "kvtierd-tcp";
-    d->tcp_adapter_ = std::make_unique<GrpcAdapter>(d->service_.get(), d->metrics_.get(), ao);
-    // With tenants, any tenant's token opens a call (the adapter finds its
-    // tenant); without, the daemon's token.
-    const ServerTls* tls_ptr = tls ? &*tls : nullptr;
-    std::shared_ptr<grpc::ServerCredentials> creds =
-        d->tenants_->configured()
-            ? BearerTokenServerCredentials(
-                  [t = d->tenants_.get()](std::string_view v) { return t->ByBearer(v) != nullptr; },
-                  d->metrics_.get(), tls_ptr)
-            : BearerTokenServerCredentials(ao.token, d->metrics_.get(), tls_ptr);
-    KVTIER_ASSIGN_OR_RETURN(TcpAcceptorOptions to, TcpConnectionLimits(options));
-    KVTIER_ASSIGN_OR_RETURN(d->tcp_acceptor_, TcpAcceptor::Listen(options.listen_tcp, to));
-    d->tcp_port_ = d->tcp_acceptor_->port();
-    d->tcp_server_ = build(options.listen_tcp, std::move(creds), d->tcp_adapter_.get(), nullptr,
-                           &d->tcp_handoff_);
-    if (d->tcp_server_ == nullptr || d->tcp_handoff_ == nullptr) {
-      return absl::FailedPreconditionError(absl::StrCat("cannot serve ", options.listen_tcp));
-    }
-    d->tcp_acceptor_->Start([h = d->tcp_handoff_.get(), lfd = d->tcp_acceptor_->listen_fd()](int fd) {
-      grpc::experimental::ExternalConnectionAcceptor::NewConnectionParameters p;
-      p.listener_fd = lfd;
-      p.fd = fd;
-      h->HandleNewConnection(&p);
-    });
-  }
-  if (!options.metrics_addr.empty()) {
-    Daemon* self = d.get();
-    KVTIER_ASSIGN_OR_RETURN(d->http_, MetricsHttpServer::Start(options.metrics_addr, [self] {
-      return self->metrics_->RenderPrometheus(self->service_->Stats()) + self->ClusterMetricsText();
+  KVTIER_RETURN_IF_ERROR(StartUnixListener(ao));
+  if (!options_.listen_tcp.empty()) KVTIER_RETURN_IF_ERROR(StartTcpListener(ao));
+  if (!options_.metrics_addr.empty()) {
+    KVTIER_ASSIGN_OR_RETURN(http_, MetricsHttpServer::Start(options_.metrics_addr, [this] {
+      return metrics_->RenderPrometheus(service_->Stats()) + ClusterMetricsText();
     }));
   }
-  if (!options.ready_file.empty()) {
-    // Last, so that whoever waits for the file finds every listener serving.
-    const std::string text = absl::StrCat(::getpid(), "\n", d->Describe(), "\n");
-    KVTIER_RETURN_IF_ERROR(WriteFileAtomic(
-        options.ready_file, {reinterpret_cast<const uint8_t*>(text.data()), text.size()}));
-    d->ready_file_written_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status Daemon::StartUnixListener(AdapterOptions ao) {
+  ao.thread_name = "kvtierd-unix";
+  unix_adapter_ = std::make_unique<GrpcAdapter>(service_.get(), metrics_.get(), ao);
+  ::unlink(socket_path_.c_str());
+  mode_t old = ::umask(0077);  // the socket file is created owner-only
+  unix_server_ = BuildServer(options_, "unix:" + socket_path_, grpc::InsecureServerCredentials(),
+                             unix_adapter_.get());
+  ::umask(old);
+  if (unix_server_ == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat("cannot listen on unix:", socket_path_));
   }
-  return d;
+  socket_bound_ = true;
+  ::chmod(socket_path_.c_str(), 0600);
+  return absl::OkStatus();
+}
+
+absl::Status Daemon::StartTcpListener(AdapterOptions ao) {
+  const DaemonOptions& options = options_;
+  KVTIER_ASSIGN_OR_RETURN(std::optional<ServerTls> tls, TcpTls(options));
+  ao.thread_name = "kvtierd-tcp";
+  tcp_adapter_ = std::make_unique<GrpcAdapter>(service_.get(), metrics_.get(), ao);
+  // With tenants, any tenant's token opens a call (the adapter finds its
+  // tenant); without, the daemon's token.
+  const ServerTls* tls_ptr = tls ? &*tls : nullptr;
+  std::shared_ptr<grpc::ServerCredentials> creds =
+      tenants_->configured()
+          ? BearerTokenServerCredentials(
+                [t = tenants_.get()](std::string_view v) { return t->ByBearer(v) != nullptr; },
+                metrics_.get(), tls_ptr)
+          : BearerTokenServerCredentials(ao.token, metrics_.get(), tls_ptr);
+  KVTIER_ASSIGN_OR_RETURN(TcpAcceptorOptions to, TcpConnectionLimits(options));
+  KVTIER_ASSIGN_OR_RETURN(tcp_acceptor_, TcpAcceptor::Listen(options.listen_tcp, to));
+  tcp_port_ = tcp_acceptor_->port();
+  tcp_server_ = BuildServer(options, options.listen_tcp, std::move(creds), tcp_adapter_.get(),
+                            &tcp_handoff_);
+  if (tcp_server_ == nullptr || tcp_handoff_ == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat("cannot serve ", options.listen_tcp));
+  }
+  tcp_acceptor_->Start([h = tcp_handoff_.get(), lfd = tcp_acceptor_->listen_fd()](int fd) {
+    grpc::experimental::ExternalConnectionAcceptor::NewConnectionParameters p;
+    p.listener_fd = lfd;
+    p.fd = fd;
+    h->HandleNewConnection(&p);
+  });
+  return absl::OkStatus();
+}
+
+absl::Status Daemon::SignalReady() {
+  if (options_.ready_file.empty()) return absl::OkStatus();
+  // Last, so that whoever waits for the file finds every listener serving.
+  const std::string text = absl::StrCat(::getpid(), "\n", Describe(), "\n");
+  KVTIER_RETURN_IF_ERROR(WriteFileAtomic(
+      options_.ready_file, {reinterpret_cast<const uint8_t*>(text.data()), text.size()}));
+  ready_file_written_ = true;
+  return absl::OkStatus();
 }
 
 int Daemon::metrics_port() const { return http_ ? http_->port() : 0; }

@@ -35,6 +35,7 @@ class Membership;
 
 namespace kvtier::server {
 
+struct AdapterOptions;
 class EnginePeerService;
 class GrpcAdapter;
 class KvService;
@@ -89,8 +90,28 @@ class Daemon {
 
  private:
   Daemon();
+  // The steps of Start, in order. Each returns the first error; whatever a
+  // step started is stopped by Shutdown (the destructor) when a later step
+  // fails.
+
+  // Creates the data dir and takes the data-dir and socket locks (see Start).
+  absl::Status LockPaths();
+  // Opens the DRAM, NVMe and (with a device) HBM tiers, each capped by what
+  // the machine has free.
+  absl::Status OpenTiers(tiering::EngineTiers& tiers);
   // Builds the cluster parts and the remote tier; called before the engine.
   absl::Status JoinCluster(tiering::EngineTiers& tiers);
+  // Loads the tenants and creates the placement engine over `tiers`.
+  absl::Status OpenEngine(tiering::EngineTiers tiers);
+  // Creates the service, then serves it: the shared-memory data plane (with
+  // a DRAM tier), the gRPC Unix socket, the TCP listener and the metrics
+  // endpoint (when configured).
+  absl::Status StartListeners();
+  // REQUIRES: service_ and metrics_ exist (StartListeners).
+  absl::Status StartUnixListener(AdapterOptions ao);
+  absl::Status StartTcpListener(AdapterOptions ao);
+  // Writes options_.ready_file, when set, once every listener serves.
+  absl::Status SignalReady();
 
   DaemonOptions options_;
   std::string socket_path_;

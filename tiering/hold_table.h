@@ -1,11 +1,11 @@
-// HoldTable: the placement engine's leases or slots, by id. Each entry has an
-// expiry and a holder (the connection or credential that took it): only its
-// holder may end or renew it, and each holder's entries, keys and held bytes
-// are tallied so that one holder's share can be capped. Expiries are indexed,
-// so ending the due entries costs O(due x log n) and a lookup O(1), however
-// many entries there are.
+// HoldTable: the leases or the slots of a LeaseTable (lease_table.h), by
+// id. Each entry has an expiry and a holder (the connection or credential
+// that took it): only its holder may end or renew it, and each holder's
+// entries, keys and held bytes are tallied so that one holder's share can be
+// capped. Expiries are indexed, so ending the due entries costs
+// O(due x log n) and a lookup O(1), however many entries there are.
 //
-// Plain data: not thread-safe (the engine's lock guards it), no callbacks.
+// Plain data: not thread-safe (its owner's lock guards it), no callbacks.
 #ifndef KVTIER_TIERING_HOLD_TABLE_H_
 #define KVTIER_TIERING_HOLD_TABLE_H_
 
@@ -51,19 +51,19 @@ class HoldTable {
 
   // The entry `id` if `holder` took it and it is live at `now`
   // (expires_at_us > now); null otherwise, whoever holds it.
+  const Entry* FindHeld(uint64_t id, HolderId holder, int64_t now) const {
+    const Entry* e = Find(id);
+    return e == nullptr || e->holder.id != holder || e->expires_at_us <= now ? nullptr : e;
+  }
   Entry* FindHeld(uint64_t id, HolderId holder, int64_t now) {
-    auto it = entries_.find(id);
-    if (it == entries_.end() || it->second.holder.id != holder ||
-        it->second.expires_at_us <= now) {
-      return nullptr;
-    }
-    return &it->second;
+    return const_cast<Entry*>(std::as_const(*this).FindHeld(id, holder, now));
   }
   // The entry `id` whoever holds it, or null.
-  Entry* Find(uint64_t id) {
+  const Entry* Find(uint64_t id) const {
     auto it = entries_.find(id);
     return it == entries_.end() ? nullptr : &it->second;
   }
+  Entry* Find(uint64_t id) { return const_cast<Entry*>(std::as_const(*this).Find(id)); }
 
   // REQUIRES: !contains(id).
   void Insert(uint64_t id, Entry e) {

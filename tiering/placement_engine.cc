@@ -1,18 +1,18 @@
+// PlacementEngine: creation and shutdown, stores (Put), eviction and
+// demotion, deletes, maintenance and usage. Reads, leases and slots, and the
+// prefetcher's side are in placement_engine_{read,holds,prefetch}.cc.
 #include "tiering/placement_engine.h"
 
-#include <sys/random.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "codec/chunk.h"
 #include "common/status.h"
-#include "bandwidth/model.h"
+#include "tiering/placement_engine_internal.h"
 
 namespace kvtier::tiering {
 namespace {
@@ -27,36 +27,8 @@ static_assert(sizeof(kMetricNames) / sizeof(kMetricNames[0]) ==
                   static_cast<size_t>(EngineMetric::kCount),
               "every EngineMetric needs a name");
 
-uint8_t Bit(TierKind k) { return static_cast<uint8_t>(1u << static_cast<int>(k)); }
-int PartIndex(Part p) { return static_cast<int>(p); }
+}  // namespace
 
-// The fastest tier in a bitmask (lowest TierKind).
-std::optional<TierKind> Fastest(uint8_t mask) {
-  for (int k = 0; k < kNumTierKinds; ++k) {
-    if (mask & (1u << k)) return static_cast<TierKind>(k);
-  }
-  return std::nullopt;
-}
-
-// Bounds on the eviction loop of one store: evictions, and rounds without a
-// victim (other threads may be freeing space) before giving up.
-constexpr int kMaxEvictionsPerStore = 100000;
-constexpr int kMaxIdleRounds = 3;
-// A prefetch reads whole NVMe chunks in groups of at most this many chunks
-// or bytes, each group in one submission: enough requests to keep the
-// device queue full (32 of 1 MiB), few enough that chunks reach DRAM (and
-// a load that follows finds them there) a group at a time.
-constexpr size_t kPrefetchGroupChunks = 8;
-// How long a batched read waits for the chunks a prefetch is reading.
-constexpr int64_t kPrefetchWaitMs = 10000;
-constexpr uint64_t kPrefetchGroupBytes = uint64_t{64} << 20;
-
-// Stores that no caller waits on (demotion, promotion): not synced, and the
-// tier checks the header itself (the bytes come from another tier).
-constexpr TierPutOptions kBackground{.sync = false};
-
-// Put-side check of a chunk (`what`: "chunk" or "slot"): a valid header whose
-// total length is the chunk's. InvalidArgument otherwise.
 absl::StatusOr<codec::ChunkHeader> CheckPutChunk(std::span<const uint8_t> bytes, const char* what) {
   auto h = codec::ParseHeader(bytes);
   if (!h.ok()) return absl::InvalidArgumentError(absl::StrCat(what, ": ", h.status().message()));
@@ -66,8 +38,6 @@ absl::StatusOr<codec::ChunkHeader> CheckPutChunk(std::span<const uint8_t> bytes,
   }
   return h;
 }
-
-}  // namespace
 
 const char* EngineMetricName(EngineMetric m) {
   int i = static_cast<int>(m);
@@ -99,15 +69,40 @@ absl::StatusOr<std::unique_ptr<PlacementEngine>> PlacementEngine::Create(
   }
   std::unique_ptr<PlacementEngine> e(new PlacementEngine(options, std::move(tiers)));
   e->Bootstrap();
-  e->prefetch_thread_ = std::thread([p = e.get()] { p->PrefetchLoop(); });
+  e->prefetcher_.Start();
   if (options.maintenance_interval_ms > 0) {
     e->maintenance_thread_ = std::thread([p = e.get()] { p->MaintenanceLoop(); });
   }
   return e;
 }
 
+namespace {
+
+// The lease table's limits: the options', and the DRAM tier's capacity and
+// quotas for the tenants' shares.
+HoldLimits HoldLimitsOf(const PlacementEngineOptions& o, const DramTier* dram) {
+  HoldLimits l;
+  l.max_held_bytes = o.max_held_bytes;
+  l.max_held_bytes_per_holder = o.max_held_bytes_per_holder;
+  l.max_holds_per_holder = o.max_holds_per_holder;
+  l.max_held_keys_per_holder = o.max_held_keys_per_holder;
+  l.default_lease_ms = o.default_lease_ms;
+  l.max_lease_ms = o.max_lease_ms;
+  if (dram != nullptr) l.dram_capacity = dram->capacity_bytes();
+  for (const auto& q : o.tenant_quotas) {
+    l.tenant_dram_quotas.push_back(q[static_cast<int>(TierKind::kDram)]);
+  }
+  return l;
+}
+
+}  // namespace
+
 PlacementEngine::PlacementEngine(const PlacementEngineOptions& o, EngineTiers tiers)
-    : options_(o), clock_(o.clock ? o.clock : SystemClock()), owned_(std::move(tiers)) {
+    : options_(o),
+      clock_(o.clock ? o.clock : SystemClock()),
+      owned_(std::move(tiers)),
+      holds_(HoldLimitsOf(o, owned_.dram.get())),
+      prefetcher_(this) {
   hbm_ = owned_.hbm.get();
   dram_ = owned_.dram.get();
   nvme_ = owned_.nvme.get();
@@ -117,7 +112,6 @@ PlacementEngine::PlacementEngine(const PlacementEngineOptions& o, EngineTiers ti
   tiers_[static_cast<int>(TierKind::kNvme)] = nvme_;
   remote_ = owned_.remote.get();
   tiers_[static_cast<int>(TierKind::kRemote)] = remote_;
-  for (const auto& q : o.tenant_quotas) dram_quota_sum_ += q[static_cast<int>(TierKind::kDram)];
   absl::MutexLock l(&mu_);
   for (int k = 0; k < kNumTierKinds; ++k) {
     if (!tiers_[k]) continue;
@@ -149,11 +143,9 @@ PlacementEngine::~PlacementEngine() {
     absl::MutexLock l(&bg_mu_);
     stopping_ = true;
   }
-  if (prefetch_thread_.joinable()) prefetch_thread_.join();
+  const auto unpromoted = prefetcher_.Stop();
   if (maintenance_thread_.joinable()) maintenance_thread_.join();
-  absl::MutexLock l(&bg_mu_);
-  for (auto& job : prefetch_queue_) job.done.set_value(absl::CancelledError("engine stopped"));
-  for (auto& [key, extent] : promote_queue_) (void)dram_->AbortSlot(extent);
+  for (const auto& [key, extent] : unpromoted) (void)dram_->AbortSlot(extent);
 }
 
 void PlacementEngine::Bootstrap() {
@@ -199,11 +191,6 @@ void PlacementEngine::Bootstrap() {
     }
   }
   for (auto& [id, k] : orphans) (void)tiers_[static_cast<int>(k)]->Erase(id);
-}
-
-int64_t PlacementEngine::LeaseUs(int64_t ttl_ms) const {
-  if (ttl_ms <= 0) ttl_ms = options_.default_lease_ms;
-  return std::min(ttl_ms, options_.max_lease_ms) * 1000;
 }
 
 TierKind PlacementEngine::DefaultTier() const { return dram_ ? TierKind::kDram : TierKind::kNvme; }
@@ -406,31 +393,6 @@ bool PlacementEngine::EvictOne(TierKind kind, int tenant, bool own_only) {
   return true;
 }
 
-void PlacementEngine::EndLeaseLocked(const LeaseState& lease) {
-  for (const Hash128& k : lease.keys) {
-    auto c = chunks_.find(k);
-    if (c != chunks_.end()) --c->second.pins;
-  }
-}
-
-void PlacementEngine::ExpireLocked(int64_t now) {
-  leases_.TakeExpired(now, [&](uint64_t, HoldTable<LeaseState>::Entry&& e)
-                               ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    EndLeaseLocked(e.state);
-    Count(EngineMetric::kLeasesExpired);
-  });
-  slots_.TakeExpired(now, [&](uint64_t, HoldTable<SlotState>::Entry&& e)
-                              ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    (void)dram_->AbortSlot(e.state.extent);
-    if (e.state.promote) {
-      if (auto ld = loading_.find(e.state.key); ld != loading_.end() && --ld->second == 0) {
-        loading_.erase(ld);
-      }
-    }
-    Count(EngineMetric::kSlotsExpired);
-  });
-}
-
 void PlacementEngine::Replicate(const Hash128& key, std::span<const uint8_t> chunk,
                                 const PutOptions& opts) {
   if (remote_ == nullptr || !opts.replicate) return;
@@ -548,512 +510,6 @@ absl::Status PlacementEngine::PutLocal(const Hash128& key, std::span<const uint8
   return absl::OkStatus();
 }
 
-absl::StatusOr<TierKind> PlacementEngine::ReadObject(const ObjectKey& id, std::span<uint8_t> out) {
-  for (int attempt = 0; attempt < 4; ++attempt) {
-    TierKind src;
-    {
-      absl::MutexLock l(&mu_);
-      auto it = chunks_.find(id.key);
-      if (it == chunks_.end()) return absl::NotFoundError("chunk not stored");
-      auto f = Fastest(it->second.where[PartIndex(id.part)]);
-      if (!f) return absl::NotFoundError("chunk part not stored");
-      src = *f;
-    }
-    absl::Status st = tiers_[static_cast<int>(src)]->Read(id, out);
-    if (st.ok()) return src;
-    if (absl::IsNotFound(st)) {  // moved or evicted meanwhile: look again
-      absl::MutexLock l(&mu_);
-      auto it = chunks_.find(id.key);
-      if (it != chunks_.end() && it->second.busy == 0) Forget(id, src);
-      continue;
-    }
-    if (absl::IsDataLoss(st)) {
-      if (DropCorruptCopy(id, src)) continue;
-      return st;
-    }
-    return st;
-  }
-  return absl::UnavailableError("chunk kept moving during the read; retry");
-}
-
-bool PlacementEngine::DropCorruptCopy(const ObjectKey& id, TierKind src) {
-  Count(EngineMetric::kDataLoss);
-  std::vector<std::pair<ObjectKey, TierKind>> dead;
-  {
-    absl::MutexLock l(&mu_);
-    Forget(id, src);
-    auto it = chunks_.find(id.key);
-    if (it != chunks_.end() && it->second.where[PartIndex(id.part)] != 0) return true;
-    if (it != chunks_.end()) {
-      TakeCopiesLocked(id.key, it->second, 0, &dead);
-      chunks_.erase(it);
-    }
-  }
-  for (auto& [o, k] : dead) (void)tiers_[static_cast<int>(k)]->Erase(o);
-  return false;
-}
-
-absl::StatusOr<PlacementEngine::ChunkState*> PlacementEngine::StartReadLocked(const Hash128& key) {
-  Count(EngineMetric::kGets);
-  auto it = chunks_.find(key);
-  if (it == chunks_.end()) {
-    Count(EngineMetric::kMisses);
-    return absl::NotFoundError("chunk not stored");
-  }
-  ChunkState& st = it->second;
-  ++st.uses;
-  for (int p = 0; p < 3; ++p) {
-    if (auto k = Fastest(st.where[p])) policies_[static_cast<int>(*k)]->OnAccess({key, static_cast<Part>(p)});
-  }
-  return &st;
-}
-
-void PlacementEngine::CountHit(TierKind src) {
-  Count(src == TierKind::kHbm ? EngineMetric::kHitsHbm
-        : src == TierKind::kDram ? EngineMetric::kHitsDram
-                                 : EngineMetric::kHitsNvme);
-}
-
-absl::StatusOr<TierKind> PlacementEngine::FinishRead(const Hash128& key, const ReadShape& shape,
-                                                     std::span<uint8_t> out,
-                                                     const GetOptions& opts) {
-  const uint64_t bytes = shape.bytes, kobj = shape.k_object_bytes;
-  TierKind src;
-  if (!shape.split) {
-    KVTIER_ASSIGN_OR_RETURN(src, ReadObject({key, Part::kWhole}, out));
-  } else {
-    // K object = header + K section = the chunk's first kobj bytes.
-    KVTIER_ASSIGN_OR_RETURN(TierKind ks, ReadObject({key, Part::kK}, out.first(kobj)));
-    std::vector<uint8_t> vbuf(codec::kHeaderSize + bytes - kobj);
-    KVTIER_ASSIGN_OR_RETURN(TierKind vs, ReadObject({key, Part::kV}, vbuf));
-    if (std::memcmp(vbuf.data(), out.data(), codec::kHeaderSize) != 0) {
-      return absl::DataLossError("K and V parts carry different headers");
-    }
-    std::memcpy(out.data() + kobj, vbuf.data() + codec::kHeaderSize, bytes - kobj);
-    src = std::max(ks, vs);
-  }
-  CountHit(src);
-  if (src == TierKind::kNvme && dram_ && opts.promote.value_or(options_.promote_on_hit)) {
-    ObjectKey w{key, Part::kWhole};
-    TenantId tenant;
-    {
-      absl::MutexLock l(&mu_);
-      tenant = TenantOfLocked(key);
-    }
-    if (StoreWithEviction(TierKind::kDram, w, out, kBackground, tenant).ok()) {
-      NoteStored(TierKind::kDram, w, bytes, false, bytes, tenant);
-      Count(EngineMetric::kPromotions);
-    }
-  }
-  return src;
-}
-
-absl::StatusOr<TierKind> PlacementEngine::Get(const Hash128& key, std::span<uint8_t> out,
-                                              const GetOptions& opts) {
-  KVTIER_ASSIGN_OR_RETURN(bool fetched, FetchIfMissing(key, opts.allow_remote));
-  ReadShape shape;
-  {
-    absl::MutexLock l(&mu_);
-    KVTIER_ASSIGN_OR_RETURN(ChunkState * st, StartReadLocked(key));
-    shape = {st->bytes, st->k_object_bytes, st->split};
-  }
-  if (out.size() != shape.bytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("buffer is ", out.size(), " bytes, chunk is ", shape.bytes));
-  }
-  KVTIER_ASSIGN_OR_RETURN(TierKind src, FinishRead(key, shape, out, opts));
-  return fetched ? TierKind::kRemote : src;
-}
-
-absl::StatusOr<SharedRead> PlacementEngine::GetShared(const Hash128& key, int64_t ttl_ms,
-                                                      const GetOptions& opts) {
-  if (!dram_) return absl::FailedPreconditionError("no DRAM tier");
-  KVTIER_ASSIGN_OR_RETURN(bool fetched, FetchIfMissing(key, opts.allow_remote));
-  SharedRead r;
-  ReadShape shape;
-  TenantId tenant;
-  {
-    absl::MutexLock l(&mu_);
-    const int64_t now = Now();
-    ExpireLocked(now);
-    KVTIER_ASSIGN_OR_RETURN(ChunkState * st, StartReadLocked(key));
-    shape = {st->bytes, st->k_object_bytes, st->split};
-    r.chunk_bytes = st->bytes;
-    KVTIER_ASSIGN_OR_RETURN(bool pinned,
-                            PinInDramLocked(key, st, ttl_ms, now, fetched, opts.holder, &r));
-    if (pinned) return r;
-    // Pinned (without a lease) while a scratch slot is made and filled, so
-    // that making room for the slot cannot evict it.
-    ++st->pins;
-    tenant = st->tenant;
-  }
-  auto unpin = [&] { UnpinOne(key); };
-  auto slot = AllocateSlotOf(shape.bytes, ttl_ms, /*scratch=*/true, tenant, opts.holder);
-  if (!slot.ok()) {
-    unpin();
-    return slot.status();
-  }
-  auto src = FinishRead(key, shape, {dram_->base() + slot->extent.offset, shape.bytes}, opts);
-  unpin();
-  if (!src.ok()) {
-    (void)AbortSlot(slot->id, opts.holder.id);
-    return src.status();
-  }
-  r.tier = fetched ? TierKind::kRemote : *src;
-  r.extent = PoolExtent{slot->extent.offset, shape.bytes};
-  r.bytes = std::span<const uint8_t>(dram_->base() + slot->extent.offset, shape.bytes);
-  r.slot_id = slot->id;
-  r.expires_at_us = slot->expires_at_us;
-  return r;
-}
-
-absl::StatusOr<bool> PlacementEngine::PinInDramLocked(const Hash128& key, ChunkState* st,
-                                                      int64_t ttl_ms, int64_t now, bool fetched,
-                                                      const Holder& holder, SharedRead* r) {
-  if (st->split || (st->where[0] & Bit(TierKind::kDram)) == 0) return false;
-  // Whole in DRAM: pinned where it is. The pin keeps the extent (no
-  // eviction, move or delete), so the reference is only for the offset.
-  auto ref = dram_->AcquireRef({key, Part::kWhole});
-  if (!ref.ok()) return false;
-  dram_->ReleaseRef(*ref);
-  KVTIER_RETURN_IF_ERROR(CheckHoldLocked(holder, 1, st->bytes));
-  KVTIER_ASSIGN_OR_RETURN(const uint64_t id, NewIdLocked());
-  r->chunk_bytes = st->bytes;
-  r->lease_id = id;
-  ++st->pins;
-  r->expires_at_us = now + LeaseUs(ttl_ms);
-  leases_.Insert(id, {LeaseState{{key}}, r->expires_at_us, holder, 1, st->bytes});
-  r->extent = PoolExtent{ref->offset, st->bytes};
-  r->bytes = std::span<const uint8_t>(dram_->base() + ref->offset, st->bytes);
-  r->tier = fetched ? TierKind::kRemote : TierKind::kDram;
-  CountHit(TierKind::kDram);
-  return true;
-}
-
-void PlacementEngine::UnpinOne(const Hash128& key) {
-  absl::MutexLock l(&mu_);
-  auto it = chunks_.find(key);
-  if (it != chunks_.end() && it->second.pins > 0) --it->second.pins;
-}
-
-absl::Status PlacementEngine::CheckHoldLocked(const Holder& holder, uint64_t keys,
-                                              uint64_t bytes) {
-  // `bytes` more within `cap` given `held` (0: no cap).
-  auto over = [bytes](uint64_t cap, uint64_t held) {
-    return cap != 0 && (bytes > cap || held > cap - bytes);
-  };
-  const HolderTally lt = leases_.TallyOf(holder.id), st = slots_.TallyOf(holder.id);
-  std::string why;
-  const uint64_t held = leases_.held_bytes() + slots_.held_bytes();
-  if (over(options_.max_held_bytes, held)) {
-    why = absl::StrCat("the held-bytes limit (", held, " of ", options_.max_held_bytes, " held)");
-  } else if (over(options_.max_held_bytes_per_holder, lt.held_bytes + st.held_bytes)) {
-    why = absl::StrCat("this holder's share of the held bytes (", lt.held_bytes + st.held_bytes,
-                       " of ", options_.max_held_bytes_per_holder, " held)");
-  } else if (lt.entries + st.entries >= options_.max_holds_per_holder) {
-    why = absl::StrCat("this holder's ", options_.max_holds_per_holder, " open leases and slots");
-  } else if (lt.keys + keys > options_.max_held_keys_per_holder) {
-    why = absl::StrCat("this holder's ", options_.max_held_keys_per_holder, " pinned keys (",
-                       lt.keys, " pinned)");
-  } else if (dram_ != nullptr && options_.max_held_bytes != 0 && !options_.tenant_quotas.empty()) {
-    // The holds of one tenant's holders leave room for the others' DRAM
-    // quotas, which are guarantees.
-    const uint64_t others = dram_quota_sum_ - QuotaOf(holder.tenant, static_cast<int>(TierKind::kDram));
-    const uint64_t cap = dram_->capacity_bytes() > others ? dram_->capacity_bytes() - others : 0;
-    const uint64_t mine = leases_.TenantHeldBytes(holder.tenant) + slots_.TenantHeldBytes(holder.tenant);
-    if (cap == 0 || over(cap, mine)) {
-      why = absl::StrCat("tenant ", holder.tenant, "'s share of DRAM that other tenants' quotas leave (",
-                         mine, " of ", cap, " held)");
-    }
-  }
-  if (why.empty()) return absl::OkStatus();
-  Count(EngineMetric::kHoldsRefused);
-  return absl::ResourceExhaustedError(
-      absl::StrCat("holding ", bytes, " more bytes would exceed ", why));
-}
-
-uint64_t PlacementEngine::held_bytes() {
-  absl::MutexLock l(&mu_);
-  ExpireLocked(Now());
-  return leases_.held_bytes() + slots_.held_bytes();
-}
-
-std::vector<absl::StatusOr<SharedRead>> PlacementEngine::GetSharedBatch(
-    std::span<const Hash128> keys, int64_t ttl_ms, const GetOptions& opts) {
-  std::vector<absl::StatusOr<SharedRead>> out(keys.size(), absl::NotFoundError("chunk not stored"));
-  if (!dram_) {
-    for (auto& r : out) r = absl::FailedPreconditionError("no DRAM tier");
-    return out;
-  }
-  // Chunks whole in DRAM are pinned in place; chunks whole on NVMe only are
-  // pinned (no lease) for the batched read; the rest go through GetShared.
-  std::vector<size_t> nvme, single;
-  std::vector<uint64_t> nvme_bytes;
-  {
-    absl::MutexLock l(&mu_);
-    const absl::Time until = absl::Now() + absl::Milliseconds(kPrefetchWaitMs);
-    for (size_t i = 0; i < keys.size();) {
-      if (!prefetching_.contains(keys[i])) {
-        ++i;
-      } else if (prefetch_done_.WaitWithDeadline(&mu_, until)) {
-        break;  // waited long enough: read what is still being prefetched too
-      }
-    }
-    const int64_t now = Now();
-    ExpireLocked(now);
-    for (size_t i = 0; i < keys.size(); ++i) {
-      auto it = chunks_.find(keys[i]);
-      if (it == chunks_.end()) {
-        single.push_back(i);  // a miss here; GetShared asks the remote tier and counts it
-        continue;
-      }
-      ChunkState& st = it->second;
-      const uint8_t whole = st.where[0];
-      if (!st.split && (whole & Bit(TierKind::kDram)) != 0) {
-        auto started = StartReadLocked(keys[i]);
-        if (!started.ok()) {
-          out[i] = started.status();
-          continue;
-        }
-        SharedRead r;
-        auto pinned = PinInDramLocked(keys[i], *started, ttl_ms, now, false, opts.holder, &r);
-        if (!pinned.ok()) {
-          out[i] = pinned.status();
-        } else if (*pinned) {
-          out[i] = std::move(r);
-        } else {
-          single.push_back(i);
-        }
-      } else if (nvme_ != nullptr && !st.split && whole == Bit(TierKind::kNvme)) {
-        (void)StartReadLocked(keys[i]);
-        ++st.pins;
-        ++loading_[keys[i]];
-        nvme.push_back(i);
-        nvme_bytes.push_back(st.bytes);
-      } else {
-        single.push_back(i);
-      }
-    }
-  }
-  // Ends a chunk's entry in loading_ (once read, or once its scratch copy
-  // is promoted or dropped).
-  auto loaded = [this](const Hash128& key) {
-    absl::MutexLock l(&mu_);
-    auto it = loading_.find(key);
-    if (it != loading_.end() && --it->second == 0) loading_.erase(it);
-  };
-  // One scratch slot per NVMe chunk, then every read in one submission.
-  std::vector<ObjectKey> ids;
-  std::vector<std::span<uint8_t>> dst;
-  std::vector<Slot> slots;
-  std::vector<size_t> reading;
-  for (size_t j = 0; j < nvme.size(); ++j) {
-    const size_t i = nvme[j];
-    TenantId tenant;
-    {
-      absl::MutexLock l(&mu_);
-      tenant = TenantOfLocked(keys[i]);
-    }
-    auto slot = AllocateSlotOf(nvme_bytes[j], ttl_ms, /*scratch=*/true, tenant, opts.holder);
-    if (!slot.ok()) {
-      UnpinOne(keys[i]);
-      loaded(keys[i]);
-      out[i] = slot.status();
-      continue;
-    }
-    ids.push_back({keys[i], Part::kWhole});
-    dst.emplace_back(dram_->base() + slot->extent.offset, nvme_bytes[j]);
-    slots.push_back(*slot);
-    reading.push_back(i);
-  }
-  std::vector<absl::Status> read;
-  if (!ids.empty()) read = nvme_->ReadBatch(ids, dst);
-  for (size_t j = 0; j < reading.size(); ++j) {
-    const size_t i = reading[j];
-    if (!read[j].ok()) {
-      (void)AbortSlot(slots[j].id, opts.holder.id);
-      UnpinOne(keys[i]);
-      loaded(keys[i]);
-      // A corrupt copy (the tier dropped it) ends the chunk unless another
-      // copy remains; that one, or a chunk moved or evicted meanwhile, is
-      // read as GetShared reads it.
-      if (absl::IsDataLoss(read[j]) && !DropCorruptCopy(ids[j], TierKind::kNvme)) {
-        out[i] = read[j];
-      } else {
-        single.push_back(i);
-      }
-      continue;
-    }
-    CountHit(TierKind::kNvme);
-    bool promote = false;
-    if (opts.promote.value_or(options_.promote_on_hit)) {
-      absl::MutexLock l(&mu_);
-      if (auto* e = slots_.Find(slots[j].id)) {
-        // The loading_ entry then ends with the promotion (PromoteFromSlot,
-        // or the slot's expiry).
-        e->state.promote = promote = true;
-        e->state.key = keys[i];
-      }
-    }
-    if (!promote) loaded(keys[i]);
-    UnpinOne(keys[i]);
-    SharedRead r;
-    r.tier = TierKind::kNvme;
-    r.chunk_bytes = dst[j].size();
-    r.extent = PoolExtent{slots[j].extent.offset, dst[j].size()};
-    r.bytes = dst[j];
-    r.slot_id = slots[j].id;
-    r.expires_at_us = slots[j].expires_at_us;
-    r.verified = true;  // NvmeTier::ReadBatch checked every section as it arrived
-    out[i] = std::move(r);
-  }
-  for (size_t i : single) out[i] = GetShared(keys[i], ttl_ms, opts);
-  return out;
-}
-
-absl::StatusOr<uint64_t> PlacementEngine::NewIdLocked() {
-  for (;;) {
-    if (id_pool_next_ == id_pool_.size()) {
-      // At most 256 bytes: once the kernel's pool is initialized such a
-      // getrandom is never short and never interrupted (getrandom(2)).
-      auto* p = reinterpret_cast<uint8_t*>(id_pool_.data());
-      constexpr size_t kBytes = sizeof(id_pool_);
-      static_assert(kBytes <= 256, "larger getrandom requests may be short or interrupted");
-      for (size_t got = 0; got < kBytes;) {
-        const ssize_t k = ::getrandom(p + got, kBytes - got, 0);
-        if (k < 0 && errno == EINTR) continue;
-        if (k < 0) return absl::InternalError(absl::StrCat("getrandom: ", std::strerror(errno)));
-        got += static_cast<size_t>(k);
-      }
-      id_pool_next_ = 0;
-    }
-    const uint64_t id = id_pool_[id_pool_next_++];
-    if (id != 0 && !leases_.contains(id) && !slots_.contains(id)) return id;
-  }
-}
-
-}  // namespace kvtier::tiering
-
-namespace kvtier::tiering {
-
-absl::StatusOr<uint64_t> PlacementEngine::ChunkBytes(const Hash128& key, bool allow_remote) {
-  KVTIER_RETURN_IF_ERROR(FetchIfMissing(key, allow_remote).status());
-  absl::MutexLock l(&mu_);
-  auto it = chunks_.find(key);
-  if (it == chunks_.end()) return absl::NotFoundError("chunk not stored");
-  return it->second.bytes;
-}
-
-absl::StatusOr<bool> PlacementEngine::FetchIfMissing(const Hash128& key, bool allow_remote) {
-  if (!allow_remote || remote_ == nullptr || Contains(key)) return false;
-  absl::Status st = FetchRemote(key);
-  if (absl::IsNotFound(st)) return false;
-  KVTIER_RETURN_IF_ERROR(st);
-  return true;
-}
-
-absl::Status PlacementEngine::FetchRemote(const Hash128& key) {
-  if (remote_ == nullptr) return absl::FailedPreconditionError("no remote tier");
-  if (Contains(key)) return absl::OkStatus();
-  const ObjectKey w{key, Part::kWhole};
-  KVTIER_ASSIGN_OR_RETURN(uint64_t bytes, remote_->Size(w));
-  if (bytes > codec::kMaxChunkBytes) return absl::DataLossError("remote chunk size is impossible");
-  std::vector<uint8_t> buf(bytes);
-  // The remote tier verifies what it reads (chunk checksums) before it
-  // returns it, so nothing corrupt is stored here.
-  KVTIER_RETURN_IF_ERROR(remote_->Read(w, buf));
-  PutOptions o;
-  o.replicate = false;
-  KVTIER_ASSIGN_OR_RETURN(codec::ChunkHeader h, CheckPutChunk(buf, "chunk"));
-  absl::Status st = PutLocal(key, buf, h, o);
-  if (st.ok()) Count(EngineMetric::kHitsRemote);
-  return st;
-}
-
-absl::StatusOr<ChunkLocation> PlacementEngine::Locate(const Hash128& key, bool allow_remote) {
-  KVTIER_RETURN_IF_ERROR(FetchIfMissing(key, allow_remote).status());
-  ChunkLocation loc;
-  {
-    absl::MutexLock l(&mu_);
-    auto it = chunks_.find(key);
-    if (it == chunks_.end()) return absl::NotFoundError("chunk not stored");
-    loc.chunk_bytes = it->second.bytes;
-    for (int p = it->second.split ? 1 : 0; p < (it->second.split ? 3 : 1); ++p) {
-      auto f = Fastest(it->second.where[p]);
-      if (!f) return absl::NotFoundError("chunk part not stored");
-      loc.parts.push_back(PartLocation{static_cast<Part>(p), *f, std::nullopt});
-    }
-  }
-  for (PartLocation& pl : loc.parts) {
-    if (pl.tier != TierKind::kDram) continue;
-    auto ref = dram_->AcquireRef({key, pl.part});
-    if (!ref.ok()) continue;
-    pl.dram_slot = *ref;
-    dram_->ReleaseRef(*ref);
-  }
-  return loc;
-}
-
-bool PlacementEngine::Contains(const Hash128& key) {
-  absl::MutexLock l(&mu_);
-  return chunks_.contains(key);
-}
-
-std::vector<TierKind> PlacementEngine::LookupPrefix(std::span<const Hash128> keys) {
-  return LookupPrefixSized(keys, nullptr);
-}
-
-std::vector<TierKind> PlacementEngine::LookupPrefixSized(std::span<const Hash128> keys,
-                                                         std::vector<uint64_t>* bytes) {
-  std::vector<TierKind> out = LookupLocalPrefix(keys, bytes);
-  // Past what is stored here, keys the cluster has still save a prefill.
-  while (remote_ != nullptr && out.size() < keys.size()) {
-    auto size = remote_->Size({keys[out.size()], Part::kWhole});
-    if (!size.ok()) break;
-    out.push_back(TierKind::kRemote);
-    if (bytes != nullptr) bytes->push_back(*size);
-  }
-  return out;
-}
-
-double PlacementEngine::EstimatedReadBytesPerS(TierKind k) const {
-  const Tier* t = tier(k);
-  const double measured = t != nullptr ? t->bandwidth().read_bytes_per_s : 0;
-  return measured > 0 ? measured
-                      : options_.load_cost.assumed_read_bytes_per_s[static_cast<int>(k)];
-}
-
-PrefixLoadEstimate PlacementEngine::EstimatePrefixLoad(std::span<const Hash128> keys) {
-  PrefixLoadEstimate e;
-  e.tiers = LookupPrefixSized(keys, &e.bytes);
-  for (size_t i = 0; i < e.tiers.size(); ++i) {
-    const int k = static_cast<int>(e.tiers[i]);
-    e.load_us.push_back(bandwidth::LoadMicros(e.bytes[i], EstimatedReadBytesPerS(e.tiers[i]),
-                                              options_.load_cost.latency_us[k]));
-  }
-  return e;
-}
-
-std::vector<TierKind> PlacementEngine::LookupLocalPrefix(std::span<const Hash128> keys,
-                                                         std::vector<uint64_t>* bytes) {
-  std::vector<TierKind> out;
-  absl::MutexLock l(&mu_);
-  for (const Hash128& k : keys) {
-    auto it = chunks_.find(k);
-    if (it == chunks_.end()) break;
-    TierKind slowest = TierKind::kHbm;
-    bool ok = true;
-    for (int p = it->second.split ? 1 : 0; p < (it->second.split ? 3 : 1); ++p) {
-      auto f = Fastest(it->second.where[p]);
-      if (!f) ok = false; else slowest = std::max(slowest, *f);
-    }
-    if (!ok) break;
-    out.push_back(slowest);
-    if (bytes != nullptr) bytes->push_back(it->second.bytes);
-  }
-  return out;
-}
-
 absl::Status PlacementEngine::Delete(const Hash128& key, const DeleteOptions& options) {
   absl::Status local = DeleteLocal(key);
   if (remote_ == nullptr || options.local_only) return local;
@@ -1084,403 +540,6 @@ absl::Status PlacementEngine::DeleteLocal(const Hash128& key) {
   for (auto& [id, k] : objs) {
     absl::Status st = tiers_[static_cast<int>(k)]->Erase(id);
     if (!st.ok() && !absl::IsNotFound(st) && first.ok()) first = st;
-  }
-  return first;
-}
-
-absl::StatusOr<Lease> PlacementEngine::Pin(std::span<const Hash128> keys, int64_t ttl_ms,
-                                           bool allow_remote, Holder holder) {
-  for (const Hash128& k : keys) {
-    KVTIER_RETURN_IF_ERROR(FetchIfMissing(k, allow_remote).status());
-  }
-  absl::MutexLock l(&mu_);
-  const int64_t now = Now();
-  ExpireLocked(now);
-  return LeaseLocked(keys, ttl_ms, now, holder);
-}
-
-absl::StatusOr<Lease> PlacementEngine::Renew(uint64_t lease_id, int64_t ttl_ms, HolderId holder) {
-  absl::MutexLock l(&mu_);
-  int64_t now = Now();
-  ExpireLocked(now);
-  if (leases_.FindHeld(lease_id, holder, now) == nullptr) {
-    return absl::NotFoundError("lease unknown or expired");
-  }
-  const int64_t exp = now + LeaseUs(ttl_ms);
-  leases_.SetExpiry(lease_id, exp);
-  return Lease{lease_id, exp};
-}
-
-absl::Status PlacementEngine::Release(uint64_t lease_id, HolderId holder) {
-  absl::MutexLock l(&mu_);
-  const int64_t now = Now();
-  ExpireLocked(now);
-  if (leases_.FindHeld(lease_id, holder, now) == nullptr) {
-    return absl::NotFoundError("lease unknown or expired");
-  }
-  EndLeaseLocked(leases_.Take(lease_id).state);
-  return absl::OkStatus();
-}
-
-absl::StatusOr<Lease> PlacementEngine::Hold(std::span<const Hash128> keys, int64_t ttl_ms,
-                                            Holder holder) {
-  absl::MutexLock l(&mu_);
-  const int64_t now = Now();
-  ExpireLocked(now);
-  return LeaseLocked(keys, ttl_ms, now, holder);
-}
-
-absl::StatusOr<Lease> PlacementEngine::LeaseLocked(std::span<const Hash128> keys, int64_t ttl_ms,
-                                                   int64_t now, const Holder& holder) {
-  uint64_t bytes = 0;
-  for (const Hash128& k : keys) {
-    auto it = chunks_.find(k);
-    if (it == chunks_.end()) return absl::NotFoundError(absl::StrCat("chunk ", k.ToHex(), " not stored"));
-    bytes += it->second.bytes;
-  }
-  KVTIER_RETURN_IF_ERROR(CheckHoldLocked(holder, keys.size(), bytes));
-  KVTIER_ASSIGN_OR_RETURN(const uint64_t id, NewIdLocked());
-  for (const Hash128& k : keys) ++chunks_[k].pins;
-  const int64_t exp = now + LeaseUs(ttl_ms);
-  leases_.Insert(id, {LeaseState{std::vector<Hash128>(keys.begin(), keys.end())}, exp, holder,
-                      keys.size(), bytes});
-  return Lease{id, exp};
-}
-
-absl::StatusOr<Slot> PlacementEngine::AllocateSlot(uint64_t bytes, int64_t ttl_ms,
-                                                   TenantId tenant, HolderId holder) {
-  return AllocateSlotOf(bytes, ttl_ms, /*scratch=*/false, tenant, Holder{holder, tenant});
-}
-
-absl::StatusOr<PoolExtent> PlacementEngine::ReserveDram(uint64_t bytes, TenantId tenant) {
-  int idle = 0;
-  for (int i = 0; i < kMaxEvictionsPerStore; ++i) {
-    auto ext = dram_->ReserveSlot(bytes);
-    if (ext.ok() || !IsTierFull(ext.status()) || bytes > dram_->capacity_bytes()) return ext;
-    if (!EvictOne(TierKind::kDram, tenant) && ++idle > kMaxIdleRounds) return ext;
-  }
-  return TierFullError("dram: eviction did not make room for a slot");
-}
-
-absl::StatusOr<Slot> PlacementEngine::AllocateSlotOf(uint64_t bytes, int64_t ttl_ms, bool scratch,
-                                                     TenantId tenant, const Holder& holder) {
-  if (!dram_) return absl::FailedPreconditionError("no DRAM tier");
-  if (bytes < codec::kHeaderSize) return absl::InvalidArgumentError("slot smaller than a chunk header");
-  // A client slot becomes a stored chunk: its room is made inside the
-  // tenant's quota now (and checked again at the commit).
-  if (!scratch) KVTIER_RETURN_IF_ERROR(MakeQuotaRoom(TierKind::kDram, tenant, bytes));
-  KVTIER_ASSIGN_OR_RETURN(PoolExtent ext, ReserveDram(bytes, tenant));
-  absl::MutexLock l(&mu_);
-  // A scratch slot counts the chunk's bytes, as a pin in place does.
-  absl::Status st = CheckHoldLocked(holder, 0, scratch ? bytes : 0);
-  auto id = st.ok() ? NewIdLocked() : st;
-  if (!id.ok()) {
-    (void)dram_->AbortSlot(ext);
-    return id.status();
-  }
-  const int64_t exp = Now() + LeaseUs(ttl_ms);
-  slots_.Insert(*id, {SlotState{ext, scratch}, exp, holder, 0, scratch ? bytes : 0});
-  return Slot{*id, ext, exp};
-}
-
-absl::Status PlacementEngine::AbortSlot(uint64_t slot_id, HolderId holder) {
-  absl::MutexLock l(&mu_);
-  const int64_t now = Now();
-  ExpireLocked(now);
-  if (slots_.FindHeld(slot_id, holder, now) == nullptr) {
-    return absl::NotFoundError("slot unknown or expired");
-  }
-  const SlotState slot = slots_.Take(slot_id).state;
-  if (slot.promote) {
-    // Lock order: mu_, then bg_mu_.
-    absl::MutexLock b(&bg_mu_);
-    if (!stopping_) {
-      promote_queue_.emplace_back(slot.key, slot.extent);
-      return absl::OkStatus();
-    }
-  }
-  if (slot.promote) {  // stopping: not promoted
-    if (auto ld = loading_.find(slot.key); ld != loading_.end() && --ld->second == 0) {
-      loading_.erase(ld);
-    }
-  }
-  return dram_->AbortSlot(slot.extent);
-}
-
-absl::StatusOr<SlotBytes> PlacementEngine::SlotView(uint64_t slot_id, HolderId holder,
-                                                    int64_t margin_us) {
-  absl::MutexLock l(&mu_);
-  auto* e = slots_.FindHeld(slot_id, holder, Now() + margin_us);
-  if (e == nullptr || e->state.scratch) return absl::NotFoundError("slot unknown or expired");
-  const PoolExtent& x = e->state.extent;
-  return SlotBytes{x, std::span<uint8_t>(dram_->base() + x.offset, x.length)};
-}
-
-void PlacementEngine::ForgetEnded(absl::flat_hash_set<uint64_t>& slot_ids,
-                                  absl::flat_hash_set<uint64_t>& lease_ids) {
-  absl::MutexLock l(&mu_);
-  const int64_t now = Now();
-  absl::erase_if(slot_ids, [&](uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    auto* e = slots_.Find(id);
-    return e == nullptr || e->expires_at_us <= now;
-  });
-  absl::erase_if(lease_ids, [&](uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    auto* e = leases_.Find(id);
-    return e == nullptr || e->expires_at_us <= now;
-  });
-}
-
-absl::StatusOr<PoolExtent> PlacementEngine::TakeClientSlot(uint64_t slot_id, HolderId holder) {
-  absl::MutexLock l(&mu_);
-  const int64_t now = Now();
-  ExpireLocked(now);
-  auto* e = slots_.FindHeld(slot_id, holder, now);
-  if (e == nullptr || e->state.scratch) return absl::NotFoundError("slot unknown or expired");
-  return slots_.Take(slot_id).state.extent;
-}
-
-absl::Status PlacementEngine::CommitSlot(uint64_t slot_id, const Hash128& key,
-                                         const PutOptions& opts) {
-  KVTIER_ASSIGN_OR_RETURN(PoolExtent ext, TakeClientSlot(slot_id, opts.holder));
-  std::span<const uint8_t> bytes(dram_->base() + ext.offset, ext.length);
-  auto h = CheckPutChunk(bytes, "slot");
-  if (!h.ok()) {
-    (void)dram_->AbortSlot(ext);
-    return h.status();
-  }
-  return CommitTakenSlot(ext, *h, key, opts);
-}
-
-absl::Status PlacementEngine::CommitSlot(uint64_t slot_id, const codec::VerifiedChunk& chunk,
-                                         const Hash128& key, const PutOptions& opts) {
-  KVTIER_ASSIGN_OR_RETURN(PoolExtent ext, TakeClientSlot(slot_id, opts.holder));
-  if (chunk.bytes().data() != dram_->base() + ext.offset || chunk.bytes().size() != ext.length) {
-    (void)dram_->AbortSlot(ext);
-    return absl::InvalidArgumentError(
-        absl::StrCat("the verified chunk is not the bytes of slot ", slot_id));
-  }
-  return CommitTakenSlot(ext, chunk.header(), key, opts);
-}
-
-absl::Status PlacementEngine::CommitTakenSlot(const PoolExtent& ext,
-                                              const codec::ChunkHeader& header,
-                                              const Hash128& key, const PutOptions& opts) {
-  std::span<const uint8_t> bytes(dram_->base() + ext.offset, ext.length);
-  if (Contains(key)) {
-    // Keys name content: the stored chunk stays (the put is one more use
-    // of it); a durable put makes sure it is on NVMe.
-    absl::Status st = PutLocal(key, bytes, header, opts);
-    (void)dram_->AbortSlot(ext);
-    if (st.ok()) Count(EngineMetric::kPuts);
-    return st;
-  }
-  ObjectKey w{key, Part::kWhole};
-  if (opts.durable) {
-    if (!nvme_) {
-      (void)dram_->AbortSlot(ext);
-      return absl::FailedPreconditionError("durable put without an NVMe tier");
-    }
-    absl::Status st = StoreWithEviction(TierKind::kNvme, w, bytes,
-                                        TierPutOptions{.sync = true, .header = &header},
-                                        opts.tenant);
-    if (!st.ok()) {
-      (void)dram_->AbortSlot(ext);
-      return st;
-    }
-    NoteStored(TierKind::kNvme, w, ext.length, false, ext.length, opts.tenant);
-  }
-  // The quota holds for committed bytes: the tenant's older chunks make
-  // room for this one.
-  if (absl::Status q = MakeQuotaRoom(TierKind::kDram, opts.tenant, ext.length); !q.ok()) {
-    (void)dram_->AbortSlot(ext);
-    return q;
-  }
-  // Write-through while the slot is still ours (nothing can evict it yet).
-  Replicate(key, bytes, opts);
-  KVTIER_RETURN_IF_ERROR(dram_->CommitSlot(w, ext));
-  NoteStored(TierKind::kDram, w, ext.length, false, ext.length, opts.tenant);
-  Count(EngineMetric::kPuts);
-  return absl::OkStatus();
-}
-
-absl::Status PlacementEngine::Promote(const Hash128& key) {
-  // A chunk only the remote tier has is fetched into DRAM.
-  if (dram_ != nullptr) KVTIER_RETURN_IF_ERROR(FetchIfMissing(key, true).status());
-  uint64_t bytes;
-  {
-    absl::MutexLock l(&mu_);
-    auto it = chunks_.find(key);
-    if (it == chunks_.end() || it->second.split) return absl::OkStatus();
-    if (it->second.where[0] & (Bit(TierKind::kHbm) | Bit(TierKind::kDram))) return absl::OkStatus();
-    bytes = it->second.bytes;
-  }
-  if (!dram_) return absl::OkStatus();
-  std::vector<uint8_t> buf(bytes);
-  ObjectKey w{key, Part::kWhole};
-  auto src = ReadObject(w, buf);
-  if (absl::IsNotFound(src.status())) return absl::OkStatus();
-  if (!src.ok()) return src.status();
-  TenantId tenant;
-  {
-    absl::MutexLock l(&mu_);
-    tenant = TenantOfLocked(key);
-  }
-  KVTIER_RETURN_IF_ERROR(StoreWithEviction(TierKind::kDram, w, buf, kBackground, tenant));
-  NoteStored(TierKind::kDram, w, bytes, false, bytes, tenant);
-  Count(EngineMetric::kPrefetched);
-  return absl::OkStatus();
-}
-
-std::future<absl::Status> PlacementEngine::Prefetch(std::vector<Hash128> keys) {
-  PrefetchJob job;
-  job.keys = std::move(keys);
-  std::future<absl::Status> f = job.done.get_future();
-  absl::MutexLock l(&bg_mu_);
-  if (stopping_) {
-    job.done.set_value(absl::CancelledError("engine stopping"));
-  } else {
-    prefetch_queue_.push_back(std::move(job));
-  }
-  return f;
-}
-
-void PlacementEngine::PromoteFromSlot(const Hash128& key, const PoolExtent& extent) {
-  // The slot was the client's to read (through a writable mapping): its
-  // bytes are checked before they become a stored copy.
-  const bool whole =
-      codec::VerifyChunk({dram_->base() + extent.offset, extent.length}).ok();
-  const ObjectKey w{key, Part::kWhole};
-  absl::MutexLock l(&mu_);
-  if (auto ld = loading_.find(key); ld != loading_.end() && --ld->second == 0) loading_.erase(ld);
-  auto it = chunks_.find(key);
-  if (whole && it != chunks_.end() && !it->second.split && it->second.bytes == extent.length &&
-      (it->second.where[0] & (Bit(TierKind::kHbm) | Bit(TierKind::kDram))) == 0 &&
-      WithinQuotaLocked(TierKind::kDram, it->second.tenant, extent.length) &&
-      dram_->CommitSlot(w, extent).ok()) {
-    it->second.where[0] |= Bit(TierKind::kDram);
-    policies_[static_cast<int>(TierKind::kDram)]->OnInsert(w, extent.length);
-    Count(EngineMetric::kPromotions);
-    return;
-  }
-  (void)dram_->AbortSlot(extent);
-}
-
-void PlacementEngine::PrefetchLoop() {
-  for (;;) {
-    PrefetchJob job;
-    {
-      absl::MutexLock l(&bg_mu_);
-      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(bg_mu_) {
-        return stopping_ || !prefetch_queue_.empty() || !promote_queue_.empty();
-      };
-      bg_mu_.Await(absl::Condition(&ready));
-      if (stopping_) return;
-      if (!promote_queue_.empty()) {
-        const auto [key, extent] = promote_queue_.front();
-        promote_queue_.pop_front();
-        bg_mu_.Unlock();
-        PromoteFromSlot(key, extent);
-        bg_mu_.Lock();
-        continue;
-      }
-      job = std::move(prefetch_queue_.front());
-      prefetch_queue_.pop_front();
-    }
-    // Chunks whole on NVMe only are read in groups, each group with one
-    // submission straight into DRAM space that becomes their DRAM copies;
-    // the rest (remote only, split) go through Promote.
-    absl::Status first;
-    auto note = [&first](absl::Status st) {
-      if (!st.ok() && first.ok()) first = std::move(st);
-    };
-    std::vector<std::pair<Hash128, uint64_t>> group;
-    uint64_t group_bytes = 0;
-    for (const Hash128& k : job.keys) {
-      std::optional<uint64_t> nvme_only;
-      if (nvme_ != nullptr && dram_ != nullptr) {
-        absl::MutexLock l(&mu_);
-        auto it = chunks_.find(k);
-        if (it != chunks_.end() && !it->second.split && it->second.where[0] == Bit(TierKind::kNvme)) {
-          if (loading_.contains(k)) continue;  // a batched read has it: promoted after it
-          nvme_only = it->second.bytes;
-        }
-      }
-      if (!nvme_only) {
-        note(Promote(k));
-        continue;
-      }
-      group.emplace_back(k, *nvme_only);
-      group_bytes += *nvme_only;
-      if (group.size() >= kPrefetchGroupChunks || group_bytes >= kPrefetchGroupBytes) {
-        note(PrefetchGroup(group));
-        group.clear();
-        group_bytes = 0;
-      }
-    }
-    if (!group.empty()) note(PrefetchGroup(group));
-    job.done.set_value(first);
-  }
-}
-
-absl::Status PlacementEngine::PrefetchGroup(std::span<const std::pair<Hash128, uint64_t>> chunks) {
-  absl::Status first;
-  std::vector<ObjectKey> ids;
-  std::vector<PoolExtent> extents;
-  std::vector<std::span<uint8_t>> dst;
-  for (const auto& [key, bytes] : chunks) {
-    TenantId tenant;
-    {
-      absl::MutexLock l(&mu_);
-      tenant = TenantOfLocked(key);
-    }
-    // The copy becomes the chunk's DRAM copy: it is made room for inside
-    // the tenant's quota (and checked again when it is committed below).
-    const absl::Status quota = MakeQuotaRoom(TierKind::kDram, tenant, bytes);
-    absl::StatusOr<PoolExtent> ext =
-        quota.ok() ? ReserveDram(bytes, tenant) : absl::StatusOr<PoolExtent>(quota);
-    if (!ext.ok()) {
-      if (first.ok()) first = ext.status();
-      continue;
-    }
-    ids.push_back({key, Part::kWhole});
-    extents.push_back(*ext);
-    dst.emplace_back(dram_->base() + ext->offset, bytes);
-  }
-  if (ids.empty()) return first;
-  {
-    absl::MutexLock l(&mu_);
-    for (const ObjectKey& id : ids) prefetching_.insert(id.key);
-  }
-  // Each chunk's checksums are checked as it arrives (NvmeTier::ReadBatch).
-  std::vector<absl::Status> read = nvme_->ReadBatch(ids, dst);
-  auto done = [this](const Hash128& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    prefetching_.erase(key);
-    prefetch_done_.SignalAll();
-  };
-  for (size_t i = 0; i < ids.size(); ++i) {
-    if (!read[i].ok()) {
-      (void)dram_->AbortSlot(extents[i]);
-      if (absl::IsDataLoss(read[i])) {
-        (void)DropCorruptCopy(ids[i], TierKind::kNvme);
-        if (first.ok()) first = read[i];
-      }
-      absl::MutexLock l(&mu_);
-      done(ids[i].key);
-      continue;  // NotFound: deleted or moved meanwhile, nothing to prefetch
-    }
-    absl::MutexLock l(&mu_);
-    done(ids[i].key);
-    auto it = chunks_.find(ids[i].key);
-    if (it != chunks_.end() && !it->second.split && it->second.bytes == extents[i].length &&
-        (it->second.where[0] & (Bit(TierKind::kHbm) | Bit(TierKind::kDram))) == 0 &&
-        WithinQuotaLocked(TierKind::kDram, it->second.tenant, extents[i].length) &&
-        dram_->CommitSlot(ids[i], extents[i]).ok()) {
-      it->second.where[0] |= Bit(TierKind::kDram);
-      policies_[static_cast<int>(TierKind::kDram)]->OnInsert(ids[i], extents[i].length);
-      Count(EngineMetric::kPrefetched);
-      continue;
-    }
-    (void)dram_->AbortSlot(extents[i]);
   }
   return first;
 }

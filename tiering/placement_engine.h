@@ -29,10 +29,11 @@
 #include "common/hash.h"
 #include "tiering/dram_tier.h"
 #include "tiering/eviction.h"
-#include "tiering/hold_table.h"
 #include "tiering/hbm_tier.h"
 #include "tiering/io.h"
+#include "tiering/lease_table.h"
 #include "tiering/nvme_tier.h"
+#include "tiering/prefetcher.h"
 #include "tiering/remote/remote_tier.h"
 #include "tiering/tenant_accounting.h"
 #include "tiering/tier.h"
@@ -201,24 +202,6 @@ struct ChunkLocation {
   std::vector<PartLocation> parts;  // one (whole) or two (K, V)
 };
 
-// Lease and slot ids are nonzero 64-bit values drawn from getrandom(2): one
-// id tells nothing about any other, so a client cannot name another client's
-// lease or slot by guessing. An id is never handed out while a lease or slot
-// holds it. Each lease and slot belongs to the holder that took it (a
-// data-plane connection or a gRPC credential): an id that another holder
-// names is NotFound to it, as an unknown one is.
-struct Lease {
-  uint64_t id = 0;
-  int64_t expires_at_us = 0;  // on the engine's clock
-};
-
-// A reserved DRAM slot that a client fills in place, then commits.
-struct Slot {
-  uint64_t id = 0;
-  PoolExtent extent;  // in DramTier's shared-memory pool
-  int64_t expires_at_us = 0;
-};
-
 // The bytes of a client's slot in the DRAM pool (PlacementEngine::SlotView).
 struct SlotBytes {
   PoolExtent extent;
@@ -299,7 +282,12 @@ struct EngineTiers {
   std::unique_ptr<RemoteTier> remote;
 };
 
-class PlacementEngine {
+// Ownership: the engine owns its tiers, its LeaseTable (leases and slots)
+// and its Prefetcher (the prefetch thread), and runs the maintenance thread.
+// It calls the lease table and the prefetcher; the lease table never calls
+// back, and the prefetcher calls only the engine's PrefetchTarget methods,
+// on its own thread, holding none of its locks.
+class PlacementEngine : private PrefetchTarget {
  public:
   // Takes ownership of the tiers and learns what the durable tiers hold
   // (a split chunk missing a part is dropped). InvalidArgument without DRAM
@@ -491,18 +479,6 @@ class PlacementEngine {
     int busy = 0;  // evictions/promotions in flight
     TenantId tenant = 0;
   };
-  // The state of a lease or slot; its expiry, holder and held bytes (counted
-  // in held_bytes_) are its HoldTable entry's.
-  struct LeaseState {
-    std::vector<Hash128> keys;
-  };
-  struct SlotState {
-    PoolExtent extent;
-    bool scratch = false;  // GetShared's copy: read only, never committed
-    // A scratch copy of chunk `key` read from NVMe, promoted when freed.
-    bool promote = false;
-    Hash128 key;
-  };
 
   PlacementEngine(const PlacementEngineOptions& o, EngineTiers tiers);
   // Write-through of a stored chunk to the remote tier (which counts the
@@ -518,17 +494,14 @@ class PlacementEngine {
   // `tenant`: whose quota the slot's room is made in; `holder`: whose slot.
   absl::StatusOr<Slot> AllocateSlotOf(uint64_t bytes, int64_t ttl_ms, bool scratch,
                                       TenantId tenant, const Holder& holder);
-  // Whether `holder` may take one more lease or slot of `keys` keys and
-  // `bytes` held bytes: ResourceExhausted (counted in kHoldsRefused) beyond
-  // max_held_bytes, the share its tenant may hold, or the holder's limits.
-  // The caller then inserts the entry, which counts the bytes.
-  absl::Status CheckHoldLocked(const Holder& holder, uint64_t keys, uint64_t bytes)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Counts kHoldsRefused if `st` is the lease table refusing a hold
+  // (ResourceExhausted), and returns it.
+  absl::Status CountRefusal(absl::Status st);
   // A lease of `holder` on `keys` (NotFound if one is not stored), checked
-  // against the hold limits (CheckHoldLocked).
+  // against the hold limits (LeaseTable::AddLease).
   absl::StatusOr<Lease> LeaseLocked(std::span<const Hash128> keys, int64_t ttl_ms, int64_t now,
                                     const Holder& holder) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Ends a lease taken out of leases_: unpins its keys.
+  // Ends a lease taken out of holds_: unpins its keys.
   void EndLeaseLocked(const LeaseState& lease) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // GetShared's in-place hand-out of a chunk whole in DRAM: pins it under a
   // new lease. False (nothing done) if the DRAM copy is not readable.
@@ -541,7 +514,7 @@ class PlacementEngine {
   // the caller's. NotFound for an unknown, expired or scratch slot.
   absl::StatusOr<PoolExtent> TakeClientSlot(uint64_t slot_id, HolderId holder)
       ABSL_LOCKS_EXCLUDED(mu_);
-  // The rest of both CommitSlots: the slot is taken out of slots_, `header`
+  // The rest of both CommitSlots: the slot is taken out of holds_, `header`
   // is the header of its bytes.
   absl::Status CommitTakenSlot(const PoolExtent& ext, const codec::ChunkHeader& header,
                                const Hash128& key, const PutOptions& opts);
@@ -564,7 +537,6 @@ class PlacementEngine {
     metrics_[static_cast<int>(m)].fetch_add(n, std::memory_order_relaxed);
   }
   int64_t Now() const { return clock_->NowMicros(); }
-  int64_t LeaseUs(int64_t ttl_ms) const;
   TierKind DefaultTier() const;
 
   // Stores `bytes` as `id` in tier `kind`, evicting from it as needed.
@@ -619,8 +591,6 @@ class PlacementEngine {
   absl::StatusOr<TierKind> FinishRead(const Hash128& key, const ReadShape& shape,
                                       std::span<uint8_t> out, const GetOptions& opts);
   void CountHit(TierKind src);
-  // A fresh lease or slot id (see Lease). Internal if getrandom fails.
-  absl::StatusOr<uint64_t> NewIdLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Forget(const ObjectKey& id, TierKind kind) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Appends every copy of parts `first_part`..2 of chunk `key` (per
   // st.where) to `out`, as (object, tier), and takes each out of its tier's
@@ -629,20 +599,25 @@ class PlacementEngine {
   void TakeCopiesLocked(const Hash128& key, const ChunkState& st, int first_part,
                         std::vector<std::pair<ObjectKey, TierKind>>* out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status Promote(const Hash128& key);
+  // PrefetchTarget, called on the prefetcher's thread.
+  // kGroup for a chunk whole on NVMe only (kSkip while a batched read
+  // loads it), kPromote for any other key.
+  Route RouteOf(const Hash128& key, uint64_t* bytes) override ABSL_LOCKS_EXCLUDED(mu_);
+  // Copies a chunk that is on neither HBM nor DRAM into DRAM (fetching it
+  // from the remote tier if only that has it); counts kPrefetched.
+  absl::Status PromoteOne(const Hash128& key) override;
   // Makes the freed scratch slot `extent`, a copy of chunk `key`, the
   // chunk's DRAM copy if its bytes still verify and the chunk is still on
   // NVMe only; frees it otherwise.
-  void PromoteFromSlot(const Hash128& key, const PoolExtent& extent);
+  void PromoteFromSlot(const Hash128& key, const PoolExtent& extent) override;
   // Prefetch of (key, chunk bytes) chunks whole on NVMe only: one batched
   // read into reserved DRAM space that becomes each chunk's DRAM copy. The
   // first error (DRAM full, a corrupt copy, which is dropped); chunks
   // deleted or moved meanwhile are skipped.
-  absl::Status PrefetchGroup(std::span<const std::pair<Hash128, uint64_t>> chunks);
+  absl::Status PrefetchGroup(std::span<const std::pair<Hash128, uint64_t>> chunks) override;
   // Reserves `bytes` of DRAM, evicting as needed. ResourceExhausted if no
   // room can be made.
   absl::StatusOr<PoolExtent> ReserveDram(uint64_t bytes, TenantId tenant);
-  void PrefetchLoop();
   void MaintenanceLoop();
   // Admission history: remembers the uses of a chunk that eviction dropped,
   // and takes them back when the chunk is stored again.
@@ -650,8 +625,6 @@ class PlacementEngine {
   uint32_t RecallUsesLocked(const Hash128& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const PlacementEngineOptions options_;
-  // The DRAM quotas of every tenant, summed (options_.tenant_quotas).
-  uint64_t dram_quota_sum_ = 0;
   Clock* const clock_;
   EngineTiers owned_;
   std::array<Tier*, kNumTierKinds> tiers_{};
@@ -670,8 +643,9 @@ class PlacementEngine {
   std::array<TenantAccountingPolicy*, kNumTierKinds> accounting_ ABSL_GUARDED_BY(mu_){};
   std::vector<uint64_t> tenant_evictions_ ABSL_GUARDED_BY(mu_);
   std::vector<uint64_t> tenant_rejections_ ABSL_GUARDED_BY(mu_);
-  HoldTable<LeaseState> leases_ ABSL_GUARDED_BY(mu_);
-  HoldTable<SlotState> slots_ ABSL_GUARDED_BY(mu_);
+  // Leases and slots. A lease's keys are pinned (ChunkState::pins) while
+  // it is in the table; a slot's extent is reserved in dram_.
+  LeaseTable holds_ ABSL_GUARDED_BY(mu_);
   // Chunks a prefetch group is reading into DRAM now; a batched read waits
   // for them (prefetch_done_) instead of reading them a second time.
   absl::flat_hash_set<Hash128> prefetching_ ABSL_GUARDED_BY(mu_);
@@ -680,24 +654,15 @@ class PlacementEngine {
   // to be promoted (a key may be in it more than once): a prefetch skips
   // them rather than read them a second time.
   absl::flat_hash_map<Hash128, int> loading_ ABSL_GUARDED_BY(mu_);
-  // Random bytes for ids, drawn 256 at a time (one getrandom call that is
-  // never short or interrupted); id_pool_next_ is the next unused one.
-  std::array<uint64_t, 32> id_pool_ ABSL_GUARDED_BY(mu_){};
-  size_t id_pool_next_ ABSL_GUARDED_BY(mu_) = 32;
   absl::flat_hash_map<Hash128, uint32_t> dropped_uses_ ABSL_GUARDED_BY(mu_);
   std::deque<Hash128> dropped_order_ ABSL_GUARDED_BY(mu_);  // oldest first
 
-  // Prefetch queue and the background threads.
-  struct PrefetchJob {
-    std::vector<Hash128> keys;
-    std::promise<absl::Status> done;
-  };
+  // Prefetches and the promotion of freed scratch slots, on its thread.
+  // Lock order: mu_, then the prefetcher's (AbortSlot queues promotions).
+  Prefetcher prefetcher_;
+  // The maintenance thread and its stop flag.
   absl::Mutex bg_mu_;
-  std::deque<PrefetchJob> prefetch_queue_ ABSL_GUARDED_BY(bg_mu_);
-  // Freed scratch slots to promote (PromoteFromSlot), on the same thread.
-  std::deque<std::pair<Hash128, PoolExtent>> promote_queue_ ABSL_GUARDED_BY(bg_mu_);
   bool stopping_ ABSL_GUARDED_BY(bg_mu_) = false;
-  std::thread prefetch_thread_;
   std::thread maintenance_thread_;
 };
 
