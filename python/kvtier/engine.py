@@ -98,6 +98,10 @@ class ConnectorSettings:
     layer_group: layers per step of a GPU load (one decode launch per chunk and
       group): larger groups launch less, smaller ones let layer 0 start sooner.
       Default: 4.
+    max_pending_save_chunks: chunks waiting to be stored at most; the chunks of a
+      request that would go past it are not stored (counted as skipped) and its
+      blocks go back to the engine at once, so saves never hold the engine's
+      memory or thread. Default: 1024.
     """
     socket: Optional[str] = None
     addr: Optional[str] = None
@@ -113,6 +117,7 @@ class ConnectorSettings:
     io_timeout_ms: int = 60000
     kv_cache_layout: Optional[str] = None
     layer_group: int = 4
+    max_pending_save_chunks: int = 1024
 
     @classmethod
     def from_mapping(cls, config: Optional[Mapping[str, Any]],
@@ -128,7 +133,7 @@ class ConnectorSettings:
             if name not in fields:
                 raise ValueError(f"kvtier: unknown setting {name!r}; known: {sorted(fields)}")
             want = {"chunk_tokens": int, "lookup_timeout_ms": int, "retry_after_ms": int,
-                    "io_timeout_ms": int, "layer_group": int,
+                    "io_timeout_ms": int, "layer_group": int, "max_pending_save_chunks": int,
                     "prefill_tokens_per_s": (int, float)}.get(name, str)
             if value is not None and (not isinstance(value, want) or isinstance(value, bool)):
                 raise ValueError(f"kvtier: setting {name!r} must be "
@@ -141,6 +146,8 @@ class ConnectorSettings:
     def validate(self) -> None:
         if self.layer_group <= 0:
             raise ValueError(f"kvtier: layer_group must be positive, not {self.layer_group}")
+        if self.max_pending_save_chunks < 0:
+            raise ValueError("kvtier: max_pending_save_chunks must not be negative")
         if self.chunk_tokens <= 0:
             raise ValueError(f"kvtier: chunk_tokens must be positive, not {self.chunk_tokens}")
         if self.lookup_timeout_ms <= 0 or self.io_timeout_ms <= 0 or self.retry_after_ms < 0:

@@ -284,6 +284,9 @@ class KvtierConnector(KVConnectorBase_V1):
         self._saves_submitted = True  # the bound metadata's saves were handed to the saver
         self.save_errors = 0
         self.load_errors = 0
+        self.saves_skipped = 0  # chunks not stored: the save queue was full
+        self._pending_save_chunks = 0  # guarded by _mu
+        self._save_stream = None  # CUDA: the saver's own stream
 
     def register_kv_caches(self, kv_caches: dict) -> None:
         names = list(kv_caches)
@@ -331,8 +334,13 @@ class KvtierConnector(KVConnectorBase_V1):
                 self._failed_blocks.update(job.block_ids[i])
         self._pending_loads = []
 
-    def _save_job(self, job: ChunkJob, stream) -> None:
+    def _save_job(self, job: ChunkJob, ready) -> None:
+        stream = self._save_stream
         try:
+            if ready is not None:
+                # The blocks hold this step's KV once the compute stream passed `ready`;
+                # the encode runs on the saver's stream, beside the next forwards.
+                stream.wait_event(ready)
             for key, ids in zip(job.keys, job.block_ids):
                 self._mover().save(key, ids, stream=stream)
         except (kvtier.KvtierError, ValueError) as e:
@@ -341,6 +349,7 @@ class KvtierConnector(KVConnectorBase_V1):
         finally:
             with self._mu:
                 self._saved.add(job.req_id)
+                self._pending_save_chunks -= len(job.keys)
 
     def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
         super().bind_connector_metadata(connector_metadata)
@@ -356,11 +365,28 @@ class KvtierConnector(KVConnectorBase_V1):
             return
         self._saves_submitted = True
         meta = self._get_connector_metadata()
-        stream = None
+        ready = None
         if meta.saves and self._mover().on_gpu:
-            stream = torch.cuda.current_stream(self._mover().kv.device)
+            device = self._mover().kv.device
+            if self._save_stream is None:
+                self._save_stream = torch.cuda.Stream(device=device)
+            ready = torch.cuda.Event()
+            ready.record(torch.cuda.current_stream(device))
+        limit = self.settings.max_pending_save_chunks
         for job in meta.saves:
-            self._saver.submit(self._save_job, job, stream)
+            with self._mu:
+                skip = self._pending_save_chunks + len(job.keys) > limit
+                if skip:
+                    # Never queue without bound: this request is not stored (a later
+                    # miss) and get_finished hands its blocks back now.
+                    self.saves_skipped += len(job.keys)
+                    self._saved.add(job.req_id)
+                else:
+                    self._pending_save_chunks += len(job.keys)
+            if skip:
+                logger.debug("kvtier: save queue full; request %s not stored", job.req_id)
+                continue
+            self._saver.submit(self._save_job, job, ready)
 
     def get_finished(self, finished_req_ids: set) -> tuple[Optional[set], Optional[set]]:
         # vLLM 0.26-0.30 call no wait_for_save on a step that runs no tokens, which is

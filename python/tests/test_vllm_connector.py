@@ -441,3 +441,19 @@ def test_bad_extra_config_is_a_clear_error(model_dir, kvtierd):
     with pytest.raises(ValueError, match="16-bit"):
         KvtierConnector(vllm_config(model_dir, _extra(kvtierd), cache_dtype="fp8"),
                         KVConnectorRole.SCHEDULER, kv_cache_config())
+
+
+def test_a_full_save_queue_skips_the_save_and_frees_the_blocks(model_dir, kvtierd):
+    """Saves never stall the engine: past max_pending_save_chunks a request's
+    chunks are skipped (counted) and its blocks go back to vLLM at once."""
+    tokens = _prompt(2 * CHUNK + 3, 11)
+    eng = Engine(model_dir, _extra(kvtierd, max_pending_save_chunks=1))
+    eng.scheduler.add_request(make_request("big", tokens))
+    eng.step()  # finishes; its 2 chunks do not fit a queue of 1
+    eng.step()
+    assert "big" not in eng.scheduler.requests
+    assert eng.worker.saves_skipped == 2 and eng.worker.save_errors == 0
+    ident = engine.engine_identity(model_dir, torch.bfloat16, "k16v16")
+    with kvtier.Client(socket=kvtierd.socket) as c:
+        assert c.lookup(kvtier.chunk_keys(ident.fingerprint(), tokens, CHUNK)) == []
+    eng.shutdown()
