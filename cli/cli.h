@@ -3,8 +3,8 @@
 //
 // A command's action returns an exit status: 0 success, 1 "not found" (a
 // miss), 2 any other failure. Errors are printed as one line on stderr.
-#ifndef KVTIER_CLIENT_CLI_H_
-#define KVTIER_CLIENT_CLI_H_
+#ifndef KVTIER_CLI_CLI_H_
+#define KVTIER_CLI_CLI_H_
 
 #include <functional>
 #include <string>
@@ -45,4 +45,4 @@ void RegisterReplayCommands(CLI::App& app, CommandResult& result);
 
 }  // namespace kvtier::cli
 
-#endif  // KVTIER_CLIENT_CLI_H_
+#endif  // KVTIER_CLI_CLI_H_

@@ -1,4 +1,4 @@
-#include "client/npy.h"
+#include "cli/npy.h"
 
 #include <cstring>
 

@@ -4,8 +4,8 @@
 // (`kvtier replay --live`). Each request looks up its blocks' keys
 // (tiering::replay::TraceBlockKey), gets the cached prefix and puts the
 // rest, as an inference engine would; every block is the same valid chunk.
-#ifndef KVTIER_CLIENT_LIVE_REPLAY_H_
-#define KVTIER_CLIENT_LIVE_REPLAY_H_
+#ifndef KVTIER_CLI_LIVE_REPLAY_H_
+#define KVTIER_CLI_LIVE_REPLAY_H_
 
 #include <cstdint>
 #include <string>
@@ -15,11 +15,11 @@
 #include "codec/chunk.h"
 #include "tiering/replay/trace.h"
 
-namespace kvtier::client {
+namespace kvtier::cli {
 
 struct LiveReplayOptions {
   // How to reach the daemon. Default: ClientOptions{}
-  ClientOptions client;
+  client::ClientOptions client;
   // The chunk every block is sent as (its geometry sets its size).
   // Default: ChunkSpec{} (set it)
   codec::ChunkSpec chunk;
@@ -66,6 +66,6 @@ absl::StatusOr<LiveReplayResult> RunLiveReplay(const tiering::replay::Trace& tra
 // The result as one JSON object.
 std::string LiveResultJson(const LiveReplayResult& r);
 
-}  // namespace kvtier::client
+}  // namespace kvtier::cli
 
-#endif  // KVTIER_CLIENT_LIVE_REPLAY_H_
+#endif  // KVTIER_CLI_LIVE_REPLAY_H_

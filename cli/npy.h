@@ -2,8 +2,8 @@
 // (float16 '<f2', or uint16 '<u2' holding bfloat16 bits), C order.
 // The reader treats its input as hostile: every length is bounds-checked and
 // each failure names what is wrong.
-#ifndef KVTIER_CLIENT_NPY_H_
-#define KVTIER_CLIENT_NPY_H_
+#ifndef KVTIER_CLI_NPY_H_
+#define KVTIER_CLI_NPY_H_
 
 #include <cstdint>
 #include <span>
@@ -35,4 +35,4 @@ std::vector<uint8_t> Serialize(const Array16& array);
 
 }  // namespace kvtier::npy
 
-#endif  // KVTIER_CLIENT_NPY_H_
+#endif  // KVTIER_CLI_NPY_H_

@@ -3,7 +3,7 @@
 #include <optional>
 #include <string>
 
-#include "client/cli.h"
+#include "cli/cli.h"
 #include "absl/strings/str_cat.h"
 #include "common/file.h"
 #include "common/status.h"

@@ -11,8 +11,8 @@
 #include "absl/strings/str_format.h"
 #include "bandwidth/links.h"
 #include "bandwidth/presets.h"
-#include "client/cli.h"
-#include "client/live_replay.h"
+#include "cli/cli.h"
+#include "cli/live_replay.h"
 #include "common/file.h"
 #include "common/status.h"
 #include "nlohmann/json.hpp"
@@ -157,13 +157,13 @@ void PrintRow(const rp::ReplayResult& r) {
               r.ttft_p50_s, r.ttft_p99_s);
 }
 
-void PrintLatency(const char* name, const client::LatencySummary& l) {
+void PrintLatency(const char* name, const LatencySummary& l) {
   std::printf("%-7s %8llu %7llu %9.3f %9.3f %9.3f %9.3f\n", name, static_cast<unsigned long long>(l.calls),
               static_cast<unsigned long long>(l.errors), l.p50_ms, l.p90_ms, l.p99_ms, l.max_ms);
 }
 
 absl::Status RunLive(const ReplayArgs& a, const Setup& s) {
-  client::LiveReplayOptions o;
+  LiveReplayOptions o;
   o.client.socket_path = a.socket;
   o.client.populate_mapping = false;
   o.chunk = s.options.chunk;
@@ -174,9 +174,9 @@ absl::Status RunLive(const ReplayArgs& a, const Setup& s) {
   o.block_tokens = a.block_tokens;
   rp::Trace trace = s.trace;
   if (a.max_requests != 0 && trace.requests.size() > a.max_requests) trace.requests.resize(a.max_requests);
-  KVTIER_ASSIGN_OR_RETURN(client::LiveReplayResult r, client::RunLiveReplay(trace, o));
+  KVTIER_ASSIGN_OR_RETURN(LiveReplayResult r, RunLiveReplay(trace, o));
   if (a.json) {
-    nlohmann::ordered_json j = nlohmann::ordered_json::parse(client::LiveResultJson(r));
+    nlohmann::ordered_json j = nlohmann::ordered_json::parse(LiveResultJson(r));
     j["socket"] = a.socket;
     j["time_scale"] = a.time_scale;
     j["duration_s"] = a.duration_s;

@@ -2,7 +2,7 @@
 #include <cstdio>
 #include <exception>
 
-#include "client/cli.h"
+#include "cli/cli.h"
 
 int main(int argc, char** argv) {
   using namespace kvtier::cli;

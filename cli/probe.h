@@ -6,8 +6,8 @@
 // best of `repeats` runs, in decimal GB/s (1e9 bytes/s). A memcpy of N bytes
 // counts N (the memory system moves at least 2N), matching how the model
 // counts the KV bytes a link must carry.
-#ifndef KVTIER_CLIENT_PROBE_H_
-#define KVTIER_CLIENT_PROBE_H_
+#ifndef KVTIER_CLI_PROBE_H_
+#define KVTIER_CLI_PROBE_H_
 
 #include <cstdint>
 #include <string>
@@ -44,4 +44,4 @@ absl::StatusOr<ProbeReport> RunProbe(const ProbeOptions& options);
 
 }  // namespace kvtier::cli
 
-#endif  // KVTIER_CLIENT_PROBE_H_
+#endif  // KVTIER_CLI_PROBE_H_

@@ -1,4 +1,4 @@
-#include "client/probe.h"
+#include "cli/probe.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>

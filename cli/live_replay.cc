@@ -1,4 +1,4 @@
-#include "client/live_replay.h"
+#include "cli/live_replay.h"
 
 #include <algorithm>
 #include <atomic>
@@ -13,7 +13,7 @@
 #include "nlohmann/json.hpp"
 #include "tiering/replay/replay.h"
 
-namespace kvtier::client {
+namespace kvtier::cli {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -60,9 +60,10 @@ absl::StatusOr<LiveReplayResult> RunLiveReplay(const tiering::replay::Trace& tra
   codec::WriteHeader(o.chunk, layout, 0, 0, chunk);
   KVTIER_RETURN_IF_ERROR(codec::SealChunk(chunk));
 
-  std::vector<std::unique_ptr<KvtierClient>> clients;
+  std::vector<std::unique_ptr<client::KvtierClient>> clients;
   for (int i = 0; i < o.concurrency; ++i) {
-    KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<KvtierClient> c, KvtierClient::Connect(o.client));
+    KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<client::KvtierClient> c,
+                            client::KvtierClient::Connect(o.client));
     clients.push_back(std::move(c));
   }
   const auto start = Clock::now();
@@ -71,7 +72,7 @@ absl::StatusOr<LiveReplayResult> RunLiveReplay(const tiering::replay::Trace& tra
   std::atomic<size_t> next{0};
   std::vector<WorkerLog> logs(o.concurrency);
   auto work = [&](int w) {
-    KvtierClient& c = *clients[w];
+    client::KvtierClient& c = *clients[w];
     WorkerLog& log = logs[w];
     std::vector<uint8_t> buf(chunk.size());
     std::vector<Hash128> keys;
@@ -171,4 +172,4 @@ std::string LiveResultJson(const LiveReplayResult& r) {
   return j.dump();
 }
 
-}  // namespace kvtier::client
+}  // namespace kvtier::cli

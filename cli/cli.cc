@@ -1,4 +1,4 @@
-#include "client/cli.h"
+#include "cli/cli.h"
 
 #include <cstdio>
 #include <string>
