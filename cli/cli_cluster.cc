@@ -3,13 +3,13 @@
 #include <optional>
 #include <string>
 
-#include "cli/cli.h"
 #include "absl/strings/str_cat.h"
+#include "cli/cli.h"
+#include "cluster/membership.h"
+#include "cluster/peer_auth.h"
 #include "common/file.h"
 #include "common/status.h"
 #include "nlohmann/json.hpp"
-#include "cluster/membership.h"
-#include "tiering/remote/peer_auth.h"
 
 namespace kvtier::cli {
 namespace {
@@ -49,7 +49,7 @@ absl::Status RunStatus(const StatusArgs& a) {
   if (!a.cluster_secret_file.empty()) {
     KVTIER_ASSIGN_OR_RETURN(std::string secret,
                             ReadSecretFile(a.cluster_secret_file, "cluster secret",
-                                                   tiering::remote::kMinClusterSecretBytes));
+                                                   cluster::kMinClusterSecretBytes));
     KVTIER_ASSIGN_OR_RETURN(signer, cluster::RecordSigner::Create(secret));
   }
   KVTIER_ASSIGN_OR_RETURN(auto etcd, cluster::EtcdClient::Connect(endpoints, eo));

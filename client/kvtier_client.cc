@@ -276,11 +276,6 @@ class ClientImpl final : public KvtierClient {
   std::unique_ptr<StreamGrpcPath> stream_path_;
 };
 
-}  // namespace
-
-namespace {
-
-
 // Plaintext, or TLS (with a client certificate) when tls_ca is set.
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentials(const ClientOptions& o) {
   if (o.tls_ca.empty()) {

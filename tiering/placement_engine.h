@@ -33,7 +33,7 @@
 #include "tiering/hbm_tier.h"
 #include "tiering/io.h"
 #include "tiering/nvme_tier.h"
-#include "tiering/remote/remote_tier.h"
+#include "tiering/remote_tier.h"
 #include "tiering/tenant_accounting.h"
 #include "tiering/tier.h"
 

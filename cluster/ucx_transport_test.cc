@@ -1,18 +1,19 @@
 // UcxTransport over real UCX on loopback (tcp/shared-memory transports):
 // puts, gets, sizes, erases, large rendezvous transfers, errors from the
 // peer, version refusal, timeouts and a peer that dies mid-transfer.
-#include "tiering/remote/ucx_transport.h"
+#include "cluster/peer_address.h"
+#include "cluster/ucx_transport.h"
 
 #include <future>
 #include <numeric>
 #include <thread>
 
-#include "gmock/gmock.h"
+#include "cluster/test_peer.h"
 #include "common/testing/wait.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tiering/remote/test_peer.h"
 
-namespace kvtier::tiering::remote {
+namespace kvtier::cluster {
 namespace {
 
 using ::testing::HasSubstr;
@@ -25,7 +26,7 @@ std::vector<uint8_t> Bytes(size_t n, uint8_t seed) {
   return b;
 }
 
-ObjectKey Id(int i, Part p = Part::kWhole) { return {Hash128::Of(std::to_string(i), 0), p}; }
+tiering::ObjectKey Id(int i, tiering::Part p = tiering::Part::kWhole) { return {Hash128::Of(std::to_string(i), 0), p}; }
 
 struct Node {
   testing::MapPeerService service;
@@ -66,7 +67,7 @@ TEST(UcxTransport, PutGetSizeEraseRoundTrip) {
   ASSERT_TRUE(c.Ping(server->addr, kTimeout).ok());
   for (size_t n : {size_t{0}, size_t{1}, size_t{4000}, size_t{300000}, size_t{25182336}}) {
     auto data = Bytes(n, static_cast<uint8_t>(n));
-    ObjectKey id = Id(static_cast<int>(n));
+    tiering::ObjectKey id = Id(static_cast<int>(n));
     ASSERT_TRUE(c.Put(server->addr, id, data, kTimeout).ok()) << n;
     auto size = c.Size(server->addr, id, kTimeout);
     ASSERT_TRUE(size.ok()) << size.status();
@@ -281,4 +282,4 @@ TEST(UcxTransport, RegisteredMemoryIsUsedForZeroCopyTransfers) {
 }
 
 }  // namespace
-}  // namespace kvtier::tiering::remote
+}  // namespace kvtier::cluster

@@ -3,16 +3,16 @@
 // member dies, rejoin, network faults (drops, delays, corrupted transfers)
 // that never return a corrupted chunk, and members that are unreachable or
 // never answer, which turn a read into a miss, not an error.
-#include "tiering/remote/cluster_tier.h"
+#include "cluster/cluster_tier.h"
 
+#include "cluster/test_peer.h"
+#include "cluster/ucx_transport.h"
 #include "codec/codec.h"
 #include "codec/test_util.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tiering/remote/test_peer.h"
-#include "tiering/remote/ucx_transport.h"
 
-namespace kvtier::tiering::remote {
+namespace kvtier::cluster {
 namespace {
 
 std::vector<uint8_t> Chunk(uint32_t seed) {
@@ -25,7 +25,7 @@ std::vector<uint8_t> Chunk(uint32_t seed) {
   return *codec::EncodeChunk(spec, {k, v});
 }
 
-ObjectKey Id(int i) { return {Hash128::Of(std::to_string(i), 0), Part::kWhole}; }
+tiering::ObjectKey Id(int i) { return {Hash128::Of(std::to_string(i), 0), tiering::Part::kWhole}; }
 
 struct Node {
   std::string id;
@@ -71,14 +71,14 @@ class Cluster : public ::testing::Test {
     }
   }
   // A node that holds no replica of `id` itself.
-  int NonOwner(const ObjectKey& id) {
+  int NonOwner(const tiering::ObjectKey& id) {
     auto owners = nodes_[0]->tier->Owners(id.key);
     for (int i = 0; i < 3; ++i) {
       if (nodes_[i]->id != owners[0].id && nodes_[i]->id != owners[1].id) return i;
     }
     return -1;
   }
-  FakeClock clock_;
+  tiering::FakeClock clock_;
   std::unique_ptr<Node> nodes_[3];
 };
 
@@ -308,18 +308,18 @@ TEST_F(Cluster, PeerThatStopsAnsweringCostsOneLookupTimeout) {
 
 TEST(VerifyObject, ChecksWholeChunksAndParts) {
   auto c = Chunk(5);
-  EXPECT_TRUE(VerifyObject(Id(1), c).ok());
+  EXPECT_TRUE(tiering::VerifyObject(Id(1), c).ok());
   auto h = codec::ParseHeader(c);
   ASSERT_TRUE(h.ok());
   std::vector<uint8_t> kpart(c.begin(), c.begin() + h->layout.v_offset);
   std::vector<uint8_t> vpart(c.begin(), c.begin() + codec::kHeaderSize);
   vpart.insert(vpart.end(), c.begin() + h->layout.v_offset, c.end());
-  EXPECT_TRUE(VerifyObject({Id(1).key, Part::kK}, kpart).ok());
-  EXPECT_TRUE(VerifyObject({Id(1).key, Part::kV}, vpart).ok());
-  EXPECT_EQ(VerifyObject({Id(1).key, Part::kK}, vpart).code(), absl::StatusCode::kDataLoss);
+  EXPECT_TRUE(tiering::VerifyObject({Id(1).key, tiering::Part::kK}, kpart).ok());
+  EXPECT_TRUE(tiering::VerifyObject({Id(1).key, tiering::Part::kV}, vpart).ok());
+  EXPECT_EQ(tiering::VerifyObject({Id(1).key, tiering::Part::kK}, vpart).code(), absl::StatusCode::kDataLoss);
   c[c.size() - 3] ^= 1;
-  EXPECT_EQ(VerifyObject(Id(1), c).code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(tiering::VerifyObject(Id(1), c).code(), absl::StatusCode::kDataLoss);
 }
 
 }  // namespace
-}  // namespace kvtier::tiering::remote
+}  // namespace kvtier::cluster

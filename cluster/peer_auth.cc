@@ -1,11 +1,11 @@
-#include "tiering/remote/peer_auth.h"
+#include "cluster/peer_auth.h"
 
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 
-namespace kvtier::tiering::remote {
+namespace kvtier::cluster {
 namespace {
 
 constexpr std::string_view kMacLabel = "kvtier peer-auth v1";
@@ -155,4 +155,4 @@ bool NonceHistory::Insert(const AuthNonce& n) {
   return true;
 }
 
-}  // namespace kvtier::tiering::remote
+}  // namespace kvtier::cluster

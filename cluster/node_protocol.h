@@ -1,9 +1,10 @@
-// The peer-to-peer wire protocol of the remote tier (docs/cluster.md,
-// "Wire protocol"). Every message is one UCX active message whose header is a
-// fixed 64-byte WireHeader and whose payload is the object bytes (put
-// requests, get replies) or a UTF-8 error message (failed replies).
-#ifndef KVTIER_TIERING_REMOTE_WIRE_H_
-#define KVTIER_TIERING_REMOTE_WIRE_H_
+// The node protocol: how kvtier nodes of one cluster talk to each other
+// (cluster/NODE_PROTOCOL.md is the spec). Every message is one UCX active
+// message whose header is a fixed 64-byte WireHeader and whose payload is the
+// object bytes (put requests, get replies), a handshake message
+// (cluster/peer_auth.h) or a UTF-8 error message (failed replies).
+#ifndef KVTIER_CLUSTER_NODE_PROTOCOL_H_
+#define KVTIER_CLUSTER_NODE_PROTOCOL_H_
 
 #include <cstdint>
 #include <span>
@@ -13,7 +14,7 @@
 #include "absl/status/statusor.h"
 #include "tiering/tier.h"
 
-namespace kvtier::tiering::remote {
+namespace kvtier::cluster {
 
 inline constexpr uint32_t kWireMagic = 0x5254564B;  // bytes 'K' 'V' 'T' 'R'
 // Version 1. A peer refuses requests of any other version with a reply that
@@ -52,7 +53,7 @@ struct WireHeader {
   Op op = Op::kPing;
   bool reply = false;
   uint64_t request_id = 0;
-  ObjectKey id;
+  tiering::ObjectKey id;
   absl::StatusCode status = absl::StatusCode::kOk;
   uint64_t length = 0;
 };
@@ -68,6 +69,6 @@ absl::StatusOr<WireHeader> DecodeHeader(std::span<const uint8_t> bytes);
 // the buffer is too short or the magic wrong).
 uint64_t PeekRequestId(std::span<const uint8_t> bytes);
 
-}  // namespace kvtier::tiering::remote
+}  // namespace kvtier::cluster
 
-#endif  // KVTIER_TIERING_REMOTE_WIRE_H_
+#endif  // KVTIER_CLUSTER_NODE_PROTOCOL_H_

@@ -15,18 +15,18 @@
 // bounded by UcxTransportOptions::connect_timeout, so a peer that takes the
 // connection but never answers costs that long, not the call's timeout.
 // Thread-safe.
-#ifndef KVTIER_TIERING_REMOTE_UCX_TRANSPORT_H_
-#define KVTIER_TIERING_REMOTE_UCX_TRANSPORT_H_
+#ifndef KVTIER_CLUSTER_UCX_TRANSPORT_H_
+#define KVTIER_CLUSTER_UCX_TRANSPORT_H_
 
 #include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "tiering/remote/transport.h"
-#include "tiering/remote/wire.h"
+#include "cluster/node_protocol.h"
+#include "cluster/transport.h"
 
-namespace kvtier::tiering::remote {
+namespace kvtier::cluster {
 
 struct UcxTransportOptions {
   // Address peers reach this node on, "host:port" (port 0 picks a free one;
@@ -88,13 +88,13 @@ class UcxTransport : public Transport {
   // it skip per-transfer registration (the daemon registers its DRAM pool).
   absl::Status RegisterMemory(void* data, size_t bytes);
 
-  absl::Status Put(const std::string& peer, const ObjectKey& id, std::span<const uint8_t> bytes,
+  absl::Status Put(const std::string& peer, const tiering::ObjectKey& id, std::span<const uint8_t> bytes,
                    absl::Duration timeout) override;
-  absl::StatusOr<uint64_t> Size(const std::string& peer, const ObjectKey& id,
+  absl::StatusOr<uint64_t> Size(const std::string& peer, const tiering::ObjectKey& id,
                                 absl::Duration timeout) override;
-  absl::Status Get(const std::string& peer, const ObjectKey& id, std::span<uint8_t> out,
+  absl::Status Get(const std::string& peer, const tiering::ObjectKey& id, std::span<uint8_t> out,
                    absl::Duration timeout) override;
-  absl::Status Erase(const std::string& peer, const ObjectKey& id,
+  absl::Status Erase(const std::string& peer, const tiering::ObjectKey& id,
                      absl::Duration timeout) override;
   absl::Status Ping(const std::string& peer, absl::Duration timeout) override;
 
@@ -121,9 +121,6 @@ class UcxTransport : public Transport {
   std::unique_ptr<Impl> impl_;
 };
 
-// Splits "host:port" (IPv4, [IPv6] or a name). InvalidArgument otherwise.
-absl::StatusOr<std::pair<std::string, uint16_t>> ParseHostPort(const std::string& address);
+}  // namespace kvtier::cluster
 
-}  // namespace kvtier::tiering::remote
-
-#endif  // KVTIER_TIERING_REMOTE_UCX_TRANSPORT_H_
+#endif  // KVTIER_CLUSTER_UCX_TRANSPORT_H_

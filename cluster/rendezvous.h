@@ -1,8 +1,8 @@
 // Key ownership in a cluster: rendezvous (highest-random-weight) hashing over
 // the live members, so every node computes the same owners from the same
 // member list, and a member joining or leaving moves only the keys it owns.
-#ifndef KVTIER_TIERING_REMOTE_RENDEZVOUS_H_
-#define KVTIER_TIERING_REMOTE_RENDEZVOUS_H_
+#ifndef KVTIER_CLUSTER_RENDEZVOUS_H_
+#define KVTIER_CLUSTER_RENDEZVOUS_H_
 
 #include <cstdint>
 #include <span>
@@ -12,7 +12,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/hash.h"
 
-namespace kvtier::tiering::remote {
+namespace kvtier::cluster {
 
 // A cluster member as the remote tier sees it.
 struct Member {
@@ -63,6 +63,6 @@ class StaticMemberView : public MemberView {
   std::vector<Member> members_ ABSL_GUARDED_BY(mu_);
 };
 
-}  // namespace kvtier::tiering::remote
+}  // namespace kvtier::cluster
 
-#endif  // KVTIER_TIERING_REMOTE_RENDEZVOUS_H_
+#endif  // KVTIER_CLUSTER_RENDEZVOUS_H_

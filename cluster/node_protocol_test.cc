@@ -1,9 +1,9 @@
-#include "tiering/remote/wire.h"
+#include "cluster/node_protocol.h"
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
-namespace kvtier::tiering::remote {
+namespace kvtier::cluster {
 namespace {
 
 using ::testing::HasSubstr;
@@ -14,7 +14,7 @@ WireHeader Sample() {
   h.reply = true;
   h.request_id = 0x1122334455667788ull;
   h.id.key = Hash128::Of(std::string_view("k"), 0);
-  h.id.part = Part::kV;
+  h.id.part = tiering::Part::kV;
   h.status = absl::StatusCode::kNotFound;
   h.length = 25182336;
   return h;
@@ -73,4 +73,4 @@ TEST(Wire, MalformedHeadersAreInvalidArgument) {
 }
 
 }  // namespace
-}  // namespace kvtier::tiering::remote
+}  // namespace kvtier::cluster

@@ -1,11 +1,11 @@
-#include "tiering/remote/wire.h"
+#include "cluster/node_protocol.h"
 
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "common/coding.h"
 
-namespace kvtier::tiering::remote {
+namespace kvtier::cluster {
 void EncodeHeader(const WireHeader& h, std::span<uint8_t, kWireHeaderSize> out) {
   uint8_t* p = out.data();
   std::memset(p, 0, kWireHeaderSize);
@@ -59,10 +59,10 @@ absl::StatusOr<WireHeader> DecodeHeader(std::span<const uint8_t> bytes) {
   h.request_id = LoadLE<uint64_t>(p + kWireOffRequestId);
   std::memcpy(h.id.key.bytes.data(), p + kWireOffKey, Hash128::kSize);
   uint8_t part = p[kWireOffPart];
-  if (part > static_cast<uint8_t>(Part::kV)) {
+  if (part > static_cast<uint8_t>(tiering::Part::kV)) {
     return absl::InvalidArgumentError(absl::StrCat("wire header: unknown part ", part));
   }
-  h.id.part = static_cast<Part>(part);
+  h.id.part = static_cast<tiering::Part>(part);
   int32_t code = LoadLE<int32_t>(p + kWireOffStatus);
   if (code < 0 || code > static_cast<int32_t>(absl::StatusCode::kUnauthenticated)) {
     return absl::InvalidArgumentError(absl::StrCat("wire header: unknown status code ", code));
@@ -78,4 +78,4 @@ absl::StatusOr<WireHeader> DecodeHeader(std::span<const uint8_t> bytes) {
   return h;
 }
 
-}  // namespace kvtier::tiering::remote
+}  // namespace kvtier::cluster

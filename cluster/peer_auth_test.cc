@@ -3,17 +3,17 @@
 // same secret talk, a node with a wrong or missing secret can neither read
 // nor write, and hostile handshake messages (truncated, oversized, replayed,
 // forged) are refused, counted and end the connection.
-#include "tiering/remote/peer_auth.h"
+#include "cluster/peer_auth.h"
 
 #include <atomic>
 #include <thread>
 
+#include "cluster/test_peer.h"
+#include "cluster/ucx_transport.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tiering/remote/test_peer.h"
-#include "tiering/remote/ucx_transport.h"
 
-namespace kvtier::tiering::remote {
+namespace kvtier::cluster {
 namespace {
 
 using ::testing::HasSubstr;
@@ -141,7 +141,7 @@ TEST(NonceHistory, RefusesRepeatsAndForgetsTheOldest) {
 
 // --- over UCX ---
 
-ObjectKey Id(int i) { return {Hash128::Of(std::to_string(i), 0), Part::kWhole}; }
+tiering::ObjectKey Id(int i) { return {Hash128::Of(std::to_string(i), 0), tiering::Part::kWhole}; }
 
 struct Node {
   testing::MapPeerService service;
@@ -304,4 +304,4 @@ TEST_F(UcxPeerAuth, HostileHandshakeMessagesAreRefusedAndCounted) {
 }
 
 }  // namespace
-}  // namespace kvtier::tiering::remote
+}  // namespace kvtier::cluster

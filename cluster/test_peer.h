@@ -1,8 +1,8 @@
 // Helpers for the remote tier's tests: an in-memory PeerService (a map from
 // object id to bytes, with knobs to make it slow (gets and sizes) or refuse
 // puts), and a listener that never answers.
-#ifndef KVTIER_TIERING_REMOTE_TEST_PEER_H_
-#define KVTIER_TIERING_REMOTE_TEST_PEER_H_
+#ifndef KVTIER_CLUSTER_TEST_PEER_H_
+#define KVTIER_CLUSTER_TEST_PEER_H_
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -18,15 +18,15 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
-#include "tiering/remote/transport.h"
+#include "cluster/transport.h"
 
-namespace kvtier::tiering::remote::testing {
+namespace kvtier::cluster::testing {
 
 class MapPeerService : public PeerService {
  public:
   class Sink : public PutSink {
    public:
-    Sink(MapPeerService* s, ObjectKey id, uint64_t n) : s_(s), id_(id), buf_(n) {}
+    Sink(MapPeerService* s, tiering::ObjectKey id, uint64_t n) : s_(s), id_(id), buf_(n) {}
     std::span<uint8_t> buffer() override { return buf_; }
     absl::Status Commit(bool ok) override {
       if (!ok) return absl::OkStatus();
@@ -37,7 +37,7 @@ class MapPeerService : public PeerService {
 
    private:
     MapPeerService* s_;
-    ObjectKey id_;
+    tiering::ObjectKey id_;
     std::vector<uint8_t> buf_;
   };
   class Source : public GetSource {
@@ -49,11 +49,11 @@ class MapPeerService : public PeerService {
     std::vector<uint8_t> b_;
   };
 
-  absl::StatusOr<std::unique_ptr<PutSink>> BeginPut(const ObjectKey& id, uint64_t bytes) override {
+  absl::StatusOr<std::unique_ptr<PutSink>> BeginPut(const tiering::ObjectKey& id, uint64_t bytes) override {
     if (bytes > capacity_) return absl::ResourceExhaustedError("test peer is full");
     return std::unique_ptr<PutSink>(new Sink(this, id, bytes));
   }
-  absl::StatusOr<std::unique_ptr<GetSource>> BeginGet(const ObjectKey& id) override {
+  absl::StatusOr<std::unique_ptr<GetSource>> BeginGet(const tiering::ObjectKey& id) override {
     gets_begun_.fetch_add(1);
     if (delay_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms_));
     gets_past_delay_.fetch_add(1);
@@ -62,14 +62,14 @@ class MapPeerService : public PeerService {
     if (it == objects_.end()) return absl::NotFoundError("no such object");
     return std::unique_ptr<GetSource>(new Source(it->second));
   }
-  absl::StatusOr<uint64_t> Size(const ObjectKey& id) override {
+  absl::StatusOr<uint64_t> Size(const tiering::ObjectKey& id) override {
     if (delay_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms_));
     absl::MutexLock lock(&mu_);
     auto it = objects_.find(id);
     if (it == objects_.end()) return absl::NotFoundError("no such object");
     return it->second.size();
   }
-  absl::Status Erase(const ObjectKey& id) override {
+  absl::Status Erase(const tiering::ObjectKey& id) override {
     absl::MutexLock lock(&mu_);
     return objects_.erase(id) ? absl::OkStatus() : absl::NotFoundError("no such object");
   }
@@ -77,11 +77,11 @@ class MapPeerService : public PeerService {
     absl::MutexLock lock(&mu_);
     return objects_.size();
   }
-  bool Has(const ObjectKey& id) {
+  bool Has(const tiering::ObjectKey& id) {
     absl::MutexLock lock(&mu_);
     return objects_.contains(id);
   }
-  void Corrupt(const ObjectKey& id) {
+  void Corrupt(const tiering::ObjectKey& id) {
     absl::MutexLock lock(&mu_);
     auto it = objects_.find(id);
     if (it != objects_.end() && !it->second.empty()) it->second.back() ^= 0xFF;
@@ -95,7 +95,7 @@ class MapPeerService : public PeerService {
 
  private:
   absl::Mutex mu_;
-  absl::flat_hash_map<ObjectKey, std::vector<uint8_t>> objects_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<tiering::ObjectKey, std::vector<uint8_t>> objects_ ABSL_GUARDED_BY(mu_);
   std::atomic<int> delay_ms_{0};
   std::atomic<int> gets_begun_{0};
   std::atomic<int> gets_past_delay_{0};
@@ -129,6 +129,6 @@ class SilentListener {
   std::string addr_;
 };
 
-}  // namespace kvtier::tiering::remote::testing
+}  // namespace kvtier::cluster::testing
 
-#endif  // KVTIER_TIERING_REMOTE_TEST_PEER_H_
+#endif  // KVTIER_CLUSTER_TEST_PEER_H_

@@ -1,10 +1,10 @@
-#include "tiering/remote/rendezvous.h"
+#include "cluster/rendezvous.h"
 
 #include <map>
 
 #include "gtest/gtest.h"
 
-namespace kvtier::tiering::remote {
+namespace kvtier::cluster {
 namespace {
 
 std::vector<Member> Members(int n) {
@@ -69,4 +69,4 @@ TEST(Rendezvous, FewerMembersThanReplicas) {
 }
 
 }  // namespace
-}  // namespace kvtier::tiering::remote
+}  // namespace kvtier::cluster

@@ -16,8 +16,8 @@
 // Proof is worthless on another connection; the direction label keeps a
 // server's answer from being reflected back as a client's proof. MACs are
 // compared in constant time. The secret itself never crosses the wire.
-#ifndef KVTIER_TIERING_REMOTE_PEER_AUTH_H_
-#define KVTIER_TIERING_REMOTE_PEER_AUTH_H_
+#ifndef KVTIER_CLUSTER_PEER_AUTH_H_
+#define KVTIER_CLUSTER_PEER_AUTH_H_
 
 #include <array>
 #include <cstdint>
@@ -32,7 +32,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/crypto.h"
 
-namespace kvtier::tiering::remote {
+namespace kvtier::cluster {
 
 inline constexpr size_t kAuthNonceBytes = 32;
 inline constexpr size_t kAuthMacBytes = kSha256Bytes;
@@ -117,6 +117,6 @@ class NonceHistory {
   absl::flat_hash_set<std::string> seen_ ABSL_GUARDED_BY(mu_);
 };
 
-}  // namespace kvtier::tiering::remote
+}  // namespace kvtier::cluster
 
-#endif  // KVTIER_TIERING_REMOTE_PEER_AUTH_H_
+#endif  // KVTIER_CLUSTER_PEER_AUTH_H_

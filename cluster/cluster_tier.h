@@ -18,8 +18,8 @@
 // that could not be reached is skipped by every operation for
 // `down_backoff`, so the misses that follow do not pay the probe again while
 // membership still lists it. Thread-safe.
-#ifndef KVTIER_TIERING_REMOTE_CLUSTER_TIER_H_
-#define KVTIER_TIERING_REMOTE_CLUSTER_TIER_H_
+#ifndef KVTIER_CLUSTER_CLUSTER_TIER_H_
+#define KVTIER_CLUSTER_CLUSTER_TIER_H_
 
 #include <atomic>
 #include <string>
@@ -28,12 +28,12 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "cluster/rendezvous.h"
+#include "cluster/transport.h"
 #include "tiering/io.h"
-#include "tiering/remote/rendezvous.h"
-#include "tiering/remote/transport.h"
-#include "tiering/remote/remote_tier.h"
+#include "tiering/remote_tier.h"
 
-namespace kvtier::tiering::remote {
+namespace kvtier::cluster {
 
 struct ClusterTierOptions {
   // Copies of each object (owners). Default: 2
@@ -51,7 +51,7 @@ struct ClusterTierOptions {
   // (until its lease expires). Zero never skips. Default: 2 s
   absl::Duration down_backoff = absl::Seconds(2);
   // Time source of the back-off (not owned). Default: nullptr (SystemClock())
-  Clock* clock = nullptr;
+  tiering::Clock* clock = nullptr;
   // Tries per peer when it answers Unavailable. Default: 2
   uint32_t attempts_per_peer = 2;
   // Also look on live members that are not owners when no owner has the
@@ -72,38 +72,38 @@ enum class ClusterMetric : int {
 };
 const char* ClusterMetricName(ClusterMetric m);
 
-class ClusterTier : public RemoteTier {
+class ClusterTier : public tiering::RemoteTier {
  public:
   // `view`, `transport` and `local` (this node's own PeerService, used for
   // the replicas it owns; may be null) must outlive the tier.
   ClusterTier(const ClusterTierOptions& options, MemberView* view, Transport* transport,
               PeerService* local);
 
-  TierCapabilities capabilities() const override;
+  tiering::TierCapabilities capabilities() const override;
   // Sum over the other live members of what they advertise.
   uint64_t capacity_bytes() const override;
   uint64_t used_bytes() const override;
-  Bandwidth bandwidth() const override { return meter_.Get(); }
+  tiering::Bandwidth bandwidth() const override { return meter_.Get(); }
 
   // OK when at least one owner stored it; otherwise the last error
   // (Unavailable when no owner could be reached or every owner is skipped).
   // Each replica not stored is counted (kPutReplicaFailures).
-  using Tier::Put;
-  absl::Status Put(const ObjectKey& id, std::span<const uint8_t> bytes,
-                   const TierPutOptions& options) override;
+  using tiering::Tier::Put;
+  absl::Status Put(const tiering::ObjectKey& id, std::span<const uint8_t> bytes,
+                   const tiering::TierPutOptions& options) override;
   // The size of the first copy found, asking each peer for at most
   // `lookup_timeout`. NotFound when no member that answered has it
   // (unreachable and failing members included).
-  absl::StatusOr<uint64_t> Size(const ObjectKey& id) override;
+  absl::StatusOr<uint64_t> Size(const tiering::ObjectKey& id) override;
   // OK with a verified copy in `out`. NotFound when no member that answered
   // has one (unreachable and failing members included); DataLoss when every
   // copy found failed verification.
-  absl::Status Read(const ObjectKey& id, std::span<uint8_t> out) override;
+  absl::Status Read(const tiering::ObjectKey& id, std::span<uint8_t> out) override;
   // Erases every reachable member's copy. OK if any was erased, else NotFound.
-  absl::Status Erase(const ObjectKey& id) override;
+  absl::Status Erase(const tiering::ObjectKey& id) override;
   // Remote objects are not enumerated (the engine rebuilds its map from the
   // durable local tiers only): always empty.
-  std::vector<std::pair<ObjectKey, uint64_t>> List() override { return {}; }
+  std::vector<std::pair<tiering::ObjectKey, uint64_t>> List() override { return {}; }
   std::vector<std::string> Peers() const override;
   uint64_t errors() const override { return metric(ClusterMetric::kErrors); }
 
@@ -123,18 +123,18 @@ class ClusterTier : public RemoteTier {
   void Settle(const Member& m, const absl::Status& s);
   // The NotFound of a read or size no member answered with a copy.
   static absl::Status MissError(int unanswered);
-  absl::Status ReadFrom(const Member& m, const ObjectKey& id, std::span<uint8_t> out);
+  absl::Status ReadFrom(const Member& m, const tiering::ObjectKey& id, std::span<uint8_t> out);
   // This node's own replica, through its PeerService (the engine may have
   // evicted its cached copy while the replica stays).
-  absl::Status ReadLocal(const ObjectKey& id, std::span<uint8_t> out);
+  absl::Status ReadLocal(const tiering::ObjectKey& id, std::span<uint8_t> out);
   void Count(ClusterMetric m) { metrics_[static_cast<int>(m)].fetch_add(1); }
 
   const ClusterTierOptions options_;
-  Clock* const clock_;
+  tiering::Clock* const clock_;
   MemberView* view_;
   Transport* transport_;
   PeerService* local_;
-  BandwidthMeter meter_;
+  tiering::BandwidthMeter meter_;
   std::atomic<uint64_t> metrics_[static_cast<int>(ClusterMetric::kCount)] = {};
   absl::Mutex down_mu_;
   // Peers in their back-off, by data path (a restarted node publishes a new
@@ -146,6 +146,6 @@ class ClusterTier : public RemoteTier {
 // with the NVMe tier (tiering/tier.h).
 using ::kvtier::tiering::VerifyObject;
 
-}  // namespace kvtier::tiering::remote
+}  // namespace kvtier::cluster
 
-#endif  // KVTIER_TIERING_REMOTE_CLUSTER_TIER_H_
+#endif  // KVTIER_CLUSTER_CLUSTER_TIER_H_

@@ -2,8 +2,8 @@
 // and the PeerService a node exposes to its peers (server side). UCX is the
 // production transport (ucx_transport.h); tests wrap it in
 // FaultInjectingTransport.
-#ifndef KVTIER_TIERING_REMOTE_TRANSPORT_H_
-#define KVTIER_TIERING_REMOTE_TRANSPORT_H_
+#ifndef KVTIER_CLUSTER_TRANSPORT_H_
+#define KVTIER_CLUSTER_TRANSPORT_H_
 
 #include <cstdint>
 #include <functional>
@@ -18,7 +18,7 @@
 #include "common/fault_injection.h"
 #include "tiering/tier.h"
 
-namespace kvtier::tiering::remote {
+namespace kvtier::cluster {
 
 // What a node serves to its peers. Implementations are called from the
 // transport's service thread, one request at a time per thread; they may
@@ -44,12 +44,12 @@ class PeerService {
   };
 
   // ResourceExhausted if there is no room, InvalidArgument for a bad size.
-  virtual absl::StatusOr<std::unique_ptr<PutSink>> BeginPut(const ObjectKey& id,
+  virtual absl::StatusOr<std::unique_ptr<PutSink>> BeginPut(const tiering::ObjectKey& id,
                                                             uint64_t bytes) = 0;
   // NotFound on a miss, DataLoss if the local copy is corrupt.
-  virtual absl::StatusOr<std::unique_ptr<GetSource>> BeginGet(const ObjectKey& id) = 0;
-  virtual absl::StatusOr<uint64_t> Size(const ObjectKey& id) = 0;
-  virtual absl::Status Erase(const ObjectKey& id) = 0;
+  virtual absl::StatusOr<std::unique_ptr<GetSource>> BeginGet(const tiering::ObjectKey& id) = 0;
+  virtual absl::StatusOr<uint64_t> Size(const tiering::ObjectKey& id) = 0;
+  virtual absl::Status Erase(const tiering::ObjectKey& id) = 0;
 };
 
 // Client side: requests to peers named "host:port". Every call is bounded by
@@ -60,16 +60,16 @@ class PeerService {
 class Transport {
  public:
   virtual ~Transport() = default;
-  virtual absl::Status Put(const std::string& peer, const ObjectKey& id,
+  virtual absl::Status Put(const std::string& peer, const tiering::ObjectKey& id,
                            std::span<const uint8_t> bytes, absl::Duration timeout) = 0;
-  virtual absl::StatusOr<uint64_t> Size(const std::string& peer, const ObjectKey& id,
+  virtual absl::StatusOr<uint64_t> Size(const std::string& peer, const tiering::ObjectKey& id,
                                         absl::Duration timeout) = 0;
   // Reads the object into `out`, which must be exactly its size (else the
   // peer's InvalidArgument). On error `out` may hold partial data: callers
   // verify what they read (codec checksums) before using it.
-  virtual absl::Status Get(const std::string& peer, const ObjectKey& id, std::span<uint8_t> out,
+  virtual absl::Status Get(const std::string& peer, const tiering::ObjectKey& id, std::span<uint8_t> out,
                            absl::Duration timeout) = 0;
-  virtual absl::Status Erase(const std::string& peer, const ObjectKey& id,
+  virtual absl::Status Erase(const std::string& peer, const tiering::ObjectKey& id,
                              absl::Duration timeout) = 0;
   virtual absl::Status Ping(const std::string& peer, absl::Duration timeout) = 0;
 };
@@ -85,13 +85,13 @@ class FaultInjectingTransport : public Transport {
   void set_policy(const FaultPolicy& policy) { faults_.SetPolicy(policy); }
   uint64_t injected() const { return faults_.injected(); }
 
-  absl::Status Put(const std::string& peer, const ObjectKey& id, std::span<const uint8_t> bytes,
+  absl::Status Put(const std::string& peer, const tiering::ObjectKey& id, std::span<const uint8_t> bytes,
                    absl::Duration timeout) override;
-  absl::StatusOr<uint64_t> Size(const std::string& peer, const ObjectKey& id,
+  absl::StatusOr<uint64_t> Size(const std::string& peer, const tiering::ObjectKey& id,
                                 absl::Duration timeout) override;
-  absl::Status Get(const std::string& peer, const ObjectKey& id, std::span<uint8_t> out,
+  absl::Status Get(const std::string& peer, const tiering::ObjectKey& id, std::span<uint8_t> out,
                    absl::Duration timeout) override;
-  absl::Status Erase(const std::string& peer, const ObjectKey& id,
+  absl::Status Erase(const std::string& peer, const tiering::ObjectKey& id,
                      absl::Duration timeout) override;
   absl::Status Ping(const std::string& peer, absl::Duration timeout) override;
 
@@ -100,6 +100,6 @@ class FaultInjectingTransport : public Transport {
   FaultInjector faults_;
 };
 
-}  // namespace kvtier::tiering::remote
+}  // namespace kvtier::cluster
 
-#endif  // KVTIER_TIERING_REMOTE_TRANSPORT_H_
+#endif  // KVTIER_CLUSTER_TRANSPORT_H_

@@ -1,8 +1,8 @@
-// Remote tier: the interface only. ClusterTier (tiering/remote/cluster_tier.h)
+// Remote tier: the interface only. ClusterTier (cluster/cluster_tier.h)
 // implements it over a transport (UCX); the placement engine treats it as the
 // tier below NVMe.
-#ifndef KVTIER_TIERING_REMOTE_REMOTE_TIER_H_
-#define KVTIER_TIERING_REMOTE_REMOTE_TIER_H_
+#ifndef KVTIER_TIERING_REMOTE_TIER_H_
+#define KVTIER_TIERING_REMOTE_TIER_H_
 
 #include <string>
 #include <vector>
@@ -29,4 +29,4 @@ class RemoteTier : public Tier {
 
 }  // namespace kvtier::tiering
 
-#endif  // KVTIER_TIERING_REMOTE_REMOTE_TIER_H_
+#endif  // KVTIER_TIERING_REMOTE_TIER_H_

@@ -1,10 +1,10 @@
-#include "tiering/remote/rendezvous.h"
+#include "cluster/rendezvous.h"
 
 #include <algorithm>
 
 #include "xxhash.h"
 
-namespace kvtier::tiering::remote {
+namespace kvtier::cluster {
 
 uint64_t RendezvousWeight(const Hash128& key, const std::string& member_id) {
   std::string buf(reinterpret_cast<const char*>(key.bytes.data()), Hash128::kSize);
@@ -38,4 +38,4 @@ void StaticMemberView::Set(std::vector<Member> members) {
   members_ = std::move(members);
 }
 
-}  // namespace kvtier::tiering::remote
+}  // namespace kvtier::cluster

@@ -1,8 +1,5 @@
-#include "tiering/remote/ucx_transport.h"
+#include "cluster/ucx_transport.h"
 
-#include <arpa/inet.h>
-#include <netdb.h>
-#include <netinet/in.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -22,11 +19,12 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "cluster/node_protocol.h"
+#include "cluster/peer_address.h"
+#include "cluster/peer_auth.h"
 #include "common/status.h"
-#include "tiering/remote/peer_auth.h"
-#include "tiering/remote/wire.h"
 
-namespace kvtier::tiering::remote {
+namespace kvtier::cluster {
 namespace {
 
 constexpr unsigned kAmRequest = 1;
@@ -36,74 +34,7 @@ absl::Status UcsError(const char* what, ucs_status_t s) {
   return absl::UnavailableError(absl::StrCat(what, ": ", ucs_status_string(s)));
 }
 
-std::string SockaddrToString(const sockaddr_storage& ss) {
-  char host[INET6_ADDRSTRLEN] = {0};
-  uint16_t port = 0;
-  if (ss.ss_family == AF_INET) {
-    auto* a = reinterpret_cast<const sockaddr_in*>(&ss);
-    inet_ntop(AF_INET, &a->sin_addr, host, sizeof(host));
-    port = ntohs(a->sin_port);
-    return absl::StrCat(host, ":", port);
-  }
-  auto* a = reinterpret_cast<const sockaddr_in6*>(&ss);
-  inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof(host));
-  port = ntohs(a->sin6_port);
-  return absl::StrCat("[", host, "]:", port);
-}
-
-absl::StatusOr<sockaddr_storage> Resolve(const std::string& address) {
-  auto hp = ParseHostPort(address);
-  if (!hp.ok()) return hp.status();
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* res = nullptr;
-  int rc = getaddrinfo(hp->first.c_str(), std::to_string(hp->second).c_str(), &hints, &res);
-  if (rc != 0 || res == nullptr) {
-    return absl::UnavailableError(absl::StrCat("cannot resolve ", address, ": ", gai_strerror(rc)));
-  }
-  sockaddr_storage ss{};
-  std::memcpy(&ss, res->ai_addr, res->ai_addrlen);
-  freeaddrinfo(res);
-  return ss;
-}
-
-// A peer's name for messages: worker addresses ("ucx:<hex>", hundreds of
-// digits) are cut short.
-std::string Printable(const std::string& peer) {
-  return peer.rfind("ucx:", 0) == 0 && peer.size() > 28 ? peer.substr(0, 24) + "..." : peer;
-}
-
-socklen_t SockLen(const sockaddr_storage& ss) {
-  return ss.ss_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
-}
-
 }  // namespace
-
-absl::StatusOr<std::pair<std::string, uint16_t>> ParseHostPort(const std::string& address) {
-  std::string host;
-  std::string port;
-  if (!address.empty() && address[0] == '[') {
-    size_t close = address.find(']');
-    if (close == std::string::npos || close + 1 >= address.size() || address[close + 1] != ':') {
-      return absl::InvalidArgumentError(absl::StrCat("address '", address, "' is not [host]:port"));
-    }
-    host = address.substr(1, close - 1);
-    port = address.substr(close + 2);
-  } else {
-    size_t colon = address.rfind(':');
-    if (colon == std::string::npos || colon == 0) {
-      return absl::InvalidArgumentError(absl::StrCat("address '", address, "' is not host:port"));
-    }
-    host = address.substr(0, colon);
-    port = address.substr(colon + 1);
-  }
-  if (port.empty() || port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos ||
-      std::stoul(port) > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat("address '", address, "' has a bad port"));
-  }
-  return std::make_pair(host, static_cast<uint16_t>(std::stoul(port)));
-}
 
 // A request this node sent and is waiting on.
 struct Pending {
@@ -320,7 +251,7 @@ struct UcxTransport::Impl {
       }
     }
     for (auto& p : failed) {
-      p->Complete(absl::UnavailableError(absl::StrCat("peer ", Printable(name), " closed the connection: ",
+      p->Complete(absl::UnavailableError(absl::StrCat("peer ", PrintablePeer(name), " closed the connection: ",
                                                       ucs_status_string(status))));
     }
     ucp_request_param_t prm{};
@@ -334,14 +265,14 @@ struct UcxTransport::Impl {
     auto it = peers.find(peer);
     if (it != peers.end()) return it->second;
     if (peer.rfind("ucx:", 0) == 0) return ConnectWorker(peer);
-    auto addr = Resolve(peer);
+    auto addr = ResolveHostPort(peer);
     if (!addr.ok()) return addr.status();
     ucp_ep_params_t ep{};
     ep.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
                     UCP_EP_PARAM_FIELD_ERR_HANDLER | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
     ep.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
     ep.sockaddr.addr = reinterpret_cast<const sockaddr*>(&*addr);
-    ep.sockaddr.addrlen = SockLen(*addr);
+    ep.sockaddr.addrlen = SockaddrLen(*addr);
     ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
     ep.err_handler.cb = &Impl::OnEpError;
     ep.err_handler.arg = this;
@@ -415,7 +346,7 @@ struct UcxTransport::Impl {
         ctx->pending->send_done = true;
       }
       if (status != UCS_OK) {
-        FailPending(ctx->pending, UcsError(absl::StrCat("send to ", Printable(ctx->pending->peer)).c_str(), status));
+        FailPending(ctx->pending, UcsError(absl::StrCat("send to ", PrintablePeer(ctx->pending->peer)).c_str(), status));
       }
     }
     if (ctx->close_after != nullptr) DropEndpoint(ctx->close_after, UCS_ERR_REJECTED, /*flush=*/true);
@@ -530,7 +461,7 @@ struct UcxTransport::Impl {
     if (status == UCS_OK) {
       ctx->pending->Complete(absl::OkStatus(), length);
     } else {
-      ctx->pending->Complete(UcsError(absl::StrCat("receive from ", Printable(ctx->pending->peer)).c_str(), status));
+      ctx->pending->Complete(UcsError(absl::StrCat("receive from ", PrintablePeer(ctx->pending->peer)).c_str(), status));
     }
     delete ctx;
     ucp_request_free(request);
@@ -565,11 +496,11 @@ struct UcxTransport::Impl {
       return rndv ? UCS_INPROGRESS : UCS_OK;
     };
     if (!h.ok()) {
-      p->Complete(absl::Status(h.status().code(), absl::StrCat("peer ", Printable(p->peer), ": ", h.status().message())));
+      p->Complete(absl::Status(h.status().code(), absl::StrCat("peer ", PrintablePeer(p->peer), ": ", h.status().message())));
       return release();
     }
     if (!h->reply || h->op != p->op) {
-      p->Complete(absl::UnavailableError(absl::StrCat("peer ", Printable(p->peer), " sent a malformed reply")));
+      p->Complete(absl::UnavailableError(absl::StrCat("peer ", PrintablePeer(p->peer), " sent a malformed reply")));
       return release();
     }
     if (h->status != absl::StatusCode::kOk) {
@@ -581,7 +512,7 @@ struct UcxTransport::Impl {
       }
       std::string msg;
       if (!rndv) msg.assign(static_cast<const char*>(data), std::min(length, kMaxErrorMessage));
-      p->Complete(absl::Status(h->status, absl::StrCat("peer ", Printable(p->peer), ": ", msg)));
+      p->Complete(absl::Status(h->status, absl::StrCat("peer ", PrintablePeer(p->peer), ": ", msg)));
       return release();
     }
     if (h->op == Op::kSize) {
@@ -591,7 +522,7 @@ struct UcxTransport::Impl {
     if (h->op == Op::kHello) {
       if (rndv || length > p->out.size()) {
         p->Complete(absl::InvalidArgumentError(absl::StrCat(
-            "peer ", Printable(p->peer), ": handshake reply of ", length, " bytes (at most ",
+            "peer ", PrintablePeer(p->peer), ": handshake reply of ", length, " bytes (at most ",
             p->out.size(), ")")));
         return release();
       }
@@ -605,7 +536,7 @@ struct UcxTransport::Impl {
     }
     if (length != p->out.size()) {
       p->Complete(absl::InvalidArgumentError(absl::StrCat(
-          "peer ", Printable(p->peer), " returned ", length, " bytes, the buffer holds ", p->out.size())));
+          "peer ", PrintablePeer(p->peer), " returned ", length, " bytes, the buffer holds ", p->out.size())));
       return release();
     }
     if (!rndv) {
@@ -874,7 +805,7 @@ struct UcxTransport::Impl {
   absl::StatusOr<std::vector<uint8_t>> AuthCall(const std::string& peer, Op op,
                                                 std::span<const uint8_t> payload, absl::Duration timeout) {
     std::vector<uint8_t> reply(kMaxAuthMessageBytes);
-    KVTIER_ASSIGN_OR_RETURN(uint64_t n, Call(peer, op, ObjectKey{}, payload, reply, timeout));
+    KVTIER_ASSIGN_OR_RETURN(uint64_t n, Call(peer, op, tiering::ObjectKey{}, payload, reply, timeout));
     reply.resize(op == Op::kHello ? n : 0);
     return reply;
   }
@@ -896,7 +827,7 @@ struct UcxTransport::Impl {
         if (auto it = peers.find(peer); it != peers.end()) DropEndpoint(it->second, UCS_ERR_REJECTED);
       });
       return absl::Status(proof.status().code(),
-                          absl::StrCat("peer ", Printable(peer), ": ", proof.status().message()));
+                          absl::StrCat("peer ", PrintablePeer(peer), ": ", proof.status().message()));
     }
     const std::vector<uint8_t> proof_bytes = EncodeProof(*proof);
     auto done = AuthCall(peer, Op::kProof, proof_bytes, timeout);
@@ -911,7 +842,7 @@ struct UcxTransport::Impl {
   }
 
   // --- a whole request from a caller thread ---
-  absl::StatusOr<uint64_t> Call(const std::string& peer, Op op, const ObjectKey& id,
+  absl::StatusOr<uint64_t> Call(const std::string& peer, Op op, const tiering::ObjectKey& id,
                                 std::span<const uint8_t> payload, std::span<uint8_t> out,
                                 absl::Duration timeout, uint16_t version = kWireVersion) {
     if (stop_progress.load()) return absl::UnavailableError("transport is shutting down");
@@ -943,7 +874,7 @@ struct UcxTransport::Impl {
     } else if (IsChunkOp(op) && options.connect_timeout > absl::ZeroDuration() && !Answered(peer)) {
       // A new connection: make sure someone answers before waiting on a
       // request (and its payload) for the whole timeout.
-      auto probe = Call(peer, Op::kPing, ObjectKey{}, {}, {}, std::min(timeout, options.connect_timeout));
+      auto probe = Call(peer, Op::kPing, tiering::ObjectKey{}, {}, {}, std::min(timeout, options.connect_timeout));
       if (!probe.ok()) return probe.status();
     }
     auto p = std::make_shared<Pending>();
@@ -996,7 +927,7 @@ struct UcxTransport::Impl {
       }
       if (p->state != Pending::kDone) {
         p->state = Pending::kDone;
-        p->status = absl::UnavailableError(absl::StrCat("peer ", Printable(peer), " did not answer within ",
+        p->status = absl::UnavailableError(absl::StrCat("peer ", PrintablePeer(peer), " did not answer within ",
                                                         absl::FormatDuration(timeout)));
       }
       if (p->status.ok()) return p->value;  // it finished while we closed
@@ -1029,7 +960,7 @@ absl::StatusOr<std::unique_ptr<UcxTransport>> UcxTransport::Create(
   if (!options.listen.empty()) {
     auto hp = ParseHostPort(options.listen);
     if (!hp.ok()) return hp.status();
-    auto a = Resolve(options.listen);
+    auto a = ResolveHostPort(options.listen);
     if (!a.ok()) return a.status();
     listen_addr = *a;
   }
@@ -1094,7 +1025,7 @@ absl::StatusOr<std::unique_ptr<UcxTransport>> UcxTransport::Create(
     ucp_listener_params_t lp{};
     lp.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
     lp.sockaddr.addr = reinterpret_cast<const sockaddr*>(&*listen_addr);
-    lp.sockaddr.addrlen = SockLen(*listen_addr);
+    lp.sockaddr.addrlen = SockaddrLen(*listen_addr);
     lp.conn_handler.cb = &Impl::OnConnRequest;
     lp.conn_handler.arg = m;
     s = ucp_listener_create(m->worker, &lp, &m->listener);
@@ -1192,28 +1123,28 @@ absl::Status UcxTransport::RegisterMemory(void* data, size_t bytes) {
   return absl::OkStatus();
 }
 
-absl::Status UcxTransport::Put(const std::string& peer, const ObjectKey& id,
+absl::Status UcxTransport::Put(const std::string& peer, const tiering::ObjectKey& id,
                                std::span<const uint8_t> bytes, absl::Duration timeout) {
   return impl_->Call(peer, Op::kPut, id, bytes, {}, timeout).status();
 }
 
-absl::StatusOr<uint64_t> UcxTransport::Size(const std::string& peer, const ObjectKey& id,
+absl::StatusOr<uint64_t> UcxTransport::Size(const std::string& peer, const tiering::ObjectKey& id,
                                             absl::Duration timeout) {
   return impl_->Call(peer, Op::kSize, id, {}, {}, timeout);
 }
 
-absl::Status UcxTransport::Get(const std::string& peer, const ObjectKey& id,
+absl::Status UcxTransport::Get(const std::string& peer, const tiering::ObjectKey& id,
                                std::span<uint8_t> out, absl::Duration timeout) {
   return impl_->Call(peer, Op::kGet, id, {}, out, timeout).status();
 }
 
-absl::Status UcxTransport::Erase(const std::string& peer, const ObjectKey& id,
+absl::Status UcxTransport::Erase(const std::string& peer, const tiering::ObjectKey& id,
                                  absl::Duration timeout) {
   return impl_->Call(peer, Op::kErase, id, {}, {}, timeout).status();
 }
 
 absl::Status UcxTransport::Ping(const std::string& peer, absl::Duration timeout) {
-  return impl_->Call(peer, Op::kPing, ObjectKey{}, {}, {}, timeout).status();
+  return impl_->Call(peer, Op::kPing, tiering::ObjectKey{}, {}, {}, timeout).status();
 }
 
 uint64_t UcxTransport::auth_failures() const { return impl_->auth_failures.load(); }
@@ -1229,7 +1160,7 @@ absl::StatusOr<std::vector<uint8_t>> UcxTransport::SendAuthMessage(const std::st
 
 absl::Status UcxTransport::PingWithVersion(const std::string& peer, uint16_t version,
                                            absl::Duration timeout) {
-  return impl_->Call(peer, Op::kPing, ObjectKey{}, {}, {}, timeout, version).status();
+  return impl_->Call(peer, Op::kPing, tiering::ObjectKey{}, {}, {}, timeout, version).status();
 }
 
-}  // namespace kvtier::tiering::remote
+}  // namespace kvtier::cluster

@@ -1,4 +1,4 @@
-#include "tiering/remote/cluster_tier.h"
+#include "cluster/cluster_tier.h"
 
 #include <chrono>
 #include <cstring>
@@ -6,7 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "codec/chunk.h"
 
-namespace kvtier::tiering::remote {
+namespace kvtier::cluster {
 namespace {
 
 int64_t NowMicros() {
@@ -35,7 +35,7 @@ const char* ClusterMetricName(ClusterMetric m) {
 ClusterTier::ClusterTier(const ClusterTierOptions& options, MemberView* view,
                          Transport* transport, PeerService* local)
     : options_(options),
-      clock_(options.clock != nullptr ? options.clock : SystemClock()),
+      clock_(options.clock != nullptr ? options.clock : tiering::SystemClock()),
       view_(view),
       transport_(transport),
       local_(local) {}
@@ -72,8 +72,8 @@ void ClusterTier::Settle(const Member& m, const absl::Status& s) {
   down_until_[DataPath(m)] = now + absl::ToInt64Microseconds(options_.down_backoff);
 }
 
-TierCapabilities ClusterTier::capabilities() const {
-  TierCapabilities c;
+tiering::TierCapabilities ClusterTier::capabilities() const {
+  tiering::TierCapabilities c;
   c.durable = true;  // owners keep objects in their NVMe tiers
   c.verifies_on_read = true;
   return c;
@@ -114,8 +114,8 @@ std::vector<Member> ClusterTier::ReadOrder(const Hash128& key) const {
   return order;
 }
 
-absl::Status ClusterTier::Put(const ObjectKey& id, std::span<const uint8_t> bytes,
-                              const TierPutOptions& /*options*/) {
+absl::Status ClusterTier::Put(const tiering::ObjectKey& id, std::span<const uint8_t> bytes,
+                              const tiering::TierPutOptions& /*options*/) {
   Count(ClusterMetric::kPuts);
   std::vector<Member> owners = Owners(id.key);
   if (owners.empty()) return absl::UnavailableError("the cluster has no live members");
@@ -156,7 +156,7 @@ absl::Status ClusterTier::Put(const ObjectKey& id, std::span<const uint8_t> byte
   return absl::OkStatus();
 }
 
-absl::StatusOr<uint64_t> ClusterTier::Size(const ObjectKey& id) {
+absl::StatusOr<uint64_t> ClusterTier::Size(const tiering::ObjectKey& id) {
   int unanswered = 0;
   for (const Member& m : ReadOrder(id.key)) {
     absl::StatusOr<uint64_t> n;
@@ -183,13 +183,13 @@ absl::Status ClusterTier::MissError(int unanswered) {
                                           " did not answer or failed)"));
 }
 
-absl::Status ClusterTier::ReadFrom(const Member& m, const ObjectKey& id, std::span<uint8_t> out) {
+absl::Status ClusterTier::ReadFrom(const Member& m, const tiering::ObjectKey& id, std::span<uint8_t> out) {
   absl::Status s;
   for (uint32_t a = 0; a < std::max(1u, options_.attempts_per_peer); ++a) {
     if (a > 0) Count(ClusterMetric::kGetRetries);
     s = transport_->Get(DataPath(m), id, out, options_.timeout);
     if (s.ok()) {
-      s = VerifyObject(id, out);
+      s = tiering::VerifyObject(id, out);
       if (s.ok()) break;
       Count(ClusterMetric::kCorruptReplicas);
       s = absl::DataLossError(absl::StrCat("replica on ", m.id, " failed verification: ", s.message()));
@@ -203,7 +203,7 @@ absl::Status ClusterTier::ReadFrom(const Member& m, const ObjectKey& id, std::sp
   return s;
 }
 
-absl::Status ClusterTier::ReadLocal(const ObjectKey& id, std::span<uint8_t> out) {
+absl::Status ClusterTier::ReadLocal(const tiering::ObjectKey& id, std::span<uint8_t> out) {
   if (local_ == nullptr) return absl::NotFoundError("no local service");
   auto src = local_->BeginGet(id);
   if (!src.ok()) return src.status();
@@ -213,7 +213,7 @@ absl::Status ClusterTier::ReadLocal(const ObjectKey& id, std::span<uint8_t> out)
                                                    " bytes, the buffer holds ", out.size()));
   }
   std::memcpy(out.data(), bytes.data(), bytes.size());
-  absl::Status s = VerifyObject(id, out);
+  absl::Status s = tiering::VerifyObject(id, out);
   if (!s.ok()) {
     Count(ClusterMetric::kCorruptReplicas);
     return absl::DataLossError(absl::StrCat("local replica failed verification: ", s.message()));
@@ -221,7 +221,7 @@ absl::Status ClusterTier::ReadLocal(const ObjectKey& id, std::span<uint8_t> out)
   return s;
 }
 
-absl::Status ClusterTier::Read(const ObjectKey& id, std::span<uint8_t> out) {
+absl::Status ClusterTier::Read(const tiering::ObjectKey& id, std::span<uint8_t> out) {
   Count(ClusterMetric::kGets);
   int64_t t0 = NowMicros();
   int unanswered = 0;
@@ -251,7 +251,7 @@ absl::Status ClusterTier::Read(const ObjectKey& id, std::span<uint8_t> out) {
   return MissError(unanswered);
 }
 
-absl::Status ClusterTier::Erase(const ObjectKey& id) {
+absl::Status ClusterTier::Erase(const tiering::ObjectKey& id) {
   bool erased = false;
   for (const Member& m : ReadOrder(id.key)) {
     absl::Status s;
@@ -269,4 +269,4 @@ absl::Status ClusterTier::Erase(const ObjectKey& id) {
   return erased ? absl::OkStatus() : absl::NotFoundError("no member has the object");
 }
 
-}  // namespace kvtier::tiering::remote
+}  // namespace kvtier::cluster
