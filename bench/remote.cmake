@@ -1,3 +1,3 @@
 kvtier_add_bench(remote_bench
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/remote_bench.cc
-  DEPS kvtier_remote OpenSSL::Crypto)
+  DEPS kvtier_cluster_peer OpenSSL::Crypto)

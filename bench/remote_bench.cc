@@ -24,11 +24,11 @@
 #include <openssl/evp.h>
 
 #include "bench/bench_util.h"
-#include "tiering/remote/ucx_transport.h"
+#include "cluster/ucx_transport.h"
 
 using namespace kvtier;
 using namespace kvtier::tiering;
-using namespace kvtier::tiering::remote;
+using namespace kvtier::cluster;
 
 namespace {
 

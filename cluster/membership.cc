@@ -4,14 +4,12 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "cluster/node_protocol.h"
+#include "cluster/peer_auth.h"
 #include "common/crypto.h"
 #include "nlohmann/json.hpp"
-#include "tiering/remote/peer_auth.h"
-#include "tiering/remote/wire.h"
 
 namespace kvtier::cluster {
-
-using tiering::remote::Member;
 
 std::string MembersPrefix(const std::string& cluster) {
   return absl::StrCat("/kvtier/", cluster, "/members/");
@@ -39,10 +37,10 @@ std::string EncodeMemberRecord(const MemberRecord& r) {
 }
 
 absl::StatusOr<RecordSigner> RecordSigner::Create(std::string_view cluster_secret) {
-  if (cluster_secret.size() < tiering::remote::kMinClusterSecretBytes) {
+  if (cluster_secret.size() < kMinClusterSecretBytes) {
     return absl::InvalidArgumentError(absl::StrCat("cluster secret of ", cluster_secret.size(),
                                                    " bytes; it must have at least ",
-                                                   tiering::remote::kMinClusterSecretBytes));
+                                                   kMinClusterSecretBytes));
   }
   std::array<uint8_t, 32> key{};
   auto st = HkdfSha256(AsBytes(cluster_secret), "kvtier cluster secret v1", "member-records", key);
@@ -185,7 +183,7 @@ std::string Membership::SelfRecord(int64_t lease) const {
   MemberRecord r;
   r.member = {node_id_, options_.advertise, options_.worker_address, options_.capacity_bytes,
               options_.used_bytes ? options_.used_bytes() : 0};
-  r.protocol = tiering::remote::kWireVersion;
+  r.protocol = kWireVersion;
   if (signer_) r.mac = signer_->Sign(key_, r, lease);
   return EncodeMemberRecord(r);
 }

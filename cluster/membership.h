@@ -19,7 +19,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "cluster/etcd_client.h"
-#include "tiering/remote/rendezvous.h"
+#include "cluster/rendezvous.h"
 
 namespace kvtier::cluster {
 
@@ -51,7 +51,7 @@ struct MembershipOptions {
 
 // What a member publishes (JSON in etcd).
 struct MemberRecord {
-  tiering::remote::Member member;
+  Member member;
   uint32_t protocol = 0;  // wire protocol version of its data path
   int64_t lease = 0;
   // Hex HMAC-SHA256 of the record (RecordSigner); "" if unsigned.
@@ -67,7 +67,7 @@ struct MemberRecord {
 class RecordSigner {
  public:
   // InvalidArgument for a secret shorter than
-  // tiering::remote::kMinClusterSecretBytes.
+  // kMinClusterSecretBytes.
   static absl::StatusOr<RecordSigner> Create(std::string_view cluster_secret);
   // The hex MAC of `r` (its `mac` ignored) stored under `etcd_key` with `lease`.
   std::string Sign(const std::string& etcd_key, const MemberRecord& r, int64_t lease) const;
@@ -94,7 +94,7 @@ absl::StatusOr<MemberRecord> MemberFromKeyValue(const std::string& cluster, cons
 std::string MembersPrefix(const std::string& cluster);
 absl::Status ValidateClusterName(const std::string& cluster);
 
-class Membership : public tiering::remote::MemberView {
+class Membership : public MemberView {
  public:
   // Registers this node and starts the keep-alive and watch threads.
   // InvalidArgument for bad options; Unavailable if etcd cannot be reached.
@@ -104,7 +104,7 @@ class Membership : public tiering::remote::MemberView {
   ~Membership() override;
 
   std::string self_id() const override { return node_id_; }
-  std::vector<tiering::remote::Member> LiveMembers() const override;
+  std::vector<Member> LiveMembers() const override;
   // Times this node registered (1 + re-registrations after a lost lease).
   uint64_t registrations() const { return registrations_.load(); }
   // Records under the cluster's prefix that were not taken as members:

@@ -1,6 +1,6 @@
 // Fault injection shared by the forwarding test wrappers of kvtier's I/O
 // interfaces (tiering::FaultInjectionIoEnv over an IoEnv,
-// tiering::remote::FaultInjectingTransport over a Transport): one policy and
+// cluster::FaultInjectingTransport over a Transport): one policy and
 // one seeded decision object, so that every wrapper counts operations, draws
 // failures and chooses error codes the same way.
 #ifndef KVTIER_COMMON_FAULT_INJECTION_H_

@@ -31,9 +31,9 @@
 #include "server/engine_peer_service.h"
 #include "cluster/membership.h"
 #include "tiering/placement_engine.h"
-#include "tiering/remote/cluster_tier.h"
-#include "tiering/remote/peer_auth.h"
-#include "tiering/remote/ucx_transport.h"
+#include "cluster/cluster_tier.h"
+#include "cluster/peer_auth.h"
+#include "cluster/ucx_transport.h"
 
 namespace kvtier::server {
 
@@ -189,18 +189,18 @@ absl::Status Daemon::JoinCluster(tiering::EngineTiers& tiers) {
   std::string secret;
   if (!o.cluster_secret_file.empty()) {
     KVTIER_ASSIGN_OR_RETURN(secret, ReadSecretFile(o.cluster_secret_file, "cluster secret",
-                                                   tiering::remote::kMinClusterSecretBytes));
+                                                   cluster::kMinClusterSecretBytes));
   } else {
     spdlog::warn("cluster '{}' without --cluster-secret-file: any host that reaches {} can read and "
                  "write this node's chunks, and any writer to etcd can add members",
                  o.cluster, o.advertise);
   }
-  tiering::remote::UcxTransportOptions to;
+  cluster::UcxTransportOptions to;
   to.listen = o.advertise;
   to.max_object_bytes = uint64_t{o.max_message_mib} << 20;
   to.cluster_secret = secret;
   to.node_id = o.node_id.empty() ? o.advertise : o.node_id;
-  KVTIER_ASSIGN_OR_RETURN(transport_, tiering::remote::UcxTransport::Create(to, peer_service_.get()));
+  KVTIER_ASSIGN_OR_RETURN(transport_, cluster::UcxTransport::Create(to, peer_service_.get()));
   if (tiers.dram != nullptr) {
     KVTIER_RETURN_IF_ERROR(transport_->RegisterMemory(tiers.dram->base(), tiers.dram->shm_size()));
   }
@@ -241,9 +241,9 @@ absl::Status Daemon::JoinCluster(tiering::EngineTiers& tiers) {
     return used;
   };
   KVTIER_ASSIGN_OR_RETURN(membership_, cluster::Membership::Join(mo, std::move(etcd)));
-  tiering::remote::ClusterTierOptions co;
+  cluster::ClusterTierOptions co;
   co.replicas = o.replicas;
-  tiers.remote = std::make_unique<tiering::remote::ClusterTier>(co, membership_.get(), transport_.get(),
+  tiers.remote = std::make_unique<cluster::ClusterTier>(co, membership_.get(), transport_.get(),
                                                                 peer_service_.get());
   spdlog::info("joined cluster '{}' as {} (data path {}), {} member(s) live", o.cluster,
                membership_->self_id(), mo.advertise, membership_->LiveMembers().size());

@@ -24,13 +24,11 @@ class ExternalConnectionAcceptor;
 
 namespace kvtier::tiering {
 class PlacementEngine;
-namespace remote {
-class UcxTransport;
-}
 }
 
 namespace kvtier::cluster {
 class Membership;
+class UcxTransport;
 }
 
 namespace kvtier::server {
@@ -84,7 +82,7 @@ class Daemon {
   tiering::PlacementEngine* engine() const { return engine_.get(); }
   // Cluster parts; null for a standalone node.
   cluster::Membership* membership() const { return membership_.get(); }
-  tiering::remote::UcxTransport* transport() const { return transport_.get(); }
+  cluster::UcxTransport* transport() const { return transport_.get(); }
   // The daemon as a one-line description of its listeners and tiers.
   std::string Describe() const;
 
@@ -127,7 +125,7 @@ class Daemon {
   std::optional<ExclusiveFileLock> shm_socket_lock_;  // every path it binds is locked
   // Cluster parts outlive the engine, whose remote tier uses them.
   std::unique_ptr<EnginePeerService> peer_service_;
-  std::unique_ptr<tiering::remote::UcxTransport> transport_;
+  std::unique_ptr<cluster::UcxTransport> transport_;
   std::unique_ptr<cluster::Membership> membership_;
   std::unique_ptr<TenantRegistry> tenants_;  // before the engine and the listeners
   std::unique_ptr<tiering::PlacementEngine> engine_;

@@ -27,7 +27,7 @@ tiering::PutOptions ReplicaPutOptions(PlacementEngine* e) {
 }
 
 // Receives into a DRAM-pool slot; commits it to the engine.
-class SlotSink : public tiering::remote::PeerService::PutSink {
+class SlotSink : public cluster::PeerService::PutSink {
  public:
   SlotSink(PlacementEngine* e, tiering::Slot slot, tiering::ObjectKey id)
       : e_(e), slot_(slot), id_(id) {}
@@ -51,7 +51,7 @@ class SlotSink : public tiering::remote::PeerService::PutSink {
 };
 
 // Without a DRAM tier: a heap buffer, stored with Put.
-class HeapSink : public tiering::remote::PeerService::PutSink {
+class HeapSink : public cluster::PeerService::PutSink {
  public:
   HeapSink(PlacementEngine* e, ObjectKey id, uint64_t n) : e_(e), id_(id), buf_(n) {}
   std::span<uint8_t> buffer() override { return buf_; }
@@ -68,7 +68,7 @@ class HeapSink : public tiering::remote::PeerService::PutSink {
 
 // A chunk in the DRAM pool (PlacementEngine::GetShared): pinned in place or
 // copied into a scratch slot, let go when the transfer is done.
-class SharedSource : public tiering::remote::PeerService::GetSource {
+class SharedSource : public cluster::PeerService::GetSource {
  public:
   SharedSource(PlacementEngine* e, const tiering::SharedRead& r) : e_(e), r_(r) {}
   ~SharedSource() override {
@@ -81,7 +81,7 @@ class SharedSource : public tiering::remote::PeerService::GetSource {
   tiering::SharedRead r_;
 };
 
-class HeapSource : public tiering::remote::PeerService::GetSource {
+class HeapSource : public cluster::PeerService::GetSource {
  public:
   explicit HeapSource(std::vector<uint8_t> b) : b_(std::move(b)) {}
   std::span<const uint8_t> bytes() override { return b_; }
@@ -98,7 +98,7 @@ absl::StatusOr<PlacementEngine*> EnginePeerService::Engine() const {
   return e;
 }
 
-absl::StatusOr<std::unique_ptr<tiering::remote::PeerService::PutSink>> EnginePeerService::BeginPut(
+absl::StatusOr<std::unique_ptr<cluster::PeerService::PutSink>> EnginePeerService::BeginPut(
     const ObjectKey& id, uint64_t bytes) {
   if (auto s = OnlyWholeChunks(id); !s.ok()) return s;
   auto e = Engine();
@@ -111,7 +111,7 @@ absl::StatusOr<std::unique_ptr<tiering::remote::PeerService::PutSink>> EnginePee
   return std::unique_ptr<PutSink>(new HeapSink(*e, id, bytes));
 }
 
-absl::StatusOr<std::unique_ptr<tiering::remote::PeerService::GetSource>> EnginePeerService::BeginGet(
+absl::StatusOr<std::unique_ptr<cluster::PeerService::GetSource>> EnginePeerService::BeginGet(
     const ObjectKey& id) {
   if (auto s = OnlyWholeChunks(id); !s.ok()) return s;
   auto e = Engine();

@@ -13,12 +13,12 @@
 
 #include <atomic>
 
+#include "cluster/transport.h"
 #include "tiering/placement_engine.h"
-#include "tiering/remote/transport.h"
 
 namespace kvtier::server {
 
-class EnginePeerService : public tiering::remote::PeerService {
+class EnginePeerService : public cluster::PeerService {
  public:
   // The engine is set after construction (the engine itself is built with
   // the remote tier that uses this service); until then requests get

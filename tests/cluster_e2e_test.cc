@@ -15,6 +15,9 @@
 #include <thread>
 
 #include "absl/time/time.h"
+#include "cluster/etcd_test_util.h"
+#include "cluster/membership.h"
+#include "cluster/rendezvous.h"
 #include "codec/codec.h"
 #include "codec/test_util.h"
 #include "common/file.h"
@@ -23,11 +26,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
-#include "cluster/etcd_test_util.h"
-#include "cluster/membership.h"
 #include "tests/cli_runner.h"
 #include "tests/http_get.h"
-#include "tiering/remote/rendezvous.h"
 
 namespace kvtier {
 namespace {
@@ -231,12 +231,12 @@ TEST_F(ClusterE2E, PutOnOneNodeGetOnAnotherSurviveAKillAndRejoin) {
   ASSERT_TRUE(nodes_[1]->WaitReady());
   ASSERT_TRUE(WaitMembers(3)) << Status();
   for (int n = 0; n < 3; ++n) ASSERT_TRUE(WaitListed(n, 3)) << "node " << n + 1;
-  std::vector<tiering::remote::Member> members = {{"node-1", "", "", 0, 0}, {"node-2", "", "", 0, 0},
+  std::vector<cluster::Member> members = {{"node-1", "", "", 0, 0}, {"node-2", "", "", 0, 0},
                                                   {"node-3", "", "", 0, 0}};
   int owned = 0;
   // Key 0 was put on node 1: its owners other than node 1 hold NVMe replicas.
   for (int i = 0; i < 1; ++i) {
-    auto owners = tiering::remote::RendezvousOwners(Hash128::FromHex(Key(i)).value(), members, 2);
+    auto owners = cluster::RendezvousOwners(Hash128::FromHex(Key(i)).value(), members, 2);
     bool node2_owns = owners[0].id == "node-2" || owners[1].id == "node-2";
     if (!node2_owns) continue;
     ++owned;

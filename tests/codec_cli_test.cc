@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <string>
 
-#include "client/npy.h"
+#include "cli/npy.h"
 #include "codec/numeric.h"
 #include "codec/test_util.h"
 #include "common/file.h"

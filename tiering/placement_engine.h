@@ -34,7 +34,7 @@
 #include "tiering/lease_table.h"
 #include "tiering/nvme_tier.h"
 #include "tiering/prefetcher.h"
-#include "tiering/remote/remote_tier.h"
+#include "tiering/remote_tier.h"
 #include "tiering/tenant_accounting.h"
 #include "tiering/tier.h"
 

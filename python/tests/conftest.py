@@ -142,7 +142,7 @@ def gpu_client(tmp_path_factory):
 
 @pytest.fixture
 def kvtier_cli():
-    return _binary("KVTIER_CLI", "client/kvtier")
+    return _binary("KVTIER_CLI", "cli/kvtier")
 
 
 def corrupt_in_pool(client, key) -> None:
