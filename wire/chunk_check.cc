@@ -298,6 +298,9 @@ std::pair<uint64_t, uint64_t> TrailingHasher::Finish() {
       SectionHashes fresh;
       fresh.ResetChunk(j.header);
       fresh.Update(j.chunk, j.from, j.end);
+      // The helper may still be reading the chunk, whose memory is the
+      // caller's once this returns: wait for it to leave its piece.
+      WaitForHelperToLeavePiece();
       return {fresh.Digest(SectionHashes::kK), fresh.Digest(SectionHashes::kV)};
     }
   }
@@ -305,7 +308,14 @@ std::pair<uint64_t, uint64_t> TrailingHasher::Finish() {
   return {j.hashes.Digest(SectionHashes::kK), j.hashes.Digest(SectionHashes::kV)};
 }
 
-void TrailingHasher::Abandon() { job_->taken_over.store(true); }
+void TrailingHasher::Abandon() {
+  job_->taken_over.store(true);
+  WaitForHelperToLeavePiece();
+}
+
+void TrailingHasher::WaitForHelperToLeavePiece() {
+  while (job_->busy.load()) std::this_thread::yield();
+}
 
 absl::StatusOr<codec::ChunkHeader> PipelinedCopyVerifier::CopyVerified(
     std::span<uint8_t> dst, std::span<const uint8_t> src) {

@@ -83,11 +83,18 @@ class TrailingHasher {
   // [from, end) (the whole sections when the job covers them). REQUIRES:
   // Publish(end) was called.
   std::pair<uint64_t, uint64_t> Finish();
-  // Ends the job without a result; the helper stops after its current piece.
+  // Ends the job without a result, once the helper has left its current
+  // piece: the chunk's memory is the caller's again when it returns (as it is
+  // after Finish).
   void Abandon();
 
  private:
   struct Job;
+  // Returns once the helper holds no piece of the current job (it reads the
+  // job's chunk only while it holds one). REQUIRES: taken_over is set, so it
+  // starts no new piece. A descheduled helper costs this wait its time to run
+  // again; the caller may free the chunk's memory right after.
+  void WaitForHelperToLeavePiece();
   void Loop();
 
   std::unique_ptr<Job> job_;
