@@ -17,7 +17,6 @@ import datetime
 import json
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 import time
@@ -28,6 +27,7 @@ sys.path.append(os.path.join(HERE, "..", "python"))
 import torch  # noqa: E402
 
 import kvtier  # noqa: E402
+from e2e_prefix_reuse import Daemon  # noqa: E402
 from kvtier import fidelity  # noqa: E402
 
 MODELS = ("smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b")
@@ -35,22 +35,6 @@ MODELS = ("smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b")
 
 def log(*a):
     print(*a, file=sys.stderr, flush=True)
-
-
-def start_kvtierd(binary: str, where: str, dram_gib: str):
-    data = os.path.join(where, "data")
-    ready = os.path.join(where, "ready")
-    proc = subprocess.Popen([binary, "--data-dir", data, "--dram-gib", dram_gib, "--nvme-gib", "0",
-                             "--hbm-gib", "0", "--dram-populate", "false", "--log-level", "warn",
-                             "--ready-file", ready],
-                            stdout=subprocess.DEVNULL, stderr=open(os.path.join(where, "log"), "ab"))
-    deadline = time.monotonic() + 60
-    while not os.path.exists(ready):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError("kvtierd did not start: " + open(os.path.join(where, "log")).read())
-        time.sleep(0.05)
-    return proc, os.path.join(data, "kvtierd.sock")
 
 
 def device_name(device: str) -> str:
@@ -98,9 +82,10 @@ def main() -> int:
                           "every model here was trained"},
            "models": {}, "classifier": {}}
     with tempfile.TemporaryDirectory() as where:
-        proc, socket = start_kvtierd(args.kvtierd, where, "4")
+        daemon = Daemon(args.kvtierd, where, dram_gib=4, nvme_gib=0)
+        daemon.start()
         try:
-            with kvtier.Client(socket=socket) as client:
+            with kvtier.Client(socket=daemon.socket) as client:
                 for key in args.model or MODELS:
                     path = os.path.join(args.models, f"{key}.gguf")
                     t = time.monotonic()
@@ -119,8 +104,7 @@ def main() -> int:
                     if args.device.startswith("cuda"):
                         torch.cuda.empty_cache()
         finally:
-            proc.terminate()
-            proc.wait(timeout=30)
+            daemon.stop()
     with open(args.out, "w") as f:
         json.dump(out, f, indent=1)
         f.write("\n")
