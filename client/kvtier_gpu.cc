@@ -9,8 +9,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "common/checksum_stream.h"
+#include "common/hash.h"
 #include "common/status.h"
+#include "common/worker_pool.h"
 #include "kernels/cuda_status.h"
 #include "kernels/paged_codec.h"
 #include "wire/chunk_check.h"
@@ -24,7 +25,7 @@ constexpr size_t kParallelHolds = 8;
 
 // A one-call Store encodes in this many layer ranges, so that hashing the
 // first ranges on the host overlaps encoding the later ones.
-constexpr uint32_t kStoreRanges = 4;
+constexpr uint32_t kStoreRanges = 8;
 
 absl::Status Sync(cudaStream_t stream) {
   return kernels::CudaStatus(cudaStreamSynchronize(stream), "cudaStreamSynchronize", __FILE__,
@@ -33,89 +34,72 @@ absl::Status Sync(cudaStream_t stream) {
 
 }  // namespace
 
-// Computes the K and V section checksums of a chunk being encoded, one
-// thread per section: each layer range is hashed once the event recorded
-// after its encode has completed (ranges arrive in layer order).
+// The checksums of a chunk being encoded (FORMAT.md): each layer range is
+// hashed once the event recorded after its encode has completed, its records
+// spread over the shared worker pool (version 2; version 1 hashes the
+// sections whole once every range is encoded). Ranges arrive in layer order.
+// Finish writes the record tables into the chunk and returns the header's K
+// and V checksums.
 class ChunkHasher {
  public:
-  ChunkHasher(std::span<const uint8_t> chunk, const codec::ChunkLayout& layout)
-      : chunk_(chunk), layout_(layout) {
-    if (cudaGetDevice(&device_) != cudaSuccess) device_ = 0;
-    for (int s = 0; s < 2; ++s) threads_[s] = std::thread([this, s] { Run(s); });
-  }
+  ChunkHasher(std::span<uint8_t> chunk, const codec::ChunkLayout& layout)
+      : chunk_(chunk),
+        layout_(layout),
+        digests_{std::vector<uint64_t>(layout.geometry.num_layers),
+                 std::vector<uint64_t>(layout.geometry.num_layers)} {}
   // Waits for every range added (their encodes included).
   ~ChunkHasher() {
-    Close();
-    for (cudaEvent_t ev : events_) cudaEventDestroy(ev);
+    for (cudaEvent_t ev : events_) {
+      cudaEventSynchronize(ev);
+      cudaEventDestroy(ev);
+    }
   }
 
   // Hashes layers [begin, end) once `event` has completed; takes the event.
   void Add(cudaEvent_t event, uint32_t begin, uint32_t end) {
-    absl::MutexLock l(&mu_);
     events_.push_back(event);
     ranges_.push_back({begin, end});
   }
 
-  // Waits for every range and returns the K and V checksums, or the first
-  // CUDA error of the waits.
+  // Waits for every range, hashing each as it completes, and returns the K
+  // and V checksums, or the first CUDA error of the waits.
   absl::StatusOr<std::pair<uint64_t, uint64_t>> Finish() {
-    Close();
-    for (const absl::Status& st : status_) KVTIER_RETURN_IF_ERROR(st);
-    return std::make_pair(sums_[0].Digest(), sums_[1].Digest());
+    for (size_t r = 0; r < ranges_.size(); ++r) {
+      KVTIER_RETURN_IF_ERROR(kernels::CudaStatus(cudaEventSynchronize(events_[r]),
+                                                 "cudaEventSynchronize", __FILE__, __LINE__));
+      if (layout_.version >= 2) HashRecords(ranges_[r].first, ranges_[r].second);
+    }
+    std::span<uint8_t> sections[2] = {chunk_.subspan(layout_.k_offset, layout_.k.bytes),
+                                      chunk_.subspan(layout_.v_offset, layout_.v.bytes)};
+    uint64_t sums[2];
+    WorkerPool::Shared().ParallelFor(2, [&](size_t s) {
+      const codec::SectionLayout& sec = s == 0 ? layout_.k : layout_.v;
+      sums[s] = layout_.version >= 2
+                    ? codec::WriteRecordTable(sec, digests_[s],
+                                              sections[s].subspan(sec.table_offset, sec.table_bytes))
+                    : Checksum64(sections[s]);
+    });
+    return std::make_pair(sums[0], sums[1]);
   }
 
  private:
-  void Close() {
-    {
-      absl::MutexLock l(&mu_);
-      closed_ = true;
-    }
-    for (std::thread& t : threads_) {
-      if (t.joinable()) t.join();
-    }
+  void HashRecords(uint32_t begin, uint32_t end) {
+    WorkerPool::Shared().ParallelFor(2 * size_t{end - begin}, [&](size_t i) {
+      const size_t s = i % 2;
+      const codec::SectionLayout& sec = s == 0 ? layout_.k : layout_.v;
+      const auto layer = static_cast<uint32_t>(begin + i / 2);
+      const uint64_t base = s == 0 ? layout_.k_offset : layout_.v_offset;
+      digests_[s][layer] = codec::RecordChecksum(
+          static_cast<codec::Section>(s), layer,
+          chunk_.subspan(base + sec.data_offset(layer), sec.layer_stride));
+    });
   }
 
-  void Run(int s) {
-    cudaSetDevice(device_);  // the events' device
-    const codec::SectionLayout& sec = s == 0 ? layout_.k : layout_.v;
-    const uint64_t base = s == 0 ? layout_.k_offset : layout_.v_offset;
-    for (size_t next = 0;; ++next) {
-      cudaEvent_t ev;
-      std::pair<uint32_t, uint32_t> r;
-      {
-        struct Wait {
-          ChunkHasher* h;
-          size_t next;
-          bool Ready() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(h->mu_) {
-            return h->closed_ || h->ranges_.size() > next;
-          }
-        } wait{this, next};
-        absl::MutexLock l(&mu_);
-        mu_.Await(absl::Condition(&wait, &Wait::Ready));
-        if (ranges_.size() <= next) return;
-        ev = events_[next];
-        r = ranges_[next];
-      }
-      if (!status_[s].ok()) continue;  // drain, but hash nothing more
-      status_[s] = kernels::CudaStatus(cudaEventSynchronize(ev), "cudaEventSynchronize",
-                                       __FILE__, __LINE__);
-      if (!status_[s].ok()) continue;
-      sums_[s].Update(chunk_.subspan(base + sec.layer_stride * r.first,
-                                     sec.layer_stride * (r.second - r.first)));
-    }
-  }
-
-  const std::span<const uint8_t> chunk_;
+  const std::span<uint8_t> chunk_;
   const codec::ChunkLayout layout_;
-  int device_ = 0;
-  absl::Mutex mu_;
-  std::vector<cudaEvent_t> events_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::pair<uint32_t, uint32_t>> ranges_ ABSL_GUARDED_BY(mu_);
-  bool closed_ ABSL_GUARDED_BY(mu_) = false;
-  // Each written by its own thread only, read after the join.
-  Checksum64Stream sums_[2];
-  absl::Status status_[2];
-  std::thread threads_[2];
+  std::vector<uint64_t> digests_[2];  // version 2: each record's checksum
+  std::vector<cudaEvent_t> events_;
+  std::vector<std::pair<uint32_t, uint32_t>> ranges_;
 };
 
 // ---- PendingStore ----

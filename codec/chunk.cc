@@ -1,6 +1,7 @@
 #include "codec/chunk.h"
 
 #include <cstring>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/coding.h"
@@ -35,7 +36,7 @@ absl::StatusOr<ChunkLayout> ValidateSpec(const ChunkSpec& spec) {
     return absl::InvalidArgumentError(absl::StrCat("flags = 0x", absl::Hex(spec.flags),
                                                    " has unknown bits"));
   }
-  return ComputeLayout(spec.geometry, spec.k, spec.v);
+  return ComputeLayout(spec.geometry, spec.k, spec.v, spec.version);
 }
 
 void WriteHeader(const ChunkSpec& spec, const ChunkLayout& layout, uint64_t k_checksum,
@@ -43,7 +44,7 @@ void WriteHeader(const ChunkSpec& spec, const ChunkLayout& layout, uint64_t k_ch
   uint8_t* h = out.data();
   std::memset(h, 0, kHeaderSize);
   StoreLE<uint32_t>(h + kOffMagic, kMagic);
-  StoreLE<uint16_t>(h + kOffVersion, kVersion);
+  StoreLE<uint16_t>(h + kOffVersion, layout.version);
   StoreLE<uint16_t>(h + kOffHeaderSize, static_cast<uint16_t>(kHeaderSize));
   std::memcpy(h + kOffFingerprint, spec.fingerprint.bytes.data(), Hash128::kSize);
   StoreLE<uint32_t>(h + kOffNumLayers, spec.geometry.num_layers);
@@ -81,9 +82,10 @@ absl::StatusOr<ChunkHeader> ParseFields(std::span<const uint8_t> bytes,
         absl::StrCat("magic: 0x", absl::Hex(magic, absl::kZeroPad8), " is not a kvtier chunk"));
   }
   uint16_t version = LoadLE<uint16_t>(h + kOffVersion);
-  if (version != kVersion) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("version: ", version, " is not supported (this reader knows ", kVersion, ")"));
+  if (version < kMinVersion || version > kVersion) {
+    return absl::InvalidArgumentError(absl::StrCat("version: ", version,
+                                                   " is not supported (this reader knows ",
+                                                   kMinVersion, " to ", kVersion, ")"));
   }
   uint16_t header_size = LoadLE<uint16_t>(h + kOffHeaderSize);
   if (header_size != kHeaderSize) {
@@ -100,6 +102,7 @@ absl::StatusOr<ChunkHeader> ParseFields(std::span<const uint8_t> bytes,
   }
   ChunkHeader out;
   ChunkSpec& spec = out.spec;
+  spec.version = version;
   std::memcpy(spec.fingerprint.bytes.data(), h + kOffFingerprint, Hash128::kSize);
   spec.geometry.num_layers = LoadLE<uint32_t>(h + kOffNumLayers);
   spec.geometry.num_kv_heads = LoadLE<uint32_t>(h + kOffNumKvHeads);
@@ -143,14 +146,81 @@ absl::StatusOr<ChunkHeader> ParseHeader(std::span<const uint8_t> bytes) {
   return ParseFields(bytes, /*check_header_checksum=*/true);
 }
 
+uint64_t RecordChecksum(Section which, uint32_t layer, std::span<const uint8_t> record) {
+  return Checksum64(record, (uint64_t{static_cast<uint8_t>(which)} << 32) | layer);
+}
+
+std::span<const uint8_t> RecordBytes(const SectionLayout& sec, std::span<const uint8_t> section,
+                                     uint32_t layer) {
+  return section.subspan(sec.data_offset(layer), sec.layer_stride);
+}
+
+uint64_t StoredRecordChecksum(const SectionLayout& sec, std::span<const uint8_t> section,
+                              uint32_t layer) {
+  return LoadLE<uint64_t>(section.data() + sec.table_offset + uint64_t{8} * layer);
+}
+
+uint64_t WriteRecordTable(const SectionLayout& sec, std::span<const uint64_t> digests,
+                          std::span<uint8_t> table) {
+  std::memset(table.data(), 0, table.size());
+  for (uint32_t l = 0; l < sec.num_layers; ++l) StoreLE<uint64_t>(table.data() + 8 * l, digests[l]);
+  return Checksum64(table);
+}
+
+absl::Status CheckRecordTableHeader(Section which, const SectionLayout& sec, uint64_t want,
+                                    std::span<const uint8_t> stored_table) {
+  const uint64_t got = Checksum64(stored_table);
+  if (stored_table.size() == sec.table_bytes && want == got) return absl::OkStatus();
+  return absl::DataLossError(absl::StrCat(which == Section::kK ? "k" : "v",
+                                          "_checksum: stored 0x", absl::Hex(want),
+                                          ", computed 0x", absl::Hex(got),
+                                          " over the record table"));
+}
+
+namespace {
+
+absl::Status RecordMismatch(Section which, uint32_t layer, uint64_t stored, uint64_t computed) {
+  return absl::DataLossError(absl::StrCat(which == Section::kK ? "k" : "v", " record ", layer,
+                                          ": stored checksum 0x", absl::Hex(stored),
+                                          ", computed 0x", absl::Hex(computed)));
+}
+
+}  // namespace
+
+absl::Status CheckRecord(Section which, const SectionLayout& sec, std::span<const uint8_t> section,
+                         uint32_t layer, uint64_t computed) {
+  const uint64_t stored = StoredRecordChecksum(sec, section, layer);
+  if (stored == computed) return absl::OkStatus();
+  return RecordMismatch(which, layer, stored, computed);
+}
+
+absl::Status CheckRecordTable(Section which, const SectionLayout& sec, uint64_t want,
+                              std::span<const uint64_t> computed,
+                              std::span<const uint8_t> stored_table) {
+  KVTIER_RETURN_IF_ERROR(CheckRecordTableHeader(which, sec, want, stored_table));
+  for (uint32_t l = 0; l < sec.num_layers; ++l) {
+    const uint64_t stored = LoadLE<uint64_t>(stored_table.data() + uint64_t{8} * l);
+    if (stored != computed[l]) return RecordMismatch(which, l, stored, computed[l]);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status VerifySection(const ChunkHeader& header, Section which,
                            std::span<const uint8_t> section) {
   bool is_k = which == Section::kK;
-  uint64_t want_len = is_k ? header.layout.k.bytes : header.layout.v.bytes;
+  const SectionLayout& sec = is_k ? header.layout.k : header.layout.v;
   const char* name = is_k ? "k" : "v";
-  if (section.size() != want_len) {
+  if (section.size() != sec.bytes) {
     return absl::DataLossError(absl::StrCat("length: ", name, " section is ", section.size(),
-                                            " bytes, header says ", want_len));
+                                            " bytes, header says ", sec.bytes));
+  }
+  if (header.layout.version >= 2) {
+    std::vector<uint64_t> digests(sec.num_layers);
+    for (uint32_t l = 0; l < sec.num_layers; ++l) {
+      digests[l] = RecordChecksum(which, l, RecordBytes(sec, section, l));
+    }
+    return CheckRecordTable(which, sec, is_k ? header.k_checksum : header.v_checksum, digests,
+                            section.subspan(sec.table_offset, sec.table_bytes));
   }
   uint64_t want = is_k ? header.k_checksum : header.v_checksum;
   uint64_t got = Checksum64(section);
@@ -175,19 +245,12 @@ absl::StatusOr<ChunkHeader> VerifyChunk(std::span<const uint8_t> chunk) {
 }
 
 absl::StatusOr<VerifiedChunk> AcceptChunk(const ChunkHeader& header, std::span<const uint8_t> chunk,
-                                          uint64_t k_checksum, uint64_t v_checksum) {
+                                          const absl::Status& sections) {
   if (chunk.size() != header.layout.total_bytes) {
     return absl::DataLossError(absl::StrCat("length: chunk is ", chunk.size(),
                                             " bytes, header says ", header.layout.total_bytes));
   }
-  if (k_checksum != header.k_checksum) {
-    return absl::DataLossError(absl::StrCat("k_checksum: stored 0x", absl::Hex(header.k_checksum),
-                                            ", computed 0x", absl::Hex(k_checksum)));
-  }
-  if (v_checksum != header.v_checksum) {
-    return absl::DataLossError(absl::StrCat("v_checksum: stored 0x", absl::Hex(header.v_checksum),
-                                            ", computed 0x", absl::Hex(v_checksum)));
-  }
+  if (!sections.ok()) return sections;
   return VerifiedChunk(header, chunk);
 }
 
@@ -198,9 +261,24 @@ absl::Status SealChunk(std::span<uint8_t> chunk) {
                                                    " bytes, header says ",
                                                    header.layout.total_bytes));
   }
-  uint64_t kc = Checksum64(chunk.subspan(header.layout.k_offset, header.layout.k.bytes));
-  uint64_t vc = Checksum64(chunk.subspan(header.layout.v_offset, header.layout.v.bytes));
-  WriteHeader(header.spec, header.layout, kc, vc, chunk.first(kHeaderSize));
+  const ChunkLayout& l = header.layout;
+  uint64_t sums[2];
+  for (Section which : {Section::kK, Section::kV}) {
+    const bool is_k = which == Section::kK;
+    const SectionLayout& sec = is_k ? l.k : l.v;
+    std::span<uint8_t> bytes = chunk.subspan(is_k ? l.k_offset : l.v_offset, sec.bytes);
+    if (l.version < 2) {
+      sums[is_k ? 0 : 1] = Checksum64(bytes);
+      continue;
+    }
+    std::vector<uint64_t> digests(sec.num_layers);
+    for (uint32_t layer = 0; layer < sec.num_layers; ++layer) {
+      digests[layer] = RecordChecksum(which, layer, RecordBytes(sec, bytes, layer));
+    }
+    sums[is_k ? 0 : 1] =
+        WriteRecordTable(sec, digests, bytes.subspan(sec.table_offset, sec.table_bytes));
+  }
+  WriteHeader(header.spec, header.layout, sums[0], sums[1], chunk.first(kHeaderSize));
   return absl::OkStatus();
 }
 

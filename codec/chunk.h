@@ -24,6 +24,7 @@ struct ChunkSpec {
   SectionFormat k{DType::kBF16, ScaleGranularity::kNone};
   SectionFormat v{DType::kFP8E4M3, ScaleGranularity::kPerBlockHead};
   uint16_t flags = 0;
+  uint16_t version = kVersion;     // the chunk format's version (FORMAT.md)
 
   friend bool operator==(const ChunkSpec&, const ChunkSpec&) = default;
 };
@@ -32,9 +33,13 @@ struct ChunkSpec {
 struct ChunkHeader {
   ChunkSpec spec;
   ChunkLayout layout;       // computed from spec; lengths match the stored ones
-  uint64_t k_checksum = 0;  // XXH3-64 of the K section
-  uint64_t v_checksum = 0;  // XXH3-64 of the V section
+  // Version 1: XXH3-64 of the K (V) section. Version 2: XXH3-64 of the K (V)
+  // section's record checksum table.
+  uint64_t k_checksum = 0;
+  uint64_t v_checksum = 0;
 };
+
+enum class Section : uint8_t { kK = 0, kV = 1 };
 
 // Header field offsets (FORMAT.md "Header"), 128 bytes in all.
 inline constexpr size_t kOffMagic = 0;          // u32 'KVTC'
@@ -81,6 +86,42 @@ absl::StatusOr<ChunkHeader> ParseHeader(std::span<const uint8_t> bytes);
 // and that both section checksums match. DataLoss on a mismatch or truncation.
 absl::StatusOr<ChunkHeader> VerifyChunk(std::span<const uint8_t> chunk);
 
+// Version 2's layer records (FORMAT.md "Record checksums").
+//
+// The checksum of layer record `layer` of section `which`: XXH3-64 of the
+// record's bytes with seed (which << 32) | layer, so that a record found at
+// another layer or in the other section does not match.
+uint64_t RecordChecksum(Section which, uint32_t layer, std::span<const uint8_t> record);
+// The bytes of layer record `layer` within `section` (a section's bytes).
+// REQUIRES: section.size() == sec.bytes, layer < sec.num_layers.
+std::span<const uint8_t> RecordBytes(const SectionLayout& sec, std::span<const uint8_t> section,
+                                     uint32_t layer);
+// The checksum the table of `section` holds for `layer`.
+// REQUIRES: version 2, section.size() == sec.bytes, layer < sec.num_layers.
+uint64_t StoredRecordChecksum(const SectionLayout& sec, std::span<const uint8_t> section,
+                              uint32_t layer);
+// Writes the record checksum table of a section (its zero padding included)
+// into `table` and returns the table's XXH3-64, the header's section
+// checksum. REQUIRES: digests.size() == sec.num_layers, table.size() ==
+// sec.table_bytes.
+uint64_t WriteRecordTable(const SectionLayout& sec, std::span<const uint64_t> digests,
+                          std::span<uint8_t> table);
+// Version 2's section check, given the record checksums the caller computed
+// from the record bytes: the stored table's XXH3-64 must be `want` (the
+// header's section checksum) and each stored entry the computed one.
+// DataLoss naming `k_checksum` / `v_checksum` or the record (`k record 3`)
+// otherwise. REQUIRES: computed.size() == sec.num_layers.
+absl::Status CheckRecordTable(Section which, const SectionLayout& sec, uint64_t want,
+                              std::span<const uint64_t> computed,
+                              std::span<const uint8_t> stored_table);
+// Its two halves, for a reader that checks some records only: the table
+// against the header's section checksum `want`, and record `layer`'s computed
+// checksum against the table in `section` (a section's bytes).
+absl::Status CheckRecordTableHeader(Section which, const SectionLayout& sec, uint64_t want,
+                                    std::span<const uint8_t> stored_table);
+absl::Status CheckRecord(Section which, const SectionLayout& sec, std::span<const uint8_t> section,
+                         uint32_t layer, uint64_t computed);
+
 // A whole chunk whose header parsed and whose length and both section
 // checksums matched, with the header as parsed: what a store takes, so that
 // the layers below it (the placement engine, the tiers) use the header
@@ -97,7 +138,7 @@ class VerifiedChunk {
  private:
   friend absl::StatusOr<VerifiedChunk> AcceptChunk(const ChunkHeader& header,
                                                    std::span<const uint8_t> chunk,
-                                                   uint64_t k_checksum, uint64_t v_checksum);
+                                                   const absl::Status& sections);
   VerifiedChunk(const ChunkHeader& header, std::span<const uint8_t> bytes)
       : header_(header), bytes_(bytes) {}
 
@@ -106,23 +147,22 @@ class VerifiedChunk {
 };
 
 // The last step of every verification: `header` is ParseHeader's result for
-// `chunk`, and `k_checksum` / `v_checksum` are the XXH3-64 the caller
-// computed over its K and V sections. DataLoss if `chunk` is not the
-// header's length or a checksum differs from the header's.
+// `chunk`, and `sections` the verdict of the caller's check of both sections
+// against it (VerifySection's, or SectionHashes::Check's of each). DataLoss
+// if `chunk` is not the header's length; `sections` if it is not OK.
 absl::StatusOr<VerifiedChunk> AcceptChunk(const ChunkHeader& header, std::span<const uint8_t> chunk,
-                                          uint64_t k_checksum, uint64_t v_checksum);
-
-enum class Section : uint8_t { kK = 0, kV = 1 };
+                                          const absl::Status& sections);
 
 // Checks one section's bytes against its header (for split placement, where
-// K and V live in different tiers). DataLoss on length or checksum mismatch.
+// K and V live in different tiers): version 1 hashes the section, version 2
+// each layer record and the table. DataLoss on length or checksum mismatch.
 absl::Status VerifySection(const ChunkHeader& header, Section which,
                            std::span<const uint8_t> section);
 
-// Fills in the section checksums and the header checksum of a chunk whose
-// header fields and payload have been written by someone else (the GPU
-// gather+encode kernel writes everything but the checksums). The header must
-// otherwise be valid.
+// Fills in the section checksums (version 2: the record tables too) and the
+// header checksum of a chunk whose header fields and payload have been
+// written by someone else (the GPU gather+encode kernel writes everything but
+// the checksums). The header must otherwise be valid.
 absl::Status SealChunk(std::span<uint8_t> chunk);
 
 }  // namespace kvtier::codec

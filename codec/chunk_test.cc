@@ -1,8 +1,12 @@
 #include "codec/chunk.h"
 
+#include <algorithm>
 #include <cstring>
 
+#include "absl/strings/str_cat.h"
+
 #include "codec/codec.h"
+#include "common/coding.h"
 #include "codec/test_util.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -14,9 +18,11 @@ using ::testing::HasSubstr;
 
 std::vector<uint8_t> SmallChunk(SectionFormat k = {DType::kFP16, ScaleGranularity::kNone},
                                 SectionFormat v = {DType::kFP8E4M3,
-                                                   ScaleGranularity::kPerBlockHead}) {
+                                                   ScaleGranularity::kPerBlockHead},
+                                uint16_t version = kVersion) {
   Geometry g{2, 2, 8, 5, 4};
   auto spec = testing::MakeSpec(g, DType::kFP16, k, v);
+  spec.version = version;
   auto kd = testing::MakeKv(g, DType::kFP16, {.seed = 1});
   auto vd = testing::MakeKv(g, DType::kFP16, {.seed = 2});
   auto chunk = EncodeChunk(spec, {kd, vd});
@@ -74,8 +80,18 @@ TEST(Chunk, TrailingBytesAreRejected) {
   ExpectError(c, absl::StatusCode::kDataLoss, "length");
 }
 
-TEST(Chunk, EverySingleBitFlipIsDetected) {
-  auto c = SmallChunk();
+constexpr SectionFormat kFp16{DType::kFP16, ScaleGranularity::kNone};
+constexpr SectionFormat kFp8{DType::kFP8E4M3, ScaleGranularity::kPerBlockHead};
+
+class ChunkVersions : public ::testing::TestWithParam<uint16_t> {};
+INSTANTIATE_TEST_SUITE_P(V1AndV2, ChunkVersions, ::testing::Values(1, 2));
+
+TEST_P(ChunkVersions, EverySingleBitFlipIsDetected) {
+  auto c = SmallChunk(kFp16, kFp8, GetParam());
+  auto parsed = ParseHeader(c);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->layout.version, GetParam());
+  const uint64_t v_offset = parsed->layout.v_offset;
   for (size_t byte = 0; byte < c.size(); ++byte) {
     for (int bit = 0; bit < 8; ++bit) {
       c[byte] ^= static_cast<uint8_t>(1u << bit);
@@ -86,9 +102,11 @@ TEST(Chunk, EverySingleBitFlipIsDetected) {
           << r.status();
       if (byte >= kHeaderSize) {
         EXPECT_EQ(code, absl::StatusCode::kDataLoss);
-        EXPECT_THAT(r.status().message(), HasSubstr(byte < kHeaderSize + 2 * 2 * 5 * 2 * 8
-                                                        ? "k_checksum"
-                                                        : "_checksum"));
+        const char* sec = byte < v_offset ? "k" : "v";
+        EXPECT_THAT(r.status().message(),
+                    ::testing::AnyOf(HasSubstr(absl::StrCat(sec, "_checksum")),
+                                     HasSubstr(absl::StrCat(sec, " record "))))
+            << "flip at byte " << byte;
       }
       c[byte] ^= static_cast<uint8_t>(1u << bit);
     }
@@ -180,14 +198,21 @@ TEST(Chunk, SectionsVerifyAlone) {
   vcopy[3] ^= 0x10;
   auto s = VerifySection(*h, Section::kV, vcopy);
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
-  EXPECT_THAT(s.message(), HasSubstr("v_checksum"));
+  EXPECT_THAT(s.message(), HasSubstr("v record 0"));
 }
 
-TEST(Chunk, SealFillsInChecksumsOfAnUnsealedChunk) {
-  auto c = SmallChunk();
+TEST_P(ChunkVersions, SealFillsInChecksumsOfAnUnsealedChunk) {
+  auto c = SmallChunk(kFp16, kFp8, GetParam());
   auto sealed = c;
+  auto h = ParseHeader(c);
+  ASSERT_TRUE(h.ok()) << h.status();
   std::memset(c.data() + kOffKChecksum, 0, 16);
   std::memset(c.data() + kOffHeaderChecksum, 0, 8);
+  // The tables too (version 2): Seal writes them, padding included.
+  std::memset(c.data() + h->layout.k_offset + h->layout.k.table_offset, 0xAB,
+              h->layout.k.table_bytes);
+  std::memset(c.data() + h->layout.v_offset + h->layout.v.table_offset, 0xCD,
+              h->layout.v.table_bytes);
   EXPECT_FALSE(VerifyChunk(c).ok());
   ASSERT_TRUE(SealChunk(c).ok());
   EXPECT_EQ(c, sealed);
@@ -200,21 +225,111 @@ TEST(Chunk, AcceptChunkGivesTheHeaderAndBytesOnlyWhenEverythingMatches) {
   auto c = SmallChunk();
   auto h = ParseHeader(c);
   ASSERT_TRUE(h.ok()) << h.status();
-  auto v = AcceptChunk(*h, c, h->k_checksum, h->v_checksum);
+  auto v = AcceptChunk(*h, c, absl::OkStatus());
   ASSERT_TRUE(v.ok()) << v.status();
   EXPECT_EQ(v->bytes().data(), c.data());
   EXPECT_EQ(v->bytes().size(), c.size());
   EXPECT_EQ(v->header().layout.total_bytes, c.size());
-  auto k = AcceptChunk(*h, c, h->k_checksum ^ 1, h->v_checksum);
+  auto k = AcceptChunk(*h, c, absl::DataLossError("k record 1: stored ..."));
   EXPECT_EQ(k.status().code(), absl::StatusCode::kDataLoss);
-  EXPECT_THAT(k.status().message(), HasSubstr("k_checksum"));
-  auto vs = AcceptChunk(*h, c, h->k_checksum, h->v_checksum ^ 1);
-  EXPECT_EQ(vs.status().code(), absl::StatusCode::kDataLoss);
-  EXPECT_THAT(vs.status().message(), HasSubstr("v_checksum"));
-  auto len = AcceptChunk(*h, std::span<const uint8_t>(c).first(c.size() - 1), h->k_checksum,
-                         h->v_checksum);
+  EXPECT_THAT(k.status().message(), HasSubstr("k record 1"));
+  auto len = AcceptChunk(*h, std::span<const uint8_t>(c).first(c.size() - 1), absl::OkStatus());
   EXPECT_EQ(len.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(len.status().message(), HasSubstr("length"));
+}
+
+TEST(Chunk, VersionOneChunksHaveNoTableAndStayReadable) {
+  auto v1 = SmallChunk(kFp16, kFp8, 1);
+  auto v2 = SmallChunk(kFp16, kFp8, 2);
+  auto h1 = VerifyChunk(v1);
+  auto h2 = VerifyChunk(v2);
+  ASSERT_TRUE(h1.ok()) << h1.status();
+  ASSERT_TRUE(h2.ok()) << h2.status();
+  EXPECT_EQ(h1->spec.version, 1);
+  EXPECT_EQ(h2->spec.version, 2);
+  EXPECT_EQ(h1->layout.k.table_bytes, 0u);
+  EXPECT_EQ(h2->layout.k.table_bytes, 16u);  // two layers: 16 bytes, already aligned
+  EXPECT_EQ(v2.size(), v1.size() + 32);
+  // The records are the same bytes; only the checksums differ.
+  EXPECT_EQ(std::memcmp(v1.data() + kHeaderSize, v2.data() + kHeaderSize, h1->layout.k.bytes), 0);
+  // Decoding either gives the same values.
+  auto d1 = DecodeChunk(v1);
+  auto d2 = DecodeChunk(v2);
+  ASSERT_TRUE(d1.ok() && d2.ok());
+  EXPECT_EQ(d1->k, d2->k);
+  EXPECT_EQ(d1->v, d2->v);
+}
+
+TEST(Chunk, UnknownVersionsAreInvalidArgument) {
+  for (uint16_t version : {uint16_t{0}, uint16_t{3}, uint16_t{0xFFFF}}) {
+    auto c = SmallChunk();
+    Put<uint16_t>(c, kOffVersion, version);
+    Reseal(c);
+    ExpectError(c, absl::StatusCode::kInvalidArgument, "version");
+  }
+}
+
+TEST(Chunk, RecordsMovedBetweenLayersOrSectionsAreDetected) {
+  // Same formats in K and V, so records of one fit the other's place.
+  auto c = SmallChunk(kFp16, kFp16);
+  auto h = ParseHeader(c);
+  ASSERT_TRUE(h.ok()) << h.status();
+  const SectionLayout& k = h->layout.k;
+  // Swap K records 0 and 1 together with their table entries: each record
+  // still matches its entry's value, but not its layer's seed.
+  auto swapped = c;
+  uint8_t* ks = swapped.data() + h->layout.k_offset;
+  std::swap_ranges(ks, ks + k.layer_stride, ks + k.layer_stride);
+  std::swap_ranges(ks + k.table_offset, ks + k.table_offset + 8, ks + k.table_offset + 8);
+  EXPECT_EQ(VerifyChunk(swapped).status().code(), absl::StatusCode::kDataLoss);
+  // K record 0 copied over V record 0 with its table entry.
+  auto moved = c;
+  uint8_t* vs = moved.data() + h->layout.v_offset;
+  std::memcpy(vs, moved.data() + h->layout.k_offset, k.layer_stride);
+  std::memcpy(vs + h->layout.v.table_offset, moved.data() + h->layout.k_offset + k.table_offset, 8);
+  EXPECT_EQ(VerifyChunk(moved).status().code(), absl::StatusCode::kDataLoss);
+}
+
+TEST(Chunk, RecordChecksumsAreSeededXxh3) {
+  // FORMAT.md "Record checksums": XXH3-64 with seed (section << 32) | layer.
+  const std::vector<uint8_t> bytes = {'k', 'v', 't', 'i', 'e', 'r'};
+  EXPECT_EQ(RecordChecksum(Section::kK, 0, bytes), Checksum64(bytes, 0));
+  EXPECT_EQ(RecordChecksum(Section::kK, 7, bytes), Checksum64(bytes, 7));
+  EXPECT_EQ(RecordChecksum(Section::kV, 7, bytes), Checksum64(bytes, (uint64_t{1} << 32) | 7));
+  EXPECT_NE(RecordChecksum(Section::kK, 7, bytes), RecordChecksum(Section::kV, 7, bytes));
+}
+
+TEST(Chunk, MatchesFormatTestVectors) {
+  // FORMAT.md "Record checksums", "Test vectors".
+  ChunkSpec spec;
+  spec.geometry = {2, 1, 8, 4, 4};
+  spec.dtype = DType::kFP16;
+  spec.k = spec.v = {DType::kFP16, ScaleGranularity::kNone};
+  std::vector<uint16_t> k(2 * 4 * 8), v(k.size());
+  for (uint32_t l = 0; l < 2; ++l) {
+    for (uint32_t t = 0; t < 4; ++t) {
+      for (uint32_t d = 0; d < 8; ++d) {
+        const size_t i = (l * 4 + t) * 8 + d;
+        k[i] = static_cast<uint16_t>(0x3C00 + 64 * l + 8 * t + d);
+        v[i] = static_cast<uint16_t>(k[i] + 0x0400);
+      }
+    }
+  }
+  auto c = EncodeChunk(spec, {k, v});
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto h = VerifyChunk(*c);
+  ASSERT_TRUE(h.ok()) << h.status();
+  std::span<const uint8_t> ks = std::span<const uint8_t>(*c).subspan(h->layout.k_offset, h->layout.k.bytes);
+  std::span<const uint8_t> vs = std::span<const uint8_t>(*c).subspan(h->layout.v_offset, h->layout.v.bytes);
+  EXPECT_EQ(c->size(), 128u + 2 * (2 * 64 + 16));
+  EXPECT_EQ(StoredRecordChecksum(h->layout.k, ks, 0), 0x0ull) << std::hex << StoredRecordChecksum(h->layout.k, ks, 0);
+  EXPECT_EQ(StoredRecordChecksum(h->layout.k, ks, 1), 0x0ull) << std::hex << StoredRecordChecksum(h->layout.k, ks, 1);
+  EXPECT_EQ(StoredRecordChecksum(h->layout.v, vs, 0), 0x0ull) << std::hex << StoredRecordChecksum(h->layout.v, vs, 0);
+  EXPECT_EQ(StoredRecordChecksum(h->layout.v, vs, 1), 0x0ull) << std::hex << StoredRecordChecksum(h->layout.v, vs, 1);
+  EXPECT_EQ(h->k_checksum, 0x0ull) << std::hex << h->k_checksum;
+  EXPECT_EQ(h->v_checksum, 0x0ull) << std::hex << h->v_checksum;
+  EXPECT_EQ(LoadLE<uint64_t>(c->data() + kOffHeaderChecksum), 0x0ull)
+      << std::hex << LoadLE<uint64_t>(c->data() + kOffHeaderChecksum);
 }
 
 }  // namespace

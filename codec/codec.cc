@@ -145,10 +145,8 @@ absl::Status EncodeChunkInto(const ChunkSpec& spec_in, KvView kv, std::span<uint
   }
   ChunkSpec spec = spec_in;
   spec.flags = non_finite ? kFlagNonFinite : 0;
-  uint64_t kc = Checksum64({k_base, layout.k.bytes});
-  uint64_t vc = Checksum64({v_base, layout.v.bytes});
-  WriteHeader(spec, layout, kc, vc, out.first(kHeaderSize));
-  return absl::OkStatus();
+  WriteHeader(spec, layout, 0, 0, out.first(kHeaderSize));
+  return SealChunk(out);
 }
 
 absl::StatusOr<std::vector<uint8_t>> EncodeChunk(const ChunkSpec& spec, KvView kv) {

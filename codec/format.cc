@@ -32,7 +32,7 @@ uint64_t ScalesPerLayer(ScaleGranularity g, const Geometry& geo) {
 }
 
 absl::StatusOr<SectionLayout> MakeSection(const char* name, const Geometry& geo,
-                                          SectionFormat f) {
+                                          SectionFormat f, uint16_t version) {
   switch (f.dtype) {
     case DType::kFP16:
     case DType::kBF16:
@@ -76,23 +76,32 @@ absl::StatusOr<SectionLayout> MakeSection(const char* name, const Geometry& geo,
   s.scale_count = ScalesPerLayer(f.granularity, geo);
   s.scale_bytes = AlignUp(s.scale_count * 4, kSectionAlign);
   s.layer_stride = s.data_bytes + s.scale_bytes;
-  s.bytes = s.layer_stride * geo.num_layers;
+  s.num_layers = geo.num_layers;
+  s.table_offset = s.layer_stride * geo.num_layers;
+  s.table_bytes = version >= 2 ? AlignUp(uint64_t{8} * geo.num_layers, kSectionAlign) : 0;
+  s.bytes = s.table_offset + s.table_bytes;
   return s;
 }
 
 }  // namespace
 
-absl::StatusOr<ChunkLayout> ComputeLayout(const Geometry& geo, SectionFormat k, SectionFormat v) {
+absl::StatusOr<ChunkLayout> ComputeLayout(const Geometry& geo, SectionFormat k, SectionFormat v,
+                                          uint16_t version) {
+  if (version < kMinVersion || version > kVersion) {
+    return absl::InvalidArgumentError(absl::StrCat("version: ", version, " is not supported (",
+                                                   kMinVersion, " to ", kVersion, ")"));
+  }
   if (auto s = CheckRange("num_layers", geo.num_layers, 1, kMaxLayers); !s.ok()) return s;
   if (auto s = CheckRange("num_kv_heads", geo.num_kv_heads, 1, kMaxKvHeads); !s.ok()) return s;
   if (auto s = CheckRange("head_dim", geo.head_dim, 1, kMaxHeadDim); !s.ok()) return s;
   if (auto s = CheckRange("num_tokens", geo.num_tokens, 1, kMaxTokens); !s.ok()) return s;
   if (auto s = CheckRange("block_size", geo.block_size, 1, kMaxBlockSize); !s.ok()) return s;
   ChunkLayout layout;
+  layout.version = version;
   layout.geometry = geo;
-  auto ks = MakeSection("k", geo, k);
+  auto ks = MakeSection("k", geo, k, version);
   if (!ks.ok()) return ks.status();
-  auto vs = MakeSection("v", geo, v);
+  auto vs = MakeSection("v", geo, v, version);
   if (!vs.ok()) return vs.status();
   layout.k = *ks;
   layout.v = *vs;

@@ -19,7 +19,8 @@ namespace kvtier::codec {
 
 // --- Constants that name their bytes (FORMAT.md "Header") ---
 inline constexpr uint32_t kMagic = 0x4354564B;  // bytes 'K' 'V' 'T' 'C' little-endian
-inline constexpr uint16_t kVersion = 1;
+inline constexpr uint16_t kVersion = 2;     // the version writers write
+inline constexpr uint16_t kMinVersion = 1;  // the oldest version readers read
 inline constexpr uint32_t kHeaderSize = 128;
 inline constexpr uint32_t kSectionAlign = 16;  // every sub-array starts 16-byte aligned
 
@@ -114,6 +115,8 @@ struct SectionFormat {
 // to the section start. For each layer l:
 //   data   [layer_stride*l, +data_bytes): elements in [token][kv_head][dim] order
 //   scales [layer_stride*l + data_bytes, +scale_bytes): float32 scales
+// then, in version 2, the record checksum table:
+//   table  [table_offset, +table_bytes): u64 checksum of each layer record
 struct SectionLayout {
   DType dtype = DType::kBF16;
   ScaleGranularity granularity = ScaleGranularity::kNone;
@@ -124,7 +127,10 @@ struct SectionLayout {
   uint64_t scale_count = 0;   // per layer
   uint64_t scale_bytes = 0;   // per layer, padded to kSectionAlign
   uint64_t layer_stride = 0;  // data_bytes + scale_bytes
-  uint64_t bytes = 0;         // whole section: num_layers * layer_stride
+  uint32_t num_layers = 0;
+  uint64_t table_offset = 0;  // num_layers * layer_stride
+  uint64_t table_bytes = 0;   // version 2: align16(8 * num_layers); version 1: 0
+  uint64_t bytes = 0;         // whole section: table_offset + table_bytes
 
   KVTIER_HD uint64_t data_offset(uint32_t layer) const { return layer_stride * layer; }
   KVTIER_HD uint64_t scale_offset(uint32_t layer) const {
@@ -153,6 +159,7 @@ struct SectionLayout {
 // Where everything of a chunk lives: header, then the K section, then the V
 // section, each starting at an offset that is a multiple of kSectionAlign.
 struct ChunkLayout {
+  uint16_t version = kVersion;
   Geometry geometry;
   SectionLayout k;
   SectionLayout v;
@@ -165,11 +172,12 @@ struct ChunkLayout {
 inline constexpr uint16_t kFlagNonFinite = 1u << 0;  // the input held NaN or infinity
 inline constexpr uint16_t kKnownFlags = kFlagNonFinite;
 
-// Computes the layout of a chunk. InvalidArgument (naming the field) when the
-// geometry is out of the limits above, a format/granularity pair is not
-// allowed, or the chunk would exceed kMaxChunkBytes.
+// Computes the layout of a chunk of format `version`. InvalidArgument (naming
+// the field) when the version is unknown, the geometry is out of the limits
+// above, a format/granularity pair is not allowed, or the chunk would exceed
+// kMaxChunkBytes.
 absl::StatusOr<ChunkLayout> ComputeLayout(const Geometry& geometry, SectionFormat k,
-                                          SectionFormat v);
+                                          SectionFormat v, uint16_t version = kVersion);
 
 const char* DTypeName(DType t);  // "fp16", "bf16", "fp8e4m3", "int8", "int4"
 const char* GranularityName(ScaleGranularity g);  // "none", "tensor", "block-head", ...

@@ -1,31 +1,33 @@
-// Incremental section checksums (FORMAT.md "Header": the K and V checksums
-// are XXH3-64, seed 0): hashes the sections of a buffer while its bytes become
-// final in order, so that a copy, a streamed write or a read can be checked
-// without a second pass over the bytes. The digests equal Checksum64 of the
-// whole sections (codec::VerifyChunk, codec::VerifySection).
+// Incremental section checks (FORMAT.md "Header", "Record checksums"): hashes
+// the sections of a buffer while its bytes become final in order, so that a
+// copy, a streamed write or a read can be checked without a second pass over
+// the bytes. The verdicts equal codec::VerifySection's of the whole sections.
 #ifndef KVTIER_CODEC_SECTION_HASHES_H_
 #define KVTIER_CODEC_SECTION_HASHES_H_
 
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <vector>
 
+#include "absl/status/status.h"
 #include "codec/chunk.h"
 
 namespace kvtier::codec {
 
-// The XXH3-64 of up to kMaxSections disjoint byte ranges ("sections") of one
-// buffer, fed the buffer's bytes as [lo, hi) offset ranges. Two layouts are
-// in use:
+// The checks of up to kMaxSections disjoint byte ranges ("sections") of one
+// buffer, fed the buffer's bytes as [lo, hi) offset ranges. Version 1 hashes
+// each section whole (XXH3-64); version 2 hashes each layer record with its
+// seed and keeps the record table as it is fed, for Check. Two layouts are in
+// use:
 //   - a whole chunk (ResetChunk): K and V at their chunk offsets, so a range
 //     fed may cover the header, K, the K/V boundary and V at once;
 //   - a stored object that is a header followed by its sections back to back
 //     (Reset): K and V of a whole chunk, or the one section of a split K-only
 //     or V-only object.
-// Each section carries the checksum it should have, for Matches. Hashing
-// uses libxxhash's run-time dispatched XXH3 (AVX2/AVX-512 where the CPU has
-// them), as Checksum64 does. Plain value; not thread-safe (one feeder at a
-// time; a state handed between threads needs the caller's ordering).
+// Hashing uses libxxhash's run-time dispatched XXH3 (AVX2/AVX-512 where the
+// CPU has them), as Checksum64 does. Plain value; not thread-safe (one feeder
+// at a time; a state handed between threads needs the caller's ordering).
 class SectionHashes {
  public:
   static constexpr size_t kMaxSections = 2;
@@ -36,7 +38,13 @@ class SectionHashes {
   struct Range {
     uint64_t begin = 0;     // buffer offset of the section's first byte
     uint64_t bytes = 0;     // section length
-    uint64_t checksum = 0;  // the XXH3-64 the section should have (Matches)
+    uint64_t checksum = 0;  // the header's checksum of the section
+    uint16_t version = 1;   // the chunk's format version
+    Section which = Section::kK;
+    SectionLayout layout;   // version 2: where the records and the table are
+
+    // Section `which` of the chunk `h` describes, at buffer offset `begin`.
+    static Range Of(const ChunkHeader& h, Section which, uint64_t begin);
   };
 
   SectionHashes() = default;
@@ -44,11 +52,11 @@ class SectionHashes {
   SectionHashes& operator=(const SectionHashes&) = delete;
 
   // Starts over with the K section (index kK) and the V section (index kV)
-  // of a chunk laid out as `h` says, offsets relative to chunk byte 0,
-  // expecting the header's k_checksum and v_checksum.
+  // of a chunk laid out as `h` says, offsets relative to chunk byte 0.
   void ResetChunk(const ChunkHeader& h);
   // Starts over with `sections`, in order.
-  // REQUIRES: sections.size() <= kMaxSections; the sections do not overlap.
+  // REQUIRES: sections.size() <= kMaxSections; the sections do not overlap;
+  // a version 2 range's bytes equal its layout's.
   void Reset(std::span<const Range> sections);
 
   // Hashes the bytes of [lo, hi) that lie in a section, each into its
@@ -61,12 +69,15 @@ class SectionHashes {
   const Range& section(size_t i) const { return sections_[i]; }
   // Whether every byte of section i was fed. REQUIRES: i < num_sections().
   bool Complete(size_t i) const { return hashed_[i] == sections_[i].bytes; }
-  // The XXH3-64 of the bytes of section i fed so far (the section's
-  // checksum once Complete(i)). REQUIRES: i < num_sections().
-  uint64_t Digest(size_t i) const;
-  // Whether section i's digest is its expected checksum.
+  // The verdict on section i once Complete(i): OK, or DataLoss as
+  // codec::VerifySection words it. FailedPrecondition before.
   // REQUIRES: i < num_sections().
-  bool Matches(size_t i) const { return Digest(i) == sections_[i].checksum; }
+  absl::Status Check(size_t i) const;
+  // Whether Check(i) is OK.
+  bool Matches(size_t i) const { return Check(i).ok(); }
+  // The XXH3-64 of the bytes of section i fed so far (the section's checksum
+  // once Complete(i)). REQUIRES: i < num_sections(), a version 1 section.
+  uint64_t Digest(size_t i) const;
 
  private:
   // Opaque storage for libxxhash's XXH3_state_t (xxhash.h stays out of this
@@ -77,10 +88,16 @@ class SectionHashes {
     unsigned char bytes[kStateBytes];
   };
 
+  // Feeds section i's bytes [a, b) (section offsets), version 2.
+  void UpdateRecords(size_t i, const uint8_t* section, uint64_t a, uint64_t b);
+
   Range sections_[kMaxSections] = {};
   uint64_t hashed_[kMaxSections] = {};  // bytes of each section fed so far
   size_t num_sections_ = 0;
-  State states_[kMaxSections];
+  State states_[kMaxSections];  // the section (v1) or the current record (v2)
+  // Version 2: each record's checksum once fed whole, and the table as fed.
+  std::vector<uint64_t> records_[kMaxSections];
+  std::vector<uint8_t> tables_[kMaxSections];
 };
 
 }  // namespace kvtier::codec

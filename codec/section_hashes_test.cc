@@ -25,11 +25,14 @@ using Pieces = std::vector<std::pair<uint64_t, uint64_t>>;  // [lo, hi) in feed 
 
 // A chunk whose K section is a few KiB (odd token count, V quantized with
 // per-block-head scales), so that byte-at-a-time feeding stays cheap.
-std::vector<uint8_t> RealChunk(SectionFormat k = {DType::kFP16, ScaleGranularity::kNone},
-                               SectionFormat v = {DType::kFP8E4M3,
-                                                  ScaleGranularity::kPerBlockHead}) {
+constexpr SectionFormat kFp16{DType::kFP16, ScaleGranularity::kNone};
+constexpr SectionFormat kFp8{DType::kFP8E4M3, ScaleGranularity::kPerBlockHead};
+
+std::vector<uint8_t> RealChunk(SectionFormat k = kFp16, SectionFormat v = kFp8,
+                               uint16_t version = kVersion) {
   Geometry g{3, 2, 16, 37, 16};
   auto spec = testing::MakeSpec(g, DType::kFP16, k, v);
+  spec.version = version;
   auto kd = testing::MakeKv(g, DType::kFP16, {.seed = 11, .outlier_every = 8});
   auto vd = testing::MakeKv(g, DType::kFP16, {.seed = 12});
   auto chunk = EncodeChunk(spec, {kd, vd});
@@ -94,17 +97,30 @@ void Feed(SectionHashes& hashes, const std::vector<uint8_t>& c, const Pieces& pi
   for (auto [lo, hi] : pieces) hashes.Update(c.data(), lo, hi);
 }
 
-TEST(SectionHashes, ChunkDigestsEqualVerifyChunkForEverySplit) {
+// Each test runs on version 1 (a checksum a section) and 2 (a checksum a
+// layer record, and a table).
+class SectionHashesVersions : public ::testing::TestWithParam<uint16_t> {};
+INSTANTIATE_TEST_SUITE_P(V1AndV2, SectionHashesVersions, ::testing::Values(1, 2));
+
+// The message of a mismatch in section `sec` ("k" or "v").
+::testing::Matcher<const std::string&> NamesSection(const std::string& sec) {
+  return ::testing::AnyOf(HasSubstr(sec + "_checksum"), HasSubstr(sec + " record "));
+}
+
+TEST_P(SectionHashesVersions, ChunkChecksEqualVerifyChunkForEverySplit) {
   for (auto [k, v] : {std::pair<SectionFormat, SectionFormat>{
                           {DType::kFP16, ScaleGranularity::kNone},
                           {DType::kFP8E4M3, ScaleGranularity::kPerBlockHead}},
                       {{DType::kINT8, ScaleGranularity::kPerBlockHead},
                        {DType::kINT4, ScaleGranularity::kPerTokenHead}}}) {
-    const std::vector<uint8_t> c = RealChunk(k, v);
+    const std::vector<uint8_t> c = RealChunk(k, v, GetParam());
     auto h = VerifyChunk(c);
     ASSERT_TRUE(h.ok()) << h.status();
-    ASSERT_EQ(Checksum64(KOf(c, *h)), h->k_checksum);
-    ASSERT_EQ(Checksum64(VOf(c, *h)), h->v_checksum);
+    const bool v1 = GetParam() == 1;
+    if (v1) {
+      ASSERT_EQ(Checksum64(KOf(c, *h)), h->k_checksum);
+      ASSERT_EQ(Checksum64(VOf(c, *h)), h->v_checksum);
+    }
     for (const auto& [name, pieces] : Splits(c.size(), h->layout.k_offset, h->layout.v_offset)) {
       SCOPED_TRACE(name);
       SectionHashes hashes;
@@ -113,16 +129,18 @@ TEST(SectionHashes, ChunkDigestsEqualVerifyChunkForEverySplit) {
       Feed(hashes, c, pieces);
       EXPECT_TRUE(hashes.Complete(SectionHashes::kK));
       EXPECT_TRUE(hashes.Complete(SectionHashes::kV));
-      EXPECT_EQ(hashes.Digest(SectionHashes::kK), h->k_checksum);
-      EXPECT_EQ(hashes.Digest(SectionHashes::kV), h->v_checksum);
-      EXPECT_TRUE(hashes.Matches(SectionHashes::kK));
-      EXPECT_TRUE(hashes.Matches(SectionHashes::kV));
+      if (v1) {
+        EXPECT_EQ(hashes.Digest(SectionHashes::kK), h->k_checksum);
+        EXPECT_EQ(hashes.Digest(SectionHashes::kV), h->v_checksum);
+      }
+      EXPECT_TRUE(hashes.Check(SectionHashes::kK).ok()) << hashes.Check(SectionHashes::kK);
+      EXPECT_TRUE(hashes.Check(SectionHashes::kV).ok()) << hashes.Check(SectionHashes::kV);
     }
   }
 }
 
 TEST(SectionHashes, PartialSectionDigestIsThatOfTheBytesFedSoFar) {
-  const std::vector<uint8_t> c = RealChunk();
+  const std::vector<uint8_t> c = RealChunk(kFp16, kFp8, 1);
   auto h = VerifyChunk(c);
   ASSERT_TRUE(h.ok()) << h.status();
   SectionHashes hashes;
@@ -136,14 +154,16 @@ TEST(SectionHashes, PartialSectionDigestIsThatOfTheBytesFedSoFar) {
                                                            mid - h->layout.k_offset)));
   EXPECT_EQ(hashes.Digest(SectionHashes::kV), Checksum64({}));
   EXPECT_FALSE(hashes.Matches(SectionHashes::kK));
+  EXPECT_EQ(hashes.Check(SectionHashes::kK).code(), absl::StatusCode::kFailedPrecondition);
   hashes.Update(c.data(), mid, c.size());
   EXPECT_TRUE(hashes.Complete(SectionHashes::kK));
   EXPECT_TRUE(hashes.Matches(SectionHashes::kK));
   EXPECT_TRUE(hashes.Matches(SectionHashes::kV));
 }
 
-TEST(SectionHashes, FlippedByteChangesTheDigestOfItsSectionOnly) {
-  const std::vector<uint8_t> clean = RealChunk();
+TEST_P(SectionHashesVersions, FlippedByteFailsItsSectionOnly) {
+  const bool v1 = GetParam() == 1;
+  const std::vector<uint8_t> clean = RealChunk(kFp16, kFp8, GetParam());
   auto h = VerifyChunk(clean);
   ASSERT_TRUE(h.ok()) << h.status();
   const ChunkLayout& l = h->layout;
@@ -163,27 +183,31 @@ TEST(SectionHashes, FlippedByteChangesTheDigestOfItsSectionOnly) {
     c[cs.offset] ^= 0x10;
     auto r = VerifyChunk(c);
     EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss);
-    EXPECT_THAT(r.status().message(),
-                HasSubstr(cs.section == SectionHashes::kK ? "k_checksum" : "v_checksum"));
+    const std::string sec = cs.section == SectionHashes::kK ? "k" : "v";
+    EXPECT_THAT(std::string(r.status().message()), NamesSection(sec));
     const size_t other = cs.section == SectionHashes::kK ? SectionHashes::kV : SectionHashes::kK;
     for (const auto& [name, pieces] : Splits(c.size(), l.k_offset, l.v_offset)) {
       SCOPED_TRACE(name);
       SectionHashes hashes;
       hashes.ResetChunk(*h);  // the clean header: its checksums are the stored ones
       Feed(hashes, c, pieces);
-      EXPECT_FALSE(hashes.Matches(cs.section));
-      EXPECT_NE(hashes.Digest(cs.section), Checksum64(cs.section == SectionHashes::kK
-                                                          ? KOf(clean, *h)
-                                                          : VOf(clean, *h)));
-      EXPECT_EQ(hashes.Digest(cs.section),
-                Checksum64(cs.section == SectionHashes::kK ? KOf(c, *h) : VOf(c, *h)));
+      absl::Status st = hashes.Check(cs.section);
+      EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss);
+      EXPECT_EQ(st.message(), r.status().message());  // VerifyChunk's words
+      if (v1) {
+        EXPECT_NE(hashes.Digest(cs.section), Checksum64(cs.section == SectionHashes::kK
+                                                            ? KOf(clean, *h)
+                                                            : VOf(clean, *h)));
+        EXPECT_EQ(hashes.Digest(cs.section),
+                  Checksum64(cs.section == SectionHashes::kK ? KOf(c, *h) : VOf(c, *h)));
+      }
       EXPECT_TRUE(hashes.Matches(other));
     }
   }
 }
 
-TEST(SectionHashes, HeaderBytesAreNotHashed) {
-  std::vector<uint8_t> c = RealChunk();
+TEST_P(SectionHashesVersions, HeaderBytesAreNotHashed) {
+  std::vector<uint8_t> c = RealChunk(kFp16, kFp8, GetParam());
   auto h = VerifyChunk(c);
   ASSERT_TRUE(h.ok()) << h.status();
   for (size_t i = 0; i < h->layout.k_offset; ++i) c[i] ^= 0xFF;
@@ -194,10 +218,9 @@ TEST(SectionHashes, HeaderBytesAreNotHashed) {
   EXPECT_TRUE(hashes.Matches(SectionHashes::kV));
 }
 
-TEST(SectionHashes, ResetStartsOver) {
-  const std::vector<uint8_t> a = RealChunk();
-  const std::vector<uint8_t> b = RealChunk({DType::kFP16, ScaleGranularity::kNone},
-                                           {DType::kFP16, ScaleGranularity::kNone});
+TEST_P(SectionHashesVersions, ResetStartsOver) {
+  const std::vector<uint8_t> a = RealChunk(kFp16, kFp8, GetParam());
+  const std::vector<uint8_t> b = RealChunk(kFp16, kFp16, GetParam());
   auto ha = VerifyChunk(a);
   auto hb = VerifyChunk(b);
   ASSERT_TRUE(ha.ok()) << ha.status();
@@ -207,8 +230,12 @@ TEST(SectionHashes, ResetStartsOver) {
   hashes.Update(a.data(), 0, a.size() - 5);
   hashes.ResetChunk(*hb);
   hashes.Update(b.data(), 0, b.size());
-  EXPECT_EQ(hashes.Digest(SectionHashes::kK), hb->k_checksum);
-  EXPECT_EQ(hashes.Digest(SectionHashes::kV), hb->v_checksum);
+  EXPECT_TRUE(hashes.Matches(SectionHashes::kK));
+  EXPECT_TRUE(hashes.Matches(SectionHashes::kV));
+  if (GetParam() == 1) {
+    EXPECT_EQ(hashes.Digest(SectionHashes::kK), hb->k_checksum);
+    EXPECT_EQ(hashes.Digest(SectionHashes::kV), hb->v_checksum);
+  }
 }
 
 // A stored object as the NVMe tier lays it out: the chunk's header, then the
@@ -223,12 +250,12 @@ enum class Part { kWhole, kK, kV };
 Object MakeObject(const std::vector<uint8_t>& chunk, const ChunkHeader& h, Part part) {
   Object o;
   o.bytes.assign(chunk.begin(), chunk.begin() + kHeaderSize);
-  auto add = [&](std::span<const uint8_t> section, uint64_t checksum) {
-    o.sections.push_back({o.bytes.size(), section.size(), checksum});
+  auto add = [&](std::span<const uint8_t> section, Section which) {
+    o.sections.push_back(SectionHashes::Range::Of(h, which, o.bytes.size()));
     o.bytes.insert(o.bytes.end(), section.begin(), section.end());
   };
-  if (part != Part::kV) add(KOf(chunk, h), h.k_checksum);
-  if (part != Part::kK) add(VOf(chunk, h), h.v_checksum);
+  if (part != Part::kV) add(KOf(chunk, h), Section::kK);
+  if (part != Part::kK) add(VOf(chunk, h), Section::kV);
   return o;
 }
 
@@ -239,8 +266,8 @@ void FeedPrefixes(SectionHashes& hashes, const Object& o, uint64_t n) {
   }
 }
 
-TEST(SectionHashes, ObjectSectionsMatchVerifySection) {
-  const std::vector<uint8_t> c = RealChunk();
+TEST_P(SectionHashesVersions, ObjectSectionsMatchVerifySection) {
+  const std::vector<uint8_t> c = RealChunk(kFp16, kFp8, GetParam());
   auto h = VerifyChunk(c);
   ASSERT_TRUE(h.ok()) << h.status();
   for (Part part : {Part::kWhole, Part::kK, Part::kV}) {
@@ -258,8 +285,10 @@ TEST(SectionHashes, ObjectSectionsMatchVerifySection) {
         EXPECT_TRUE(hashes.Complete(i));
         EXPECT_TRUE(hashes.Matches(i));
         const SectionHashes::Range& r = hashes.section(i);
-        EXPECT_EQ(hashes.Digest(i),
-                  Checksum64(std::span<const uint8_t>(o.bytes).subspan(r.begin, r.bytes)));
+        if (GetParam() == 1) {
+          EXPECT_EQ(hashes.Digest(i),
+                    Checksum64(std::span<const uint8_t>(o.bytes).subspan(r.begin, r.bytes)));
+        }
       }
     }
   }
@@ -272,8 +301,8 @@ TEST(SectionHashes, ObjectSectionsMatchVerifySection) {
   }
 }
 
-TEST(SectionHashes, FlippedByteInSplitObjectFailsItsSection) {
-  const std::vector<uint8_t> c = RealChunk();
+TEST_P(SectionHashesVersions, FlippedByteInSplitObjectFailsItsSection) {
+  const std::vector<uint8_t> c = RealChunk(kFp16, kFp8, GetParam());
   auto h = VerifyChunk(c);
   ASSERT_TRUE(h.ok()) << h.status();
   for (auto [part, which, name] : {std::tuple{Part::kK, Section::kK, "k_checksum"},

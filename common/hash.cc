@@ -111,4 +111,12 @@ uint64_t Checksum64(std::span<const uint8_t> data) {
 #endif
 }
 
+uint64_t Checksum64(std::span<const uint8_t> data, uint64_t seed) {
+#if defined(__x86_64__)
+  return XXH3_64bits_withSeed_dispatch(data.data(), data.size(), seed);
+#else
+  return XXH3_64bits_withSeed(data.data(), data.size(), seed);
+#endif
+}
+
 }  // namespace kvtier

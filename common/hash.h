@@ -52,6 +52,8 @@ struct Hash128 {
 
 // XXH3-64 of `data` with seed 0: the checksum of the chunk format.
 uint64_t Checksum64(std::span<const uint8_t> data);
+// XXH3-64 of `data` with `seed`: the layer-record checksum of chunk format v2.
+uint64_t Checksum64(std::span<const uint8_t> data, uint64_t seed);
 
 }  // namespace kvtier
 

@@ -197,9 +197,9 @@ absl::StatusOr<GetResult> KvService::Get(const Hash128& key, GetMode mode,
     std::span<const uint8_t> bytes = sr.bytes;
     // A stored chunk handed out in place was verified at put: its bytes are
     // read only on request (a reader found a mismatch), while still pinned.
-    // A scratch copy is always checked: the daemon made it.
+    // A scratch copy is checked unless the tier checked it as it read it.
     absl::Status st;
-    if (sr.slot_id != 0 || verify) st = wire::VerifyChunkParallel(bytes).status();
+    if ((sr.slot_id != 0 && !sr.verified) || verify) st = wire::VerifyChunkParallel(bytes).status();
     if (!st.ok()) {
       (void)(sr.lease_id != 0 ? engine_->Release(sr.lease_id, holder.id)
                               : engine_->AbortSlot(sr.slot_id, holder.id));

@@ -256,6 +256,58 @@ TEST(ChunkCheck, AgreesWithTheCodecAndFindsEveryCorruption) {
   }
 }
 
+// A version 1 chunk (whole-section checksums) still verifies and fails as
+// the codec says, on the pool.
+TEST(ChunkCheck, VersionOneChunksVerifyInParallelToo) {
+  auto v2 = MakeChunk(71, 256, 4, 8, 128);
+  auto h = codec::ParseHeader(v2).value();
+  codec::ChunkSpec spec = h.spec;
+  spec.version = 1;
+  auto layout = codec::ValidateSpec(spec).value();
+  std::vector<uint8_t> v1(layout.total_bytes);
+  // The records are the same bytes in both versions; v1 has no tables.
+  std::memcpy(v1.data() + layout.k_offset, v2.data() + h.layout.k_offset, layout.k.bytes);
+  std::memcpy(v1.data() + layout.v_offset, v2.data() + h.layout.v_offset, layout.v.bytes);
+  codec::WriteHeader(spec, layout, 0, 0, std::span<uint8_t>(v1).first(codec::kHeaderSize));
+  ASSERT_TRUE(codec::SealChunk(v1).ok());
+  auto ok = wire::VerifyChunkParallel(v1);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->header().spec.version, 1);
+  for (size_t at : {size_t(layout.k_offset + 3), size_t(layout.v_offset + 3)}) {
+    auto bad = v1;
+    bad[at] ^= 1;
+    auto st = wire::VerifyChunkParallel(bad).status();
+    EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss);
+    EXPECT_EQ(st.message(), codec::VerifyChunk(bad).status().message());
+  }
+}
+
+// CheckRecordsParallel checks the layers asked for (and the tables), and
+// reports a bad record there as the codec words it.
+TEST(ChunkCheck, CheckRecordsParallelChecksTheLayersAskedFor) {
+  auto chunk = MakeChunk(72, 64, 6, 4, 64);
+  auto h = codec::ParseHeader(chunk).value();
+  const auto& l = h.layout;
+  EXPECT_TRUE(wire::CheckRecordsParallel(h, chunk, 0, 6).ok());
+  EXPECT_TRUE(wire::CheckRecordsParallel(h, chunk, 2, 3).ok());
+  EXPECT_TRUE(wire::CheckRecordsParallel(h, chunk, 5, 99).ok());  // clamped to the layers
+  auto bad = chunk;
+  bad[l.v_offset + l.v.data_offset(4) + 7] ^= 0x40;  // V record 4
+  for (auto [b, e, fails] : {std::tuple{0u, 6u, true}, std::tuple{4u, 5u, true},
+                             std::tuple{0u, 4u, false}, std::tuple{5u, 6u, false}}) {
+    absl::Status st = wire::CheckRecordsParallel(h, bad, b, e);
+    EXPECT_EQ(st.ok(), !fails) << b << ".." << e << ": " << st;
+    if (fails) EXPECT_THAT(std::string(st.message()), ::testing::StartsWith("v record 4"));
+  }
+  auto table = chunk;
+  table[l.k_offset + l.k.table_offset + 1] ^= 1;  // K's entry for layer 0
+  for (auto [b, e] : {std::pair{0u, 6u}, std::pair{3u, 4u}}) {
+    absl::Status st = wire::CheckRecordsParallel(h, table, b, e);
+    EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss);
+    EXPECT_THAT(std::string(st.message()), ::testing::StartsWith("k_checksum"));
+  }
+}
+
 // StreamCopy delivers every byte for any length and alignment (non-temporal
 // stores after an aligned head, memcpy below 4 KiB).
 TEST(ChunkCheck, StreamCopyCopiesEveryByteAtAnyAlignment) {
@@ -342,7 +394,7 @@ TEST(ChunkCheck, IncrementalCheckTakesInterleavedRangesOnOneOrTwoThreads) {
         auto f = c.Finish();
         EXPECT_EQ(f.status().code(), absl::StatusCode::kDataLoss);
         EXPECT_THAT(std::string(f.status().message()),
-                    ::testing::StartsWith(at < l.v_offset ? "k_checksum" : "v_checksum"));
+                    ::testing::StartsWith(at < l.v_offset ? "k record" : "v record"));
       }
       {  // The prefix form (Advance) and ranges mixed.
         wire::IncrementalChunkCheck c(chunk, h);
@@ -383,8 +435,8 @@ TEST(ChunkCheck, IncrementalCheckTakesInterleavedRangesOnOneOrTwoThreads) {
   }
 }
 
-// The helper's digests are the sections' XXH3-64 whatever the publishing
-// pace, and an abandoned job leaves it usable.
+// The helper's verdict is the sections' whatever the publishing pace, a
+// flipped byte fails it, and an abandoned job leaves it usable.
 TEST(ChunkCheck, TrailingHasherMatchesTheSectionChecksums) {
   auto chunk = MakeChunk(77, 512, 4, 8, 128);
   auto h = codec::ParseHeader(chunk).value();
@@ -396,9 +448,14 @@ TEST(ChunkCheck, TrailingHasherMatchesTheSectionChecksums) {
       o = std::min<uint64_t>(chunk.size(), o + step);
       t.Publish(o);
     }
-    auto [k, v] = t.Finish();
-    EXPECT_EQ(k, h.k_checksum);
-    EXPECT_EQ(v, h.v_checksum);
+    EXPECT_TRUE(t.Finish().ok());
+    auto bad = chunk;
+    bad[l.v_offset + l.v.bytes / 3] ^= 0x20;
+    while (!t.Start(bad.data(), h, codec::kHeaderSize, bad.size())) std::this_thread::yield();
+    t.Publish(bad.size());
+    absl::Status st = t.Finish();
+    EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss);
+    EXPECT_THAT(std::string(st.message()), ::testing::StartsWith("v record"));
     ASSERT_TRUE(::kvtier::testing::WaitUntil(
         [&] { return t.Start(chunk.data(), h, l.v_offset, chunk.size()); },
         std::chrono::seconds(5), std::chrono::milliseconds(1)));

@@ -140,11 +140,11 @@ class StreamingVerifier {
     size_t n = 0;
     uint64_t end = codec::kHeaderSize;
     if (id_.part != Part::kV) {
-      sections[n++] = {end, h->layout.k.bytes, h->k_checksum};
+      sections[n++] = codec::SectionHashes::Range::Of(*h, codec::Section::kK, end);
       end += h->layout.k.bytes;
     }
     if (id_.part != Part::kK) {
-      sections[n++] = {end, h->layout.v.bytes, h->v_checksum};
+      sections[n++] = codec::SectionHashes::Range::Of(*h, codec::Section::kV, end);
       end += h->layout.v.bytes;
     }
     if (end != object_.size()) {

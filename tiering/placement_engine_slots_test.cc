@@ -22,14 +22,18 @@ std::vector<uint8_t> Chunk(uint16_t value) {
   return codec::EncodeChunk(spec, {k, v}).value();
 }
 
-// The chunk in `bytes`, verified as the daemon verifies (both checksums).
+// The chunk in `bytes`, verified as the daemon verifies (both sections).
 absl::StatusOr<codec::VerifiedChunk> Verify(std::span<const uint8_t> bytes) {
   auto h = codec::ParseHeader(bytes);
   if (!h.ok()) return h.status();
   if (bytes.size() != h->layout.total_bytes) return absl::DataLossError("length");
-  return codec::AcceptChunk(*h, bytes,
-                            Checksum64(bytes.subspan(h->layout.k_offset, h->layout.k.bytes)),
-                            Checksum64(bytes.subspan(h->layout.v_offset, h->layout.v.bytes)));
+  absl::Status sections = codec::VerifySection(
+      *h, codec::Section::kK, bytes.subspan(h->layout.k_offset, h->layout.k.bytes));
+  if (sections.ok()) {
+    sections = codec::VerifySection(*h, codec::Section::kV,
+                                    bytes.subspan(h->layout.v_offset, h->layout.v.bytes));
+  }
+  return codec::AcceptChunk(*h, bytes, sections);
 }
 
 struct Engine {

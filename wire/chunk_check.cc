@@ -4,7 +4,6 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
-#include <future>
 
 #include <immintrin.h>
 #include <pthread.h>
@@ -13,6 +12,7 @@
 #include "codec/section_hashes.h"
 #include "common/hash.h"
 #include "common/status.h"
+#include "common/worker_pool.h"
 
 namespace kvtier::wire {
 
@@ -70,11 +70,6 @@ void StreamPiece(uint8_t* d, const uint8_t* s, size_t n) {
 // Makes this thread's non-temporal stores visible to every other core.
 void StoreFence() { _mm_sfence(); }
 
-absl::Status Mismatch(const char* name, uint64_t want, uint64_t got) {
-  return absl::DataLossError(absl::StrCat(name, "_checksum: stored 0x", absl::Hex(want),
-                                          ", computed 0x", absl::Hex(got)));
-}
-
 absl::Status CheckLength(const codec::ChunkHeader& h, size_t size) {
   if (size != h.layout.total_bytes) {
     return absl::DataLossError(absl::StrCat("length: chunk is ", size, " bytes, header says ",
@@ -89,10 +84,28 @@ std::pair<size_t, size_t> Overlap(size_t lo, size_t hi, size_t begin, size_t len
   return a < b ? std::make_pair(a, b - a) : std::make_pair(a, size_t{0});
 }
 
-absl::Status CompareChecksums(const codec::ChunkHeader& h, uint64_t ksum, uint64_t vsum) {
-  if (ksum != h.k_checksum) return Mismatch("k", h.k_checksum, ksum);
-  if (vsum != h.v_checksum) return Mismatch("v", h.v_checksum, vsum);
+// The checks of every section of `hashes` that [from, end) covers whole.
+absl::Status CheckCovered(const SectionHashes& hashes, uint64_t from, uint64_t end) {
+  for (size_t i = 0; i < hashes.num_sections(); ++i) {
+    const SectionHashes::Range& r = hashes.section(i);
+    if (r.begin < from || r.begin + r.bytes > end) continue;
+    KVTIER_RETURN_IF_ERROR(hashes.Check(i));
+  }
   return absl::OkStatus();
+}
+
+// Version 1: each section hashed whole, V on a pool thread when both are
+// large enough to pay for it.
+absl::Status CheckSectionsV1(const codec::ChunkHeader& h, std::span<const uint8_t> chunk) {
+  auto k = chunk.subspan(h.layout.k_offset, h.layout.k.bytes);
+  auto v = chunk.subspan(h.layout.v_offset, h.layout.v.bytes);
+  const size_t n = k.size() >= kParallelMinBytes && v.size() >= kParallelMinBytes ? 2 : 1;
+  absl::Status st[2];
+  WorkerPool::Shared().ParallelFor(n, [&](size_t i) {
+    if (i == 0) st[0] = codec::VerifySection(h, codec::Section::kK, k);
+    if (i == 1 || n == 1) st[1] = codec::VerifySection(h, codec::Section::kV, v);
+  });
+  return st[0].ok() ? st[1] : st[0];
 }
 
 }  // namespace
@@ -100,16 +113,44 @@ absl::Status CompareChecksums(const codec::ChunkHeader& h, uint64_t ksum, uint64
 absl::StatusOr<codec::VerifiedChunk> VerifyChunkParallel(std::span<const uint8_t> chunk) {
   KVTIER_ASSIGN_OR_RETURN(codec::ChunkHeader h, codec::ParseHeader(chunk));
   KVTIER_RETURN_IF_ERROR(CheckLength(h, chunk.size()));
-  auto k = chunk.subspan(h.layout.k_offset, h.layout.k.bytes);
-  auto v = chunk.subspan(h.layout.v_offset, h.layout.v.bytes);
-  uint64_t vsum = 0;
-  std::future<uint64_t> vf;
-  if (k.size() >= kParallelMinBytes && v.size() >= kParallelMinBytes) {
-    vf = std::async(std::launch::async, [v] { return Checksum64(v); });
+  if (h.layout.version < 2) return codec::AcceptChunk(h, chunk, CheckSectionsV1(h, chunk));
+  return codec::AcceptChunk(h, chunk, CheckRecordsParallel(h, chunk, 0, h.layout.geometry.num_layers));
+}
+
+absl::Status CheckRecordsParallel(const codec::ChunkHeader& h, std::span<const uint8_t> chunk,
+                                  uint32_t begin, uint32_t end) {
+  const codec::ChunkLayout& l = h.layout;
+  end = std::min(end, l.geometry.num_layers);
+  if (begin >= end) return absl::OkStatus();
+  const uint32_t n = end - begin;
+  std::vector<uint64_t> sums[2] = {std::vector<uint64_t>(l.geometry.num_layers),
+                                   std::vector<uint64_t>(l.geometry.num_layers)};
+  const std::span<const uint8_t> sections[2] = {chunk.subspan(l.k_offset, l.k.bytes),
+                                                chunk.subspan(l.v_offset, l.v.bytes)};
+  // One task a record, K and V interleaved.
+  WorkerPool::Shared().ParallelFor(2 * size_t{n}, [&](size_t i) {
+    const auto which = static_cast<codec::Section>(i % 2);
+    const codec::SectionLayout& sec = i % 2 == 0 ? l.k : l.v;
+    const auto layer = static_cast<uint32_t>(begin + i / 2);
+    sums[i % 2][layer] =
+        codec::RecordChecksum(which, layer, codec::RecordBytes(sec, sections[i % 2], layer));
+  });
+  for (int s = 0; s < 2; ++s) {
+    const auto which = static_cast<codec::Section>(s);
+    const codec::SectionLayout& sec = s == 0 ? l.k : l.v;
+    const uint64_t want = s == 0 ? h.k_checksum : h.v_checksum;
+    auto table = sections[s].subspan(sec.table_offset, sec.table_bytes);
+    if (begin == 0 && end == l.geometry.num_layers) {
+      KVTIER_RETURN_IF_ERROR(codec::CheckRecordTable(which, sec, want, sums[s], table));
+      continue;
+    }
+    // Part of the layers: the table against the header, then those records.
+    KVTIER_RETURN_IF_ERROR(codec::CheckRecordTableHeader(which, sec, want, table));
+    for (uint32_t layer = begin; layer < end; ++layer) {
+      KVTIER_RETURN_IF_ERROR(codec::CheckRecord(which, sec, sections[s], layer, sums[s][layer]));
+    }
   }
-  uint64_t ksum = Checksum64(k);
-  vsum = vf.valid() ? vf.get() : Checksum64(v);
-  return codec::AcceptChunk(h, chunk, ksum, vsum);
+  return absl::OkStatus();
 }
 
 void StreamCopy(std::span<uint8_t> dst, std::span<const uint8_t> src) {
@@ -168,8 +209,7 @@ absl::StatusOr<codec::ChunkHeader> CopyVerified(std::span<uint8_t> dst,
     hashes.Update(src.data(), o, o + n);
   }
   StoreFence();
-  KVTIER_RETURN_IF_ERROR(
-      CompareChecksums(h, hashes.Digest(SectionHashes::kK), hashes.Digest(SectionHashes::kV)));
+  KVTIER_RETURN_IF_ERROR(CheckCovered(hashes, 0, src.size()));
   return h;
 }
 
@@ -284,7 +324,7 @@ bool TrailingHasher::Start(const uint8_t* chunk, const codec::ChunkHeader& h, ui
 
 void TrailingHasher::Publish(uint64_t ready) { job_->ready.store(ready, std::memory_order_release); }
 
-std::pair<uint64_t, uint64_t> TrailingHasher::Finish() {
+absl::Status TrailingHasher::Finish() {
   Job& j = *job_;
   j.taken_over.store(true);
   // A piece takes the helper tens of microseconds; if it does not finish it
@@ -301,11 +341,11 @@ std::pair<uint64_t, uint64_t> TrailingHasher::Finish() {
       // The helper may still be reading the chunk, whose memory is the
       // caller's once this returns: wait for it to leave its piece.
       WaitForHelperToLeavePiece();
-      return {fresh.Digest(SectionHashes::kK), fresh.Digest(SectionHashes::kV)};
+      return CheckCovered(fresh, j.from, j.end);
     }
   }
   j.HashUpTo(j.end);
-  return {j.hashes.Digest(SectionHashes::kK), j.hashes.Digest(SectionHashes::kV)};
+  return CheckCovered(j.hashes, j.from, j.end);
 }
 
 void TrailingHasher::Abandon() {
@@ -335,8 +375,7 @@ absl::StatusOr<codec::ChunkHeader> PipelinedCopyVerifier::CopyVerified(
       hasher_.Publish(o + n);
     }
     StoreFence();
-    auto [k, v] = hasher_.Finish();
-    KVTIER_RETURN_IF_ERROR(CompareChecksums(h, k, v));
+    KVTIER_RETURN_IF_ERROR(hasher_.Finish());
     return h;
   }();
   call_mu_.Unlock();
@@ -437,12 +476,15 @@ absl::StatusOr<codec::VerifiedChunk> IncrementalChunkCheck::Finish() {
     return absl::InvalidArgumentError(absl::StrCat("put committed after ", FinalBytes(), " of ",
                                                    region_.size(), " bytes"));
   }
-  uint64_t vsum = s.hashes.Digest(SectionHashes::kV);
+  absl::Status sections = s.hashes.Check(SectionHashes::kK);
   if (s.v_on_helper) {
-    vsum = helper_->Finish().second;
+    absl::Status v = helper_->Finish();
     s.finished = true;
+    if (sections.ok()) sections = v;
+  } else if (sections.ok()) {
+    sections = s.hashes.Check(SectionHashes::kV);
   }
-  return codec::AcceptChunk(header_, region_, s.hashes.Digest(SectionHashes::kK), vsum);
+  return codec::AcceptChunk(header_, region_, sections);
 }
 
 }  // namespace kvtier::wire

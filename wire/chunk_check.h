@@ -24,10 +24,21 @@
 
 namespace kvtier::wire {
 
-// codec::VerifyChunk, with the V section hashed on a second thread when both
-// sections are large enough to pay for it (the daemon's one pass over a
-// chunk, at commit). The result is what a store takes (codec::VerifiedChunk).
+// codec::VerifyChunk on the shared worker pool (common/worker_pool.h): a
+// version 2 chunk's layer records one a task, a version 1 chunk's V section
+// beside its K section when both are large enough to pay for it (the daemon's
+// one pass over a chunk, at commit). The result is what a store takes
+// (codec::VerifiedChunk).
 absl::StatusOr<codec::VerifiedChunk> VerifyChunkParallel(std::span<const uint8_t> chunk);
+
+// Version 2: checks layer records [begin, end) of both sections of `chunk`
+// (whose header `h` is, as ParseHeader parsed it from `chunk`), one record a
+// task on WorkerPool::Shared(), and the record tables against the header.
+// DataLoss as codec::VerifySection words it. A layer-wise reader checks each
+// layer group just before it uses it. REQUIRES: h.layout.version >= 2,
+// chunk.size() == h.layout.total_bytes.
+absl::Status CheckRecordsParallel(const codec::ChunkHeader& h, std::span<const uint8_t> chunk,
+                                  uint32_t begin, uint32_t end);
 
 // Copies `src` into `dst` with non-temporal stores (AVX2 where the CPU has
 // it; memcpy for small copies and elsewhere), then fences them. The bytes go
@@ -79,10 +90,9 @@ class TrailingHasher {
   bool Start(const uint8_t* chunk, const codec::ChunkHeader& h, uint64_t from, uint64_t end);
   // Bytes [from, ready) are final; the helper may read them.
   void Publish(uint64_t ready);
-  // Ends the job and returns the XXH3-64 of the K and V bytes in
-  // [from, end) (the whole sections when the job covers them). REQUIRES:
-  // Publish(end) was called.
-  std::pair<uint64_t, uint64_t> Finish();
+  // Ends the job and returns the verdict on every section that [from, end)
+  // covers whole (SectionHashes::Check). REQUIRES: Publish(end) was called.
+  absl::Status Finish();
   // Ends the job without a result, once the helper has left its current
   // piece: the chunk's memory is the caller's again when it returns (as it is
   // after Finish).

@@ -1,0 +1,55 @@
+// A fixed set of threads that runs short CPU tasks for the data path (hashing
+// the layer records of a chunk, above all): ParallelFor spreads n items over
+// the pool and the calling thread, and Schedule runs a task behind the caller.
+#ifndef KVTIER_COMMON_WORKER_POOL_H_
+#define KVTIER_COMMON_WORKER_POOL_H_
+
+#include <cstddef>
+#include <deque>
+#include <thread>
+#include <vector>
+
+#include "absl/functional/any_invocable.h"
+#include "absl/functional/function_ref.h"
+#include "absl/synchronization/mutex.h"
+
+namespace kvtier {
+
+// Thread-safe. Tasks must not block on one another (ParallelFor's caller
+// takes part in the work, so a ParallelFor inside a task cannot deadlock).
+class WorkerPool {
+ public:
+  // REQUIRES: threads >= 1.
+  explicit WorkerPool(size_t threads);
+  // Runs every task scheduled so far, then joins the threads.
+  ~WorkerPool();
+  WorkerPool(const WorkerPool&) = delete;
+  WorkerPool& operator=(const WorkerPool&) = delete;
+
+  // The process's pool for the data path: one thread per core beyond the
+  // caller's, at most 15 (XXH3 runs at memory speed on fewer).
+  static WorkerPool& Shared();
+
+  size_t size() const { return threads_.size(); }
+
+  // Calls fn(i) for every i in [0, n), on up to `max_threads` threads: the
+  // caller's and pool threads that are free. Returns once every call has
+  // returned. A pool thread that comes late finds no item left and calls
+  // nothing, so fn may reference the caller's stack.
+  void ParallelFor(size_t n, absl::FunctionRef<void(size_t)> fn, size_t max_threads = 64);
+
+  // Runs `task` on a pool thread.
+  void Schedule(absl::AnyInvocable<void() &&> task);
+
+ private:
+  void Loop();
+
+  absl::Mutex mu_;
+  std::deque<absl::AnyInvocable<void() &&>> queue_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace kvtier
+
+#endif  // KVTIER_COMMON_WORKER_POOL_H_
