@@ -11,14 +11,17 @@ device unless a stream is given. Re-exported by ``kvtier.torch``.
 from __future__ import annotations
 
 import ctypes
+import functools
 import math
-import os
-import pathlib
 import threading
 import weakref
-from typing import Iterable, Optional, Sequence, Union
+from typing import Optional, Sequence
 
 import torch
+
+from kvtier import _native
+from kvtier.client import TIER_NAMES
+from kvtier.keys import as_key
 
 __all__ = [
     "PagedCache",
@@ -35,152 +38,18 @@ __all__ = [
 _DTYPE_CODES = {torch.float16: 1, torch.bfloat16: 2}
 if hasattr(torch, "float8_e4m3fn"):
     _DTYPE_CODES[torch.float8_e4m3fn] = 3
-_TIERS = {0: "unknown", 1: "hbm", 2: "dram", 3: "nvme", 4: "remote"}
 _ALL_LAYERS = 0xFFFFFFFF
 
 # ---- the library ---------------------------------------------------------------------
 
-_u64 = ctypes.c_uint64
-_u32 = ctypes.c_uint32
-_i32 = ctypes.c_int32
 _vp = ctypes.c_void_p
-_p_u8 = ctypes.POINTER(ctypes.c_uint8)
 _p_i32 = ctypes.POINTER(ctypes.c_int32)
-_p_u32 = ctypes.POINTER(ctypes.c_uint32)
 _p_u64 = ctypes.POINTER(ctypes.c_uint64)
-_p_int = ctypes.POINTER(ctypes.c_int)
-
-
-class _CacheDesc(ctypes.Structure):
-    _fields_ = [
-        ("struct_size", ctypes.c_size_t),
-        ("num_layers", _u32),
-        ("num_blocks", _u32),
-        ("block_size", _u32),
-        ("num_kv_heads", _u32),
-        ("head_dim", _u32),
-        ("k_dtype", _i32),
-        ("v_dtype", _i32),
-        ("k_layers", _p_u64),
-        ("v_layers", _p_u64),
-        ("k_scale_layers", _p_u64),
-        ("v_scale_layers", _p_u64),
-        ("k_offset", ctypes.c_int64),
-        ("v_offset", ctypes.c_int64),
-        ("stride_block", ctypes.c_int64),
-        ("stride_token", ctypes.c_int64),
-        ("stride_head", ctypes.c_int64),
-        ("device", _i32),
-    ]
-
-
-_SIGNATURES = {
-    "kvtier_last_error": (ctypes.c_char_p, []),
-    "kvtier_has_cuda": (ctypes.c_int, []),
-    "kvtier_gpu_cache_desc_init": (None, [ctypes.POINTER(_CacheDesc)]),
-    "kvtier_gpu_cache_create": (ctypes.c_int, [ctypes.POINTER(_CacheDesc), ctypes.POINTER(_vp)]),
-    "kvtier_gpu_cache_destroy": (None, [_vp]),
-    "kvtier_gpu_open": (ctypes.c_int, [_vp, _i32, ctypes.POINTER(_vp)]),
-    "kvtier_gpu_close": (None, [_vp]),
-    "kvtier_gpu_store": (
-        ctypes.c_int,
-        [_vp, _p_u8, _p_u8, ctypes.c_char_p, _vp, _p_i32, _u32, _u32, _u32, _u64, ctypes.c_int],
-    ),
-    "kvtier_gpu_store_begin": (
-        ctypes.c_int,
-        [_vp, _p_u8, ctypes.c_char_p, _vp, _u32, ctypes.POINTER(_vp)],
-    ),
-    "kvtier_gpu_store_layers": (ctypes.c_int, [_vp, _vp, _p_i32, _u32, _u32, _u32, _u32, _u64]),
-    "kvtier_gpu_store_commit": (ctypes.c_int, [_vp, _p_u8, ctypes.c_int]),
-    "kvtier_gpu_store_release": (None, [_vp]),
-    "kvtier_gpu_load": (
-        ctypes.c_int,
-        [_vp, _p_u8, _vp, _p_i32, _u32, _u32, _u32, _u32, _u64, _p_int],
-    ),
-    "kvtier_gpu_load_layerwise": (
-        ctypes.c_int,
-        [_vp, _p_u8, ctypes.c_size_t, _vp, _p_i32, _p_u64, _p_u32, _p_u32, _u32, _u64,
-         ctypes.POINTER(_vp)],
-    ),
-    "kvtier_gpu_layerwise_wait_layer": (ctypes.c_int, [_vp, _u32, _u64]),
-    "kvtier_gpu_layerwise_finish": (ctypes.c_int, [_vp, _p_int, _p_int]),
-    "kvtier_gpu_layerwise_release": (None, [_vp]),
-    "kvtier_attention_decode": (
-        ctypes.c_int,
-        [_vp, _u64, _i32, _u32, _u32, _u64, _p_i32, _u32, _u64, _p_i32, _u32, ctypes.c_float,
-         _u64, _u64],
-    ),
-}
-
-_lib_cache: Optional[ctypes.CDLL] = None
-
-
-def _find_library() -> ctypes.CDLL:
-    try:  # the package's loader (kvtier/_native.py)
-        from kvtier import _native
-    except ImportError:  # this module alone (e.g. copied without the package)
-        _native = None
-    if _native is not None:
-        return _native.load()
-    candidates = []
-    if os.environ.get("KVTIER_LIBRARY"):
-        candidates.append(pathlib.Path(os.environ["KVTIER_LIBRARY"]))
-    here = pathlib.Path(__file__).resolve().parent
-    candidates.append(here / "_lib" / "libkvtier.so")
-    candidates += sorted(here.parent.parent.glob("build*/client/libkvtier.so"))
-    for c in candidates:
-        if c.is_file():
-            return ctypes.CDLL(str(c))
-    raise ImportError("libkvtier.so not found (set KVTIER_LIBRARY)")
-
-
-def _lib() -> ctypes.CDLL:
-    global _lib_cache
-    if _lib_cache is None:
-        lib = _find_library()
-        if not lib.kvtier_has_cuda():
-            raise ImportError(f"libkvtier ({getattr(lib, 'path', lib._name)}) was built without CUDA")
-        try:
-            from kvtier import _native
-            _native.bind(lib, _SIGNATURES)
-        except ImportError:  # this module alone: unchecked integer arguments
-            for name, (res, args) in _SIGNATURES.items():
-                fn = getattr(lib, name)
-                fn.restype = res
-                fn.argtypes = args
-        _lib_cache = lib
-    return _lib_cache
-
-
-def _check(rc: int) -> None:
-    """Raises the package's exception for a non-zero status (InvalidArgument is a ValueError)."""
-    if rc == 0:
-        return
-    try:
-        from kvtier import _native
-    except ImportError:
-        _native = None
-    if _native is not None:
-        _native.check(rc)
-    reason = (_lib().kvtier_last_error() or b"").decode(errors="replace")
-    if rc == 3:
-        raise ValueError(reason)
-    raise RuntimeError(f"kvtier error {rc}: {reason}")
+_lib = _native.load_gpu  # the library with its GPU functions bound
+_check = _native.check
 
 
 # ---- arguments ---------------------------------------------------------------------
-
-
-def _key_bytes(key: Union[bytes, bytearray, str]) -> bytes:
-    if isinstance(key, str):
-        b = bytes.fromhex(key)
-    elif isinstance(key, (bytes, bytearray)):
-        b = bytes(key)
-    else:
-        raise TypeError(f"a key is 16 bytes or 32 hex digits, not {type(key).__name__}")
-    if len(b) != 16:
-        raise ValueError(f"a key is 16 bytes, not {len(b)}")
-    return b
 
 
 def _u8(b: bytes):
@@ -236,7 +105,7 @@ def _client_handle(client) -> int:
 
 # kvtier_gpu handles per client and device: {client: {device index: handle}}.
 # A kvtier.Client is a weak key (its handles close with it: Client.close
-# calls close_gpu); a raw handle is a plain key.
+# calls the callback registered here); a raw handle is a plain key.
 _gpus_by_client: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _gpus_by_handle: dict = {}
 _gpus_lock = threading.Lock()
@@ -259,6 +128,9 @@ def _gpu(client, device: torch.device) -> int:
             if handles is None:
                 handles = _gpus_by_client[client] = {}
                 weakref.finalize(client, _close_handles, handles)
+                on_close = getattr(client, "add_close_callback", None)
+                if on_close is not None:  # kvtier.Client: closed before its pool is unmapped
+                    on_close(functools.partial(_close_handles, handles))
         g = handles.get(idx)
         if g is None:
             out = _vp()
@@ -268,7 +140,7 @@ def _gpu(client, device: torch.device) -> int:
 
 
 def close_gpu(client) -> None:
-    """Unregisters the client's pool from CUDA (kvtier.Client.close calls it)."""
+    """Unregisters the client's pool from CUDA (kvtier.Client.close does it too)."""
     with _gpus_lock:
         if isinstance(client, (int, ctypes.c_void_p)):
             handles = _gpus_by_handle.pop(_client_handle(client), None)
@@ -329,7 +201,7 @@ class PagedCache:
         self._handle = None
         if self.num_layers == 0:
             raise ValueError("a cache needs at least one layer")
-        d = _CacheDesc()
+        d = _native.GpuCacheDesc()
         _lib().kvtier_gpu_cache_desc_init(ctypes.byref(d))
         arr = lambda xs: (ctypes.c_uint64 * len(xs))(*[int(x) for x in xs])  # noqa: E731
         self._arrays = [arr(k_ptrs), arr(v_ptrs)]
@@ -529,7 +401,7 @@ def _fingerprint(fingerprint) -> bytes:
         return bytes(16)
     if hasattr(fingerprint, "fingerprint"):
         fingerprint = fingerprint.fingerprint()
-    return _key_bytes(fingerprint)
+    return as_key(fingerprint)
 
 
 def store(client, key, cache: PagedCache, block_ids, codec: str = "k16v8", *,
@@ -553,7 +425,7 @@ def store(client, key, cache: PagedCache, block_ids, codec: str = "k16v8", *,
     fp = _fingerprint(fingerprint)
     lib = _lib()
     _check(lib.kvtier_gpu_store(
-        _vp(_gpu(client, cache.device)), _u8(_key_bytes(key)), _u8(fp), codec.encode(),
+        _vp(_gpu(client, cache.device)), _u8(as_key(key)), _u8(fp), codec.encode(),
         _vp(cache._handle), ids, len(ids), first_slot, num_tokens,
         _stream_handle(stream, cache.device), int(durable)))
 
@@ -583,7 +455,7 @@ class PendingStore:
         if self._handle is None:
             raise ValueError("the store was committed or closed")
         try:
-            _check(_lib().kvtier_gpu_store_commit(_vp(self._handle), _u8(_key_bytes(key)),
+            _check(_lib().kvtier_gpu_store_commit(_vp(self._handle), _u8(as_key(key)),
                                                   int(durable)))
         finally:
             self.close()
@@ -626,16 +498,16 @@ def load(client, key, cache: PagedCache, block_ids, first_slot: int = 0, layers=
     """Decodes chunk ``key`` into ``cache`` at ``block_ids`` from ``first_slot`` (only
     ``layers`` if given: a range, (begin, end) or an int) and returns the tier it came
     from ("dram", "nvme", ...). Ordered after the work on ``stream``; returns once the
-    decode has finished. A miss raises the package's NotFound (a RuntimeError without it)."""
+    decode has finished. A miss raises NotFound."""
     ids = _ids(block_ids)
     b, e = _layer_range(layers, cache.num_layers)
     if not 0 <= first_slot < cache.block_size:
         raise ValueError(f"first_slot {first_slot} is outside [0, {cache.block_size})")
     tier = ctypes.c_int(0)
     _check(_lib().kvtier_gpu_load(
-        _vp(_gpu(client, cache.device)), _u8(_key_bytes(key)), _vp(cache._handle), ids, len(ids),
+        _vp(_gpu(client, cache.device)), _u8(as_key(key)), _vp(cache._handle), ids, len(ids),
         first_slot, b, e, _stream_handle(stream, cache.device), ctypes.byref(tier)))
-    return _TIERS.get(tier.value, "unknown")
+    return TIER_NAMES.get(tier.value, "unknown")
 
 
 class LayerwiseLoad:
@@ -672,7 +544,7 @@ class LayerwiseLoad:
             _lib().kvtier_gpu_layerwise_release(_vp(self._handle))
             self._handle = None
         self.statuses = list(st)
-        self.tiers = [(_TIERS.get(t, "unknown") if s == 0 else None) for s, t in zip(st, tr)]
+        self.tiers = [(TIER_NAMES.get(t, "unknown") if s == 0 else None) for s, t in zip(st, tr)]
         return self.tiers
 
     def __enter__(self):
@@ -716,7 +588,7 @@ def load_layerwise(client, keys: Sequence, cache: PagedCache, block_ids_per_key:
     for s in slots:
         if not 0 <= s < cache.block_size:
             raise ValueError(f"first_slot {s} is outside [0, {cache.block_size})")
-    key_buf = b"".join(_key_bytes(k) for k in keys)
+    key_buf = b"".join(as_key(k) for k in keys)
     out = _vp()
     _check(_lib().kvtier_gpu_load_layerwise(
         _vp(_gpu(client, cache.device)), _u8(key_buf), n, _vp(cache._handle),

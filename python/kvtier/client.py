@@ -10,9 +10,8 @@ from __future__ import annotations
 import ctypes
 import json
 import os
-import sys
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from kvtier import _native
 from kvtier.errors import KvtierError
@@ -134,6 +133,7 @@ class Client:
                  max_data_connections: Optional[int] = None,
                  tls_ca: Optional[str] = None, tls_cert: Optional[str] = None,
                  tls_key: Optional[str] = None, tls_server_name: Optional[str] = None):
+        self._close_callbacks: list[Callable[[], None]] = []
         self._lib = _native.load()
         opts = _native.ClientOptions()
         self._lib.kvtier_client_options_init(ctypes.byref(opts))
@@ -164,11 +164,18 @@ class Client:
         """Closes the client: later calls raise ValueError. Chunks read
         through it stay readable and keep their holds until released; the
         connection and the pool mapping go with the last of them."""
-        if self._handle and "kvtier._torch_gpu" in sys.modules:
-            sys.modules["kvtier._torch_gpu"].close_gpu(self)  # before the pool is unmapped
+        callbacks, self._close_callbacks = self._close_callbacks, []
+        if self._handle:
+            for fn in callbacks:  # before the pool is unmapped
+                fn()
         handle, self._handle = self._handle, None
         if handle:
             self._lib.kvtier_client_close(handle)
+
+    def add_close_callback(self, fn: Callable[[], None]) -> None:
+        """Calls fn() once when the client closes, before its connection and
+        pool mapping go (kvtier.torch unregisters the pool from CUDA there)."""
+        self._close_callbacks.append(fn)
 
     def __del__(self):
         try:
