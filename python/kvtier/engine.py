@@ -5,7 +5,7 @@ kvtier stores and loads.
 
 Nothing here imports an engine, so the same calls run wherever torch does:
 CPU tensors go through the CPU codec (``kvtier.torch.encode_chunk`` /
-``decode_chunk``), CUDA tensors through the GPU path of ``kvtier/_torch_gpu.py``
+``decode_chunk``), CUDA tensors through the GPU path of ``kvtier/torch/_gpu.py``
 (``store``, ``load_layerwise``).
 
 Keys are engine-neutral. A chunk holds K (after RoPE) and V of
