@@ -14,9 +14,19 @@ from kvtier import codec
 from kvtier._version import __version__ as __version__
 from kvtier.client import Chunk, Client, LoadPlan
 from kvtier.codec import ChunkInfo, ChunkSpec
-from kvtier.errors import (AlreadyExists, DataLoss, DeadlineExceeded, FailedPrecondition,
-                           InvalidArgument, KvtierError, NotFound, PermissionDenied,
-                           ResourceExhausted, Unauthenticated, Unavailable)
+from kvtier.errors import (
+    AlreadyExists,
+    DataLoss,
+    DeadlineExceeded,
+    FailedPrecondition,
+    InvalidArgument,
+    KvtierError,
+    NotFound,
+    PermissionDenied,
+    ResourceExhausted,
+    Unauthenticated,
+    Unavailable,
+)
 from kvtier.keys import ModelIdentity, as_key, chunk_keys, key_hex, prefix_keys
 
 

@@ -17,9 +17,22 @@ import ctypes
 import glob
 import os
 import threading
-from ctypes import (POINTER, c_char, c_char_p, c_double, c_float, c_int, c_int32,
-                    c_int64, c_size_t, c_uint8, c_uint16, c_uint32, c_uint64,
-                    c_void_p)
+from ctypes import (
+    POINTER,
+    c_char,
+    c_char_p,
+    c_double,
+    c_float,
+    c_int,
+    c_int32,
+    c_int64,
+    c_size_t,
+    c_uint8,
+    c_uint16,
+    c_uint32,
+    c_uint64,
+    c_void_p,
+)
 
 ABI_VERSION = 1
 
@@ -34,8 +47,7 @@ def _candidates():
     yield os.path.join(_here, "_lib", "libkvtier.so")
     repo = os.path.dirname(os.path.dirname(_here))
     for pattern in ("build/client/libkvtier.so", "build*/client/libkvtier.so"):
-        for path in sorted(glob.glob(os.path.join(repo, pattern))):
-            yield path
+        yield from sorted(glob.glob(os.path.join(repo, pattern)))
 
 
 class ClientOptions(ctypes.Structure):
@@ -203,12 +215,20 @@ _GPU_SIGNATURES = {
                                         c_float, c_uint64, c_uint64]),
 }
 
+class Library(ctypes.CDLL):
+    """libkvtier.so as loaded; ``path``: the file it was loaded from."""
+
+    def __init__(self, path: str):
+        super().__init__(path)
+        self.path = path
+
+
 _lock = threading.Lock()
-_lib = None
+_lib: Library | None = None
 _gpu_bound = False
 
 
-def load():
+def load() -> Library:
     """The loaded library (loaded once). ImportError naming every place tried."""
     global _lib
     with _lock:
@@ -220,7 +240,7 @@ def load():
                 tried.append(f"{path} (absent)")
                 continue
             try:
-                lib = ctypes.CDLL(path)
+                lib = Library(path)
             except OSError as e:
                 tried.append(f"{path} ({e})")
                 continue
@@ -229,14 +249,13 @@ def load():
             if abi != ABI_VERSION:
                 tried.append(f"{path} (ABI {abi}, this package needs {ABI_VERSION})")
                 continue
-            lib.path = path
             _lib = lib
             return lib
         raise ImportError("kvtier: libkvtier.so not found or unusable; set KVTIER_LIBRARY. Tried: "
                           + "; ".join(tried))
 
 
-def load_gpu():
+def load_gpu() -> Library:
     """The loaded library with its GPU functions bound too. ImportError if it
     cannot be loaded or was built without CUDA."""
     global _gpu_bound

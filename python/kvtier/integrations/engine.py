@@ -25,7 +25,8 @@ import dataclasses
 import logging
 import threading
 import time
-from typing import Any, Callable, Mapping, Optional, Sequence, Union
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -60,6 +61,11 @@ PACKED_LAYOUT = "packed"
 
 # A chunk that cannot be used ends the usable prefix; its tokens are recomputed.
 UNUSABLE = (kvtier.NotFound, kvtier.DataLoss, kvtier.InvalidArgument)
+
+# The type of each setting that is not a string (ConnectorSettings.from_mapping).
+_SETTING_TYPES: dict[str, type | tuple[type, ...]] = {
+    "chunk_tokens": int, "lookup_timeout_ms": int, "retry_after_ms": int, "io_timeout_ms": int,
+    "layer_group": int, "max_pending_save_chunks": int, "prefill_tokens_per_s": (int, float)}
 
 
 # ---- settings ------------------------------------------------------------------------
@@ -97,38 +103,36 @@ class ConnectorSettings:
       blocks go back to the engine at once, so saves never hold the engine's
       memory or thread. Default: 1024.
     """
-    socket: Optional[str] = None
-    addr: Optional[str] = None
-    token_file: Optional[str] = None
+    socket: str | None = None
+    addr: str | None = None
+    token_file: str | None = None
     codec: str = "k16v8"
     chunk_tokens: int = 256
-    model_id: Optional[str] = None
+    model_id: str | None = None
     revision: str = ""
     lookup_timeout_ms: int = 200
     retry_after_ms: int = 1000
     load_policy: str = "plan"
     prefill_tokens_per_s: float = 0.0
     io_timeout_ms: int = 60000
-    kv_cache_layout: Optional[str] = None
+    kv_cache_layout: str | None = None
     layer_group: int = 4
     max_pending_save_chunks: int = 1024
 
     @classmethod
-    def from_mapping(cls, config: Optional[Mapping[str, Any]],
-                     ignore: Sequence[str] = ()) -> "ConnectorSettings":
+    def from_mapping(cls, config: Mapping[str, Any] | None,
+                     ignore: Sequence[str] = ()) -> ConnectorSettings:
         """Settings from an engine's extra config; keys in ``ignore`` belong to the
         engine. Raises ValueError naming an unknown key or a bad value."""
         config = dict(config or {})
         fields = {f.name: f for f in dataclasses.fields(cls)}
-        values = {}
+        values: dict[str, Any] = {}
         for name, value in config.items():
             if name in ignore:
                 continue
             if name not in fields:
                 raise ValueError(f"kvtier: unknown setting {name!r}; known: {sorted(fields)}")
-            want = {"chunk_tokens": int, "lookup_timeout_ms": int, "retry_after_ms": int,
-                    "io_timeout_ms": int, "layer_group": int, "max_pending_save_chunks": int,
-                    "prefill_tokens_per_s": (int, float)}.get(name, str)
+            want = _SETTING_TYPES.get(name, str)
             if value is not None and (not isinstance(value, want) or isinstance(value, bool)):
                 raise ValueError(f"kvtier: setting {name!r} must be "
                                  f"{getattr(want, '__name__', 'a number')}, not {value!r}")
@@ -148,7 +152,8 @@ class ConnectorSettings:
             raise ValueError("kvtier: lookup_timeout_ms and io_timeout_ms must be positive, "
                              "retry_after_ms not negative")
         if self.load_policy not in ("plan", "all"):
-            raise ValueError(f"kvtier: load_policy must be 'plan' or 'all', not {self.load_policy!r}")
+            raise ValueError("kvtier: load_policy must be 'plan' or 'all', not "
+                             f"{self.load_policy!r}")
         if self.prefill_tokens_per_s < 0:
             raise ValueError("kvtier: prefill_tokens_per_s must not be negative")
         if self.kv_cache_layout is not None and \
@@ -158,13 +163,13 @@ class ConnectorSettings:
         if self.addr is not None and self.socket is not None:
             raise ValueError("kvtier: give socket or addr, not both")
 
-    def connect(self, timeout_ms: Optional[int] = None) -> kvtier.Client:
+    def connect(self, timeout_ms: int | None = None) -> kvtier.Client:
         """A client of the configured kvtierd (Unavailable if it does not answer)."""
         return kvtier.Client(socket=self.socket, addr=self.addr, token_file=self.token_file,
                              timeout_ms=timeout_ms or self.io_timeout_ms)
 
 
-def engine_identity(model_id: str, dtype: Union[torch.dtype, str], codec: str = "k16v8", *,
+def engine_identity(model_id: str, dtype: torch.dtype | str, codec: str = "k16v8", *,
                     revision: str = "", tp_world_size: int = 1,
                     tp_rank: int = 0) -> kvtier.ModelIdentity:
     """The identity an engine's chunk keys derive from (kv_layout ``KV_LAYOUT``).
@@ -217,13 +222,14 @@ class BoundedLookup:
         self._retry_s = retry_after_ms / 1000.0
         self._clock = clock
         self._mu = threading.Lock()
-        self._client: Optional[kvtier.Client] = None
-        self._pending: Optional[concurrent.futures.Future] = None
+        self._client: kvtier.Client | None = None
+        self._pending: concurrent.futures.Future | None = None
         self._down_until = 0.0
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kvtier-lookup")
         #: misses by cause: "timeout", "error", "backoff", "busy".
         self.misses: dict = {"timeout": 0, "error": 0, "backoff": 0, "busy": 0}
-        self._pending = self._warming = self._pool.submit(self._warm_up)
+        self._warming: concurrent.futures.Future | None = self._pool.submit(self._warm_up)
+        self._pending = self._warming
 
     def _warm_up(self) -> None:
         try:
@@ -237,7 +243,7 @@ class BoundedLookup:
             client = self._client = self._connect(self._timeout_ms)
         return client.plan_load(keys, prefill_tokens_per_s, tokens_per_chunk)
 
-    def _fail(self, cause: str, error: Optional[BaseException]) -> None:
+    def _fail(self, cause: str, error: BaseException | None) -> None:
         self.misses[cause] += 1
         self._down_until = self._clock() + self._retry_s
         if error is not None:
@@ -248,7 +254,7 @@ class BoundedLookup:
                 client.close()
 
     def plan(self, keys: Sequence, prefill_tokens_per_s: float = 0.0,
-             tokens_per_chunk: int = 256) -> Optional[kvtier.LoadPlan]:
+             tokens_per_chunk: int = 256) -> kvtier.LoadPlan | None:
         """The load plan of ``keys``, or None for a miss (see the class comment)."""
         if not keys:
             return None
@@ -291,7 +297,7 @@ class BoundedLookup:
                     client.close()
 
 
-def loadable_chunks(plan: Optional[kvtier.LoadPlan], settings: ConnectorSettings,
+def loadable_chunks(plan: kvtier.LoadPlan | None, settings: ConnectorSettings,
                     num_tokens: int) -> int:
     """Leading chunks of a prompt of ``num_tokens`` to load under ``plan``.
 
@@ -341,8 +347,8 @@ class PagedKv:
     dimension (2 * head_dim); None takes half of it.
     """
 
-    def __init__(self, layers: Sequence, layout: Optional[str] = None,
-                 head_dim: Optional[int] = None):
+    def __init__(self, layers: Sequence, layout: str | None = None,
+                 head_dim: int | None = None):
         layers = list(layers)
         if not layers:
             raise ValueError("the KV cache has no layers")
@@ -355,7 +361,7 @@ class PagedKv:
             self.k.append(k)
             self.v.append(v)
         ref = self.k[0]
-        for i, (k, v) in enumerate(zip(self.k, self.v)):
+        for i, (k, v) in enumerate(zip(self.k, self.v, strict=True)):
             for t in (k, v):
                 if t.shape != ref.shape or t.dtype != ref.dtype or t.device != ref.device:
                     raise ValueError(f"layer {i}: {tuple(t.shape)} {t.dtype} {t.device} differs "
@@ -366,7 +372,7 @@ class PagedKv:
         self.num_blocks, self.block_size, self.num_kv_heads, self.head_dim = ref.shape
         self.dtype = ref.dtype
         self.device = ref.device
-        self._gpu_cache = None
+        self._gpu_cache: kvtorch.PagedCache | None = None
 
     def _views(self, layer, i: int):
         layout = self.layout
@@ -424,7 +430,7 @@ class PagedKv:
         return k.cpu().contiguous(), v.cpu().contiguous()
 
     def scatter(self, block_ids: Sequence[int], k: torch.Tensor, v: torch.Tensor,
-                layers: Optional[tuple] = None) -> None:
+                layers: tuple | None = None) -> None:
         """Writes K and V [layers, tokens, kv_heads, head_dim] into ``block_ids``
         (whole blocks; ``layers`` = (begin, end) of the cache the rows are)."""
         begin, end = layers or (0, self.num_layers)
@@ -472,7 +478,7 @@ class PendingLoad:
     place when the load is created; on the GPU path layers arrive on the device
     and ``wait_layer`` makes the current stream wait for layer l."""
 
-    def __init__(self, result: Optional[LoadResult] = None, layerwise=None, n: int = 0):
+    def __init__(self, result: LoadResult | None = None, layerwise=None, n: int = 0):
         self._result = result
         self._layerwise = layerwise
         self._n = n
@@ -485,7 +491,8 @@ class PendingLoad:
         if self._result is None:
             tiers = self._layerwise.finish()
             codes = self._layerwise.statuses or [0] * self._n
-            errors = [None if t is not None else f"status {c}" for t, c in zip(tiers, codes)]
+            errors = [None if t is not None else f"status {c}"
+                      for t, c in zip(tiers, codes, strict=True)]
             self._result = LoadResult(list(tiers), errors)
         return self._result
 
@@ -500,7 +507,7 @@ class KvMover:
     """
 
     def __init__(self, client: kvtier.Client, kv: PagedKv, identity: kvtier.ModelIdentity,
-                 chunk_tokens: int, codec: Optional[str] = None):
+                 chunk_tokens: int, codec: str | None = None):
         if chunk_tokens <= 0 or chunk_tokens % kv.block_size:
             raise ValueError(f"chunk_tokens {chunk_tokens} must be a positive multiple of the "
                              f"block size {kv.block_size}")
@@ -563,7 +570,7 @@ class KvMover:
             self.kv.check_blocks(ids, self.chunk_tokens)
         if not keys:
             return PendingLoad(LoadResult([], []))
-        if self.on_gpu:
+        if self._side is not None:  # a CUDA cache
             # The decode runs on a side stream, after the work already queued on the
             # current one (which may still read the blocks' previous contents), so it
             # overlaps the forward; wait_layer makes the current stream wait per layer.
@@ -572,8 +579,9 @@ class KvMover:
                                         [list(ids) for ids in block_ids_per_key],
                                         layer_group=layer_group, stream=self._side)
             return PendingLoad(layerwise=lw, n=len(keys))
-        tiers, errors = [], []
-        for key, ids in zip(keys, block_ids_per_key):
+        tiers: list[str | None] = []
+        errors: list[str | None] = []
+        for key, ids in zip(keys, block_ids_per_key, strict=True):
             try:
                 with self.client.get(key) as chunk:
                     self._check_chunk(kvtier.codec.read_header(chunk.data))

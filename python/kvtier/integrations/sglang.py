@@ -28,7 +28,7 @@ import hashlib
 import logging
 import threading
 import time
-from typing import Any, List, Optional
+from typing import Any
 
 import torch
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig
@@ -66,13 +66,13 @@ class KvtierHiCacheStorage(HiCacheStorage):
         self.client = self.settings.connect()
         self.lookup = engine.BoundedLookup(self.settings.connect, self.settings.lookup_timeout_ms,
                                            self.settings.retry_after_ms)
-        self.mem_pool_host = None
-        self.identity: Optional[kvtier.ModelIdentity] = None
-        self._fingerprint: Optional[bytes] = None
+        self.mem_pool_host: Any = None  # SGLang's HostKVCache
+        self.identity: kvtier.ModelIdentity | None = None
+        self._fingerprint: bytes | None = None
         self._mu = threading.Lock()
         self._written: set = set()
-        self._metrics = {"prefetch_pgs": [], "backup_pgs": [], "prefetch_bandwidth": [],
-                         "backup_bandwidth": []}
+        self._metrics: dict[str, list[float]] = {
+            "prefetch_pgs": [], "backup_pgs": [], "prefetch_bandwidth": [], "backup_bandwidth": []}
         self.errors = 0
 
     # ---- host pool --------------------------------------------------------------------
@@ -94,7 +94,8 @@ class KvtierHiCacheStorage(HiCacheStorage):
         self._fingerprint = self.identity.fingerprint()
 
     def _page(self, index: int):
-        """Views K and V [layers, page_size, kv_heads, head_dim] of the host page at token ``index``."""
+        """Views K and V [layers, page_size, kv_heads, head_dim] of the host page at token
+        ``index``."""
         pool = self.mem_pool_host
         buf, ps = pool.kv_buffer, self.page_size
         if index % ps or not 0 <= index < pool.size:
@@ -106,28 +107,30 @@ class KvtierHiCacheStorage(HiCacheStorage):
                     buf[1, index:index + ps].transpose(0, 1))
         return buf[0, index // ps], buf[1, index // ps]
 
-    def _require_pool(self) -> None:
-        if self.mem_pool_host is None:
+    def _require_pool(self) -> bytes:
+        """This model's fingerprint, once the host pool is registered."""
+        if self.mem_pool_host is None or self._fingerprint is None:
             raise RuntimeError("kvtier: register_mem_pool_host was not called")
+        return self._fingerprint
 
     # ---- keys -----------------------------------------------------------------------------
 
     def kvtier_key(self, key: str) -> bytes:
         """The kvtier key of an SGLang key: 32 hex digits as they are, else the
         chunk key of the string's SHA-256 under this model's identity."""
-        self._require_pool()
+        fingerprint = self._require_pool()
         if len(key) == 32:
             try:
                 return bytes.fromhex(key)
             except ValueError:
                 pass
         words = array.array("I", hashlib.sha256(key.encode()).digest())
-        return kvtier.chunk_keys(self._fingerprint, words, len(words))[0]
+        return kvtier.chunk_keys(fingerprint, words, len(words))[0]
 
     # ---- zero-copy batches ----------------------------------------------------------------
 
-    def _batch(self, kind: str, page_op, keys: List[str], host_indices,
-               misses: tuple = ()) -> List[bool]:
+    def _batch(self, kind: str, page_op, keys: list[str], host_indices,
+               misses: tuple = ()) -> list[bool]:
         """Runs ``page_op(kvtier_key, host_index) -> bytes moved`` on every page and
         records the batch in the StorageMetrics of ``kind`` ("prefetch" / "backup").
         A page that fails with one of ``misses`` is False (logged at debug level);
@@ -170,8 +173,8 @@ class KvtierHiCacheStorage(HiCacheStorage):
                 v_view.copy_(v)
             return len(chunk.data)
 
-    def batch_get_v1(self, keys: List[str], host_indices: torch.Tensor,
-                     extra_info: Any = None) -> List[bool]:
+    def batch_get_v1(self, keys: list[str], host_indices: torch.Tensor,
+                     extra_info: Any = None) -> list[bool]:
         """Decodes page i of ``keys`` into the host page at ``host_indices[i * page_size]``.
         A missing, corrupt or foreign chunk is False (and kvtierd drops a corrupt one)."""
         return self._batch("prefetch", self._load_page, keys, host_indices, engine.UNUSABLE)
@@ -185,12 +188,12 @@ class KvtierHiCacheStorage(HiCacheStorage):
             self._written.add(key)
         return len(chunk)
 
-    def batch_set_v1(self, keys: List[str], host_indices: torch.Tensor,
-                     extra_info: Any = None) -> List[bool]:
+    def batch_set_v1(self, keys: list[str], host_indices: torch.Tensor,
+                     extra_info: Any = None) -> list[bool]:
         """Encodes the host page at ``host_indices[i * page_size]`` and stores it as page i."""
         return self._batch("backup", self._store_page, keys, host_indices)
 
-    def batch_exists(self, keys: List[str], extra_info: Any = None) -> int:
+    def batch_exists(self, keys: list[str], extra_info: Any = None) -> int:
         """Leading keys kvtierd holds; 0 when it does not answer within lookup_timeout_ms."""
         if not keys:
             return 0
@@ -211,8 +214,8 @@ class KvtierHiCacheStorage(HiCacheStorage):
             return (2, self.page_size, self.layers, heads, dim), (1, 0)
         return (2, self.layers, self.page_size, heads, dim), (0, 1)
 
-    def get(self, key: str, target_location: Optional[Any] = None,
-            target_sizes: Optional[Any] = None) -> Optional[torch.Tensor]:
+    def get(self, key: str, target_location: Any | None = None,
+            target_sizes: Any | None = None) -> torch.Tensor | None:
         """The page as a flat tensor in the host pool's page order (into
         ``target_location`` when given), or None on a miss or a bad chunk."""
         self._require_pool()
@@ -231,13 +234,13 @@ class KvtierHiCacheStorage(HiCacheStorage):
         target_location.view(shape).copy_(page)
         return target_location
 
-    def batch_get(self, keys: List[str], target_locations: Optional[Any] = None,
-                  target_sizes: Optional[Any] = None) -> List[Optional[torch.Tensor]]:
+    def batch_get(self, keys: list[str], target_locations: Any | None = None,
+                  target_sizes: Any | None = None) -> list[torch.Tensor | None]:
         targets = target_locations or [None] * len(keys)
-        return [self.get(k, t) for k, t in zip(keys, targets)]
+        return [self.get(k, t) for k, t in zip(keys, targets, strict=False)]
 
-    def set(self, key: str, value: Optional[Any] = None, target_location: Optional[Any] = None,
-            target_sizes: Optional[Any] = None) -> bool:
+    def set(self, key: str, value: Any = None, target_location: Any | None = None,
+            target_sizes: Any | None = None) -> bool:
         """Stores a flat page (the host pool's page order) as ``key``."""
         self._require_pool()
         shape, order = self._flat_shape()
@@ -255,10 +258,10 @@ class KvtierHiCacheStorage(HiCacheStorage):
             self._written.add(kk)
         return True
 
-    def batch_set(self, keys: List[str], values: Optional[Any] = None,
-                  target_locations: Optional[Any] = None,
-                  target_sizes: Optional[Any] = None) -> bool:
-        return all([self.set(k, v) for k, v in zip(keys, values)])
+    def batch_set(self, keys: list[str], values: Any = None,
+                  target_locations: Any | None = None,
+                  target_sizes: Any | None = None) -> bool:
+        return all([self.set(k, v) for k, v in zip(keys, values, strict=False)])
 
     # ---- housekeeping ---------------------------------------------------------------------
 

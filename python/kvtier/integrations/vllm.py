@@ -36,7 +36,8 @@ import concurrent.futures
 import dataclasses
 import logging
 import threading
-from typing import TYPE_CHECKING, Any, Optional
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
@@ -90,7 +91,7 @@ class _Candidate:
     tiers: list = dataclasses.field(default_factory=list)  # kvtierd's tier of each hit
 
 
-def _model_dtype(vllm_config: "VllmConfig") -> torch.dtype:
+def _model_dtype(vllm_config: VllmConfig) -> torch.dtype:
     cache_dtype = str(vllm_config.cache_config.cache_dtype)
     if cache_dtype != "auto" and cache_dtype not in _TORCH_DTYPES:
         raise ValueError(f"kvtier caches 16-bit KV; --kv-cache-dtype {cache_dtype} is not "
@@ -106,8 +107,8 @@ def _model_dtype(vllm_config: "VllmConfig") -> torch.dtype:
 class KvtierConnector(KVConnectorBase_V1):
     """vLLM's KV connector over kvtierd (see the module comment)."""
 
-    def __init__(self, vllm_config: "VllmConfig", role: KVConnectorRole,
-                 kv_cache_config: Optional["KVCacheConfig"] = None):
+    def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole,
+                 kv_cache_config: KVCacheConfig | None = None):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         extra = self._kv_transfer_config.kv_connector_extra_config or {}
         self.settings = engine.ConnectorSettings.from_mapping(extra)
@@ -125,17 +126,17 @@ class KvtierConnector(KVConnectorBase_V1):
         self.block_size = int(vllm_config.cache_config.block_size)
         self.head_size = int(vllm_config.model_config.get_head_size())
         if self.settings.chunk_tokens % self.block_size:
-            raise ValueError(f"kvtier: chunk_tokens {self.settings.chunk_tokens} must be a multiple "
-                             f"of vLLM's block size {self.block_size} (--block-size)")
+            raise ValueError(f"kvtier: chunk_tokens {self.settings.chunk_tokens} must be a "
+                             f"multiple of vLLM's block size {self.block_size} (--block-size)")
         self.chunk_tokens = self.settings.chunk_tokens
         # kv_role: kv_both loads and saves, kv_consumer only loads, kv_producer only saves.
         self.loads = bool(self._kv_transfer_config.is_kv_consumer)
         self.saves = bool(self._kv_transfer_config.is_kv_producer)
         model_id = self.settings.model_id or vllm_config.model_config.model
         self.tp_size = int(vllm_config.parallel_config.tensor_parallel_size)
-        self._identity_args = dict(model_id=model_id, dtype=_model_dtype(vllm_config),
-                                   codec=self.settings.codec,
-                                   revision=self.settings.revision, tp_world_size=self.tp_size)
+        self._identity_args: dict[str, Any] = dict(
+            model_id=model_id, dtype=_model_dtype(vllm_config), codec=self.settings.codec,
+            revision=self.settings.revision, tp_world_size=self.tp_size)
         if role == KVConnectorRole.SCHEDULER:
             self._init_scheduler()
         else:
@@ -161,7 +162,7 @@ class KvtierConnector(KVConnectorBase_V1):
         self._fingerprint = self.identity.fingerprint()
         self.lookup = engine.BoundedLookup(self.settings.connect, self.settings.lookup_timeout_ms,
                                            self.settings.retry_after_ms)
-        self._candidates: dict = {}
+        self._candidates: dict[str, _Candidate] = {}
         self._loads: list = []
         self._saves: list = []
 
@@ -169,8 +170,8 @@ class KvtierConnector(KVConnectorBase_V1):
         tokens = engine.token_array(token_ids)
         return kvtier.chunk_keys(self._fingerprint, tokens, self.chunk_tokens) if tokens else []
 
-    def get_num_new_matched_tokens(self, request: "Request",
-                                   num_computed_tokens: int) -> tuple[Optional[int], bool]:
+    def get_num_new_matched_tokens(self, request: Request,
+                                   num_computed_tokens: int) -> tuple[int | None, bool]:
         """Tokens beyond ``num_computed_tokens`` to load: whole chunks from kvtierd's
         plan, starting at a chunk boundary. A local hit that ends inside a chunk
         loads nothing (the chunk's first tokens are already in shared blocks)."""
@@ -192,7 +193,7 @@ class KvtierConnector(KVConnectorBase_V1):
             return 0, False
         return (chunks - first) * self.chunk_tokens, False
 
-    def update_state_after_alloc(self, request: "Request", blocks: "KVCacheBlocks",
+    def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks,
                                  num_external_tokens: int) -> None:
         cand = self._candidates.get(request.request_id)
         if num_external_tokens <= 0 or cand is None:
@@ -205,7 +206,7 @@ class KvtierConnector(KVConnectorBase_V1):
         self._loads.append(ChunkJob(request.request_id, [cand.keys[c] for c in chunks],
                                     list(cand.loading.values())))
 
-    def get_external_cache_hit_sources(self, request: "Request",
+    def get_external_cache_hit_sources(self, request: Request,
                                        num_external_tokens: int) -> dict:
         """The loaded tokens by the kvtierd tier they come from (vLLM 0.32+):
         DRAM as host, NVMe as disk, a peer node as p2p, kvtierd's HBM as device."""
@@ -213,14 +214,16 @@ class KvtierConnector(KVConnectorBase_V1):
         if num_external_tokens <= 0:
             return {}
         cand = self._candidates.get(request.request_id)
-        sources = {"hbm": CacheHitSource.DEVICE, "dram": CacheHitSource.HOST,
-                   "nvme": CacheHitSource.DISK, "remote": CacheHitSource.P2P}
+        sources: dict[str | None, Any] = {
+            "hbm": CacheHitSource.DEVICE, "dram": CacheHitSource.HOST,
+            "nvme": CacheHitSource.DISK, "remote": CacheHitSource.P2P}
         counts: dict = {}
         chunks = num_external_tokens // self.chunk_tokens
-        for c in range(cand.first_chunk, cand.first_chunk + chunks) if cand else ():
-            tier = cand.tiers[c] if c < len(cand.tiers) else None
-            source = sources.get(tier, CacheHitSource.EXTERNAL_UNSPECIFIED)
-            counts[source] = counts.get(source, 0) + self.chunk_tokens
+        if cand is not None:
+            for c in range(cand.first_chunk, cand.first_chunk + chunks):
+                tier = cand.tiers[c] if c < len(cand.tiers) else None
+                source = sources.get(tier, CacheHitSource.EXTERNAL_UNSPECIFIED)
+                counts[source] = counts.get(source, 0) + self.chunk_tokens
         rest = num_external_tokens - sum(counts.values())
         if rest:
             counts[CacheHitSource.EXTERNAL_UNSPECIFIED] = \
@@ -239,13 +242,13 @@ class KvtierConnector(KVConnectorBase_V1):
             if failed:
                 cand.hits = min(cand.hits, min(failed))
 
-    def build_connector_meta(self, scheduler_output: "SchedulerOutput") -> KVConnectorMetadata:
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         meta = KvtierConnectorMetadata(loads=self._loads, saves=self._saves)
         self._loads, self._saves = [], []
         return meta
 
-    def request_finished(self, request: "Request",
-                         block_ids: list) -> tuple[bool, Optional[dict[str, Any]]]:
+    def request_finished(self, request: Request,
+                         block_ids: Sequence) -> tuple[bool, dict[str, Any] | None]:
         """Saves the request's full chunks that kvtierd does not hold; returns True
         (keep the blocks) until a worker reports the save done."""
         cand = self._candidates.pop(request.request_id, None)
@@ -273,7 +276,7 @@ class KvtierConnector(KVConnectorBase_V1):
             from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
             tp_rank = get_tensor_model_parallel_rank()
         self.identity = engine.engine_identity(tp_rank=tp_rank, **self._identity_args)
-        self.mover: Optional[engine.KvMover] = None
+        self.mover: engine.KvMover | None = None
         self._layer_index: dict = {}
         self._pending_loads: list = []  # (ChunkJob, PendingLoad)
         self._failed_blocks: set = set()
@@ -286,7 +289,7 @@ class KvtierConnector(KVConnectorBase_V1):
         self.load_errors = 0
         self.saves_skipped = 0  # chunks not stored: the save queue was full
         self._pending_save_chunks = 0  # guarded by _mu
-        self._save_stream = None  # CUDA: the saver's own stream
+        self._save_stream: torch.cuda.Stream | None = None  # CUDA: the saver's own stream
 
     def register_kv_caches(self, kv_caches: dict) -> None:
         names = list(kv_caches)
@@ -306,7 +309,7 @@ class KvtierConnector(KVConnectorBase_V1):
             raise RuntimeError("kvtier: register_kv_caches was not called")
         return self.mover
 
-    def start_load_kv(self, forward_context: "ForwardContext", **kwargs: Any) -> None:
+    def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         meta = self._get_connector_metadata()
         for job in meta.loads:
             pending = self._mover().load(job.keys, job.block_ids, self.settings.layer_group)
@@ -337,11 +340,11 @@ class KvtierConnector(KVConnectorBase_V1):
     def _save_job(self, job: ChunkJob, ready) -> None:
         stream = self._save_stream
         try:
-            if ready is not None:
+            if ready is not None and stream is not None:
                 # The blocks hold this step's KV once the compute stream passed `ready`;
                 # the encode runs on the saver's stream, beside the next forwards.
                 stream.wait_event(ready)
-            for key, ids in zip(job.keys, job.block_ids):
+            for key, ids in zip(job.keys, job.block_ids, strict=True):
                 self._mover().save(key, ids, stream=stream)
         except (kvtier.KvtierError, ValueError) as e:
             self.save_errors += 1
@@ -388,7 +391,7 @@ class KvtierConnector(KVConnectorBase_V1):
                 continue
             self._saver.submit(self._save_job, job, ready)
 
-    def get_finished(self, finished_req_ids: set) -> tuple[Optional[set], Optional[set]]:
+    def get_finished(self, finished_req_ids: set) -> tuple[set | None, set | None]:
         # vLLM 0.26-0.30 call no wait_for_save on a step that runs no tokens, which is
         # often the step that carries the last request's saves: start them here.
         self._submit_saves()

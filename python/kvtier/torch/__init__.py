@@ -6,15 +6,23 @@ Tensors are passed by data_ptr(); nothing is copied to numpy on the way.
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple
-
 import torch
 
 from kvtier import codec as _codec
 from kvtier.codec import ChunkInfo, ChunkSpec
+
 # The GPU path: its calls raise ImportError when libkvtier was built without CUDA.
-from kvtier.torch._gpu import (LayerwiseLoad, PagedCache, PendingStore, begin_store, close_gpu,
-                               decode_attention, load, load_layerwise, store)
+from kvtier.torch._gpu import (
+    LayerwiseLoad,
+    PagedCache,
+    PendingStore,
+    begin_store,
+    close_gpu,
+    decode_attention,
+    load,
+    load_layerwise,
+    store,
+)
 
 #: The chunk dtype name of each 16-bit torch dtype that chunks hold, and back.
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
@@ -34,13 +42,15 @@ def _check_kv(k: torch.Tensor, v: torch.Tensor) -> None:
             raise ValueError(f"{name} must be [layers, tokens, kv_heads, head_dim], got shape "
                              f"{tuple(t.shape)}")
     if k.shape != v.shape or k.dtype != v.dtype:
-        raise ValueError(f"k and v differ: {tuple(k.shape)} {k.dtype} vs {tuple(v.shape)} {v.dtype}")
+        raise ValueError(f"k and v differ: {tuple(k.shape)} {k.dtype} vs {tuple(v.shape)} "
+                         f"{v.dtype}")
 
 
 def spec_for(fingerprint, k: torch.Tensor, codec: str = "k16v8", block_size: int = 16) -> ChunkSpec:
     """The ChunkSpec of a chunk holding `k`'s shape [layers, tokens, heads, dim]."""
     layers, tokens, heads, dim = k.shape
-    return ChunkSpec(fingerprint, layers, heads, dim, tokens, block_size, DTYPE_NAMES[k.dtype], codec)
+    return ChunkSpec(fingerprint, layers, heads, dim, tokens, block_size, DTYPE_NAMES[k.dtype],
+                     codec)
 
 
 def encode_chunk(spec_or_fingerprint, k: torch.Tensor, v: torch.Tensor, codec: str = "k16v8",
@@ -61,8 +71,8 @@ def encode_chunk(spec_or_fingerprint, k: torch.Tensor, v: torch.Tensor, codec: s
     return _codec.encode_chunk_into(spec, k.data_ptr(), v.data_ptr())
 
 
-def decode_chunk(chunk, layers: Optional[Tuple[int, int]] = None
-                 ) -> Tuple[torch.Tensor, torch.Tensor]:
+def decode_chunk(chunk, layers: tuple[int, int] | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Verifies and decodes a chunk into CPU tensors K and V [layers, tokens,
     kv_heads, head_dim] of the chunk's dtype; `layers` = (begin, end) decodes
     only those layers. InvalidArgument / DataLoss for bad bytes."""

@@ -15,7 +15,7 @@ import functools
 import math
 import threading
 import weakref
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -56,7 +56,7 @@ def _u8(b: bytes):
     return (ctypes.c_uint8 * len(b)).from_buffer_copy(b)
 
 
-def _ids(block_ids) -> "ctypes.Array":
+def _ids(block_ids) -> ctypes.Array:
     if isinstance(block_ids, torch.Tensor):
         if block_ids.dim() != 1:
             raise ValueError(f"block_ids must be 1-D, not {tuple(block_ids.shape)}")
@@ -100,13 +100,13 @@ def _client_handle(client) -> int:
     h = getattr(client, "handle", None)  # kvtier.Client: raises once closed
     if h is None:
         raise TypeError(f"{type(client).__name__} is not a kvtier client")
-    return h.value if isinstance(h, ctypes.c_void_p) else int(h)
+    return (h.value or 0) if isinstance(h, ctypes.c_void_p) else int(h)
 
 
 # kvtier_gpu handles per client and device: {client: {device index: handle}}.
 # A kvtier.Client is a weak key (its handles close with it: Client.close
 # calls the callback registered here); a raw handle is a plain key.
-_gpus_by_client: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_gpus_by_client: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _gpus_by_handle: dict = {}
 _gpus_lock = threading.Lock()
 
@@ -223,7 +223,8 @@ class PagedCache:
         d.k_offset, d.v_offset = int(k_offset), int(v_offset)
         d.stride_block, d.stride_token, d.stride_head = (int(stride_block), int(stride_token),
                                                          int(stride_head))
-        d.device = self.device.index if self.device.index is not None else torch.cuda.current_device()
+        d.device = (self.device.index if self.device.index is not None
+                    else torch.cuda.current_device())
         out = _vp()
         _check(_lib().kvtier_gpu_cache_create(ctypes.byref(d), ctypes.byref(out)))
         self._handle = out.value
@@ -246,7 +247,8 @@ class PagedCache:
                 f"head_dim={self.head_dim}, k={self.k_dtype}, v={self.v_dtype}, {self.device})")
 
     @classmethod
-    def from_vllm(cls, kv_caches: Sequence[torch.Tensor], layout: str = "flash_attn_nhd") -> "PagedCache":
+    def from_vllm(cls, kv_caches: Sequence[torch.Tensor],
+                  layout: str = "flash_attn_nhd") -> PagedCache:
         """vLLM's per-layer KV tensors (16-bit; FP8 vLLM caches use from_separate).
 
         layout: ``"flash_attn_nhd"`` [2, num_blocks, block_size, kv_heads, head_dim],
@@ -287,8 +289,8 @@ class PagedCache:
 
     @classmethod
     def from_separate(cls, k_layers: Sequence[torch.Tensor], v_layers: Sequence[torch.Tensor],
-                      layout: str = "nhd", k_scales: Optional[Sequence[torch.Tensor]] = None,
-                      v_scales: Optional[Sequence[torch.Tensor]] = None) -> "PagedCache":
+                      layout: str = "nhd", k_scales: Sequence[torch.Tensor] | None = None,
+                      v_scales: Sequence[torch.Tensor] | None = None) -> PagedCache:
         """Separate K and V tensors per layer: [num_blocks, block_size, kv_heads, head_dim]
         (``"nhd"``) or [num_blocks, kv_heads, block_size, head_dim] (``"hnd"``).
 
@@ -298,7 +300,8 @@ class PagedCache:
         """
         ks, vs = list(k_layers), list(v_layers)
         if not ks or len(ks) != len(vs):
-            raise ValueError(f"k_layers ({len(ks)}) and v_layers ({len(vs)}) must be equal, non-empty")
+            raise ValueError(f"k_layers ({len(ks)}) and v_layers ({len(vs)}) must be equal, "
+                             "non-empty")
         dts = tuple(_DTYPE_CODES)
         for i in range(len(ks)):
             _check_tensor(ks[i], f"k_layers[{i}]", 4, dts)
@@ -322,11 +325,13 @@ class PagedCache:
         def scales(xs, dtype, what):
             if dtype not in (torch.float16, torch.bfloat16):
                 if xs is None or len(xs) != len(ks):
-                    raise ValueError(f"an FP8 cache needs {what} (one [num_blocks, kv_heads] float32 per layer)")
+                    raise ValueError(f"an FP8 cache needs {what} (one [num_blocks, kv_heads] "
+                                     "float32 per layer)")
                 for i, x in enumerate(xs):
                     _check_tensor(x, f"{what}[{i}]", 2, (torch.float32,))
                     if tuple(x.shape) != (nb, h) or not x.is_contiguous() or x.device != k.device:
-                        raise ValueError(f"{what}[{i}] must be contiguous [{nb}, {h}] on {k.device}")
+                        raise ValueError(f"{what}[{i}] must be contiguous [{nb}, {h}] on "
+                                         f"{k.device}")
                 return [x.data_ptr() for x in xs]
             return None
 
@@ -340,7 +345,7 @@ class PagedCache:
 
     @classmethod
     def from_contiguous(cls, k_layers: Sequence[torch.Tensor], v_layers: Sequence[torch.Tensor],
-                        block_size: int = 64, batch_index: int = 0) -> "PagedCache":
+                        block_size: int = 64, batch_index: int = 0) -> PagedCache:
         """A Hugging Face style cache: per layer K and V [batch, kv_heads, seq, head_dim]
         (BF16/FP16, e.g. ``DynamicCache`` layers), row ``batch_index`` seen as
         ceil(seq / block_size) virtual blocks of block_size tokens: block i
@@ -349,7 +354,8 @@ class PagedCache:
         """
         ks, vs = list(k_layers), list(v_layers)
         if not ks or len(ks) != len(vs):
-            raise ValueError(f"k_layers ({len(ks)}) and v_layers ({len(vs)}) must be equal, non-empty")
+            raise ValueError(f"k_layers ({len(ks)}) and v_layers ({len(vs)}) must be equal, "
+                             "non-empty")
         for i in range(len(ks)):
             _check_tensor(ks[i], f"k_layers[{i}]", 4, (torch.float16, torch.bfloat16))
             _check_tensor(vs[i], f"v_layers[{i}]", 4, (torch.float16, torch.bfloat16))
@@ -405,9 +411,10 @@ def _fingerprint(fingerprint) -> bytes:
 
 
 def store(client, key, cache: PagedCache, block_ids, codec: str = "k16v8", *,
-          fingerprint=None, num_tokens: Optional[int] = None, first_slot: int = 0,
+          fingerprint=None, num_tokens: int | None = None, first_slot: int = 0,
           stream=None, durable: bool = False) -> None:
-    """Encodes tokens of ``cache`` on the GPU straight into kvtierd's pool and stores them as ``key``.
+    """Encodes tokens of ``cache`` on the GPU straight into kvtierd's pool and stores them
+    as ``key``.
 
     Token t (0 <= t < num_tokens) is at block ``block_ids[(first_slot + t) //
     block_size]``, slot ``(first_slot + t) % block_size`` (block_ids: ints, a
@@ -433,7 +440,7 @@ def store(client, key, cache: PagedCache, block_ids, codec: str = "k16v8", *,
 class PendingStore:
     """A chunk encoded layer range by layer range (``begin_store``)."""
 
-    def __init__(self, handle: int, cache: PagedCache, num_tokens: int):
+    def __init__(self, handle: int | None, cache: PagedCache, num_tokens: int):
         self._handle = handle
         self._cache = cache
         self.num_tokens = num_tokens
@@ -513,12 +520,12 @@ def load(client, key, cache: PagedCache, block_ids, first_slot: int = 0, layers=
 class LayerwiseLoad:
     """Chunks being decoded layer group by layer group (``load_layerwise``)."""
 
-    def __init__(self, handle: int, cache: PagedCache, n: int):
+    def __init__(self, handle: int | None, cache: PagedCache, n: int):
         self._handle = handle
         self._cache = cache
         self._n = n
-        self.tiers: Optional[list] = None
-        self.statuses: Optional[list] = None
+        self.tiers: list | None = None
+        self.statuses: list | None = None
 
     def wait_layer(self, layer: int, stream=None) -> None:
         """Makes ``stream`` (default: the current one) wait on the device until ``layer``
@@ -544,7 +551,8 @@ class LayerwiseLoad:
             _lib().kvtier_gpu_layerwise_release(_vp(self._handle))
             self._handle = None
         self.statuses = list(st)
-        self.tiers = [(TIER_NAMES.get(t, "unknown") if s == 0 else None) for s, t in zip(st, tr)]
+        self.tiers = [(TIER_NAMES.get(t, "unknown") if s == 0 else None)
+                      for s, t in zip(st, tr, strict=True)]
         return self.tiers
 
     def __enter__(self):
@@ -563,7 +571,7 @@ class LayerwiseLoad:
 
 def load_layerwise(client, keys: Sequence, cache: PagedCache, block_ids_per_key: Sequence,
                    layer_group: int = 1, stream=None,
-                   first_slots: Optional[Sequence[int]] = None) -> LayerwiseLoad:
+                   first_slots: Sequence[int] | None = None) -> LayerwiseLoad:
     """Holds every chunk of ``keys`` and checks its header (several at once), then
     queues on ``stream``, per group of ``layer_group`` layers, the decode of that group
     of every found chunk followed by an event. Returns without waiting for the device:
@@ -574,10 +582,13 @@ def load_layerwise(client, keys: Sequence, cache: PagedCache, block_ids_per_key:
     keys = list(keys)
     per = list(block_ids_per_key)
     if not keys or len(keys) != len(per):
-        raise ValueError(f"keys ({len(keys)}) and block_ids_per_key ({len(per)}) must be equal, non-empty")
+        raise ValueError(f"keys ({len(keys)}) and block_ids_per_key ({len(per)}) must be equal, "
+                         "non-empty")
     if layer_group <= 0:
         raise ValueError("layer_group must be positive")
-    flat, offsets, counts = [], [], []
+    flat: list[int] = []
+    offsets: list[int] = []
+    counts: list[int] = []
     for ids in per:
         lst = _ids(ids)
         offsets.append(len(flat))
@@ -602,8 +613,8 @@ def load_layerwise(client, keys: Sequence, cache: PagedCache, block_ids_per_key:
 
 
 def decode_attention(q: torch.Tensor, cache: PagedCache, block_table: torch.Tensor,
-                     seq_lens: torch.Tensor, layer: int, sm_scale: Optional[float] = None,
-                     out: Optional[torch.Tensor] = None, check: bool = False) -> torch.Tensor:
+                     seq_lens: torch.Tensor, layer: int, sm_scale: float | None = None,
+                     out: torch.Tensor | None = None, check: bool = False) -> torch.Tensor:
     """One decode step of attention over the paged cache, on the current stream.
 
     q: [batch, num_q_heads, head_dim], the cache's 16-bit dtype, contiguous, on the
@@ -643,7 +654,8 @@ def decode_attention(q: torch.Tensor, cache: PagedCache, block_table: torch.Tens
         raise ValueError(f"layer {layer} is outside [0, {cache.num_layers})")
     if out is None:
         out = torch.empty_like(q)
-    elif out.shape != q.shape or out.dtype != q.dtype or out.device != q.device or not out.is_contiguous():
+    elif (out.shape != q.shape or out.dtype != q.dtype or out.device != q.device
+          or not out.is_contiguous()):
         raise ValueError("out must be a contiguous tensor of q's shape, dtype and device")
     host_bt = host_sl = None
     if check:

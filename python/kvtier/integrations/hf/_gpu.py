@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import torch
 
 import kvtier.torch as kvtorch
-from kvtier.integrations.hf.cache import Fetched, LayerwiseDynamicCache
+from kvtier.integrations.hf.cache import Fetched, LayerwiseDynamicCache, kv_layers
 
 if TYPE_CHECKING:
     from kvtier.integrations.hf.prefix import PrefixReuse
@@ -25,11 +25,12 @@ def _span(chunk: int, chunk_tokens: int, block_size: int) -> list:
 class _Finishing(LayerwiseDynamicCache):
     """LayerwiseDynamicCache that finishes its LayerwiseLoad once every layer was waited for."""
 
-    def __init__(self, config, load, num_layers: int, side_stream):
+    def __init__(self, config, load, num_layers: int, side_stream, paged):
         super().__init__(config, self._wait, num_layers)
         self._load = load
         self._side = side_stream
-        self.load_tiers = None
+        self._paged = paged  # the descriptor lives as long as the load may write
+        self.load_tiers: list | None = None
 
     def _wait(self, layer: int) -> None:
         self._load.wait_layer(layer, stream=torch.cuda.current_stream())
@@ -61,19 +62,19 @@ def fetch_layerwise(reuse: PrefixReuse, keys, chunks: int, hits: int, plan, devi
     spans = [_span(i, reuse.chunk_tokens, reuse.block_size) for i in range(chunks)]
     load = kvtorch.load_layerwise(reuse.client, keys[:chunks], paged, spans,
                                   layer_group=min(reuse.layer_group, g.num_layers), stream=side)
-    cache = _Finishing(reuse.model.config, load, g.num_layers, side)
-    cache._paged = paged  # the descriptor lives as long as the load may write
-    for layer in range(g.num_layers):
+    cache = _Finishing(reuse.model.config, load, g.num_layers, side, paged)
+    layers = kv_layers(cache)
+    for i in range(g.num_layers):
         # Filled in place by the load; DynamicLayer.update reads them after _wait.
-        cache.layers[layer].lazy_initialization(ks[layer], vs[layer])
-        cache.layers[layer].keys, cache.layers[layer].values = ks[layer], vs[layer]
+        layers[i].lazy_initialization(ks[i], vs[i])
+        layers[i].keys, layers[i].values = ks[i], vs[i]
     if overlap:
         return Fetched(cache, prefix, keys, [], hits, plan, hits)
     tiers = cache.finish()
     if None not in tiers:
         return Fetched(cache, prefix, keys, tiers, hits, plan, hits)
     good = tiers.index(None)
-    for layer in cache.layers:
+    for layer in kv_layers(cache):
         layer.keys = layer.keys[:, :, :good * reuse.chunk_tokens]
         layer.values = layer.values[:, :, :good * reuse.chunk_tokens]
     return Fetched(cache, good * reuse.chunk_tokens, keys, tiers[:good], hits, plan, good)
@@ -83,8 +84,9 @@ def store_chunks(reuse: PrefixReuse, keys, cache, first: int, held: int,
                  durable: bool) -> int:
     """Stores chunks [first, held) of sequence 0 of a DynamicCache straight from
     the GPU (gather + encode into kvtierd's pool)."""
-    paged = kvtorch.PagedCache.from_contiguous([layer.keys for layer in cache.layers],
-                                               [layer.values for layer in cache.layers],
+    layers = kv_layers(cache)
+    paged = kvtorch.PagedCache.from_contiguous([layer.keys for layer in layers],
+                                               [layer.values for layer in layers],
                                                block_size=reuse.block_size)
     for i in range(first, held):
         kvtorch.store(reuse.client, keys[i], paged, _span(i, reuse.chunk_tokens, reuse.block_size),

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Optional
+from collections.abc import Callable
+from typing import Protocol, cast
 
+import torch
 from transformers.cache_utils import Cache, DynamicCache
 
 import kvtier
@@ -29,11 +31,27 @@ class Fetched:
     keys: list
     tiers: list
     hits: int
-    plan: Optional[kvtier.LoadPlan]
+    plan: kvtier.LoadPlan | None
     #: Leading chunks kvtierd still holds as far as this fetch knows (hits,
     #: or the loaded ones when a chunk turned out missing or corrupt: kvtierd
     #: drops a corrupt chunk). The store after the prefill starts there.
     cached: int = 0
+
+
+class KvLayer(Protocol):
+    """What kvtier.hf uses of one layer of a model's cache."""
+    keys: torch.Tensor    # [batch, kv_heads, seq, head_dim]
+    values: torch.Tensor
+
+    def lazy_initialization(self, key_states: torch.Tensor,
+                            value_states: torch.Tensor) -> None: ...
+
+
+def kv_layers(cache: Cache) -> list[KvLayer]:
+    """The layers of a filled cache of a full-attention model (kv_geometry
+    takes no other): transformers types a cache's layers more broadly
+    (linear-attention and placeholder layers, K and V not yet allocated)."""
+    return cast("list[KvLayer]", cache.layers)
 
 
 class LayerwiseDynamicCache(DynamicCache):
@@ -64,4 +82,4 @@ class LayerwiseDynamicCache(DynamicCache):
             self._ready(layer_idx)
 
 
-__all__ = ["Fetched", "LayerwiseDynamicCache"]
+__all__ = ["Fetched", "LayerwiseDynamicCache", "KvLayer", "kv_layers"]

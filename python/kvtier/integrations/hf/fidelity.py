@@ -41,7 +41,8 @@ import math
 import os
 import sys
 import time
-from typing import Dict, Iterable, List, Optional, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import torch
 
@@ -50,7 +51,7 @@ from kvtier.integrations.hf.prefix import PrefixReuse
 
 #: Codecs measured by default: the names results use, and the kvtier codec of each.
 #: fp8_symmetric (K and V in FP8 e4m3, one scale per layer) is the reference failure.
-CODECS: Dict[str, str] = {
+CODECS: dict[str, str] = {
     "k16v16": "k16v16",
     "k16v8": "k16v8",
     "k16vi8": "k16vi8",
@@ -79,7 +80,8 @@ def load_model(path: str, *, device: str = "cpu", dtype: torch.dtype = torch.bfl
         where, kwargs["gguf_file"] = os.path.split(os.path.abspath(path))
     tokenizer = AutoTokenizer.from_pretrained(where, **kwargs)
     model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype, **kwargs)
-    return model.to(device).eval(), tokenizer
+    # transformers types its wrapped PreTrainedModel.to as a plain function (self unbound).
+    return model.to(device).eval(), tokenizer  # type: ignore[arg-type]
 
 
 def model_name(path: str) -> str:
@@ -117,7 +119,7 @@ def compare_logits(ref: torch.Tensor, got: torch.Tensor, targets: torch.Tensor) 
 def matching_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     """Leading elements on which a and b agree."""
     n = 0
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=False):
         if x != y:
             break
         n += 1
@@ -146,7 +148,7 @@ class _Run:
         return out.logits[0].float().cpu()
 
     @torch.no_grad()
-    def greedy(self, cache) -> List[int]:
+    def greedy(self, cache) -> list[int]:
         """Greedy tokens after the prefix and the continuation's first token."""
         token = self.ids[:, self.prefix_tokens:self.prefix_tokens + 1]
         out = []
@@ -161,7 +163,7 @@ class _Run:
 
 
 def measure_text(model, client: kvtier.Client, ids: torch.Tensor, *, prefix_tokens: int,
-                 codecs: Dict[str, str], chunk_tokens: int = 128, greedy_tokens: int = 32,
+                 codecs: dict[str, str], chunk_tokens: int = 128, greedy_tokens: int = 32,
                  model_id: str = "", revision: str = "") -> dict:
     """Scores of each codec on one text (token ids [1, n]); see the module doc.
 
@@ -179,27 +181,27 @@ def measure_text(model, client: kvtier.Client, ids: torch.Tensor, *, prefix_toke
     ref = run.continuation(run.own_cache())
     ref_greedy = run.greedy(run.own_cache())
     targets = ids[0, prefix_tokens + 1:].cpu()
-    result = {"tokens": int(ids.shape[1]), "prefix_tokens": prefix_tokens,
-              "continuation_tokens": int(ids.shape[1]) - prefix_tokens,
-              "greedy_tokens": greedy_tokens, "codecs": {}}
+    result: dict[str, Any] = {"tokens": int(ids.shape[1]), "prefix_tokens": prefix_tokens,
+                              "continuation_tokens": int(ids.shape[1]) - prefix_tokens,
+                              "greedy_tokens": greedy_tokens, "codecs": {}}
     chunks = prefix_tokens // chunk_tokens
+
+    def fetch(reuse: PrefixReuse, name: str):
+        fetched = reuse.fetch(ids, max_chunks=chunks)
+        if fetched.tokens != prefix_tokens:
+            raise RuntimeError(f"{name}: kvtierd gave back {fetched.tokens} of the prefix's "
+                               f"{prefix_tokens} tokens (tiers {fetched.tiers})")
+        return fetched
+
     for name, codec in codecs.items():
         reuse = PrefixReuse(model, client, codec=codec, chunk_tokens=chunk_tokens,
-                               model_id=model_id or None, revision=revision)
+                            model_id=model_id or None, revision=revision)
         reuse.store(ids[:, :prefix_tokens], run.own_cache())
         with client.get(reuse.keys(ids[:, :prefix_tokens])[0]) as chunk:
             info = kvtier.codec.read_header(chunk.data)
-
-        def fetch():
-            fetched = reuse.fetch(ids, max_chunks=chunks)
-            if fetched.tokens != prefix_tokens:
-                raise RuntimeError(f"{name}: kvtierd gave back {fetched.tokens} of the prefix's "
-                                   f"{prefix_tokens} tokens (tiers {fetched.tiers})")
-            return fetched
-
-        fetched = fetch()
+        fetched = fetch(reuse, name)
         scores = compare_logits(ref, run.continuation(fetched.cache), targets)
-        got_greedy = run.greedy(fetch().cache)
+        got_greedy = run.greedy(fetch(reuse, name).cache)
         scores.update(greedy_match=matching_prefix(ref_greedy, got_greedy),
                       chunk_codec=info.codec, bytes_per_token=info.total_bytes / chunk_tokens,
                       tiers=sorted(set(fetched.tiers)))
@@ -207,14 +209,14 @@ def measure_text(model, client: kvtier.Client, ids: torch.Tensor, *, prefix_toke
     return result
 
 
-def measure(model, tokenizer, client: kvtier.Client, texts: Dict[str, str], *,
-            prefix_tokens: int = 512, codecs: Optional[Dict[str, str]] = None,
+def measure(model, tokenizer, client: kvtier.Client, texts: dict[str, str], *,
+            prefix_tokens: int = 512, codecs: dict[str, str] | None = None,
             chunk_tokens: int = 128, greedy_tokens: int = 32, model_id: str = "",
-            max_tokens: Optional[int] = None) -> dict:
+            max_tokens: int | None = None) -> dict:
     """measure_text over named texts; adds ``path``: "kvtier" and the device."""
     codecs = dict(CODECS if codecs is None else codecs)
-    out = {"path": "kvtier", "device": str(next(model.parameters()).device),
-           "chunk_tokens": chunk_tokens, "texts": {}}
+    out: dict[str, Any] = {"path": "kvtier", "device": str(next(model.parameters()).device),
+                           "chunk_tokens": chunk_tokens, "texts": {}}
     for text_name, text in texts.items():
         ids = tokenizer(text, return_tensors="pt").input_ids
         if max_tokens:
@@ -330,7 +332,7 @@ def _parse(argv):
     return p.parse_args(argv)
 
 
-def _codecs_of(args) -> Dict[str, str]:
+def _codecs_of(args) -> dict[str, str]:
     if not args.codec:
         return dict(CODECS)
     out = {}

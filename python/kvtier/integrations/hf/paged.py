@@ -34,7 +34,8 @@ import contextvars
 import dataclasses
 import struct
 import warnings
-from typing import Optional, Sequence
+from collections.abc import Sequence
+from typing import cast
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
@@ -97,7 +98,7 @@ def chunk_sections(chunk) -> ChunkSections:
     (block, head))."""
     info = kvtier.codec.inspect_chunk(chunk)
     head = bytes(memoryview(chunk)[:_HEADER])
-    k_format, v_format, k_gran, v_gran = head[45], head[46], head[47], head[48]
+    k_format, v_format, _k_gran, v_gran = head[45], head[46], head[47], head[48]
     k_bytes, v_bytes = struct.unpack_from("<QQ", head, 56)
     if _FORMAT_BITS.get(k_format) != 16 or v_format not in _FORMAT_BITS or \
             (v_format == 3 and v_gran != 2):
@@ -124,8 +125,11 @@ class PagedLayer(CacheLayerMixin):
 
     is_sliding = False
     is_compileable = False
+    keys: torch.Tensor
+    values: torch.Tensor
+    v_scales: torch.Tensor | None  # float32 [num_blocks, kv_heads] of FP8 V; None for 16-bit V
 
-    def __init__(self, owner: "PagedKvCache", index: int):
+    def __init__(self, owner: PagedKvCache, index: int):
         super().__init__()
         self.owner = owner
         self.index = index
@@ -138,6 +142,12 @@ class PagedLayer(CacheLayerMixin):
         self.dtype, self.device = o.dtype, o.device
         self.is_initialized = True
         self.length = 0  # tokens of each sequence this layer holds
+
+    def scales(self) -> torch.Tensor:
+        """The V scales. REQUIRES: FP8 V (codec k16v8)."""
+        if self.v_scales is None:
+            raise ValueError("a 16-bit V cache has no V scales")
+        return self.v_scales
 
     def lazy_initialization(self, key_states, value_states) -> None:
         pass
@@ -190,17 +200,23 @@ class PagedKvCache(Cache):
 
     @classmethod
     def for_model(cls, model, *, batch: int, max_tokens: int, codec: str = "k16v8",
-                  block_size: int = 16) -> "PagedKvCache":
+                  block_size: int = 16) -> PagedKvCache:
         g = kv_geometry(model)
         return cls(num_layers=g.num_layers, num_kv_heads=g.num_kv_heads, head_dim=g.head_dim,
                    dtype=g.dtype, batch=batch, max_tokens=max_tokens,
                    device=next(model.parameters()).device, codec=codec, block_size=block_size)
 
     @property
+    def paged_layers(self) -> list[PagedLayer]:
+        """The layers, as the PagedLayers they are (Cache types a cache's layers
+        more broadly)."""
+        return cast("list[PagedLayer]", self.layers)
+
+    @property
     def seq_len(self) -> int:
         """Tokens each sequence holds (layer 0's count: during a forward, the
         layers already run hold the step's tokens too)."""
-        return self.layers[0].length
+        return self.paged_layers[0].length
 
     # ---- writing -------------------------------------------------------------
 
@@ -229,7 +245,7 @@ class PagedKvCache(Cache):
                 v.transpose(1, 2).float()
             codes, scales = quantize_blocks(dense)
             _raw(layer.values)[touched] = _raw(codes)
-            layer.v_scales[touched] = scales
+            layer.scales()[touched] = scales
         layer.length = start + n
 
     def _dequant_blocks(self, layer: PagedLayer, blocks: torch.Tensor) -> torch.Tensor:
@@ -237,9 +253,9 @@ class PagedKvCache(Cache):
         codes = _raw(layer.values)[blocks].view(layer.values.dtype).float()
         if not self.fp8_v:
             return codes
-        return codes * layer.v_scales[blocks][..., None, :, None]
+        return codes * layer.scales()[blocks][..., None, :, None]
 
-    def load_chunk(self, chunk, position: int, sequences: Optional[Sequence[int]] = None) -> None:
+    def load_chunk(self, chunk, position: int, sequences: Sequence[int] | None = None) -> None:
         """Copies a fetched chunk's K and V sections as they are into tokens
         [position, position + chunk tokens) of `sequences` (default: all).
 
@@ -263,7 +279,7 @@ class PagedKvCache(Cache):
             raw = torch.frombuffer(chunk, dtype=torch.uint8)
         elements = s.num_tokens * s.num_kv_heads * s.head_dim
         block_shape = (nb, self.block_size, s.num_kv_heads, s.head_dim)
-        for li, layer in enumerate(self.layers):
+        for li, layer in enumerate(self.paged_layers):
             k_at = _HEADER + li * s.k_stride
             k = raw[k_at:k_at + 2 * elements].view(self.dtype).view(block_shape)
             v_at = s.v_offset + li * s.v_stride
@@ -276,20 +292,20 @@ class PagedKvCache(Cache):
                 sc_at = v_at + s.v_data
                 sc = raw[sc_at:sc_at + 4 * s.v_scales].view(torch.float32).view(
                     nb, s.num_kv_heads).to(self.device)
-                layer.v_scales[blocks] = sc.repeat(len(seqs), 1)
+                layer.scales()[blocks] = sc.repeat(len(seqs), 1)
 
     def set_prefix(self, tokens: int) -> None:
         """Declares that every sequence holds `tokens` tokens (after load_chunk)."""
-        for layer in self.layers:
+        for layer in self.paged_layers:
             layer.length = tokens
 
     # ---- reading -------------------------------------------------------------
 
-    def gather(self, layer_idx: int, tokens: Optional[int] = None):
+    def gather(self, layer_idx: int, tokens: int | None = None):
         """Dense K and V [batch, kv_heads, tokens, head_dim] in the model dtype
         (V dequantized as the codec decodes it), of the first `tokens`
         (default: all the layer holds) tokens."""
-        layer = self.layers[layer_idx]
+        layer = self.paged_layers[layer_idx]
         n = tokens if tokens is not None else layer.length
         nb = -(-n // self.block_size)
         blocks = self.block_table[:, :nb]
@@ -321,7 +337,7 @@ def quantize_blocks(x: torch.Tensor):
 # ---- attention -----------------------------------------------------------------
 
 def paged_attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0,
-                            scaling: Optional[float] = None, **kwargs):
+                            scaling: float | None = None, **kwargs):
     """transformers attention function (AttentionInterface) for PagedKvCache.
 
     query: [batch, q_heads, q_len, head_dim]. Returns ([batch, q_len, q_heads,
@@ -335,7 +351,7 @@ def paged_attention_forward(module, query, key, value, attention_mask, dropout: 
     cache, layer_idx = pending
     b, hq, q_len, d = query.shape
     scale = scaling if scaling is not None else d ** -0.5
-    total = cache.layers[layer_idx].length  # this step's tokens included
+    total = cache.paged_layers[layer_idx].length  # this step's tokens included
     if q_len == 1 and query.is_cuda and kernel_available():
         out = _decode_kernel(cache, layer_idx, query[:, :, 0], total, scale)
         return out.unsqueeze(1), None
@@ -383,7 +399,7 @@ class PagedPrefixReuse(PrefixReuse):
         self.max_new_tokens = max_new_tokens
         self.batch = batch
 
-    def fetch(self, input_ids, max_chunks: Optional[int] = None, *,
+    def fetch(self, input_ids, max_chunks: int | None = None, *,
               overlap: bool = False) -> Fetched:
         """As PrefixReuse.fetch, into a PagedKvCache (the chunk bytes copied as
         they are; ``overlap`` has no effect)."""
@@ -428,15 +444,16 @@ class PagedPrefixReuse(PrefixReuse):
         nb = len(tiers) * per
         if nb and cache.batch > 1:
             src, dst = cache.block_table[0, :nb], cache.block_table[1:, :nb]
-            for layer in cache.layers:
+            for layer in cache.paged_layers:
                 layer.keys[dst] = layer.keys[src].unsqueeze(0).expand(cache.batch - 1,
                                                                       *layer.keys[src].shape)
                 values = _raw(layer.values)
                 values[dst] = values[src].unsqueeze(0).expand(cache.batch - 1,
                                                               *values[src].shape)
                 if cache.fp8_v:
-                    layer.v_scales[dst] = layer.v_scales[src].unsqueeze(0).expand(
-                        cache.batch - 1, *layer.v_scales[src].shape)
+                    scales = layer.scales()
+                    scales[dst] = scales[src].unsqueeze(0).expand(cache.batch - 1,
+                                                                  *scales[src].shape)
         return tiers
 
     def _run(self, run_ids, cache, last_logits_only, output_hidden_state, forward_kwargs):

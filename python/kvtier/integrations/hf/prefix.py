@@ -40,7 +40,8 @@ from __future__ import annotations
 
 import array
 import dataclasses
-from typing import Optional, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from transformers.cache_utils import Cache, DynamicCache
@@ -49,8 +50,11 @@ import kvtier
 import kvtier.torch as kvtorch
 from kvtier.integrations.engine import KV_LAYOUT, UNUSABLE
 from kvtier.integrations.hf import _gpu
-from kvtier.integrations.hf.cache import Fetched, LayerwiseDynamicCache
+from kvtier.integrations.hf.cache import Fetched, LayerwiseDynamicCache, kv_layers
 from kvtier.torch import DTYPE_NAMES
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,7 +66,7 @@ class KvGeometry:
     dtype: torch.dtype
 
 
-def kv_geometry(model: torch.nn.Module) -> KvGeometry:
+def kv_geometry(model: PreTrainedModel) -> KvGeometry:
     """Layers, KV heads, head dim and 16-bit dtype of a transformers causal LM.
 
     Raises ValueError for a model whose KV is not 16-bit or whose layers are
@@ -82,8 +86,8 @@ def kv_geometry(model: torch.nn.Module) -> KvGeometry:
                       head_dim, dtype)
 
 
-def model_identity(model: torch.nn.Module, codec: str = "k16v8", *, model_id: Optional[str] = None,
-                   revision: Optional[str] = None, kv_layout: str = KV_LAYOUT) -> kvtier.ModelIdentity:
+def model_identity(model: PreTrainedModel, codec: str = "k16v8", *, model_id: str | None = None,
+                   revision: str | None = None, kv_layout: str = KV_LAYOUT) -> kvtier.ModelIdentity:
     """The kvtier identity of a model's KV: what its chunk keys are derived from.
 
     model_id defaults to the config's name_or_path (the hub id or the local
@@ -115,12 +119,12 @@ class PrefillResult:
     """
     logits: torch.Tensor
     past_key_values: Cache
-    hidden_states: Optional[torch.Tensor]
+    hidden_states: torch.Tensor | None
     loaded_tokens: int
     stored_chunks: int
     tiers: list
     hits: int
-    plan: Optional[kvtier.LoadPlan]
+    plan: kvtier.LoadPlan | None
 
 
 def chunk_tensors(cache: Cache, chunk: int, chunk_tokens: int, batch_index: int = 0):
@@ -130,8 +134,9 @@ def chunk_tensors(cache: Cache, chunk: int, chunk_tokens: int, batch_index: int 
     ``batch_index`` of every layer, contiguous.
     """
     begin, end = chunk * chunk_tokens, (chunk + 1) * chunk_tokens
-    ks = [layer.keys[batch_index, :, begin:end, :].transpose(0, 1) for layer in cache.layers]
-    vs = [layer.values[batch_index, :, begin:end, :].transpose(0, 1) for layer in cache.layers]
+    layers = kv_layers(cache)
+    ks = [layer.keys[batch_index, :, begin:end, :].transpose(0, 1) for layer in layers]
+    vs = [layer.values[batch_index, :, begin:end, :].transpose(0, 1) for layer in layers]
     return torch.stack(ks).contiguous(), torch.stack(vs).contiguous()
 
 
@@ -157,12 +162,13 @@ class PrefixReuse:
     Not thread-safe: one prefill at a time per object.
     """
 
-    def __init__(self, model: torch.nn.Module, client: kvtier.Client, *, codec: str = "k16v8",
+    def __init__(self, model: PreTrainedModel, client: kvtier.Client, *, codec: str = "k16v8",
                  chunk_tokens: int = 256, block_size: int = 16, prefill_tokens_per_s: float = 0.0,
-                 model_id: Optional[str] = None, revision: Optional[str] = None,
+                 model_id: str | None = None, revision: str | None = None,
                  layerwise: bool = True, layer_group: int = 4):
         if chunk_tokens <= 0 or chunk_tokens % block_size:
-            raise ValueError(f"chunk_tokens {chunk_tokens} must be a positive multiple of {block_size}")
+            raise ValueError(f"chunk_tokens {chunk_tokens} must be a positive multiple of "
+                             f"{block_size}")
         self.model = model
         self.client = client
         self.codec = codec
@@ -222,7 +228,7 @@ class PrefixReuse:
     def _device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    def fetch(self, input_ids, max_chunks: Optional[int] = None, *,
+    def fetch(self, input_ids, max_chunks: int | None = None, *,
               overlap: bool = False) -> Fetched:
         """Loads the longest usable cached prefix of the prompt into a new model cache.
 
@@ -249,7 +255,8 @@ class PrefixReuse:
         return self._fetch_cpu(keys, chunks, hits, plan, device)
 
     def _decode_chunks(self, keys: Sequence):
-        """(list of (k, v) CPU tensors [layers, tokens, heads, dim], tiers) of the usable leading chunks."""
+        """(list of (k, v) CPU tensors [layers, tokens, heads, dim], tiers) of the usable
+        leading chunks."""
         g = self.geometry
         want = (g.num_layers, self.chunk_tokens, g.num_kv_heads, g.head_dim)
         out, tiers = [], []
@@ -303,7 +310,7 @@ class PrefixReuse:
         held = min(len(keys), cache.get_seq_length() // self.chunk_tokens)
         if first_chunk >= held:
             return 0
-        device = cache.layers[0].keys.device
+        device = kv_layers(cache)[0].keys.device
         if device.type == "cuda" and kvtier.has_cuda():
             return _gpu.store_chunks(self, keys, cache, first_chunk, held, durable)
         spec = self.chunk_spec()
@@ -316,7 +323,7 @@ class PrefixReuse:
 
     @torch.no_grad()
     def prefill(self, input_ids, *, store: bool = True, last_logits_only: bool = False,
-                output_hidden_state: bool = False, max_chunks: Optional[int] = None,
+                output_hidden_state: bool = False, max_chunks: int | None = None,
                 **forward_kwargs) -> PrefillResult:
         """Fetch, run the rest of the prompt, store the prompt's new full chunks.
 
