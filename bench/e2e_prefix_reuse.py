@@ -500,7 +500,7 @@ def decode(args, model, client, device, prompt, reuse_for):
                 t, _ = timed(device, run)
             rows.append(dict(way=way, batch=batch, context_tokens=P + S, steps=N,
                              tokens_per_s=batch * N / t, step_ms=t / N * 1e3,
-                             kernel=way == "b" and hf_paged._kernel_available()
+                             kernel=way == "b" and hf_paged.kernel_available()
                              and device.type == "cuda"))
             log(f"decode way {way} batch {batch}: {batch * N / t:.1f} tok/s")
             del cache, got

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Store and load of Llama-3.1-8B chunks between a paged GPU cache and a running
-kvtierd (kvtier._torch_gpu over libkvtier), against a pinned cudaMemcpy of the
+kvtierd (kvtier.torch._gpu over libkvtier), against a pinned cudaMemcpy of the
 same encoded bytes measured in the same run.
 
 Chunk: 32 layers, 8 kv heads, head_dim 128, 256 tokens; vLLM FlashAttention NHD
@@ -27,7 +27,7 @@ _here = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(_here / "python" if (_here / "python").is_dir() else _here.parent / "python"))
 import kvtier  # noqa: E402
 import kvtier.codec  # noqa: E402
-from kvtier import _torch_gpu as kg  # noqa: E402
+from kvtier.torch import _gpu as kg  # noqa: E402
 
 L, H, D, T, BS = 32, 8, 128, 256, 16
 BATCH = 32

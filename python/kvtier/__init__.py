@@ -11,14 +11,23 @@ The core needs no torch; kvtier.torch (tensors, GPU paged caches, attention)
 and kvtier.hf (Hugging Face transformers prefix reuse) import it.
 """
 from kvtier import codec
+from kvtier._version import __version__ as __version__
 from kvtier.client import Chunk, Client, LoadPlan
 from kvtier.codec import ChunkInfo, ChunkSpec
-from kvtier.errors import (AlreadyExists, DataLoss, DeadlineExceeded, FailedPrecondition,
-                           InvalidArgument, KvtierError, NotFound, PermissionDenied,
-                           ResourceExhausted, Unauthenticated, Unavailable)
+from kvtier.errors import (
+    AlreadyExists,
+    DataLoss,
+    DeadlineExceeded,
+    FailedPrecondition,
+    InvalidArgument,
+    KvtierError,
+    NotFound,
+    PermissionDenied,
+    ResourceExhausted,
+    Unauthenticated,
+    Unavailable,
+)
 from kvtier.keys import ModelIdentity, as_key, chunk_keys, key_hex, prefix_keys
-
-__version__ = "0.1.0"
 
 
 def library_version() -> str:

@@ -1,4 +1,6 @@
-"""Loads libkvtier.so (the C API of client/kvtier_c.h) with ctypes.
+"""Loads libkvtier.so (the C API of client/kvtier_c.h, and of
+client/kvtier_c_gpu.h in a build with CUDA) with ctypes: the package's one
+loader, signature tables and status check.
 
 ctypes instead of a compiled extension: one build of libkvtier serves every
 Python version (the CI machine's 3.11, the GPU machine's 3.12) with no
@@ -15,9 +17,22 @@ import ctypes
 import glob
 import os
 import threading
-from ctypes import (POINTER, c_char, c_char_p, c_double, c_int, c_int32,
-                    c_int64, c_size_t, c_uint8, c_uint16, c_uint32, c_uint64,
-                    c_void_p)
+from ctypes import (
+    POINTER,
+    c_char,
+    c_char_p,
+    c_double,
+    c_float,
+    c_int,
+    c_int32,
+    c_int64,
+    c_size_t,
+    c_uint8,
+    c_uint16,
+    c_uint32,
+    c_uint64,
+    c_void_p,
+)
 
 ABI_VERSION = 1
 
@@ -32,8 +47,7 @@ def _candidates():
     yield os.path.join(_here, "_lib", "libkvtier.so")
     repo = os.path.dirname(os.path.dirname(_here))
     for pattern in ("build/client/libkvtier.so", "build*/client/libkvtier.so"):
-        for path in sorted(glob.glob(os.path.join(repo, pattern))):
-            yield path
+        yield from sorted(glob.glob(os.path.join(repo, pattern)))
 
 
 class ClientOptions(ctypes.Structure):
@@ -145,11 +159,76 @@ _SIGNATURES = {
                                            c_void_p, c_uint64]),
 }
 
+class GpuCacheDesc(ctypes.Structure):
+    """kvtier_gpu_cache_desc (client/kvtier_c_gpu.h): one paged KV cache on a GPU."""
+    _fields_ = [
+        ("struct_size", c_size_t),
+        ("num_layers", c_uint32),
+        ("num_blocks", c_uint32),
+        ("block_size", c_uint32),
+        ("num_kv_heads", c_uint32),
+        ("head_dim", c_uint32),
+        ("k_dtype", c_int32),
+        ("v_dtype", c_int32),
+        ("k_layers", POINTER(c_uint64)),
+        ("v_layers", POINTER(c_uint64)),
+        ("k_scale_layers", POINTER(c_uint64)),
+        ("v_scale_layers", POINTER(c_uint64)),
+        ("k_offset", c_int64),
+        ("v_offset", c_int64),
+        ("stride_block", c_int64),
+        ("stride_token", c_int64),
+        ("stride_head", c_int64),
+        ("device", c_int32),
+    ]
+
+
+_I32S = POINTER(c_int32)
+_U32S = POINTER(c_uint32)
+_U64S = POINTER(c_uint64)
+_INTS = POINTER(c_int)
+
+# The GPU path (client/kvtier_c_gpu.h), present only in a build with CUDA.
+_GPU_SIGNATURES = {
+    "kvtier_gpu_cache_desc_init": (None, [POINTER(GpuCacheDesc)]),
+    "kvtier_gpu_cache_create": (c_int, [POINTER(GpuCacheDesc), POINTER(c_void_p)]),
+    "kvtier_gpu_cache_destroy": (None, [c_void_p]),
+    "kvtier_gpu_open": (c_int, [c_void_p, c_int32, POINTER(c_void_p)]),
+    "kvtier_gpu_close": (None, [c_void_p]),
+    "kvtier_gpu_store": (c_int, [c_void_p, _KEY, _KEY, c_char_p, c_void_p, _I32S, c_uint32,
+                                 c_uint32, c_uint32, c_uint64, c_int]),
+    "kvtier_gpu_store_begin": (c_int, [c_void_p, _KEY, c_char_p, c_void_p, c_uint32,
+                                       POINTER(c_void_p)]),
+    "kvtier_gpu_store_layers": (c_int, [c_void_p, c_void_p, _I32S, c_uint32, c_uint32, c_uint32,
+                                        c_uint32, c_uint64]),
+    "kvtier_gpu_store_commit": (c_int, [c_void_p, _KEY, c_int]),
+    "kvtier_gpu_store_release": (None, [c_void_p]),
+    "kvtier_gpu_load": (c_int, [c_void_p, _KEY, c_void_p, _I32S, c_uint32, c_uint32, c_uint32,
+                                c_uint32, c_uint64, _INTS]),
+    "kvtier_gpu_load_layerwise": (c_int, [c_void_p, _KEY, c_size_t, c_void_p, _I32S, _U64S,
+                                          _U32S, _U32S, c_uint32, c_uint64, POINTER(c_void_p)]),
+    "kvtier_gpu_layerwise_wait_layer": (c_int, [c_void_p, c_uint32, c_uint64]),
+    "kvtier_gpu_layerwise_finish": (c_int, [c_void_p, _INTS, _INTS]),
+    "kvtier_gpu_layerwise_release": (None, [c_void_p]),
+    "kvtier_attention_decode": (c_int, [c_void_p, c_uint64, c_int32, c_uint32, c_uint32,
+                                        c_uint64, _I32S, c_uint32, c_uint64, _I32S, c_uint32,
+                                        c_float, c_uint64, c_uint64]),
+}
+
+class Library(ctypes.CDLL):
+    """libkvtier.so as loaded; ``path``: the file it was loaded from."""
+
+    def __init__(self, path: str):
+        super().__init__(path)
+        self.path = path
+
+
 _lock = threading.Lock()
-_lib = None
+_lib: Library | None = None
+_gpu_bound = False
 
 
-def load():
+def load() -> Library:
     """The loaded library (loaded once). ImportError naming every place tried."""
     global _lib
     with _lock:
@@ -161,7 +240,7 @@ def load():
                 tried.append(f"{path} (absent)")
                 continue
             try:
-                lib = ctypes.CDLL(path)
+                lib = Library(path)
             except OSError as e:
                 tried.append(f"{path} ({e})")
                 continue
@@ -170,11 +249,24 @@ def load():
             if abi != ABI_VERSION:
                 tried.append(f"{path} (ABI {abi}, this package needs {ABI_VERSION})")
                 continue
-            lib.path = path
             _lib = lib
             return lib
         raise ImportError("kvtier: libkvtier.so not found or unusable; set KVTIER_LIBRARY. Tried: "
                           + "; ".join(tried))
+
+
+def load_gpu() -> Library:
+    """The loaded library with its GPU functions bound too. ImportError if it
+    cannot be loaded or was built without CUDA."""
+    global _gpu_bound
+    lib = load()
+    with _lock:
+        if not _gpu_bound:
+            if not lib.kvtier_has_cuda():
+                raise ImportError(f"libkvtier ({lib.path}) was built without CUDA")
+            bind(lib, _GPU_SIGNATURES)
+            _gpu_bound = True
+    return lib
 
 
 # The values each integer type of the C API holds; ctypes would silently
@@ -279,6 +371,6 @@ def buffer_address(obj, writable: bool = False):
     return ctypes.addressof(arr), n, (arr, flat)
 
 
-__all__ = ["load", "bind", "set_int", "check", "last_error", "ClientOptions", "LoadPlanC", "ModelIdentityC",
-           "ChunkSpecC", "ChunkInfoC", "key_arg", "keys_arg", "buffer_address", "c_uint16",
-           "c_uint32"]
+__all__ = ["load", "load_gpu", "bind", "set_int", "check", "last_error", "ClientOptions",
+           "LoadPlanC", "ModelIdentityC", "ChunkSpecC", "ChunkInfoC", "GpuCacheDesc", "key_arg",
+           "keys_arg", "buffer_address", "c_uint16", "c_uint32"]

@@ -10,9 +10,8 @@ from __future__ import annotations
 import ctypes
 import json
 import os
-import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
 
 from kvtier import _native
 from kvtier.errors import KvtierError
@@ -56,9 +55,11 @@ class Chunk:
 
     def __init__(self, hold: _Hold, address: int, size: int, tier: str):
         arr = (ctypes.c_ubyte * size).from_address(address) if size else (ctypes.c_ubyte * 0)()
-        arr._kvtier_hold = hold  # the hold lives as long as the bytes are viewed
-        self._hold = hold
-        self._view = memoryview(arr).cast("B").toreadonly()
+        # The hold lives as long as the bytes are viewed (ctypes keeps attributes in the
+        # array's __dict__; typeshed declares none on Array).
+        arr.__dict__["_kvtier_hold"] = hold
+        self._hold: _Hold | None = hold
+        self._view: memoryview | None = memoryview(arr).cast("B").toreadonly()
         self.tier = tier
         self.size = size
 
@@ -87,7 +88,7 @@ class Chunk:
             pass  # views exported from it keep the bytes, and the hold, alive
         del view, hold
 
-    def __enter__(self) -> "Chunk":
+    def __enter__(self) -> Chunk:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -128,12 +129,13 @@ class Client:
     timeout_ms: deadline of each call; shared_memory: map the daemon's pool
     (Unix socket only). Raises Unavailable if the daemon does not answer."""
 
-    def __init__(self, socket: Optional[str] = None, addr: Optional[str] = None,
-                 token: Optional[str] = None, token_file: Optional[str] = None,
+    def __init__(self, socket: str | None = None, addr: str | None = None,
+                 token: str | None = None, token_file: str | None = None,
                  timeout_ms: int = 60000, shared_memory: bool = True,
-                 max_data_connections: Optional[int] = None,
-                 tls_ca: Optional[str] = None, tls_cert: Optional[str] = None,
-                 tls_key: Optional[str] = None, tls_server_name: Optional[str] = None):
+                 max_data_connections: int | None = None,
+                 tls_ca: str | None = None, tls_cert: str | None = None,
+                 tls_key: str | None = None, tls_server_name: str | None = None):
+        self._close_callbacks: list[Callable[[], None]] = []
         self._lib = _native.load()
         opts = _native.ClientOptions()
         self._lib.kvtier_client_options_init(ctypes.byref(opts))
@@ -164,11 +166,18 @@ class Client:
         """Closes the client: later calls raise ValueError. Chunks read
         through it stay readable and keep their holds until released; the
         connection and the pool mapping go with the last of them."""
-        if self._handle and "kvtier._torch_gpu" in sys.modules:
-            sys.modules["kvtier._torch_gpu"].close_gpu(self)  # before the pool is unmapped
+        callbacks, self._close_callbacks = self._close_callbacks, []
+        if self._handle:
+            for fn in callbacks:  # before the pool is unmapped
+                fn()
         handle, self._handle = self._handle, None
         if handle:
             self._lib.kvtier_client_close(handle)
+
+    def add_close_callback(self, fn: Callable[[], None]) -> None:
+        """Calls fn() once when the client closes, before its connection and
+        pool mapping go (kvtier.torch unregisters the pool from CUDA there)."""
+        self._close_callbacks.append(fn)
 
     def __del__(self):
         try:
@@ -176,7 +185,7 @@ class Client:
         except Exception:
             pass
 
-    def __enter__(self) -> "Client":
+    def __enter__(self) -> Client:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -271,7 +280,7 @@ class Client:
         out = ctypes.c_void_p()
         _native.check(self._lib.kvtier_stats_json(self._h(), ctypes.byref(out)))
         try:
-            return json.loads(ctypes.string_at(out.value).decode())
+            return json.loads(ctypes.string_at(out).decode())
         finally:
             self._lib.kvtier_free(out)
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass
-from typing import Optional, Tuple
 
 from kvtier import _native
 from kvtier.errors import InvalidArgument
@@ -132,7 +131,7 @@ def read_header(chunk) -> ChunkInfo:
 
 
 def decode_chunk_into(chunk, k_address: int, v_address: int,
-                      layers: Optional[Tuple[int, int]] = None) -> ChunkInfo:
+                      layers: tuple[int, int] | None = None) -> ChunkInfo:
     """decode_chunk into raw addresses (for tensors: data_ptr()) of
     (layer_end - layer_begin) * tokens * heads * head_dim elements each.
     Verifies the chunk (header and both checksums) as it decodes."""
@@ -146,8 +145,8 @@ def decode_chunk_into(chunk, k_address: int, v_address: int,
     return info
 
 
-def decode_chunk(chunk, layers: Optional[Tuple[int, int]] = None
-                 ) -> Tuple[ChunkInfo, bytearray, bytearray]:
+def decode_chunk(chunk, layers: tuple[int, int] | None = None
+                 ) -> tuple[ChunkInfo, bytearray, bytearray]:
     """Verifies and decodes a chunk: (info, K, V), K and V as bytearrays of
     16-bit elements of info.dtype, [layers][tokens][kv_heads][head_dim].
     `layers` = (begin, end) decodes only those layers."""

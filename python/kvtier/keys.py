@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import array
 import ctypes
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Sequence, Union
 
 from kvtier import _native
 
-Key = Union[bytes, bytearray, memoryview, str]
+Key = bytes | bytearray | memoryview | str
 
 
 def as_key(key: Key) -> bytes:
@@ -114,7 +114,7 @@ def chunk_keys(fingerprint: Key, token_ids: Sequence[int], chunk_tokens: int = 2
     return [raw[16 * i:16 * i + 16] for i in range(count.value)]
 
 
-def prefix_keys(model_id: Union[str, ModelIdentity], token_ids: Sequence[int],
+def prefix_keys(model_id: str | ModelIdentity, token_ids: Sequence[int],
                 chunk_tokens: int = 256, *, revision: str = "", dtype: str = "bf16",
                 kv_layout: str = "nhd", codec: str = "k16v8",
                 tp_world_size: int = 1, tp_rank: int = 0, partial: bool = False) -> list[bytes]:

@@ -261,6 +261,26 @@ def test_chunk_outlives_its_client(daemon):
         assert not pinned(c, key_of(1))  # every hold ended with its last view
 
 
+CORE_WITHOUT_TORCH = r"""
+import sys
+sys.path.insert(0, sys.argv[1])
+import kvtier, kvtier.client, kvtier.codec, kvtier.errors, kvtier.keys, kvtier._native
+import kvtier.integrations
+kvtier.key_hex(kvtier.prefix_keys("m", range(256))[0])  # the library loaded and called
+print(sorted(m for m in sys.modules if m == "torch" or m.startswith("torch.")))
+"""
+
+
+def test_core_imports_no_torch():
+    """The core (client, keys, codec, errors, the library loader) imports no
+    torch, in an interpreter that has it: kvtier.torch and the integrations do."""
+    pkg = os.path.dirname(os.path.dirname(kvtier.__file__))
+    r = subprocess.run([sys.executable, "-c", CORE_WITHOUT_TORCH, pkg],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip() == "[]"
+
+
 def test_codec_hostile_input():
     spec, k, v, chunk = make_chunk(codec_name="k16v8")
     info = codec.inspect_chunk(chunk)

@@ -362,7 +362,7 @@ def test_gpu_paged_decode_kernel_matches_the_dynamic_cache(gpu_model, client):
     dyn = ref.past_key_values
     dyn.batch_repeat_interleave(4)
     token = ref.logits[:, -1:].argmax(-1).expand(4, 1)
-    assert hf_paged._kernel_available()
+    assert hf_paged.kernel_available()
     with torch.no_grad():
         for _ in range(4):
             a = gpu_model(input_ids=token, past_key_values=dyn, use_cache=True).logits

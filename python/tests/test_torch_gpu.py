@@ -1,4 +1,4 @@
-"""kvtier's GPU path for PyTorch (kvtier/_torch_gpu.py, re-exported by
+"""kvtier's GPU path for PyTorch (kvtier/torch/_gpu.py, re-exported by
 kvtier.torch) against a real kvtierd (conftest.Daemon). Skipped without torch,
 a CUDA device or a libkvtier built with CUDA."""
 
@@ -16,7 +16,7 @@ HAVE_CUDA = have_cuda()
 pytestmark = cuda_skip_mark()
 
 if HAVE_CUDA:
-    from kvtier import _torch_gpu as kg
+    from kvtier.torch import _gpu as kg
     from kvtier import torch as kt
 
     DEV = torch.device("cuda", 0)

@@ -1,20 +1,32 @@
 """kvtier for PyTorch: the CPU codec over tensors, and (in a build with CUDA)
 the GPU paged-cache path and the paged decode attention kernel
-(kvtier/_torch_gpu.py), re-exported here.
+(kvtier/torch/_gpu.py), re-exported here.
 
 Tensors are passed by data_ptr(); nothing is copied to numpy on the way.
 """
 from __future__ import annotations
-
-from typing import Optional, Tuple
 
 import torch
 
 from kvtier import codec as _codec
 from kvtier.codec import ChunkInfo, ChunkSpec
 
-_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
-_TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+# The GPU path: its calls raise ImportError when libkvtier was built without CUDA.
+from kvtier.torch._gpu import (
+    LayerwiseLoad,
+    PagedCache,
+    PendingStore,
+    begin_store,
+    close_gpu,
+    decode_attention,
+    load,
+    load_layerwise,
+    store,
+)
+
+#: The chunk dtype name of each 16-bit torch dtype that chunks hold, and back.
+DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+TORCH_DTYPES = {name: dtype for dtype, name in DTYPE_NAMES.items()}
 
 
 def _check_kv(k: torch.Tensor, v: torch.Tensor) -> None:
@@ -24,19 +36,21 @@ def _check_kv(k: torch.Tensor, v: torch.Tensor) -> None:
         if t.device.type != "cpu":
             raise ValueError(f"{name} must be a CPU tensor for the CPU codec (got {t.device}); "
                              "use kvtier.torch.store/load for GPU caches")
-        if t.dtype not in _DTYPES:
+        if t.dtype not in DTYPE_NAMES:
             raise TypeError(f"{name} must be bfloat16 or float16, not {t.dtype}")
         if t.dim() != 4:
             raise ValueError(f"{name} must be [layers, tokens, kv_heads, head_dim], got shape "
                              f"{tuple(t.shape)}")
     if k.shape != v.shape or k.dtype != v.dtype:
-        raise ValueError(f"k and v differ: {tuple(k.shape)} {k.dtype} vs {tuple(v.shape)} {v.dtype}")
+        raise ValueError(f"k and v differ: {tuple(k.shape)} {k.dtype} vs {tuple(v.shape)} "
+                         f"{v.dtype}")
 
 
 def spec_for(fingerprint, k: torch.Tensor, codec: str = "k16v8", block_size: int = 16) -> ChunkSpec:
     """The ChunkSpec of a chunk holding `k`'s shape [layers, tokens, heads, dim]."""
     layers, tokens, heads, dim = k.shape
-    return ChunkSpec(fingerprint, layers, heads, dim, tokens, block_size, _DTYPES[k.dtype], codec)
+    return ChunkSpec(fingerprint, layers, heads, dim, tokens, block_size, DTYPE_NAMES[k.dtype],
+                     codec)
 
 
 def encode_chunk(spec_or_fingerprint, k: torch.Tensor, v: torch.Tensor, codec: str = "k16v8",
@@ -57,8 +71,8 @@ def encode_chunk(spec_or_fingerprint, k: torch.Tensor, v: torch.Tensor, codec: s
     return _codec.encode_chunk_into(spec, k.data_ptr(), v.data_ptr())
 
 
-def decode_chunk(chunk, layers: Optional[Tuple[int, int]] = None
-                 ) -> Tuple[torch.Tensor, torch.Tensor]:
+def decode_chunk(chunk, layers: tuple[int, int] | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Verifies and decodes a chunk into CPU tensors K and V [layers, tokens,
     kv_heads, head_dim] of the chunk's dtype; `layers` = (begin, end) decodes
     only those layers. InvalidArgument / DataLoss for bad bytes."""
@@ -68,7 +82,7 @@ def decode_chunk(chunk, layers: Optional[Tuple[int, int]] = None
         raise ValueError(f"layer range [{begin}, {end}) is not within the chunk's "
                          f"{info.num_layers} layers")
     shape = (end - begin, info.num_tokens, info.num_kv_heads, info.head_dim)
-    dtype = _TORCH_DTYPES[info.dtype]
+    dtype = TORCH_DTYPES[info.dtype]
     k = torch.empty(shape, dtype=dtype)
     v = torch.empty(shape, dtype=dtype)
     _codec.decode_chunk_into(chunk, k.data_ptr(), v.data_ptr(), (begin, end))
@@ -79,16 +93,6 @@ def inspect_chunk(chunk) -> ChunkInfo:
     return _codec.inspect_chunk(chunk)
 
 
-try:  # the GPU path, present in the package when built with CUDA support
-    from kvtier._torch_gpu import *  # noqa: F401,F403
-    from kvtier._torch_gpu import __all__ as _gpu_all
-except ImportError as _e:  # pragma: no cover - depends on the build
-    _gpu_all = []
-    _gpu_import_error = _e
-
-    def _no_gpu(*args, **kwargs):
-        raise RuntimeError(f"kvtier's GPU path is not available: {_gpu_import_error}")
-
-    store = load = load_layerwise = decode_attention = _no_gpu  # noqa: E305
-
-__all__ = ["encode_chunk", "decode_chunk", "inspect_chunk", "spec_for", *_gpu_all]
+__all__ = ["encode_chunk", "decode_chunk", "inspect_chunk", "spec_for", "DTYPE_NAMES",
+           "TORCH_DTYPES", "PagedCache", "PendingStore", "LayerwiseLoad", "store", "begin_store",
+           "load", "load_layerwise", "decode_attention", "close_gpu"]

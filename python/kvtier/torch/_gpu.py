@@ -11,14 +11,17 @@ device unless a stream is given. Re-exported by ``kvtier.torch``.
 from __future__ import annotations
 
 import ctypes
+import functools
 import math
-import os
-import pathlib
 import threading
 import weakref
-from typing import Iterable, Optional, Sequence, Union
+from collections.abc import Sequence
 
 import torch
+
+from kvtier import _native
+from kvtier.client import TIER_NAMES
+from kvtier.keys import as_key
 
 __all__ = [
     "PagedCache",
@@ -35,159 +38,25 @@ __all__ = [
 _DTYPE_CODES = {torch.float16: 1, torch.bfloat16: 2}
 if hasattr(torch, "float8_e4m3fn"):
     _DTYPE_CODES[torch.float8_e4m3fn] = 3
-_TIERS = {0: "unknown", 1: "hbm", 2: "dram", 3: "nvme", 4: "remote"}
 _ALL_LAYERS = 0xFFFFFFFF
 
 # ---- the library ---------------------------------------------------------------------
 
-_u64 = ctypes.c_uint64
-_u32 = ctypes.c_uint32
-_i32 = ctypes.c_int32
 _vp = ctypes.c_void_p
-_p_u8 = ctypes.POINTER(ctypes.c_uint8)
 _p_i32 = ctypes.POINTER(ctypes.c_int32)
-_p_u32 = ctypes.POINTER(ctypes.c_uint32)
 _p_u64 = ctypes.POINTER(ctypes.c_uint64)
-_p_int = ctypes.POINTER(ctypes.c_int)
-
-
-class _CacheDesc(ctypes.Structure):
-    _fields_ = [
-        ("struct_size", ctypes.c_size_t),
-        ("num_layers", _u32),
-        ("num_blocks", _u32),
-        ("block_size", _u32),
-        ("num_kv_heads", _u32),
-        ("head_dim", _u32),
-        ("k_dtype", _i32),
-        ("v_dtype", _i32),
-        ("k_layers", _p_u64),
-        ("v_layers", _p_u64),
-        ("k_scale_layers", _p_u64),
-        ("v_scale_layers", _p_u64),
-        ("k_offset", ctypes.c_int64),
-        ("v_offset", ctypes.c_int64),
-        ("stride_block", ctypes.c_int64),
-        ("stride_token", ctypes.c_int64),
-        ("stride_head", ctypes.c_int64),
-        ("device", _i32),
-    ]
-
-
-_SIGNATURES = {
-    "kvtier_last_error": (ctypes.c_char_p, []),
-    "kvtier_has_cuda": (ctypes.c_int, []),
-    "kvtier_gpu_cache_desc_init": (None, [ctypes.POINTER(_CacheDesc)]),
-    "kvtier_gpu_cache_create": (ctypes.c_int, [ctypes.POINTER(_CacheDesc), ctypes.POINTER(_vp)]),
-    "kvtier_gpu_cache_destroy": (None, [_vp]),
-    "kvtier_gpu_open": (ctypes.c_int, [_vp, _i32, ctypes.POINTER(_vp)]),
-    "kvtier_gpu_close": (None, [_vp]),
-    "kvtier_gpu_store": (
-        ctypes.c_int,
-        [_vp, _p_u8, _p_u8, ctypes.c_char_p, _vp, _p_i32, _u32, _u32, _u32, _u64, ctypes.c_int],
-    ),
-    "kvtier_gpu_store_begin": (
-        ctypes.c_int,
-        [_vp, _p_u8, ctypes.c_char_p, _vp, _u32, ctypes.POINTER(_vp)],
-    ),
-    "kvtier_gpu_store_layers": (ctypes.c_int, [_vp, _vp, _p_i32, _u32, _u32, _u32, _u32, _u64]),
-    "kvtier_gpu_store_commit": (ctypes.c_int, [_vp, _p_u8, ctypes.c_int]),
-    "kvtier_gpu_store_release": (None, [_vp]),
-    "kvtier_gpu_load": (
-        ctypes.c_int,
-        [_vp, _p_u8, _vp, _p_i32, _u32, _u32, _u32, _u32, _u64, _p_int],
-    ),
-    "kvtier_gpu_load_layerwise": (
-        ctypes.c_int,
-        [_vp, _p_u8, ctypes.c_size_t, _vp, _p_i32, _p_u64, _p_u32, _p_u32, _u32, _u64,
-         ctypes.POINTER(_vp)],
-    ),
-    "kvtier_gpu_layerwise_wait_layer": (ctypes.c_int, [_vp, _u32, _u64]),
-    "kvtier_gpu_layerwise_finish": (ctypes.c_int, [_vp, _p_int, _p_int]),
-    "kvtier_gpu_layerwise_release": (None, [_vp]),
-    "kvtier_attention_decode": (
-        ctypes.c_int,
-        [_vp, _u64, _i32, _u32, _u32, _u64, _p_i32, _u32, _u64, _p_i32, _u32, ctypes.c_float,
-         _u64, _u64],
-    ),
-}
-
-_lib_cache: Optional[ctypes.CDLL] = None
-
-
-def _find_library() -> ctypes.CDLL:
-    try:  # the package's loader (kvtier/_native.py)
-        from kvtier import _native
-    except ImportError:  # this module alone (e.g. copied without the package)
-        _native = None
-    if _native is not None:
-        return _native.load()
-    candidates = []
-    if os.environ.get("KVTIER_LIBRARY"):
-        candidates.append(pathlib.Path(os.environ["KVTIER_LIBRARY"]))
-    here = pathlib.Path(__file__).resolve().parent
-    candidates.append(here / "_lib" / "libkvtier.so")
-    candidates += sorted(here.parent.parent.glob("build*/client/libkvtier.so"))
-    for c in candidates:
-        if c.is_file():
-            return ctypes.CDLL(str(c))
-    raise ImportError("libkvtier.so not found (set KVTIER_LIBRARY)")
-
-
-def _lib() -> ctypes.CDLL:
-    global _lib_cache
-    if _lib_cache is None:
-        lib = _find_library()
-        if not lib.kvtier_has_cuda():
-            raise ImportError(f"libkvtier ({getattr(lib, 'path', lib._name)}) was built without CUDA")
-        try:
-            from kvtier import _native
-            _native.bind(lib, _SIGNATURES)
-        except ImportError:  # this module alone: unchecked integer arguments
-            for name, (res, args) in _SIGNATURES.items():
-                fn = getattr(lib, name)
-                fn.restype = res
-                fn.argtypes = args
-        _lib_cache = lib
-    return _lib_cache
-
-
-def _check(rc: int) -> None:
-    """Raises the package's exception for a non-zero status (InvalidArgument is a ValueError)."""
-    if rc == 0:
-        return
-    try:
-        from kvtier import _native
-    except ImportError:
-        _native = None
-    if _native is not None:
-        _native.check(rc)
-    reason = (_lib().kvtier_last_error() or b"").decode(errors="replace")
-    if rc == 3:
-        raise ValueError(reason)
-    raise RuntimeError(f"kvtier error {rc}: {reason}")
+_lib = _native.load_gpu  # the library with its GPU functions bound
+_check = _native.check
 
 
 # ---- arguments ---------------------------------------------------------------------
-
-
-def _key_bytes(key: Union[bytes, bytearray, str]) -> bytes:
-    if isinstance(key, str):
-        b = bytes.fromhex(key)
-    elif isinstance(key, (bytes, bytearray)):
-        b = bytes(key)
-    else:
-        raise TypeError(f"a key is 16 bytes or 32 hex digits, not {type(key).__name__}")
-    if len(b) != 16:
-        raise ValueError(f"a key is 16 bytes, not {len(b)}")
-    return b
 
 
 def _u8(b: bytes):
     return (ctypes.c_uint8 * len(b)).from_buffer_copy(b)
 
 
-def _ids(block_ids) -> "ctypes.Array":
+def _ids(block_ids) -> ctypes.Array:
     if isinstance(block_ids, torch.Tensor):
         if block_ids.dim() != 1:
             raise ValueError(f"block_ids must be 1-D, not {tuple(block_ids.shape)}")
@@ -231,13 +100,13 @@ def _client_handle(client) -> int:
     h = getattr(client, "handle", None)  # kvtier.Client: raises once closed
     if h is None:
         raise TypeError(f"{type(client).__name__} is not a kvtier client")
-    return h.value if isinstance(h, ctypes.c_void_p) else int(h)
+    return (h.value or 0) if isinstance(h, ctypes.c_void_p) else int(h)
 
 
 # kvtier_gpu handles per client and device: {client: {device index: handle}}.
 # A kvtier.Client is a weak key (its handles close with it: Client.close
-# calls close_gpu); a raw handle is a plain key.
-_gpus_by_client: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+# calls the callback registered here); a raw handle is a plain key.
+_gpus_by_client: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _gpus_by_handle: dict = {}
 _gpus_lock = threading.Lock()
 
@@ -259,6 +128,9 @@ def _gpu(client, device: torch.device) -> int:
             if handles is None:
                 handles = _gpus_by_client[client] = {}
                 weakref.finalize(client, _close_handles, handles)
+                on_close = getattr(client, "add_close_callback", None)
+                if on_close is not None:  # kvtier.Client: closed before its pool is unmapped
+                    on_close(functools.partial(_close_handles, handles))
         g = handles.get(idx)
         if g is None:
             out = _vp()
@@ -268,7 +140,7 @@ def _gpu(client, device: torch.device) -> int:
 
 
 def close_gpu(client) -> None:
-    """Unregisters the client's pool from CUDA (kvtier.Client.close calls it)."""
+    """Unregisters the client's pool from CUDA (kvtier.Client.close does it too)."""
     with _gpus_lock:
         if isinstance(client, (int, ctypes.c_void_p)):
             handles = _gpus_by_handle.pop(_client_handle(client), None)
@@ -329,7 +201,7 @@ class PagedCache:
         self._handle = None
         if self.num_layers == 0:
             raise ValueError("a cache needs at least one layer")
-        d = _CacheDesc()
+        d = _native.GpuCacheDesc()
         _lib().kvtier_gpu_cache_desc_init(ctypes.byref(d))
         arr = lambda xs: (ctypes.c_uint64 * len(xs))(*[int(x) for x in xs])  # noqa: E731
         self._arrays = [arr(k_ptrs), arr(v_ptrs)]
@@ -351,7 +223,8 @@ class PagedCache:
         d.k_offset, d.v_offset = int(k_offset), int(v_offset)
         d.stride_block, d.stride_token, d.stride_head = (int(stride_block), int(stride_token),
                                                          int(stride_head))
-        d.device = self.device.index if self.device.index is not None else torch.cuda.current_device()
+        d.device = (self.device.index if self.device.index is not None
+                    else torch.cuda.current_device())
         out = _vp()
         _check(_lib().kvtier_gpu_cache_create(ctypes.byref(d), ctypes.byref(out)))
         self._handle = out.value
@@ -374,7 +247,8 @@ class PagedCache:
                 f"head_dim={self.head_dim}, k={self.k_dtype}, v={self.v_dtype}, {self.device})")
 
     @classmethod
-    def from_vllm(cls, kv_caches: Sequence[torch.Tensor], layout: str = "flash_attn_nhd") -> "PagedCache":
+    def from_vllm(cls, kv_caches: Sequence[torch.Tensor],
+                  layout: str = "flash_attn_nhd") -> PagedCache:
         """vLLM's per-layer KV tensors (16-bit; FP8 vLLM caches use from_separate).
 
         layout: ``"flash_attn_nhd"`` [2, num_blocks, block_size, kv_heads, head_dim],
@@ -415,8 +289,8 @@ class PagedCache:
 
     @classmethod
     def from_separate(cls, k_layers: Sequence[torch.Tensor], v_layers: Sequence[torch.Tensor],
-                      layout: str = "nhd", k_scales: Optional[Sequence[torch.Tensor]] = None,
-                      v_scales: Optional[Sequence[torch.Tensor]] = None) -> "PagedCache":
+                      layout: str = "nhd", k_scales: Sequence[torch.Tensor] | None = None,
+                      v_scales: Sequence[torch.Tensor] | None = None) -> PagedCache:
         """Separate K and V tensors per layer: [num_blocks, block_size, kv_heads, head_dim]
         (``"nhd"``) or [num_blocks, kv_heads, block_size, head_dim] (``"hnd"``).
 
@@ -426,7 +300,8 @@ class PagedCache:
         """
         ks, vs = list(k_layers), list(v_layers)
         if not ks or len(ks) != len(vs):
-            raise ValueError(f"k_layers ({len(ks)}) and v_layers ({len(vs)}) must be equal, non-empty")
+            raise ValueError(f"k_layers ({len(ks)}) and v_layers ({len(vs)}) must be equal, "
+                             "non-empty")
         dts = tuple(_DTYPE_CODES)
         for i in range(len(ks)):
             _check_tensor(ks[i], f"k_layers[{i}]", 4, dts)
@@ -450,11 +325,13 @@ class PagedCache:
         def scales(xs, dtype, what):
             if dtype not in (torch.float16, torch.bfloat16):
                 if xs is None or len(xs) != len(ks):
-                    raise ValueError(f"an FP8 cache needs {what} (one [num_blocks, kv_heads] float32 per layer)")
+                    raise ValueError(f"an FP8 cache needs {what} (one [num_blocks, kv_heads] "
+                                     "float32 per layer)")
                 for i, x in enumerate(xs):
                     _check_tensor(x, f"{what}[{i}]", 2, (torch.float32,))
                     if tuple(x.shape) != (nb, h) or not x.is_contiguous() or x.device != k.device:
-                        raise ValueError(f"{what}[{i}] must be contiguous [{nb}, {h}] on {k.device}")
+                        raise ValueError(f"{what}[{i}] must be contiguous [{nb}, {h}] on "
+                                         f"{k.device}")
                 return [x.data_ptr() for x in xs]
             return None
 
@@ -468,7 +345,7 @@ class PagedCache:
 
     @classmethod
     def from_contiguous(cls, k_layers: Sequence[torch.Tensor], v_layers: Sequence[torch.Tensor],
-                        block_size: int = 64, batch_index: int = 0) -> "PagedCache":
+                        block_size: int = 64, batch_index: int = 0) -> PagedCache:
         """A Hugging Face style cache: per layer K and V [batch, kv_heads, seq, head_dim]
         (BF16/FP16, e.g. ``DynamicCache`` layers), row ``batch_index`` seen as
         ceil(seq / block_size) virtual blocks of block_size tokens: block i
@@ -477,7 +354,8 @@ class PagedCache:
         """
         ks, vs = list(k_layers), list(v_layers)
         if not ks or len(ks) != len(vs):
-            raise ValueError(f"k_layers ({len(ks)}) and v_layers ({len(vs)}) must be equal, non-empty")
+            raise ValueError(f"k_layers ({len(ks)}) and v_layers ({len(vs)}) must be equal, "
+                             "non-empty")
         for i in range(len(ks)):
             _check_tensor(ks[i], f"k_layers[{i}]", 4, (torch.float16, torch.bfloat16))
             _check_tensor(vs[i], f"v_layers[{i}]", 4, (torch.float16, torch.bfloat16))
@@ -529,13 +407,14 @@ def _fingerprint(fingerprint) -> bytes:
         return bytes(16)
     if hasattr(fingerprint, "fingerprint"):
         fingerprint = fingerprint.fingerprint()
-    return _key_bytes(fingerprint)
+    return as_key(fingerprint)
 
 
 def store(client, key, cache: PagedCache, block_ids, codec: str = "k16v8", *,
-          fingerprint=None, num_tokens: Optional[int] = None, first_slot: int = 0,
+          fingerprint=None, num_tokens: int | None = None, first_slot: int = 0,
           stream=None, durable: bool = False) -> None:
-    """Encodes tokens of ``cache`` on the GPU straight into kvtierd's pool and stores them as ``key``.
+    """Encodes tokens of ``cache`` on the GPU straight into kvtierd's pool and stores them
+    as ``key``.
 
     Token t (0 <= t < num_tokens) is at block ``block_ids[(first_slot + t) //
     block_size]``, slot ``(first_slot + t) % block_size`` (block_ids: ints, a
@@ -553,7 +432,7 @@ def store(client, key, cache: PagedCache, block_ids, codec: str = "k16v8", *,
     fp = _fingerprint(fingerprint)
     lib = _lib()
     _check(lib.kvtier_gpu_store(
-        _vp(_gpu(client, cache.device)), _u8(_key_bytes(key)), _u8(fp), codec.encode(),
+        _vp(_gpu(client, cache.device)), _u8(as_key(key)), _u8(fp), codec.encode(),
         _vp(cache._handle), ids, len(ids), first_slot, num_tokens,
         _stream_handle(stream, cache.device), int(durable)))
 
@@ -561,7 +440,7 @@ def store(client, key, cache: PagedCache, block_ids, codec: str = "k16v8", *,
 class PendingStore:
     """A chunk encoded layer range by layer range (``begin_store``)."""
 
-    def __init__(self, handle: int, cache: PagedCache, num_tokens: int):
+    def __init__(self, handle: int | None, cache: PagedCache, num_tokens: int):
         self._handle = handle
         self._cache = cache
         self.num_tokens = num_tokens
@@ -583,7 +462,7 @@ class PendingStore:
         if self._handle is None:
             raise ValueError("the store was committed or closed")
         try:
-            _check(_lib().kvtier_gpu_store_commit(_vp(self._handle), _u8(_key_bytes(key)),
+            _check(_lib().kvtier_gpu_store_commit(_vp(self._handle), _u8(as_key(key)),
                                                   int(durable)))
         finally:
             self.close()
@@ -626,27 +505,27 @@ def load(client, key, cache: PagedCache, block_ids, first_slot: int = 0, layers=
     """Decodes chunk ``key`` into ``cache`` at ``block_ids`` from ``first_slot`` (only
     ``layers`` if given: a range, (begin, end) or an int) and returns the tier it came
     from ("dram", "nvme", ...). Ordered after the work on ``stream``; returns once the
-    decode has finished. A miss raises the package's NotFound (a RuntimeError without it)."""
+    decode has finished. A miss raises NotFound."""
     ids = _ids(block_ids)
     b, e = _layer_range(layers, cache.num_layers)
     if not 0 <= first_slot < cache.block_size:
         raise ValueError(f"first_slot {first_slot} is outside [0, {cache.block_size})")
     tier = ctypes.c_int(0)
     _check(_lib().kvtier_gpu_load(
-        _vp(_gpu(client, cache.device)), _u8(_key_bytes(key)), _vp(cache._handle), ids, len(ids),
+        _vp(_gpu(client, cache.device)), _u8(as_key(key)), _vp(cache._handle), ids, len(ids),
         first_slot, b, e, _stream_handle(stream, cache.device), ctypes.byref(tier)))
-    return _TIERS.get(tier.value, "unknown")
+    return TIER_NAMES.get(tier.value, "unknown")
 
 
 class LayerwiseLoad:
     """Chunks being decoded layer group by layer group (``load_layerwise``)."""
 
-    def __init__(self, handle: int, cache: PagedCache, n: int):
+    def __init__(self, handle: int | None, cache: PagedCache, n: int):
         self._handle = handle
         self._cache = cache
         self._n = n
-        self.tiers: Optional[list] = None
-        self.statuses: Optional[list] = None
+        self.tiers: list | None = None
+        self.statuses: list | None = None
 
     def wait_layer(self, layer: int, stream=None) -> None:
         """Makes ``stream`` (default: the current one) wait on the device until ``layer``
@@ -672,7 +551,8 @@ class LayerwiseLoad:
             _lib().kvtier_gpu_layerwise_release(_vp(self._handle))
             self._handle = None
         self.statuses = list(st)
-        self.tiers = [(_TIERS.get(t, "unknown") if s == 0 else None) for s, t in zip(st, tr)]
+        self.tiers = [(TIER_NAMES.get(t, "unknown") if s == 0 else None)
+                      for s, t in zip(st, tr, strict=True)]
         return self.tiers
 
     def __enter__(self):
@@ -691,7 +571,7 @@ class LayerwiseLoad:
 
 def load_layerwise(client, keys: Sequence, cache: PagedCache, block_ids_per_key: Sequence,
                    layer_group: int = 1, stream=None,
-                   first_slots: Optional[Sequence[int]] = None) -> LayerwiseLoad:
+                   first_slots: Sequence[int] | None = None) -> LayerwiseLoad:
     """Holds every chunk of ``keys`` and checks its header (several at once), then
     queues on ``stream``, per group of ``layer_group`` layers, the decode of that group
     of every found chunk followed by an event. Returns without waiting for the device:
@@ -702,10 +582,13 @@ def load_layerwise(client, keys: Sequence, cache: PagedCache, block_ids_per_key:
     keys = list(keys)
     per = list(block_ids_per_key)
     if not keys or len(keys) != len(per):
-        raise ValueError(f"keys ({len(keys)}) and block_ids_per_key ({len(per)}) must be equal, non-empty")
+        raise ValueError(f"keys ({len(keys)}) and block_ids_per_key ({len(per)}) must be equal, "
+                         "non-empty")
     if layer_group <= 0:
         raise ValueError("layer_group must be positive")
-    flat, offsets, counts = [], [], []
+    flat: list[int] = []
+    offsets: list[int] = []
+    counts: list[int] = []
     for ids in per:
         lst = _ids(ids)
         offsets.append(len(flat))
@@ -716,7 +599,7 @@ def load_layerwise(client, keys: Sequence, cache: PagedCache, block_ids_per_key:
     for s in slots:
         if not 0 <= s < cache.block_size:
             raise ValueError(f"first_slot {s} is outside [0, {cache.block_size})")
-    key_buf = b"".join(_key_bytes(k) for k in keys)
+    key_buf = b"".join(as_key(k) for k in keys)
     out = _vp()
     _check(_lib().kvtier_gpu_load_layerwise(
         _vp(_gpu(client, cache.device)), _u8(key_buf), n, _vp(cache._handle),
@@ -730,8 +613,8 @@ def load_layerwise(client, keys: Sequence, cache: PagedCache, block_ids_per_key:
 
 
 def decode_attention(q: torch.Tensor, cache: PagedCache, block_table: torch.Tensor,
-                     seq_lens: torch.Tensor, layer: int, sm_scale: Optional[float] = None,
-                     out: Optional[torch.Tensor] = None, check: bool = False) -> torch.Tensor:
+                     seq_lens: torch.Tensor, layer: int, sm_scale: float | None = None,
+                     out: torch.Tensor | None = None, check: bool = False) -> torch.Tensor:
     """One decode step of attention over the paged cache, on the current stream.
 
     q: [batch, num_q_heads, head_dim], the cache's 16-bit dtype, contiguous, on the
@@ -771,7 +654,8 @@ def decode_attention(q: torch.Tensor, cache: PagedCache, block_table: torch.Tens
         raise ValueError(f"layer {layer} is outside [0, {cache.num_layers})")
     if out is None:
         out = torch.empty_like(q)
-    elif out.shape != q.shape or out.dtype != q.dtype or out.device != q.device or not out.is_contiguous():
+    elif (out.shape != q.shape or out.dtype != q.dtype or out.device != q.device
+          or not out.is_contiguous()):
         raise ValueError("out must be a contiguous tensor of q's shape, dtype and device")
     host_bt = host_sl = None
     if check:

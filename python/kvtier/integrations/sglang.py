@@ -1,0 +1,291 @@
+"""kvtier as an SGLang HiCache storage backend: ``KvtierHiCacheStorage``.
+
+    python -m sglang.launch_server --model-path MODEL --enable-hierarchical-cache \\
+        --hicache-mem-layout page_first --hicache-storage-backend dynamic \\
+        --hicache-storage-backend-extra-config '{"backend_name": "kvtier",
+            "module_path": "kvtier.sglang", "class_name": "KvtierHiCacheStorage",
+            "interface_v1": 1, "socket": "/run/kvtier/kvtierd.sock", "codec": "k16v8"}'
+
+One SGLang page (``--page-size`` tokens) is one kvtier chunk: K and V of the
+page's tokens for every layer of this rank, [layers, page_size, kv_heads,
+head_dim], encoded with the configured codec, so ``chunk_tokens`` is the page
+size. ``interface_v1`` makes SGLang call the zero-copy ``batch_get_v1`` /
+``batch_set_v1``, which encode from and decode into SGLang's host pool in
+place (layouts ``page_first``, ``page_first_direct`` and ``layer_first``).
+
+Keys. SGLang hands a storage backend its own page hashes (SHA-256 hex over
+the page's token ids), never the token ids, so the backend cannot derive
+kvtier's token-chain keys (``kvtier.engine``) from them. A key of 32 hex
+digits is taken as a kvtier key as it is, which is how a caller that has the
+tokens (``kvtier.prefix_keys``) reaches chunks stored by vLLM or kvtier.hf;
+any other key string is mapped into kvtier's key space under this model's
+identity (``kvtier_key``), so ranks, models and codecs never collide.
+"""
+from __future__ import annotations
+
+import array
+import hashlib
+import logging
+import threading
+import time
+from typing import Any
+
+import torch
+from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig
+
+import kvtier
+import kvtier.codec
+import kvtier.torch
+from kvtier.integrations import engine
+
+logger = logging.getLogger("kvtier.sglang")
+
+#: Keys of SGLang's extra config that SGLang itself reads.
+SGLANG_KEYS = ("backend_name", "module_path", "class_name", "interface_v1",
+               "enable_metadata_cache", "metadata_ttl", "tp_lcm_size")
+HOST_LAYOUTS = ("page_first", "page_first_direct", "layer_first")
+
+
+class KvtierHiCacheStorage(HiCacheStorage):
+    """SGLang's L3 storage over kvtierd (see the module comment).
+
+    storage_config: SGLang's HiCacheStorageConfig; its extra_config carries
+    ``kvtier.engine.ConnectorSettings`` (chunk_tokens is ignored: a chunk is
+    one page). The host pool arrives by ``register_mem_pool_host``. SGLang
+    calls the backend from its prefetch and backup threads at once: the
+    client is thread-safe and the counters are guarded by a lock.
+    """
+
+    def __init__(self, storage_config: HiCacheStorageConfig, kwargs: Any = None):
+        if storage_config.is_mla_model:
+            raise ValueError("kvtier stores K and V per head; MLA models are not supported")
+        self.storage_config = storage_config
+        self.settings = engine.ConnectorSettings.from_mapping(storage_config.extra_config,
+                                                              ignore=SGLANG_KEYS)
+        self.model_id = self.settings.model_id or storage_config.model_name or ""
+        self.client = self.settings.connect()
+        self.lookup = engine.BoundedLookup(self.settings.connect, self.settings.lookup_timeout_ms,
+                                           self.settings.retry_after_ms)
+        self.mem_pool_host: Any = None  # SGLang's HostKVCache
+        self.identity: kvtier.ModelIdentity | None = None
+        self._fingerprint: bytes | None = None
+        self._mu = threading.Lock()
+        self._written: set = set()
+        self._metrics: dict[str, list[float]] = {
+            "prefetch_pgs": [], "backup_pgs": [], "prefetch_bandwidth": [], "backup_bandwidth": []}
+        self.errors = 0
+
+    # ---- host pool --------------------------------------------------------------------
+
+    def register_mem_pool_host(self, mem_pool_host) -> None:
+        layout = getattr(mem_pool_host, "layout", None)
+        if layout not in HOST_LAYOUTS:
+            raise ValueError(f"kvtier needs --hicache-mem-layout in {HOST_LAYOUTS}, not {layout!r}")
+        buf = getattr(mem_pool_host, "kv_buffer", None)
+        if not isinstance(buf, torch.Tensor) or buf.shape[0] != 2:
+            raise ValueError("kvtier needs an MHA host pool (K and V buffers)")
+        super().register_mem_pool_host(mem_pool_host)
+        self.page_size = int(mem_pool_host.page_size)
+        self.layers = int(mem_pool_host.layer_num)
+        self.identity = engine.engine_identity(
+            self.model_id, mem_pool_host.dtype, self.settings.codec,
+            revision=self.settings.revision, tp_world_size=self.storage_config.tp_size,
+            tp_rank=self.storage_config.tp_rank)
+        self._fingerprint = self.identity.fingerprint()
+
+    def _page(self, index: int):
+        """Views K and V [layers, page_size, kv_heads, head_dim] of the host page at token
+        ``index``."""
+        pool = self.mem_pool_host
+        buf, ps = pool.kv_buffer, self.page_size
+        if index % ps or not 0 <= index < pool.size:
+            raise ValueError(f"host index {index} is not the start of a page")
+        if pool.layout == "layer_first":
+            return buf[0, :, index:index + ps], buf[1, :, index:index + ps]
+        if pool.layout == "page_first":
+            return (buf[0, index:index + ps].transpose(0, 1),
+                    buf[1, index:index + ps].transpose(0, 1))
+        return buf[0, index // ps], buf[1, index // ps]
+
+    def _require_pool(self) -> bytes:
+        """This model's fingerprint, once the host pool is registered."""
+        if self.mem_pool_host is None or self._fingerprint is None:
+            raise RuntimeError("kvtier: register_mem_pool_host was not called")
+        return self._fingerprint
+
+    # ---- keys -----------------------------------------------------------------------------
+
+    def kvtier_key(self, key: str) -> bytes:
+        """The kvtier key of an SGLang key: 32 hex digits as they are, else the
+        chunk key of the string's SHA-256 under this model's identity."""
+        fingerprint = self._require_pool()
+        if len(key) == 32:
+            try:
+                return bytes.fromhex(key)
+            except ValueError:
+                pass
+        words = array.array("I", hashlib.sha256(key.encode()).digest())
+        return kvtier.chunk_keys(fingerprint, words, len(words))[0]
+
+    # ---- zero-copy batches ----------------------------------------------------------------
+
+    def _batch(self, kind: str, page_op, keys: list[str], host_indices,
+               misses: tuple = ()) -> list[bool]:
+        """Runs ``page_op(kvtier_key, host_index) -> bytes moved`` on every page and
+        records the batch in the StorageMetrics of ``kind`` ("prefetch" / "backup").
+        A page that fails with one of ``misses`` is False (logged at debug level);
+        any other kvtier failure is False, logged and counted in ``errors``."""
+        self._require_pool()
+        start, nbytes, results = time.monotonic(), 0, []
+        for i, key in enumerate(keys):
+            try:
+                nbytes += page_op(self.kvtier_key(key), int(host_indices[i * self.page_size]))
+                results.append(True)
+            except misses as e:
+                logger.debug("kvtier: %s of page %s failed: %s", kind, key, e)
+                results.append(False)
+            except kvtier.KvtierError as e:
+                self.errors += 1
+                logger.warning("kvtier: %s of page %s failed: %s", kind, key, e)
+                results.append(False)
+        with self._mu:
+            self._metrics[f"{kind}_pgs"].append(sum(results))
+            seconds = max(time.monotonic() - start, 1e-9)
+            self._metrics[f"{kind}_bandwidth"].append(nbytes / seconds / 1e9)
+        return results
+
+    def _load_page(self, key: bytes, index: int) -> int:
+        k_view, v_view = self._page(index)
+        with self.client.get(key) as chunk:
+            info = kvtier.codec.read_header(chunk.data)
+            want = (self._fingerprint, self.layers, self.page_size, k_view.shape[2],
+                    k_view.shape[3], engine.DTYPE_NAMES[k_view.dtype])
+            got = (info.fingerprint, info.num_layers, info.num_tokens, info.num_kv_heads,
+                   info.head_dim, info.dtype)
+            if got != want:
+                raise kvtier.InvalidArgument(3, f"chunk geometry {got[1:]} (or model) is not "
+                                                f"the host pool's {want[1:]}")
+            if k_view.is_contiguous() and v_view.is_contiguous():
+                kvtier.codec.decode_chunk_into(chunk.data, k_view.data_ptr(), v_view.data_ptr())
+            else:
+                k, v = kvtier.torch.decode_chunk(chunk.data)
+                k_view.copy_(k)
+                v_view.copy_(v)
+            return len(chunk.data)
+
+    def batch_get_v1(self, keys: list[str], host_indices: torch.Tensor,
+                     extra_info: Any = None) -> list[bool]:
+        """Decodes page i of ``keys`` into the host page at ``host_indices[i * page_size]``.
+        A missing, corrupt or foreign chunk is False (and kvtierd drops a corrupt one)."""
+        return self._batch("prefetch", self._load_page, keys, host_indices, engine.UNUSABLE)
+
+    def _store_page(self, key: bytes, index: int) -> int:
+        k_view, v_view = self._page(index)
+        chunk = kvtier.torch.encode_chunk(self._fingerprint, k_view, v_view, self.settings.codec,
+                                          self.page_size)
+        self.client.put(key, chunk)
+        with self._mu:
+            self._written.add(key)
+        return len(chunk)
+
+    def batch_set_v1(self, keys: list[str], host_indices: torch.Tensor,
+                     extra_info: Any = None) -> list[bool]:
+        """Encodes the host page at ``host_indices[i * page_size]`` and stores it as page i."""
+        return self._batch("backup", self._store_page, keys, host_indices)
+
+    def batch_exists(self, keys: list[str], extra_info: Any = None) -> int:
+        """Leading keys kvtierd holds; 0 when it does not answer within lookup_timeout_ms."""
+        if not keys:
+            return 0
+        plan = self.lookup.plan([self.kvtier_key(k) for k in keys], 0.0, self.page_size)
+        return plan.hits if plan is not None else 0
+
+    def exists(self, key: str) -> bool:
+        return self.batch_exists([key]) == 1
+
+    # ---- flat pages (SGLang's generic path, without interface_v1) -------------------------
+
+    def _flat_shape(self):
+        pool = self.mem_pool_host
+        heads, dim = pool.kv_buffer.shape[-2], pool.kv_buffer.shape[-1]
+        if pool.layout == "layer_first":
+            return (2, self.layers, self.page_size, heads, dim), (0, 1)
+        if pool.layout == "page_first":
+            return (2, self.page_size, self.layers, heads, dim), (1, 0)
+        return (2, self.layers, self.page_size, heads, dim), (0, 1)
+
+    def get(self, key: str, target_location: Any | None = None,
+            target_sizes: Any | None = None) -> torch.Tensor | None:
+        """The page as a flat tensor in the host pool's page order (into
+        ``target_location`` when given), or None on a miss or a bad chunk."""
+        self._require_pool()
+        shape, order = self._flat_shape()
+        try:
+            with self.client.get(self.kvtier_key(key)) as chunk:
+                k, v = kvtier.torch.decode_chunk(chunk.data)
+        except kvtier.KvtierError as e:
+            logger.debug("kvtier: page %s not loaded: %s", key, e)
+            return None
+        if k.shape[0] != self.layers or k.shape[1] != self.page_size:
+            return None
+        page = torch.stack([k.permute(*order, 2, 3), v.permute(*order, 2, 3)])
+        if target_location is None:
+            return page.reshape(shape).flatten()
+        target_location.view(shape).copy_(page)
+        return target_location
+
+    def batch_get(self, keys: list[str], target_locations: Any | None = None,
+                  target_sizes: Any | None = None) -> list[torch.Tensor | None]:
+        targets = target_locations or [None] * len(keys)
+        return [self.get(k, t) for k, t in zip(keys, targets, strict=False)]
+
+    def set(self, key: str, value: Any = None, target_location: Any | None = None,
+            target_sizes: Any | None = None) -> bool:
+        """Stores a flat page (the host pool's page order) as ``key``."""
+        self._require_pool()
+        shape, order = self._flat_shape()
+        page = value.reshape(shape)
+        k, v = (page[i].permute(*order, 2, 3) for i in range(2))
+        kk = self.kvtier_key(key)
+        try:
+            self.client.put(kk, kvtier.torch.encode_chunk(self._fingerprint, k.cpu(), v.cpu(),
+                                                          self.settings.codec, self.page_size))
+        except kvtier.KvtierError as e:
+            self.errors += 1
+            logger.warning("kvtier: page %s not stored: %s", key, e)
+            return False
+        with self._mu:
+            self._written.add(kk)
+        return True
+
+    def batch_set(self, keys: list[str], values: Any = None,
+                  target_locations: Any | None = None,
+                  target_sizes: Any | None = None) -> bool:
+        return all([self.set(k, v) for k, v in zip(keys, values, strict=False)])
+
+    # ---- housekeeping ---------------------------------------------------------------------
+
+    def clear(self) -> None:
+        """Deletes the pages this backend stored (the cache is shared with other
+        engines, whose chunks stay)."""
+        with self._mu:
+            written, self._written = self._written, set()
+        for key in written:
+            try:
+                self.client.delete(key)
+            except kvtier.NotFound:
+                pass
+
+    def get_stats(self):
+        """SGLang's StorageMetrics since the last call (pages and GB/s per batch)."""
+        from sglang.srt.observability.metrics_collector import StorageMetrics
+        with self._mu:
+            metrics, self._metrics = self._metrics, {k: [] for k in self._metrics}
+        return StorageMetrics(**metrics)
+
+    def close(self) -> None:
+        self.lookup.close()
+        self.client.close()
+
+
+__all__ = ["KvtierHiCacheStorage", "SGLANG_KEYS", "HOST_LAYOUTS"]

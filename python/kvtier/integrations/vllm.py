@@ -1,0 +1,420 @@
+"""kvtier as a vLLM v1 KV connector: ``KvtierConnector``.
+
+    vllm serve MODEL --kv-transfer-config '{"kv_connector": "KvtierConnector",
+        "kv_connector_module_path": "kvtier.vllm", "kv_role": "kv_both",
+        "kv_connector_extra_config": {"socket": "/run/kvtier/kvtierd.sock",
+                                      "codec": "k16v8", "chunk_tokens": 256}}'
+
+The extra config is ``kvtier.engine.ConnectorSettings`` (docs/engines.md).
+
+Scheduler side: ``get_num_new_matched_tokens`` asks kvtierd, within
+``lookup_timeout_ms``, for the load plan of the request's chunk keys and
+answers with the chunks worth loading (a slow or dead kvtierd is a miss);
+``update_state_after_alloc`` records which blocks those chunks go to;
+``request_finished`` hands the request's full chunks that kvtierd lacks to the
+workers and keeps their blocks until the workers report the save done.
+
+Worker side: ``register_kv_caches`` takes vLLM's per-layer KV tensors: one
+4-D tensor per layer, [blocks, kv_heads, block_size, 2 * head_dim] with K and
+V side by side in the last dimension, in the memory order of vLLM's
+KVCacheLayout (every backend of vLLM 0.26 and later; older ones' 5-D
+FlashAttention / FlashInfer stacks and (K, V) pairs are taken too);
+``start_load_kv`` loads the step's chunks (CPU tensors through the CPU codec;
+CUDA tensors through kvtier's layer-by-layer GPU load, which
+``wait_for_layer_load`` waits on per layer), ``wait_for_save`` starts the
+step's saves on a background thread (vLLM 0.26-0.30 skip it on steps that run
+no tokens: ``get_finished`` then starts them), ``get_finished`` reports
+finished saves and ``get_block_ids_with_load_errors`` the blocks of chunks
+that were missing or corrupt, which vLLM then recomputes.
+
+The tensor work is ``kvtier.engine.KvMover``; this module only adapts vLLM's
+calls to it.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import logging
+import threading
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+)
+
+import kvtier
+from kvtier.integrations import engine
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.request import Request
+
+logger = logging.getLogger("kvtier.vllm")
+
+_TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "half": torch.float16}
+
+
+@dataclasses.dataclass
+class ChunkJob:
+    """Chunks of one request to load or save: ``keys[i]`` goes to or comes from
+    ``block_ids[i]`` (the chunk's blocks, in token order)."""
+    req_id: str
+    keys: list
+    block_ids: list
+
+
+@dataclasses.dataclass
+class KvtierConnectorMetadata(KVConnectorMetadata):
+    """What the scheduler tells the workers for one step."""
+    loads: list = dataclasses.field(default_factory=list)
+    saves: list = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class _Candidate:
+    """A request's lookup: chunks [first_chunk, chunks) are to be loaded, the
+    first ``hits`` are in kvtierd (and are not saved again); ``loading`` maps
+    each chunk being loaded to its blocks."""
+    first_chunk: int
+    chunks: int
+    hits: int
+    keys: list
+    loading: dict = dataclasses.field(default_factory=dict)
+    tiers: list = dataclasses.field(default_factory=list)  # kvtierd's tier of each hit
+
+
+def _model_dtype(vllm_config: VllmConfig) -> torch.dtype:
+    cache_dtype = str(vllm_config.cache_config.cache_dtype)
+    if cache_dtype != "auto" and cache_dtype not in _TORCH_DTYPES:
+        raise ValueError(f"kvtier caches 16-bit KV; --kv-cache-dtype {cache_dtype} is not "
+                         "supported (use auto with a bfloat16/float16 model)")
+    dtype = _TORCH_DTYPES.get(cache_dtype) or vllm_config.model_config.dtype
+    if isinstance(dtype, str):
+        dtype = _TORCH_DTYPES.get(dtype, dtype)
+    if dtype not in engine.DTYPE_NAMES:
+        raise ValueError(f"kvtier caches BF16/FP16 KV, not {dtype}; pass --dtype bfloat16")
+    return dtype
+
+
+class KvtierConnector(KVConnectorBase_V1):
+    """vLLM's KV connector over kvtierd (see the module comment)."""
+
+    def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole,
+                 kv_cache_config: KVCacheConfig | None = None):
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        extra = self._kv_transfer_config.kv_connector_extra_config or {}
+        self.settings = engine.ConnectorSettings.from_mapping(extra)
+        if getattr(self._kv_transfer_config, "kv_load_failure_policy", None) == "fail" and \
+                role == KVConnectorRole.SCHEDULER:
+            logger.warning("kvtier: kv_load_failure_policy is 'fail': a chunk kvtierd lost or "
+                           "found corrupt between lookup and load fails its request instead of "
+                           "being recomputed. kvtier is a cache; 'recompute' is the safe policy.")
+        groups = getattr(kv_cache_config, "kv_cache_groups", None) or []
+        if len(groups) > 1:
+            raise ValueError(
+                "kvtier caches models whose layers share one KV cache group (full attention); "
+                f"this model has {len(groups)} groups (a hybrid model). Pass "
+                "--disable-hybrid-kv-cache-manager so every layer keeps full KV.")
+        self.block_size = int(vllm_config.cache_config.block_size)
+        self.head_size = int(vllm_config.model_config.get_head_size())
+        if self.settings.chunk_tokens % self.block_size:
+            raise ValueError(f"kvtier: chunk_tokens {self.settings.chunk_tokens} must be a "
+                             f"multiple of vLLM's block size {self.block_size} (--block-size)")
+        self.chunk_tokens = self.settings.chunk_tokens
+        # kv_role: kv_both loads and saves, kv_consumer only loads, kv_producer only saves.
+        self.loads = bool(self._kv_transfer_config.is_kv_consumer)
+        self.saves = bool(self._kv_transfer_config.is_kv_producer)
+        model_id = self.settings.model_id or vllm_config.model_config.model
+        self.tp_size = int(vllm_config.parallel_config.tensor_parallel_size)
+        self._identity_args: dict[str, Any] = dict(
+            model_id=model_id, dtype=_model_dtype(vllm_config), codec=self.settings.codec,
+            revision=self.settings.revision, tp_world_size=self.tp_size)
+        if role == KVConnectorRole.SCHEDULER:
+            self._init_scheduler()
+        else:
+            self._init_worker()
+
+    @property
+    def requires_kv_delivery(self) -> bool:
+        """False: kvtier is a cache; a save lost to a preemption is a later miss."""
+        return False
+
+    @classmethod
+    def requires_piecewise_for_cudagraph(cls, extra_config: dict) -> bool:
+        """True: wait_for_layer_load makes the compute stream wait for each layer's
+        load, a call between the layers' kernels that a full CUDA graph would skip."""
+        return True
+
+    # ==== scheduler side ===============================================================
+
+    def _init_scheduler(self) -> None:
+        # The scheduler asks about tensor-parallel rank 0's chunks; a chunk another
+        # rank lacks is a load error on that rank and is recomputed.
+        self.identity = engine.engine_identity(tp_rank=0, **self._identity_args)
+        self._fingerprint = self.identity.fingerprint()
+        self.lookup = engine.BoundedLookup(self.settings.connect, self.settings.lookup_timeout_ms,
+                                           self.settings.retry_after_ms)
+        self._candidates: dict[str, _Candidate] = {}
+        self._loads: list = []
+        self._saves: list = []
+
+    def _keys(self, token_ids) -> list:
+        tokens = engine.token_array(token_ids)
+        return kvtier.chunk_keys(self._fingerprint, tokens, self.chunk_tokens) if tokens else []
+
+    def get_num_new_matched_tokens(self, request: Request,
+                                   num_computed_tokens: int) -> tuple[int | None, bool]:
+        """Tokens beyond ``num_computed_tokens`` to load: whole chunks from kvtierd's
+        plan, starting at a chunk boundary. A local hit that ends inside a chunk
+        loads nothing (the chunk's first tokens are already in shared blocks)."""
+        self._candidates.pop(request.request_id, None)
+        if not self.loads or num_computed_tokens % self.chunk_tokens:
+            return 0, False
+        tokens = list(request.all_token_ids)
+        max_chunks = (len(tokens) - 1) // self.chunk_tokens
+        first = num_computed_tokens // self.chunk_tokens
+        if max_chunks <= first:
+            return 0, False
+        keys = self._keys(tokens[:max_chunks * self.chunk_tokens])
+        plan = self.lookup.plan(keys, self.settings.prefill_tokens_per_s, self.chunk_tokens)
+        chunks = engine.loadable_chunks(plan, self.settings, len(tokens))
+        hits = plan.hits if plan is not None else 0
+        self._candidates[request.request_id] = _Candidate(
+            first, chunks, hits, keys, tiers=list(plan.tiers) if plan is not None else [])
+        if chunks <= first:
+            return 0, False
+        return (chunks - first) * self.chunk_tokens, False
+
+    def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks,
+                                 num_external_tokens: int) -> None:
+        cand = self._candidates.get(request.request_id)
+        if num_external_tokens <= 0 or cand is None:
+            return
+        block_ids = blocks.get_block_ids()[0]
+        per = self.chunk_tokens // self.block_size
+        last = cand.first_chunk + num_external_tokens // self.chunk_tokens
+        chunks = range(cand.first_chunk, last)
+        cand.loading = {c: list(block_ids[c * per:(c + 1) * per]) for c in chunks}
+        self._loads.append(ChunkJob(request.request_id, [cand.keys[c] for c in chunks],
+                                    list(cand.loading.values())))
+
+    def get_external_cache_hit_sources(self, request: Request,
+                                       num_external_tokens: int) -> dict:
+        """The loaded tokens by the kvtierd tier they come from (vLLM 0.32+):
+        DRAM as host, NVMe as disk, a peer node as p2p, kvtierd's HBM as device."""
+        from vllm.v1.metrics.cache_hit_source import CacheHitSource
+        if num_external_tokens <= 0:
+            return {}
+        cand = self._candidates.get(request.request_id)
+        sources: dict[str | None, Any] = {
+            "hbm": CacheHitSource.DEVICE, "dram": CacheHitSource.HOST,
+            "nvme": CacheHitSource.DISK, "remote": CacheHitSource.P2P}
+        counts: dict = {}
+        chunks = num_external_tokens // self.chunk_tokens
+        if cand is not None:
+            for c in range(cand.first_chunk, cand.first_chunk + chunks):
+                tier = cand.tiers[c] if c < len(cand.tiers) else None
+                source = sources.get(tier, CacheHitSource.EXTERNAL_UNSPECIFIED)
+                counts[source] = counts.get(source, 0) + self.chunk_tokens
+        rest = num_external_tokens - sum(counts.values())
+        if rest:
+            counts[CacheHitSource.EXTERNAL_UNSPECIFIED] = \
+                counts.get(CacheHitSource.EXTERNAL_UNSPECIFIED, 0) + rest
+        return counts
+
+    def update_connector_output(self, connector_output) -> None:
+        """A chunk that failed to load is no longer counted as held by kvtierd
+        (it was missing or corrupt, and kvtierd dropped it), so the request
+        saves it again when it finishes."""
+        bad = set(getattr(connector_output, "invalid_block_ids", None) or ())
+        if not bad:
+            return
+        for cand in self._candidates.values():
+            failed = [c for c, ids in cand.loading.items() if bad.intersection(ids)]
+            if failed:
+                cand.hits = min(cand.hits, min(failed))
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        meta = KvtierConnectorMetadata(loads=self._loads, saves=self._saves)
+        self._loads, self._saves = [], []
+        return meta
+
+    def request_finished(self, request: Request,
+                         block_ids: Sequence) -> tuple[bool, dict[str, Any] | None]:
+        """Saves the request's full chunks that kvtierd does not hold; returns True
+        (keep the blocks) until a worker reports the save done."""
+        cand = self._candidates.pop(request.request_id, None)
+        if not self.saves:
+            return False, None
+        if block_ids and isinstance(block_ids[0], (list, tuple)):
+            block_ids = block_ids[0]
+        computed = min(int(request.num_computed_tokens), len(block_ids) * self.block_size)
+        full = computed // self.chunk_tokens
+        first = cand.hits if cand is not None else 0
+        if full <= first:
+            return False, None
+        keys = self._keys(list(request.all_token_ids)[:full * self.chunk_tokens])
+        per = self.chunk_tokens // self.block_size
+        chunks = range(first, full)
+        self._saves.append(ChunkJob(request.request_id, [keys[c] for c in chunks],
+                                    [list(block_ids[c * per:(c + 1) * per]) for c in chunks]))
+        return True, None
+
+    # ==== worker side ==================================================================
+
+    def _init_worker(self) -> None:
+        tp_rank = 0
+        if self.tp_size > 1:
+            from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+            tp_rank = get_tensor_model_parallel_rank()
+        self.identity = engine.engine_identity(tp_rank=tp_rank, **self._identity_args)
+        self.mover: engine.KvMover | None = None
+        self._layer_index: dict = {}
+        self._pending_loads: list = []  # (ChunkJob, PendingLoad)
+        self._failed_blocks: set = set()
+        self._saver = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kvtier-save")
+        self._mu = threading.Lock()
+        self._saved: set = set()
+        self._finished: set = set()  # finished requests vLLM told get_finished about
+        self._saves_submitted = True  # the bound metadata's saves were handed to the saver
+        self.save_errors = 0
+        self.load_errors = 0
+        self.saves_skipped = 0  # chunks not stored: the save queue was full
+        self._pending_save_chunks = 0  # guarded by _mu
+        self._save_stream: torch.cuda.Stream | None = None  # CUDA: the saver's own stream
+
+    def register_kv_caches(self, kv_caches: dict) -> None:
+        names = list(kv_caches)
+        kv = engine.PagedKv([kv_caches[n] for n in names], self.settings.kv_cache_layout,
+                            head_dim=self.head_size)
+        if kv.block_size != self.block_size:
+            raise ValueError(f"kvtier: the KV cache's block size {kv.block_size} is not the "
+                             f"configured {self.block_size}")
+        self._layer_index = {n: i for i, n in enumerate(names)}
+        client = self.settings.connect()
+        self.mover = engine.KvMover(client, kv, self.identity, self.chunk_tokens)
+        if self.mover.on_gpu:
+            kv.gpu_cache()
+
+    def _mover(self) -> engine.KvMover:
+        if self.mover is None:
+            raise RuntimeError("kvtier: register_kv_caches was not called")
+        return self.mover
+
+    def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
+        meta = self._get_connector_metadata()
+        for job in meta.loads:
+            pending = self._mover().load(job.keys, job.block_ids, self.settings.layer_group)
+            self._pending_loads.append((job, pending))
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        layer = self._layer_index.get(layer_name)
+        if layer is None:
+            return
+        for _, pending in self._pending_loads:
+            pending.wait_layer(layer)
+
+    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any,
+                      **kwargs: Any) -> None:
+        """Nothing to do per layer: a request's chunks are saved from its blocks
+        when it finishes (request_finished), which vLLM keeps until then."""
+
+    def _finish_loads(self) -> None:
+        for job, pending in self._pending_loads:
+            result = pending.finish()
+            for i in result.failed:
+                self.load_errors += 1
+                logger.warning("kvtier: chunk %s of request %s not loaded (%s); recomputing",
+                               kvtier.key_hex(job.keys[i]), job.req_id, result.errors[i])
+                self._failed_blocks.update(job.block_ids[i])
+        self._pending_loads = []
+
+    def _save_job(self, job: ChunkJob, ready) -> None:
+        stream = self._save_stream
+        try:
+            if ready is not None and stream is not None:
+                # The blocks hold this step's KV once the compute stream passed `ready`;
+                # the encode runs on the saver's stream, beside the next forwards.
+                stream.wait_event(ready)
+            for key, ids in zip(job.keys, job.block_ids, strict=True):
+                self._mover().save(key, ids, stream=stream)
+        except (kvtier.KvtierError, ValueError) as e:
+            self.save_errors += 1
+            logger.warning("kvtier: saving request %s failed: %s", job.req_id, e)
+        finally:
+            with self._mu:
+                self._saved.add(job.req_id)
+                self._pending_save_chunks -= len(job.keys)
+
+    def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
+        super().bind_connector_metadata(connector_metadata)
+        self._saves_submitted = False
+
+    def wait_for_save(self) -> None:
+        self._finish_loads()
+        self._submit_saves()
+
+    def _submit_saves(self) -> None:
+        """Hands the bound metadata's saves to the saver thread, once."""
+        if self._saves_submitted or not self.has_connector_metadata():
+            return
+        self._saves_submitted = True
+        meta = self._get_connector_metadata()
+        ready = None
+        if meta.saves and self._mover().on_gpu:
+            device = self._mover().kv.device
+            if self._save_stream is None:
+                self._save_stream = torch.cuda.Stream(device=device)
+            ready = torch.cuda.Event()
+            ready.record(torch.cuda.current_stream(device))
+        limit = self.settings.max_pending_save_chunks
+        for job in meta.saves:
+            with self._mu:
+                skip = self._pending_save_chunks + len(job.keys) > limit
+                if skip:
+                    # Never queue without bound: this request is not stored (a later
+                    # miss) and get_finished hands its blocks back now.
+                    self.saves_skipped += len(job.keys)
+                    self._saved.add(job.req_id)
+                else:
+                    self._pending_save_chunks += len(job.keys)
+            if skip:
+                logger.debug("kvtier: save queue full; request %s not stored", job.req_id)
+                continue
+            self._saver.submit(self._save_job, job, ready)
+
+    def get_finished(self, finished_req_ids: set) -> tuple[set | None, set | None]:
+        # vLLM 0.26-0.30 call no wait_for_save on a step that runs no tokens, which is
+        # often the step that carries the last request's saves: start them here.
+        self._submit_saves()
+        # A save is reported once vLLM has named its request as finished.
+        with self._mu:
+            self._finished |= set(finished_req_ids)
+            done = self._saved & self._finished
+            self._saved -= done
+            self._finished -= done
+        return (done or None), None
+
+    def get_block_ids_with_load_errors(self) -> set:
+        self._finish_loads()
+        failed, self._failed_blocks = self._failed_blocks, set()
+        return failed
+
+    def shutdown(self) -> None:
+        if self._role == KVConnectorRole.SCHEDULER:
+            self.lookup.close()
+            return
+        self._saver.shutdown(wait=True)
+        if self.mover is not None:
+            self.mover.client.close()
+
+
+__all__ = ["KvtierConnector", "KvtierConnectorMetadata", "ChunkJob"]
