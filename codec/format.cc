@@ -263,7 +263,9 @@ std::string CodecName(const CodecFormat& c) {
 absl::StatusOr<double> BytesPerToken(const Geometry& geometry, SectionFormat k, SectionFormat v) {
   auto layout = ComputeLayout(geometry, k, v);
   if (!layout.ok()) return layout.status();
-  return static_cast<double>(layout->k.bytes + layout->v.bytes) / geometry.num_tokens;
+  // The records only: the record tables, like the header, are per chunk.
+  return static_cast<double>(layout->k.table_offset + layout->v.table_offset) /
+         geometry.num_tokens;
 }
 
 }  // namespace kvtier::codec

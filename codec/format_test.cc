@@ -15,17 +15,29 @@ TEST(ComputeLayout, Llama8BChunkOf256TokensK16V8HasExactSize) {
   Geometry g{32, 8, 128, 256, 16};
   auto layout = ComputeLayout(g, kNative16, kFp8BlockHead);
   ASSERT_TRUE(layout.ok()) << layout.status();
-  // K: 32 layers x 256 x 8 x 128 x 2 bytes.
-  EXPECT_EQ(layout->k.bytes, 16777216u);
+  // K: 32 layers x 256 x 8 x 128 x 2 bytes, then 32 record checksums.
+  EXPECT_EQ(layout->k.table_offset, 16777216u);
+  EXPECT_EQ(layout->k.table_bytes, 256u);
+  EXPECT_EQ(layout->k.bytes, 16777216u + 256u);
   EXPECT_EQ(layout->k.scale_count, 0u);
   // V: per layer 262144 data bytes + 16 blocks x 8 heads x 4 scale bytes.
   EXPECT_EQ(layout->v.data_bytes, 262144u);
   EXPECT_EQ(layout->v.scale_count, 128u);
   EXPECT_EQ(layout->v.scale_bytes, 512u);
-  EXPECT_EQ(layout->v.bytes, 32u * 262656u);
+  EXPECT_EQ(layout->v.bytes, 32u * 262656u + 256u);
   EXPECT_EQ(layout->k_offset, 128u);
-  EXPECT_EQ(layout->v_offset, 128u + 16777216u);
-  EXPECT_EQ(layout->total_bytes, 128u + 16777216u + 8404992u);
+  EXPECT_EQ(layout->v_offset, 128u + 16777472u);
+  EXPECT_EQ(layout->total_bytes, 128u + 16777472u + 8405248u);
+  // Version 1 has no tables.
+  auto v1 = ComputeLayout(g, kNative16, kFp8BlockHead, 1);
+  ASSERT_TRUE(v1.ok()) << v1.status();
+  EXPECT_EQ(v1->version, 1);
+  EXPECT_EQ(v1->k.bytes, 16777216u);
+  EXPECT_EQ(v1->total_bytes, 128u + 16777216u + 8404992u);
+  EXPECT_EQ(ComputeLayout(g, kNative16, kFp8BlockHead, 3).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ComputeLayout(g, kNative16, kFp8BlockHead, 0).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST(ComputeLayout, PadsEverySubArrayTo16Bytes) {

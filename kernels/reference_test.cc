@@ -129,9 +129,10 @@ TEST(LayerRecordBytes, CoverEachSectionsRecordsOfTheRange) {
   auto all = LayerRecordBytes(*layout, LayerRange{});
   ASSERT_EQ(all.size(), 2u);
   EXPECT_EQ(all[0].first, layout->k_offset);
-  EXPECT_EQ(all[0].second, layout->k_offset + layout->k.bytes);
+  // The records, not the record table after them.
+  EXPECT_EQ(all[0].second, layout->k_offset + layout->k.table_offset);
   EXPECT_EQ(all[1].first, layout->v_offset);
-  EXPECT_EQ(all[1].second, layout->v_offset + layout->v.bytes);
+  EXPECT_EQ(all[1].second, layout->v_offset + layout->v.table_offset);
   auto one = LayerRecordBytes(*layout, LayerRange{2, 3});
   EXPECT_EQ(one[0].second - one[0].first, layout->k.layer_stride);
   EXPECT_EQ(one[1].first, layout->v_offset + 2 * layout->v.layer_stride);
