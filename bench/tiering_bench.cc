@@ -214,16 +214,22 @@ double Timed(int threads, F fn) {
   return Now() - t0;
 }
 
+// The NVMe benchmarks' device settings (the tier's defaults) and chunk.
+constexpr uint32_t kNvmeQueueDepth = 32;
+constexpr uint64_t kNvmeRequestBytes = 1 << 20;
+std::vector<uint8_t> NvmeChunk() { return Chunk(8, 8, 128, 256, 7); }  // 6 MiB
+uint64_t Blocks(uint64_t bytes) { return (bytes + 4095) / 4096 * 4096; }
+
 std::string Nvme(const std::string& base) {
   std::string dir = base + "/kvtier-bench-nvme";
   std::string raw_dir = base + "/kvtier-bench-raw";
   std::filesystem::remove_all(dir);
   std::filesystem::remove_all(raw_dir);
   std::filesystem::create_directories(raw_dir);
-  const uint32_t qd = 32;
-  const uint64_t io = 1 << 20;
-  auto chunk = Chunk(8, 8, 128, 256, 7);  // 6 MiB
-  const uint64_t alloc = (chunk.size() + 4095) / 4096 * 4096;
+  const uint32_t qd = kNvmeQueueDepth;
+  const uint64_t io = kNvmeRequestBytes;
+  const std::vector<uint8_t> chunk = NvmeChunk();
+  const uint64_t alloc = Blocks(chunk.size());
   const uint64_t n = 16;    // chunks per measurement
   const int writers = 4;    // concurrent putters in the "concurrent" runs
   const int reps = 9;
@@ -388,20 +394,18 @@ std::string Nvme(const std::string& base) {
 std::string NvmeBatch(const std::string& base) {
   const std::string dir = base + "/kvtier-bench-nvme-batch";
   std::filesystem::remove_all(dir);
-  const uint32_t qd = 32;
-  const uint64_t io = 1 << 20;
-  auto chunk = Chunk(8, 8, 128, 256, 7);  // 6 MiB
-  const uint64_t alloc = (chunk.size() + 4095) / 4096 * 4096;
+  const std::vector<uint8_t> chunk = NvmeChunk();
   const int n = 16;  // chunks per batch
   const int reps = 9;
+  const uint64_t alloc = Blocks(chunk.size());
   EngineTiers tiers;
   // Scratch slots, the raw reads' slots and the promoted copies.
   tiers.dram = DramTier::Open({.capacity_bytes = 4 * n * alloc}).value();
   while (tiers.dram->ready_bytes() < tiers.dram->capacity_bytes()) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  tiers.nvme = NvmeTier::Open({.dir = dir, .capacity_bytes = (n + 2) * alloc, .max_io_bytes = io,
-                               .queue_depth = qd}).value();
+  tiers.nvme = NvmeTier::Open({.dir = dir, .capacity_bytes = (n + 2) * alloc, .max_io_bytes = kNvmeRequestBytes,
+                               .queue_depth = kNvmeQueueDepth}).value();
   auto e = PlacementEngine::Create({.maintenance_interval_ms = 0}, std::move(tiers)).value();
   std::vector<Hash128> keys;
   for (int i = 0; i < n; ++i) keys.push_back(Key(i));
@@ -411,7 +415,7 @@ std::string NvmeBatch(const std::string& base) {
       if (!e->Put(k, chunk, {.tier = TierKind::kNvme}).ok()) std::abort();
     }
   };
-  auto env = NewUringIoEnv({.queue_depth = qd});
+  auto env = NewUringIoEnv({.queue_depth = kNvmeQueueDepth});
   auto same_file = env->OpenDevice(dir + "/data.kvt", e->nvme()->capacity_bytes()).value();
   std::vector<Slot> raw_slots;
   for (int i = 0; i < n; ++i) raw_slots.push_back(e->AllocateSlot(alloc, 600000).value());
@@ -420,7 +424,7 @@ std::string NvmeBatch(const std::string& base) {
     for (int i = 0; i < n; ++i) {
       const uint64_t off = e->nvme()->OffsetOf({keys[i], Part::kWhole}).value();
       bench::AppendRawRequests(IoRequest::Op::kRead, e->dram()->base() + raw_slots[i].extent.offset,
-                               off, alloc, io, &rq);
+                               off, alloc, kNvmeRequestBytes, &rq);
     }
     double t0 = Now();
     if (!same_file->Submit(rq).ok()) std::abort();
@@ -483,7 +487,7 @@ std::string NvmeBatch(const std::string& base) {
   const double gb = double(n) * chunk.size() * reps / 1e9;
   std::ostringstream js;
   js << "{\"chunk_bytes\": " << chunk.size() << ", \"chunks_per_batch\": " << n
-     << ", \"reps\": " << reps << ", \"queue_depth\": " << qd << ", \"request_bytes\": " << io
+     << ", \"reps\": " << reps << ", \"queue_depth\": " << kNvmeQueueDepth << ", \"request_bytes\": " << kNvmeRequestBytes
      << ",\n    \"batch_get_gbps\": " << gb / plain.eng_s
      << ", \"raw_read_into_pool_gbps\": " << gb / plain.raw_s
      << ", \"batch_get_ratio\": " << median(plain.ratios)

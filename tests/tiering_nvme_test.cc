@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <numeric>
 #include <random>
 #include <thread>
@@ -724,38 +725,43 @@ TEST(NvmeTier, ReadVerifiesWhateverOrderTheRequestsCompleteIn) {
 // --- Batched reads (ReadBatch): one submission for every chunk, each
 // chunk's status its own.
 
-// Counts the requests of each SubmitWithCompletions call.
-class CountingIoEnv : public IoEnv {
+// Forwards to `base`; each SubmitWithCompletions of reads goes through
+// `on_reads`, which may count, fail or forward it.
+class ReadHookIoEnv : public IoEnv {
  public:
-  explicit CountingIoEnv(IoEnv* base) : base_(base) {}
+  using Hook = std::function<absl::Status(BlockDevice& base, std::span<const IoRequest> reqs,
+                                          BlockDevice::CompletionFn on_complete)>;
+  ReadHookIoEnv(IoEnv* base, Hook on_reads) : base_(base), on_reads_(std::move(on_reads)) {}
   absl::StatusOr<std::unique_ptr<BlockDevice>> OpenDevice(const std::string& path,
                                                           uint64_t size) override {
     auto d = base_->OpenDevice(path, size);
     if (!d.ok()) return d.status();
-    return std::unique_ptr<BlockDevice>(new Device(std::move(*d), this));
+    return std::unique_ptr<BlockDevice>(new Device(std::move(*d), &on_reads_));
   }
   absl::Status RemoveFile(const std::string& path) override { return base_->RemoveFile(path); }
-  std::vector<size_t> read_submissions;  // requests per submission of reads
 
  private:
   class Device : public BlockDevice {
    public:
-    Device(std::unique_ptr<BlockDevice> base, CountingIoEnv* env) : base_(std::move(base)), env_(env) {}
+    Device(std::unique_ptr<BlockDevice> base, Hook* hook) : base_(std::move(base)), hook_(hook) {}
     uint64_t block_size() const override { return base_->block_size(); }
     uint64_t size() const override { return base_->size(); }
     absl::Status Submit(std::span<const IoRequest> reqs) override { return base_->Submit(reqs); }
     absl::Status SubmitWithCompletions(std::span<const IoRequest> reqs,
                                        CompletionFn on_complete) override {
-      if (!reqs.empty() && reqs[0].op == IoRequest::Op::kRead) env_->read_submissions.push_back(reqs.size());
-      return base_->SubmitWithCompletions(reqs, on_complete);
+      if (reqs.empty() || reqs[0].op != IoRequest::Op::kRead) {
+        return base_->SubmitWithCompletions(reqs, on_complete);
+      }
+      return (*hook_)(*base_, reqs, on_complete);
     }
     absl::Status Sync() override { return base_->Sync(); }
 
    private:
     std::unique_ptr<BlockDevice> base_;
-    CountingIoEnv* env_;
+    Hook* hook_;
   };
   IoEnv* const base_;
+  Hook on_reads_;
 };
 
 // Buffers for a batch of Obj(0..n-1), chunks of `tokens` tokens.
@@ -775,15 +781,20 @@ struct Batch {
 TEST(NvmeTier, ReadBatchSubmitsTheRequestsOfEveryChunkAtOnce) {
   TempDir dir;
   MemIoEnv mem;
-  CountingIoEnv counting(&mem);
+  std::vector<size_t> submissions;  // requests per submission of reads
+  ReadHookIoEnv counting(&mem, [&](BlockDevice& base, std::span<const IoRequest> reqs,
+                                   BlockDevice::CompletionFn on_complete) {
+    submissions.push_back(reqs.size());
+    return base.SubmitWithCompletions(reqs, on_complete);
+  });
   auto t = OpenOrDie({.dir = dir.path(), .capacity_bytes = 4 << 20, .max_io_bytes = 8192, .env = &counting});
   for (int i = 0; i < 8; ++i) ASSERT_TRUE(t->Put(Obj(i), MakeChunk(i, 64)).ok());
   Batch b(8, 64);
   const uint64_t per_chunk = (b.bufs[0].size() + 8191) / 8192;
-  counting.read_submissions.clear();
+  submissions.clear();
   for (const absl::Status& st : t->ReadBatch(b.ids, b.outs)) EXPECT_TRUE(st.ok()) << st;
-  ASSERT_EQ(counting.read_submissions.size(), 1u);
-  EXPECT_GE(counting.read_submissions[0], 8 * per_chunk);  // 8 chunks' requests, 32 in flight
+  ASSERT_EQ(submissions.size(), 1u);
+  EXPECT_GE(submissions[0], 8 * per_chunk);  // 8 chunks' requests, 32 in flight
   for (int i = 0; i < 8; ++i) EXPECT_EQ(b.bufs[i], MakeChunk(i, 64)) << i;
 }
 
@@ -834,61 +845,30 @@ TEST(NvmeTier, ReadBatchOfATruncatedDataFileFailsOnlyTheCutChunk) {
   }
 }
 
-// Fails the first submission of reads half way (its first half of the
-// requests reported complete), as a device error in the middle of a batch
-// would; later submissions go through.
-class FailFirstReadSubmissionIoEnv : public IoEnv {
- public:
-  explicit FailFirstReadSubmissionIoEnv(IoEnv* base) : base_(base) {}
-  absl::StatusOr<std::unique_ptr<BlockDevice>> OpenDevice(const std::string& path,
-                                                          uint64_t size) override {
-    auto d = base_->OpenDevice(path, size);
-    if (!d.ok()) return d.status();
-    return std::unique_ptr<BlockDevice>(new Device(std::move(*d), this));
-  }
-  absl::Status RemoveFile(const std::string& path) override { return base_->RemoveFile(path); }
-  bool armed = false;
-  int failed = 0;
-
- private:
-  class Device : public BlockDevice {
-   public:
-    Device(std::unique_ptr<BlockDevice> base, FailFirstReadSubmissionIoEnv* env)
-        : base_(std::move(base)), env_(env) {}
-    uint64_t block_size() const override { return base_->block_size(); }
-    uint64_t size() const override { return base_->size(); }
-    absl::Status Submit(std::span<const IoRequest> reqs) override { return base_->Submit(reqs); }
-    absl::Status SubmitWithCompletions(std::span<const IoRequest> reqs,
-                                       CompletionFn on_complete) override {
-      if (!env_->armed || reqs.empty() || reqs[0].op != IoRequest::Op::kRead) {
-        return base_->SubmitWithCompletions(reqs, on_complete);
-      }
-      env_->armed = false;
-      ++env_->failed;
-      const auto half = reqs.first(reqs.size() / 2);
-      KVTIER_RETURN_IF_ERROR(base_->Submit(half));
-      for (size_t i = 0; i < half.size(); ++i) on_complete(i);
-      return absl::InternalError("injected: media error half way through the batch");
-    }
-    absl::Status Sync() override { return base_->Sync(); }
-
-   private:
-    std::unique_ptr<BlockDevice> base_;
-    FailFirstReadSubmissionIoEnv* env_;
-  };
-  IoEnv* const base_;
-};
-
 TEST(NvmeTier, ReadBatchWhoseSubmissionFailsReadsTheUnfinishedChunksAgainAlone) {
   TempDir dir;
   MemIoEnv mem;
-  FailFirstReadSubmissionIoEnv failing(&mem);
+  // The first submission of reads fails half way (its first half reported
+  // complete), as a media error in the middle of a batch would; later ones
+  // go through.
+  bool armed = false;
+  int failed = 0;
+  ReadHookIoEnv failing(&mem, [&](BlockDevice& base, std::span<const IoRequest> reqs,
+                                  BlockDevice::CompletionFn on_complete) -> absl::Status {
+    if (!armed) return base.SubmitWithCompletions(reqs, on_complete);
+    armed = false;
+    ++failed;
+    const auto half = reqs.first(reqs.size() / 2);
+    KVTIER_RETURN_IF_ERROR(base.Submit(half));
+    for (size_t i = 0; i < half.size(); ++i) on_complete(i);
+    return absl::InternalError("injected: media error half way through the batch");
+  });
   auto t = OpenOrDie({.dir = dir.path(), .capacity_bytes = 4 << 20, .max_io_bytes = 4096, .env = &failing});
   for (int i = 0; i < 4; ++i) ASSERT_TRUE(t->Put(Obj(i), MakeChunk(i, 64)).ok());
   Batch b(4, 64);
-  failing.armed = true;
+  armed = true;
   auto st = t->ReadBatch(b.ids, b.outs);
-  EXPECT_EQ(failing.failed, 1);
+  EXPECT_EQ(failed, 1);
   for (int i = 0; i < 4; ++i) {
     EXPECT_TRUE(st[i].ok()) << i << ": " << st[i];
     EXPECT_EQ(b.bufs[i], MakeChunk(i, 64)) << i;
