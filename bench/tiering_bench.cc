@@ -12,12 +12,20 @@
 //         of the tier's data file the gets read. Both sides read one chunk per
 //         Submit, so at most ceil(chunk / request) requests are in flight on
 //         either (queue_depth is the ring's limit, not reached by 6 MiB)
+//   nvme-batch  engine GetSharedBatch of 16 chunks (6 MiB) stored on NVMe
+//         only (every chunk's requests in one submission, read into DRAM-pool
+//         scratch slots and verified as they arrive) vs raw io_uring O_DIRECT
+//         reads of the very extents (a second handle on the tier's data
+//         file) into pool pages, 1 MiB requests, queue depth 32, one
+//         submission; which goes first alternates. Without promotion, and
+//         with it (the scratch slots become the DRAM copies; each rep
+//         stores the chunks on NVMe only again, untimed)
 //   trace hit ratio of LRU (baseline), S3-FIFO (the engine's default), ARC
 //         and FLRU on a multi-turn chat / shared-document trace with DRAM = 10%
 //         and NVMe = 50% of the working set, plus four more trace seeds
 //   holds a shared get and release with 10k / 100k idle leases of another
 //         holder open vs the same with the lease table empty
-// Usage: tiering_bench [--dir DIR] [--json FILE] [--only dram|nvme|trace|holds]
+// Usage: tiering_bench [--dir DIR] [--json FILE] [--only dram|nvme|nvme-batch|trace|holds]
 //   experiment knobs (defaults = the engine's): --s3fifo-small F
 //   --admission-history N --admit-after N --dram-fraction F --nvme-fraction F
 //   --trace-seed S. Prints JSON.
@@ -206,16 +214,22 @@ double Timed(int threads, F fn) {
   return Now() - t0;
 }
 
+// The NVMe benchmarks' device settings (the tier's defaults) and chunk.
+constexpr uint32_t kNvmeQueueDepth = 32;
+constexpr uint64_t kNvmeRequestBytes = 1 << 20;
+std::vector<uint8_t> NvmeChunk() { return Chunk(8, 8, 128, 256, 7); }  // 6 MiB
+uint64_t Blocks(uint64_t bytes) { return (bytes + 4095) / 4096 * 4096; }
+
 std::string Nvme(const std::string& base) {
   std::string dir = base + "/kvtier-bench-nvme";
   std::string raw_dir = base + "/kvtier-bench-raw";
   std::filesystem::remove_all(dir);
   std::filesystem::remove_all(raw_dir);
   std::filesystem::create_directories(raw_dir);
-  const uint32_t qd = 32;
-  const uint64_t io = 1 << 20;
-  auto chunk = Chunk(8, 8, 128, 256, 7);  // 6 MiB
-  const uint64_t alloc = (chunk.size() + 4095) / 4096 * 4096;
+  const uint32_t qd = kNvmeQueueDepth;
+  const uint64_t io = kNvmeRequestBytes;
+  const std::vector<uint8_t> chunk = NvmeChunk();
+  const uint64_t alloc = Blocks(chunk.size());
   const uint64_t n = 16;    // chunks per measurement
   const int writers = 4;    // concurrent putters in the "concurrent" runs
   const int reps = 9;
@@ -377,6 +391,115 @@ std::string Nvme(const std::string& base) {
   return js.str();
 }
 
+std::string NvmeBatch(const std::string& base) {
+  const std::string dir = base + "/kvtier-bench-nvme-batch";
+  std::filesystem::remove_all(dir);
+  const std::vector<uint8_t> chunk = NvmeChunk();
+  const int n = 16;  // chunks per batch
+  const int reps = 9;
+  const uint64_t alloc = Blocks(chunk.size());
+  EngineTiers tiers;
+  // Scratch slots, the raw reads' slots and the promoted copies.
+  tiers.dram = DramTier::Open({.capacity_bytes = 4 * n * alloc}).value();
+  while (tiers.dram->ready_bytes() < tiers.dram->capacity_bytes()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  tiers.nvme = NvmeTier::Open({.dir = dir, .capacity_bytes = (n + 2) * alloc, .max_io_bytes = kNvmeRequestBytes,
+                               .queue_depth = kNvmeQueueDepth}).value();
+  auto e = PlacementEngine::Create({.maintenance_interval_ms = 0}, std::move(tiers)).value();
+  std::vector<Hash128> keys;
+  for (int i = 0; i < n; ++i) keys.push_back(Key(i));
+  auto to_nvme = [&] {
+    for (const Hash128& k : keys) {
+      (void)e->Delete(k);
+      if (!e->Put(k, chunk, {.tier = TierKind::kNvme}).ok()) std::abort();
+    }
+  };
+  auto env = NewUringIoEnv({.queue_depth = kNvmeQueueDepth});
+  auto same_file = env->OpenDevice(dir + "/data.kvt", e->nvme()->capacity_bytes()).value();
+  std::vector<Slot> raw_slots;
+  for (int i = 0; i < n; ++i) raw_slots.push_back(e->AllocateSlot(alloc, 600000).value());
+  auto raw_get = [&] {
+    std::vector<IoRequest> rq;
+    for (int i = 0; i < n; ++i) {
+      const uint64_t off = e->nvme()->OffsetOf({keys[i], Part::kWhole}).value();
+      bench::AppendRawRequests(IoRequest::Op::kRead, e->dram()->base() + raw_slots[i].extent.offset,
+                               off, alloc, kNvmeRequestBytes, &rq);
+    }
+    double t0 = Now();
+    if (!same_file->Submit(rq).ok()) std::abort();
+    return Now() - t0;
+  };
+  auto engine_get = [&](bool promote) {
+    double t0 = Now();
+    auto got = e->GetSharedBatch(keys, 0, {.promote = promote});
+    const double t = Now() - t0;
+    for (const auto& r : got) {
+      if (!r.ok() || r->tier != TierKind::kNvme || !r->verified) std::abort();
+      if (!e->AbortSlot(r->slot_id).ok()) std::abort();
+    }
+    return t;
+  };
+  struct Series {
+    double eng_s = 0, raw_s = 0;
+    std::vector<double> ratios;
+  } plain, promoted;
+  to_nvme();
+  (void)engine_get(false);  // warm-up: the first touch of the scratch slots' pages
+  for (int r = 0; r < reps; ++r) {
+    for (Series* se : {&plain, &promoted}) {
+      const bool promote = se == &promoted;
+      if (promote || r > 0) to_nvme();  // a promoted rep left them in DRAM
+      if (!e->nvme()->Flush().ok()) std::abort();
+      double eng, raw;
+      if (r % 2 == 0) {
+        raw = raw_get();
+        eng = engine_get(promote);
+      } else {
+        eng = engine_get(promote);
+        raw = raw_get();
+      }
+      se->eng_s += eng;
+      se->raw_s += raw;
+      se->ratios.push_back(raw / eng);
+      // The promotions (on the engine's background thread) end before the
+      // next measurement.
+      const uint64_t want = uint64_t(r + 1) * n;
+      for (int w = 0; promote && w < 5000 && e->metric(EngineMetric::kPromotions) < want; ++w) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+    }
+  }
+  const uint64_t promotions = e->metric(EngineMetric::kPromotions);
+  for (const Slot& sl : raw_slots) (void)e->AbortSlot(sl.id);
+  same_file.reset();
+  e.reset();
+  std::filesystem::remove_all(dir);
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  auto list = [](const std::vector<double>& v) {
+    std::ostringstream o;
+    for (size_t i = 0; i < v.size(); ++i) o << (i ? ", " : "") << v[i];
+    return o.str();
+  };
+  const double gb = double(n) * chunk.size() * reps / 1e9;
+  std::ostringstream js;
+  js << "{\"chunk_bytes\": " << chunk.size() << ", \"chunks_per_batch\": " << n
+     << ", \"reps\": " << reps << ", \"queue_depth\": " << kNvmeQueueDepth << ", \"request_bytes\": " << kNvmeRequestBytes
+     << ",\n    \"batch_get_gbps\": " << gb / plain.eng_s
+     << ", \"raw_read_into_pool_gbps\": " << gb / plain.raw_s
+     << ", \"batch_get_ratio\": " << median(plain.ratios)
+     << ", \"batch_get_ratios\": [" << list(plain.ratios) << "]"
+     << ",\n    \"batch_get_promote_gbps\": " << gb / promoted.eng_s
+     << ", \"raw_read_into_pool_gbps_2\": " << gb / promoted.raw_s
+     << ", \"batch_get_promote_ratio\": " << median(promoted.ratios)
+     << ", \"batch_get_promote_ratios\": [" << list(promoted.ratios) << "]"
+     << ", \"promotions\": " << promotions << "}";
+  return js.str();
+}
+
 // Multi-turn chat over shared documents: each conversation picks a document
 // by Zipf(1.0) over 200 documents; each turn reads the document's chunks and
 // the conversation's history, then appends 1-2 chunks to the history.
@@ -505,7 +628,7 @@ int main(int argc, char** argv) {
     std::string a = argv[i], v = argv[i + 1];
     if (a == "--dir") dir = v;
     if (a == "--json") json = v;
-    if (a == "--only") only = v;  // dram, nvme, trace or holds
+    if (a == "--only") only = v;  // dram, nvme, nvme-batch, trace or holds
     if (a == "--s3fifo-small") g_knobs.engine.eviction_options.s3fifo_small_fraction = std::stod(v);
     if (a == "--admission-history") g_knobs.engine.admission_history = std::stoul(v);
     if (a == "--trace-seed") g_knobs.trace_seed = std::stoull(v);
@@ -520,6 +643,9 @@ int main(int argc, char** argv) {
       << sysconf(_SC_NPROCESSORS_ONLN);
   if (only.empty() || only == "dram") out << ",\n  \"dram\": " << kvtier::tiering::Dram();
   if (only.empty() || only == "nvme") out << ",\n  \"nvme\": " << kvtier::tiering::Nvme(dir);
+  if (only.empty() || only == "nvme-batch") {
+    out << ",\n  \"nvme_batch\": " << kvtier::tiering::NvmeBatch(dir);
+  }
   if (only.empty() || only == "trace") out << ",\n  \"trace\": " << kvtier::tiering::Trace();
   if (only.empty() || only == "holds") out << ",\n  \"holds\": " << kvtier::tiering::Holds();
   out << "\n}\n";

@@ -202,6 +202,10 @@ absl::Status Daemon::JoinCluster(tiering::EngineTiers& tiers) {
   to.node_id = o.node_id.empty() ? o.advertise : o.node_id;
   KVTIER_ASSIGN_OR_RETURN(transport_, cluster::UcxTransport::Create(to, peer_service_.get()));
   if (tiers.dram != nullptr) {
+    // The whole pool at once, before the daemon is ready, not per piece
+    // behind it as CUDA's registration is: the transport looks a transfer's
+    // memory handle up in one region, and its UCX context is not shared
+    // between threads, so the pool's populating threads may not call it.
     KVTIER_RETURN_IF_ERROR(transport_->RegisterMemory(tiers.dram->base(), tiers.dram->shm_size()));
   }
   KVTIER_ASSIGN_OR_RETURN(auto endpoints, cluster::ParseEtcdEndpoints(o.etcd));
@@ -334,12 +338,28 @@ absl::Status Daemon::OpenTiers(tiering::EngineTiers& tiers) {
     tiering::DramTierOptions o;
     o.capacity_bytes = std::max<uint64_t>(RoundDown(want, kUnit), kUnit);
     o.populate = options.dram_populate;
+    // Pieces of 1 GiB in pools of 16 GiB and more: fewer registrations.
+    if (o.capacity_bytes >= (uint64_t{16} << 30)) o.populate_piece_bytes = uint64_t{1} << 30;
 #ifdef KVTIER_HAVE_CUDA
     if (options.hbm_gib > 0 && tiering::NewCudaDeviceAllocator(0).ok()) {
       o.register_memory = tiering::CudaHostRegister;
     }
 #endif
+    // The daemon serves while the pool is populated (and registered) in
+    // pieces behind it; the tier hands out only the pieces that are ready.
+    o.on_populated = [](const tiering::DramPopulateReport& r) {
+      if (r.status.ok()) {
+        spdlog::info("DRAM pool populated: {:.2f} GiB in {:.2f} s", r.pool_bytes / kGiB, r.seconds);
+      } else {
+        spdlog::error("DRAM pool population stopped after {:.2f} s with {:.2f} of {:.2f} GiB usable: {}",
+                      r.seconds, r.ready_bytes / kGiB, r.pool_bytes / kGiB, r.status.ToString());
+      }
+    };
     KVTIER_ASSIGN_OR_RETURN(tiers.dram, tiering::DramTier::Open(o));
+    if (tiers.dram->ready_bytes() < tiers.dram->capacity_bytes()) {
+      spdlog::info("DRAM pool: {:.2f} of {:.2f} GiB usable, the rest populated in the background",
+                   tiers.dram->ready_bytes() / kGiB, tiers.dram->capacity_bytes() / kGiB);
+    }
   }
   if (options.nvme_gib > 0) {
     std::string dir = options.data_dir + "/nvme";

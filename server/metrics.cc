@@ -107,8 +107,11 @@ std::string ServerMetrics::RenderPrometheus(const ServiceStats& stats) const {
       {"kvtier_tier_used_bytes", "Bytes allocated in the tier."},
       {"kvtier_tier_chunks", "Objects stored in the tier."},
       {"kvtier_tier_read_bytes_per_second", "Measured read bandwidth of the tier."},
-      {"kvtier_tier_write_bytes_per_second", "Measured write bandwidth of the tier."}};
-  for (int g = 0; g < 5; ++g) {
+      {"kvtier_tier_write_bytes_per_second", "Measured write bandwidth of the tier."},
+      {"kvtier_tier_ready_bytes",
+       "Capacity of the tier that can be allocated now; below the capacity while the DRAM pool "
+       "is populated behind startup."}};
+  for (int g = 0; g < 6; ++g) {
     absl::StrAppend(&out, "# HELP ", kTierGauges[g].name, " ", kTierGauges[g].help, "\n# TYPE ",
                     kTierGauges[g].name, " gauge\n");
     for (const tiering::TierUsage& u : stats.tiers) {
@@ -116,7 +119,8 @@ std::string ServerMetrics::RenderPrometheus(const ServiceStats& stats) const {
                  : g == 1 ? static_cast<double>(u.used_bytes)
                  : g == 2 ? static_cast<double>(u.objects)
                  : g == 3 ? u.bandwidth.read_bytes_per_s
-                          : u.bandwidth.write_bytes_per_s;
+                 : g == 4 ? u.bandwidth.write_bytes_per_s
+                          : static_cast<double>(u.ready_bytes);
       absl::StrAppend(&out, kTierGauges[g].name, "{tier=\"", tiering::TierName(u.kind), "\"} ",
                       Num(v), "\n");
     }

@@ -55,6 +55,12 @@ if(KVTIER_HAVE_CUDA)
     LABELS gpu
     TIMEOUT 120)
 endif()
+# kvtierd ready while its DRAM pool is populated behind it; SIGTERM then.
+kvtier_add_test(server_startup_test
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/server_startup_test.cc
+  DEPS GTest::gtest
+  TIMEOUT 180)
+kvtier_test_spawns_kvtierd(server_startup_test)
 # The /metrics endpoint over loopback: answers, limits, slow and stalled
 # clients, prompt shutdown.
 kvtier_add_test(server_http_metrics_test

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <numeric>
 #include <random>
 #include <thread>
@@ -18,6 +19,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "codec/chunk.h"
+#include "common/status.h"
 #include "tiering/nvme_tier.h"
 #include "tiering/odirect_test_util.h"
 #include "tiering/test_util.h"
@@ -717,6 +719,160 @@ TEST(NvmeTier, ReadVerifiesWhateverOrderTheRequestsCompleteIn) {
     ASSERT_TRUE(mem.CorruptByte(t->data_path(), t->OffsetOf(Obj(2)).value() + 5000, 0).ok());
     EXPECT_EQ(ReadAll(*t, Obj(2)).status().code(), absl::StatusCode::kDataLoss);
     EXPECT_EQ(t->Size(Obj(2)).status().code(), absl::StatusCode::kNotFound);
+  }
+}
+
+// --- Batched reads (ReadBatch): one submission for every chunk, each
+// chunk's status its own.
+
+// Forwards to `base`; each SubmitWithCompletions of reads goes through
+// `on_reads`, which may count, fail or forward it.
+class ReadHookIoEnv : public IoEnv {
+ public:
+  using Hook = std::function<absl::Status(BlockDevice& base, std::span<const IoRequest> reqs,
+                                          BlockDevice::CompletionFn on_complete)>;
+  ReadHookIoEnv(IoEnv* base, Hook on_reads) : base_(base), on_reads_(std::move(on_reads)) {}
+  absl::StatusOr<std::unique_ptr<BlockDevice>> OpenDevice(const std::string& path,
+                                                          uint64_t size) override {
+    auto d = base_->OpenDevice(path, size);
+    if (!d.ok()) return d.status();
+    return std::unique_ptr<BlockDevice>(new Device(std::move(*d), &on_reads_));
+  }
+  absl::Status RemoveFile(const std::string& path) override { return base_->RemoveFile(path); }
+
+ private:
+  class Device : public BlockDevice {
+   public:
+    Device(std::unique_ptr<BlockDevice> base, Hook* hook) : base_(std::move(base)), hook_(hook) {}
+    uint64_t block_size() const override { return base_->block_size(); }
+    uint64_t size() const override { return base_->size(); }
+    absl::Status Submit(std::span<const IoRequest> reqs) override { return base_->Submit(reqs); }
+    absl::Status SubmitWithCompletions(std::span<const IoRequest> reqs,
+                                       CompletionFn on_complete) override {
+      if (reqs.empty() || reqs[0].op != IoRequest::Op::kRead) {
+        return base_->SubmitWithCompletions(reqs, on_complete);
+      }
+      return (*hook_)(*base_, reqs, on_complete);
+    }
+    absl::Status Sync() override { return base_->Sync(); }
+
+   private:
+    std::unique_ptr<BlockDevice> base_;
+    Hook* hook_;
+  };
+  IoEnv* const base_;
+  Hook on_reads_;
+};
+
+// Buffers for a batch of Obj(0..n-1), chunks of `tokens` tokens.
+struct Batch {
+  std::vector<ObjectKey> ids;
+  std::vector<std::vector<uint8_t>> bufs;
+  std::vector<std::span<uint8_t>> outs;
+  Batch(int n, uint32_t tokens) {
+    for (int i = 0; i < n; ++i) {
+      ids.push_back(Obj(i));
+      bufs.emplace_back(MakeChunk(i, tokens).size(), 0);
+    }
+    for (auto& b : bufs) outs.emplace_back(b);
+  }
+};
+
+TEST(NvmeTier, ReadBatchSubmitsTheRequestsOfEveryChunkAtOnce) {
+  TempDir dir;
+  MemIoEnv mem;
+  std::vector<size_t> submissions;  // requests per submission of reads
+  ReadHookIoEnv counting(&mem, [&](BlockDevice& base, std::span<const IoRequest> reqs,
+                                   BlockDevice::CompletionFn on_complete) {
+    submissions.push_back(reqs.size());
+    return base.SubmitWithCompletions(reqs, on_complete);
+  });
+  auto t = OpenOrDie({.dir = dir.path(), .capacity_bytes = 4 << 20, .max_io_bytes = 8192, .env = &counting});
+  for (int i = 0; i < 8; ++i) ASSERT_TRUE(t->Put(Obj(i), MakeChunk(i, 64)).ok());
+  Batch b(8, 64);
+  const uint64_t per_chunk = (b.bufs[0].size() + 8191) / 8192;
+  submissions.clear();
+  for (const absl::Status& st : t->ReadBatch(b.ids, b.outs)) EXPECT_TRUE(st.ok()) << st;
+  ASSERT_EQ(submissions.size(), 1u);
+  EXPECT_GE(submissions[0], 8 * per_chunk);  // 8 chunks' requests, 32 in flight
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(b.bufs[i], MakeChunk(i, 64)) << i;
+}
+
+TEST(NvmeTier, ReadBatchReportsACorruptByteAsDataLossOfItsChunkOnly) {
+  TempDir dir;
+  MemIoEnv mem;
+  auto t = OpenOrDie({.dir = dir.path(), .capacity_bytes = 4 << 20, .max_io_bytes = 8192, .env = &mem});
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(t->Put(Obj(i), MakeChunk(i, 64)).ok());
+  ASSERT_TRUE(mem.CorruptByte(t->data_path(), t->OffsetOf(Obj(2)).value() + 9000, 3).ok());
+  Batch b(4, 64);
+  auto st = t->ReadBatch(b.ids, b.outs);
+  for (int i : {0, 1, 3}) {
+    EXPECT_TRUE(st[i].ok()) << i << ": " << st[i];
+    EXPECT_EQ(b.bufs[i], MakeChunk(i, 64)) << i;
+  }
+  EXPECT_EQ(st[2].code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(t->Size(Obj(2)).status().code(), absl::StatusCode::kNotFound);  // dropped
+}
+
+// The data file cut short behind the tier's back (io_uring on O_DIRECT):
+// at the start of the last chunk (its reads find the end of the file), or
+// inside it, off a block boundary (a short read, then the end of the file).
+// Only that chunk fails, as DataLoss; the batch's other chunks are served.
+TEST(NvmeTier, ReadBatchOfATruncatedDataFileFailsOnlyTheCutChunk) {
+  for (uint64_t cut_into : {uint64_t{0}, uint64_t{4096 + 100}}) {
+    SCOPED_TRACE(cut_into);
+    TempDir dir;
+    auto t = OpenOrDie({.dir = dir.path(), .capacity_bytes = 4 << 20, .max_io_bytes = 8192});
+    KVTIER_SKIP_WITHOUT_ODIRECT(t != nullptr);
+    for (int i = 0; i < 4; ++i) ASSERT_TRUE(t->Put(Obj(i), MakeChunk(i, 64)).ok());
+    int last = 0;
+    for (int i = 1; i < 4; ++i) {
+      if (t->OffsetOf(Obj(i)).value() > t->OffsetOf(Obj(last)).value()) last = i;
+    }
+    ASSERT_EQ(::truncate(t->data_path().c_str(),
+                         static_cast<off_t>(t->OffsetOf(Obj(last)).value() + cut_into)),
+              0);
+    Batch b(4, 64);
+    auto st = t->ReadBatch(b.ids, b.outs);
+    for (int i = 0; i < 4; ++i) {
+      if (i == last) {
+        EXPECT_EQ(st[i].code(), absl::StatusCode::kDataLoss) << st[i];
+      } else {
+        EXPECT_TRUE(st[i].ok()) << i << ": " << st[i];
+        EXPECT_EQ(b.bufs[i], MakeChunk(i, 64)) << i;
+      }
+    }
+  }
+}
+
+TEST(NvmeTier, ReadBatchWhoseSubmissionFailsReadsTheUnfinishedChunksAgainAlone) {
+  TempDir dir;
+  MemIoEnv mem;
+  // The first submission of reads fails half way (its first half reported
+  // complete), as a media error in the middle of a batch would; later ones
+  // go through.
+  bool armed = false;
+  int failed = 0;
+  ReadHookIoEnv failing(&mem, [&](BlockDevice& base, std::span<const IoRequest> reqs,
+                                  BlockDevice::CompletionFn on_complete) -> absl::Status {
+    if (!armed) return base.SubmitWithCompletions(reqs, on_complete);
+    armed = false;
+    ++failed;
+    const auto half = reqs.first(reqs.size() / 2);
+    KVTIER_RETURN_IF_ERROR(base.Submit(half));
+    for (size_t i = 0; i < half.size(); ++i) on_complete(i);
+    return absl::InternalError("injected: media error half way through the batch");
+  });
+  auto t = OpenOrDie({.dir = dir.path(), .capacity_bytes = 4 << 20, .max_io_bytes = 4096, .env = &failing});
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(t->Put(Obj(i), MakeChunk(i, 64)).ok());
+  Batch b(4, 64);
+  armed = true;
+  auto st = t->ReadBatch(b.ids, b.outs);
+  EXPECT_EQ(failed, 1);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_TRUE(st[i].ok()) << i << ": " << st[i];
+    EXPECT_EQ(b.bufs[i], MakeChunk(i, 64)) << i;
+    EXPECT_TRUE(t->Size(Obj(i)).ok()) << i;
   }
 }
 

@@ -4,8 +4,14 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstring>
+#include <thread>
+#include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "common/file.h"
 #include "common/status.h"
 
@@ -47,10 +53,29 @@ void PrefaultForWrite(uint8_t* base, uint64_t size) {
 
 }  // namespace
 
+// The pieces of a pool still to populate, and the threads that do it.
+struct DramTier::Populator {
+  bool populate = false;
+  std::function<absl::Status(void*, uint64_t)> register_memory;
+  std::function<void(const DramPopulateReport&)> on_populated;
+  uint64_t piece_bytes = 0;
+  uint64_t pieces = 0;
+  std::chrono::steady_clock::time_point start;
+  std::atomic<uint64_t> next{1};      // piece 0 is Open's
+  std::atomic<bool> stop{false};      // an error, or the destructor
+  std::atomic<bool> closing{false};   // the destructor: no report
+  std::atomic<int> running{0};
+  absl::Mutex mu;
+  absl::Status first_error ABSL_GUARDED_BY(mu);
+  std::vector<std::thread> threads;
+};
+
 absl::StatusOr<std::unique_ptr<DramTier>> DramTier::Open(const DramTierOptions& o) {
+  const auto start = std::chrono::steady_clock::now();
   if (o.alignment == 0 || (o.alignment & (o.alignment - 1)) != 0) {
     return absl::InvalidArgumentError("alignment must be a power of two");
   }
+  if (o.populate_threads < 1) return absl::InvalidArgumentError("populate_threads must be at least 1");
   const uint64_t size = o.capacity_bytes / o.alignment * o.alignment;
   if (size == 0) return absl::InvalidArgumentError("DRAM capacity below one allocation unit");
   if (o.metadata_only) {
@@ -83,24 +108,82 @@ absl::StatusOr<std::unique_ptr<DramTier>> DramTier::Open(const DramTierOptions& 
     return ErrnoToStatus(e, "mmap(memfd)");
   }
   auto* base = static_cast<uint8_t*>(p);
-  if (o.populate) PrefaultForWrite(base, size);
-  if (o.register_memory) {
-    absl::Status st = o.register_memory(base, size);
+  auto mem = std::make_unique<HostMemory>(base, size);
+  if (!o.populate && !o.register_memory) {
+    return std::unique_ptr<DramTier>(new DramTier(fd, base, size, std::move(mem), o.alignment));
+  }
+  // Pieces are whole pages (madvise) and whole allocation units.
+  const uint64_t unit = std::max<uint64_t>(o.alignment, static_cast<uint64_t>(sysconf(_SC_PAGESIZE)));
+  const uint64_t piece = (std::max<uint64_t>(o.populate_piece_bytes, 1) + unit - 1) / unit * unit;
+  std::unique_ptr<DramTier> t(new DramTier(
+      fd, base, size, std::move(mem), o.alignment,
+      Pieces{.piece_bytes = piece, .fenced = o.register_memory != nullptr}));
+  auto pop = std::make_unique<Populator>();
+  pop->populate = o.populate;
+  pop->register_memory = o.register_memory;
+  pop->on_populated = o.on_populated;
+  pop->piece_bytes = piece;
+  pop->pieces = (size + piece - 1) / piece;
+  pop->start = start;
+  t->populator_ = std::move(pop);
+  // The first piece now, so the tier has room once Open returns.
+  KVTIER_RETURN_IF_ERROR(t->PreparePiece(0));
+  Populator& q = *t->populator_;
+  const int threads = static_cast<int>(
+      std::clamp<uint64_t>(static_cast<uint64_t>(o.populate_threads), 1, std::max<uint64_t>(q.pieces - 1, 1)));
+  q.running = threads;
+  for (int i = 0; i < threads; ++i) q.threads.emplace_back([tier = t.get()] { tier->PopulateLoop(); });
+  return t;
+}
+
+absl::Status DramTier::PreparePiece(uint64_t i) {
+  const Populator& q = *populator_;
+  const uint64_t off = i * q.piece_bytes;
+  const uint64_t len = std::min(q.piece_bytes, size_ - off);
+  if (q.populate) PrefaultForWrite(base_ + off, len);
+  if (q.register_memory) KVTIER_RETURN_IF_ERROR(q.register_memory(base_ + off, len));
+  MakeReady(off, len);
+  return absl::OkStatus();
+}
+
+void DramTier::PopulateLoop() {
+  Populator& q = *populator_;
+  while (!q.stop.load(std::memory_order_acquire)) {
+    const uint64_t i = q.next.fetch_add(1);
+    if (i >= q.pieces) break;
+    absl::Status st = PreparePiece(i);
     if (!st.ok()) {
-      munmap(p, size);
-      close(fd);
-      return st;
+      absl::MutexLock l(&q.mu);
+      if (q.first_error.ok()) q.first_error = std::move(st);
+      q.stop.store(true, std::memory_order_release);
     }
   }
-  return std::unique_ptr<DramTier>(
-      new DramTier(fd, base, size, std::make_unique<HostMemory>(base, size), o.alignment));
+  if (q.running.fetch_sub(1) != 1 || q.closing.load() || !q.on_populated) return;
+  DramPopulateReport r;
+  r.ready_bytes = ready_bytes();
+  r.pool_bytes = size_;
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - q.start).count();
+  {
+    absl::MutexLock l(&q.mu);
+    r.status = q.first_error;
+  }
+  q.on_populated(r);
 }
 
 DramTier::DramTier(int fd, uint8_t* base, uint64_t size, std::unique_ptr<PoolMemory> mem,
                    uint64_t alignment)
     : PoolTier(TierKind::kDram, std::move(mem), alignment), fd_(fd), base_(base), size_(size) {}
 
+DramTier::DramTier(int fd, uint8_t* base, uint64_t size, std::unique_ptr<PoolMemory> mem,
+                   uint64_t alignment, Pieces pieces)
+    : PoolTier(TierKind::kDram, std::move(mem), alignment, pieces), fd_(fd), base_(base), size_(size) {}
+
 DramTier::~DramTier() {
+  if (populator_) {
+    populator_->closing.store(true);
+    populator_->stop.store(true, std::memory_order_release);
+    for (std::thread& th : populator_->threads) th.join();
+  }
   munmap(base_, size_);
   if (fd_ >= 0) close(fd_);
 }

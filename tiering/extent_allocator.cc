@@ -4,9 +4,9 @@
 
 namespace kvtier::tiering {
 
-ExtentAllocator::ExtentAllocator(uint64_t size, uint64_t align)
+ExtentAllocator::ExtentAllocator(uint64_t size, uint64_t align, bool all_free)
     : size_(size / align * align), align_(align) {
-  if (size_ > 0) free_[0] = size_;
+  if (size_ > 0 && all_free) free_[0] = size_;
 }
 
 std::optional<uint64_t> ExtentAllocator::Allocate(uint64_t len) {
@@ -41,12 +41,13 @@ bool ExtentAllocator::MarkUsed(uint64_t offset, uint64_t len) {
 void ExtentAllocator::Free(uint64_t offset, uint64_t len) {
   len = Rounded(std::max<uint64_t>(len, 1));
   used_ -= len;
+  auto fenced = [this](uint64_t at) { return fence_ != 0 && at % fence_ == 0; };
   auto next = free_.lower_bound(offset);
-  if (next != free_.end() && offset + len == next->first) {
+  if (next != free_.end() && offset + len == next->first && !fenced(next->first)) {
     len += next->second;
     next = free_.erase(next);
   }
-  if (next != free_.begin()) {
+  if (next != free_.begin() && !fenced(offset)) {
     auto prev = std::prev(next);
     if (prev->first + prev->second == offset) {
       prev->second += len;
@@ -54,6 +55,11 @@ void ExtentAllocator::Free(uint64_t offset, uint64_t len) {
     }
   }
   free_[offset] = len;
+}
+
+void ExtentAllocator::AddFree(uint64_t offset, uint64_t len) {
+  used_ += Rounded(std::max<uint64_t>(len, 1));  // Free takes it back off
+  Free(offset, len);
 }
 
 uint64_t ExtentAllocator::largest_free() const {

@@ -121,5 +121,40 @@ TEST(ExtentAllocator, RandomAllocateFreeNeverOverlapsAndAccountsEveryByte) {
   EXPECT_EQ(a.largest_free(), a.size());  // everything coalesced back
 }
 
+TEST(ExtentAllocator, HeldBackSpaceIsHandedOutOnlyOnceAdded) {
+  constexpr uint64_t kUnit = 4096;
+  ExtentAllocator a(8 * kUnit, kUnit, /*all_free=*/false);
+  EXPECT_EQ(a.size(), 8u * kUnit);
+  EXPECT_FALSE(a.Allocate(1).has_value());
+  EXPECT_EQ(a.used(), 0u);
+  a.AddFree(4 * kUnit, 4 * kUnit);
+  EXPECT_EQ(a.used(), 0u);
+  EXPECT_EQ(a.Allocate(kUnit), 4u * kUnit);
+  EXPECT_FALSE(a.Allocate(4 * kUnit).has_value());
+  a.AddFree(0, 4 * kUnit);  // merges with the free tail of [4, 8)
+  EXPECT_EQ(a.largest_free(), 4u * kUnit);
+  EXPECT_EQ(a.Allocate(4 * kUnit), 0u);
+  EXPECT_EQ(a.used(), 5u * kUnit);
+}
+
+TEST(ExtentAllocator, NoRangeSpansAFence) {
+  constexpr uint64_t kUnit = 4096;
+  ExtentAllocator a(8 * kUnit, kUnit, /*all_free=*/false);
+  a.set_fence(4 * kUnit);
+  a.AddFree(0, 4 * kUnit);
+  a.AddFree(4 * kUnit, 4 * kUnit);
+  EXPECT_EQ(a.largest_free(), 4u * kUnit);
+  EXPECT_FALSE(a.Allocate(5 * kUnit).has_value());
+  auto x = a.Allocate(3 * kUnit);
+  auto y = a.Allocate(2 * kUnit);  // does not fit behind x: goes to the second piece
+  ASSERT_TRUE(x.has_value() && y.has_value());
+  EXPECT_EQ(*x, 0u);
+  EXPECT_EQ(*y, 4u * kUnit);
+  a.Free(*x, 3 * kUnit);
+  a.Free(*y, 2 * kUnit);
+  EXPECT_EQ(a.used(), 0u);
+  EXPECT_EQ(a.largest_free(), 4u * kUnit);  // freed ranges merge up to the fence only
+}
+
 }  // namespace
 }  // namespace kvtier::tiering

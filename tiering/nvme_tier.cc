@@ -609,22 +609,24 @@ absl::Status NvmeTier::Read(const ObjectKey& id, std::span<uint8_t> out) {
     return absl::InvalidArgumentError(
         absl::StrCat("buffer is ", out.size(), " bytes, object is ", e.length));
   }
+  bool corrupt = false;
+  absl::Status st = ReadEntry(id, e, out, &corrupt);
+  unref();
+  // DataLoss is what the caller must see either way.
+  if (corrupt) (void)DropEntry(id, e.offset);
+  return st;
+}
+
+absl::Status NvmeTier::ReadEntry(const ObjectKey& id, const Entry& e, std::span<uint8_t> out,
+                                 bool* corrupt) {
   int64_t t0 = NowUs();
   // The checksums are computed while later requests are still in flight.
   StreamingVerifier verifier(id, e.header_checksum, out);
-  absl::Status st = DoIo(IoRequest::Op::kRead, e.offset, out.data(), e.length,
-                         [&](uint64_t prefix) { verifier.Advance(prefix); });
-  if (st.ok()) {
-    meter_.Record(false, e.length, NowUs() - t0);
-    st = verifier.Finish();
-    if (!st.ok()) {
-      unref();
-      absl::Status drop = DropEntry(id, e.offset);
-      (void)drop;  // DataLoss is what the caller must see either way
-      return st;
-    }
-  }
-  unref();
+  KVTIER_RETURN_IF_ERROR(DoIo(IoRequest::Op::kRead, e.offset, out.data(), e.length,
+                              [&](uint64_t prefix) { verifier.Advance(prefix); }));
+  meter_.Record(false, e.length, NowUs() - t0);
+  absl::Status st = verifier.Finish();
+  *corrupt = !st.ok();
   return st;
 }
 
@@ -711,23 +713,33 @@ std::vector<absl::Status> NvmeTier::ReadBatch(std::span<const ObjectKey> ids,
   });
   uint64_t bytes_read = 0;
   std::vector<std::pair<ObjectKey, uint64_t>> corrupt;
+  std::vector<size_t> unfinished;
   for (size_t i = 0; i < n; ++i) {
     Object& o = objs[i];
     if (!o.reading) continue;
     if (result[i].ok()) {
-      if (!st.ok()) {
-        result[i] = st;
-      } else if (o.next != o.count) {
-        result[i] = absl::InternalError("block device reported success without completing every read");
-      } else {
+      if (o.next == o.count) {
+        // Every request of the object arrived, whatever happened to others.
         bytes_read += o.e.length;
         result[i] = o.verifier->Finish();
         if (!result[i].ok()) corrupt.emplace_back(ids[i], o.e.offset);
+      } else if (st.ok()) {
+        result[i] = absl::InternalError("block device reported success without completing every read");
+      } else {
+        unfinished.push_back(i);
       }
     }
     if (o.bounce.data() != nullptr) ReturnBounce(std::move(o.bounce));
   }
   if (bytes_read > 0) meter_.Record(false, bytes_read, NowUs() - t0);
+  // A failed submission names no request: the objects it did not finish are
+  // read again one by one, so that each gets its own status (a short read at
+  // the end of a truncated file is that object's DataLoss, not the batch's).
+  for (size_t i : unfinished) {
+    bool bad = false;
+    result[i] = ReadEntry(ids[i], objs[i].e, outs[i], &bad);
+    if (bad) corrupt.emplace_back(ids[i], objs[i].e.offset);
+  }
   {
     absl::MutexLock l(&mu_);
     for (const Object& o : objs) {

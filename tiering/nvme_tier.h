@@ -112,7 +112,9 @@ class NvmeTier : public Tier {
   // all of them in one submission (up to the device's queue depth in
   // flight), each object's checksums computed as its bytes arrive. One
   // status per object, as Read would return it; InvalidArgument for every
-  // object if the spans differ in number.
+  // object if the spans differ in number. When the submission fails, the
+  // objects it did not finish are read again one by one, so a device error
+  // or a short read is reported for its own object only.
   std::vector<absl::Status> ReadBatch(std::span<const ObjectKey> ids,
                                       std::span<const std::span<uint8_t>> outs) override;
   absl::Status Erase(const ObjectKey& id) override;
@@ -134,6 +136,11 @@ class NvmeTier : public Tier {
   NvmeTier(const NvmeTierOptions& o, std::unique_ptr<IoEnv> owned_env,
            std::unique_ptr<BlockDevice> dev, rocksdb::DB* db, uint64_t capacity);
   absl::Status Recover();
+  // Reads entry `e` of object `id` into `out` (its length) and verifies it
+  // as the bytes arrive. `*corrupt`: the bytes arrived and failed their
+  // checksums (DataLoss; the caller drops the entry). Other errors are the
+  // device's. REQUIRES: the caller holds a reference on the extent.
+  absl::Status ReadEntry(const ObjectKey& id, const Entry& e, std::span<uint8_t> out, bool* corrupt);
   // Moves `len` bytes between `data` and the data file at `offset`, in
   // requests of max_io_bytes; `data` is used in place where it is
   // block-aligned, the rest goes through a bounce buffer. For a read,

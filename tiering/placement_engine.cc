@@ -603,7 +603,8 @@ std::vector<TierUsage> PlacementEngine::Usage() {
   for (int k = 0; k < kNumTierKinds; ++k) {
     if (!tiers_[k]) continue;
     out.push_back(TierUsage{static_cast<TierKind>(k), tiers_[k]->capacity_bytes(),
-                            tiers_[k]->used_bytes(), objects[k], tiers_[k]->bandwidth()});
+                            tiers_[k]->used_bytes(), objects[k], tiers_[k]->bandwidth(),
+                            tiers_[k]->ready_bytes()});
   }
   return out;
 }

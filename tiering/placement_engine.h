@@ -270,6 +270,7 @@ struct TierUsage {
   uint64_t used_bytes;
   uint64_t objects;
   Bandwidth bandwidth;
+  uint64_t ready_bytes;  // Tier::ready_bytes(): below capacity while a DRAM pool is populated
 };
 
 // The tiers an engine runs over; any may be null (DRAM or NVMe required).

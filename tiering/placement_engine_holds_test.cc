@@ -106,6 +106,41 @@ TEST(PlacementEngineHolds, CorruptNvmeChunkInABatchIsDataLossAndTheRestAreServed
   EXPECT_EQ(e->held_bytes(), 0u);
 }
 
+// The NVMe data file cut short at the last chunk of a batch: that chunk is
+// DataLoss and dropped; the others are served from the same batch and kept.
+TEST(PlacementEngineHolds, TruncatedNvmeFileFailsOnlyTheCutChunkOfABatch) {
+  TempDir dir;
+  auto e = MakeEngine(dir, {.promote_on_hit = false});
+  for (uint64_t i = 1; i <= 3; ++i) {
+    ASSERT_TRUE(e->Put(KeyOf(i), MakeChunk(i), {.tier = TierKind::kNvme}).ok());
+  }
+  uint64_t last = 1;
+  for (uint64_t i = 2; i <= 3; ++i) {
+    if (e->nvme()->OffsetOf({KeyOf(i), Part::kWhole}).value() >
+        e->nvme()->OffsetOf({KeyOf(last), Part::kWhole}).value()) {
+      last = i;
+    }
+  }
+  const uint64_t cut = e->nvme()->OffsetOf({KeyOf(last), Part::kWhole}).value() + 100;
+  ASSERT_EQ(::truncate(e->nvme()->data_path().c_str(), static_cast<off_t>(cut)), 0);
+  std::vector<Hash128> keys = {KeyOf(1), KeyOf(2), KeyOf(3)};
+  auto got = e->GetSharedBatch(keys);
+  ASSERT_EQ(got.size(), 3u);
+  for (uint64_t i = 1; i <= 3; ++i) {
+    if (i == last) {
+      EXPECT_EQ(got[i - 1].status().code(), absl::StatusCode::kDataLoss) << got[i - 1].status();
+      EXPECT_FALSE(e->Contains(KeyOf(i)));
+      continue;
+    }
+    ASSERT_TRUE(got[i - 1].ok()) << i << ": " << got[i - 1].status();
+    const auto want = MakeChunk(i);
+    EXPECT_TRUE(std::equal(want.begin(), want.end(), got[i - 1]->bytes.begin(), got[i - 1]->bytes.end()));
+    EXPECT_TRUE(e->Contains(KeyOf(i)));
+    ASSERT_TRUE(e->AbortSlot(got[i - 1]->slot_id).ok());
+  }
+  EXPECT_EQ(e->held_bytes(), 0u);
+}
+
 TEST(PlacementEngineHolds, HeldBytesAreCappedAcrossHoldsPinsAndScratchSlots) {
   TempDir dir;
   const uint64_t chunk = MakeChunk(1).size();

@@ -46,7 +46,26 @@ PoolTier::PoolTier(TierKind kind, std::unique_ptr<PoolMemory> memory, uint64_t a
     : kind_(kind),
       memory_(std::move(memory)),
       alloc_size_(memory_->size() / alignment * alignment),
+      ready_(alloc_size_),
       alloc_(memory_->size(), alignment) {}
+
+PoolTier::PoolTier(TierKind kind, std::unique_ptr<PoolMemory> memory, uint64_t alignment,
+                   Pieces pieces)
+    : kind_(kind),
+      memory_(std::move(memory)),
+      alloc_size_(memory_->size() / alignment * alignment),
+      ready_(0),
+      alloc_(memory_->size(), alignment, /*all_free=*/false) {
+  absl::MutexLock l(&mu_);
+  if (pieces.fenced) alloc_.set_fence(pieces.piece_bytes);
+}
+
+void PoolTier::MakeReady(uint64_t offset, uint64_t length) {
+  absl::MutexLock l(&mu_);
+  alloc_.AddFree(offset, length);
+  ready_.store(ready_.load(std::memory_order_relaxed) + alloc_.Rounded(length),
+               std::memory_order_release);
+}
 
 uint64_t PoolTier::used_bytes() const {
   absl::MutexLock l(&mu_);
@@ -77,11 +96,20 @@ absl::Status PoolTier::Put(const ObjectKey& id, std::span<const uint8_t> bytes,
 
 absl::StatusOr<PoolExtent> PoolTier::ReserveSlot(uint64_t length) {
   absl::MutexLock l(&mu_);
+  if (alloc_.fence() != 0 && alloc_.Rounded(length) > alloc_.fence()) {
+    // Eviction cannot make room for it: not the tier-full error.
+    return absl::ResourceExhaustedError(
+        absl::StrCat(TierName(kind_), " tier: ", length, " bytes do not fit in a pool piece of ",
+                     alloc_.fence(), " bytes"));
+  }
   auto off = alloc_.Allocate(length);
   if (!off) {
-    return TierFullError(absl::StrCat(TierName(kind_), " tier full: ", length,
-                                                     " bytes requested, ", alloc_.used(), "/",
-                                                     alloc_size_, " used"));
+    const uint64_t ready = ready_.load(std::memory_order_relaxed);
+    return TierFullError(absl::StrCat(TierName(kind_), " tier full: ", length, " bytes requested, ",
+                                      alloc_.used(), "/", ready, " used",
+                                      ready < alloc_size_ ? absl::StrCat(" (", alloc_size_,
+                                                                         " once populated)")
+                                                          : ""));
   }
   extents_[*off] = Extent{length, 1, true};
   return PoolExtent{*off, length};

@@ -4,6 +4,7 @@
 #ifndef KVTIER_TIERING_POOL_TIER_H_
 #define KVTIER_TIERING_POOL_TIER_H_
 
+#include <atomic>
 #include <memory>
 
 #include "absl/base/thread_annotations.h"
@@ -43,6 +44,7 @@ class PoolTier : public Tier {
   TierKind kind() const override { return kind_; }
   uint64_t capacity_bytes() const override { return alloc_size_; }
   uint64_t used_bytes() const override;
+  uint64_t ready_bytes() const override { return ready_.load(std::memory_order_acquire); }
   Bandwidth bandwidth() const override { return meter_.Get(); }
 
   using Tier::Put;
@@ -57,7 +59,9 @@ class PoolTier : public Tier {
   // client through shared memory, a GPU kernel), then committed as an object
   // without a copy.
 
-  // Reserves `length` bytes. ResourceExhausted if no contiguous room.
+  // Reserves `length` bytes. ResourceExhausted if no contiguous room (the
+  // tier-full error, IsTierFull), or, without the tier-full mark, if the
+  // pool is made ready in fenced pieces (Pieces) and `length` exceeds one.
   absl::StatusOr<PoolExtent> ReserveSlot(uint64_t length);
   // Turns a reserved slot into object `id` (replacing an existing one).
   // NotFound if `slot` is not a reserved slot.
@@ -72,6 +76,20 @@ class PoolTier : public Tier {
   void ReleaseRef(const PoolExtent& extent);
 
  protected:
+  // A pool whose space becomes allocatable piece by piece: none of it is
+  // until MakeReady hands a piece over.
+  struct Pieces {
+    // Size of a piece (the last may be shorter); a multiple of the alignment.
+    uint64_t piece_bytes = 0;
+    // No object spans two pieces (each piece is registered alone with a
+    // device, and a copy must lie inside one registration).
+    bool fenced = false;
+  };
+  PoolTier(TierKind kind, std::unique_ptr<PoolMemory> memory, uint64_t alignment, Pieces pieces);
+
+  // Makes the piece [offset, offset + length) allocatable. Thread-safe.
+  // REQUIRES: a piece of this pool (Pieces), not made ready before.
+  void MakeReady(uint64_t offset, uint64_t length);
   PoolMemory* memory() const { return memory_.get(); }
 
  private:
@@ -84,6 +102,9 @@ class PoolTier : public Tier {
   const TierKind kind_;
   std::unique_ptr<PoolMemory> memory_;
   const uint64_t alloc_size_;
+  // Bytes of the pool the allocator may hand out (alloc_size_ unless the
+  // pool is made ready in pieces). Written under mu_, read without it.
+  std::atomic<uint64_t> ready_;
   BandwidthMeter meter_;
   mutable absl::Mutex mu_;
   ExtentAllocator alloc_ ABSL_GUARDED_BY(mu_);

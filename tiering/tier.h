@@ -114,8 +114,14 @@ class Tier {
   // Hard limit on used_bytes().
   virtual uint64_t capacity_bytes() const = 0;
   // Bytes allocated to objects (rounded to the tier's allocation unit) and to
-  // reserved slots. Never above capacity_bytes().
+  // reserved slots. Never above ready_bytes().
   virtual uint64_t used_bytes() const = 0;
+  // The part of capacity_bytes() that can be allocated now. It is all of it
+  // except while a tier makes its memory usable behind its Open (a DRAM
+  // pool populated in the background, DramTierOptions::populate): then
+  // it grows to capacity_bytes(), and a Put that finds no room in it fails
+  // as a Put into a full tier does.
+  virtual uint64_t ready_bytes() const { return capacity_bytes(); }
   virtual Bandwidth bandwidth() const = 0;
 
   // Stores `bytes` as object `id`, replacing an existing object of that id.
