@@ -9,6 +9,9 @@ BF16 cache, block size 16. Single chunks (one call at a time) and batches of 32
 batch, one group of all layers and groups of one layer).
 
 Usage: gpu_daemon_bench.py SOCKET OUT.json   (libkvtier: $KVTIER_LIBRARY or the build)
+store_single_engine_thread: what one store costs the calling thread when its
+commit runs on another thread (begin_store's slot + the encode's enqueue), as
+in the engine connectors.
 Prints and writes GB/s of encoded bytes and of 16-bit KV, and
 store_vs_pinned_memcpy / load_vs_pinned_memcpy (encoded GB/s over the pinned
 copy's GB/s: device-to-host for stores, host-to-device for loads).
@@ -73,6 +76,29 @@ def pinned_copy_s(nbytes, n, to_device):
     return median(times)
 
 
+def store_breakdown(client, cache, ids, codec, tag):
+    """Milliseconds of each phase of one store (median of 10): the slot
+    (begin_store: AllocateSlot), the encode's enqueue, the encode itself
+    (the stream's sync), and the commit (RPC + the daemon's sealing pass)."""
+    phases = {"begin": [], "enqueue": [], "encode": [], "commit": []}
+    for i in range(10):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        ps = kg.begin_store(client, cache, T, codec=codec)
+        t1 = time.perf_counter()
+        ps.encode_layers(ids[i % len(ids)], (0, L))
+        t2 = time.perf_counter()
+        torch.cuda.synchronize()
+        t3 = time.perf_counter()
+        ps.commit(key(tag, 900 + i))
+        t4 = time.perf_counter()
+        for name, a, b in (("begin", t0, t1), ("enqueue", t1, t2), ("encode", t2, t3),
+                           ("commit", t3, t4)):
+            phases[name].append((b - a) * 1e3)
+    delete(client, [key(tag, 900 + i) for i in range(10)])
+    return {name: median(v) for name, v in phases.items()}
+
+
 def main():
     sock, out_path = sys.argv[1], sys.argv[2]
     # As many data-plane connections as concurrent stores.
@@ -105,9 +131,13 @@ def main():
         verify_s = (time.perf_counter() - t0) / 5
         enc = len(chunk_bytes)
         delete(client, [key(tag, 1000 + i) for i in range(4)])
+        breakdown = store_breakdown(client, cache, ids, codec, tag + 3)
+        print(f"{codec:7s} store phases (ms, median of 10): " +
+              ", ".join(f"{k} {v:.3f}" for k, v in breakdown.items()), flush=True)
 
         reps = 3
         single_store, single_load, batch_store, batch_load, batch_load_l1 = [], [], [], [], []
+        engine_thread = []
         for rep in range(reps):
             keys = [key(tag, rep * 100 + i) for i in range(BATCH)]
             single_keys = [key(tag + 1, rep * 100 + i) for i in range(8)]
@@ -117,6 +147,22 @@ def main():
             for i in range(8):
                 kg.store(client, single_keys[i], cache, ids[i], codec=codec)
             single_store.append((time.perf_counter() - t0) / 8)
+            # The engine's thread with the commit on another thread (as the
+            # connectors' saver does): begin (the slot) + the encode's enqueue.
+            torch.cuda.synchronize()
+            spent = 0.0
+            eng_keys = [key(tag + 2, rep * 100 + i) for i in range(8)]
+            with concurrent.futures.ThreadPoolExecutor(1) as saver:
+                commits = []
+                for i in range(8):
+                    t0 = time.perf_counter()
+                    ps = kg.begin_store(client, cache, T, codec=codec)
+                    ps.encode_layers(ids[i], (0, L))
+                    spent += time.perf_counter() - t0
+                    commits.append(saver.submit(ps.commit, eng_keys[i]))
+                    commits[-1].result()  # one chunk at a time, as single_store
+            engine_thread.append(spent / 8)
+            delete(client, eng_keys)
             # Batch: 32 stores from STORE_THREADS threads, each on its own stream.
             t0 = time.perf_counter()
             with concurrent.futures.ThreadPoolExecutor(STORE_THREADS) as ex:
@@ -149,9 +195,10 @@ def main():
                     "kv16_GBps": KV16_BYTES / t / 1e9, "pinned_memcpy_GBps": enc / base / 1e9,
                     "vs_pinned_memcpy": base / t}
 
-        r = {"encoded_bytes_per_chunk": enc,
+        r = {"encoded_bytes_per_chunk": enc, "store_phases_ms": breakdown,
              "host_verify_GBps": enc / verify_s / 1e9,
              "store_single": entry(median(single_store), d2h_1),
+             "store_single_engine_thread": entry(median(engine_thread), d2h_1),
              "store_batch": entry(median(batch_store), d2h_b),
              "load_single": entry(median(single_load), h2d_1),
              "load_batch_layerwise_group32": entry(median(batch_load), h2d_b),
@@ -163,7 +210,8 @@ def main():
                                       "batch_group1": r["load_batch_layerwise_group1"]["vs_pinned_memcpy"]}
         results["codecs"][codec] = r
         print(f"{codec:7s} host verify (reader's check)     {r['host_verify_GBps']:6.1f} GB/s", flush=True)
-        for name in ("store_single", "store_batch", "load_single", "load_batch_layerwise_group32",
+        for name in ("store_single", "store_single_engine_thread", "store_batch", "load_single",
+                     "load_batch_layerwise_group32",
                      "load_batch_layerwise_group1"):
             e = r[name]
             print(f"{codec:7s} {name:30s} {e['encoded_GBps']:6.1f} GB/s encoded "

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine from .gpubundle/ (see scripts/gpu-bundle): every GPU
 # test, then every kernel benchmark; logs and JSON go to $OUT (default ./out).
-# STEPS picks the parts (default "tests codec attention sdpa daemon"; "hf" runs
+# STEPS picks the parts (default "tests codec attention sdpa daemon"; "startup"
+# times kvtierd's start with 8 and 24 GiB pools; "hf" runs
 # kvtier.hf's tests and bench/e2e_prefix_reuse.py, about 3 minutes): one
 # device call is limited to 10 minutes, and the codec bench alone takes
 # about 5 (12 formats), so a call that needs the other numbers too leaves
@@ -57,6 +58,37 @@ if step daemon; then
     echo "kvtierd did not start" | tee -a "$OUT/bench.log"; cat "$OUT/kvtierd.log"; rc=1
   fi
   kill "$daemon" 2>/dev/null; wait "$daemon" 2>/dev/null
+  rm -rf "$tmp"
+fi
+if step startup; then
+  # kvtierd's time to ready (ready file written) and to a populated DRAM pool
+  # (its log line), for pools of 8 and 24 GiB: startup.json.
+  tmp=$(mktemp -d /tmp/kvtierd-XXXXXX)
+  for gib in 8 24; do
+    log="$OUT/kvtierd-startup-$gib.log"
+    t0=$(date +%s.%N)
+    ./kvtierd --data-dir "$tmp/d$gib" --socket "$tmp/s$gib.sock" --dram-gib "$gib" --nvme-gib 1 \
+      --dram-populate true --ready-file "$tmp/ready$gib" --log-level info >"$log" 2>&1 &
+    pid=$!
+    for _ in $(seq 6000); do [[ -f "$tmp/ready$gib" ]] && break; sleep 0.005; done
+    t1=$(date +%s.%N)
+    for _ in $(seq 1200); do grep -q "pool populated" "$log" && break; sleep 0.05; done
+    t2=$(date +%s.%N)
+    echo "$gib $t0 $t1 $t2" >>"$tmp/times"
+    kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null
+  done
+  python3 - "$tmp/times" "$OUT/startup.json" <<'PY' | tee -a "$OUT/bench.log"
+import json, sys
+rows = []
+for line in open(sys.argv[1]):
+    gib, t0, t1, t2 = line.split()
+    rows.append({"dram_gib": int(gib), "ready_s": float(t1) - float(t0),
+                 "populated_s": float(t2) - float(t0)})
+json.dump({"startup": rows}, open(sys.argv[2], "w"), indent=2)
+for r in rows:
+    print(f"kvtierd --dram-gib {r['dram_gib']}: ready {r['ready_s']:.2f} s, "
+          f"pool populated {r['populated_s']:.2f} s")
+PY
   rm -rf "$tmp"
 fi
 if step hf; then

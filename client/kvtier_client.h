@@ -93,6 +93,10 @@ struct PutOptions {
   // puts"). FailedPrecondition from a daemon without an NVMe tier.
   // Default: false
   bool durable = false;
+  // CommitSlot only: the slot's chunk has every byte but its checksums (a
+  // GPU store's kernel wrote it); the daemon computes them, so the chunk is
+  // hashed once, on the daemon's threads. Default: false
+  bool daemon_seals = false;
 };
 
 struct PrefixHit {

@@ -9,9 +9,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "common/hash.h"
 #include "common/status.h"
-#include "common/worker_pool.h"
 #include "kernels/cuda_status.h"
 #include "kernels/paged_codec.h"
 #include "wire/chunk_check.h"
@@ -23,84 +21,23 @@ namespace {
 // on two threads; the holds share the client's data-plane connections).
 constexpr size_t kParallelHolds = 8;
 
-// A one-call Store encodes in this many layer ranges, so that hashing the
-// first ranges on the host overlaps encoding the later ones.
-constexpr uint32_t kStoreRanges = 8;
-
 absl::Status Sync(cudaStream_t stream) {
   return kernels::CudaStatus(cudaStreamSynchronize(stream), "cudaStreamSynchronize", __FILE__,
                              __LINE__);
 }
 
+// Waits for the work enqueued on `stream` so far, not for what the caller
+// enqueues after (an engine's next kernels).
+absl::Status WaitForLaunchesSoFar(cudaStream_t stream) {
+  cudaEvent_t ev;
+  KVTIER_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+  cudaError_t e = cudaEventRecord(ev, stream);
+  if (e == cudaSuccess) e = cudaEventSynchronize(ev);
+  cudaEventDestroy(ev);
+  return kernels::CudaStatus(e, "wait for the store's launches", __FILE__, __LINE__);
+}
+
 }  // namespace
-
-// The checksums of a chunk being encoded (FORMAT.md): each layer range is
-// hashed once the event recorded after its encode has completed, its records
-// spread over the shared worker pool (version 2; version 1 hashes the
-// sections whole once every range is encoded). Ranges arrive in layer order.
-// Finish writes the record tables into the chunk and returns the header's K
-// and V checksums.
-class ChunkHasher {
- public:
-  ChunkHasher(std::span<uint8_t> chunk, const codec::ChunkLayout& layout)
-      : chunk_(chunk),
-        layout_(layout),
-        digests_{std::vector<uint64_t>(layout.geometry.num_layers),
-                 std::vector<uint64_t>(layout.geometry.num_layers)} {}
-  // Waits for every range added (their encodes included).
-  ~ChunkHasher() {
-    for (cudaEvent_t ev : events_) {
-      cudaEventSynchronize(ev);
-      cudaEventDestroy(ev);
-    }
-  }
-
-  // Hashes layers [begin, end) once `event` has completed; takes the event.
-  void Add(cudaEvent_t event, uint32_t begin, uint32_t end) {
-    events_.push_back(event);
-    ranges_.push_back({begin, end});
-  }
-
-  // Waits for every range, hashing each as it completes, and returns the K
-  // and V checksums, or the first CUDA error of the waits.
-  absl::StatusOr<std::pair<uint64_t, uint64_t>> Finish() {
-    for (size_t r = 0; r < ranges_.size(); ++r) {
-      KVTIER_RETURN_IF_ERROR(kernels::CudaStatus(cudaEventSynchronize(events_[r]),
-                                                 "cudaEventSynchronize", __FILE__, __LINE__));
-      if (layout_.version >= 2) HashRecords(ranges_[r].first, ranges_[r].second);
-    }
-    std::span<uint8_t> sections[2] = {chunk_.subspan(layout_.k_offset, layout_.k.bytes),
-                                      chunk_.subspan(layout_.v_offset, layout_.v.bytes)};
-    uint64_t sums[2];
-    WorkerPool::Shared().ParallelFor(2, [&](size_t s) {
-      const codec::SectionLayout& sec = s == 0 ? layout_.k : layout_.v;
-      sums[s] = layout_.version >= 2
-                    ? codec::WriteRecordTable(sec, digests_[s],
-                                              sections[s].subspan(sec.table_offset, sec.table_bytes))
-                    : Checksum64(sections[s]);
-    });
-    return std::make_pair(sums[0], sums[1]);
-  }
-
- private:
-  void HashRecords(uint32_t begin, uint32_t end) {
-    WorkerPool::Shared().ParallelFor(2 * size_t{end - begin}, [&](size_t i) {
-      const size_t s = i % 2;
-      const codec::SectionLayout& sec = s == 0 ? layout_.k : layout_.v;
-      const auto layer = static_cast<uint32_t>(begin + i / 2);
-      const uint64_t base = s == 0 ? layout_.k_offset : layout_.v_offset;
-      digests_[s][layer] = codec::RecordChecksum(
-          static_cast<codec::Section>(s), layer,
-          chunk_.subspan(base + sec.data_offset(layer), sec.layer_stride));
-    });
-  }
-
-  const std::span<uint8_t> chunk_;
-  const codec::ChunkLayout layout_;
-  std::vector<uint64_t> digests_[2];  // version 2: each record's checksum
-  std::vector<cudaEvent_t> events_;
-  std::vector<std::pair<uint32_t, uint32_t>> ranges_;
-};
 
 // ---- PendingStore ----
 
@@ -111,11 +48,9 @@ PendingStore::PendingStore(GpuPagedIo* io, const codec::ChunkSpec& spec,
       spec_(spec),
       layout_(layout),
       slot_(slot),
-      hasher_(std::make_unique<ChunkHasher>(slot.data, layout)),
       workspace_(workspace) {}
 
 PendingStore::~PendingStore() {
-  hasher_.reset();  // waits for the ranges it was given
   if (slot_gone_) return;
   // Launches may still write into the slot: wait before giving it back.
   absl::Status st = next_layer_ > 0 || broken_ ? Sync(stream_) : absl::OkStatus();
@@ -154,17 +89,6 @@ absl::Status PendingStore::EncodeLayers(const kernels::PagedKvLayout& cache,
     broken_ = true;  // part of the chunk may be written, the workspace dirty
     return st;
   }
-  cudaEvent_t ev;
-  cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
-  if (e == cudaSuccess) {
-    e = cudaEventRecord(ev, stream);
-    if (e != cudaSuccess) cudaEventDestroy(ev);
-  }
-  if (e != cudaSuccess) {
-    broken_ = true;
-    return kernels::CudaStatus(e, "record the encode's event", __FILE__, __LINE__);
-  }
-  hasher_->Add(ev, layers.begin, layers.End(num_layers));
   next_layer_ = layers.End(num_layers);
   return absl::OkStatus();
 }
@@ -175,21 +99,21 @@ absl::Status PendingStore::Commit(const Hash128& key, const PutOptions& options)
     return absl::FailedPreconditionError(absl::StrCat(
         "layers [", next_layer_, ", ", spec_.geometry.num_layers, ") were not encoded"));
   }
-  // The last range's event completes after every launch of the store.
-  auto sums = hasher_->Finish();
-  if (!sums.ok()) {
+  // The last launch's stream follows every earlier launch of the store.
+  absl::Status st = WaitForLaunchesSoFar(stream_);
+  if (!st.ok()) {
     broken_ = true;
-    return sums.status();
+    return st;
   }
   io_->ReturnWorkspace(workspace_, /*dirty=*/false);
   workspace_ = nullptr;
   slot_gone_ = true;
   // The kernels wrote everything but the checksums, straight into the slot
-  // (the header with its flags): seal it as codec::SealChunk would.
-  codec::ChunkSpec spec = spec_;
-  std::memcpy(&spec.flags, slot_.data.data() + codec::kOffFlags, sizeof(spec.flags));
-  codec::WriteHeader(spec, layout_, sums->first, sums->second, slot_.data.first(codec::kHeaderSize));
-  return io_->client_->CommitSlot(slot_, key, options);
+  // (the header with its flags): the daemon computes them as it commits, in
+  // its one pass over the chunk.
+  PutOptions sealed = options;
+  sealed.daemon_seals = true;
+  return io_->client_->CommitSlot(slot_, key, sealed);
 }
 
 // ---- LayerwiseLoad ----
@@ -363,12 +287,7 @@ absl::Status GpuPagedIo::Store(const Hash128& key, const codec::ChunkSpec& spec,
   const uint32_t probe_ws = 0;
   KVTIER_RETURN_IF_ERROR(kernels::ValidateGatherEncode(spec, cache, blocks, probe_dst, &probe_ws));
   KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<PendingStore> pending, BeginStore(spec));
-  const uint32_t layers = spec.geometry.num_layers;
-  const uint32_t step = (layers + kStoreRanges - 1) / kStoreRanges;
-  for (uint32_t b = 0; b < layers; b += step) {
-    KVTIER_RETURN_IF_ERROR(
-        pending->EncodeLayers(cache, blocks, {b, std::min(layers, b + step)}, stream));
-  }
+  KVTIER_RETURN_IF_ERROR(pending->EncodeLayers(cache, blocks, kernels::LayerRange{}, stream));
   return pending->Commit(key, options);
 }
 

@@ -55,7 +55,6 @@
 namespace kvtier::client {
 
 class GpuPagedIo;
-class ChunkHasher;
 
 // A chunk being encoded into a slot of the daemon's pool, layer range by
 // layer range (GpuPagedIo::BeginStore). Destroyed without a successful
@@ -79,10 +78,9 @@ class PendingStore {
   // The layers encoded so far: [0, encoded_layers()).
   uint32_t encoded_layers() const { return next_layer_; }
 
-  // Waits for the encodes, seals the chunk and commits it as `key`. The
-  // section checksums are computed on host threads layer range by layer
-  // range as each range's encode completes, so most of the hashing overlaps
-  // the encodes (and, layer by layer, the caller's compute).
+  // Waits for the encodes and commits the chunk as `key`, unsealed: the
+  // daemon computes its checksums as it commits (PutOptions::daemon_seals),
+  // in its one pass over the chunk, spread over its worker pool.
   // FailedPrecondition unless every layer was encoded; the daemon's codes
   // otherwise. The slot is aborted on any error.
   absl::Status Commit(const Hash128& key, const PutOptions& options = {});
@@ -96,7 +94,6 @@ class PendingStore {
   const codec::ChunkSpec spec_;
   const codec::ChunkLayout layout_;
   const WritableSlot slot_;
-  std::unique_ptr<ChunkHasher> hasher_;  // hashes the K and V sections as ranges complete
   uint32_t* workspace_;  // returned to io_'s pool once the encodes are done
   cudaStream_t stream_ = nullptr;  // of the last EncodeLayers
   uint32_t next_layer_ = 0;
@@ -205,7 +202,7 @@ class GpuPagedIo {
   // at `blocks` of `cache` (the chunk's geometry must match the cache) and
   // returns the tier it came from. Returns after the kernel has finished
   // (the extent is released then). The header is checked before the launch
-  // and the section checksums on the host while the kernel runs, so on
+  // and the layer records on the host worker pool while the kernel runs, so on
   // DataLoss the slots at `blocks` hold undefined values. NotFound on a miss;
   // DataLoss if the chunk is corrupt (the daemon drops it); InvalidArgument
   // for a geometry/cache/blocks/layers mismatch (nothing launched).

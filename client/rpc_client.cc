@@ -195,6 +195,7 @@ absl::Status RpcClient::CommitSlot(uint64_t slot_id, const Hash128& key,
   req.set_key(KeyBytes(key));
   req.set_slot_id(slot_id);
   req.set_durable(options.durable);
+  req.set_seal(options.daemon_seals);
   pb::PutResponse resp;
   return Call(&pb::Kvtier::StubInterface::Put, req, &resp);
 }

@@ -146,6 +146,10 @@ absl::StatusOr<ChunkHeader> ParseHeader(std::span<const uint8_t> bytes) {
   return ParseFields(bytes, /*check_header_checksum=*/true);
 }
 
+absl::StatusOr<ChunkHeader> ParseUnsealedHeader(std::span<const uint8_t> bytes) {
+  return ParseFields(bytes, /*check_header_checksum=*/false);
+}
+
 uint64_t RecordChecksum(Section which, uint32_t layer, std::span<const uint8_t> record) {
   return Checksum64(record, (uint64_t{static_cast<uint8_t>(which)} << 32) | layer);
 }
@@ -255,7 +259,7 @@ absl::StatusOr<VerifiedChunk> AcceptChunk(const ChunkHeader& header, std::span<c
 }
 
 absl::Status SealChunk(std::span<uint8_t> chunk) {
-  KVTIER_ASSIGN_OR_RETURN(ChunkHeader header, ParseFields(chunk, /*check_header_checksum=*/false));
+  KVTIER_ASSIGN_OR_RETURN(ChunkHeader header, ParseUnsealedHeader(chunk));
   if (chunk.size() != header.layout.total_bytes) {
     return absl::InvalidArgumentError(absl::StrCat("length: buffer is ", chunk.size(),
                                                    " bytes, header says ",

@@ -82,6 +82,11 @@ void WriteHeader(const ChunkSpec& spec, const ChunkLayout& layout, uint64_t k_ch
 // checksum mismatch.
 absl::StatusOr<ChunkHeader> ParseHeader(std::span<const uint8_t> bytes);
 
+// ParseHeader without the header checksum, for a chunk whose writer left
+// every checksum to the sealer (SealChunk, wire::SealChunkParallel): the
+// fields face every other check.
+absl::StatusOr<ChunkHeader> ParseUnsealedHeader(std::span<const uint8_t> bytes);
+
 // ParseHeader, then checks that `chunk` is exactly header + K + V bytes long
 // and that both section checksums match. DataLoss on a mismatch or truncation.
 absl::StatusOr<ChunkHeader> VerifyChunk(std::span<const uint8_t> chunk);
@@ -127,8 +132,8 @@ absl::Status CheckRecord(Section which, const SectionLayout& sec, std::span<cons
 // the layers below it (the placement engine, the tiers) use the header
 // instead of parsing the bytes again. Only AcceptChunk makes one, and only
 // the verifying functions call it (wire/chunk_check.h's VerifyChunkParallel
-// and IncrementalChunkCheck, which hash the sections on two threads or while
-// the bytes are written). It does not own the bytes: it is valid while they
+// and SealChunkParallel, which spread the records over a worker pool, and
+// IncrementalChunkCheck, which hashes them while the bytes are written). It does not own the bytes: it is valid while they
 // are, and describes them while they are unchanged.
 class VerifiedChunk {
  public:

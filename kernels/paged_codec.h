@@ -43,9 +43,10 @@ inline constexpr size_t kGatherEncodeWorkspaceBytes = 4 * (2 + 2 * size_t{codec:
 // mapped pinned host memory (cudaHostAlloc(..., cudaHostAllocMapped) +
 // cudaHostGetDevicePointer); the kernel writes it directly, no staging.
 //
-// The kernel writes every byte of the chunk except the three checksums
-// (k_checksum, v_checksum, header_checksum), which it leaves 0: call
-// codec::SealChunk on the host bytes afterwards. After sealing the chunk is
+// The kernel writes every byte of the chunk except the checksums
+// (k_checksum, v_checksum, header_checksum, which it leaves 0, and the
+// version 2 record tables, which it does not touch): call codec::SealChunk
+// (or wire::SealChunkParallel) on the host bytes afterwards. After sealing the chunk is
 // byte-identical to ReferenceGatherEncode (for 16-bit caches:
 // codec::EncodeChunk of the gathered tokens), flags included.
 //

@@ -304,6 +304,7 @@ grpc::ServerUnaryReactor* GrpcAdapter::Put(Ctx* ctx, const Bytes* in, Bytes* out
     args.holder = GrpcHolder(args.tenant).id;
     KVTIER_ASSIGN_OR_RETURN(args.tier, FromProto(req->tier()));
     args.durable = req->durable();
+    args.seal = req->seal();
     switch (req->data_case()) {
       case pb::PutRequest::kInlineChunk: {
         const std::string& b = req->inline_chunk();

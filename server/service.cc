@@ -152,10 +152,13 @@ absl::Status KvService::CommitVerified(const PutArgs& args, uint64_t slot_id,
 
 absl::Status KvService::CommitSlot(const PutArgs& args, uint64_t slot_id) {
   KVTIER_ASSIGN_OR_RETURN(std::span<uint8_t> bytes, SlotSpan(slot_id, args.holder));
-  // The one check of these bytes: on the pool, before the engine makes them
-  // an object (with the header parsed here). Later shared-memory gets do
-  // not read them again (the reader checks what it copies).
-  return CommitVerified(args, slot_id, wire::VerifyChunkParallel(bytes));
+  // The one pass over these bytes: on the pool, before the engine makes them
+  // an object (with the header parsed here): the check of the client's
+  // checksums, or their computation for a chunk the client left unsealed.
+  // Later shared-memory gets do not read them again (the reader checks what
+  // it copies).
+  return CommitVerified(args, slot_id,
+                        args.seal ? wire::SealChunkParallel(bytes) : wire::VerifyChunkParallel(bytes));
 }
 
 absl::StatusOr<std::unique_ptr<wire::IncrementalChunkCheck>> KvService::BeginStreamedCommit(

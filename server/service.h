@@ -3,8 +3,9 @@
 // messages to these calls; tests call it directly.
 //
 // Every input is validated here: key counts against the limits, chunk bytes
-// with VerifyChunkParallel (header, lengths, both section checksums) before
-// anything is stored. A chunk is verified once, when it is stored, and goes
+// with VerifyChunkParallel (header, lengths, both sections' checksums) before
+// anything is stored, or sealed by SealChunkParallel when a GPU store left
+// the checksums to the daemon. A chunk is verified once, when it is stored, and goes
 // to the engine as that verification's codec::VerifiedChunk, so no layer
 // below parses its header again. Gets that copy bytes out of a tier (inline,
 // into a slot, NVMe into a scratch slot) verify what they copied. A shared-memory get of a chunk whole in DRAM hands
@@ -57,6 +58,9 @@ struct PutArgs {
   std::optional<tiering::TierKind> tier;
   tiering::TenantId tenant = 0;  // whose quotas the chunk counts towards
   tiering::HolderId holder = tiering::kEngineHolder;  // a slot's commit: whose slot
+  // A slot's commit: the chunk has no checksums yet; compute them
+  // (wire::SealChunkParallel) instead of checking them.
+  bool seal = false;
 };
 
 // How a get hands the chunk out.

@@ -23,6 +23,7 @@
 namespace kvtier::server {
 namespace {
 
+using kvtier::testing::AsVersionOne;
 using kvtier::testing::MakeChunk;
 using kvtier::testing::TempDir;
 using kvtier::testing::TestKey;
@@ -110,6 +111,51 @@ TEST_F(ServiceTest, SlotCommitStoresBytesWrittenInPlace) {
   EXPECT_EQ(r->bytes, chunk);
   // The slot is consumed: committing it again is NotFound.
   EXPECT_EQ(service_->CommitSlot({TestKey(21)}, slot->id).code(), absl::StatusCode::kNotFound);
+}
+
+// A GPU store's commit: the slot's chunk has no checksums and the daemon
+// computes them; the stored chunk is the sealed one, for both versions.
+TEST_F(ServiceTest, SealingCommitComputesTheChecksumsOfAnUnsealedSlot) {
+  for (uint16_t version : {uint16_t{1}, uint16_t{2}}) {
+    auto sealed = MakeChunk(24 + version, 64, 3, 2, 64);
+    if (version == 1) sealed = AsVersionOne(sealed);
+    auto h = codec::ParseHeader(sealed).value();
+    // What a GPU store leaves: every byte but the checksums (and tables).
+    auto unsealed = sealed;
+    std::memset(unsealed.data() + codec::kOffKChecksum, 0, 16);
+    std::memset(unsealed.data() + codec::kOffHeaderChecksum, 0, 8);
+    for (const auto& [off, sec] : {std::pair{h.layout.k_offset, h.layout.k},
+                                   std::pair{h.layout.v_offset, h.layout.v}}) {
+      std::memset(unsealed.data() + off + sec.table_offset, 0x5A, sec.table_bytes);
+    }
+    const Hash128 key = TestKey(40 + version);
+    auto slot = service_->AllocateSlot(unsealed.size(), 0, tiering::Holder{});
+    ASSERT_TRUE(slot.ok()) << slot.status();
+    std::copy(unsealed.begin(), unsealed.end(), Pool(slot->extent).begin());
+    // Without sealing, the zero checksums are a mismatch (and free the slot).
+    PutArgs plain{key};
+    EXPECT_EQ(service_->CommitSlot(plain, slot->id).code(), absl::StatusCode::kDataLoss);
+    slot = service_->AllocateSlot(unsealed.size(), 0, tiering::Holder{});
+    ASSERT_TRUE(slot.ok()) << slot.status();
+    std::copy(unsealed.begin(), unsealed.end(), Pool(slot->extent).begin());
+    PutArgs seal{key};
+    seal.seal = true;
+    ASSERT_TRUE(service_->CommitSlot(seal, slot->id).ok()) << version;
+    auto r = service_->Get(key, GetMode::kCopy, tiering::Holder{});
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->bytes, sealed) << version;
+  }
+  // A malformed header is refused and frees the slot.
+  auto chunk = MakeChunk(29);
+  chunk[codec::kOffNumLayers] = 0;
+  auto slot = service_->AllocateSlot(chunk.size(), 0, tiering::Holder{});
+  ASSERT_TRUE(slot.ok());
+  std::copy(chunk.begin(), chunk.end(), Pool(slot->extent).begin());
+  PutArgs seal{TestKey(49)};
+  seal.seal = true;
+  EXPECT_EQ(service_->CommitSlot(seal, slot->id).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_FALSE(engine_->Contains(TestKey(49)));
+  EXPECT_EQ(service_->AbortSlot(slot->id, 0).code(), absl::StatusCode::kNotFound);
 }
 
 TEST_F(ServiceTest, CommitOfUnknownSlotReturnsNotFound) {
@@ -259,17 +305,8 @@ TEST(ChunkCheck, AgreesWithTheCodecAndFindsEveryCorruption) {
 // A version 1 chunk (whole-section checksums) still verifies and fails as
 // the codec says, on the pool.
 TEST(ChunkCheck, VersionOneChunksVerifyInParallelToo) {
-  auto v2 = MakeChunk(71, 256, 4, 8, 128);
-  auto h = codec::ParseHeader(v2).value();
-  codec::ChunkSpec spec = h.spec;
-  spec.version = 1;
-  auto layout = codec::ValidateSpec(spec).value();
-  std::vector<uint8_t> v1(layout.total_bytes);
-  // The records are the same bytes in both versions; v1 has no tables.
-  std::memcpy(v1.data() + layout.k_offset, v2.data() + h.layout.k_offset, layout.k.bytes);
-  std::memcpy(v1.data() + layout.v_offset, v2.data() + h.layout.v_offset, layout.v.bytes);
-  codec::WriteHeader(spec, layout, 0, 0, std::span<uint8_t>(v1).first(codec::kHeaderSize));
-  ASSERT_TRUE(codec::SealChunk(v1).ok());
+  auto v1 = AsVersionOne(MakeChunk(71, 256, 4, 8, 128));
+  const codec::ChunkLayout layout = codec::ParseHeader(v1).value().layout;
   auto ok = wire::VerifyChunkParallel(v1);
   ASSERT_TRUE(ok.ok()) << ok.status();
   EXPECT_EQ(ok->header().spec.version, 1);

@@ -4,6 +4,8 @@
 #define KVTIER_SERVER_TEST_UTIL_H_
 
 #include <cstdint>
+#include <cstring>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -27,6 +29,21 @@ inline std::vector<uint8_t> MakeChunk(uint32_t seed, uint32_t tokens = 16, uint3
   o.seed = seed + 1000003;
   auto v = codec::testing::MakeKv(g, codec::DType::kBF16, o);
   return codec::EncodeChunk(spec, codec::KvView{k, v}).value();
+}
+
+// The same records as `chunk` (a sealed version 2 chunk) in a sealed
+// version 1 chunk: no record tables, whole-section checksums.
+inline std::vector<uint8_t> AsVersionOne(const std::vector<uint8_t>& chunk) {
+  const codec::ChunkHeader h = codec::ParseHeader(chunk).value();
+  codec::ChunkSpec spec = h.spec;
+  spec.version = 1;
+  const codec::ChunkLayout l = codec::ValidateSpec(spec).value();
+  std::vector<uint8_t> v1(l.total_bytes);
+  std::memcpy(v1.data() + l.k_offset, chunk.data() + h.layout.k_offset, l.k.bytes);
+  std::memcpy(v1.data() + l.v_offset, chunk.data() + h.layout.v_offset, l.v.bytes);
+  codec::WriteHeader(spec, l, 0, 0, std::span<uint8_t>(v1).first(codec::kHeaderSize));
+  (void)codec::SealChunk(v1);
+  return v1;
 }
 
 inline Hash128 TestKey(uint32_t i) { return Hash128::Of("server-test-key-" + std::to_string(i), 7); }

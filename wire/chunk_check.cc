@@ -153,6 +153,41 @@ absl::Status CheckRecordsParallel(const codec::ChunkHeader& h, std::span<const u
   return absl::OkStatus();
 }
 
+absl::StatusOr<codec::VerifiedChunk> SealChunkParallel(std::span<uint8_t> chunk) {
+  KVTIER_ASSIGN_OR_RETURN(codec::ChunkHeader h, codec::ParseUnsealedHeader(chunk));
+  if (chunk.size() != h.layout.total_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("length: slot is ", chunk.size(),
+                                                   " bytes, header says ", h.layout.total_bytes));
+  }
+  const codec::ChunkLayout& l = h.layout;
+  const std::span<uint8_t> sections[2] = {chunk.subspan(l.k_offset, l.k.bytes),
+                                          chunk.subspan(l.v_offset, l.v.bytes)};
+  uint64_t sums[2] = {0, 0};
+  if (l.version < 2) {
+    WorkerPool::Shared().ParallelFor(2, [&](size_t s) { sums[s] = Checksum64(sections[s]); });
+  } else {
+    const uint32_t layers = l.geometry.num_layers;
+    std::vector<uint64_t> records[2] = {std::vector<uint64_t>(layers),
+                                        std::vector<uint64_t>(layers)};
+    WorkerPool::Shared().ParallelFor(2 * size_t{layers}, [&](size_t i) {
+      const size_t s = i % 2;
+      const auto layer = static_cast<uint32_t>(i / 2);
+      records[s][layer] = codec::RecordChecksum(
+          static_cast<codec::Section>(s), layer,
+          codec::RecordBytes(s == 0 ? l.k : l.v, sections[s], layer));
+    });
+    for (size_t s = 0; s < 2; ++s) {
+      const codec::SectionLayout& sec = s == 0 ? l.k : l.v;
+      sums[s] = codec::WriteRecordTable(sec, records[s],
+                                        sections[s].subspan(sec.table_offset, sec.table_bytes));
+    }
+  }
+  codec::WriteHeader(h.spec, l, sums[0], sums[1], chunk.first(codec::kHeaderSize));
+  h.k_checksum = sums[0];
+  h.v_checksum = sums[1];
+  return codec::AcceptChunk(h, chunk, absl::OkStatus());
+}
+
 void StreamCopy(std::span<uint8_t> dst, std::span<const uint8_t> src) {
   for (size_t o = 0; o < src.size(); o += kPieceBytes) {
     StreamPiece(dst.data() + o, src.data() + o, std::min(kPieceBytes, src.size() - o));

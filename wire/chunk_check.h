@@ -1,8 +1,8 @@
 // Chunk checks of the shared-memory data plane, shared by kvtierd and
-// libkvtier: a VerifyChunk that hashes the K and V sections on two threads
-// (with common/hash.h Checksum64, libxxhash's dispatched XXH3-64), a copy that
-// verifies the bytes it delivers in the same pass, and a check that follows a
-// streamed write.
+// libkvtier: a VerifyChunk and a SealChunk that spread a chunk's layer
+// records over the shared worker pool (common/worker_pool.h; libxxhash's
+// dispatched XXH3-64), a copy that verifies the bytes it delivers in the same
+// pass, and a check that follows a streamed write.
 //
 // Every function treats its input bytes as hostile, like codec/chunk.h, and
 // answers with VerifyChunk's codes: InvalidArgument for a malformed header,
@@ -30,6 +30,12 @@ namespace kvtier::wire {
 // one pass over a chunk, at commit). The result is what a store takes
 // (codec::VerifiedChunk).
 absl::StatusOr<codec::VerifiedChunk> VerifyChunkParallel(std::span<const uint8_t> chunk);
+
+// codec::SealChunk on the shared worker pool, then the chunk as sealed: the
+// daemon's one pass over a chunk whose writer left the checksums to it (a
+// GPU store). InvalidArgument for a malformed header or a length that is not
+// the header's.
+absl::StatusOr<codec::VerifiedChunk> SealChunkParallel(std::span<uint8_t> chunk);
 
 // Version 2: checks layer records [begin, end) of both sections of `chunk`
 // (whose header `h` is, as ParseHeader parsed it from `chunk`), one record a
