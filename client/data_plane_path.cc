@@ -223,18 +223,23 @@ absl::StatusOr<std::vector<absl::Status>> DataPlanePath::PutBatch(
     }
   }
   if (!bad.ok()) {
-    for (uint64_t id : ids) {
-      uint8_t a[w::kU64Bytes];
-      w::Writer(a).U64(id);
-      (void)c_.Call(Op::kAbortSlot, a, sizeof(a), nullptr, 0);
-    }
+    for (uint64_t id : ids) (void)AbortSlot(id);
     return bad;
   }
   // Non-temporal stores: the daemon's check reads the chunks from memory.
   for (size_t i = 0; i < n; ++i) wire::StreamCopy(dst[i], chunks[i]);
-  req.resize(w::kCommitBatchBytes + n * w::kCommitItemBytes);
+  return CommitSlots(ids, keys, options);
+}
+
+absl::StatusOr<std::vector<absl::Status>> DataPlanePath::CommitSlots(
+    std::span<const uint64_t> ids, std::span<const Hash128> keys, const PutOptions& options) {
+  const size_t n = ids.size();
+  std::vector<uint8_t> req(w::kCommitBatchBytes + n * w::kCommitItemBytes), rep;
   w::Writer b(req.data());
-  b.U32(static_cast<uint32_t>(n)).U8(options.durable ? 1 : 0).U8(0).U16(0);
+  b.U32(static_cast<uint32_t>(n))
+      .U8(options.durable ? 1 : 0)
+      .U8(options.daemon_seals ? w::kCommitSeal : 0)
+      .U16(0);
   for (size_t i = 0; i < n; ++i) b.U64(ids[i]).Raw(keys[i].bytes.data(), w::kKeyBytes);
   KVTIER_RETURN_IF_ERROR(c_.CallBatch(Op::kCommitBatch, req.data(), b.size(), &rep));
   if (rep.size() != w::kBatchHeaderBytes + n * 4) return c_.BadAnswer(Op::kCommitBatch);
@@ -253,6 +258,36 @@ absl::StatusOr<std::vector<absl::Status>> DataPlanePath::PutBatch(
                                                 " refused: ", absl::StatusCodeToString(sc))));
   }
   return out;
+}
+
+absl::StatusOr<WritableSlot> DataPlanePath::AllocateSlot(uint64_t bytes) {
+  uint8_t req[w::kAllocateBytes], rep[w::kSlotReplyBytes];
+  const uint32_t n = w::Writer(req).U64(bytes).U32(0).size();
+  KVTIER_RETURN_IF_ERROR(c_.Call(Op::kAllocate, req, n, rep, sizeof(rep)));
+  w::Reader r(rep);
+  const uint64_t id = r.U64(), offset = r.U64(), length = r.U64();
+  auto range = c_.pool().Range(offset, length);
+  absl::Status st = range.status();
+  if (st.ok() && range->size() < bytes) st = absl::InternalError("daemon returned a short slot");
+  if (!st.ok()) {
+    (void)AbortSlot(id);
+    return st;
+  }
+  return WritableSlot{id, range->first(bytes), c_.serial()};
+}
+
+absl::Status DataPlanePath::CommitSlot(uint64_t slot_id, const Hash128& key,
+                                       const PutOptions& options) {
+  const uint64_t ids[] = {slot_id};
+  const Hash128 keys[] = {key};
+  KVTIER_ASSIGN_OR_RETURN(std::vector<absl::Status> st, CommitSlots(ids, keys, options));
+  return st[0];
+}
+
+absl::Status DataPlanePath::AbortSlot(uint64_t slot_id) {
+  uint8_t req[w::kU64Bytes];
+  const uint32_t m = w::Writer(req).U64(slot_id).size();
+  return c_.Call(Op::kAbortSlot, req, m, nullptr, 0);
 }
 
 absl::StatusOr<HeldChunk> DataPlanePath::Hold(const Hash128& key, bool verify) {

@@ -38,6 +38,11 @@ class DataPlanePath final : public DataPath {
   absl::StatusOr<std::vector<absl::Status>> PutBatch(
       std::span<const Hash128> keys, std::span<const std::span<const uint8_t>> chunks,
       const PutOptions& options) override;
+  // A slot on this connection for a caller that writes it in place (a GPU
+  // store), committed or aborted on this connection (WritableSlot::connection).
+  absl::StatusOr<WritableSlot> AllocateSlot(uint64_t bytes);
+  absl::Status CommitSlot(uint64_t slot_id, const Hash128& key, const PutOptions& options);
+  absl::Status AbortSlot(uint64_t slot_id);
   absl::StatusOr<std::pair<uint64_t, Tier>> Get(const Hash128& key, ChunkSink sink) override {
     return GetThroughPool(key, sink, verifier_);
   }
@@ -55,6 +60,11 @@ class DataPlanePath final : public DataPath {
   absl::Status ReleaseCopied(const HeldChunk& chunk) override;
 
  private:
+  // One kCommitBatch frame: a status per slot.
+  absl::StatusOr<std::vector<absl::Status>> CommitSlots(std::span<const uint64_t> ids,
+                                                        std::span<const Hash128> keys,
+                                                        const PutOptions& options);
+
   ConnLease lease_;
   DataConn& c_;
   wire::PipelinedCopyVerifier* const verifier_;

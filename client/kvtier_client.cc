@@ -162,15 +162,30 @@ class ClientImpl final : public KvtierClient {
     return Route()->Put(key, chunk, options);
   }
 
+  // On a data-plane connection when one is free (a round trip of tens of
+  // microseconds), else over gRPC; the slot is committed or aborted the way
+  // it was allocated (on that connection: the daemon ties a data-plane
+  // slot to its connection).
   absl::StatusOr<WritableSlot> AllocateSlot(uint64_t bytes) override {
     if (!shm_) return absl::FailedPreconditionError("no shared-memory pool mapped");
+    if (conns_ != nullptr) {
+      if (ConnLease c = conns_->Acquire()) {
+        return DataPlanePath(std::move(c), verifier_.get()).AllocateSlot(bytes);
+      }
+    }
     return stream_path_->AllocateSlot(bytes);
   }
   absl::Status CommitSlot(const WritableSlot& slot, const Hash128& key,
                           const PutOptions& options) override {
-    return rpc_.CommitSlot(slot.id, key, options);
+    if (slot.connection == 0) return rpc_.CommitSlot(slot.id, key, options);
+    KVTIER_ASSIGN_OR_RETURN(DataPlanePath path, SlotConnection(slot));
+    return path.CommitSlot(slot.id, key, options);
   }
-  absl::Status AbortSlot(const WritableSlot& slot) override { return rpc_.AbortSlot(slot.id); }
+  absl::Status AbortSlot(const WritableSlot& slot) override {
+    if (slot.connection == 0) return rpc_.AbortSlot(slot.id);
+    KVTIER_ASSIGN_OR_RETURN(DataPlanePath path, SlotConnection(slot));
+    return path.AbortSlot(slot.id);
+  }
 
   absl::StatusOr<std::vector<uint8_t>> Get(const Hash128& key) override {
     std::vector<uint8_t> out;
@@ -234,6 +249,18 @@ class ClientImpl final : public KvtierClient {
     std::optional<DataPlanePath> data_plane_;
     DataPath* const path_;
   };
+
+  // The data-plane connection that allocated `slot`, once no other call uses
+  // it. NotFound if it closed (the daemon freed the slot with it).
+  absl::StatusOr<DataPlanePath> SlotConnection(const WritableSlot& slot) {
+    ConnLease c = conns_ != nullptr ? conns_->AcquireBySerial(slot.connection)
+                                     : ConnLease(nullptr, nullptr);
+    if (!c) {
+      return absl::NotFoundError(absl::StrCat("slot ", slot.id, ": its data-plane connection ",
+                                              slot.connection, " closed or stayed busy"));
+    }
+    return DataPlanePath(std::move(c), verifier_.get());
+  }
 
   // The gRPC path: chunk bytes in the pool with shared memory, else inline.
   DataPath& RpcPath() {

@@ -162,6 +162,9 @@ struct DaemonStats {
 struct WritableSlot {
   uint64_t id = 0;
   std::span<uint8_t> data;
+  // The data-plane connection that allocated it, which commits or aborts it
+  // (its serial); 0 for a slot allocated over gRPC.
+  uint64_t connection = 0;
 };
 
 // A chunk read in place in the daemon's pool (zero-copy), held until Unhold:

@@ -570,8 +570,8 @@ absl::Status DataPlaneConnection::OnAllocateBatch(wire::shm::Reader& r, uint32_t
 
 absl::Status DataPlaneConnection::OnCommitBatch(wire::shm::Reader& r, uint32_t n,
                                                 wire::shm::Writer& w) {
-  const uint8_t durable = r.U8(), z0 = r.U8(), z1 = r.U8(), z2 = r.U8();
-  if (durable > 1 || (z0 | z1 | z2) != 0) {
+  const uint8_t durable = r.U8(), flags = r.U8(), z1 = r.U8(), z2 = r.U8();
+  if (durable > 1 || (flags & ~wire::shm::kCommitSeal) != 0 || (z1 | z2) != 0) {
     return absl::InvalidArgumentError("commit batch with nonzero reserved bytes");
   }
   std::vector<std::pair<uint64_t, Hash128>> items(n);
@@ -598,7 +598,8 @@ absl::Status DataPlaneConnection::OnCommitBatch(wire::shm::Reader& r, uint32_t n
       args.tenant = tenant_->id();
       args.holder = holder_id_;
       args.durable = durable != 0;
-      // Verified (header, lengths, checksums) before it is stored.
+      args.seal = (flags & wire::shm::kCommitSeal) != 0;
+      // Verified (header, lengths, checksums), or sealed, before it is stored.
       st = service_->CommitSlot(args, id);
       tenant_->CountPut(st);
     }

@@ -428,6 +428,20 @@ TEST_F(CtlTest, BatchOpsRefuseHostileFrames) {
     commit.insert(commit.end(), item.begin(), item.end());
   }
   EXPECT_EQ(a.Call(Op::kCommitBatch, commit), kInvalid);
+  // Commit flags: kCommitSeal is one (an unknown slot is still NotFound);
+  // any other bit is refused.
+  for (uint8_t flags : {wire::shm::kCommitSeal, uint8_t{2}, uint8_t{0x81}}) {
+    std::vector<uint8_t> sealed(wire::shm::kCommitBatchBytes + wire::shm::kCommitItemBytes);
+    wire::shm::Writer(sealed.data()).U32(1).U8(0).U8(flags).U16(0).U64(4242).Raw(
+        TestKey(187).bytes.data(), 16);
+    if (flags == wire::shm::kCommitSeal) {
+      ASSERT_EQ(a.Call(Op::kCommitBatch, sealed, &out), kOk);
+      ASSERT_EQ(out.size(), 8u + 4u);
+      EXPECT_EQ(static_cast<int>(wire::shm::Reader(out.data() + 8).U32()), kNotFound);
+    } else {
+      EXPECT_EQ(a.Call(Op::kCommitBatch, sealed), kInvalid) << int{flags};
+    }
+  }
   // Reserved bytes that are not zero.
   std::vector<uint8_t> bad_head = get_head;
   bad_head[9] = 1;

@@ -595,6 +595,36 @@ TEST_F(E2eTest, SlotWrittenAfterCommitIsDataLossOnGet) {
   EXPECT_EQ(c->AbortSlot(*slot).code(), absl::StatusCode::kNotFound);
 }
 
+// A GPU store's slot: allocated and committed on a data-plane connection,
+// with the checksums left to the daemon (PutOptions::daemon_seals).
+TEST_F(E2eTest, SlotCommittedUnsealedIsSealedByTheDaemon) {
+  auto c = Client();
+  ASSERT_TRUE(c);
+  auto chunk = MakeChunk(19, 64, 3, 2, 64);
+  auto h = codec::ParseHeader(chunk).value();
+  auto unsealed = chunk;
+  std::memset(unsealed.data() + codec::kOffKChecksum, 0, 16);
+  std::memset(unsealed.data() + codec::kOffHeaderChecksum, 0, 8);
+  std::memset(unsealed.data() + h.layout.v_offset + h.layout.v.table_offset, 0,
+              h.layout.v.table_bytes);
+  auto slot = c->AllocateSlot(unsealed.size());
+  ASSERT_TRUE(slot.ok()) << slot.status();
+  EXPECT_NE(slot->connection, 0u);  // the data plane's
+  std::copy(unsealed.begin(), unsealed.end(), slot->data.begin());
+  client::PutOptions seal;
+  seal.daemon_seals = true;
+  ASSERT_TRUE(c->CommitSlot(*slot, TestKey(19), seal).ok());
+  auto got = c->Get(TestKey(19));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, chunk);
+  // Unsealed without the flag: the daemon's check refuses it.
+  auto again = c->AllocateSlot(unsealed.size());
+  ASSERT_TRUE(again.ok()) << again.status();
+  std::copy(unsealed.begin(), unsealed.end(), again->data.begin());
+  EXPECT_EQ(c->CommitSlot(*again, TestKey(20)).code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(c->AbortSlot(*again).code(), absl::StatusCode::kNotFound);
+}
+
 // The streamed put (what libkvtier's Put uses with shared memory) through a
 // raw stub: a corrupt chunk, a stream without its commit message, a length
 // beyond the slot and a changed slot id each get their code and free the slot.
@@ -605,10 +635,19 @@ TEST_F(E2eTest, StreamedPutChecksBytesAndStreamRules) {
   auto chunk = MakeChunk(18);
   auto run = [&](std::vector<uint8_t> bytes, const std::vector<std::pair<uint64_t, bool>>& msgs,
                  int64_t slot_delta = 0) {
-    auto slot = c->AllocateSlot(bytes.size());
-    EXPECT_TRUE(slot.ok());
-    if (!slot.ok()) return grpc::StatusCode::UNKNOWN;
-    std::copy(bytes.begin(), bytes.end(), slot->data.begin());
+    // A gRPC slot (the client allocates on its data-plane connection, whose
+    // slots a gRPC call cannot name), written through the client's mapping.
+    pb::AllocateSlotResponse slot;
+    {
+      grpc::ClientContext actx;
+      Deadline(actx);
+      pb::AllocateSlotRequest areq;
+      areq.set_version(1);
+      areq.set_bytes(bytes.size());
+      EXPECT_TRUE(stub->AllocateSlot(&actx, areq, &slot).ok());
+      if (slot.slot_id() == 0) return grpc::StatusCode::UNKNOWN;
+    }
+    std::copy(bytes.begin(), bytes.end(), c->mapped_pool().begin() + slot.extent().offset());
     grpc::ClientContext ctx;
     Deadline(ctx);
     pb::PutResponse resp;
@@ -617,7 +656,7 @@ TEST_F(E2eTest, StreamedPutChecksBytesAndStreamRules) {
       pb::PutStreamRequest m;
       m.set_version(1);
       m.set_key(std::string(16, 's'));
-      m.set_slot_id(slot->id + (i > 0 ? slot_delta : 0));
+      m.set_slot_id(slot.slot_id() + (i > 0 ? slot_delta : 0));
       m.set_written_bytes(msgs[i].first);
       m.set_commit(msgs[i].second);
       if (!w->Write(m)) break;
@@ -625,7 +664,13 @@ TEST_F(E2eTest, StreamedPutChecksBytesAndStreamRules) {
     w->WritesDone();
     grpc::StatusCode code = w->Finish().error_code();
     // Whatever happened, the slot is no longer open.
-    EXPECT_EQ(c->AbortSlot(*slot).code(), absl::StatusCode::kNotFound);
+    grpc::ClientContext xctx;
+    Deadline(xctx);
+    pb::AbortSlotRequest x;
+    x.set_version(1);
+    x.set_slot_id(slot.slot_id());
+    pb::AbortSlotResponse xr;
+    EXPECT_EQ(stub->AbortSlot(&xctx, x, &xr).error_code(), grpc::StatusCode::NOT_FOUND);
     return code;
   };
   const uint64_t n = chunk.size();

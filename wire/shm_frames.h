@@ -44,7 +44,7 @@ enum class Op : uint16_t {
                         //   -> u32 n, u32 zero, n x u32 code
   kPrefetch = 15,       // u32 n, u32 deadline_ms, u64 byte budget, n keys -> kPrefetchReplyBytes
   kAllocateBatch = 16,  // u32 n, u32 ttl_ms, n x u64 bytes -> u32 n, u32 zero, n x kSlotReplyBytes
-  kCommitBatch = 17,    // u32 n, u8 durable, u8[3] zero, n x (u64 slot id, key)
+  kCommitBatch = 17,    // u32 n, u8 durable, u8 flags, u8[2] zero, n x (u64 slot id, key)
                         //   -> u32 n, u32 zero, n x u32 code
   kHelloTenant = 18,    // u32 n, u32 zero, n bytes of a tenant's bearer token -> (empty)
 };
@@ -71,6 +71,9 @@ inline constexpr uint32_t kReleaseItemBytes = 8 + 8;
 inline constexpr uint32_t kPlanBytes = 4 + 4 + 8 + 4 + 4;
 inline constexpr uint32_t kPrefetchBytes = 4 + 4 + 8;  // u32 n, u32 deadline_ms, u64 budget
 inline constexpr uint32_t kCommitBatchBytes = 4 + 1 + 3;
+// kCommitBatch's flags: the slots' chunks have no checksums yet (a GPU
+// store's kernel wrote the rest); the daemon computes them (Put.seal).
+inline constexpr uint8_t kCommitSeal = 1;
 inline constexpr uint32_t kCommitItemBytes = 8 + kKeyBytes;
 // Replies. kPlanReplyBytes: u32 hits, u32 load_chunks, f64 load_chunks_us,
 // f64 saved_us, u64 lease id (0: nothing held), i64 expires_at_us.
