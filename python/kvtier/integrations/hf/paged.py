@@ -74,7 +74,8 @@ def _align16(n: int) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class ChunkSections:
-    """Where one chunk's layer records lie (codec/FORMAT.md, "Sections")."""
+    """Where one chunk's layer records lie (codec/FORMAT.md, "Sections"; in
+    version 2 a record checksum table follows each section's records)."""
     num_layers: int
     num_kv_heads: int
     head_dim: int
@@ -113,8 +114,11 @@ def chunk_sections(chunk) -> ChunkSections:
         info.num_layers, info.num_kv_heads, info.head_dim, info.num_tokens, info.block_size,
         TORCH_DTYPES[info.dtype], k_format, v_format,
         k_data, k_data, v_data, v_scales, v_data + _align16(4 * v_scales), _HEADER + k_bytes)
-    assert sections.k_stride * info.num_layers == k_bytes
-    assert sections.v_stride * info.num_layers == v_bytes
+    # Version 2 ends each section with its record checksum table.
+    version = struct.unpack_from("<H", head, 4)[0]
+    table = _align16(8 * info.num_layers) if version >= 2 else 0
+    assert sections.k_stride * info.num_layers + table == k_bytes
+    assert sections.v_stride * info.num_layers + table == v_bytes
     return sections
 
 
