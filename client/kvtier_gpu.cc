@@ -17,8 +17,9 @@
 namespace kvtier::client {
 namespace {
 
-// Chunks a LayerwiseLoad holds and checks at once (each check hashes K and V
-// on two threads; the holds share the client's data-plane connections).
+// Chunks a LayerwiseLoad holds and checks at once (each check spreads the
+// chunk's layer records over the worker pool; the holds share the client's
+// data-plane connections).
 constexpr size_t kParallelHolds = 8;
 
 absl::Status Sync(cudaStream_t stream) {
@@ -41,14 +42,9 @@ absl::Status WaitForLaunchesSoFar(cudaStream_t stream) {
 
 // ---- PendingStore ----
 
-PendingStore::PendingStore(GpuPagedIo* io, const codec::ChunkSpec& spec,
-                           const codec::ChunkLayout& layout, WritableSlot slot,
+PendingStore::PendingStore(GpuPagedIo* io, const codec::ChunkSpec& spec, WritableSlot slot,
                            uint32_t* workspace)
-    : io_(io),
-      spec_(spec),
-      layout_(layout),
-      slot_(slot),
-      workspace_(workspace) {}
+    : io_(io), spec_(spec), slot_(slot), workspace_(workspace) {}
 
 PendingStore::~PendingStore() {
   if (slot_gone_) return;
@@ -275,7 +271,7 @@ absl::StatusOr<std::unique_ptr<PendingStore>> GpuPagedIo::BeginStore(const codec
     ReturnWorkspace(ws, /*dirty=*/false);
     return st;
   }
-  return std::unique_ptr<PendingStore>(new PendingStore(this, spec, layout, *slot, ws));
+  return std::unique_ptr<PendingStore>(new PendingStore(this, spec, *slot, ws));
 }
 
 absl::Status GpuPagedIo::Store(const Hash128& key, const codec::ChunkSpec& spec,

@@ -87,12 +87,11 @@ class PendingStore {
 
  private:
   friend class GpuPagedIo;
-  PendingStore(GpuPagedIo* io, const codec::ChunkSpec& spec, const codec::ChunkLayout& layout,
-               WritableSlot slot, uint32_t* workspace);
+  PendingStore(GpuPagedIo* io, const codec::ChunkSpec& spec, WritableSlot slot,
+               uint32_t* workspace);
 
   GpuPagedIo* const io_;
   const codec::ChunkSpec spec_;
-  const codec::ChunkLayout layout_;
   const WritableSlot slot_;
   uint32_t* workspace_;  // returned to io_'s pool once the encodes are done
   cudaStream_t stream_ = nullptr;  // of the last EncodeLayers

@@ -209,6 +209,20 @@ absl::Status CheckRecordTable(Section which, const SectionLayout& sec, uint64_t 
   return absl::OkStatus();
 }
 
+namespace {
+
+// Version 2: the checksum of every layer record of `section`, in layer order.
+std::vector<uint64_t> RecordChecksums(Section which, const SectionLayout& sec,
+                                      std::span<const uint8_t> section) {
+  std::vector<uint64_t> out(sec.num_layers);
+  for (uint32_t l = 0; l < sec.num_layers; ++l) {
+    out[l] = RecordChecksum(which, l, RecordBytes(sec, section, l));
+  }
+  return out;
+}
+
+}  // namespace
+
 absl::Status VerifySection(const ChunkHeader& header, Section which,
                            std::span<const uint8_t> section) {
   bool is_k = which == Section::kK;
@@ -219,11 +233,8 @@ absl::Status VerifySection(const ChunkHeader& header, Section which,
                                             " bytes, header says ", sec.bytes));
   }
   if (header.layout.version >= 2) {
-    std::vector<uint64_t> digests(sec.num_layers);
-    for (uint32_t l = 0; l < sec.num_layers; ++l) {
-      digests[l] = RecordChecksum(which, l, RecordBytes(sec, section, l));
-    }
-    return CheckRecordTable(which, sec, is_k ? header.k_checksum : header.v_checksum, digests,
+    return CheckRecordTable(which, sec, is_k ? header.k_checksum : header.v_checksum,
+                            RecordChecksums(which, sec, section),
                             section.subspan(sec.table_offset, sec.table_bytes));
   }
   uint64_t want = is_k ? header.k_checksum : header.v_checksum;
@@ -275,12 +286,8 @@ absl::Status SealChunk(std::span<uint8_t> chunk) {
       sums[is_k ? 0 : 1] = Checksum64(bytes);
       continue;
     }
-    std::vector<uint64_t> digests(sec.num_layers);
-    for (uint32_t layer = 0; layer < sec.num_layers; ++layer) {
-      digests[layer] = RecordChecksum(which, layer, RecordBytes(sec, bytes, layer));
-    }
-    sums[is_k ? 0 : 1] =
-        WriteRecordTable(sec, digests, bytes.subspan(sec.table_offset, sec.table_bytes));
+    sums[is_k ? 0 : 1] = WriteRecordTable(sec, RecordChecksums(which, sec, bytes),
+                                          bytes.subspan(sec.table_offset, sec.table_bytes));
   }
   WriteHeader(header.spec, header.layout, sums[0], sums[1], chunk.first(kHeaderSize));
   return absl::OkStatus();

@@ -16,6 +16,15 @@ using tiering::TierKind;
 
 namespace {
 
+// The service's check of a shared-memory read: a stored chunk handed out in
+// place was verified at put, so its bytes are read only on request (a reader
+// found a mismatch), while still pinned; a scratch copy is checked unless the
+// tier checked it as it read it. OK when no check is due.
+absl::Status CheckSharedRead(const tiering::SharedRead& sr, bool verify) {
+  if ((sr.slot_id == 0 || sr.verified) && !verify) return absl::OkStatus();
+  return wire::VerifyChunkParallel(sr.bytes).status();
+}
+
 tiering::PutOptions PutOptionsOf(const PutArgs& args) {
   tiering::PutOptions po;
   po.durable = args.durable;
@@ -197,12 +206,7 @@ absl::StatusOr<GetResult> KvService::Get(const Hash128& key, GetMode mode,
     tiering::GetOptions go;
     go.holder = holder;
     KVTIER_ASSIGN_OR_RETURN(tiering::SharedRead sr, engine_->GetShared(key, lease_ms, go));
-    std::span<const uint8_t> bytes = sr.bytes;
-    // A stored chunk handed out in place was verified at put: its bytes are
-    // read only on request (a reader found a mismatch), while still pinned.
-    // A scratch copy is checked unless the tier checked it as it read it.
-    absl::Status st;
-    if ((sr.slot_id != 0 && !sr.verified) || verify) st = wire::VerifyChunkParallel(bytes).status();
+    absl::Status st = CheckSharedRead(sr, verify);
     if (!st.ok()) {
       (void)(sr.lease_id != 0 ? engine_->Release(sr.lease_id, holder.id)
                               : engine_->AbortSlot(sr.slot_id, holder.id));
@@ -263,12 +267,7 @@ absl::StatusOr<std::vector<absl::StatusOr<GetResult>>> KvService::GetBatchShared
       continue;
     }
     const tiering::SharedRead& sr = *reads[i];
-    // As Get (kShm): a scratch copy is checked (unless the tier checked it
-    // as it read it), a chunk in place only on request.
-    absl::Status st;
-    if ((sr.slot_id != 0 && !sr.verified) || verify) {
-      st = wire::VerifyChunkParallel(sr.bytes).status();
-    }
+    absl::Status st = CheckSharedRead(sr, verify);
     if (!st.ok()) {
       (void)(sr.lease_id != 0 ? engine_->Release(sr.lease_id, holder.id)
                               : engine_->AbortSlot(sr.slot_id, holder.id));

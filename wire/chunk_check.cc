@@ -97,15 +97,29 @@ absl::Status CheckCovered(const SectionHashes& hashes, uint64_t from, uint64_t e
 // Version 1: each section hashed whole, V on a pool thread when both are
 // large enough to pay for it.
 absl::Status CheckSectionsV1(const codec::ChunkHeader& h, std::span<const uint8_t> chunk) {
-  auto k = chunk.subspan(h.layout.k_offset, h.layout.k.bytes);
-  auto v = chunk.subspan(h.layout.v_offset, h.layout.v.bytes);
-  const size_t n = k.size() >= kParallelMinBytes && v.size() >= kParallelMinBytes ? 2 : 1;
+  const std::span<const uint8_t> sections[2] = {chunk.subspan(h.layout.k_offset, h.layout.k.bytes),
+                                                chunk.subspan(h.layout.v_offset, h.layout.v.bytes)};
+  const bool large = sections[0].size() >= kParallelMinBytes &&
+                     sections[1].size() >= kParallelMinBytes;
   absl::Status st[2];
-  WorkerPool::Shared().ParallelFor(n, [&](size_t i) {
-    if (i == 0) st[0] = codec::VerifySection(h, codec::Section::kK, k);
-    if (i == 1 || n == 1) st[1] = codec::VerifySection(h, codec::Section::kV, v);
-  });
+  WorkerPool::Shared().ParallelFor(
+      2, [&](size_t s) { st[s] = codec::VerifySection(h, static_cast<codec::Section>(s), sections[s]); },
+      large ? 2 : 1);
   return st[0].ok() ? st[1] : st[0];
+}
+
+// The record checksums of layers [begin, end) of both sections (K in
+// out[0], V in out[1], indexed by layer), one task a record on the pool.
+// REQUIRES: version 2; each out[s] holds num_layers entries.
+void RecordChecksumsParallel(const codec::ChunkLayout& l,
+                             const std::span<const uint8_t> (&sections)[2], uint32_t begin,
+                             uint32_t end, std::vector<uint64_t> (&out)[2]) {
+  WorkerPool::Shared().ParallelFor(2 * size_t{end - begin}, [&](size_t i) {
+    const size_t s = i % 2;  // K and V interleaved
+    const auto layer = static_cast<uint32_t>(begin + i / 2);
+    out[s][layer] = codec::RecordChecksum(static_cast<codec::Section>(s), layer,
+                                          codec::RecordBytes(s == 0 ? l.k : l.v, sections[s], layer));
+  });
 }
 
 }  // namespace
@@ -122,19 +136,11 @@ absl::Status CheckRecordsParallel(const codec::ChunkHeader& h, std::span<const u
   const codec::ChunkLayout& l = h.layout;
   end = std::min(end, l.geometry.num_layers);
   if (begin >= end) return absl::OkStatus();
-  const uint32_t n = end - begin;
   std::vector<uint64_t> sums[2] = {std::vector<uint64_t>(l.geometry.num_layers),
                                    std::vector<uint64_t>(l.geometry.num_layers)};
   const std::span<const uint8_t> sections[2] = {chunk.subspan(l.k_offset, l.k.bytes),
                                                 chunk.subspan(l.v_offset, l.v.bytes)};
-  // One task a record, K and V interleaved.
-  WorkerPool::Shared().ParallelFor(2 * size_t{n}, [&](size_t i) {
-    const auto which = static_cast<codec::Section>(i % 2);
-    const codec::SectionLayout& sec = i % 2 == 0 ? l.k : l.v;
-    const auto layer = static_cast<uint32_t>(begin + i / 2);
-    sums[i % 2][layer] =
-        codec::RecordChecksum(which, layer, codec::RecordBytes(sec, sections[i % 2], layer));
-  });
+  RecordChecksumsParallel(l, sections, begin, end, sums);
   for (int s = 0; s < 2; ++s) {
     const auto which = static_cast<codec::Section>(s);
     const codec::SectionLayout& sec = s == 0 ? l.k : l.v;
@@ -169,13 +175,8 @@ absl::StatusOr<codec::VerifiedChunk> SealChunkParallel(std::span<uint8_t> chunk)
     const uint32_t layers = l.geometry.num_layers;
     std::vector<uint64_t> records[2] = {std::vector<uint64_t>(layers),
                                         std::vector<uint64_t>(layers)};
-    WorkerPool::Shared().ParallelFor(2 * size_t{layers}, [&](size_t i) {
-      const size_t s = i % 2;
-      const auto layer = static_cast<uint32_t>(i / 2);
-      records[s][layer] = codec::RecordChecksum(
-          static_cast<codec::Section>(s), layer,
-          codec::RecordBytes(s == 0 ? l.k : l.v, sections[s], layer));
-    });
+    const std::span<const uint8_t> readonly[2] = {sections[0], sections[1]};
+    RecordChecksumsParallel(l, readonly, 0, layers, records);
     for (size_t s = 0; s < 2; ++s) {
       const codec::SectionLayout& sec = s == 0 ? l.k : l.v;
       sums[s] = codec::WriteRecordTable(sec, records[s],
