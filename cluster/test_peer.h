@@ -1,6 +1,7 @@
 // Helpers for the remote tier's tests: an in-memory PeerService (a map from
-// object id to bytes, with knobs to make it slow (gets and sizes) or refuse
-// puts), and a listener that never answers.
+// object id to bytes, with knobs to make it slow (gets and sizes), hold its
+// gets until a test releases them, or refuse puts), and a listener that never
+// answers.
 #ifndef KVTIER_CLUSTER_TEST_PEER_H_
 #define KVTIER_CLUSTER_TEST_PEER_H_
 
@@ -56,8 +57,9 @@ class MapPeerService : public PeerService {
   absl::StatusOr<std::unique_ptr<GetSource>> BeginGet(const tiering::ObjectKey& id) override {
     gets_begun_.fetch_add(1);
     if (delay_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms_));
-    gets_past_delay_.fetch_add(1);
     absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(&gets_open_));
+    gets_past_delay_.fetch_add(1);
     auto it = objects_.find(id);
     if (it == objects_.end()) return absl::NotFoundError("no such object");
     return std::unique_ptr<GetSource>(new Source(it->second));
@@ -87,15 +89,46 @@ class MapPeerService : public PeerService {
     if (it != objects_.end() && !it->second.empty()) it->second.back() ^= 0xFF;
   }
   void set_delay_ms(int ms) { delay_ms_ = ms; }
-  // Gets that reached the service, and those of them past their delay (about
-  // to answer), so tests wait for a get to be in flight or answered.
+
+  // While a hold lives (one at a time), gets that reach the service wait
+  // (counted in gets_begun(), not in gets_past_delay()) until it is
+  // released: the test acts while a get is known to be in flight and
+  // unanswered, however slow the machine. A transport's destructor waits for
+  // the service calls it runs, so release the hold before the server goes
+  // (declare it after the server, and a failing assertion releases it first
+  // too).
+  class [[nodiscard]] GetHold {
+   public:
+    explicit GetHold(MapPeerService* s) : s_(s) { s_->SetGetsOpen(false); }
+    GetHold(const GetHold&) = delete;
+    GetHold& operator=(const GetHold&) = delete;
+    ~GetHold() { Release(); }
+    void Release() {
+      if (s_ != nullptr) s_->SetGetsOpen(true);
+      s_ = nullptr;
+    }
+
+   private:
+    MapPeerService* s_;
+  };
+  GetHold HoldGets() { return GetHold(this); }
+
+  // Gets that reached the service, and those of them past their delay and
+  // hold (about to answer), so tests wait for a get to be in flight or
+  // answered.
   int gets_begun() const { return gets_begun_.load(); }
   int gets_past_delay() const { return gets_past_delay_.load(); }
   void set_capacity(uint64_t c) { capacity_ = c; }
 
  private:
+  void SetGetsOpen(bool open) {
+    absl::MutexLock lock(&mu_);
+    gets_open_ = open;
+  }
+
   absl::Mutex mu_;
   absl::flat_hash_map<tiering::ObjectKey, std::vector<uint8_t>> objects_ ABSL_GUARDED_BY(mu_);
+  bool gets_open_ ABSL_GUARDED_BY(mu_) = true;
   std::atomic<int> delay_ms_{0};
   std::atomic<int> gets_begun_{0};
   std::atomic<int> gets_past_delay_{0};

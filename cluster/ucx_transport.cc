@@ -749,6 +749,36 @@ struct UcxTransport::Impl {
     }
   }
 
+  // Destroys the listener and force-closes every endpoint (what is in flight
+  // on them is cancelled), and returns once the closes have finished.
+  // REQUIRES: the progress thread runs, and this is not it.
+  void CloseAll() {
+    std::promise<void> closed;
+    Post([this, &closed] {
+      if (listener) {
+        ucp_listener_destroy(listener);
+        listener = nullptr;
+      }
+      std::vector<ucp_ep_h> eps;
+      for (auto& [ep, name] : ep_names) eps.push_back(ep);
+      for (ucp_ep_h ep : eps) DropEndpoint(ep, UCS_ERR_CANCELED);
+      // Wait for the close requests (and the sends/receives they cancel).
+      while (!closing.empty()) {
+        ucp_worker_progress(worker);
+        for (auto it = closing.begin(); it != closing.end();) {
+          if (ucp_request_check_status(*it) != UCS_INPROGRESS) {
+            ucp_request_free(*it);
+            it = closing.erase(it);
+          } else {
+            ++it;
+          }
+        }
+      }
+      closed.set_value();
+    });
+    closed.get_future().wait();
+  }
+
   bool Answered(const std::string& peer) {
     absl::MutexLock lock(&answered_mu);
     return answered.contains(peer);
@@ -1060,30 +1090,7 @@ UcxTransport::~UcxTransport() {
     }
     m->svc_cv.notify_all();
     for (auto& t : m->svc_threads) t.join();
-    std::promise<void> closed;
-    m->Post([m, &closed] {
-      if (m->listener) {
-        ucp_listener_destroy(m->listener);
-        m->listener = nullptr;
-      }
-      std::vector<ucp_ep_h> eps;
-      for (auto& [ep, name] : m->ep_names) eps.push_back(ep);
-      for (ucp_ep_h ep : eps) m->DropEndpoint(ep, UCS_ERR_CANCELED);
-      // Wait for the close requests (and the sends/receives they cancel).
-      while (!m->closing.empty()) {
-        ucp_worker_progress(m->worker);
-        for (auto it = m->closing.begin(); it != m->closing.end();) {
-          if (ucp_request_check_status(*it) != UCS_INPROGRESS) {
-            ucp_request_free(*it);
-            it = m->closing.erase(it);
-          } else {
-            ++it;
-          }
-        }
-      }
-      closed.set_value();
-    });
-    closed.get_future().wait();
+    m->CloseAll();
     m->stop_progress = true;
     m->Post([] {});
     m->progress_thread.join();
@@ -1146,6 +1153,8 @@ absl::Status UcxTransport::Erase(const std::string& peer, const tiering::ObjectK
 absl::Status UcxTransport::Ping(const std::string& peer, absl::Duration timeout) {
   return impl_->Call(peer, Op::kPing, tiering::ObjectKey{}, {}, {}, timeout).status();
 }
+
+void UcxTransport::DropAllConnections() { impl_->CloseAll(); }
 
 uint64_t UcxTransport::auth_failures() const { return impl_->auth_failures.load(); }
 

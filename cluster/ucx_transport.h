@@ -114,6 +114,15 @@ class UcxTransport : public Transport {
   // Sends a request with an arbitrary wire version (tests of version refusal).
   absl::Status PingWithVersion(const std::string& peer, uint16_t version, absl::Duration timeout);
 
+  // Closes the listener and every connection at once, as a node that dies
+  // does: nothing in flight is sent on or answered, and peers' calls to this
+  // node fail with Unavailable. Service calls still running finish; their
+  // replies go nowhere. The node can no longer be reached; it still works as
+  // a client. For tests of a peer that dies mid-transfer: the destructor lets
+  // running service calls finish and send their replies before it closes
+  // anything, so it cannot cut a transfer that a service call holds.
+  void DropAllConnections();
+
   struct Impl;
 
  private:

@@ -211,13 +211,13 @@ TEST(UcxTransport, SlowPeerTimesOutAsUnavailableAndLateReplyIsIgnored) {
   auto client = UcxTransport::Create({}, nullptr);
   auto data = Bytes(1 << 20, 9);
   ASSERT_TRUE((*client)->Put(server->addr, Id(5), data, kTimeout).ok());
-  server->service.set_delay_ms(1500);
   const int answered = server->service.gets_past_delay();
+  auto hold = server->service.HoldGets();  // the peer answers no get until released
   std::vector<uint8_t> out(data.size(), 0);
   auto s = (*client)->Get(server->addr, Id(5), out, absl::Milliseconds(200));
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
   EXPECT_THAT(s.message(), HasSubstr("did not answer"));
-  server->service.set_delay_ms(0);
+  hold.Release();
   // The peer answers the timed-out get late; the next get may overlap it.
   ASSERT_TRUE(::kvtier::testing::WaitUntil(
       [&] { return server->service.gets_past_delay() > answered; }, std::chrono::seconds(10)));
@@ -226,23 +226,31 @@ TEST(UcxTransport, SlowPeerTimesOutAsUnavailableAndLateReplyIsIgnored) {
   EXPECT_EQ(again, data);
 }
 
+// The peer holds the get (its service has not answered) until its
+// connections are cut, so the get is in flight when the peer dies, however
+// slow the machine.
 TEST(UcxTransport, PeerDyingMidTransferGivesUnavailable) {
   auto server = StartNode();
   ASSERT_TRUE(server);
   auto client = UcxTransport::Create({}, nullptr);
   auto data = Bytes(64 << 20, 4);
   ASSERT_TRUE((*client)->Put(server->addr, Id(1), data, kTimeout).ok());
-  server->service.set_delay_ms(300);  // the get is in flight when the peer goes
   const int begun = server->service.gets_begun();
+  auto hold = server->service.HoldGets();
   std::vector<uint8_t> out(data.size(), 0);
   auto pending = std::async(std::launch::async, [&] {
     return (*client)->Get(server->addr, Id(1), out, kTimeout);
   });
   ASSERT_TRUE(::kvtier::testing::WaitUntil([&] { return server->service.gets_begun() > begun; },
                                            std::chrono::seconds(10)));
-  server.reset();  // the peer dies: listener and connections close
+  // The peer dies: its listener and connections close with the get
+  // unanswered, then it goes (its held service call ends, answering no one).
+  server->transport->DropAllConnections();
+  hold.Release();
+  server.reset();
   absl::Status s = pending.get();
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_THAT(s.message(), HasSubstr("closed the connection"));
 }
 
 TEST(UcxTransport, ManyConcurrentCallersGetTheirOwnBytes) {
