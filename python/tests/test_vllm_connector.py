@@ -17,8 +17,7 @@ from vllm import SamplingParams
 from vllm.config import (CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig,
                          SchedulerConfig, VllmConfig)
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
-from vllm.v1.core.kv_cache_utils import (get_kv_cache_config_from_groups,
-                                         get_request_block_hasher, init_none_hash)
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.kv_cache_layout import KVCacheLayout
 from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec,
@@ -27,6 +26,11 @@ from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
 from vllm.v1.worker.utils import allocate_kv_cache
+
+try:  # vLLM 0.33 plans the KV cache in its own module
+    from vllm.v1.core.kv_cache_planning import get_kv_cache_config_from_groups
+except ImportError:
+    from vllm.v1.core.kv_cache_utils import get_kv_cache_config_from_groups
 
 import kvtier
 from conftest import Daemon, corrupt_in_pool, eventually
