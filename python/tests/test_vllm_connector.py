@@ -592,7 +592,7 @@ def test_sleep_mode_drops_the_kv_tensors_and_wake_up_registers_them_again(model_
 
 def test_unregister_kv_caches_waits_for_saves_in_flight(model_dir, kvtierd):
     """A save the worker already started is stored before unregister_kv_caches
-    drops the tensors (an in-process engine may sleep with saves in flight);
+    drops the tensors, whether or not vLLM's pause drained the saves first;
     while unregistered, metadata with loads or saves is a clear error."""
     tokens = _prompt(2 * CHUNK + 3, 17)
     ident = engine.engine_identity(model_dir, torch.bfloat16, "k16v16")
