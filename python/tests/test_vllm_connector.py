@@ -8,17 +8,17 @@ where vLLM is installed; the model config is a tiny Llama config.json in a
 temp dir (no network)."""
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
 import torch
 import transformers
 from vllm import SamplingParams
-from vllm.config import (CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig,
-                         SchedulerConfig, VllmConfig)
+from vllm.config import (CacheConfig, DeviceConfig, KVEventsConfig, KVTransferConfig,
+                         ModelConfig, SchedulerConfig, VllmConfig)
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
-from vllm.v1.core.kv_cache_utils import (get_kv_cache_config_from_groups,
-                                         get_request_block_hasher, init_none_hash)
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.kv_cache_layout import KVCacheLayout
 from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec,
@@ -28,10 +28,15 @@ from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
 from vllm.v1.worker.utils import allocate_kv_cache
 
+try:  # vLLM 0.33 plans the KV cache in its own module
+    from vllm.v1.core.kv_cache_planning import get_kv_cache_config_from_groups
+except ImportError:
+    from vllm.v1.core.kv_cache_utils import get_kv_cache_config_from_groups
+
 import kvtier
 from conftest import Daemon, corrupt_in_pool, eventually
 from kvtier import engine
-from kvtier.vllm import KvtierConnector
+from kvtier.vllm import ChunkJob, KvtierConnector, KvtierConnectorMetadata
 
 LAYERS, HEADS, DIM = 2, 2, 16
 BLOCK, CHUNK = 16, 32
@@ -51,10 +56,12 @@ def model_dir(tmp_path_factory):
     return str(path)
 
 
-def vllm_config(model_dir: str, extra: dict, kv_role: str = "kv_both", **cache) -> VllmConfig:
+def vllm_config(model_dir: str, extra: dict, kv_role: str = "kv_both", kv_events: bool = False,
+                **cache) -> VllmConfig:
     model = ModelConfig(model=model_dir, tokenizer=model_dir, skip_tokenizer_init=True,
                         dtype="bfloat16", seed=0)
     return VllmConfig(
+        kv_events_config=KVEventsConfig(enable_kv_cache_events=kv_events, publisher="null"),
         model_config=model,
         scheduler_config=SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=1024,
                                          max_model_len=2048, enable_chunked_prefill=True,
@@ -118,8 +125,8 @@ class Engine:
     "0.26": none on a step that runs no tokens (vLLM 0.26-0.30)."""
 
     def __init__(self, model_dir: str, extra: dict, seed: int = 0, layout="LBNHC",
-                 kv_role: str = "kv_both", runner: str = "0.31"):
-        self.config = vllm_config(model_dir, extra, kv_role)
+                 kv_role: str = "kv_both", runner: str = "0.31", kv_events: bool = False):
+        self.config = vllm_config(model_dir, extra, kv_role, kv_events)
         kvc, self.caches = vllm_kv_caches(self.config, layout)
         self.config.cache_config.num_gpu_blocks = NUM_BLOCKS
         self.runner = runner
@@ -132,6 +139,10 @@ class Engine:
         self.kv = self.worker.mover.kv
         self.gen = g
         self.invalid: set = set()
+        # The KV event batches the scheduler publishes (its publisher is vLLM's
+        # null one; kv_events turns the events on).
+        self.published: list = []
+        self.scheduler.kv_event_publisher.publish = self.published.append
 
     def connector(self) -> KvtierConnector:
         return self.scheduler.connector
@@ -456,4 +467,163 @@ def test_a_full_save_queue_skips_the_save_and_frees_the_blocks(model_dir, kvtier
     ident = engine.engine_identity(model_dir, torch.bfloat16, "k16v16")
     with kvtier.Client(socket=kvtierd.socket) as c:
         assert c.lookup(kvtier.chunk_keys(ident.fingerprint(), tokens, CHUNK)) == []
+    eng.shutdown()
+
+
+def _kvtier_events(batches) -> list:
+    return [e for b in batches for e in b.events
+            if isinstance(getattr(e, "medium", None), str) and e.medium.startswith("kvtier:")]
+
+
+def test_stored_chunks_are_published_as_kv_events_once_saved(model_dir, kvtierd):
+    """With vLLM's KV events on, each chunk a request's save put in kvtierd is a
+    BlockStored of the chunk's blocks (vLLM's block hashes and tokens, medium
+    kvtier's tier), published by the scheduler in the step whose connector
+    output reports the save done, and not before."""
+    import msgspec
+    from vllm.distributed.kv_events import BlockStored, KVEventBatch
+    from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
+    tokens = _prompt(3 * CHUNK + 5, 12)
+    eng = Engine(model_dir, _extra(kvtierd), kv_events=True)
+    req = make_request("a", tokens)
+    eng.scheduler.add_request(req)
+    for _ in range(50):
+        assert _kvtier_events(eng.published) == []  # nothing before the save is done
+        before = len(eng.published)
+        eng.step()
+        if "a" not in eng.scheduler.requests:
+            break
+        time.sleep(0.01)
+    assert "a" not in eng.scheduler.requests
+    # The step whose connector output reported the save done (and freed the blocks).
+    assert len(eng.published) == before + 1
+    events = _kvtier_events(eng.published[before:])
+    assert len(events) == 3 and _kvtier_events(eng.published) == events
+    hashes = [maybe_convert_block_hash(h) for h in req.block_hashes]
+    per = CHUNK // BLOCK
+    for c, e in enumerate(events):
+        assert isinstance(e, BlockStored)
+        assert e.medium == "kvtier:dram"
+        assert e.block_hashes == hashes[c * per:(c + 1) * per]
+        assert e.parent_block_hash == (hashes[c * per - 1] if c else None)
+        assert list(e.token_ids) == tokens[c * CHUNK:(c + 1) * CHUNK]
+        assert e.block_size == BLOCK and e.lora_id is None
+    # vLLM's own events of the same step (its GPU blocks) go out beside them, and
+    # the batch survives the publisher's encoding.
+    batch = eng.published[-1]
+    wire = msgspec.msgpack.decode(msgspec.msgpack.encode(batch), type=KVEventBatch)
+    assert _kvtier_events([wire]) == events
+    eng.shutdown()
+
+
+def test_a_skipped_save_publishes_no_kv_events(model_dir, kvtierd):
+    tokens = _prompt(2 * CHUNK + 3, 13)
+    eng = Engine(model_dir, _extra(kvtierd, max_pending_save_chunks=1), kv_events=True)
+    eng.scheduler.add_request(make_request("big", tokens))
+    eng.run_until_idle()
+    assert eng.worker.saves_skipped == 2
+    assert _kvtier_events(eng.published) == []
+    eng.shutdown()
+
+
+def test_kv_events_off_costs_no_lookup(model_dir, kvtierd):
+    tokens = _prompt(2 * CHUNK + 3, 14)
+    eng = Engine(model_dir, _extra(kvtierd))
+    lookup = eng.connector().lookup
+    plans = []
+    real_plan = lookup.plan
+    lookup.plan = lambda *a, **kw: plans.append(a) or real_plan(*a, **kw)
+    eng.scheduler.add_request(make_request("a", tokens))
+    eng.run_until_idle()
+    assert len(plans) == 1  # the scheduling lookup; none after the save
+    assert list(eng.connector().take_events()) == []
+    eng.shutdown()
+
+
+def test_sleep_mode_drops_the_kv_tensors_and_wake_up_registers_them_again(model_dir, kvtierd):
+    """vLLM 0.33's sleep and wake-up in the order of its engine core and GPU
+    worker: the pause drains the requests (their saves too) and resets the
+    prefix cache, Worker.sleep calls unregister_kv_caches before the sleep
+    backend releases the KV memory (its addresses stay, its contents go),
+    Worker.wake_up calls restore_kv_caches after mapping it again. After the
+    wake-up a saved prefix loads exactly into vLLM's tensors, and saves work."""
+    assert KvtierConnector.supports_sleep_mode(
+        vllm_config(model_dir, _extra(kvtierd)).kv_transfer_config)
+    tokens = _prompt(2 * CHUNK + 3, 15)
+    eng = Engine(model_dir, _extra(kvtierd), seed=5)
+    eng.scheduler.add_request(make_request("a", tokens))
+    out = eng.step()
+    k, v = eng.kv.gather(list(out.scheduled_new_reqs[0].block_ids[0])[:4])
+    eng.run_until_idle()  # the pause waits for the requests and their saves
+    assert eng.scheduler.reset_prefix_cache(reset_running_requests=True, reset_connector=True)
+    worker = eng.worker
+    worker.unregister_kv_caches()  # Worker.sleep
+    assert worker.mover is None
+    worker.unregister_kv_caches()  # idempotent
+    for t in eng.caches.values():
+        t.fill_(float("nan"))  # what the released memory holds after the wake-up
+    worker.restore_kv_caches()  # Worker.wake_up
+    mover = worker.mover
+    assert mover is not None
+    worker.restore_kv_caches()  # idempotent
+    assert worker.mover is mover
+    eng.kv = mover.kv
+
+    eng.scheduler.add_request(make_request("b", tokens))  # no local prefix cache left
+    out = eng.step(writes=False)
+    new = out.scheduled_new_reqs[0]
+    assert new.num_computed_tokens == 2 * CHUNK
+    ids = list(new.block_ids[0])[:4]
+    layer0 = next(iter(eng.caches.values()))  # vLLM's own tensor holds the loaded KV
+    assert torch.equal(layer0[ids].transpose(1, 2).split(DIM, dim=-1)[0].reshape(k[0].shape),
+                       k[0])
+    got_k, got_v = eng.kv.gather(ids)
+    assert torch.equal(got_k, k) and torch.equal(got_v, v)
+    eng.run_until_idle()
+    other = _prompt(2 * CHUNK + 3, 16)
+    eng.scheduler.add_request(make_request("c", other))
+    eng.run_until_idle()
+    ident = engine.engine_identity(model_dir, torch.bfloat16, "k16v16")
+    with kvtier.Client(socket=kvtierd.socket) as c:
+        assert c.lookup(kvtier.chunk_keys(ident.fingerprint(), other, CHUNK)) == ["dram"] * 2
+    assert worker.save_errors == 0 and worker.load_errors == 0
+    eng.shutdown()
+
+
+def test_unregister_kv_caches_waits_for_saves_in_flight(model_dir, kvtierd):
+    """A save the worker already started is stored before unregister_kv_caches
+    drops the tensors, whether or not vLLM's pause drained the saves first;
+    while unregistered, metadata with loads or saves is a clear error."""
+    tokens = _prompt(2 * CHUNK + 3, 17)
+    ident = engine.engine_identity(model_dir, torch.bfloat16, "k16v16")
+    keys = kvtier.chunk_keys(ident.fingerprint(), tokens, CHUNK)
+    eng = Engine(model_dir, _extra(kvtierd))
+    worker = eng.worker
+    eng.scheduler.add_request(make_request("a", tokens))
+    eng.step()  # the request finishes; its saves go out with the next step
+    out = eng.scheduler.schedule()
+    assert [job.req_id for job in out.kv_connector_metadata.saves] == ["a"]
+    kvtierd.pause()  # the saves stall in kvtierd
+    try:
+        worker.bind_connector_metadata(out.kv_connector_metadata)
+        worker.start_load_kv(None)
+        worker.wait_for_save()
+        worker.clear_connector_metadata()
+        sleeper = threading.Thread(target=worker.unregister_kv_caches)
+        sleeper.start()
+        sleeper.join(0.5)
+        assert sleeper.is_alive() and worker.mover is not None
+    finally:
+        kvtierd.resume()
+    sleeper.join(30)
+    assert not sleeper.is_alive() and worker.mover is None
+    with kvtier.Client(socket=kvtierd.socket) as c:
+        assert c.lookup(keys) == ["dram"] * 2
+    assert worker.get_finished(out.finished_req_ids) == ({"a"}, None)
+    for meta in (KvtierConnectorMetadata(loads=[ChunkJob("x", [keys[0]], [[0, 1]])]),
+                 KvtierConnectorMetadata(saves=[ChunkJob("y", [keys[1]], [[2, 3]])])):
+        with pytest.raises(RuntimeError, match="unregistered .*restore_kv_caches"):
+            worker.bind_connector_metadata(meta)
+    worker.bind_connector_metadata(KvtierConnectorMetadata())  # a step with nothing to move
+    worker.clear_connector_metadata()
     eng.shutdown()

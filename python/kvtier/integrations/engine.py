@@ -455,6 +455,14 @@ class PagedKv:
                     [k for k, _ in self.layers], [v for _, v in self.layers], layout=self.layout)
         return self._gpu_cache
 
+    def close(self) -> None:
+        """Frees libkvtier's descriptor of the tensors (``gpu_cache``), if one
+        was made; a later ``gpu_cache()`` makes a new one.
+        REQUIRES: no queued work uses the descriptor."""
+        cache, self._gpu_cache = self._gpu_cache, None
+        if cache is not None:
+            cache.close()
+
 
 # ---- the mover ------------------------------------------------------------------------------
 

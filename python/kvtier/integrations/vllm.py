@@ -12,7 +12,10 @@ Scheduler side: ``get_num_new_matched_tokens`` asks kvtierd, within
 answers with the chunks worth loading (a slow or dead kvtierd is a miss);
 ``update_state_after_alloc`` records which blocks those chunks go to;
 ``request_finished`` hands the request's full chunks that kvtierd lacks to the
-workers and keeps their blocks until the workers report the save done.
+workers and keeps their blocks until the workers report the save done; with
+vLLM's KV events on, ``update_connector_output`` turns a save reported done
+into a BlockStored event per chunk kvtierd holds, which ``take_events`` hands
+to the scheduler's publisher.
 
 Worker side: ``register_kv_caches`` takes vLLM's per-layer KV tensors: one
 4-D tensor per layer, [blocks, kv_heads, block_size, 2 * head_dim] with K and
@@ -25,7 +28,9 @@ CUDA tensors through kvtier's layer-by-layer GPU load, which
 step's saves on a background thread (vLLM 0.26-0.30 skip it on steps that run
 no tokens: ``get_finished`` then starts them), ``get_finished`` reports
 finished saves and ``get_block_ids_with_load_errors`` the blocks of chunks
-that were missing or corrupt, which vLLM then recomputes.
+that were missing or corrupt, which vLLM then recomputes. In vLLM's sleep mode
+(0.33+) ``unregister_kv_caches`` drains the loads and saves and drops the
+pointers into the KV tensors, ``restore_kv_caches`` registers them again.
 
 The tensor work is ``kvtier.engine.KvMover``; this module only adapts vLLM's
 calls to it.
@@ -36,7 +41,8 @@ import concurrent.futures
 import dataclasses
 import logging
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -89,6 +95,28 @@ class _Candidate:
     keys: list
     loading: dict = dataclasses.field(default_factory=dict)
     tiers: list = dataclasses.field(default_factory=list)  # kvtierd's tier of each hit
+
+
+@dataclasses.dataclass
+class _SavedChunks:
+    """A request's chunks handed to the workers to store, for the BlockStored
+    events once the save is done: chunk ``first + i`` has key ``keys[i]``;
+    ``block_hashes`` (vLLM's, as its KV events carry them) and ``token_ids``
+    cover the request's blocks and tokens from token 0 to the last chunk."""
+    first: int
+    keys: list
+    block_hashes: list
+    token_ids: list
+    lora_id: int | None
+    lora_name: str | None
+
+
+def _block_stored(**fields: Any):
+    """vLLM's BlockStored event with the fields this vLLM has (vLLM 0.26-0.33
+    add optional fields; one it lacks is left out)."""
+    from vllm.distributed.kv_events import BlockStored
+    have = set(BlockStored.__struct_fields__)
+    return BlockStored(**{k: v for k, v in fields.items() if k in have})
 
 
 def _model_dtype(vllm_config: VllmConfig) -> torch.dtype:
@@ -153,6 +181,13 @@ class KvtierConnector(KVConnectorBase_V1):
         load, a call between the layers' kernels that a full CUDA graph would skip."""
         return True
 
+    @classmethod
+    def supports_sleep_mode(cls, kv_transfer_config: Any) -> bool:
+        """True (vLLM 0.33+ asks before it allows --enable-sleep-mode): the
+        workers follow the KV cache through unregister_kv_caches and
+        restore_kv_caches."""
+        return True
+
     # ==== scheduler side ===============================================================
 
     def _init_scheduler(self) -> None:
@@ -165,6 +200,12 @@ class KvtierConnector(KVConnectorBase_V1):
         self._candidates: dict[str, _Candidate] = {}
         self._loads: list = []
         self._saves: list = []
+        # KV events (vLLM's --kv-events-config): a BlockStored per chunk kvtierd
+        # holds once its request's save is done.
+        events_config = getattr(self._vllm_config, "kv_events_config", None)
+        self._emit_events = bool(getattr(events_config, "enable_kv_cache_events", False))
+        self._saving: dict[str, _SavedChunks] = {}
+        self._events: list = []
 
     def _keys(self, token_ids) -> list:
         tokens = engine.token_array(token_ids)
@@ -231,9 +272,15 @@ class KvtierConnector(KVConnectorBase_V1):
         return counts
 
     def update_connector_output(self, connector_output) -> None:
-        """A chunk that failed to load is no longer counted as held by kvtierd
-        (it was missing or corrupt, and kvtierd dropped it), so the request
-        saves it again when it finishes."""
+        """A request in ``finished_sending`` has its save done: the chunks of it
+        kvtierd holds become BlockStored events (with KV events on). A chunk
+        that failed to load is no longer counted as held by kvtierd (it was
+        missing or corrupt, and kvtierd dropped it), so the request saves it
+        again when it finishes."""
+        for req_id in getattr(connector_output, "finished_sending", None) or ():
+            saved = self._saving.pop(req_id, None)
+            if saved is not None:
+                self._events.extend(self._stored_events(saved))
         bad = set(getattr(connector_output, "invalid_block_ids", None) or ())
         if not bad:
             return
@@ -266,7 +313,57 @@ class KvtierConnector(KVConnectorBase_V1):
         chunks = range(first, full)
         self._saves.append(ChunkJob(request.request_id, [keys[c] for c in chunks],
                                     [list(block_ids[c * per:(c + 1) * per]) for c in chunks]))
+        if self._emit_events:
+            saved = self._saved_chunks(request, first, [keys[c] for c in chunks])
+            if saved is not None:
+                self._saving[request.request_id] = saved
         return True, None
+
+    def _saved_chunks(self, request: Request, first: int, keys: list) -> _SavedChunks | None:
+        """What the BlockStored events of the request's saved chunks name, or
+        None when vLLM hashes no blocks of it (prefix caching off) or hashes
+        them at another granularity than the block (a hybrid layout)."""
+        from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
+        hashes = list(getattr(request, "block_hashes", None) or ())
+        tokens = list(request.all_token_ids)
+        end = first + len(keys)
+        blocks = end * self.chunk_tokens // self.block_size
+        if not blocks <= len(hashes) <= len(tokens) // self.block_size:
+            return None
+        lora = getattr(request, "lora_request", None)
+        return _SavedChunks(first, keys, [maybe_convert_block_hash(h) for h in hashes[:blocks]],
+                            tokens[:end * self.chunk_tokens],
+                            lora.adapter_id if lora is not None else None,
+                            lora.name if lora is not None else None)
+
+    def _stored_events(self, saved: _SavedChunks) -> list:
+        """A BlockStored per saved chunk that kvtierd holds (asked within
+        lookup_timeout_ms; a failed or skipped save, or a lookup that fails,
+        publishes nothing), its medium ``kvtier:<tier>``."""
+        plan = self.lookup.plan(saved.keys, 0.0, self.chunk_tokens)
+        if plan is None:
+            return []
+        per = self.chunk_tokens // self.block_size
+        events = []
+        for i in range(min(plan.hits, len(saved.keys))):
+            c = saved.first + i
+            b = c * per
+            events.append(_block_stored(
+                block_hashes=saved.block_hashes[b:b + per],
+                parent_block_hash=saved.block_hashes[b - 1] if b else None,
+                token_ids=saved.token_ids[c * self.chunk_tokens:(c + 1) * self.chunk_tokens],
+                block_size=self.block_size, lora_id=saved.lora_id, lora_name=saved.lora_name,
+                medium=f"kvtier:{plan.tiers[i]}", group_idx=0))
+        return events
+
+    def take_events(self) -> Iterable:
+        """The BlockStored events of saves done since the last call (vLLM's
+        scheduler publishes them with its own KV events). kvtierd's evictions
+        are not reported: no BlockRemoved."""
+        if self._role != KVConnectorRole.SCHEDULER:
+            return ()
+        events, self._events = self._events, []
+        return events
 
     # ==== worker side ==================================================================
 
@@ -277,6 +374,8 @@ class KvtierConnector(KVConnectorBase_V1):
             tp_rank = get_tensor_model_parallel_rank()
         self.identity = engine.engine_identity(tp_rank=tp_rank, **self._identity_args)
         self.mover: engine.KvMover | None = None
+        self._kv_caches: dict | None = None  # vLLM's tensors, kept for restore_kv_caches
+        self._client: kvtier.Client | None = None
         self._layer_index: dict = {}
         self._pending_loads: list = []  # (ChunkJob, PendingLoad)
         self._failed_blocks: set = set()
@@ -299,13 +398,48 @@ class KvtierConnector(KVConnectorBase_V1):
             raise ValueError(f"kvtier: the KV cache's block size {kv.block_size} is not the "
                              f"configured {self.block_size}")
         self._layer_index = {n: i for i, n in enumerate(names)}
-        client = self.settings.connect()
-        self.mover = engine.KvMover(client, kv, self.identity, self.chunk_tokens)
+        if self._client is None:
+            self._client = self.settings.connect()
+        self.mover = engine.KvMover(self._client, kv, self.identity, self.chunk_tokens)
         if self.mover.on_gpu:
             kv.gpu_cache()
+        self._kv_caches = dict(kv_caches)
+
+    def unregister_kv_caches(self) -> None:
+        """vLLM sleep mode (0.33+), before the KV cache's memory is released:
+        finishes the step's loads, stores every queued save (waiting for them),
+        then drops the mover and with it every pointer into the KV tensors.
+        Idempotent; restore_kv_caches undoes it."""
+        mover = self.mover
+        if mover is None:
+            return
+        self._finish_loads()
+        # The blocks of failed loads belong to requests that vLLM's pause
+        # finished or preempted; after the wake-up these ids name other KV.
+        self._failed_blocks = set()
+        self._submit_saves()
+        while True:
+            with self._mu:
+                if self._pending_save_chunks == 0:
+                    break
+            time.sleep(0.001)
+        if mover.on_gpu:
+            torch.cuda.synchronize(mover.kv.device)
+        self.mover = None
+        mover.kv.close()
+
+    def restore_kv_caches(self) -> None:
+        """vLLM sleep mode (0.33+), after the KV cache is mapped again (at the
+        same addresses; its old contents are gone): registers vLLM's KV tensors
+        anew. Idempotent."""
+        if self.mover is None and self._kv_caches is not None:
+            self.register_kv_caches(self._kv_caches)
 
     def _mover(self) -> engine.KvMover:
         if self.mover is None:
+            if self._kv_caches is not None:
+                raise RuntimeError("kvtier: the KV caches are unregistered (vLLM sleep mode); "
+                                   "restore_kv_caches was not called")
             raise RuntimeError("kvtier: register_kv_caches was not called")
         return self.mover
 
@@ -355,6 +489,9 @@ class KvtierConnector(KVConnectorBase_V1):
                 self._pending_save_chunks -= len(job.keys)
 
     def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
+        if self.mover is None and (getattr(connector_metadata, "loads", None)
+                                   or getattr(connector_metadata, "saves", None)):
+            self._mover()  # raises: not registered, or unregistered for sleep mode
         super().bind_connector_metadata(connector_metadata)
         self._saves_submitted = False
 
@@ -413,8 +550,8 @@ class KvtierConnector(KVConnectorBase_V1):
             self.lookup.close()
             return
         self._saver.shutdown(wait=True)
-        if self.mover is not None:
-            self.mover.client.close()
+        if self._client is not None:
+            self._client.close()
 
 
 __all__ = ["KvtierConnector", "KvtierConnectorMetadata", "ChunkJob"]
