@@ -437,6 +437,61 @@ def test_kv_role_producer_only_saves_and_consumer_only_loads(model_dir, kvtierd)
     consumer.shutdown()
 
 
+def _count_saves(eng) -> list:
+    """The keys the engine's worker stores, in order."""
+    saved: list = []
+    mover = eng.worker.mover
+    real_save = mover.save
+
+    def save(key, block_ids, **kw):
+        saved.append(bytes(key))
+        return real_save(key, block_ids, **kw)
+    mover.save = save
+    return saved
+
+
+def test_a_prefix_that_vllms_own_cache_served_is_not_stored_again(model_dir, kvtierd):
+    """A request whose prefix vLLM's prefix cache computed (no lookup ran) stores
+    only the chunks kvtierd lacks: none of a prefix this engine stored, and of a
+    longer prompt only its new chunk."""
+    tokens = _prompt(2 * CHUNK + 3, 15)
+    ident = engine.engine_identity(model_dir, torch.bfloat16, "k16v16")
+    eng = Engine(model_dir, _extra(kvtierd))
+    saved = _count_saves(eng)
+    eng.scheduler.add_request(make_request("a", tokens))
+    eng.run_until_idle()
+    assert len(saved) == 2
+    eng.scheduler.add_request(make_request("b", tokens[:2 * CHUNK] + [5, 6, 7]))
+    out = eng.step()
+    assert out.scheduled_new_reqs[0].num_computed_tokens == 2 * CHUNK  # vLLM's own hit
+    eng.run_until_idle()
+    assert len(saved) == 2
+    longer = tokens[:2 * CHUNK] + _prompt(CHUNK + 2, 16)
+    eng.scheduler.add_request(make_request("c", longer))
+    eng.run_until_idle()
+    assert saved[2:] == [kvtier.chunk_keys(ident.fingerprint(), longer, CHUNK)[2]]
+    assert eng.worker.save_errors == 0
+    eng.shutdown()
+
+
+def test_a_producer_asks_kvtierd_before_storing_a_prefix_again(model_dir, kvtierd):
+    """A saving-only engine runs no lookup when it schedules; before storing, it
+    asks kvtierd, so chunks another engine stored are not stored twice."""
+    tokens = _prompt(2 * CHUNK + 1, 17)
+    first = Engine(model_dir, _extra(kvtierd), kv_role="kv_producer")
+    first.scheduler.add_request(make_request("p", tokens))
+    first.run_until_idle()
+    first.shutdown()
+    other = Engine(model_dir, _extra(kvtierd), kv_role="kv_producer")
+    saved = _count_saves(other)
+    other.scheduler.add_request(make_request("p2", tokens + [9] * CHUNK))
+    other.run_until_idle()
+    ident = engine.engine_identity(model_dir, torch.bfloat16, "k16v16")
+    keys = kvtier.chunk_keys(ident.fingerprint(), tokens + [9] * CHUNK, CHUNK)
+    assert saved == [keys[2]]  # the first two were in kvtierd
+    other.shutdown()
+
+
 def test_a_hybrid_model_is_refused_with_the_flag_to_pass(model_dir, kvtierd):
     config = vllm_config(model_dir, _extra(kvtierd))
     with pytest.raises(ValueError, match="--disable-hybrid-kv-cache-manager"):

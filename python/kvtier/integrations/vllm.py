@@ -37,6 +37,7 @@ calls to it.
 """
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import dataclasses
 import logging
@@ -82,6 +83,10 @@ class KvtierConnectorMetadata(KVConnectorMetadata):
     """What the scheduler tells the workers for one step."""
     loads: list = dataclasses.field(default_factory=list)
     saves: list = dataclasses.field(default_factory=list)
+
+
+# Keys the scheduler remembers as held by kvtierd (_held): 2 MiB of keys.
+_HELD_KEYS = 1 << 16
 
 
 @dataclasses.dataclass
@@ -200,6 +205,10 @@ class KvtierConnector(KVConnectorBase_V1):
         self._candidates: dict[str, _Candidate] = {}
         self._loads: list = []
         self._saves: list = []
+        # Keys kvtierd held at a lookup or that this scheduler sent to be saved,
+        # newest last: a request whose prefix vLLM's own GPU cache served (no
+        # lookup) does not store those chunks again.
+        self._held: collections.OrderedDict[bytes, None] = collections.OrderedDict()
         # KV events (vLLM's --kv-events-config): a BlockStored per chunk kvtierd
         # holds once its request's save is done.
         events_config = getattr(self._vllm_config, "kv_events_config", None)
@@ -288,6 +297,27 @@ class KvtierConnector(KVConnectorBase_V1):
             failed = [c for c, ids in cand.loading.items() if bad.intersection(ids)]
             if failed:
                 cand.hits = min(cand.hits, min(failed))
+                for c in failed:
+                    self._held.pop(bytes(cand.keys[c]), None)
+
+    def _remember_held(self, keys: Sequence) -> None:
+        for key in keys:
+            self._held[bytes(key)] = None
+            self._held.move_to_end(bytes(key))
+        while len(self._held) > _HELD_KEYS:
+            self._held.popitem(last=False)
+
+    def _held_prefix(self, keys: list) -> int:
+        """How many leading ``keys`` kvtierd holds: those this scheduler knows
+        of, then kvtierd's answer for the rest (a bounded lookup; a lookup that
+        fails counts as a miss, so the chunks are saved)."""
+        known = 0
+        while known < len(keys) and bytes(keys[known]) in self._held:
+            known += 1
+        if known == len(keys):
+            return known
+        plan = self.lookup.plan(keys[known:], 0.0, self.chunk_tokens)
+        return known + (plan.hits if plan is not None else 0)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         meta = KvtierConnectorMetadata(loads=self._loads, saves=self._saves)
@@ -305,10 +335,19 @@ class KvtierConnector(KVConnectorBase_V1):
             block_ids = block_ids[0]
         computed = min(int(request.num_computed_tokens), len(block_ids) * self.block_size)
         full = computed // self.chunk_tokens
-        first = cand.hits if cand is not None else 0
-        if full <= first:
+        if full <= (cand.hits if cand is not None else 0):
             return False, None
         keys = self._keys(list(request.all_token_ids)[:full * self.chunk_tokens])
+        if cand is not None:
+            first = cand.hits
+            self._remember_held(keys[:first])
+        else:
+            # No lookup ran (vLLM's GPU prefix cache covered every chunk boundary,
+            # or this role only saves): store only what kvtierd lacks.
+            first = self._held_prefix(keys)
+        if full <= first:
+            return False, None
+        self._remember_held(keys[first:full])
         per = self.chunk_tokens // self.block_size
         chunks = range(first, full)
         self._saves.append(ChunkJob(request.request_id, [keys[c] for c in chunks],
