@@ -142,6 +142,7 @@ class Engine:
         # The KV event batches the scheduler publishes (its publisher is vLLM's
         # null one; kv_events turns the events on).
         self.published: list = []
+        self.transfer_stats: list = []  # the KV transfer stats vLLM's scheduler reported
         self.scheduler.kv_event_publisher.publish = self.published.append
 
     def connector(self) -> KvtierConnector:
@@ -172,6 +173,7 @@ class Engine:
             self.worker.wait_for_save()
         sending, recving = self.worker.get_finished(out.finished_req_ids)
         self.invalid = self.worker.get_block_ids_with_load_errors()
+        stats = self.worker.get_kv_connector_stats()
         self.worker.clear_connector_metadata()
         req_ids = [r.req_id for r in out.scheduled_new_reqs] + list(out.scheduled_cached_reqs.req_ids)
         mro = ModelRunnerOutput(
@@ -180,8 +182,12 @@ class Engine:
             pooler_output=None,
             kv_connector_output=KVConnectorOutput(finished_sending=sending,
                                                   finished_recving=recving,
-                                                  invalid_block_ids=self.invalid))
-        self.scheduler.update_from_output(out, mro)
+                                                  invalid_block_ids=self.invalid,
+                                                  kv_connector_stats=stats))
+        for eco in self.scheduler.update_from_output(out, mro).values():
+            sched_stats = getattr(eco, "scheduler_stats", None)
+            if sched_stats is not None and sched_stats.kv_connector_stats:
+                self.transfer_stats.append(sched_stats.kv_connector_stats)
         return out
 
     def run_until_idle(self, max_steps: int = 50) -> None:
@@ -490,6 +496,50 @@ def test_a_producer_asks_kvtierd_before_storing_a_prefix_again(model_dir, kvtier
     keys = kvtier.chunk_keys(ident.fingerprint(), tokens + [9] * CHUNK, CHUNK)
     assert saved == [keys[2]]  # the first two were in kvtierd
     other.shutdown()
+
+
+def test_transfer_counts_reach_vllms_stats_logger_and_prometheus(model_dir, kvtierd):
+    """The worker's counts travel the way vLLM's runner sends them: through the
+    scheduler's stats into KVConnectorLogging and the vllm:kvtier_* counters."""
+    from prometheus_client import REGISTRY
+    from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
+        KVConnectorLogging,
+        KVConnectorProm,
+    )
+    tokens = _prompt(2 * CHUNK + 3, 18)
+    writer = Engine(model_dir, _extra(kvtierd))
+    writer.scheduler.add_request(make_request("w", tokens))
+    writer.run_until_idle()
+    writer.shutdown()
+    stored = sum(s.get("chunks_stored", 0) for s in writer.transfer_stats)
+    assert stored == 2
+    assert sum(s.get("store_seconds", 0) for s in writer.transfer_stats) > 0
+    reader = Engine(model_dir, _extra(kvtierd), seed=1)
+    reader.scheduler.add_request(make_request("r", tokens))
+    reader.run_until_idle()
+    reader.shutdown()
+    assert sum(s.get("chunks_loaded", 0) for s in reader.transfer_stats) == 2
+    assert sum(s.get("load_errors", 0) for s in reader.transfer_stats) == 0
+
+    logging = KVConnectorLogging(reader.config.kv_transfer_config)
+    for data in writer.transfer_stats + reader.transfer_stats:
+        logging.observe(data)
+    lines: list = []
+    logging.log(lambda fmt, *a: lines.append(fmt % a))
+    assert len(lines) == 1 and "chunks_stored=2" in lines[0] and "chunks_loaded=2" in lines[0]
+
+    prom = KVConnectorProm(reader.config, ["engine"], {0: ["0"]})
+    for data in writer.transfer_stats + reader.transfer_stats:
+        prom.observe(data, 0)
+    try:
+        assert REGISTRY.get_sample_value("vllm:kvtier_chunks_stored_total",
+                                         {"engine": "0"}) == 2
+        assert REGISTRY.get_sample_value("vllm:kvtier_chunks_loaded_total",
+                                         {"engine": "0"}) == 2
+    finally:  # as vLLM's own metrics logger does before it registers again
+        for collector, names in list(REGISTRY._collector_to_names.items()):
+            if any(n.startswith("vllm:kvtier") for n in names):
+                REGISTRY.unregister(collector)
 
 
 def test_a_hybrid_model_is_refused_with_the_flag_to_pass(model_dir, kvtierd):

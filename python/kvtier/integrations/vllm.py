@@ -55,6 +55,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 
 import kvtier
 from kvtier.integrations import engine
+from kvtier.integrations.vllm_stats import KvtierConnectorStats, KvtierPromMetrics
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -427,6 +428,7 @@ class KvtierConnector(KVConnectorBase_V1):
         self.load_errors = 0
         self.saves_skipped = 0  # chunks not stored: the save queue was full
         self._pending_save_chunks = 0  # guarded by _mu
+        self._stats = KvtierConnectorStats()  # this interval's; guarded by _mu
         self._save_stream: torch.cuda.Stream | None = None  # CUDA: the saver's own stream
 
     def register_kv_caches(self, kv_caches: dict) -> None:
@@ -503,6 +505,9 @@ class KvtierConnector(KVConnectorBase_V1):
     def _finish_loads(self) -> None:
         for job, pending in self._pending_loads:
             result = pending.finish()
+            with self._mu:
+                self._stats.add("chunks_loaded", len(job.keys) - len(result.failed))
+                self._stats.add("load_errors", len(result.failed))
             for i in result.failed:
                 self.load_errors += 1
                 logger.warning("kvtier: chunk %s of request %s not loaded (%s); recomputing",
@@ -512,6 +517,8 @@ class KvtierConnector(KVConnectorBase_V1):
 
     def _save_job(self, job: ChunkJob, ready) -> None:
         stream = self._save_stream
+        start = time.perf_counter()
+        stored = failed = 0
         try:
             if ready is not None and stream is not None:
                 # The blocks hold this step's KV once the compute stream passed `ready`;
@@ -519,13 +526,18 @@ class KvtierConnector(KVConnectorBase_V1):
                 stream.wait_event(ready)
             for key, ids in zip(job.keys, job.block_ids, strict=True):
                 self._mover().save(key, ids, stream=stream)
+                stored += 1
         except (kvtier.KvtierError, ValueError) as e:
             self.save_errors += 1
+            failed = 1
             logger.warning("kvtier: saving request %s failed: %s", job.req_id, e)
         finally:
             with self._mu:
                 self._saved.add(job.req_id)
                 self._pending_save_chunks -= len(job.keys)
+                self._stats.add("chunks_stored", stored)
+                self._stats.add("store_errors", failed)
+                self._stats.add("store_seconds", time.perf_counter() - start)
 
     def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
         if self.mover is None and (getattr(connector_metadata, "loads", None)
@@ -559,6 +571,7 @@ class KvtierConnector(KVConnectorBase_V1):
                     # Never queue without bound: this request is not stored (a later
                     # miss) and get_finished hands its blocks back now.
                     self.saves_skipped += len(job.keys)
+                    self._stats.add("chunks_store_skipped", len(job.keys))
                     self._saved.add(job.req_id)
                 else:
                     self._pending_save_chunks += len(job.keys)
@@ -578,6 +591,27 @@ class KvtierConnector(KVConnectorBase_V1):
             self._saved -= done
             self._finished -= done
         return (done or None), None
+
+    def get_kv_connector_stats(self) -> KvtierConnectorStats | None:
+        """This worker's counts of the interval (vLLM's KV transfer metrics), then a
+        new interval; the scheduler side counts nothing."""
+        if self._role == KVConnectorRole.SCHEDULER:
+            return None
+        with self._mu:
+            if self._stats.is_empty():
+                return None
+            stats, self._stats = self._stats, KvtierConnectorStats()
+        return stats
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None
+                                 ) -> KvtierConnectorStats | None:
+        return KvtierConnectorStats(data=dict(data or {}))
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config, metric_types, labelnames,
+                           per_engine_labelvalues) -> KvtierPromMetrics:
+        return KvtierPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
     def get_block_ids_with_load_errors(self) -> set:
         self._finish_loads()
