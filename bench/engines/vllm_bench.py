@@ -164,6 +164,19 @@ def reset_gpu_prefix_cache(llm, timeout_s: float) -> float:
     return time.perf_counter() - t0
 
 
+def connector_counters() -> dict:
+    """The connectors' own Prometheus counters in this (the frontend's) process:
+    kvtier's vllm:kvtier_* and the OffloadingConnector's vllm:kv_offload_*."""
+    from prometheus_client import REGISTRY
+    out: dict = {}
+    for metric in REGISTRY.collect():
+        for sample in metric.samples:
+            if sample.name.startswith(("vllm:kvtier_", "vllm:kv_offload")) and \
+                    sample.name.endswith("_total"):
+                out[sample.name] = out.get(sample.name, 0) + sample.value
+    return out
+
+
 def child(args) -> None:
     import torch
     from vllm import LLM
@@ -202,6 +215,7 @@ def child(args) -> None:
     result = {
         "peer": peer, "compiled": compiled, "startup_s": startup,
         "cold": cold, "warm": warm, "gpu_hit": gpu_hit, "drain_s": drain,
+        "connector_counters": connector_counters(),
         "gpu": torch.cuda.get_device_name(0),
     }
     Path(args.child_out).write_text(json.dumps(result))
@@ -263,11 +277,24 @@ def run_peer(cmd: list[str], timeout_s: float) -> int:
         time.sleep(5)
         return -1
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()
+        stop_group(proc)
+
+
+def stop_group(proc: subprocess.Popen) -> None:
+    """Kills a process started in its own session and everything it started
+    (vLLM's engine core holds the GPU's memory until it is gone)."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=20)
+    except ProcessLookupError:
+        pass
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
 
 
 def kvtierd_stats(socket: str) -> dict:
@@ -295,12 +322,15 @@ def summarize(raw: dict, floor_rate: float, config: dict, baseline: dict | None)
         "warm_cached_tokens_mean": statistics.fmean(warm["cached_tokens"]),
         "drain_after_cold_s": raw["drain_s"],
         "startup_s": raw["startup_s"],
+        "connector_counters": raw.get("connector_counters", {}),
         "warm_engine_ttft_p50_ms": 1e3 * percentile(warm["engine_ttft_s"], 0.5),
         "cold_engine_ttft_mean_ms": 1e3 * statistics.fmean(cold["engine_ttft_s"]),
         "cold_ttft_ms": [1e3 * t for t in cold["ttft_s"]],
         "warm_ttft_ms": [1e3 * t for t in warm["ttft_s"]],
     }
-    if baseline is not None:
+    if raw["peer"] == "no_connector":
+        out["outputs_match_no_connector"] = True
+    elif baseline is not None:
         same = [a == b for a, b in zip(warm["outputs"], baseline["warm"]["outputs"])]
         cold_same = [a == b for a, b in zip(cold["outputs"], baseline["cold"]["outputs"])]
         out["outputs_match_no_connector"] = all(same) and all(cold_same)
