@@ -111,8 +111,9 @@ def kv_transfer_config(peer: str, args, socket: str | None) -> dict | None:
     if peer == "lmcache":
         return {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}
     codec = peer.split("_", 1)[1]
+    # docs/engines.md's settings: a cache's failed load is recomputed.
     return {"kv_connector": "KvtierConnector", "kv_connector_module_path": "kvtier.vllm",
-            "kv_role": "kv_both",
+            "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
             "kv_connector_extra_config": {"socket": socket, "codec": codec,
                                           "chunk_tokens": args.chunk_tokens}}
 
