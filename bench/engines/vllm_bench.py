@@ -439,23 +439,28 @@ def report(results: dict) -> None:
               f"{p.get('outputs_match_no_connector', '-')!s:>8}")
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_engine_args(ap: argparse.ArgumentParser, out: str) -> None:
+    """The flags of the peers, the engine and the model (this and vllm_serve_bench.py)."""
     ap.add_argument("--peers", default=",".join(PEERS))
     ap.add_argument("--kvtierd", default=os.environ.get("KVTIERD", "kvtierd"))
-    ap.add_argument("--out", default="vllm-bench.json")
+    ap.add_argument("--out", default=out)
     ap.add_argument("--model", default="llama-3.1-8b", choices=sorted(MODELS))
     ap.add_argument("--layers", type=int, default=None, help="override the layer count")
+    ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--chunk-tokens", type=int, default=256)
+    ap.add_argument("--dram-gib", type=float, default=16, help="every cache's DRAM")
+    ap.add_argument("--gpu-memory-utilization", type=float, default=0.85)
+    ap.add_argument("--eager", action="store_true", help="no torch.compile, no CUDA graphs")
+    ap.add_argument("--seed", type=int, default=7)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_engine_args(ap, "vllm-bench.json")
     ap.add_argument("--docs", type=int, default=12)
     ap.add_argument("--doc-tokens", type=int, default=8192)
     ap.add_argument("--question-tokens", type=int, default=32)
     ap.add_argument("--output-tokens", type=int, default=16)
-    ap.add_argument("--block-size", type=int, default=16)
-    ap.add_argument("--chunk-tokens", type=int, default=256)
-    ap.add_argument("--dram-gib", type=float, default=16)
-    ap.add_argument("--gpu-memory-utilization", type=float, default=0.85)
-    ap.add_argument("--eager", action="store_true", help="no torch.compile, no CUDA graphs")
-    ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--raw-dir", help="keep each peer's raw results here; a peer whose "
                     "file exists is not run again (a run split over several calls)")
     ap.add_argument("--drain-timeout-s", type=float, default=120)

@@ -184,11 +184,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workload", choices=("prefix_repetition", "timed_trace"),
                     default="prefix_repetition")
-    ap.add_argument("--peers", default=",".join(vllm_bench.PEERS))
-    ap.add_argument("--kvtierd", default=os.environ.get("KVTIERD", "kvtierd"))
-    ap.add_argument("--out", default="vllm-serve-bench.json")
-    ap.add_argument("--model", default="llama-3.1-8b", choices=sorted(vllm_bench.MODELS))
-    ap.add_argument("--layers", type=int, default=None)
+    vllm_bench.add_engine_args(ap, "vllm-serve-bench.json")
     ap.add_argument("--num-prompts", type=int, default=200)
     ap.add_argument("--prefix-len", type=int, default=4096)
     ap.add_argument("--suffix-len", type=int, default=128)
@@ -203,12 +199,6 @@ def main() -> None:
     ap.add_argument("--gpu-blocks", type=int, default=4096,
                     help="vLLM's GPU KV blocks (--num-gpu-blocks-override): sized so "
                          "the workload's prefixes overflow it")
-    ap.add_argument("--block-size", type=int, default=16)
-    ap.add_argument("--chunk-tokens", type=int, default=256)
-    ap.add_argument("--dram-gib", type=float, default=16)
-    ap.add_argument("--gpu-memory-utilization", type=float, default=0.85)
-    ap.add_argument("--eager", action="store_true")
-    ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--start-timeout-s", type=float, default=300)
     ap.add_argument("--bench-timeout-s", type=float, default=600)
     args = ap.parse_args()
