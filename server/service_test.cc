@@ -1,5 +1,8 @@
 // KvService called directly (no gRPC), plus the daemon's small pure parts:
 // metric name tables, status mapping, token comparison, options.
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <sys/stat.h>
 
 #include <atomic>
@@ -203,6 +206,52 @@ TEST_F(ServiceTest, BytesCorruptedInThePoolAfterCommitAreDataLossOnVerifiedGet) 
   EXPECT_EQ(service_->Get(TestKey(31), GetMode::kShm, tiering::Holder{}, 0, 0, /*verify=*/true).status().code(),
             absl::StatusCode::kDataLoss);
   EXPECT_EQ(service_->Get(TestKey(31), GetMode::kCopy, tiering::Holder{}).status().code(), absl::StatusCode::kNotFound);
+}
+
+// A tier that verifies on read (NVMe) is trusted: its bytes are checked once,
+// as they are read. A byte flipped on disk is still DataLoss before any byte
+// is handed out, through a copy and through a scratch copy in the pool.
+TEST_F(ServiceTest, ChunksReadFromNvmeAreCheckedOnceAndCorruptionIsStillDataLoss) {
+  tiering::PutOptions on_nvme;
+  on_nvme.tier = TierKind::kNvme;
+  for (uint64_t k : {40, 41, 42, 43}) {
+    ASSERT_TRUE(engine_->Put(TestKey(k), MakeChunk(k), on_nvme).ok());
+  }
+  tiering::GetOptions no_promote;
+  no_promote.promote = false;
+  std::vector<uint8_t> out(MakeChunk(40).size());
+  bool verified = false;
+  ASSERT_EQ(engine_->Get(TestKey(40), out, no_promote, &verified).value(), TierKind::kNvme);
+  EXPECT_TRUE(verified);
+  auto shared = engine_->GetShared(TestKey(40), 0, no_promote);
+  ASSERT_TRUE(shared.ok()) << shared.status();
+  EXPECT_NE(shared->slot_id, 0u);
+  EXPECT_TRUE(shared->verified);
+  ASSERT_TRUE(engine_->AbortSlot(shared->slot_id, 0).ok());
+
+  auto flip = [&](uint64_t k) {
+    const uint64_t off = engine_->nvme()->OffsetOf({TestKey(k), tiering::Part::kWhole}).value();
+    int fd = open(engine_->nvme()->data_path().c_str(), O_RDWR);
+    ASSERT_GE(fd, 0);
+    uint8_t b;
+    ASSERT_EQ(pread(fd, &b, 1, off + 300), 1);
+    b ^= 0x10;
+    ASSERT_EQ(pwrite(fd, &b, 1, off + 300), 1);
+    close(fd);
+  };
+  flip(41);
+  EXPECT_EQ(service_->Get(TestKey(41), GetMode::kCopy, tiering::Holder{}).status().code(),
+            absl::StatusCode::kDataLoss);
+  flip(42);
+  EXPECT_EQ(service_->Get(TestKey(42), GetMode::kShm, tiering::Holder{}, 0, 10000).status().code(),
+            absl::StatusCode::kDataLoss);
+  auto good = service_->Get(TestKey(43), GetMode::kCopy, tiering::Holder{});
+  ASSERT_TRUE(good.ok()) << good.status();
+  EXPECT_EQ(good->bytes, MakeChunk(43));
+  // A DRAM copy is not checked by its tier: Get says so, and the service hashes it.
+  ASSERT_TRUE(engine_->Put(TestKey(44), MakeChunk(44)).ok());
+  ASSERT_EQ(engine_->Get(TestKey(44), out, no_promote, &verified).value(), TierKind::kDram);
+  EXPECT_FALSE(verified);
 }
 
 TEST_F(ServiceTest, CopyOutOfThePoolVerifiesWhatItCopies) {

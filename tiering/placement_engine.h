@@ -226,8 +226,8 @@ struct SharedRead {
   // Otherwise the chunk was copied into a scratch slot: AbortSlot(slot_id).
   uint64_t slot_id = 0;
   int64_t expires_at_us = 0;  // when the lease or the slot ends
-  // The scratch copy's checksums were checked as it was read (a chunk whole
-  // on NVMe read by GetSharedBatch): a caller need not hash it again.
+  // The scratch copy's checksums were checked as it was read (every tier it
+  // came from verifies on read, e.g. NVMe): a caller need not hash it again.
   bool verified = false;
 };
 
@@ -317,9 +317,12 @@ class PlacementEngine : private PrefetchTarget {
   // Copies the chunk into `out` (exactly ChunkBytes(key) bytes, else
   // InvalidArgument) and returns the tier it was read from (the slowest
   // one, for a split chunk). NotFound on a miss. DataLoss if every copy is
-  // corrupt (the chunk is then dropped).
+  // corrupt (the chunk is then dropped). `verified`, if given, is set to
+  // whether every tier the bytes came from checked their checksums as it
+  // read them (TierCapabilities::verifies_on_read): a caller need not hash
+  // them again.
   absl::StatusOr<TierKind> Get(const Hash128& key, std::span<uint8_t> out,
-                               const GetOptions& options = {});
+                               const GetOptions& options = {}, bool* verified = nullptr);
   // Hands the chunk out in the DRAM pool for `ttl_ms` (0: the default
   // lease): a chunk whole in DRAM is pinned where it is (no copy); any other
   // (on NVMe or HBM only, split K/V) is copied into a scratch slot, as Get
@@ -584,13 +587,16 @@ class PlacementEngine : private PrefetchTarget {
   // The rest of a read StartReadLocked began: copies the chunk, whose
   // `shape` was taken from its state under mu_, into `out`, counts the hit
   // by the tier read, and promotes an NVMe hit to DRAM per `opts`.
+  // *verified: whether every tier read verifies on read.
   struct ReadShape {
     uint64_t bytes;
     uint64_t k_object_bytes;
     bool split;
   };
   absl::StatusOr<TierKind> FinishRead(const Hash128& key, const ReadShape& shape,
-                                      std::span<uint8_t> out, const GetOptions& opts);
+                                      std::span<uint8_t> out, const GetOptions& opts,
+                                      bool* verified);
+  bool VerifiesOnRead(TierKind k) const { return tier(k)->capabilities().verifies_on_read; }
   void CountHit(TierKind src);
   void Forget(const ObjectKey& id, TierKind kind) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Appends every copy of parts `first_part`..2 of chunk `key` (per

@@ -91,11 +91,12 @@ void PlacementEngine::CountHit(TierKind src) {
 
 absl::StatusOr<TierKind> PlacementEngine::FinishRead(const Hash128& key, const ReadShape& shape,
                                                      std::span<uint8_t> out,
-                                                     const GetOptions& opts) {
+                                                     const GetOptions& opts, bool* verified) {
   const uint64_t bytes = shape.bytes, kobj = shape.k_object_bytes;
   TierKind src;
   if (!shape.split) {
     KVTIER_ASSIGN_OR_RETURN(src, ReadObject({key, Part::kWhole}, out));
+    *verified = VerifiesOnRead(src);
   } else {
     // K object = header + K section = the chunk's first kobj bytes.
     KVTIER_ASSIGN_OR_RETURN(TierKind ks, ReadObject({key, Part::kK}, out.first(kobj)));
@@ -106,6 +107,7 @@ absl::StatusOr<TierKind> PlacementEngine::FinishRead(const Hash128& key, const R
     }
     std::memcpy(out.data() + kobj, vbuf.data() + codec::kHeaderSize, bytes - kobj);
     src = std::max(ks, vs);
+    *verified = VerifiesOnRead(ks) && VerifiesOnRead(vs);
   }
   CountHit(src);
   if (src == TierKind::kNvme && dram_ && opts.promote.value_or(options_.promote_on_hit)) {
@@ -124,7 +126,7 @@ absl::StatusOr<TierKind> PlacementEngine::FinishRead(const Hash128& key, const R
 }
 
 absl::StatusOr<TierKind> PlacementEngine::Get(const Hash128& key, std::span<uint8_t> out,
-                                              const GetOptions& opts) {
+                                              const GetOptions& opts, bool* verified) {
   KVTIER_ASSIGN_OR_RETURN(bool fetched, FetchIfMissing(key, opts.allow_remote));
   ReadShape shape;
   {
@@ -136,7 +138,9 @@ absl::StatusOr<TierKind> PlacementEngine::Get(const Hash128& key, std::span<uint
     return absl::InvalidArgumentError(
         absl::StrCat("buffer is ", out.size(), " bytes, chunk is ", shape.bytes));
   }
-  KVTIER_ASSIGN_OR_RETURN(TierKind src, FinishRead(key, shape, out, opts));
+  bool checked = false;
+  KVTIER_ASSIGN_OR_RETURN(TierKind src, FinishRead(key, shape, out, opts, &checked));
+  if (verified != nullptr) *verified = checked;
   return fetched ? TierKind::kRemote : src;
 }
 
@@ -168,7 +172,8 @@ absl::StatusOr<SharedRead> PlacementEngine::GetShared(const Hash128& key, int64_
     unpin();
     return slot.status();
   }
-  auto src = FinishRead(key, shape, {dram_->base() + slot->extent.offset, shape.bytes}, opts);
+  auto src = FinishRead(key, shape, {dram_->base() + slot->extent.offset, shape.bytes}, opts,
+                        &r.verified);
   unpin();
   if (!src.ok()) {
     (void)AbortSlot(slot->id, opts.holder.id);
