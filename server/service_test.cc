@@ -1,8 +1,5 @@
 // KvService called directly (no gRPC), plus the daemon's small pure parts:
 // metric name tables, status mapping, token comparison, options.
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <sys/stat.h>
 
 #include <atomic>
@@ -14,6 +11,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/test_util.h"
+#include "tiering/test_util.h"
 #include "wire/chunk_check.h"
 #include "server/grpc_auth.h"
 #include "server/grpc_service.h"
@@ -230,19 +228,12 @@ TEST_F(ServiceTest, ChunksReadFromNvmeAreCheckedOnceAndCorruptionIsStillDataLoss
   ASSERT_TRUE(engine_->AbortSlot(shared->slot_id, 0).ok());
 
   auto flip = [&](uint64_t k) {
-    const uint64_t off = engine_->nvme()->OffsetOf({TestKey(k), tiering::Part::kWhole}).value();
-    int fd = open(engine_->nvme()->data_path().c_str(), O_RDWR);
-    ASSERT_GE(fd, 0);
-    uint8_t b;
-    ASSERT_EQ(pread(fd, &b, 1, off + 300), 1);
-    b ^= 0x10;
-    ASSERT_EQ(pwrite(fd, &b, 1, off + 300), 1);
-    close(fd);
+    return tiering::testing::FlipByteOnNvme(*engine_->nvme(), {TestKey(k), tiering::Part::kWhole}, 300);
   };
-  flip(41);
+  ASSERT_TRUE(flip(41).ok());
   EXPECT_EQ(service_->Get(TestKey(41), GetMode::kCopy, tiering::Holder{}).status().code(),
             absl::StatusCode::kDataLoss);
-  flip(42);
+  ASSERT_TRUE(flip(42).ok());
   EXPECT_EQ(service_->Get(TestKey(42), GetMode::kShm, tiering::Holder{}, 0, 10000).status().code(),
             absl::StatusCode::kDataLoss);
   auto good = service_->Get(TestKey(43), GetMode::kCopy, tiering::Holder{});

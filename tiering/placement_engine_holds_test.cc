@@ -18,6 +18,7 @@ namespace kvtier::tiering {
 namespace {
 
 using ::kvtier::testing::TempDir;
+using ::kvtier::tiering::testing::FlipByteOnNvme;
 using ::kvtier::tiering::testing::KeyOf;
 using ::kvtier::tiering::testing::MakeChunk;
 
@@ -86,14 +87,7 @@ TEST(PlacementEngineHolds, CorruptNvmeChunkInABatchIsDataLossAndTheRestAreServed
   auto e = MakeEngine(dir, {.promote_on_hit = false});
   ASSERT_TRUE(e->Put(KeyOf(1), MakeChunk(1), {.tier = TierKind::kNvme}).ok());
   ASSERT_TRUE(e->Put(KeyOf(2), MakeChunk(2), {.tier = TierKind::kNvme}).ok());
-  const uint64_t off = e->nvme()->OffsetOf({KeyOf(1), Part::kWhole}).value();
-  int fd = open(e->nvme()->data_path().c_str(), O_RDWR);
-  ASSERT_GE(fd, 0);
-  uint8_t b;
-  ASSERT_EQ(pread(fd, &b, 1, off + 200), 1);
-  b ^= 1;
-  ASSERT_EQ(pwrite(fd, &b, 1, off + 200), 1);
-  close(fd);
+  ASSERT_TRUE(FlipByteOnNvme(*e->nvme(), {KeyOf(1), Part::kWhole}, 200).ok());
   std::vector<Hash128> keys = {KeyOf(1), KeyOf(2)};
   auto got = e->GetSharedBatch(keys);
   ASSERT_EQ(got.size(), 2u);

@@ -17,6 +17,7 @@
 namespace kvtier::tiering {
 namespace {
 
+using ::kvtier::tiering::testing::FlipByteOnNvme;
 using ::kvtier::tiering::testing::KeyOf;
 using ::kvtier::tiering::testing::MakeChunk;
 using ::kvtier::testing::TempDir;
@@ -347,14 +348,7 @@ TEST(PlacementEngine, CorruptNvmeCopyReturnsDataLossAndEngineKeepsServing) {
   auto c = MakeChunk(1);
   ASSERT_TRUE(e->Put(KeyOf(1), c, {.tier = TierKind::kNvme}).ok());
   ASSERT_TRUE(e->Put(KeyOf(2), MakeChunk(2), {.tier = TierKind::kNvme}).ok());
-  uint64_t off = e->nvme()->OffsetOf({KeyOf(1), Part::kWhole}).value();
-  int fd = open(e->nvme()->data_path().c_str(), O_RDWR);
-  ASSERT_GE(fd, 0);
-  uint8_t b;
-  ASSERT_EQ(pread(fd, &b, 1, off + 200), 1);
-  b ^= 1;
-  ASSERT_EQ(pwrite(fd, &b, 1, off + 200), 1);
-  close(fd);
+  ASSERT_TRUE(FlipByteOnNvme(*e->nvme(), {KeyOf(1), Part::kWhole}, 200).ok());
   std::vector<uint8_t> out(c.size());
   EXPECT_EQ(e->Get(KeyOf(1), out).status().code(), absl::StatusCode::kDataLoss);
   EXPECT_FALSE(e->Contains(KeyOf(1)));

@@ -2,13 +2,18 @@
 #ifndef KVTIER_TIERING_TEST_UTIL_H_
 #define KVTIER_TIERING_TEST_UTIL_H_
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <cstdint>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "codec/codec.h"
 #include "common/hash.h"
+#include "tiering/nvme_tier.h"
 
 namespace kvtier::tiering::testing {
 
@@ -35,6 +40,19 @@ inline std::vector<uint8_t> MakeChunk(uint64_t seed, uint32_t tokens = 16, uint3
 }
 
 inline Hash128 KeyOf(uint64_t seed) { return Hash128::Of(std::to_string(seed), 42); }
+
+// Flips one bit of byte `at` of object `id` in the NVMe tier's data file, as a
+// failing disk would, behind the tier's back.
+inline absl::Status FlipByteOnNvme(NvmeTier& nvme, const ObjectKey& id, uint64_t at) {
+  auto off = nvme.OffsetOf(id);
+  if (!off.ok()) return off.status();
+  const int fd = open(nvme.data_path().c_str(), O_RDWR);
+  if (fd < 0) return absl::InternalError("cannot open the NVMe data file");
+  uint8_t b = 0;
+  const bool ok = pread(fd, &b, 1, *off + at) == 1 && ((b ^= 1), pwrite(fd, &b, 1, *off + at) == 1);
+  close(fd);
+  return ok ? absl::OkStatus() : absl::InternalError("cannot rewrite the byte");
+}
 
 }  // namespace kvtier::tiering::testing
 
