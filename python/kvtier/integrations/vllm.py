@@ -302,9 +302,9 @@ class KvtierConnector(KVConnectorBase_V1):
                     self._held.pop(bytes(cand.keys[c]), None)
 
     def _remember_held(self, keys: Sequence) -> None:
-        for key in keys:
-            self._held[bytes(key)] = None
-            self._held.move_to_end(bytes(key))
+        for key in map(bytes, keys):
+            self._held[key] = None
+            self._held.move_to_end(key)
         while len(self._held) > _HELD_KEYS:
             self._held.popitem(last=False)
 
@@ -338,7 +338,10 @@ class KvtierConnector(KVConnectorBase_V1):
         full = computed // self.chunk_tokens
         if full <= (cand.hits if cand is not None else 0):
             return False, None
-        keys = self._keys(list(request.all_token_ids)[:full * self.chunk_tokens])
+        if cand is not None and len(cand.keys) >= full:
+            keys = cand.keys[:full]  # the lookup's: the same prompt's first chunks
+        else:
+            keys = self._keys(list(request.all_token_ids)[:full * self.chunk_tokens])
         if cand is not None:
             first = cand.hits
             self._remember_held(keys[:first])
@@ -424,12 +427,36 @@ class KvtierConnector(KVConnectorBase_V1):
         self._saved: set = set()
         self._finished: set = set()  # finished requests vLLM told get_finished about
         self._saves_submitted = True  # the bound metadata's saves were handed to the saver
-        self.save_errors = 0
-        self.load_errors = 0
-        self.saves_skipped = 0  # chunks not stored: the save queue was full
         self._pending_save_chunks = 0  # guarded by _mu
-        self._stats = KvtierConnectorStats()  # this interval's; guarded by _mu
+        self._saves_idle = threading.Condition(self._mu)  # _pending_save_chunks fell to 0
+        # Counts (vllm_stats.COUNTERS) of this interval and since the start; _count.
+        self._stats = KvtierConnectorStats()  # guarded by _mu
+        self._totals = KvtierConnectorStats()  # guarded by _mu
         self._save_stream: torch.cuda.Stream | None = None  # CUDA: the saver's own stream
+
+    def _count(self, **counts: float) -> None:
+        """Adds to this interval's counts and the totals. REQUIRES: _mu held."""
+        for name, value in counts.items():
+            self._stats.add(name, value)
+            self._totals.add(name, value)
+
+    @property
+    def save_errors(self) -> int:
+        """Requests whose store failed, since the start."""
+        with self._mu:
+            return int(self._totals.data["store_errors"])
+
+    @property
+    def load_errors(self) -> int:
+        """Chunks that failed to load (and were recomputed), since the start."""
+        with self._mu:
+            return int(self._totals.data["load_errors"])
+
+    @property
+    def saves_skipped(self) -> int:
+        """Chunks not stored because the save queue was full, since the start."""
+        with self._mu:
+            return int(self._totals.data["chunks_store_skipped"])
 
     def register_kv_caches(self, kv_caches: dict) -> None:
         names = list(kv_caches)
@@ -459,11 +486,8 @@ class KvtierConnector(KVConnectorBase_V1):
         # finished or preempted; after the wake-up these ids name other KV.
         self._failed_blocks = set()
         self._submit_saves()
-        while True:
-            with self._mu:
-                if self._pending_save_chunks == 0:
-                    break
-            time.sleep(0.001)
+        with self._saves_idle:
+            self._saves_idle.wait_for(lambda: self._pending_save_chunks == 0)
         if mover.on_gpu:
             torch.cuda.synchronize(mover.kv.device)
         self.mover = None
@@ -506,10 +530,9 @@ class KvtierConnector(KVConnectorBase_V1):
         for job, pending in self._pending_loads:
             result = pending.finish()
             with self._mu:
-                self._stats.add("chunks_loaded", len(job.keys) - len(result.failed))
-                self._stats.add("load_errors", len(result.failed))
+                self._count(chunks_loaded=len(job.keys) - len(result.failed),
+                            load_errors=len(result.failed))
             for i in result.failed:
-                self.load_errors += 1
                 logger.warning("kvtier: chunk %s of request %s not loaded (%s); recomputing",
                                kvtier.key_hex(job.keys[i]), job.req_id, result.errors[i])
                 self._failed_blocks.update(job.block_ids[i])
@@ -528,16 +551,16 @@ class KvtierConnector(KVConnectorBase_V1):
                 self._mover().save(key, ids, stream=stream)
                 stored += 1
         except (kvtier.KvtierError, ValueError) as e:
-            self.save_errors += 1
             failed = 1
             logger.warning("kvtier: saving request %s failed: %s", job.req_id, e)
         finally:
             with self._mu:
                 self._saved.add(job.req_id)
                 self._pending_save_chunks -= len(job.keys)
-                self._stats.add("chunks_stored", stored)
-                self._stats.add("store_errors", failed)
-                self._stats.add("store_seconds", time.perf_counter() - start)
+                self._count(chunks_stored=stored, store_errors=failed,
+                            store_seconds=time.perf_counter() - start)
+                if self._pending_save_chunks == 0:
+                    self._saves_idle.notify_all()
 
     def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
         if self.mover is None and (getattr(connector_metadata, "loads", None)
@@ -570,8 +593,7 @@ class KvtierConnector(KVConnectorBase_V1):
                 if skip:
                     # Never queue without bound: this request is not stored (a later
                     # miss) and get_finished hands its blocks back now.
-                    self.saves_skipped += len(job.keys)
-                    self._stats.add("chunks_store_skipped", len(job.keys))
+                    self._count(chunks_store_skipped=len(job.keys))
                     self._saved.add(job.req_id)
                 else:
                     self._pending_save_chunks += len(job.keys)
