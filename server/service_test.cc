@@ -233,6 +233,8 @@ TEST_F(ServiceTest, ChunksReadFromNvmeAreCheckedOnceAndCorruptionIsStillDataLoss
   ASSERT_TRUE(flip(41).ok());
   EXPECT_EQ(service_->Get(TestKey(41), GetMode::kCopy, tiering::Holder{}).status().code(),
             absl::StatusCode::kDataLoss);
+  EXPECT_EQ(service_->Get(TestKey(41), GetMode::kCopy, tiering::Holder{}).status().code(),
+            absl::StatusCode::kNotFound);  // dropped, not served again
   ASSERT_TRUE(flip(42).ok());
   EXPECT_EQ(service_->Get(TestKey(42), GetMode::kShm, tiering::Holder{}, 0, 10000).status().code(),
             absl::StatusCode::kDataLoss);

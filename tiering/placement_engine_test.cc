@@ -255,6 +255,11 @@ TEST(PlacementEngine, SplitKvPutsKInDramAndVOnNvme) {
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(got->first, c);
   EXPECT_EQ(got->second, TierKind::kNvme);
+  // K came from DRAM, which does not verify on read: the copy is not verified.
+  std::vector<uint8_t> out(c.size());
+  bool verified = true;
+  ASSERT_TRUE(e->Get(KeyOf(8), out, {.promote = false}, &verified).ok());
+  EXPECT_FALSE(verified);
   // Split objects verify alone: the V object on NVMe is header + V section.
   auto h = codec::ParseHeader(c).value();
   EXPECT_EQ(e->nvme()->Size({KeyOf(8), Part::kV}).value(),

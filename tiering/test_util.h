@@ -49,7 +49,11 @@ inline absl::Status FlipByteOnNvme(NvmeTier& nvme, const ObjectKey& id, uint64_t
   const int fd = open(nvme.data_path().c_str(), O_RDWR);
   if (fd < 0) return absl::InternalError("cannot open the NVMe data file");
   uint8_t b = 0;
-  const bool ok = pread(fd, &b, 1, *off + at) == 1 && ((b ^= 1), pwrite(fd, &b, 1, *off + at) == 1);
+  bool ok = pread(fd, &b, 1, *off + at) == 1;
+  if (ok) {
+    b ^= 1;
+    ok = pwrite(fd, &b, 1, *off + at) == 1;
+  }
   close(fd);
   return ok ? absl::OkStatus() : absl::InternalError("cannot rewrite the byte");
 }

@@ -250,12 +250,12 @@ def start_kvtierd(args, tmp: Path, peer: str) -> tuple[subprocess.Popen, str]:
     d.mkdir()
     socket = str(d / "kvtierd.sock")
     ready = d / "ready"
-    log = open(d / "kvtierd.log", "w")
-    proc = subprocess.Popen(
-        [args.kvtierd, "--data-dir", str(d), "--socket", socket,
-         "--dram-gib", str(args.dram_gib), "--nvme-gib", "0",
-         "--ready-file", str(ready), "--log-level", "warn"],
-        stdout=log, stderr=subprocess.STDOUT)
+    with open(d / "kvtierd.log", "w") as log:  # the daemon keeps its own descriptor
+        proc = subprocess.Popen(
+            [args.kvtierd, "--data-dir", str(d), "--socket", socket,
+             "--dram-gib", str(args.dram_gib), "--nvme-gib", "0",
+             "--ready-file", str(ready), "--log-level", "warn"],
+            stdout=log, stderr=subprocess.STDOUT)
     deadline = time.time() + 60
     while not ready.exists():
         if proc.poll() is not None or time.time() > deadline:
