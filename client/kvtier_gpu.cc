@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <optional>
+#include <string_view>
 #include <thread>
 #include <utility>
 
@@ -31,7 +33,10 @@ absl::Status Sync(cudaStream_t stream) {
 // enqueues after (an engine's next kernels).
 absl::Status WaitForLaunchesSoFar(cudaStream_t stream) {
   cudaEvent_t ev;
-  KVTIER_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+  // A blocking event: the waiting thread sleeps instead of spinning a core
+  // that the engine's threads may need.
+  KVTIER_CUDA_RETURN_IF_ERROR(
+      cudaEventCreateWithFlags(&ev, cudaEventDisableTiming | cudaEventBlockingSync));
   cudaError_t e = cudaEventRecord(ev, stream);
   if (e == cudaSuccess) e = cudaEventSynchronize(ev);
   cudaEventDestroy(ev);
@@ -43,16 +48,23 @@ absl::Status WaitForLaunchesSoFar(cudaStream_t stream) {
 // ---- PendingStore ----
 
 PendingStore::PendingStore(GpuPagedIo* io, const codec::ChunkSpec& spec, WritableSlot slot,
-                           uint32_t* workspace)
-    : io_(io), spec_(spec), slot_(slot), workspace_(workspace) {}
+                           uint32_t* workspace, std::unique_ptr<kernels::HostStaging> staging)
+    : io_(io), spec_(spec), slot_(slot), workspace_(workspace), staging_(std::move(staging)) {}
 
 PendingStore::~PendingStore() {
   if (slot_gone_) return;
   // Launches may still write into the slot: wait before giving it back.
   absl::Status st = next_layer_ > 0 || broken_ ? Sync(stream_) : absl::OkStatus();
   if (workspace_ != nullptr) io_->ReturnWorkspace(workspace_, /*dirty=*/broken_ || !st.ok());
-  // A slot that a kernel may still write stays allocated until its lease ends.
+  // A buffer or slot that a kernel may still write is not reused: the buffer
+  // is freed (cudaFree waits for the device), the slot stays allocated until
+  // its lease ends.
+  if (st.ok() && staging_ != nullptr) io_->ReturnStaging(std::move(staging_));
   if (st.ok()) (void)io_->client_->AbortSlot(slot_);
+}
+
+uint8_t* PendingStore::EncodeTarget() const {
+  return staging_ != nullptr ? staging_->data() : const_cast<uint8_t*>(io_->Device(slot_.data.data()));
 }
 
 absl::Status PendingStore::EncodeLayers(const kernels::PagedKvLayout& cache,
@@ -78,9 +90,15 @@ absl::Status PendingStore::EncodeLayers(const kernels::PagedKvLayout& cache,
     KVTIER_CUDA_RETURN_IF_ERROR(e);
   }
   stream_ = stream;
-  absl::Status st = kernels::GatherEncode(spec_, cache, blocks, layers,
-                                          const_cast<uint8_t*>(io_->Device(slot_.data.data())),
-                                          workspace_, stream);
+  absl::Status st =
+      kernels::GatherEncode(spec_, cache, blocks, layers, EncodeTarget(), workspace_, stream);
+  if (st.ok() && staging_ != nullptr && layers.End(num_layers) == num_layers) {
+    // The whole chunk, header included (a later range's launch may set its
+    // flags), by the copy engine.
+    st = kernels::CudaStatus(cudaMemcpyAsync(slot_.data.data(), staging_->data(),
+                                             slot_.data.size(), cudaMemcpyDeviceToHost, stream),
+                             "copy the encoded chunk into the slot", __FILE__, __LINE__);
+  }
   if (!st.ok()) {
     broken_ = true;  // part of the chunk may be written, the workspace dirty
     return st;
@@ -103,6 +121,7 @@ absl::Status PendingStore::Commit(const Hash128& key, const PutOptions& options)
   }
   io_->ReturnWorkspace(workspace_, /*dirty=*/false);
   workspace_ = nullptr;
+  if (staging_ != nullptr) io_->ReturnStaging(std::move(staging_));
   slot_gone_ = true;
   // The kernels wrote everything but the checksums, straight into the slot
   // (the header with its flags): the daemon computes them as it commits, in
@@ -185,7 +204,11 @@ absl::StatusOr<std::unique_ptr<GpuPagedIo>> GpuPagedIo::Create(KvtierClient* cli
     cudaHostUnregister(pool.data());
     return kernels::CudaStatus(e, "map the pool for the device", __FILE__, __LINE__);
   }
-  return std::unique_ptr<GpuPagedIo>(new GpuPagedIo(client, pool, static_cast<uint8_t*>(dev)));
+  std::unique_ptr<GpuPagedIo> io(new GpuPagedIo(client, pool, static_cast<uint8_t*>(dev)));
+  // Operators' switch for the stores' path (docs/engines.md).
+  const char* stage = std::getenv("KVTIER_GPU_STAGE_STORES");
+  if (stage != nullptr && std::string_view(stage) == "0") io->set_stage_stores(false);
+  return io;
 }
 
 GpuPagedIo::~GpuPagedIo() {
@@ -271,7 +294,18 @@ absl::StatusOr<std::unique_ptr<PendingStore>> GpuPagedIo::BeginStore(const codec
     ReturnWorkspace(ws, /*dirty=*/false);
     return st;
   }
-  return std::unique_ptr<PendingStore>(new PendingStore(this, spec, *slot, ws));
+  std::unique_ptr<kernels::HostStaging> staging;
+  if (stage_stores_.load(std::memory_order_relaxed)) {
+    auto s = TakeStaging(layout.total_bytes);
+    if (s.ok()) {
+      staging = *std::move(s);
+    } else {
+      // No device memory to spare: the kernels write the slot directly. The
+      // failed allocation must not read as a later launch's error.
+      (void)cudaGetLastError();
+    }
+  }
+  return std::unique_ptr<PendingStore>(new PendingStore(this, spec, *slot, ws, std::move(staging)));
 }
 
 absl::Status GpuPagedIo::Store(const Hash128& key, const codec::ChunkSpec& spec,

@@ -3,12 +3,15 @@
 // shared-memory pool, and loads one from the pool into the paged cache,
 // without staging copies on the host.
 //
-//   Store: AllocateSlot -> kernels::GatherEncode writes the chunk into the
-//          slot through the client's pool mapping (registered with
-//          cudaHostRegister, so the kernel writes host memory directly) ->
-//          codec::SealChunk on the host -> CommitSlot (the daemon verifies).
-//          A PendingStore splits this by layer ranges, so that a prefill can
-//          encode layer l while it computes layer l + 1.
+//   Store: AllocateSlot -> kernels::GatherEncode into a device staging
+//          buffer (HBM speed: the kernels hold the SMs for microseconds, not
+//          for the PCIe transfer) -> one copy-engine cudaMemcpyAsync of the
+//          chunk into the slot (registered with cudaHostRegister) ->
+//          CommitSlot, unsealed: the daemon computes the checksums as it
+//          commits. Without device memory for the staging buffer the
+//          kernels write the slot through the pool mapping instead.
+//          A PendingStore splits the encode by layer ranges, so that a
+//          prefill can encode layer l while it computes layer l + 1.
 //   Load:  Hold (the chunk's extent, pinned) -> the header and both section
 //          checksums are checked on the host (the reader's check; the daemon
 //          verified at put) while kernels::DecodeScatter decodes the extent
@@ -66,8 +69,9 @@ class PendingStore {
   PendingStore& operator=(const PendingStore&) = delete;
 
   // Enqueues the encode of `layers` of the spec's tokens at `blocks` of
-  // `cache` into the slot on `stream` (asynchronous, no host
-  // synchronization). Ranges come in order and without gaps: the first starts
+  // `cache` on `stream` (asynchronous, no host synchronization), into the
+  // staging buffer, and after the last layer the copy of the chunk into the
+  // slot. Ranges come in order and without gaps: the first starts
   // at layer 0, each next one where the previous ended; all on one stream
   // (or on streams the caller orders). InvalidArgument for a range out of
   // that order or a cache/blocks mismatch (nothing is launched);
@@ -88,12 +92,18 @@ class PendingStore {
  private:
   friend class GpuPagedIo;
   PendingStore(GpuPagedIo* io, const codec::ChunkSpec& spec, WritableSlot slot,
-               uint32_t* workspace);
+               uint32_t* workspace, std::unique_ptr<kernels::HostStaging> staging);
+  // Where the kernels write the chunk: the device staging buffer, or the
+  // slot through the pool's mapping.
+  uint8_t* EncodeTarget() const;
 
   GpuPagedIo* const io_;
   const codec::ChunkSpec spec_;
   const WritableSlot slot_;
   uint32_t* workspace_;  // returned to io_'s pool once the encodes are done
+  // Device memory the kernels encode into, copied to the slot by the copy
+  // engine after the last layer; null: the kernels write the slot itself.
+  std::unique_ptr<kernels::HostStaging> staging_;
   cudaStream_t stream_ = nullptr;  // of the last EncodeLayers
   uint32_t next_layer_ = 0;
   bool slot_gone_ = false;  // committed or aborted
@@ -181,6 +191,14 @@ class GpuPagedIo {
 
   KvtierClient* client() const { return client_; }
 
+  // Whether a store encodes into a device staging buffer and copies the
+  // chunk into the slot with the copy engine (the default), or the kernels
+  // write the slot through the pool mapping (the SMs wait on PCIe). A store
+  // falls back to the latter when the staging buffer cannot be allocated.
+  // Create turns staging off when the environment has
+  // KVTIER_GPU_STAGE_STORES=0.
+  void set_stage_stores(bool on) { stage_stores_.store(on, std::memory_order_relaxed); }
+
   // Encodes the spec.geometry.num_tokens tokens at `blocks` of `cache` as a
   // chunk of `spec` and stores it as `key`. Returns once the daemon has
   // committed it (after the NVMe commit with options.durable).
@@ -247,6 +265,7 @@ class GpuPagedIo {
   KvtierClient* const client_;
   const std::span<uint8_t> pool_;
   uint8_t* const device_pool_;
+  std::atomic<bool> stage_stores_{true};
   absl::Mutex ws_mu_;
   std::vector<uint32_t*> free_workspaces_ ABSL_GUARDED_BY(ws_mu_);
   std::vector<uint32_t*> all_workspaces_ ABSL_GUARDED_BY(ws_mu_);

@@ -122,6 +122,16 @@ TEST_F(ServerGpuTest, PagedCacheStoreAndLoadMatchTheCpuCodec) {
       ASSERT_TRUE(got.ok()) << got.status();
       ASSERT_EQ(got->size(), want->size());
       EXPECT_TRUE(*got == *want) << "the GPU-encoded chunk differs from the CPU codec's";
+      // The same through the kernels writing the slot (no staging buffer).
+      io_->set_stage_stores(false);
+      const Hash128 direct_key = TestKey(500 + case_index);
+      st = io_->Store(direct_key, spec, dev.layout, dev_span, stream);
+      io_->set_stage_stores(true);
+      ASSERT_TRUE(st.ok()) << st;
+      auto direct = client_->Get(direct_key);
+      ASSERT_TRUE(direct.ok()) << direct.status();
+      EXPECT_TRUE(*direct == *want) << "the chunk the kernels wrote into the slot differs";
+      EXPECT_TRUE(client_->Delete(direct_key).ok());
 
       // Load into a poisoned cache; compare with the CPU reference scatter.
       HostCache expect, gpu_out;
@@ -239,10 +249,23 @@ TEST_F(ServerGpuTest, StoreByLayerRangesIsTheChunkOfOneStore) {
   ASSERT_TRUE(p.EncodeLayers(c.dev.layout, c.Span(0), {1, 3}, b).ok());
   ASSERT_TRUE(p.EncodeLayers(c.dev.layout, c.Span(0), {3, kernels::LayerRange::kAllLayers}, b).ok());
   ASSERT_TRUE(p.Commit(TestKey(41)).ok());
+  // The same ranges with the kernels writing the slot (no staging buffer).
+  io_->set_stage_stores(false);
+  auto direct = io_->BeginStore(c.spec);
+  io_->set_stage_stores(true);
+  ASSERT_TRUE(direct.ok()) << direct.status();
+  ASSERT_TRUE((*direct)->EncodeLayers(c.dev.layout, c.Span(0), {0, 1}, a).ok());
+  ASSERT_TRUE((*direct)->EncodeLayers(c.dev.layout, c.Span(0), {1, 3}, b).ok());
+  ASSERT_TRUE((*direct)
+                  ->EncodeLayers(c.dev.layout, c.Span(0), {3, kernels::LayerRange::kAllLayers}, b)
+                  .ok());
+  ASSERT_TRUE((*direct)->Commit(TestKey(43)).ok());
   auto one = client_->Get(TestKey(40));
   auto ranged = client_->Get(TestKey(41));
-  ASSERT_TRUE(one.ok() && ranged.ok());
+  auto ranged_direct = client_->Get(TestKey(43));
+  ASSERT_TRUE(one.ok() && ranged.ok() && ranged_direct.ok());
   EXPECT_TRUE(*one == *ranged);
+  EXPECT_TRUE(*one == *ranged_direct);
   // An abandoned store gives its slot back.
   {
     auto q = io_->BeginStore(c.spec);

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """TTFT CDF plot (SVG) of a vllm_bench.py results JSON: one panel per pass
-(cold: every peer stores; warm: every peer loads), one line per peer.
+(cold: every peer stores; warm: every peer loads), one line per peer; of a
+vllm_serve_bench.py results JSON: one panel, every request of the workload.
 
   python3 bench/engines/ttft_cdf.py RESULTS.json [OUT.svg]
 
@@ -13,7 +14,8 @@ import sys
 from pathlib import Path
 
 COLORS = {"no_connector": "#555555", "offloading": "#8c6d31", "lmcache": "#d62728",
-          "kvtier_k16v16": "#1f77b4", "kvtier_k16v8": "#2ca02c"}
+          "kvtier_k16v16": "#1f77b4", "kvtier_k16v8": "#2ca02c",
+          "kvtier_k16v8_zerocopy": "#9467bd"}
 PANEL_W, PANEL_H, MARGIN = 420, 260, 50
 
 
@@ -59,14 +61,24 @@ def render(results: dict) -> str:
             'font-family="sans-serif">',
             f'<rect width="{width}" height="{height}" fill="white"/>']
     w = results["workload"]
-    caption = (f'{results["device"]}, vLLM {results["vllm_version"]}, {w["docs"]} x '
-               f'{w["doc_tokens"]} tokens, {"compiled" if next(iter(peers.values()))["compiled"] else "eager"}')
+    mode = "compiled" if next(iter(peers.values()))["compiled"] else "eager"
+    serve = isinstance(w, dict) and "num_prompts" in w
+    if serve:
+        caption = (f'{results["device"]}, vLLM {results["vllm_version"]}, vllm bench serve '
+                   f'{w["workload"]}, {mode}')
+    else:
+        caption = (f'{results["device"]}, vLLM {results["vllm_version"]}, {w["docs"]} x '
+                   f'{w["doc_tokens"]} tokens, {mode}')
     body.append(f'<text x="{width / 2}" y="{height - 6}" font-size="11" '
                 f'text-anchor="middle">{caption}</text>')
-    body += panel(MARGIN, "cold pass (stores)",
-                  {k: p["cold_ttft_ms"] for k, p in peers.items()})
-    body += panel(2 * MARGIN + PANEL_W, "warm pass (loads)",
-                  {k: p["warm_ttft_ms"] for k, p in peers.items()})
+    if serve:
+        body += panel(MARGIN, f'{w["workload"]}, every request',
+                      {k: p["ttfts_ms"] for k, p in peers.items()})
+    else:
+        body += panel(MARGIN, "cold pass (stores)",
+                      {k: p["cold_ttft_ms"] for k, p in peers.items()})
+        body += panel(2 * MARGIN + PANEL_W, "warm pass (loads)",
+                      {k: p["warm_ttft_ms"] for k, p in peers.items()})
     body.append("</svg>")
     return "\n".join(body) + "\n"
 

@@ -14,6 +14,10 @@ Each peer runs in its own process with a fresh engine, in the order given:
   lmcache         LMCache's LMCacheConnectorV1, local CPU, --dram-gib
   kvtier_k16v16   kvtier, lossless, kvtierd with a --dram-gib DRAM tier
   kvtier_k16v8    kvtier, V in FP8
+  kvtier_k16v8_zerocopy  (only when asked for) kvtier k16v8 with the encode
+                  kernels writing kvtierd's pool over PCIe themselves
+                  (KVTIER_GPU_STAGE_STORES=0) instead of encoding into device
+                  memory and copying with the copy engine
 
 The model is a config.json of --model's shape with dummy weights (vLLM's
 load_format="dummy", seeded, so every engine has the same weights) and token-id
@@ -37,7 +41,19 @@ import tempfile
 import time
 from pathlib import Path
 
-PEERS = ("no_connector", "offloading", "lmcache", "kvtier_k16v16", "kvtier_k16v8")
+PEERS = ("no_connector", "offloading", "lmcache", "kvtier_k16v16", "kvtier_k16v8",
+         "kvtier_k16v8_zerocopy")
+DEFAULT_PEERS = PEERS[:5]
+
+
+def peer_codec(peer: str) -> str:
+    """The codec of a kvtier peer: kvtier_<codec>[_<variant>]."""
+    return peer.split("_")[1]
+
+
+def peer_env(peer: str) -> dict:
+    """The environment a peer's engine runs with, beyond the bench's own."""
+    return {"KVTIER_GPU_STAGE_STORES": "0"} if peer.endswith("_zerocopy") else {}
 
 # Model shapes (Hugging Face config.json fields); dummy weights.
 MODELS = {
@@ -110,7 +126,7 @@ def kv_transfer_config(peer: str, args, socket: str | None) -> dict | None:
                 "kv_connector_extra_config": {"cpu_bytes_to_use": dram_bytes}}
     if peer == "lmcache":
         return {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}
-    codec = peer.split("_", 1)[1]
+    codec = peer_codec(peer)
     # docs/engines.md's settings: a cache's failed load is recomputed.
     return {"kv_connector": "KvtierConnector", "kv_connector_module_path": "kvtier.vllm",
             "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
@@ -264,11 +280,11 @@ def start_kvtierd(args, tmp: Path, peer: str) -> tuple[subprocess.Popen, str]:
     return proc, socket
 
 
-def run_peer(cmd: list[str], timeout_s: float) -> int:
+def run_peer(cmd: list[str], timeout_s: float, extra_env: dict) -> int:
     """Runs one peer's process in its own session; past the timeout every
     process of it (vLLM's engine core too) dumps its Python threads' stacks
     (faulthandler, on SIGABRT) and is killed, so the GPU is free for the next."""
-    env = dict(os.environ, PYTHONFAULTHANDLER="1")
+    env = dict(os.environ, PYTHONFAULTHANDLER="1", **extra_env)
     proc = subprocess.Popen(cmd, env=env, start_new_session=True)
     try:
         return proc.wait(timeout=timeout_s)
@@ -318,6 +334,9 @@ def summarize(raw: dict, floor_rate: float, config: dict, baseline: dict | None)
         "cold_ttft_p50_ms": 1e3 * percentile(cold["ttft_s"], 0.5),
         "cold_ttft_max_ms": 1e3 * max(cold["ttft_s"]),
         "cold_wall_s": cold["wall_s"],
+        # After the first token: the output's other tokens (decode steps).
+        "cold_decode_ms_mean": 1e3 * statistics.fmean(
+            e - t for e, t in zip(cold["e2e_s"], cold["ttft_s"])),
         "warm_wall_s": warm["wall_s"],
         "gpu_hit_ttft_p50_ms": 1e3 * percentile(gpu_hit["ttft_s"], 0.5),
         "warm_cached_tokens_mean": statistics.fmean(warm["cached_tokens"]),
@@ -327,6 +346,7 @@ def summarize(raw: dict, floor_rate: float, config: dict, baseline: dict | None)
         "warm_engine_ttft_p50_ms": 1e3 * percentile(warm["engine_ttft_s"], 0.5),
         "cold_engine_ttft_mean_ms": 1e3 * statistics.fmean(cold["engine_ttft_s"]),
         "cold_ttft_ms": [1e3 * t for t in cold["ttft_s"]],
+        "cold_e2e_ms": [1e3 * t for t in cold["e2e_s"]],
         "warm_ttft_ms": [1e3 * t for t in warm["ttft_s"]],
     }
     if raw["peer"] == "no_connector":
@@ -338,7 +358,7 @@ def summarize(raw: dict, floor_rate: float, config: dict, baseline: dict | None)
         out["warm_outputs_matching"] = f"{sum(same)}/{len(same)}"
         out["cold_outputs_matching"] = f"{sum(cold_same)}/{len(cold_same)}"
     if raw["peer"].startswith("kvtier_"):
-        codec = raw["peer"].split("_", 1)[1]
+        codec = peer_codec(raw["peer"])
         doc_bytes = kv_bytes_per_token(config, codec) * raw["doc_tokens"]
         floor_ms = 1e3 * doc_bytes / (floor_rate * 1e9) + out["gpu_hit_ttft_p50_ms"]
         out["floor_ms"] = floor_ms
@@ -387,7 +407,7 @@ def driver(args) -> None:
         if not kept:
             print(f"== {peer}", flush=True)
             t0 = time.perf_counter()
-            returncode = run_peer(cmd, args.peer_timeout_s)
+            returncode = run_peer(cmd, args.peer_timeout_s, peer_env(peer))
             print(f"== {peer}: exit {returncode} after {time.perf_counter() - t0:.0f} s",
                   flush=True)
         stats = None
@@ -423,15 +443,15 @@ def report(results: dict) -> None:
     base = peers.get("no_connector", {})
     lm = peers.get("lmcache", {})
     print(f"\n{results['device']}, vLLM {results['vllm_version']}")
-    print(f"{'peer':16} {'warm p50':>9} {'/lmcache':>8} {'cold mean':>9} {'/none':>6} "
+    print(f"{'peer':22} {'warm p50':>9} {'/lmcache':>8} {'cold mean':>9} {'/none':>6} "
           f"{'cold wall':>9} {'/none':>6} {'outputs':>8}")
     for name, p in peers.items():
         if "error" in p:
-            print(f"{name:16} {p['error']}")
+            print(f"{name:22} {p['error']}")
             continue
         def ratio(a, b):
             return f"{a / b:.2f}" if b else "-"
-        print(f"{name:16} {p['warm_ttft_p50_ms']:9.1f} "
+        print(f"{name:22} {p['warm_ttft_p50_ms']:9.1f} "
               f"{ratio(p['warm_ttft_p50_ms'], lm.get('warm_ttft_p50_ms')):>8} "
               f"{p['cold_ttft_mean_ms']:9.1f} "
               f"{ratio(p['cold_ttft_mean_ms'], base.get('cold_ttft_mean_ms')):>6} "
@@ -441,7 +461,7 @@ def report(results: dict) -> None:
 
 def add_engine_args(ap: argparse.ArgumentParser, out: str) -> None:
     """The flags of the peers, the engine and the model (this and vllm_serve_bench.py)."""
-    ap.add_argument("--peers", default=",".join(PEERS))
+    ap.add_argument("--peers", default=",".join(DEFAULT_PEERS))
     ap.add_argument("--kvtierd", default=os.environ.get("KVTIERD", "kvtierd"))
     ap.add_argument("--out", default=out)
     ap.add_argument("--model", default="llama-3.1-8b", choices=sorted(MODELS))

@@ -111,6 +111,10 @@ def serve_command(args, peer: str, model_dir: Path, port: int, socket: str | Non
            "--num-gpu-blocks-override", str(args.gpu_blocks)]
     if args.eager:
         cmd.append("--enforce-eager")
+    else:
+        # CUDA graphs for the batch sizes a few requests a second reach; capturing
+        # vLLM's default 67 sizes takes longer than a workload runs.
+        cmd += ["--compilation-config", json.dumps({"cudagraph_capture_sizes": args.graph_sizes})]
     config = vllm_bench.kv_transfer_config(peer, args, socket)
     if config is not None:
         cmd += ["--kv-transfer-config", json.dumps(config)]
@@ -146,7 +150,7 @@ def run_peer(args, peer: str, model_dir: Path, tmp: Path) -> dict:
         daemon, socket = vllm_bench.start_kvtierd(args, tmp, peer)
     port = free_port()
     log = open(tmp / f"serve-{peer}.log", "w")  # noqa: SIM115 - the server's whole life
-    env = dict(os.environ, PYTHONFAULTHANDLER="1")
+    env = dict(os.environ, PYTHONFAULTHANDLER="1", **vllm_bench.peer_env(peer))
     if peer == "lmcache":
         env.update({"LMCACHE_LOCAL_CPU": "True", "LMCACHE_CHUNK_SIZE": str(args.chunk_tokens),
                     "LMCACHE_MAX_LOCAL_CPU_SIZE": str(args.dram_gib)})
@@ -199,6 +203,9 @@ def main() -> None:
     ap.add_argument("--gpu-blocks", type=int, default=4096,
                     help="vLLM's GPU KV blocks (--num-gpu-blocks-override): sized so "
                          "the workload's prefixes overflow it")
+    ap.add_argument("--graph-sizes", type=lambda s: [int(x) for x in s.split(",")],
+                    default=[1, 2, 4, 8, 16, 32],
+                    help="CUDA graph batch sizes (compiled mode), comma-separated")
     ap.add_argument("--start-timeout-s", type=float, default=300)
     ap.add_argument("--bench-timeout-s", type=float, default=600)
     args = ap.parse_args()
