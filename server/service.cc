@@ -77,8 +77,9 @@ absl::StatusOr<KvService::LoadPlan> KvService::PlanLoad(std::span<const Hash128>
   LoadPlan plan;
   plan.estimate = engine_->EstimatePrefixLoad(keys);
   if (prefill_tokens_per_s > 0) {
-    plan.decision = bandwidth::BestLoadPrefix(
-        plan.estimate.load_us, bandwidth::RecomputeMicros(tokens_per_chunk, prefill_tokens_per_s));
+    const std::vector<double> recompute_us = bandwidth::ChunkRecomputeMicros(
+        plan.estimate.load_us.size(), tokens_per_chunk, {.tokens_per_s = prefill_tokens_per_s});
+    plan.decision = bandwidth::BestLoadPrefix(plan.estimate.load_us, recompute_us);
   }
   return plan;
 }
