@@ -1,5 +1,6 @@
 #include "bandwidth/model.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -97,16 +98,31 @@ double LoadMicros(uint64_t bytes, double bytes_per_s, double latency_us) {
   return latency_us + static_cast<double>(bytes) * 1e6 / bytes_per_s;
 }
 
-double RecomputeMicros(uint64_t tokens, double tokens_per_s) {
-  return tokens_per_s > 0 ? static_cast<double>(tokens) * 1e6 / tokens_per_s : 0.0;
+double RecomputeMicros(uint64_t first_token, uint64_t tokens, const PrefillCost& prefill) {
+  if (!(prefill.tokens_per_s > 0)) return 0.0;
+  const double linear = static_cast<double>(tokens) * 1e6 / prefill.tokens_per_s;
+  if (prefill.attention_doubling_tokens == 0) return linear;
+  // Position c costs (1 + c / C2) / r; the mean position of the range is a + n/2.
+  const double mean_context = static_cast<double>(first_token) + static_cast<double>(tokens) / 2;
+  return linear * (1 + mean_context / prefill.attention_doubling_tokens);
 }
 
-LoadDecision BestLoadPrefix(std::span<const double> load_us, double recompute_us) {
+std::vector<double> ChunkRecomputeMicros(size_t chunks, uint32_t tokens_per_chunk,
+                                         const PrefillCost& prefill) {
+  std::vector<double> out(chunks);
+  for (size_t i = 0; i < chunks; ++i) {
+    out[i] = RecomputeMicros(uint64_t{i} * tokens_per_chunk, tokens_per_chunk, prefill);
+  }
+  return out;
+}
+
+LoadDecision BestLoadPrefix(std::span<const double> load_us, std::span<const double> recompute_us) {
   LoadDecision best;
   double load = 0, recompute = 0;
-  for (size_t i = 0; i < load_us.size(); ++i) {
+  const size_t n = std::min(load_us.size(), recompute_us.size());
+  for (size_t i = 0; i < n; ++i) {
     load += load_us[i];
-    recompute += recompute_us;
+    recompute += recompute_us[i];
     if (recompute - load > best.saved_us()) best = {i + 1, load, recompute};
   }
   return best;

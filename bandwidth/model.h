@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "codec/format.h"
@@ -148,24 +149,57 @@ double HillSaturation(const HillCurve& hill, double batch);
 // and then streams at `bytes_per_s`. REQUIRES: bytes_per_s > 0.
 double LoadMicros(uint64_t bytes, double bytes_per_s, double latency_us);
 
-// Microseconds a prefill spends recomputing `tokens` at `tokens_per_s`
-// (the engine's measured prefill throughput); 0 when tokens_per_s <= 0.
-// Linear in tokens: attention's quadratic term is folded into the rate.
-double RecomputeMicros(uint64_t tokens, double tokens_per_s);
+// What a prefill costs the engine: the recompute side of load or recompute.
+// A token at context position c (c tokens before it) costs 2*P FLOPs in the
+// weights (P non-embedding parameters) plus 4*L*Hq*D*c in attention (L
+// layers, Hq query heads, D head dim: QK^T and the weighted sum of V), so
+// its cost grows linearly with c and doubles at c = C2 = P / (2*L*Hq*D).
+struct PrefillCost {
+  // The engine's prefill throughput, tokens per second: at short context
+  // (a few hundred tokens) with attention_doubling_tokens, at the prompts'
+  // context without it. 0: not given (the recompute cost is unknown, so
+  // nothing is worth loading). Default: 0
+  double tokens_per_s = 0;
+  // C2: the context length, in tokens, at which one token's prefill costs
+  // twice its short-context cost (Llama-3.1-8B about 27K, Qwen2.5-7B about
+  // 33K). 0: linear, every token costs 1 / tokens_per_s whatever its
+  // position. Default: 0
+  double attention_doubling_tokens = 0;
+};
+
+// Microseconds a prefill spends recomputing the `tokens` tokens at context
+// positions [first_token, first_token + tokens), a = first_token, n = tokens,
+// r = prefill.tokens_per_s, C2 = prefill.attention_doubling_tokens:
+//   1e6 * n / r * (1 + (a + n/2) / C2)     (C2 > 0)
+//   1e6 * n / r                            (C2 == 0: linear)
+// i.e. every token costs 1/r plus an attention term linear in its position,
+// summed exactly over the range. 0 when r <= 0. It ignores everything that is
+// not FLOPs: a prefill that is memory bound at short context, kernels whose
+// efficiency changes with length, sliding-window or linear attention (whose
+// cost stops growing), and batching with other requests.
+// REQUIRES: attention_doubling_tokens >= 0.
+double RecomputeMicros(uint64_t first_token, uint64_t tokens, const PrefillCost& prefill);
+
+// RecomputeMicros of each of the first `chunks` chunks of a prefix:
+// chunk i covers tokens [i*T, (i+1)*T), T = tokens_per_chunk, so later
+// chunks cost more when attention_doubling_tokens > 0.
+std::vector<double> ChunkRecomputeMicros(size_t chunks, uint32_t tokens_per_chunk,
+                                         const PrefillCost& prefill);
 
 // How many leading chunks of a cached prefix are worth loading instead of
-// recomputing: chunk i loads in load_us[i], any chunk recomputes in
-// recompute_us. A chunk is usable only after every chunk before it, so the
-// choice is a prefix: the n that saves the most time,
-// sum_{i<n} (recompute_us - load_us[i]), the shortest on a tie (0 when no
-// prefix saves time).
+// recomputing: chunk i loads in load_us[i] and recomputes in
+// recompute_us[i]. A chunk is usable only after every chunk before it, so
+// the choice is a prefix: the n that saves the most time,
+// sum_{i<n} (recompute_us[i] - load_us[i]), the shortest on a tie (0 when
+// no prefix saves time). Only the first min(load_us.size(),
+// recompute_us.size()) chunks are candidates.
 struct LoadDecision {
   size_t chunks = 0;       // leading chunks to load
   double load_us = 0;      // their estimated load time
   double recompute_us = 0; // the time recomputing them would take
   double saved_us() const { return recompute_us - load_us; }
 };
-LoadDecision BestLoadPrefix(std::span<const double> load_us, double recompute_us);
+LoadDecision BestLoadPrefix(std::span<const double> load_us, std::span<const double> recompute_us);
 
 }  // namespace kvtier::bandwidth
 

@@ -1,6 +1,7 @@
 #include "bandwidth/model.h"
 
 #include <cmath>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -164,15 +165,64 @@ TEST(EstimateParamCount, BiasesTiesAndExpertsAddTheirWeights) {
 TEST(LoadOrRecompute, LoadTimeIsLatencyPlusBytesOverBandwidth) {
   EXPECT_DOUBLE_EQ(LoadMicros(25'182'336, 7e9, 100), 100 + 25'182'336 / 7e3);
   EXPECT_DOUBLE_EQ(LoadMicros(0, 1e9, 20), 20);
-  EXPECT_DOUBLE_EQ(RecomputeMicros(256, 10'000), 25'600);
-  EXPECT_EQ(RecomputeMicros(256, 0), 0);
-  EXPECT_EQ(RecomputeMicros(256, -5), 0);
+}
+
+TEST(LoadOrRecompute, LinearRecomputeIgnoresThePosition) {
+  EXPECT_DOUBLE_EQ(RecomputeMicros(0, 256, {.tokens_per_s = 10'000}), 25'600);
+  EXPECT_DOUBLE_EQ(RecomputeMicros(1'000'000, 256, {.tokens_per_s = 10'000}), 25'600);
+  // Without a rate the cost is unknown: 0, attention term or not.
+  EXPECT_EQ(RecomputeMicros(0, 256, {.tokens_per_s = 0}), 0);
+  EXPECT_EQ(RecomputeMicros(0, 256, {.tokens_per_s = -5}), 0);
+  EXPECT_EQ(RecomputeMicros(512, 256, {.tokens_per_s = 0, .attention_doubling_tokens = 1024}), 0);
+  // C2 == 0 is the linear model bit for bit: tokens * 1e6 / rate.
+  for (double rate : {10'000.0, 12'345.678, 39'999.9, 1e15}) {
+    for (uint32_t tokens : {1u, 16u, 256u, 1000u}) {
+      const std::vector<double> chunks = ChunkRecomputeMicros(5, tokens, {.tokens_per_s = rate});
+      for (double us : chunks) EXPECT_EQ(us, static_cast<double>(tokens) * 1e6 / rate) << rate;
+    }
+  }
+}
+
+TEST(LoadOrRecompute, AttentionTermMakesLaterTokensCostMore) {
+  const PrefillCost p{.tokens_per_s = 10'000, .attention_doubling_tokens = 1024};
+  // 256 tokens at 10K tokens/s: 25.6 ms linear, times 1 + (a + 128) / 1024.
+  EXPECT_DOUBLE_EQ(RecomputeMicros(0, 256, p), 25'600 * 1.125);
+  EXPECT_DOUBLE_EQ(RecomputeMicros(256, 256, p), 25'600 * 1.375);
+  EXPECT_DOUBLE_EQ(RecomputeMicros(1024, 256, p), 25'600 * 2.125);
+  // One token at context C2 costs twice its short-context cost (100 us).
+  const PrefillCost doubling_at_1000_5{.tokens_per_s = 10'000, .attention_doubling_tokens = 1000.5};
+  EXPECT_DOUBLE_EQ(RecomputeMicros(1000, 1, doubling_at_1000_5), 200);
+  EXPECT_DOUBLE_EQ(RecomputeMicros(0, 1, doubling_at_1000_5), 100 * (1 + 0.5 / 1000.5));
+  // The cost is linear in position, so a range costs what its chunks cost.
+  EXPECT_DOUBLE_EQ(RecomputeMicros(0, 1024, p), 102'400 * 1.5);
+  const std::vector<double> chunks = ChunkRecomputeMicros(4, 256, p);
+  ASSERT_EQ(chunks.size(), 4u);
+  EXPECT_DOUBLE_EQ(chunks[0] + chunks[1] + chunks[2] + chunks[3], RecomputeMicros(0, 1024, p));
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    EXPECT_EQ(chunks[i], RecomputeMicros(i * 256, 256, p)) << i;
+    if (i > 0) {
+      EXPECT_GT(chunks[i], chunks[i - 1]) << i;
+    }
+  }
+  EXPECT_TRUE(ChunkRecomputeMicros(0, 256, p).empty());
+  // A prefix of N tokens: 1e6 * N / r * (1 + N / (2 * C2)). Qwen2.5-7B's
+  // shape (C2 = 6,525,288,448 non-embedding params / (2 * 28 * 28 * 128))
+  // at 40K tokens/s: 24,576 tokens cost 614.4 ms linear, 846.7 ms with it.
+  const PrefillCost qwen{.tokens_per_s = 40'000,
+                         .attention_doubling_tokens = 6'525'288'448.0 / (2.0 * 28 * 28 * 128)};
+  double total = 0, linear = 0;
+  for (double us : ChunkRecomputeMicros(96, 256, qwen)) total += us;
+  for (double us : ChunkRecomputeMicros(96, 256, {.tokens_per_s = 40'000})) linear += us;
+  EXPECT_NEAR(linear, 614'400, 1e-6);
+  EXPECT_NEAR(total, 614'400 * (1 + 24'576 / (2 * qwen.attention_doubling_tokens)), 1e-6);
+  EXPECT_NEAR(total, 846'650, 50);
 }
 
 TEST(LoadOrRecompute, BestPrefixMaximizesTheTimeSaved) {
+  const auto flat = [](size_t n, double us) { return std::vector<double>(n, us); };
   // Every chunk loads faster than it recomputes: load them all.
   const double fast[] = {1000, 1000, 2000};
-  LoadDecision d = BestLoadPrefix(fast, 2500);
+  LoadDecision d = BestLoadPrefix(fast, flat(3, 2500));
   EXPECT_EQ(d.chunks, 3u);
   EXPECT_DOUBLE_EQ(d.load_us, 4000);
   EXPECT_DOUBLE_EQ(d.recompute_us, 7500);
@@ -180,21 +230,37 @@ TEST(LoadOrRecompute, BestPrefixMaximizesTheTimeSaved) {
   // A slow chunk in the middle (say, remote) is worth loading when the fast
   // ones after it make up for it...
   const double middle[] = {1000, 4000, 1000, 1000};
-  EXPECT_EQ(BestLoadPrefix(middle, 2500).chunks, 4u);
+  EXPECT_EQ(BestLoadPrefix(middle, flat(4, 2500)).chunks, 4u);
   // ... and not when they do not: stop before it.
   const double tail[] = {1000, 9000, 1000};
-  EXPECT_EQ(BestLoadPrefix(tail, 2500).chunks, 1u);
+  EXPECT_EQ(BestLoadPrefix(tail, flat(3, 2500)).chunks, 1u);
   // Nothing saves time: recompute everything.
   const double slow[] = {3000, 3000};
-  LoadDecision none = BestLoadPrefix(slow, 2500);
+  LoadDecision none = BestLoadPrefix(slow, flat(2, 2500));
   EXPECT_EQ(none.chunks, 0u);
   EXPECT_EQ(none.saved_us(), 0);
   // A tie is resolved towards the shorter prefix.
   const double even[] = {1000, 2500};
-  EXPECT_EQ(BestLoadPrefix(even, 2500).chunks, 1u);
-  EXPECT_EQ(BestLoadPrefix({}, 2500).chunks, 0u);
+  EXPECT_EQ(BestLoadPrefix(even, flat(2, 2500)).chunks, 1u);
+  EXPECT_EQ(BestLoadPrefix({}, flat(2, 2500)).chunks, 0u);
   // Unknown recompute cost (0): loading never "saves" anything.
-  EXPECT_EQ(BestLoadPrefix(fast, 0).chunks, 0u);
+  EXPECT_EQ(BestLoadPrefix(fast, flat(3, 0)).chunks, 0u);
+  // Only chunks with both times are candidates.
+  EXPECT_EQ(BestLoadPrefix(fast, flat(2, 2500)).chunks, 2u);
+  EXPECT_EQ(BestLoadPrefix(fast, {}).chunks, 0u);
+}
+
+TEST(LoadOrRecompute, BestPrefixLoadsEarlyLosersWhenLaterChunksCostMore) {
+  // Chunks that recompute in more time the later they are (the attention
+  // term): the first two lose to recompute, the last two win it back.
+  const double load[] = {30, 30, 30, 30};
+  const double recompute[] = {20, 25, 35, 45};
+  LoadDecision d = BestLoadPrefix(load, recompute);
+  EXPECT_EQ(d.chunks, 4u);
+  EXPECT_DOUBLE_EQ(d.load_us, 120);
+  EXPECT_DOUBLE_EQ(d.recompute_us, 125);
+  // A flat cost below every load (a linear model's view) loads nothing.
+  EXPECT_EQ(BestLoadPrefix(load, std::vector<double>(4, 29)).chunks, 0u);
 }
 
 }  // namespace

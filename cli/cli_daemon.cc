@@ -164,6 +164,7 @@ void AddLookupCommand(CLI::App& app, CommandResult& result) {
   auto keys = std::make_shared<std::string>();
   auto prefill = std::make_shared<double>(0);
   auto chunk_tokens = std::make_shared<uint32_t>(256);
+  auto doubling = std::make_shared<double>(0);
   AddConnFlags(cmd, f.get());
   cmd->add_option("--keys", *keys, "comma-separated chunk keys, in prefix order")->required();
   cmd->add_option("--prefill-tokens-per-s", *prefill,
@@ -171,10 +172,16 @@ void AddLookupCommand(CLI::App& app, CommandResult& result) {
                   "rather than recomputing [default: not given]");
   cmd->add_option("--tokens-per-chunk", *chunk_tokens, "tokens per chunk, with --prefill-tokens-per-s")
       ->capture_default_str();
+  cmd->add_option("--attention-doubling-tokens", *doubling,
+                  "with --prefill-tokens-per-s (then the short-context rate): the context length "
+                  "at which a token's prefill costs twice its short-context cost; 0: a recompute "
+                  "cost linear in tokens")
+      ->capture_default_str();
   cmd->callback(Action(result, [=]() -> absl::Status {
     KVTIER_ASSIGN_OR_RETURN(std::vector<Hash128> ks, ParseKeyList(*keys));
     KVTIER_ASSIGN_OR_RETURN(auto c, Connect(*f));
-    KVTIER_ASSIGN_OR_RETURN(client::LoadPlan plan, c->PlanLoad(ks, *prefill, *chunk_tokens));
+    KVTIER_ASSIGN_OR_RETURN(client::LoadPlan plan,
+                            c->PlanLoad(ks, *prefill, *chunk_tokens, *doubling));
     std::printf("cached prefix: %zu of %zu chunks\n", plan.tiers.size(), ks.size());
     for (size_t i = 0; i < plan.tiers.size(); ++i) {
       std::printf("%s %s %llu bytes, load ~%.3f ms\n", ks[i].ToHex().c_str(),

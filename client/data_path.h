@@ -60,6 +60,7 @@ class DataPath {
   virtual absl::StatusOr<std::vector<Tier>> Lookup(std::span<const Hash128> keys) = 0;
   // PlanLoad; with `hold`, LookupAndHold under a lease of `lease_ms`.
   virtual absl::StatusOr<HeldPlan> Plan(std::span<const Hash128> keys, double prefill_tokens_per_s,
+                                        double attention_doubling_tokens,
                                         uint32_t tokens_per_chunk, uint32_t lease_ms,
                                         bool hold) = 0;
   // Ends a plan's hold. REQUIRES: plan.lease_id != 0.

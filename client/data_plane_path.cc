@@ -62,13 +62,19 @@ absl::StatusOr<std::vector<Tier>> DataPlanePath::Lookup(std::span<const Hash128>
 }
 
 absl::StatusOr<HeldPlan> DataPlanePath::Plan(std::span<const Hash128> keys, double rate,
+                                             double attention_doubling_tokens,
                                              uint32_t tokens_per_chunk, uint32_t lease_ms,
                                              bool hold) {
-  const Op op = hold ? Op::kPlanAndHold : Op::kPlanLoad;
-  std::vector<uint8_t> req(w::kPlanBytes + keys.size() * w::kKeyBytes), rep;
+  // NaN is not 0 either: it goes to the daemon, which refuses it.
+  const bool attention = !(attention_doubling_tokens == 0);
+  const Op op = attention ? (hold ? Op::kPlanAndHoldAttention : Op::kPlanLoadAttention)
+                          : (hold ? Op::kPlanAndHold : Op::kPlanLoad);
+  const uint32_t fixed = attention ? w::kPlanAttentionBytes : w::kPlanBytes;
+  std::vector<uint8_t> req(fixed + keys.size() * w::kKeyBytes), rep;
   w::Writer b(req.data());
   b.U32(static_cast<uint32_t>(keys.size())).U32(tokens_per_chunk).F64(rate);
   b.U32(hold ? lease_ms : 0).U32(0);
+  if (attention) b.F64(attention_doubling_tokens);
   WriteKeys(b, keys);
   KVTIER_RETURN_IF_ERROR(c_.CallBatch(op, req.data(), b.size(), &rep));
   if (rep.size() < w::kPlanReplyBytes) return c_.BadAnswer(op);

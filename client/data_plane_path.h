@@ -21,8 +21,12 @@ class DataPlanePath final : public DataPath {
       : lease_(std::move(lease)), c_(*lease_), verifier_(verifier) {}
 
   absl::StatusOr<std::vector<Tier>> Lookup(std::span<const Hash128> keys) override;
+  // A plan without attention_doubling_tokens goes as kPlanLoad /
+  // kPlanAndHold, which every daemon of this protocol version serves; one
+  // with it as their kPlan*Attention forms.
   absl::StatusOr<HeldPlan> Plan(std::span<const Hash128> keys, double prefill_tokens_per_s,
-                                uint32_t tokens_per_chunk, uint32_t lease_ms, bool hold) override;
+                                double attention_doubling_tokens, uint32_t tokens_per_chunk,
+                                uint32_t lease_ms, bool hold) override;
   absl::Status ReleasePlan(const HeldPlan& plan) override;
   absl::StatusOr<PrefetchResult> PrefetchWithin(std::span<const Hash128> keys,
                                                 uint64_t byte_budget,

@@ -11,9 +11,11 @@ absl::Status NoPool() { return absl::FailedPreconditionError("no shared-memory p
 }  // namespace
 
 absl::StatusOr<HeldPlan> GrpcPath::Plan(std::span<const Hash128> keys, double rate,
+                                        double attention_doubling_tokens,
                                         uint32_t tokens_per_chunk, uint32_t lease_ms, bool hold) {
   HeldPlan h;
-  KVTIER_ASSIGN_OR_RETURN(h.plan, rpc_.PlanLoad(keys, rate, tokens_per_chunk));
+  KVTIER_ASSIGN_OR_RETURN(h.plan,
+                          rpc_.PlanLoad(keys, rate, attention_doubling_tokens, tokens_per_chunk));
   if (!hold) return h;
   if (rate <= 0) h.plan.load_chunks = h.plan.tiers.size();
   if (h.plan.load_chunks == 0) return h;

@@ -25,7 +25,8 @@ class GrpcPath : public DataPath {
   // PlanLoad, then with `hold` a Pin of the chunks to load (every hit
   // without a rate); the plan names no connection.
   absl::StatusOr<HeldPlan> Plan(std::span<const Hash128> keys, double prefill_tokens_per_s,
-                                uint32_t tokens_per_chunk, uint32_t lease_ms, bool hold) override;
+                                double attention_doubling_tokens, uint32_t tokens_per_chunk,
+                                uint32_t lease_ms, bool hold) override;
   absl::Status ReleasePlan(const HeldPlan& plan) override { return rpc_.Release(plan.lease_id); }
   // FailedPrecondition for a byte budget (it needs the data plane).
   absl::StatusOr<PrefetchResult> PrefetchWithin(std::span<const Hash128> keys,

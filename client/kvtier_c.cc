@@ -277,11 +277,18 @@ int kvtier_lookup(kvtier_client* c, const uint8_t* keys, size_t n, uint8_t* tier
 
 int kvtier_plan_load(kvtier_client* c, const uint8_t* keys, size_t n, double prefill_tokens_per_s,
                      uint32_t tokens_per_chunk, kvtier_load_plan* plan) {
+  return kvtier_plan_load_attention(c, keys, n, prefill_tokens_per_s, 0, tokens_per_chunk, plan);
+}
+
+int kvtier_plan_load_attention(kvtier_client* c, const uint8_t* keys, size_t n,
+                               double prefill_tokens_per_s, double attention_doubling_tokens,
+                               uint32_t tokens_per_chunk, kvtier_load_plan* plan) {
   if (c == nullptr || (n > 0 && keys == nullptr)) return Invalid("client or keys is null");
   if (!SizedAtLeast(plan, sizeof(kvtier_load_plan))) {
     return Invalid("load plan: null or struct_size too small");
   }
-  auto p = c->impl->PlanLoad(KeysOf(keys, n), prefill_tokens_per_s, tokens_per_chunk);
+  auto p = c->impl->PlanLoad(KeysOf(keys, n), prefill_tokens_per_s, tokens_per_chunk,
+                             attention_doubling_tokens);
   if (!p.ok()) return Fail(p.status());
   const size_t hits = p->tiers.size();
   if (hits > n || p->chunk_bytes.size() != hits || p->load_us.size() != hits) {

@@ -116,7 +116,9 @@ KVTIER_C_EXPORT int kvtier_lookup(kvtier_client* c, const uint8_t* keys, size_t 
                                   size_t* hits);
 
 /* What loading the cached prefix of keys[0..n) costs and whether it pays
- * (KvtierClient::PlanLoad). Arrays have room for n entries. */
+ * (KvtierClient::PlanLoad), with a recompute cost linear in tokens:
+ * kvtier_plan_load_attention with attention_doubling_tokens 0. Arrays have
+ * room for n entries. */
 typedef struct kvtier_load_plan {
   size_t struct_size;     /* sizeof(kvtier_load_plan) */
   size_t hits;            /* cached leading chunks */
@@ -130,6 +132,18 @@ typedef struct kvtier_load_plan {
 KVTIER_C_EXPORT int kvtier_plan_load(kvtier_client* c, const uint8_t* keys, size_t n,
                                      double prefill_tokens_per_s, uint32_t tokens_per_chunk,
                                      kvtier_load_plan* plan);
+/* kvtier_plan_load with the attention term of the recompute cost:
+ * attention_doubling_tokens (C2) is the context length, in tokens, at which
+ * one token's prefill costs twice its short-context cost, and
+ * prefill_tokens_per_s the short-context rate r, so hit i (tokens [i*T,
+ * (i+1)*T), T = tokens_per_chunk) recomputes in
+ * 1e6 * T / r * (1 + (i*T + T/2) / C2) microseconds. 0 is the linear cost of
+ * kvtier_plan_load. INVALID_ARGUMENT (from the daemon) for a negative or
+ * non-finite value. */
+KVTIER_C_EXPORT int kvtier_plan_load_attention(kvtier_client* c, const uint8_t* keys, size_t n,
+                                               double prefill_tokens_per_s,
+                                               double attention_doubling_tokens,
+                                               uint32_t tokens_per_chunk, kvtier_load_plan* plan);
 
 /* Moves present chunks into DRAM; *all_in_dram = 1 if all arrived within
  * deadline_ms. */

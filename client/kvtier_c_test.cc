@@ -60,6 +60,11 @@ TEST(KvtierC, NullAndShortArgumentsAreInvalid) {
   EXPECT_EQ(kvtier_delete(nullptr, key), kInvalidArgument);
   size_t hits = 7;
   EXPECT_EQ(kvtier_lookup(nullptr, key, 1, nullptr, &hits), kInvalidArgument);
+  kvtier_load_plan plan{};
+  plan.struct_size = sizeof(plan);
+  EXPECT_EQ(kvtier_plan_load(nullptr, key, 1, 1000, 256, &plan), kInvalidArgument);
+  EXPECT_EQ(kvtier_plan_load_attention(nullptr, key, 1, 1000, 32512, 256, &plan), kInvalidArgument);
+  EXPECT_NE(std::string(kvtier_last_error()), "");
   EXPECT_EQ(kvtier_release(nullptr), KVTIER_OK);
   kvtier_client_close(nullptr);
   kvtier_free(nullptr);

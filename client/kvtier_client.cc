@@ -85,15 +85,20 @@ class ClientImpl final : public KvtierClient {
   }
 
   absl::StatusOr<LoadPlan> PlanLoad(std::span<const Hash128> keys, double prefill_tokens_per_s,
-                                    uint32_t tokens_per_chunk) override {
-    KVTIER_ASSIGN_OR_RETURN(
-        HeldPlan h, Route(keys.size())->Plan(keys, prefill_tokens_per_s, tokens_per_chunk, 0, false));
+                                    uint32_t tokens_per_chunk,
+                                    double attention_doubling_tokens) override {
+    KVTIER_ASSIGN_OR_RETURN(HeldPlan h,
+                            Route(keys.size())->Plan(keys, prefill_tokens_per_s,
+                                                     attention_doubling_tokens, tokens_per_chunk,
+                                                     0, false));
     return std::move(h.plan);
   }
 
   absl::StatusOr<HeldPlan> LookupAndHold(std::span<const Hash128> keys, double rate,
-                                         uint32_t tokens_per_chunk, uint32_t lease_ms) override {
-    return Route(keys.size())->Plan(keys, rate, tokens_per_chunk, lease_ms, true);
+                                         uint32_t tokens_per_chunk, uint32_t lease_ms,
+                                         double attention_doubling_tokens) override {
+    return Route(keys.size())->Plan(keys, rate, attention_doubling_tokens, tokens_per_chunk,
+                                    lease_ms, true);
   }
 
   absl::Status ReleasePlan(const HeldPlan& plan) override {

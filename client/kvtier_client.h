@@ -207,11 +207,19 @@ class KvtierClient {
   // measured tier bandwidths, or its assumed ones before it has measured);
   // with `prefill_tokens_per_s` > 0 (the engine's prefill throughput) and
   // `tokens_per_chunk`, also how many leading hits are worth loading rather
-  // than recomputing. InvalidArgument for a negative or non-finite rate, or
-  // tokens_per_chunk outside 1..1048576 with a rate.
+  // than recomputing. `attention_doubling_tokens` > 0 (C2, the context
+  // length at which a token's prefill costs twice its short-context cost;
+  // the rate is then the short-context one) makes the later chunks of a
+  // long prefix cost more to recompute; 0 keeps that cost linear in tokens
+  // (bandwidth::RecomputeMicros, docs/daemon.md "Load or recompute").
+  // InvalidArgument for a negative or non-finite rate or
+  // attention_doubling_tokens, or tokens_per_chunk outside 1..1048576 with a
+  // rate. A daemon older than attention_doubling_tokens ignores it over
+  // gRPC and refuses it over the data plane (InvalidArgument).
   virtual absl::StatusOr<LoadPlan> PlanLoad(std::span<const Hash128> keys,
                                             double prefill_tokens_per_s = 0,
-                                            uint32_t tokens_per_chunk = 256) = 0;
+                                            uint32_t tokens_per_chunk = 256,
+                                            double attention_doubling_tokens = 0) = 0;
   // PlanLoad that also holds the chunks the plan says to load (every hit
   // without a rate) under one lease of `lease_ms` (0: the daemon's default),
   // in one round trip over the data plane (gRPC PlanLoad and Pin
@@ -221,7 +229,8 @@ class KvtierClient {
   virtual absl::StatusOr<HeldPlan> LookupAndHold(std::span<const Hash128> keys,
                                                  double prefill_tokens_per_s = 0,
                                                  uint32_t tokens_per_chunk = 256,
-                                                 uint32_t lease_ms = 0) {
+                                                 uint32_t lease_ms = 0,
+                                                 double attention_doubling_tokens = 0) {
     return absl::UnimplementedError("LookupAndHold");
   }
   // Ends the hold of a plan. NotFound if it expired or was released.

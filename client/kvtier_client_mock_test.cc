@@ -34,6 +34,42 @@ TEST(ClientWithMockStub, LookupSendsVersionAndKeysAndMapsTiers) {
   EXPECT_THAT(*r, ::testing::ElementsAre(Tier::kDram, Tier::kNvme));
 }
 
+// PlanLoad asks for the estimates and passes the prefill rate, chunk size
+// and attention doubling length as they are (the daemon checks them).
+TEST(ClientWithMockStub, PlanLoadSendsThePrefillCostAndMapsThePlan) {
+  pb::MockKvtierStub stub;
+  EXPECT_CALL(stub, Lookup(_, _, _))
+      .WillOnce(Invoke([](grpc::ClientContext*, const pb::LookupRequest& req, pb::LookupResponse* resp) {
+        EXPECT_TRUE(req.estimate_load());
+        EXPECT_EQ(req.prefill_tokens_per_s(), 40000);
+        EXPECT_EQ(req.tokens_per_chunk(), 256u);
+        EXPECT_EQ(req.attention_doubling_tokens(), 32512);
+        resp->add_tiers(pb::TIER_NVME);
+        resp->add_chunk_bytes(1000);
+        resp->add_load_us(6760);
+        resp->set_load_chunks(1);
+        resp->set_load_chunks_us(6760);
+        resp->set_saved_us(150);
+        return grpc::Status::OK;
+      }))
+      .WillOnce(Invoke([](grpc::ClientContext*, const pb::LookupRequest& req, pb::LookupResponse*) {
+        EXPECT_EQ(req.attention_doubling_tokens(), 0);  // the default: linear
+        EXPECT_EQ(req.prefill_tokens_per_s(), 1000);
+        return grpc::Status::OK;
+      }));
+  auto c = NewClientForStub(&stub, ClientOptions{});
+  std::vector<Hash128> keys = {Key(0), Key(1)};
+  auto plan = c->PlanLoad(keys, 40000, 256, 32512);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_THAT(plan->tiers, ::testing::ElementsAre(Tier::kNvme));
+  EXPECT_EQ(plan->load_chunks, 1u);
+  EXPECT_EQ(plan->load_us, std::vector<double>{6760});
+  EXPECT_EQ(plan->saved_us, 150);
+  auto linear = c->PlanLoad(keys, 1000, 16);
+  ASSERT_TRUE(linear.ok()) << linear.status();
+  EXPECT_TRUE(linear->tiers.empty());
+}
+
 TEST(ClientWithMockStub, PutWithoutSharedMemorySendsInlineBytes) {
   pb::MockKvtierStub stub;
   std::vector<uint8_t> chunk = {1, 2, 3, 4};

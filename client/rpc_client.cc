@@ -79,6 +79,7 @@ absl::StatusOr<std::vector<Tier>> RpcClient::Lookup(std::span<const Hash128> key
 
 absl::StatusOr<LoadPlan> RpcClient::PlanLoad(std::span<const Hash128> keys,
                                              double prefill_tokens_per_s,
+                                             double attention_doubling_tokens,
                                              uint32_t tokens_per_chunk) {
   pb::LookupRequest req;
   req.set_version(kProtocolVersion);
@@ -86,6 +87,7 @@ absl::StatusOr<LoadPlan> RpcClient::PlanLoad(std::span<const Hash128> keys,
   req.set_estimate_load(true);
   req.set_prefill_tokens_per_s(prefill_tokens_per_s);
   req.set_tokens_per_chunk(tokens_per_chunk);
+  req.set_attention_doubling_tokens(attention_doubling_tokens);
   pb::LookupResponse resp;
   KVTIER_RETURN_IF_ERROR(Call(&pb::Kvtier::StubInterface::Lookup, req, &resp));
   const int n = resp.tiers_size();

@@ -54,7 +54,7 @@ class RpcClient {
   // FailedPrecondition from a daemon that predates load estimates; Internal
   // for an estimate that does not match its hits.
   absl::StatusOr<LoadPlan> PlanLoad(std::span<const Hash128> keys, double prefill_tokens_per_s,
-                                    uint32_t tokens_per_chunk);
+                                    double attention_doubling_tokens, uint32_t tokens_per_chunk);
   // Put with the chunk's bytes in the request.
   absl::Status PutInline(const Hash128& key, std::span<const uint8_t> chunk,
                          const PutOptions& options);

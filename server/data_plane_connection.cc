@@ -251,7 +251,9 @@ void DataPlaneConnection::Run() {
         break;
       case Op::kPlanLoad:
       case Op::kPlanAndHold:
-        st = OnPlan(r, n, op == static_cast<uint16_t>(Op::kPlanAndHold), w);
+      case Op::kPlanLoadAttention:
+      case Op::kPlanAndHoldAttention:
+        st = OnPlan(r, n, static_cast<Op>(op), w);
         metrics_->Record(Method::kLookup, static_cast<int>(st.code()), SecondsSince(t0));
         break;
       case Op::kGetBatch:
@@ -455,11 +457,15 @@ absl::Status DataPlaneConnection::OnLookup(wire::shm::Reader& r, uint32_t n,
   return absl::OkStatus();
 }
 
-absl::Status DataPlaneConnection::OnPlan(wire::shm::Reader& r, uint32_t n, bool hold,
+absl::Status DataPlaneConnection::OnPlan(wire::shm::Reader& r, uint32_t n, Op op,
                                          wire::shm::Writer& w) {
+  const bool hold = op == Op::kPlanAndHold || op == Op::kPlanAndHoldAttention;
   const uint32_t tokens_per_chunk = r.U32();
-  const double rate = r.F64();
+  bandwidth::PrefillCost prefill{.tokens_per_s = r.F64()};
   const uint32_t lease_ms = r.U32(), zero = r.U32();
+  if (op == Op::kPlanLoadAttention || op == Op::kPlanAndHoldAttention) {
+    prefill.attention_doubling_tokens = r.F64();
+  }
   if (zero != 0 || (!hold && lease_ms != 0)) {
     return absl::InvalidArgumentError("plan with nonzero reserved bytes");
   }
@@ -467,10 +473,11 @@ absl::Status DataPlaneConnection::OnPlan(wire::shm::Reader& r, uint32_t n, bool 
   KvService::HeldPlan h;
   if (hold) {
     if (!Room()) return Full();
-    KVTIER_ASSIGN_OR_RETURN(h, service_->PlanAndHold(keys, rate, tokens_per_chunk, lease_ms, Holder()));
+    KVTIER_ASSIGN_OR_RETURN(
+        h, service_->PlanAndHold(keys, prefill, tokens_per_chunk, lease_ms, Holder()));
     if (h.lease.id != 0) leases_.insert(h.lease.id);
   } else {
-    KVTIER_ASSIGN_OR_RETURN(h.plan, service_->PlanLoad(keys, rate, tokens_per_chunk));
+    KVTIER_ASSIGN_OR_RETURN(h.plan, service_->PlanLoad(keys, prefill, tokens_per_chunk));
   }
   const tiering::PrefixLoadEstimate& e = h.plan.estimate;
   // With a hold, the chunks to load are the ones held (every hit without a

@@ -112,7 +112,8 @@ class DataPlaneConnection {
   // Batch ops: `n` items follow the fixed part (already checked against the
   // payload length).
   absl::Status OnLookup(wire::shm::Reader& r, uint32_t n, wire::shm::Writer& w);
-  absl::Status OnPlan(wire::shm::Reader& r, uint32_t n, bool hold, wire::shm::Writer& w);
+  // kPlanLoad, kPlanAndHold and their kPlan*Attention forms.
+  absl::Status OnPlan(wire::shm::Reader& r, uint32_t n, wire::shm::Op op, wire::shm::Writer& w);
   absl::Status OnGetBatch(wire::shm::Reader& r, uint32_t n, wire::shm::Writer& w);
   absl::Status OnReleaseBatch(wire::shm::Reader& r, uint32_t n, wire::shm::Writer& w);
   absl::Status OnPrefetch(wire::shm::Reader& r, uint32_t n, wire::shm::Writer& w);

@@ -251,13 +251,17 @@ grpc::ServerUnaryReactor* GrpcAdapter::Lookup(Ctx* ctx, const Bytes* in, Bytes* 
   return Serve<pb::LookupRequest, pb::LookupResponse>(Method::kLookup, ctx, in, out, [this](UnaryCall& call, const pb::LookupRequest* req, pb::LookupResponse* resp) -> absl::Status {
     KVTIER_ASSIGN_OR_RETURN(auto keys, KeysFrom(req->keys(), service_->limits().max_keys_per_request));
     call.tenant->MapReadKeys(keys, service_->engine());
-    if (!req->estimate_load() && req->prefill_tokens_per_s() == 0) {
+    if (!req->estimate_load() && req->prefill_tokens_per_s() == 0 &&
+        req->attention_doubling_tokens() == 0) {
       KVTIER_ASSIGN_OR_RETURN(auto tiers, service_->Lookup(keys));
       for (TierKind t : tiers) resp->add_tiers(ToProto(t));
       return absl::OkStatus();
     }
     KVTIER_ASSIGN_OR_RETURN(KvService::LoadPlan plan,
-                            service_->PlanLoad(keys, req->prefill_tokens_per_s(),
+                            service_->PlanLoad(keys,
+                                               {.tokens_per_s = req->prefill_tokens_per_s(),
+                                                .attention_doubling_tokens =
+                                                    req->attention_doubling_tokens()},
                                                req->tokens_per_chunk()));
     for (size_t i = 0; i < plan.estimate.tiers.size(); ++i) {
       resp->add_tiers(ToProto(plan.estimate.tiers[i]));

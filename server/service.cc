@@ -62,36 +62,43 @@ absl::StatusOr<std::vector<TierKind>> KvService::Lookup(std::span<const Hash128>
 }
 
 absl::StatusOr<KvService::LoadPlan> KvService::PlanLoad(std::span<const Hash128> keys,
-                                                        double prefill_tokens_per_s,
+                                                        const bandwidth::PrefillCost& prefill,
                                                         uint32_t tokens_per_chunk) {
   KVTIER_RETURN_IF_ERROR(CheckKeyCount(keys.size()));
   constexpr uint32_t kMaxTokensPerChunk = 1 << 20;
-  if (!std::isfinite(prefill_tokens_per_s) || prefill_tokens_per_s < 0) {
+  if (!std::isfinite(prefill.tokens_per_s) || prefill.tokens_per_s < 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("prefill_tokens_per_s ", prefill_tokens_per_s, " is not a rate >= 0"));
+        absl::StrCat("prefill_tokens_per_s ", prefill.tokens_per_s, " is not a rate >= 0"));
   }
-  if (prefill_tokens_per_s > 0 && (tokens_per_chunk == 0 || tokens_per_chunk > kMaxTokensPerChunk)) {
+  if (!std::isfinite(prefill.attention_doubling_tokens) || prefill.attention_doubling_tokens < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "attention_doubling_tokens ", prefill.attention_doubling_tokens,
+        " is not a context length >= 0 (0: recompute cost linear in tokens)"));
+  }
+  if (prefill.tokens_per_s > 0 &&
+      (tokens_per_chunk == 0 || tokens_per_chunk > kMaxTokensPerChunk)) {
     return absl::InvalidArgumentError(absl::StrCat("tokens_per_chunk ", tokens_per_chunk,
                                                    " outside 1..", kMaxTokensPerChunk));
   }
   LoadPlan plan;
   plan.estimate = engine_->EstimatePrefixLoad(keys);
-  if (prefill_tokens_per_s > 0) {
-    plan.decision = bandwidth::BestLoadPrefix(
-        plan.estimate.load_us, bandwidth::RecomputeMicros(tokens_per_chunk, prefill_tokens_per_s));
+  if (prefill.tokens_per_s > 0) {
+    const std::vector<double> recompute_us =
+        bandwidth::ChunkRecomputeMicros(plan.estimate.load_us.size(), tokens_per_chunk, prefill);
+    plan.decision = bandwidth::BestLoadPrefix(plan.estimate.load_us, recompute_us);
   }
   return plan;
 }
 
 absl::StatusOr<KvService::HeldPlan> KvService::PlanAndHold(std::span<const Hash128> keys,
-                                                           double prefill_tokens_per_s,
+                                                           const bandwidth::PrefillCost& prefill,
                                                            uint32_t tokens_per_chunk,
                                                            uint32_t lease_ms,
                                                            const tiering::Holder& holder) {
   HeldPlan h;
-  KVTIER_ASSIGN_OR_RETURN(h.plan, PlanLoad(keys, prefill_tokens_per_s, tokens_per_chunk));
+  KVTIER_ASSIGN_OR_RETURN(h.plan, PlanLoad(keys, prefill, tokens_per_chunk));
   const size_t hits = h.plan.estimate.tiers.size();
-  size_t n = prefill_tokens_per_s > 0 ? std::min<size_t>(h.plan.decision.chunks, hits) : hits;
+  size_t n = prefill.tokens_per_s > 0 ? std::min<size_t>(h.plan.decision.chunks, hits) : hits;
   // A planned chunk on the remote tier only is not stored here: the hold
   // covers the local prefix of the plan (the rest is loaded from the
   // cluster, or recomputed).
@@ -105,7 +112,7 @@ absl::StatusOr<KvService::HeldPlan> KvService::PlanAndHold(std::span<const Hash1
   auto lease = engine_->Hold(keys.first(n), lease_ms, holder);
   if (absl::IsNotFound(lease.status())) {
     // Deleted or evicted between the plan and the hold: plan again once.
-    KVTIER_ASSIGN_OR_RETURN(h.plan, PlanLoad(keys, prefill_tokens_per_s, tokens_per_chunk));
+    KVTIER_ASSIGN_OR_RETURN(h.plan, PlanLoad(keys, prefill, tokens_per_chunk));
     n = std::min(n, h.plan.estimate.tiers.size());
     if (n == 0) return h;
     lease = engine_->Hold(keys.first(n), lease_ms, holder);

@@ -122,16 +122,20 @@ class KvService {
   // InvalidArgument if there are more keys than the limit.
   absl::StatusOr<std::vector<tiering::TierKind>> Lookup(std::span<const Hash128> keys);
   // Lookup with each hit's size and estimated load time and, given the
-  // engine's prefill throughput (`prefill_tokens_per_s` > 0, with
+  // engine's prefill cost (`prefill.tokens_per_s` > 0, with
   // `tokens_per_chunk`), how many leading hits are worth loading rather than
-  // recomputing (bandwidth::BestLoadPrefix). InvalidArgument for too many
-  // keys, a rate that is negative or not finite, or tokens_per_chunk outside
-  // 1..1048576 with a rate.
+  // recomputing (bandwidth::BestLoadPrefix): hit i recomputes in
+  // bandwidth::RecomputeMicros of tokens [i*T, (i+1)*T), T =
+  // tokens_per_chunk, so with prefill.attention_doubling_tokens the later
+  // hits of a long prefix cost more. InvalidArgument for too many keys, a
+  // rate or attention_doubling_tokens that is negative or not finite, or
+  // tokens_per_chunk outside 1..1048576 with a rate.
   struct LoadPlan {
     tiering::PrefixLoadEstimate estimate;
     bandwidth::LoadDecision decision;  // chunks == 0 without a rate
   };
-  absl::StatusOr<LoadPlan> PlanLoad(std::span<const Hash128> keys, double prefill_tokens_per_s,
+  absl::StatusOr<LoadPlan> PlanLoad(std::span<const Hash128> keys,
+                                    const bandwidth::PrefillCost& prefill,
                                     uint32_t tokens_per_chunk);
   // PlanLoad, then a hold (PlacementEngine::Hold, under one lease of
   // `lease_ms`) of exactly the chunks the plan says to load: the leading
@@ -144,7 +148,8 @@ class KvService {
     uint32_t held_chunks = 0;
     tiering::Lease lease;
   };
-  absl::StatusOr<HeldPlan> PlanAndHold(std::span<const Hash128> keys, double prefill_tokens_per_s,
+  absl::StatusOr<HeldPlan> PlanAndHold(std::span<const Hash128> keys,
+                                       const bandwidth::PrefillCost& prefill,
                                        uint32_t tokens_per_chunk, uint32_t lease_ms,
                                        const tiering::Holder& holder);
 

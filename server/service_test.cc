@@ -3,7 +3,9 @@
 #include <sys/stat.h>
 
 #include <atomic>
+#include <cmath>
 #include <fstream>
+#include <limits>
 #include <thread>
 
 #include "common/testing/temp_dir.h"
@@ -33,6 +35,14 @@ using tiering::TierKind;
 class ServiceTest : public ::testing::Test {
  protected:
   void SetUp() override {
+    tiering::PlacementEngineOptions eo;
+    eo.maintenance_interval_ms = 10;
+    Open(eo, /*max_keys_per_request=*/8);
+  }
+  // (Re)opens the engine (DRAM and NVMe tiers) and the service over it.
+  void Open(const tiering::PlacementEngineOptions& eo, uint32_t max_keys_per_request) {
+    service_.reset();
+    engine_.reset();
     tiering::EngineTiers tiers;
     tiering::DramTierOptions d;
     d.capacity_bytes = 8 << 20;
@@ -42,11 +52,9 @@ class ServiceTest : public ::testing::Test {
     n.dir = dir_.path() + "/nvme";
     n.capacity_bytes = 16 << 20;
     tiers.nvme = tiering::NvmeTier::Open(n).value();
-    tiering::PlacementEngineOptions eo;
-    eo.maintenance_interval_ms = 10;
     engine_ = tiering::PlacementEngine::Create(eo, std::move(tiers)).value();
     ServiceLimits limits;
-    limits.max_keys_per_request = 8;
+    limits.max_keys_per_request = max_keys_per_request;
     service_ = std::make_unique<KvService>(engine_.get(), limits);
   }
   std::span<uint8_t> Pool(const tiering::PoolExtent& e) {
@@ -276,7 +284,7 @@ TEST_F(ServiceTest, PlanAndHoldHoldsWhatThePlanLoads) {
   for (uint32_t i = 0; i < 3; ++i) ASSERT_TRUE(service_->Put({TestKey(i)}, MakeChunk(i)).ok());
   std::vector<Hash128> keys = {TestKey(0), TestKey(1), TestKey(2), TestKey(3)};
   // A slow prefill (1 token/s): every hit is worth loading, and held.
-  auto slow = service_->PlanAndHold(keys, 1, 16, 0, tiering::Holder{});
+  auto slow = service_->PlanAndHold(keys, {.tokens_per_s = 1}, 16, 0, tiering::Holder{});
   ASSERT_TRUE(slow.ok()) << slow.status();
   EXPECT_EQ(slow->plan.estimate.tiers.size(), 3u);
   EXPECT_EQ(slow->plan.decision.chunks, 3u);
@@ -285,20 +293,99 @@ TEST_F(ServiceTest, PlanAndHoldHoldsWhatThePlanLoads) {
   EXPECT_EQ(service_->Delete(TestKey(2)).code(), absl::StatusCode::kFailedPrecondition);
   ASSERT_TRUE(service_->Release(slow->lease.id, 0).ok());
   // A prefill faster than any load: nothing is worth loading, nothing held.
-  auto fast = service_->PlanAndHold(keys, 1e15, 16, 0, tiering::Holder{});
+  auto fast = service_->PlanAndHold(keys, {.tokens_per_s = 1e15}, 16, 0, tiering::Holder{});
   ASSERT_TRUE(fast.ok()) << fast.status();
   EXPECT_EQ(fast->plan.decision.chunks, 0u);
   EXPECT_EQ(fast->held_chunks, 0u);
   EXPECT_EQ(fast->lease.id, 0u);
   EXPECT_TRUE(service_->Delete(TestKey(2)).ok());
   // Without a rate every hit is held.
-  auto all = service_->PlanAndHold(keys, 0, 16, 0, tiering::Holder{});
+  auto all = service_->PlanAndHold(keys, {}, 16, 0, tiering::Holder{});
   ASSERT_TRUE(all.ok()) << all.status();
   EXPECT_EQ(all->held_chunks, 2u);
   ASSERT_TRUE(service_->Release(all->lease.id, 0).ok());
   EXPECT_EQ(engine_->held_bytes(), 0u);
-  EXPECT_EQ(service_->PlanAndHold(keys, -1, 16, 0, tiering::Holder{}).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      service_->PlanAndHold(keys, {.tokens_per_s = -1}, 16, 0, tiering::Holder{}).status().code(),
+      absl::StatusCode::kInvalidArgument);
+}
+
+// A 24K-token prefix of a Qwen2.5-7B-shaped model on NVMe: 96 chunks of 256
+// tokens that load in ~649 ms, and whose recompute took 847 ms. Qwen2.5-7B's
+// C2 is its 6,525,288,448 non-embedding parameters / (2 x 28 layers x 28
+// query heads x 128 head dim) = 32,512 tokens. At 40K tokens/s (short
+// context) a linear recompute cost says 614 ms, less than the load:
+// recompute. With the attention term it is 847 ms: load all 96.
+TEST_F(ServiceTest, LongPrefixIsLoadedWhenAttentionMakesItsRecomputeSlower) {
+  constexpr int kNvme = static_cast<int>(TierKind::kNvme);
+  tiering::PlacementEngineOptions eo;
+  eo.maintenance_interval_ms = 10;
+  eo.load_cost.assumed_read_bytes_per_s[kNvme] = 1e15;  // the latency is the load time
+  eo.load_cost.latency_us[kNvme] = 6'760;               // x 96 = 648.96 ms
+  Open(eo, /*max_keys_per_request=*/96);
+  std::vector<Hash128> keys;
+  for (uint32_t i = 0; i < 96; ++i) {
+    PutArgs args;
+    args.key = TestKey(i);
+    args.tier = TierKind::kNvme;
+    ASSERT_TRUE(service_->Put(args, MakeChunk(i)).ok()) << i;
+    keys.push_back(TestKey(i));
+  }
+  const bandwidth::PrefillCost linear{.tokens_per_s = 40'000};
+  const bandwidth::PrefillCost attention{
+      .tokens_per_s = 40'000, .attention_doubling_tokens = 6'525'288'448.0 / (2.0 * 28 * 28 * 128)};
+
+  auto by_tokens = service_->PlanLoad(keys, linear, 256);
+  ASSERT_TRUE(by_tokens.ok()) << by_tokens.status();
+  ASSERT_EQ(by_tokens->estimate.tiers, std::vector<TierKind>(96, TierKind::kNvme));
+  double load_us = 0;
+  for (double us : by_tokens->estimate.load_us) load_us += us;
+  EXPECT_NEAR(load_us, 649'000, 100);
+  EXPECT_EQ(by_tokens->decision.chunks, 0u);  // 6.4 ms a chunk to recompute, 6.76 to load
+
+  auto by_flops = service_->PlanLoad(keys, attention, 256);
+  ASSERT_TRUE(by_flops.ok()) << by_flops.status();
+  EXPECT_EQ(by_flops->decision.chunks, 96u);
+  EXPECT_NEAR(by_flops->decision.load_us, 649'000, 100);
+  EXPECT_NEAR(by_flops->decision.recompute_us, 847'000, 1'000);
+  EXPECT_NEAR(by_flops->decision.saved_us(), 198'000, 1'000);
+
+  // The hold follows the plan.
+  auto held = service_->PlanAndHold(keys, attention, 256, 0, tiering::Holder{});
+  ASSERT_TRUE(held.ok()) << held.status();
+  EXPECT_EQ(held->held_chunks, 96u);
+  ASSERT_TRUE(service_->Release(held->lease.id, 0).ok());
+  auto none = service_->PlanAndHold(keys, linear, 256, 0, tiering::Holder{});
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_EQ(none->held_chunks, 0u);
+  EXPECT_EQ(none->lease.id, 0u);
+  EXPECT_EQ(engine_->held_bytes(), 0u);
+}
+
+TEST_F(ServiceTest, PlanRefusesAnAttentionDoublingThatIsNoLength) {
+  ASSERT_TRUE(service_->Put({TestKey(1)}, MakeChunk(1)).ok());
+  const std::vector<Hash128> keys = {TestKey(1)};
+  for (double c2 : {-1.0, -0.0001, std::nan(""), std::numeric_limits<double>::infinity(),
+                    -std::numeric_limits<double>::infinity()}) {
+    for (double rate : {0.0, 1000.0}) {
+      auto plan = service_->PlanLoad(keys, {.tokens_per_s = rate, .attention_doubling_tokens = c2},
+                                     256);
+      EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument) << c2 << " at " << rate;
+      EXPECT_THAT(plan.status().message(), ::testing::HasSubstr("attention_doubling_tokens"));
+      EXPECT_EQ(service_->PlanAndHold(keys, {.tokens_per_s = rate, .attention_doubling_tokens = c2},
+                                      256, 0, tiering::Holder{})
+                    .status()
+                    .code(),
+                absl::StatusCode::kInvalidArgument);
+    }
+  }
+  auto zero = service_->PlanLoad(keys, {.tokens_per_s = 1000, .attention_doubling_tokens = 0}, 256);
+  ASSERT_TRUE(zero.ok()) << zero.status();
+  auto tiny =
+      service_->PlanLoad(keys, {.tokens_per_s = 1000, .attention_doubling_tokens = 1e-3}, 256);
+  ASSERT_TRUE(tiny.ok()) << tiny.status();
+  EXPECT_EQ(tiny->decision.chunks, 1u);
+  EXPECT_EQ(engine_->held_bytes(), 0u);
 }
 
 TEST_F(ServiceTest, GetBatchSharedServesHitsNamesMissesAndRefusesDuplicates) {

@@ -57,6 +57,15 @@ TEST_F(CliTest, PutGetLookupDeleteStatsAgainstTheRealDaemon) {
   auto negative = Kvtier("lookup --keys " + k1 + " --prefill-tokens-per-s -1" + sock);
   EXPECT_EQ(negative.exit_code, 2);
   EXPECT_THAT(negative.err, ::testing::HasSubstr("prefill_tokens_per_s"));
+  auto attention = Kvtier("lookup --keys " + k1 +
+                          " --prefill-tokens-per-s 1000 --tokens-per-chunk 16"
+                          " --attention-doubling-tokens 16" + sock);
+  EXPECT_EQ(attention.exit_code, 0) << attention.err;
+  EXPECT_THAT(attention.out, ::testing::HasSubstr("worth loading: 1 of 1 cached chunks"));
+  auto no_length = Kvtier("lookup --keys " + k1 +
+                          " --prefill-tokens-per-s 1000 --attention-doubling-tokens -1" + sock);
+  EXPECT_EQ(no_length.exit_code, 2);
+  EXPECT_THAT(no_length.err, ::testing::HasSubstr("attention_doubling_tokens"));
   auto stats = Kvtier("stats --json" + sock);
   EXPECT_EQ(stats.exit_code, 0);
   EXPECT_THAT(stats.out, ::testing::HasSubstr("\"tier\":\"dram\""));

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -90,6 +91,32 @@ TEST_F(CtlTest, LookupAndPlanOverTheDataPlaneAgreeWithGrpc) {
   EXPECT_EQ(pa->chunk_bytes, pb->chunk_bytes);
   EXPECT_EQ(pa->load_chunks, pb->load_chunks);
   EXPECT_EQ(shm->PlanLoad(keys, -1, 16).status().code(), absl::StatusCode::kInvalidArgument);
+  // The attention term over both: at 1M tokens/s a chunk of 16 tokens
+  // recomputes in 16 us, less than a DRAM load (20 us and more): nothing is
+  // worth loading. With C2 = 16 tokens chunk i costs 16 x (1.5 + i) us: 24,
+  // 40, 56, 72, so all four are.
+  EXPECT_EQ(shm->PlanLoad(keys, 1e6, 16)->load_chunks, 0u);
+  EXPECT_EQ(grpc->PlanLoad(keys, 1e6, 16)->load_chunks, 0u);
+  auto qa = shm->PlanLoad(keys, 1e6, 16, /*attention_doubling_tokens=*/16);
+  auto qb = grpc->PlanLoad(keys, 1e6, 16, /*attention_doubling_tokens=*/16);
+  ASSERT_TRUE(qa.ok()) << qa.status();
+  ASSERT_TRUE(qb.ok()) << qb.status();
+  EXPECT_EQ(qa->load_chunks, 4u);
+  EXPECT_EQ(qb->load_chunks, 4u);
+  EXPECT_NEAR(qa->saved_us, 192 - qa->load_chunks_us, 1e-9);
+  EXPECT_NEAR(qb->saved_us, 192 - qb->load_chunks_us, 1e-9);
+  // LookupAndHold holds what that plan loads, over the data plane and gRPC.
+  for (client::KvtierClient* cl : {shm.get(), grpc.get()}) {
+    auto none = cl->LookupAndHold(keys, 1e6, 16, 0);
+    ASSERT_TRUE(none.ok()) << none.status();
+    EXPECT_EQ(none->lease_id, 0u);
+    auto held = cl->LookupAndHold(keys, 1e6, 16, 0, /*attention_doubling_tokens=*/16);
+    ASSERT_TRUE(held.ok()) << held.status();
+    EXPECT_EQ(held->plan.load_chunks, 4u);
+    ASSERT_NE(held->lease_id, 0u);
+    EXPECT_EQ(cl->Delete(TestKey(103)).code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_TRUE(cl->ReleasePlan(*held).ok());
+  }
   // An empty lookup is a lookup of nothing.
   auto none = shm->Lookup({});
   ASSERT_TRUE(none.ok());
@@ -391,7 +418,13 @@ TEST_F(CtlTest, BatchOpsRefuseHostileFrames) {
       {"get batch: claims a huge payload", RawDataPlane::Frame(1, 13, {}, int64_t{1} << 30)},
       {"release batch: half an item", RawDataPlane::Frame(1, 14, std::vector<uint8_t>(8 + 8))},
       {"plan: no fixed part", RawDataPlane::Frame(1, 11, std::vector<uint8_t>(16))},
-      {"unknown op", RawDataPlane::Frame(1, 18, {})},
+      {"plan (attention): a plain plan's fixed part",
+       RawDataPlane::Frame(1, 19, Keys(Fixed(2, 16, wire::shm::kPlanBytes - 8), two))},
+      {"plan and hold (attention): count says 3, two keys",
+       RawDataPlane::Frame(1, 20, Keys(Fixed(3, 16, wire::shm::kPlanAttentionBytes - 8), two))},
+      {"plan (attention): keys not whole",
+       RawDataPlane::Frame(1, 19, std::vector<uint8_t>(wire::shm::kPlanAttentionBytes + 8))},
+      {"unknown op", RawDataPlane::Frame(1, 21, {})},
   };
   for (const Case& k : closing) {
     SCOPED_TRACE(k.name);
@@ -450,6 +483,33 @@ TEST_F(CtlTest, BatchOpsRefuseHostileFrames) {
   wire::shm::Writer(plan.data()).U32(2).U32(256).F64(0).U32(5).U32(0);  // a lease on a plain plan
   EXPECT_EQ(a.Call(Op::kPlanLoad, Keys(plan, two)), kInvalid);
   EXPECT_EQ(a.Call(Op::kHello, {}), kOk);
+  // The plans with the attention term: attention_doubling_tokens follows
+  // the plain plan's fields. One that is no length, or reserved bytes that
+  // are not zero, is refused; the connection serves on.
+  std::vector<uint8_t> attention(wire::shm::kPlanAttentionBytes);
+  for (double c2 : {-1.0, std::nan(""), HUGE_VAL}) {
+    for (Op op : {Op::kPlanLoadAttention, Op::kPlanAndHoldAttention}) {
+      wire::shm::Writer(attention.data()).U32(2).U32(16).F64(1000).U32(0).U32(0).F64(c2);
+      EXPECT_EQ(a.Call(op, Keys(attention, two)), kInvalid) << c2;
+    }
+  }
+  wire::shm::Writer(attention.data()).U32(2).U32(16).F64(1000).U32(0).U32(1).F64(16);
+  EXPECT_EQ(a.Call(Op::kPlanLoadAttention, Keys(attention, two)), kInvalid);
+  wire::shm::Writer(attention.data()).U32(2).U32(16).F64(1000).U32(5).U32(0).F64(16);
+  EXPECT_EQ(a.Call(Op::kPlanLoadAttention, Keys(attention, two)), kInvalid);
+  // At 1000 tokens/s and C2 = 16 tokens, the two chunks of 16 tokens
+  // recompute in 24 and 40 ms; the answer is a plain plan's.
+  wire::shm::Writer(attention.data()).U32(2).U32(16).F64(1000).U32(0).U32(0).F64(16);
+  ASSERT_EQ(a.Call(Op::kPlanLoadAttention, Keys(attention, two), &out), kOk);
+  ASSERT_EQ(out.size(), wire::shm::kPlanReplyBytes + 2 * wire::shm::kPlanHitBytes);
+  {
+    wire::shm::Reader ar(out.data());
+    EXPECT_EQ(ar.U32(), 2u);  // hits
+    EXPECT_EQ(ar.U32(), 2u);  // worth loading
+    const double load_us = ar.F64();
+    EXPECT_NEAR(ar.F64(), 64000 - load_us, 1e-6);
+    EXPECT_EQ(ar.U64(), 0u);  // no lease
+  }
 
   // A's holds: B names them and hears NotFound; A's holds stand.
   ASSERT_EQ(a.Call(Op::kGetBatch, Keys(get_head, two), &out), kOk);

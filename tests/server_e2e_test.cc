@@ -367,7 +367,8 @@ TEST_F(E2eTest, LongestCachedPrefixFromTokens) {
 
 // Lookup with load estimates, over shared memory and inline gRPC: sizes
 // and positive load times per hit; with a prefill rate, how many hits are
-// worth loading; hostile rates and chunk sizes are InvalidArgument.
+// worth loading, with the attention term if asked; hostile rates, attention
+// doubling lengths and chunk sizes are InvalidArgument.
 TEST_F(E2eTest, PlanLoadEstimatesEachHitAndSaysWhatIsWorthLoading) {
   auto c = Client(), inline_c = Client(false);
   ASSERT_TRUE(c && inline_c);
@@ -391,11 +392,27 @@ TEST_F(E2eTest, PlanLoadEstimatesEachHitAndSaysWhatIsWorthLoading) {
     EXPECT_EQ(slow->load_chunks, 2u);
     EXPECT_DOUBLE_EQ(slow->load_chunks_us, slow->load_us[0] + slow->load_us[1]);
     EXPECT_NEAR(slow->saved_us, 32000 - slow->load_chunks_us, 1e-6);
+    // With C2 = 16 tokens, the chunks of tokens [0, 16) and [16, 32)
+    // recompute in 16 ms x (1 + 8/16) and x (1 + 24/16): 24 + 40 ms.
+    auto attention = cl->PlanLoad(keys, 1000, 16, /*attention_doubling_tokens=*/16);
+    ASSERT_TRUE(attention.ok()) << attention.status();
+    EXPECT_EQ(attention->load_chunks, 2u);
+    EXPECT_NEAR(attention->saved_us, 64000 - attention->load_chunks_us, 1e-6);
     for (auto [rate, tokens] : {std::pair{-1.0, 16u}, std::pair{std::nan(""), 16u},
                                 std::pair{HUGE_VAL, 16u}, std::pair{1000.0, 0u},
                                 std::pair{1000.0, (1u << 20) + 1}}) {
       EXPECT_EQ(cl->PlanLoad(keys, rate, tokens).status().code(), absl::StatusCode::kInvalidArgument)
           << rate << " " << tokens;
+    }
+    for (double c2 : {-1.0, std::nan(""), HUGE_VAL, -HUGE_VAL}) {
+      for (double rate : {0.0, 1000.0}) {
+        auto bad = cl->PlanLoad(keys, rate, 16, c2);
+        EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << c2 << " " << rate;
+        EXPECT_THAT(bad.status().message(), ::testing::HasSubstr("attention_doubling_tokens"));
+        EXPECT_EQ(cl->LookupAndHold(keys, rate, 16, 0, c2).status().code(),
+                  absl::StatusCode::kInvalidArgument)
+            << c2 << " " << rate;
+      }
     }
   }
   std::vector<Hash128> many(5000, TestKey(62));

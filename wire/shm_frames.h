@@ -47,6 +47,10 @@ enum class Op : uint16_t {
   kCommitBatch = 17,    // u32 n, u8 durable, u8 flags, u8[2] zero, n x (u64 slot id, key)
                         //   -> u32 n, u32 zero, n x u32 code
   kHelloTenant = 18,    // u32 n, u32 zero, n bytes of a tenant's bearer token -> (empty)
+  // kPlanLoad and kPlanAndHold with the attention term of the recompute
+  // cost (bandwidth::PrefillCost): kPlanAttentionBytes, n keys -> as theirs.
+  kPlanLoadAttention = 19,
+  kPlanAndHoldAttention = 20,
 };
 
 inline constexpr uint32_t kAllocateBytes = 8 + 4;
@@ -69,6 +73,8 @@ inline constexpr uint32_t kGetBatchBytes = 4 + 4 + 1 + 7;
 inline constexpr uint32_t kReleaseItemBytes = 8 + 8;
 // u32 n, u32 tokens_per_chunk, f64 prefill_tokens_per_s, u32 lease_ms, u32 zero
 inline constexpr uint32_t kPlanBytes = 4 + 4 + 8 + 4 + 4;
+// kPlanBytes, then f64 attention_doubling_tokens
+inline constexpr uint32_t kPlanAttentionBytes = kPlanBytes + 8;
 inline constexpr uint32_t kPrefetchBytes = 4 + 4 + 8;  // u32 n, u32 deadline_ms, u64 budget
 inline constexpr uint32_t kCommitBatchBytes = 4 + 1 + 3;
 // kCommitBatch's flags: the slots' chunks have no checksums yet (a GPU
@@ -115,13 +121,15 @@ inline RequestShape ShapeOf(uint16_t op) {
     case Op::kAllocateBatch: return {kBatchHeaderBytes, kU64Bytes};
     case Op::kCommitBatch: return {kCommitBatchBytes, kCommitItemBytes};
     case Op::kHelloTenant: return {kBatchHeaderBytes, 1};
+    case Op::kPlanLoadAttention:
+    case Op::kPlanAndHoldAttention: return {kPlanAttentionBytes, kKeyBytes};
   }
   return kUnknownOp;
 }
 
 // The largest request payload of any op.
 inline constexpr uint32_t kMaxRequestPayloadBytes = kCommitBatchBytes + kMaxBatchItems * kCommitItemBytes;
-static_assert(kPlanBytes + kMaxBatchItems * kKeyBytes <= kMaxRequestPayloadBytes);
+static_assert(kPlanAttentionBytes + kMaxBatchItems * kKeyBytes <= kMaxRequestPayloadBytes);
 static_assert(kPutBeginBytes <= kMaxRequestPayloadBytes);
 // The largest reply payload of any op.
 inline constexpr uint32_t kMaxReplyPayloadBytes = kBatchHeaderBytes + kMaxBatchItems * kGetBatchItemBytes;

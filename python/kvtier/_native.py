@@ -143,6 +143,8 @@ _SIGNATURES = {
     "kvtier_lookup": (c_int, [c_void_p, _KEY, c_size_t, POINTER(c_uint8), POINTER(c_size_t)]),
     "kvtier_plan_load": (c_int, [c_void_p, _KEY, c_size_t, c_double, c_uint32,
                                  POINTER(LoadPlanC)]),
+    "kvtier_plan_load_attention": (c_int, [c_void_p, _KEY, c_size_t, c_double, c_double,
+                                           c_uint32, POINTER(LoadPlanC)]),
     "kvtier_prefetch": (c_int, [c_void_p, _KEY, c_size_t, c_uint32, POINTER(c_int)]),
     "kvtier_stats_json": (c_int, [c_void_p, POINTER(c_void_p)]),
     "kvtier_model_identity_init": (None, [POINTER(ModelIdentityC)]),

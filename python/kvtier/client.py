@@ -244,10 +244,20 @@ class Client:
         return [TIER_NAMES.get(tiers[i], "unknown") for i in range(hits.value)]
 
     def plan_load(self, keys: Sequence[Key], prefill_tokens_per_s: float = 0.0,
-                  tokens_per_chunk: int = 256) -> LoadPlan:
+                  tokens_per_chunk: int = 256,
+                  attention_doubling_tokens: float = 0.0) -> LoadPlan:
         """The cached prefix with each hit's size and estimated load time;
-        with the engine's prefill rate, how many leading hits are worth
-        loading rather than recomputing."""
+        with the engine's prefill rate (tokens/s), how many leading hits are
+        worth loading rather than recomputing.
+
+        attention_doubling_tokens: C2, the context length in tokens at which
+        one token's prefill costs twice its short-context cost
+        (``kvtier.engine.attention_doubling_tokens`` derives it from a model
+        config); ``prefill_tokens_per_s`` is then the short-context rate r, and
+        the chunk of tokens [a, a + n) recomputes in
+        1e6 * n / r * (1 + (a + n/2) / C2) microseconds. 0: linear, n / r.
+        Raises InvalidArgument for a negative or non-finite rate or C2.
+        """
         ks = [as_key(k) for k in keys]
         n = max(1, len(ks))
         tiers = (ctypes.c_uint8 * n)()
@@ -258,9 +268,9 @@ class Client:
         p.tiers = tiers
         p.chunk_bytes = sizes
         p.load_us = load_us
-        _native.check(self._lib.kvtier_plan_load(self._h(), _native.keys_arg(ks), len(ks),
-                                                 float(prefill_tokens_per_s),
-                                                 int(tokens_per_chunk), ctypes.byref(p)))
+        _native.check(self._lib.kvtier_plan_load_attention(
+            self._h(), _native.keys_arg(ks), len(ks), float(prefill_tokens_per_s),
+            float(attention_doubling_tokens), int(tokens_per_chunk), ctypes.byref(p)))
         h = p.hits
         return LoadPlan(h, p.load_chunks, p.load_chunks_us, p.saved_us,
                         [TIER_NAMES.get(tiers[i], "unknown") for i in range(h)],

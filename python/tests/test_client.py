@@ -86,6 +86,34 @@ def test_lookup_plan_delete_stats(daemon):
             c.delete(keys[1])
 
 
+@pytest.mark.parametrize("data_plane", [0, 2])
+def test_plan_prices_recompute_with_the_attention_term(daemon, data_plane):
+    """attention_doubling_tokens reaches kvtierd's plan, over the data plane
+    and over gRPC: at 2M tokens/s a 32-token chunk recomputes in 16 us, less
+    than its DRAM load; with C2 = 32 tokens chunk i costs 16 * (1.5 + i) us
+    (24, 40, 56, 72), more than its load. A C2 that is no length is
+    InvalidArgument."""
+    keys = [key_of(i) for i in range(10, 14)]
+    with kvtier.Client(socket=daemon.socket, max_data_connections=data_plane) as c:
+        for i, key in enumerate(keys):
+            c.put(key, make_chunk(seed=i)[3])
+        linear = c.plan_load(keys, prefill_tokens_per_s=2e6, tokens_per_chunk=32)
+        assert linear.hits == 4 and linear.load_chunks == 0
+        assert all(16 < us for us in linear.load_us)
+        assert c.plan_load(keys, 2e6, 32, attention_doubling_tokens=0.0).load_chunks == 0
+        plan = c.plan_load(keys, prefill_tokens_per_s=2e6, tokens_per_chunk=32,
+                           attention_doubling_tokens=32.0)
+        assert plan.hits == 4 and plan.load_chunks == 4
+        assert plan.load_chunks_us == pytest.approx(sum(plan.load_us))
+        assert plan.saved_us == pytest.approx(24 + 40 + 56 + 72 - plan.load_chunks_us)
+        for bad in (-1.0, float("nan"), float("inf"), -float("inf")):
+            for rate in (0.0, 2e6):
+                with pytest.raises(kvtier.InvalidArgument) as e:
+                    c.plan_load(keys, rate, 32, attention_doubling_tokens=bad)
+                assert e.value.code == 3 and "attention_doubling_tokens" in e.value.reason
+        assert c.lookup(keys) == ["dram"] * 4  # the connection still serves
+
+
 def test_prefetch_from_nvme(daemon):
     with kvtier.Client(socket=daemon.socket) as c:
         c.put(key_of(7), make_chunk(seed=7)[3], durable=True)

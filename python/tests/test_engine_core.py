@@ -5,7 +5,9 @@ package needed): settings, keys shared with kvtier.hf, the bounded lookup
 that are missing, corrupt or of another model."""
 from __future__ import annotations
 
+import math
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -68,6 +70,70 @@ def test_settings_parse_and_reject_bad_values():
             engine.ConnectorSettings.from_mapping(bad)
     assert engine.ConnectorSettings.from_mapping({"backend_name": "kvtier"},
                                                  ignore=("backend_name",)).codec == "k16v8"
+    assert engine.ConnectorSettings.from_mapping({}).attention_doubling_tokens is None
+    for value in (0, 32512, 26624.5):
+        s = engine.ConnectorSettings.from_mapping({"attention_doubling_tokens": value})
+        assert s.attention_doubling_tokens == value
+    for bad, words in [({"attention_doubling_tokens": "32K"}, "must be a number"),
+                       ({"attention_doubling_tokens": -1}, "attention_doubling_tokens"),
+                       ({"attention_doubling_tokens": math.nan}, "attention_doubling_tokens"),
+                       ({"attention_doubling_tokens": math.inf}, "attention_doubling_tokens")]:
+        with pytest.raises(ValueError, match=words):
+            engine.ConnectorSettings.from_mapping(bad)
+
+
+# config.json of Llama-3.1-8B and Qwen2.5-7B (the fields the helper reads).
+LLAMA_31_8B = {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+               "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 14336,
+               "vocab_size": 128256, "model_type": "llama"}
+QWEN_25_7B = {"hidden_size": 3584, "num_hidden_layers": 28, "num_attention_heads": 28,
+              "num_key_value_heads": 4, "intermediate_size": 18944, "vocab_size": 152064,
+              "model_type": "qwen2"}
+
+
+def _c2_by_flops(h, layers, heads, kv_heads, head_dim, inter):
+    """C2 = P / (2 L Hq D), P the non-embedding parameters (q, k, v, o, gated MLP)."""
+    per_layer = h * heads * head_dim + 2 * h * kv_heads * head_dim + heads * head_dim * h + \
+        3 * h * inter
+    return layers * per_layer / (2 * layers * heads * head_dim)
+
+
+def test_attention_doubling_tokens_of_known_models():
+    llama = engine.attention_doubling_tokens(LLAMA_31_8B)
+    qwen = engine.attention_doubling_tokens(SimpleNamespace(**QWEN_25_7B))  # no head_dim
+    assert llama == _c2_by_flops(4096, 32, 32, 8, 128, 14336) == 26624
+    assert qwen == _c2_by_flops(3584, 28, 28, 4, 128, 18944) == 32512
+    # Their published non-embedding parameter counts: 6.98B and 6.53B.
+    assert 32 * 2 * 32 * 128 * llama == pytest.approx(6.98e9, rel=1e-3)
+    assert 28 * 2 * 28 * 128 * qwen == pytest.approx(6.53e9, rel=1e-3)
+    for c2 in (llama, qwen):
+        assert 10_000 < c2 < 100_000
+    # A transformers config object, and a multimodal config's text part.
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(**{k: v for k, v in LLAMA_31_8B.items() if k != "model_type"})
+    assert engine.attention_doubling_tokens(cfg) == 26624
+    assert engine.attention_doubling_tokens({"text_config": QWEN_25_7B}) == 32512
+    # A mixture of experts runs num_experts_per_tok experts per token
+    # (Mixtral-8x7B: 2 of 8, intermediate 14336).
+    mixtral = dict(LLAMA_31_8B, num_local_experts=8, num_experts_per_tok=2)
+    assert engine.attention_doubling_tokens(mixtral) == 4096 + 1024 + 2 * 1.5 * 14336
+    shared = dict(QWEN_25_7B, num_experts_per_tok=4, moe_intermediate_size=2560,
+                  shared_expert_intermediate_size=20480)
+    assert engine.attention_doubling_tokens(shared) == 3584 + 512 + 1.5 * (4 * 2560 + 20480)
+    for bad, words in [({}, "hidden_size"),
+                       (dict(QWEN_25_7B, intermediate_size=None), "intermediate_size"),
+                       (dict(QWEN_25_7B, num_attention_heads=0), "num_attention_heads"),
+                       (dict(QWEN_25_7B, hidden_size="3584"), "hidden_size")]:
+        with pytest.raises(ValueError, match=words):
+            engine.attention_doubling_tokens(bad)
+
+
+def test_attention_doubling_tokens_setting_wins_over_the_model_config():
+    assert engine.resolve_attention_doubling_tokens(None, LLAMA_31_8B) == 26624
+    assert engine.resolve_attention_doubling_tokens(0, LLAMA_31_8B) == 0.0
+    assert engine.resolve_attention_doubling_tokens(1000, LLAMA_31_8B) == 1000.0
+    assert engine.resolve_attention_doubling_tokens(None, None) == 0.0
+    assert engine.resolve_attention_doubling_tokens(None, {"hidden_size": 64}) == 0.0
 
 
 def test_identity_matches_kvtier_hf_keys():
@@ -119,6 +185,24 @@ def test_bounded_lookup_answers_from_a_live_daemon(daemon, client):
         plan = lookup.plan(keys, 0.0, CHUNK)
         assert plan.hits == 2 and plan.tiers == ["dram", "dram"]
         assert lookup.plan([], 0.0, CHUNK) is None
+    finally:
+        lookup.close()
+
+
+def test_bounded_lookup_passes_the_attention_term(daemon, client):
+    """BoundedLookup.plan hands attention_doubling_tokens to kvtierd's plan: at
+    1M tokens/s an 8-token chunk recomputes in 8 us, less than its DRAM load;
+    with C2 = 1 token chunk i costs 8 * (1 + 8i + 4) us: 40, 104, 168, 232."""
+    keys = kvtier.chunk_keys(_identity().fingerprint(), list(range(4 * CHUNK)), CHUNK)
+    _put_chunks(client, keys)
+    settings = engine.ConnectorSettings(socket=daemon.socket, lookup_timeout_ms=2000)
+    lookup = engine.BoundedLookup(settings.connect, settings.lookup_timeout_ms)
+    try:
+        linear = lookup.plan(keys, 1e6, CHUNK)
+        assert linear is not None and linear.hits == 4 and linear.load_chunks == 0
+        plan = lookup.plan(keys, 1e6, CHUNK, attention_doubling_tokens=1.0)
+        assert plan is not None and plan.load_chunks == 4
+        assert plan.saved_us == pytest.approx(40 + 104 + 168 + 232 - plan.load_chunks_us)
     finally:
         lookup.close()
 

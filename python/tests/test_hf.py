@@ -184,6 +184,24 @@ def test_load_plan_can_decline_the_prefix(model, client):
     assert got.plan.load_chunks == 0
 
 
+def test_load_plan_prices_attention_from_the_model_config(model, client):
+    """PrefixReuse takes C2 from model.config (the tiny Llama: (2*64*64 +
+    2*64*32 + 3*64*128) / (2*64) = 288 tokens) unless given. At 2M tokens/s a
+    32-token chunk recomputes in 16 us by tokens alone, less than its DRAM
+    load (~21 us); with the attention term chunk i costs 16 * (1 + (32i + 16)
+    / 288) us, so the 8 chunks of a long prompt are worth loading."""
+    derived = _reuse(model, client, prefill_tokens_per_s=2e6)
+    linear = _reuse(model, client, prefill_tokens_per_s=2e6, attention_doubling_tokens=0)
+    assert derived.attention_doubling_tokens == 288
+    assert linear.attention_doubling_tokens == 0
+    ids = _tokens(8 * CHUNK + 1)
+    assert linear.prefill(ids).stored_chunks == 8
+    keys = derived.keys(ids)
+    assert linear.plan(keys, ids.shape[1])[:2] == (0, 8)
+    chunks, hits, plan = derived.plan(keys, ids.shape[1])
+    assert (chunks, hits) == (8, 8) and plan.load_chunks == 8
+
+
 def test_generate_continues_from_the_fetched_cache(model, client):
     reuse = _reuse(model, client)
     ids = _tokens(2 * CHUNK + 4)

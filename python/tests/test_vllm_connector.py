@@ -542,6 +542,26 @@ def test_transfer_counts_reach_vllms_stats_logger_and_prometheus(model_dir, kvti
                 REGISTRY.unregister(collector)
 
 
+def test_the_plan_prices_attention_from_the_models_config(model_dir, kvtierd):
+    """With a prefill rate, the scheduler's plan adds the attention term of the
+    model's config (the tiny Llama's C2: (2*64*64 + 2*64*32 + 3*64*64) /
+    (2*64) = 192 tokens). At 2M tokens/s a 32-token chunk recomputes in 16 us
+    by tokens alone, less than its DRAM load (~21 us), but chunk i costs
+    16 * (1 + (32i + 16) / 192) us with the term: a long prompt's 8 chunks
+    are worth loading. attention_doubling_tokens 0 keeps the linear cost."""
+    tokens = _prompt(8 * CHUNK + 1, 21)
+    _save_prompt(model_dir, kvtierd, tokens)
+    for extra, c2, loaded in [({}, 192.0, 8 * CHUNK),
+                              ({"attention_doubling_tokens": 0}, 0.0, 0)]:
+        eng = Engine(model_dir, _extra(kvtierd, prefill_tokens_per_s=2e6, **extra), seed=1)
+        assert eng.connector().attention_doubling_tokens == c2
+        eng.scheduler.add_request(make_request("reader", tokens))
+        out = eng.step(writes=False)
+        assert out.scheduled_new_reqs[0].num_computed_tokens == loaded, extra
+        eng.run_until_idle()
+        eng.shutdown()
+
+
 def test_a_hybrid_model_is_refused_with_the_flag_to_pass(model_dir, kvtierd):
     config = vllm_config(model_dir, _extra(kvtierd))
     with pytest.raises(ValueError, match="--disable-hybrid-kv-cache-manager"):

@@ -137,6 +137,7 @@ absl::StatusOr<ReplayResult> ReplayTrace(const Trace& trace, const ReplayOptions
   const uint32_t bt = options.chunk.geometry.num_tokens;
   const TierKind put_tier = options.dram_bytes > 0 ? TierKind::kDram : TierKind::kNvme;
   const double rate = options.prefill_tokens_per_s;
+  const bandwidth::PrefillCost prefill{.tokens_per_s = rate};
   const LoadCostModel& cost = eo.load_cost;
 
   ReplayResult r = StartResult(EvictionPolicySpecName(eo.eviction), trace, options, n, aligned);
@@ -168,7 +169,9 @@ absl::StatusOr<ReplayResult> ReplayTrace(const Trace& trace, const ReplayOptions
     }
     r.prefix_hits += p;
     r.chunk_hits += p;
-    for (size_t i = 0; i < p; ++i) r.chunk_hit_tokens += BlockTokens(req, i, bt);
+    uint64_t prefix_tokens = 0;
+    for (size_t i = 0; i < p; ++i) prefix_tokens += BlockTokens(req, i, bt);
+    r.chunk_hit_tokens += prefix_tokens;
     // Stored blocks past the prefix are counted as the request found them,
     // before its own puts evict anything.
     for (size_t i = p; i < keys.size(); ++i) {
@@ -186,7 +189,8 @@ absl::StatusOr<ReplayResult> ReplayTrace(const Trace& trace, const ReplayOptions
     r.block_reads += keys.size();
     for (size_t i = 0; i < keys.size(); ++i) r.token_reads += BlockTokens(req, i, bt);
     r.load_seconds += load_us / 1e6;
-    ttft.push_back(load_us / 1e6 + bandwidth::RecomputeMicros(recompute_tokens, rate) / 1e6);
+    ttft.push_back(load_us / 1e6 +
+                   bandwidth::RecomputeMicros(prefix_tokens, recompute_tokens, prefill) / 1e6);
   }
   r.evictions = engine->metric(EngineMetric::kEvictions);
   r.demotions = engine->metric(EngineMetric::kDemotions);
@@ -204,6 +208,7 @@ ReplayResult BeladyReplay(const Trace& trace, const ReplayOptions& options) {
   const uint64_t aligned = codec::AlignUp(std::max<uint64_t>(n, 1), kAlign);
   const uint32_t bt = options.chunk.geometry.num_tokens;
   const double rate = options.prefill_tokens_per_s;
+  const bandwidth::PrefillCost prefill{.tokens_per_s = rate};
   const int dram = static_cast<int>(TierKind::kDram);
   const LoadCostModel& cost = options.engine.load_cost;
 
@@ -235,7 +240,7 @@ ReplayResult BeladyReplay(const Trace& trace, const ReplayOptions& options) {
     const TraceRequest& req = trace.requests[q];
     bool in_prefix = true;
     double load_us = 0;
-    uint64_t recompute_tokens = 0;
+    uint64_t prefix_tokens = 0, recompute_tokens = 0;
     for (size_t i = 0; i < req.hash_ids.size(); ++i, ++pos) {
       const uint64_t id = ids[pos], nx = next[pos];
       const uint64_t tok = BlockTokens(req, i, bt);
@@ -247,6 +252,7 @@ ReplayResult BeladyReplay(const Trace& trace, const ReplayOptions& options) {
         if (in_prefix) {
           r.prefix_hits += 1;
           r.prefix_hit_tokens += tok;
+          prefix_tokens += tok;
           r.tiers[dram].hits += 1;
           r.tiers[dram].hit_tokens += tok;
           r.tiers[dram].bytes_read += n;
@@ -283,7 +289,8 @@ ReplayResult BeladyReplay(const Trace& trace, const ReplayOptions& options) {
     }
     r.block_reads += req.hash_ids.size();
     r.load_seconds += load_us / 1e6;
-    ttft.push_back(load_us / 1e6 + bandwidth::RecomputeMicros(recompute_tokens, rate) / 1e6);
+    ttft.push_back(load_us / 1e6 +
+                   bandwidth::RecomputeMicros(prefix_tokens, recompute_tokens, prefill) / 1e6);
   }
   FinishTimes(r, ttft, rate);
   return r;

@@ -23,6 +23,7 @@ import array
 import concurrent.futures
 import dataclasses
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -65,7 +66,8 @@ UNUSABLE = (kvtier.NotFound, kvtier.DataLoss, kvtier.InvalidArgument)
 # The type of each setting that is not a string (ConnectorSettings.from_mapping).
 _SETTING_TYPES: dict[str, type | tuple[type, ...]] = {
     "chunk_tokens": int, "lookup_timeout_ms": int, "retry_after_ms": int, "io_timeout_ms": int,
-    "layer_group": int, "max_pending_save_chunks": int, "prefill_tokens_per_s": (int, float)}
+    "layer_group": int, "max_pending_save_chunks": int, "prefill_tokens_per_s": (int, float),
+    "attention_doubling_tokens": (int, float)}
 
 
 # ---- settings ------------------------------------------------------------------------
@@ -91,7 +93,16 @@ class ConnectorSettings:
     load_policy: "plan" loads what kvtierd's load plan says is faster to load
       than to recompute at prefill_tokens_per_s (every hit when the rate is 0);
       "all" loads every hit. Default: "plan".
-    prefill_tokens_per_s: the engine's prefill rate, for the plan. Default: 0.
+    prefill_tokens_per_s: the engine's prefill rate, tokens/s, for the plan:
+      at short context (a few hundred tokens) when attention_doubling_tokens
+      is not 0. Default: 0.
+    attention_doubling_tokens: C2, the context length in tokens at which one
+      token's prefill costs twice its short-context cost; the plan prices the
+      recompute of tokens [a, a + n) at 1e6 * n / r * (1 + (a + n/2) / C2)
+      microseconds (r = prefill_tokens_per_s), so later chunks of a long
+      prefix cost more; 0 prices every token at 1 / r. Default: None, derived
+      from the model's config where the connector has it
+      (``attention_doubling_tokens(config)``), else 0.
     io_timeout_ms: deadline of the worker's store and load calls. Default: 60000.
     kv_cache_layout: the layout of the engine's KV tensors (PACKED_LAYOUT,
       STACKED_LAYOUTS / SEPARATE_LAYOUTS). Default: inferred from the shapes.
@@ -114,6 +125,7 @@ class ConnectorSettings:
     retry_after_ms: int = 1000
     load_policy: str = "plan"
     prefill_tokens_per_s: float = 0.0
+    attention_doubling_tokens: float | None = None
     io_timeout_ms: int = 60000
     kv_cache_layout: str | None = None
     layer_group: int = 4
@@ -156,6 +168,11 @@ class ConnectorSettings:
                              f"{self.load_policy!r}")
         if self.prefill_tokens_per_s < 0:
             raise ValueError("kvtier: prefill_tokens_per_s must not be negative")
+        if self.attention_doubling_tokens is not None and \
+                not (math.isfinite(self.attention_doubling_tokens)
+                     and self.attention_doubling_tokens >= 0):
+            raise ValueError("kvtier: attention_doubling_tokens must be a finite number of "
+                             f"tokens >= 0 (0: linear), not {self.attention_doubling_tokens}")
         if self.kv_cache_layout is not None and \
                 self.kv_cache_layout not in STACKED_LAYOUTS + SEPARATE_LAYOUTS + (PACKED_LAYOUT,):
             raise ValueError(f"kvtier: kv_cache_layout {self.kv_cache_layout!r} is not one of "
@@ -167,6 +184,83 @@ class ConnectorSettings:
         """A client of the configured kvtierd (Unavailable if it does not answer)."""
         return kvtier.Client(socket=self.socket, addr=self.addr, token_file=self.token_file,
                              timeout_ms=timeout_ms or self.io_timeout_ms)
+
+
+def _config_value(config: Any, name: str) -> Any:
+    if isinstance(config, Mapping):
+        return config.get(name)
+    return getattr(config, name, None)
+
+
+def attention_doubling_tokens(config: Any) -> float:
+    """C2 of a decoder-only transformer: the context length, in tokens, at which
+    one token's prefill costs twice its short-context cost (the attention term
+    of kvtierd's recompute cost, docs/daemon.md "Load or recompute").
+
+    From FLOPs: a token at context position c costs 2*P in the weights (P:
+    non-embedding parameters) and 4*L*Hq*D*c in attention (L layers, Hq query
+    heads, D head dim: QK^T and the weighted sum of V), so
+    C2 = P / (2*L*Hq*D), in which L cancels. P counts per layer the q, k, v and
+    o projections, H*Hq*D + 2*H*Hkv*D + Hq*D*H, and a gated MLP, 3*H*I (with
+    num_experts_per_tok, that many experts of moe_intermediate_size or
+    intermediate_size, plus a shared expert of shared_expert_intermediate_size
+    if given). Biases, norms, embeddings and the LM head are left out, and so
+    are sliding windows and other attention that stops growing with context.
+    Llama-3.1-8B: 26,624 tokens; Qwen2.5-7B: 32,512.
+
+    config: a transformers PretrainedConfig, a dict of config.json, or any
+    object with its attributes: hidden_size, num_attention_heads,
+    num_key_value_heads (default num_attention_heads), head_dim (default
+    hidden_size // num_attention_heads), intermediate_size. A multimodal
+    config's text_config is read instead when it has one.
+    Raises ValueError naming a missing or non-positive field.
+    """
+    text = _config_value(config, "text_config")
+    if text is not None:
+        config = text
+
+    def field(name: str, default: Any = None) -> int:
+        value = _config_value(config, name)
+        if value is None:
+            value = default
+        if value is None:
+            raise ValueError(f"kvtier: the model config has no {name}")
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ValueError(f"kvtier: the model config's {name} must be a positive integer, "
+                             f"not {value!r}")
+        return value
+
+    hidden = field("hidden_size")
+    heads = field("num_attention_heads")
+    kv_heads = field("num_key_value_heads", heads)
+    head_dim = field("head_dim", hidden // heads)
+    experts = _config_value(config, "num_experts_per_tok")
+    if experts:
+        per_expert = field("moe_intermediate_size", _config_value(config, "intermediate_size"))
+        mlp = field("num_experts_per_tok") * 3 * hidden * per_expert
+        shared = _config_value(config, "shared_expert_intermediate_size")
+        if shared:
+            mlp += 3 * hidden * field("shared_expert_intermediate_size")
+    else:
+        mlp = 3 * hidden * field("intermediate_size")
+    attention = 2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim
+    return (attention + mlp) / (2 * heads * head_dim)
+
+
+def resolve_attention_doubling_tokens(setting: float | None, config: Any) -> float:
+    """``setting`` when it is given (not None), else ``attention_doubling_tokens(config)``
+    of the model's config, or 0 (a linear recompute cost) when there is no config or it
+    does not tell (logged)."""
+    if setting is not None:
+        return float(setting)
+    if config is None:
+        return 0.0
+    try:
+        return attention_doubling_tokens(config)
+    except ValueError as e:
+        logger.info("kvtier: %s; the load plan prices recompute linearly in tokens "
+                    "(set attention_doubling_tokens)", e)
+        return 0.0
 
 
 def engine_identity(model_id: str, dtype: torch.dtype | str, codec: str = "k16v8", *,
@@ -237,11 +331,13 @@ class BoundedLookup:
         except (kvtier.KvtierError, OSError) as e:
             logger.warning("kvtier: cannot reach kvtierd yet (%s); lookups retry", e)
 
-    def _run(self, keys, prefill_tokens_per_s, tokens_per_chunk) -> kvtier.LoadPlan:
+    def _run(self, keys, prefill_tokens_per_s, tokens_per_chunk,
+             attention_doubling_tokens) -> kvtier.LoadPlan:
         client = self._client
         if client is None:
             client = self._client = self._connect(self._timeout_ms)
-        return client.plan_load(keys, prefill_tokens_per_s, tokens_per_chunk)
+        return client.plan_load(keys, prefill_tokens_per_s, tokens_per_chunk,
+                                attention_doubling_tokens)
 
     def _fail(self, cause: str, error: BaseException | None) -> None:
         self.misses[cause] += 1
@@ -254,8 +350,10 @@ class BoundedLookup:
                 client.close()
 
     def plan(self, keys: Sequence, prefill_tokens_per_s: float = 0.0,
-             tokens_per_chunk: int = 256) -> kvtier.LoadPlan | None:
-        """The load plan of ``keys``, or None for a miss (see the class comment)."""
+             tokens_per_chunk: int = 256,
+             attention_doubling_tokens: float = 0.0) -> kvtier.LoadPlan | None:
+        """The load plan of ``keys`` (``kvtier.Client.plan_load``), or None for a miss
+        (see the class comment)."""
         if not keys:
             return None
         deadline = self._clock() + self._timeout_s
@@ -271,7 +369,8 @@ class BoundedLookup:
                 self.misses["backoff"] += 1
                 return None
             fut = self._pending = self._pool.submit(self._run, list(keys),
-                                                    prefill_tokens_per_s, tokens_per_chunk)
+                                                    prefill_tokens_per_s, tokens_per_chunk,
+                                                    attention_doubling_tokens)
         try:
             result = fut.result(timeout=max(0.0, deadline - self._clock()))
         except concurrent.futures.TimeoutError:
@@ -604,5 +703,6 @@ class KvMover:
 
 
 __all__ = ["KV_LAYOUT", "DTYPE_NAMES", "STACKED_LAYOUTS", "SEPARATE_LAYOUTS", "PACKED_LAYOUT",
-           "UNUSABLE", "ConnectorSettings", "engine_identity", "token_array", "BoundedLookup",
+           "UNUSABLE", "ConnectorSettings", "attention_doubling_tokens",
+           "resolve_attention_doubling_tokens", "engine_identity", "token_array", "BoundedLookup",
            "loadable_chunks", "infer_layout", "PagedKv", "LoadResult", "PendingLoad", "KvMover"]

@@ -163,6 +163,12 @@ class KvtierConnector(KVConnectorBase_V1):
             raise ValueError(f"kvtier: chunk_tokens {self.settings.chunk_tokens} must be a "
                              f"multiple of vLLM's block size {self.block_size} (--block-size)")
         self.chunk_tokens = self.settings.chunk_tokens
+        # The plan's attention term: the setting, else C2 of the model's config.
+        model_config = vllm_config.model_config
+        hf_config = getattr(model_config, "hf_text_config", None) or \
+            getattr(model_config, "hf_config", None)
+        self.attention_doubling_tokens = engine.resolve_attention_doubling_tokens(
+            self.settings.attention_doubling_tokens, hf_config)
         # kv_role: kv_both loads and saves, kv_consumer only loads, kv_producer only saves.
         self.loads = bool(self._kv_transfer_config.is_kv_consumer)
         self.saves = bool(self._kv_transfer_config.is_kv_producer)
@@ -235,7 +241,8 @@ class KvtierConnector(KVConnectorBase_V1):
         if max_chunks <= first:
             return 0, False
         keys = self._keys(tokens[:max_chunks * self.chunk_tokens])
-        plan = self.lookup.plan(keys, self.settings.prefill_tokens_per_s, self.chunk_tokens)
+        plan = self.lookup.plan(keys, self.settings.prefill_tokens_per_s, self.chunk_tokens,
+                                self.attention_doubling_tokens)
         chunks = engine.loadable_chunks(plan, self.settings, len(tokens))
         hits = plan.hits if plan is not None else 0
         self._candidates[request.request_id] = _Candidate(

@@ -48,7 +48,7 @@ from transformers.cache_utils import Cache, DynamicCache
 
 import kvtier
 import kvtier.torch as kvtorch
-from kvtier.integrations.engine import KV_LAYOUT, UNUSABLE
+from kvtier.integrations.engine import KV_LAYOUT, UNUSABLE, resolve_attention_doubling_tokens
 from kvtier.integrations.hf import _gpu
 from kvtier.integrations.hf.cache import Fetched, LayerwiseDynamicCache, kv_layers
 from kvtier.torch import DTYPE_NAMES
@@ -149,9 +149,17 @@ class PrefixReuse:
     codec: the chunk codec, "k16v8" (V in FP8, lossy) or "k16v16" (lossless).
     chunk_tokens: tokens per chunk (a multiple of block_size).
     block_size: the codec's scale block, in tokens (per-(block, head) V scales).
-    prefill_tokens_per_s: the model's prefill rate at the prompt's context; with
-      a rate, kvtierd's plan decides how many cached chunks are worth loading
-      (load or recompute), without one every cached chunk is loaded.
+    prefill_tokens_per_s: the model's prefill rate, tokens/s, at short context
+      (a few hundred tokens; at the prompt's context with
+      attention_doubling_tokens 0); with a rate, kvtierd's plan decides how many
+      cached chunks are worth loading (load or recompute), without one every
+      cached chunk is loaded.
+    attention_doubling_tokens: C2, the context length in tokens at which one
+      token's prefill costs twice its short-context cost, so that the plan
+      prices the later chunks of a long prefix higher
+      (``kvtier.Client.plan_load``); 0 prices every token alike. Default:
+      derived from model.config (``kvtier.engine.attention_doubling_tokens``),
+      0 when the config does not tell.
     model_id, revision: override the identity's (see model_identity).
     layerwise: on a CUDA model with the GPU path, overlap the load with the
       suffix's compute layer by layer (default True).
@@ -164,6 +172,7 @@ class PrefixReuse:
 
     def __init__(self, model: PreTrainedModel, client: kvtier.Client, *, codec: str = "k16v8",
                  chunk_tokens: int = 256, block_size: int = 16, prefill_tokens_per_s: float = 0.0,
+                 attention_doubling_tokens: float | None = None,
                  model_id: str | None = None, revision: str | None = None,
                  layerwise: bool = True, layer_group: int = 4):
         if chunk_tokens <= 0 or chunk_tokens % block_size:
@@ -175,6 +184,8 @@ class PrefixReuse:
         self.chunk_tokens = chunk_tokens
         self.block_size = block_size
         self.prefill_tokens_per_s = float(prefill_tokens_per_s)
+        self.attention_doubling_tokens = resolve_attention_doubling_tokens(
+            attention_doubling_tokens, getattr(model, "config", None))
         self.layerwise = layerwise
         self.layer_group = layer_group
         self.geometry = kv_geometry(model)
@@ -219,7 +230,8 @@ class PrefixReuse:
         """
         if not keys:
             return 0, 0, None
-        plan = self.client.plan_load(keys, self.prefill_tokens_per_s, self.chunk_tokens)
+        plan = self.client.plan_load(keys, self.prefill_tokens_per_s, self.chunk_tokens,
+                                     self.attention_doubling_tokens)
         chunks = plan.load_chunks if self.prefill_tokens_per_s > 0 else plan.hits
         return min(chunks, (num_tokens - 1) // self.chunk_tokens), plan.hits, plan
 
