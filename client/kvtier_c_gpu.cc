@@ -5,6 +5,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -328,6 +329,54 @@ int kvtier_gpu_store(kvtier_gpu* gpu, const uint8_t key[16], const uint8_t finge
   return Done(gpu->io->Store(KeyOf(key), *spec, cache->layout, span, StreamOf(stream), o));
 }
 
+int kvtier_gpu_store_batch(kvtier_gpu* gpu, const uint8_t* keys, size_t n,
+                           const uint8_t fingerprint[16], const char* codec_name,
+                           const kvtier_gpu_cache* cache, const int32_t* block_ids,
+                           uint32_t num_ids, uint32_t first_slot, uint32_t num_tokens,
+                           uint64_t stream, int durable, int* statuses) {
+  if (gpu == nullptr || cache == nullptr || (n > 0 && (keys == nullptr || block_ids == nullptr))) {
+    return Fail(absl::InvalidArgumentError("gpu, cache, keys or block_ids is null"));
+  }
+  if (n > 0 && num_ids > SIZE_MAX / 4 / n) {
+    return Fail(absl::InvalidArgumentError("n * num_ids block ids overflow"));
+  }
+  DeviceScope scope(cache->device);
+  if (!scope.status().ok()) return Fail(scope.status());
+  auto spec = SpecFor(fingerprint, codec_name, cache, num_tokens);
+  if (!spec.ok()) return Fail(spec.status());
+  // Host checks first, so that a mismatch costs nothing on the device.
+  std::vector<absl::Status> results(n);
+  for (size_t i = 0; i < n; ++i) {
+    kernels::BlockSpan host_span{block_ids + i * num_ids, block_ids + i * num_ids, num_ids,
+                                 first_slot};
+    results[i] = kernels::ValidateBlockSpan(cache->layout, host_span, num_tokens);
+  }
+  // Every chunk's ids in one upload.
+  DeviceIds ids;
+  absl::Status st = ids.Upload(block_ids, n * size_t{num_ids}, StreamOf(stream));
+  if (!st.ok()) return Fail(st);
+  std::vector<kvtier::client::PagedChunk> chunks;
+  std::vector<size_t> index;  // chunks[j] is chunk index[j] of the call
+  for (size_t i = 0; i < n; ++i) {
+    if (!results[i].ok()) continue;
+    chunks.push_back({KeyOf(keys + 16 * i),
+                      kernels::BlockSpan{ids.get() + i * num_ids, block_ids + i * num_ids,
+                                         num_ids, first_slot}});
+    index.push_back(i);
+  }
+  kvtier::client::PutOptions o;
+  o.durable = durable != 0;
+  std::vector<absl::Status> stored =
+      gpu->io->StoreBatch(chunks, *spec, cache->layout, StreamOf(stream), o);
+  for (size_t j = 0; j < chunks.size(); ++j) results[index[j]] = std::move(stored[j]);
+  absl::Status first;
+  for (size_t i = 0; i < n; ++i) {
+    if (statuses != nullptr) statuses[i] = static_cast<int>(results[i].code());
+    if (first.ok() && !results[i].ok()) first = results[i];
+  }
+  return Done(first);
+}
+
 int kvtier_gpu_store_begin(kvtier_gpu* gpu, const uint8_t fingerprint[16], const char* codec_name,
                            const kvtier_gpu_cache* cache, uint32_t num_tokens,
                            kvtier_gpu_store_op** out) {
@@ -414,7 +463,7 @@ int kvtier_gpu_load_layerwise(kvtier_gpu* gpu, const uint8_t* keys, size_t n,
   DeviceIds ids;
   absl::Status st = ids.Upload(block_ids, total, StreamOf(stream));
   if (!st.ok()) return Fail(st);
-  std::vector<kvtier::client::LayerwiseChunk> chunks(n);
+  std::vector<kvtier::client::PagedChunk> chunks(n);
   for (size_t i = 0; i < n; ++i) {
     chunks[i].key = KeyOf(keys + i * Hash128::kSize);
     chunks[i].blocks = kernels::BlockSpan{ids.get() + offsets[i], block_ids + offsets[i],

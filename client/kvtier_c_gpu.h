@@ -102,6 +102,21 @@ KVTIER_C_EXPORT int kvtier_gpu_store(kvtier_gpu* gpu, const uint8_t key[16],
                                      uint32_t num_ids, uint32_t first_slot, uint32_t num_tokens,
                                      uint64_t stream, int durable);
 
+/* kvtier_gpu_store of n chunks in one call: chunk i is keys[16 * i, 16 * i +
+ * 16) with its num_ids block ids at block_ids[i * num_ids] (host memory),
+ * every chunk num_tokens tokens from first_slot. The encodes of the next
+ * chunks run on `stream` while the daemon commits the earlier ones.
+ * statuses (n entries, may be null) gets each chunk's code; returns
+ * KVTIER_OK if every chunk was stored, else the first failed chunk's code
+ * (its message in kvtier_last_error). A chunk that fails does not stop the
+ * others. */
+KVTIER_C_EXPORT int kvtier_gpu_store_batch(kvtier_gpu* gpu, const uint8_t* keys, size_t n,
+                                           const uint8_t fingerprint[16], const char* codec,
+                                           const kvtier_gpu_cache* cache,
+                                           const int32_t* block_ids, uint32_t num_ids,
+                                           uint32_t first_slot, uint32_t num_tokens,
+                                           uint64_t stream, int durable, int* statuses);
+
 /* A store by layer ranges, so that a prefill can encode layer l while it
  * computes the next: begin reserves the slot; each store_layers enqueues the
  * encode of [layer_begin, layer_end) on `stream` without waiting (ranges in

@@ -105,6 +105,11 @@ TEST(CApiGpu, NullHandlesAreInvalidArgument) {
   int tier = 0;
   EXPECT_EQ(kvtier_gpu_store(nullptr, key, key, "k16v8", nullptr, ids, 1, 0, 16, 0, 0),
             kInvalidArgument);
+  int statuses[1] = {-1};
+  EXPECT_EQ(kvtier_gpu_store_batch(nullptr, key, 1, key, "k16v8", nullptr, ids, 1, 0, 16, 0, 0,
+                                   statuses),
+            kInvalidArgument);
+  EXPECT_EQ(statuses[0], -1);  // the call failed as a whole: no chunk's status
   EXPECT_EQ(kvtier_gpu_load(nullptr, key, nullptr, ids, 1, 0, 0, KVTIER_ALL_LAYERS, 0, &tier),
             kInvalidArgument);
   kvtier_gpu_layerwise* lw = nullptr;

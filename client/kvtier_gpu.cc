@@ -29,20 +29,6 @@ absl::Status Sync(cudaStream_t stream) {
                              __LINE__);
 }
 
-// Waits for the work enqueued on `stream` so far, not for what the caller
-// enqueues after (an engine's next kernels).
-absl::Status WaitForLaunchesSoFar(cudaStream_t stream) {
-  cudaEvent_t ev;
-  // A blocking event: the waiting thread sleeps instead of spinning a core
-  // that the engine's threads may need.
-  KVTIER_CUDA_RETURN_IF_ERROR(
-      cudaEventCreateWithFlags(&ev, cudaEventDisableTiming | cudaEventBlockingSync));
-  cudaError_t e = cudaEventRecord(ev, stream);
-  if (e == cudaSuccess) e = cudaEventSynchronize(ev);
-  cudaEventDestroy(ev);
-  return kernels::CudaStatus(e, "wait for the store's launches", __FILE__, __LINE__);
-}
-
 }  // namespace
 
 // ---- PendingStore ----
@@ -52,15 +38,26 @@ PendingStore::PendingStore(GpuPagedIo* io, const codec::ChunkSpec& spec, Writabl
     : io_(io), spec_(spec), slot_(slot), workspace_(workspace), staging_(std::move(staging)) {}
 
 PendingStore::~PendingStore() {
-  if (slot_gone_) return;
+  if (slot_gone_) {
+    if (done_ != nullptr) cudaEventDestroy(done_);
+    return;
+  }
   // Launches may still write into the slot: wait before giving it back.
-  absl::Status st = next_layer_ > 0 || broken_ ? Sync(stream_) : absl::OkStatus();
+  absl::Status st = done_ != nullptr ? WaitDone()
+                    : next_layer_ > 0 || broken_ ? Sync(stream_)
+                                                 : absl::OkStatus();
+  if (done_ != nullptr) cudaEventDestroy(done_);
   if (workspace_ != nullptr) io_->ReturnWorkspace(workspace_, /*dirty=*/broken_ || !st.ok());
   // A buffer or slot that a kernel may still write is not reused: the buffer
   // is freed (cudaFree waits for the device), the slot stays allocated until
   // its lease ends.
   if (st.ok() && staging_ != nullptr) io_->ReturnStaging(std::move(staging_));
   if (st.ok()) (void)io_->client_->AbortSlot(slot_);
+}
+
+absl::Status PendingStore::WaitDone() const {
+  return kernels::CudaStatus(cudaEventSynchronize(done_), "wait for the store's launches",
+                             __FILE__, __LINE__);
 }
 
 uint8_t* PendingStore::EncodeTarget() const {
@@ -92,12 +89,30 @@ absl::Status PendingStore::EncodeLayers(const kernels::PagedKvLayout& cache,
   stream_ = stream;
   absl::Status st =
       kernels::GatherEncode(spec_, cache, blocks, layers, EncodeTarget(), workspace_, stream);
-  if (st.ok() && staging_ != nullptr && layers.End(num_layers) == num_layers) {
+  const bool last = layers.End(num_layers) == num_layers;
+  if (st.ok() && staging_ != nullptr && last) {
     // The whole chunk, header included (a later range's launch may set its
     // flags), by the copy engine.
     st = kernels::CudaStatus(cudaMemcpyAsync(slot_.data.data(), staging_->data(),
                                              slot_.data.size(), cudaMemcpyDeviceToHost, stream),
                              "copy the encoded chunk into the slot", __FILE__, __LINE__);
+  }
+  if (st.ok() && last) {
+    // What Commit waits for: this store's work, not what the caller enqueues
+    // after it (an engine's next kernels, the next store of a batch). A
+    // blocking event: the waiting thread sleeps instead of spinning a core
+    // that the engine's threads may need.
+    cudaEvent_t ev;
+    cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming | cudaEventBlockingSync);
+    if (e == cudaSuccess) {
+      e = cudaEventRecord(ev, stream);
+      if (e == cudaSuccess) {
+        done_ = ev;
+      } else {
+        cudaEventDestroy(ev);
+      }
+    }
+    st = kernels::CudaStatus(e, "record the store's event", __FILE__, __LINE__);
   }
   if (!st.ok()) {
     broken_ = true;  // part of the chunk may be written, the workspace dirty
@@ -113,8 +128,8 @@ absl::Status PendingStore::Commit(const Hash128& key, const PutOptions& options)
     return absl::FailedPreconditionError(absl::StrCat(
         "layers [", next_layer_, ", ", spec_.geometry.num_layers, ") were not encoded"));
   }
-  // The last launch's stream follows every earlier launch of the store.
-  absl::Status st = WaitForLaunchesSoFar(stream_);
+  // Recorded after the last launch, on a stream that follows every earlier one.
+  absl::Status st = WaitDone();
   if (!st.ok()) {
     broken_ = true;
     return st;
@@ -321,6 +336,36 @@ absl::Status GpuPagedIo::Store(const Hash128& key, const codec::ChunkSpec& spec,
   return pending->Commit(key, options);
 }
 
+std::vector<absl::Status> GpuPagedIo::StoreBatch(std::span<const PagedChunk> chunks,
+                                                 const codec::ChunkSpec& spec,
+                                                 const kernels::PagedKvLayout& cache,
+                                                 cudaStream_t stream, const PutOptions& options) {
+  std::vector<absl::Status> out(chunks.size());
+  std::deque<std::pair<size_t, std::unique_ptr<PendingStore>>> encoded;
+  auto commit_oldest = [&] {
+    auto& [i, pending] = encoded.front();
+    out[i] = pending->Commit(chunks[i].key, options);
+    encoded.pop_front();
+  };
+  alignas(16) const uint8_t probe_dst[16] = {};
+  const uint32_t probe_ws = 0;
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    if (encoded.size() == kStoreBatchDepth) commit_oldest();
+    // Checked before a slot is taken, as in Store.
+    out[i] = kernels::ValidateGatherEncode(spec, cache, chunks[i].blocks, probe_dst, &probe_ws);
+    if (!out[i].ok()) continue;
+    auto pending = BeginStore(spec);
+    if (!pending.ok()) {
+      out[i] = pending.status();
+      continue;
+    }
+    out[i] = (*pending)->EncodeLayers(cache, chunks[i].blocks, kernels::LayerRange{}, stream);
+    if (out[i].ok()) encoded.emplace_back(i, *std::move(pending));
+  }
+  while (!encoded.empty()) commit_oldest();
+  return out;
+}
+
 absl::StatusOr<Tier> GpuPagedIo::Load(const Hash128& key, const kernels::PagedKvLayout& cache,
                                       const kernels::BlockSpan& blocks, cudaStream_t stream,
                                       kernels::LayerRange layers) {
@@ -375,7 +420,7 @@ absl::StatusOr<Tier> GpuPagedIo::Load(const Hash128& key, const kernels::PagedKv
 }
 
 absl::StatusOr<std::unique_ptr<LayerwiseLoad>> GpuPagedIo::BeginLayerwiseLoad(
-    std::span<const LayerwiseChunk> chunks, const kernels::PagedKvLayout& cache,
+    std::span<const PagedChunk> chunks, const kernels::PagedKvLayout& cache,
     uint32_t layer_group, cudaStream_t stream) {
   if (chunks.empty()) return absl::InvalidArgumentError("no chunks to load");
   if (layer_group == 0) return absl::InvalidArgumentError("layer_group is 0");
@@ -464,7 +509,7 @@ absl::StatusOr<std::unique_ptr<LayerwiseLoad>> GpuPagedIo::BeginLayerwiseLoad(
   }
   for (std::thread& t : threads) t.join();
   load->keys_.reserve(n);
-  for (const LayerwiseChunk& c : chunks) load->keys_.push_back(c.key);
+  for (const PagedChunk& c : chunks) load->keys_.push_back(c.key);
   load->holds_ = held;  // `held` still serves the launches below
   load->results_ = std::move(results);
   for (uint32_t g = 0; g < groups && launch.ok(); ++g) {

@@ -39,6 +39,7 @@
 #include <cuda_runtime_api.h>
 
 #include <atomic>
+#include <deque>
 #include <memory>
 #include <optional>
 #include <thread>
@@ -96,6 +97,8 @@ class PendingStore {
   // Where the kernels write the chunk: the device staging buffer, or the
   // slot through the pool's mapping.
   uint8_t* EncodeTarget() const;
+  // Waits (the thread sleeps) for done_. REQUIRES: done_ != nullptr.
+  absl::Status WaitDone() const;
 
   GpuPagedIo* const io_;
   const codec::ChunkSpec spec_;
@@ -105,13 +108,15 @@ class PendingStore {
   // engine after the last layer; null: the kernels write the slot itself.
   std::unique_ptr<kernels::HostStaging> staging_;
   cudaStream_t stream_ = nullptr;  // of the last EncodeLayers
+  cudaEvent_t done_ = nullptr;     // recorded after the last layer's launches
   uint32_t next_layer_ = 0;
   bool slot_gone_ = false;  // committed or aborted
   bool broken_ = false;     // a launch or the wait for it failed
 };
 
-// One chunk of a LayerwiseLoad: the key and where its tokens go.
-struct LayerwiseChunk {
+// A chunk of a batch (StoreBatch, BeginLayerwiseLoad): its key and the
+// blocks of its tokens.
+struct PagedChunk {
   Hash128 key;
   kernels::BlockSpan blocks;
 };
@@ -210,6 +215,18 @@ class GpuPagedIo {
                      const kernels::PagedKvLayout& cache, const kernels::BlockSpan& blocks,
                      cudaStream_t stream, const PutOptions& options = {});
 
+  // Stores chunks[i] (spec.geometry.num_tokens tokens at chunks[i].blocks of
+  // `cache`) as chunks[i].key, in order, each as Store would: the encode and
+  // copy of up to kStoreBatchDepth chunks run on `stream` ahead of the
+  // commit that waits for the oldest, so the device works while the daemon
+  // seals. One status per chunk, Store's codes; a chunk that fails does not
+  // stop the others (the daemon's pool filling up fails the rest alike).
+  static constexpr size_t kStoreBatchDepth = 3;
+  std::vector<absl::Status> StoreBatch(std::span<const PagedChunk> chunks,
+                                       const codec::ChunkSpec& spec,
+                                       const kernels::PagedKvLayout& cache, cudaStream_t stream,
+                                       const PutOptions& options = {});
+
   // Reserves a slot for a chunk of `spec` to be encoded by layer ranges
   // (PendingStore::EncodeLayers) and stored by PendingStore::Commit.
   // InvalidArgument for an invalid spec; the daemon's codes for the slot.
@@ -237,7 +254,7 @@ class GpuPagedIo {
   // layer_group 0, an invalid cache, or an empty `chunks`; a launch error
   // unholds everything and is returned.
   absl::StatusOr<std::unique_ptr<LayerwiseLoad>> BeginLayerwiseLoad(
-      std::span<const LayerwiseChunk> chunks, const kernels::PagedKvLayout& cache,
+      std::span<const PagedChunk> chunks, const kernels::PagedKvLayout& cache,
       uint32_t layer_group, cudaStream_t stream);
 
  private:

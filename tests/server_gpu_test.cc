@@ -277,6 +277,47 @@ TEST_F(ServerGpuTest, StoreByLayerRangesIsTheChunkOfOneStore) {
   cudaStreamDestroy(b);
 }
 
+TEST_F(ServerGpuTest, StoreBatchStoresEachChunkAsStoreWouldAndReportsEachFailure) {
+  LayerCase c;
+  ASSERT_NO_FATAL_FAILURE(c.Init(33));
+  cudaStream_t stream;
+  KVTIER_ASSERT_CUDA(cudaStreamCreate(&stream));
+  // More chunks than StoreBatch encodes ahead, one of them with a block list
+  // one block short (InvalidArgument for it alone).
+  std::vector<PagedChunk> chunks;
+  std::vector<uint32_t> source;  // the LayerCase chunk each entry holds
+  for (uint32_t i = 0; i < GpuPagedIo::kStoreBatchDepth + 3; ++i) {
+    source.push_back(i % LayerCase::kChunks);
+    chunks.push_back({TestKey(200 + i), c.Span(source.back())});
+  }
+  const size_t bad = 2;
+  chunks[bad].blocks.num_ids -= 1;
+  for (bool staged : {true, false}) {
+    SCOPED_TRACE(staged ? "staged" : "zero-copy");
+    io_->set_stage_stores(staged);
+    std::vector<absl::Status> st = io_->StoreBatch(chunks, c.spec, c.dev.layout, stream);
+    io_->set_stage_stores(true);
+    ASSERT_EQ(st.size(), chunks.size());
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      SCOPED_TRACE(i);
+      if (i == bad) {
+        EXPECT_EQ(st[i].code(), absl::StatusCode::kInvalidArgument) << st[i];
+        EXPECT_EQ(client_->Get(chunks[i].key).status().code(), absl::StatusCode::kNotFound);
+        continue;
+      }
+      ASSERT_TRUE(st[i].ok()) << st[i];
+      auto want = kernels::ReferenceGatherEncode(c.spec, c.host.layout, c.HostSpan(source[i]));
+      ASSERT_TRUE(want.ok()) << want.status();
+      auto got = client_->Get(chunks[i].key);
+      ASSERT_TRUE(got.ok()) << got.status();
+      EXPECT_TRUE(*got == *want) << "chunk " << i << " differs from the CPU reference";
+      EXPECT_TRUE(client_->Delete(chunks[i].key).ok());
+    }
+  }
+  EXPECT_TRUE(io_->StoreBatch({}, c.spec, c.dev.layout, stream).empty());
+  cudaStreamDestroy(stream);
+}
+
 TEST_F(ServerGpuTest, LoadOfALayerRangeWritesOnlyThoseLayers) {
   LayerCase c;
   ASSERT_NO_FATAL_FAILURE(c.Init(32));
@@ -301,12 +342,12 @@ TEST_F(ServerGpuTest, LoadOfALayerRangeWritesOnlyThoseLayers) {
 TEST_F(ServerGpuTest, LayerwiseLoadDecodesEveryFoundChunkAndReportsTheMissing) {
   LayerCase c;
   ASSERT_NO_FATAL_FAILURE(c.Init(33));
-  std::vector<LayerwiseChunk> chunks;
+  std::vector<PagedChunk> chunks;
   for (uint32_t i = 0; i < LayerCase::kChunks; ++i) {
     ASSERT_TRUE(io_->Store(TestKey(60 + i), c.spec, c.dev.layout, c.Span(i), nullptr).ok());
     chunks.push_back({TestKey(60 + i), c.Span(i)});
   }
-  chunks.insert(chunks.begin() + 1, LayerwiseChunk{TestKey(69), c.Span(0)});  // a miss
+  chunks.insert(chunks.begin() + 1, PagedChunk{TestKey(69), c.Span(0)});  // a miss
   HostCache expect, got;
   c.PoisonedCaches(0x21, &expect, &got);
   DeviceCache dst;
@@ -347,7 +388,7 @@ TEST_F(ServerGpuTest, LayerwiseLoadDecodesEveryFoundChunkAndReportsTheMissing) {
 TEST_F(ServerGpuTest, LayerwiseLoadReportsAChunkCorruptedInThePoolAtFinish) {
   LayerCase c;
   ASSERT_NO_FATAL_FAILURE(c.Init(34));
-  std::vector<LayerwiseChunk> chunks;
+  std::vector<PagedChunk> chunks;
   for (uint32_t i = 0; i < LayerCase::kChunks; ++i) {
     ASSERT_TRUE(io_->Store(TestKey(80 + i), c.spec, c.dev.layout, c.Span(i), nullptr).ok());
     chunks.push_back({TestKey(80 + i), c.Span(i)});

@@ -199,6 +199,8 @@ _GPU_SIGNATURES = {
     "kvtier_gpu_close": (None, [c_void_p]),
     "kvtier_gpu_store": (c_int, [c_void_p, _KEY, _KEY, c_char_p, c_void_p, _I32S, c_uint32,
                                  c_uint32, c_uint32, c_uint64, c_int]),
+    "kvtier_gpu_store_batch": (c_int, [c_void_p, _KEY, c_size_t, _KEY, c_char_p, c_void_p, _I32S,
+                                       c_uint32, c_uint32, c_uint32, c_uint64, c_int, _INTS]),
     "kvtier_gpu_store_begin": (c_int, [c_void_p, _KEY, c_char_p, c_void_p, c_uint32,
                                        POINTER(c_void_p)]),
     "kvtier_gpu_store_layers": (c_int, [c_void_p, c_void_p, _I32S, c_uint32, c_uint32, c_uint32,

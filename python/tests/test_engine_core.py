@@ -295,6 +295,25 @@ def test_save_then_load_moves_exact_kv_in_every_layout(client, layout):
         assert torch.equal(dst.k[layer][3], untouched[layer])
 
 
+def test_save_many_stores_each_chunk_as_save_and_reports_each_failure(client):
+    src = engine.PagedKv(_stacked("flash_attn_nhd", 6, seed=8), "flash_attn_nhd")
+    ident = _identity("k16v8")
+    keys = kvtier.chunk_keys(ident.fingerprint(), list(range(5 * CHUNK)), CHUNK)
+    mover = engine.KvMover(client, src, ident, CHUNK)
+    mover.save(keys[0], [4, 1])
+    errors = mover.save_many(keys[1:5], [[4, 1], [0, 99], [2, 3], [5]])
+    assert errors[0] is None and errors[2] is None
+    assert isinstance(errors[1], ValueError) and isinstance(errors[3], ValueError)
+    assert client.get_bytes(keys[1]) == client.get_bytes(keys[0])
+    assert kvtier.torch.decode_chunk(client.get_bytes(keys[3]))[0].shape[1] == CHUNK
+    for k in (keys[2], keys[4]):
+        with pytest.raises(kvtier.NotFound):
+            client.get_bytes(k)
+    assert mover.save_many([], []) == []
+    with pytest.raises(ValueError):
+        mover.save_many(keys[:2], [[0, 1]])
+
+
 def test_vllm_hnd_memory_behind_an_nhd_view_round_trips(client):
     """vLLM hands HND caches over as a logical NHD shape over permuted memory."""
     physical = _stacked("flashinfer_hnd", 4, seed=3)

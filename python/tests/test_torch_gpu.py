@@ -122,6 +122,22 @@ def test_store_by_layer_ranges_gives_the_same_chunk(client):
     op.close()
 
 
+def test_store_batch_gives_each_chunk_of_a_store(client):
+    _, src = _vllm_cache(6)
+    per = [list(range(c * (T // BS), (c + 1) * (T // BS))) for c in range(4)]
+    for c, ids in enumerate(per):
+        kg.store(client, _key(210 + c), src, ids, codec="k16v8")
+    keys = [_key(220 + c) for c in range(4)]
+    assert kg.store_batch(client, keys, src, per, codec="k16v8") == [None] * 4
+    for c in range(4):
+        assert client.get_bytes(keys[c]) == client.get_bytes(_key(210 + c))
+    assert kg.store_batch(client, [], src, []) == []
+    with pytest.raises(ValueError):
+        kg.store_batch(client, keys[:2], src, [per[0], per[1][:-1]])  # unequal block counts
+    with pytest.raises(ValueError):
+        kg.store_batch(client, keys[:2], src, per[:1])
+
+
 def test_load_of_a_layer_range_writes_only_those_layers(client):
     src_layers, src = _vllm_cache(6)
     ids = list(range(T // BS))

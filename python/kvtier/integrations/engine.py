@@ -651,6 +651,41 @@ class KvMover:
         chunk = kvtorch.encode_chunk(self.fingerprint, k, v, self.codec, self.kv.block_size)
         self.client.put(key, chunk, durable=durable)
 
+    def save_many(self, keys: Sequence, block_ids_per_key: Sequence[Sequence[int]],
+                  durable: bool = False, stream=None) -> list:
+        """``save`` of many chunks: one entry per chunk, None if stored, else
+        the KvtierError or ValueError that stopped it (a failed chunk does not
+        stop the others). CUDA caches store them in one call into libkvtier
+        (kvtier.torch.store_batch), which encodes the next chunks while
+        kvtierd commits the earlier ones."""
+        keys = list(keys)
+        per = [list(ids) for ids in block_ids_per_key]
+        if len(keys) != len(per):
+            raise ValueError("one block id list per key")
+        out: list = [None] * len(keys)
+        good = []
+        for i, ids in enumerate(per):
+            try:
+                self.kv.check_blocks(ids, self.chunk_tokens)
+                good.append(i)
+            except ValueError as e:
+                out[i] = e
+        if not self.on_gpu:
+            for i in good:
+                try:
+                    self.save(keys[i], per[i], durable=durable)
+                except kvtier.KvtierError as e:
+                    out[i] = e
+            return out
+        if good:
+            errors = kvtorch.store_batch(self.client, [keys[i] for i in good], self.kv.gpu_cache(),
+                                         [per[i] for i in good], self.codec,
+                                         fingerprint=self.fingerprint, stream=stream,
+                                         durable=durable)
+            for i, err in zip(good, errors, strict=True):
+                out[i] = err
+        return out
+
     def _check_chunk(self, info) -> None:
         kv = self.kv
         want = (self.fingerprint, kv.num_layers, kv.num_kv_heads, kv.head_dim, self.chunk_tokens,

@@ -554,9 +554,13 @@ class KvtierConnector(KVConnectorBase_V1):
                 # The blocks hold this step's KV once the compute stream passed `ready`;
                 # the encode runs on the saver's stream, beside the next forwards.
                 stream.wait_event(ready)
-            for key, ids in zip(job.keys, job.block_ids, strict=True):
-                self._mover().save(key, ids, stream=stream)
-                stored += 1
+            errors = self._mover().save_many(job.keys, job.block_ids, stream=stream)
+            stored = sum(e is None for e in errors)
+            bad = next((e for e in errors if e is not None), None)
+            if bad is not None:
+                failed = 1
+                logger.warning("kvtier: saving request %s failed for %d of its %d chunks: %s",
+                               job.req_id, len(errors) - stored, len(errors), bad)
         except (kvtier.KvtierError, ValueError) as e:
             failed = 1
             logger.warning("kvtier: saving request %s failed: %s", job.req_id, e)

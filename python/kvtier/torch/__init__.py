@@ -22,6 +22,7 @@ from kvtier.torch._gpu import (
     load,
     load_layerwise,
     store,
+    store_batch,
 )
 
 #: The chunk dtype name of each 16-bit torch dtype that chunks hold, and back.
@@ -94,5 +95,5 @@ def inspect_chunk(chunk) -> ChunkInfo:
 
 
 __all__ = ["encode_chunk", "decode_chunk", "inspect_chunk", "spec_for", "DTYPE_NAMES",
-           "TORCH_DTYPES", "PagedCache", "PendingStore", "LayerwiseLoad", "store", "begin_store",
-           "load", "load_layerwise", "decode_attention", "close_gpu"]
+           "TORCH_DTYPES", "PagedCache", "PendingStore", "LayerwiseLoad", "store", "store_batch",
+           "begin_store", "load", "load_layerwise", "decode_attention", "close_gpu"]

@@ -21,6 +21,7 @@ import torch
 
 from kvtier import _native
 from kvtier.client import TIER_NAMES
+from kvtier.errors import error_for
 from kvtier.keys import as_key
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "PendingStore",
     "LayerwiseLoad",
     "store",
+    "store_batch",
     "begin_store",
     "load",
     "load_layerwise",
@@ -435,6 +437,54 @@ def store(client, key, cache: PagedCache, block_ids, codec: str = "k16v8", *,
         _vp(_gpu(client, cache.device)), _u8(as_key(key)), _u8(fp), codec.encode(),
         _vp(cache._handle), ids, len(ids), first_slot, num_tokens,
         _stream_handle(stream, cache.device), int(durable)))
+
+
+def store_batch(client, keys: Sequence, cache: PagedCache, block_ids_per_key: Sequence,
+                codec: str = "k16v8", *, fingerprint=None, stream=None,
+                durable: bool = False) -> list:
+    """``store`` of many chunks in one call: chunk ``keys[i]`` from the blocks
+    ``block_ids_per_key[i]`` (the same number of blocks for each, every block's
+    tokens). The encodes of later chunks run on ``stream`` while kvtierd commits
+    earlier ones, and the calling thread holds the GIL only to start the call.
+    Returns one entry per chunk: None if stored, else its KvtierError (a chunk
+    that fails does not stop the others). Raises ValueError for bad arguments."""
+    keys = list(keys)
+    per = [_ids(ids) for ids in block_ids_per_key]
+    if len(keys) != len(per):
+        raise ValueError(f"keys ({len(keys)}) and block_ids_per_key ({len(per)}) differ in "
+                         "length")
+    if not keys:
+        return []
+    num_ids = len(per[0])
+    if any(len(ids) != num_ids for ids in per):
+        raise ValueError("every chunk of a store_batch has the same number of blocks")
+    num_tokens = num_ids * cache.block_size
+    for ids in per:
+        cache._check_span(ids, 0, num_tokens)
+    n = len(keys)
+    flat = (ctypes.c_int32 * (n * num_ids))()
+    for i, ids in enumerate(per):
+        ctypes.memmove(ctypes.byref(flat, 4 * i * num_ids), ids, 4 * num_ids)
+    statuses = (ctypes.c_int * n)()
+    rc = _lib().kvtier_gpu_store_batch(
+        _vp(_gpu(client, cache.device)), _u8(b"".join(as_key(k) for k in keys)), n,
+        _u8(_fingerprint(fingerprint)), codec.encode(), _vp(cache._handle), flat, num_ids, 0,
+        num_tokens, _stream_handle(stream, cache.device), int(durable), statuses)
+    if rc == 0:
+        return [None] * n
+    if not any(statuses):
+        _check(rc)  # the call failed as a whole: nothing was stored
+    # The C API keeps the message of the first failed chunk.
+    reason = _native.last_error()
+    out: list = []
+    for i, code in enumerate(statuses):
+        if code == 0:
+            out.append(None)
+        else:
+            first = all(e is None for e in out)
+            out.append(error_for(code, reason if first else f"chunk {i} of the batch: status "
+                                                           f"{code}"))
+    return out
 
 
 class PendingStore:
