@@ -474,6 +474,13 @@ def add_engine_args(ap: argparse.ArgumentParser, out: str) -> None:
     ap.add_argument("--seed", type=int, default=7)
 
 
+def exit_on_sigterm() -> None:
+    """A SIGTERM (e.g. an outer `timeout`) exits through the `finally` blocks,
+    which stop the engines and servers this process started in their own
+    sessions (they would otherwise keep the GPU's memory)."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_engine_args(ap, "vllm-bench.json")
@@ -501,6 +508,7 @@ def main() -> None:
     args.peers.sort(key=PEERS.index)
     # The workload's flags, passed on to each peer's process.
     args.child_args = sys.argv[1:]
+    exit_on_sigterm()
     driver(args)
 
 

@@ -185,6 +185,7 @@ KEYS = ("median_ttft_ms", "p90_ttft_ms", "p99_ttft_ms", "mean_ttft_ms", "request
 
 
 def main() -> None:
+    vllm_bench.exit_on_sigterm()
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workload", choices=("prefix_repetition", "timed_trace"),
                     default="prefix_repetition")
