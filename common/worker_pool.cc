@@ -4,8 +4,12 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <memory>
+#include <thread>
 #include <utility>
+
+#include "absl/strings/numbers.h"
 
 namespace kvtier {
 namespace {
@@ -53,11 +57,16 @@ WorkerPool::~WorkerPool() {
   for (std::thread& t : threads_) t.join();
 }
 
+size_t WorkerPool::SharedThreads(const char* env) {
+  const size_t cores = std::max<size_t>(2, std::thread::hardware_concurrency());
+  size_t n = std::min<size_t>(cores - 1, 15);
+  size_t asked = 0;
+  if (env != nullptr && absl::SimpleAtoi(env, &asked) && asked >= 1) n = std::min<size_t>(asked, 64);
+  return n;
+}
+
 WorkerPool& WorkerPool::Shared() {
-  static WorkerPool* pool = [] {
-    const size_t cores = std::max<size_t>(2, std::thread::hardware_concurrency());
-    return new WorkerPool(std::min<size_t>(cores - 1, 15));
-  }();
+  static WorkerPool* pool = new WorkerPool(SharedThreads(std::getenv("KVTIER_DATA_PATH_THREADS")));
   return *pool;
 }
 

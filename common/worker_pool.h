@@ -26,9 +26,14 @@ class WorkerPool {
   WorkerPool(const WorkerPool&) = delete;
   WorkerPool& operator=(const WorkerPool&) = delete;
 
-  // The process's pool for the data path: one thread per core beyond the
-  // caller's, at most 15 (XXH3 runs at memory speed on fewer).
+  // The process's pool for the data path: SharedThreads of the environment's
+  // KVTIER_DATA_PATH_THREADS, read at the first call.
   static WorkerPool& Shared();
+  // The size of the shared pool: one thread per core beyond the caller's, at
+  // most 15 (XXH3 runs at memory speed on fewer), unless `env` is a count
+  // >= 1 (at most 64 are started). An engine's host can leave cores to the
+  // engine's own threads this way (kvtierd seals every stored chunk on it).
+  static size_t SharedThreads(const char* env);
 
   size_t size() const { return threads_.size(); }
 

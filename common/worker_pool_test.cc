@@ -1,6 +1,8 @@
 #include "common/worker_pool.h"
 
+#include <algorithm>
 #include <atomic>
+#include <thread>
 #include <vector>
 
 #include "absl/synchronization/notification.h"
@@ -48,6 +50,18 @@ TEST(WorkerPool, ParallelForNestedInATask) {
   });
   done.WaitForNotification();
   EXPECT_EQ(sum.load(), 45);
+}
+
+TEST(WorkerPool, SharedThreadsFollowsTheEnvironmentWithinBounds) {
+  const size_t cores = std::max<size_t>(2, std::thread::hardware_concurrency());
+  const size_t fallback = std::min<size_t>(cores - 1, 15);
+  EXPECT_EQ(WorkerPool::SharedThreads(nullptr), fallback);
+  EXPECT_EQ(WorkerPool::SharedThreads("4"), 4u);
+  EXPECT_EQ(WorkerPool::SharedThreads("1"), 1u);
+  EXPECT_EQ(WorkerPool::SharedThreads("1000"), 64u);
+  for (const char* bad : {"", "0", "-3", "four", "4x", " "}) {
+    EXPECT_EQ(WorkerPool::SharedThreads(bad), fallback) << "'" << bad << "'";
+  }
 }
 
 TEST(WorkerPool, DestructorRunsScheduledTasks) {

@@ -18,6 +18,9 @@ Each peer runs in its own process with a fresh engine, in the order given:
                   kernels writing kvtierd's pool over PCIe themselves
                   (KVTIER_GPU_STAGE_STORES=0) instead of encoding into device
                   memory and copying with the copy engine
+  kvtier_k16v8_seal4  (only when asked for) kvtier k16v8 with kvtierd sealing
+                  stored chunks on 4 threads (KVTIER_DATA_PATH_THREADS=4), not
+                  one per core: leaves the engine's threads their cores
 
 The model is a config.json of --model's shape with dummy weights (vLLM's
 load_format="dummy", seeded, so every engine has the same weights) and token-id
@@ -42,7 +45,7 @@ import time
 from pathlib import Path
 
 PEERS = ("no_connector", "offloading", "lmcache", "kvtier_k16v16", "kvtier_k16v8",
-         "kvtier_k16v8_zerocopy")
+         "kvtier_k16v8_zerocopy", "kvtier_k16v8_seal4")
 DEFAULT_PEERS = PEERS[:5]
 
 
@@ -54,6 +57,11 @@ def peer_codec(peer: str) -> str:
 def peer_env(peer: str) -> dict:
     """The environment a peer's engine runs with, beyond the bench's own."""
     return {"KVTIER_GPU_STAGE_STORES": "0"} if peer.endswith("_zerocopy") else {}
+
+
+def daemon_env(peer: str) -> dict:
+    """The environment a kvtier peer's kvtierd runs with, beyond the bench's own."""
+    return {"KVTIER_DATA_PATH_THREADS": "4"} if peer.endswith("_seal4") else {}
 
 # Model shapes (Hugging Face config.json fields); dummy weights.
 MODELS = {
@@ -271,7 +279,7 @@ def start_kvtierd(args, tmp: Path, peer: str) -> tuple[subprocess.Popen, str]:
             [args.kvtierd, "--data-dir", str(d), "--socket", socket,
              "--dram-gib", str(args.dram_gib), "--nvme-gib", "0",
              "--ready-file", str(ready), "--log-level", "warn"],
-            stdout=log, stderr=subprocess.STDOUT)
+            stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, **daemon_env(peer)))
     deadline = time.time() + 60
     while not ready.exists():
         if proc.poll() is not None or time.time() > deadline:
