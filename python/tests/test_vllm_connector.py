@@ -595,6 +595,27 @@ def test_a_full_save_queue_skips_the_save_and_frees_the_blocks(model_dir, kvtier
     eng.shutdown()
 
 
+def test_a_skipped_save_is_stored_by_a_later_request_that_vllm_served(model_dir, kvtierd):
+    """A save that was skipped (or failed) does not count as held: a later
+    request whose prefix vLLM's own cache served asks kvtierd and stores it."""
+    tokens = _prompt(3 * CHUNK + 3, 19)
+    ident = engine.engine_identity(model_dir, torch.bfloat16, "k16v16")
+    keys = kvtier.chunk_keys(ident.fingerprint(), tokens, CHUNK)
+    eng = Engine(model_dir, _extra(kvtierd, max_pending_save_chunks=2))
+    saved = _count_saves(eng)
+    eng.scheduler.add_request(make_request("big", tokens))
+    eng.run_until_idle()
+    assert eng.worker.saves_skipped == 3 and saved == []
+    eng.scheduler.add_request(make_request("again", tokens[:2 * CHUNK] + [5, 6, 7]))
+    out = eng.step()
+    assert out.scheduled_new_reqs[0].num_computed_tokens == 2 * CHUNK  # vLLM's own hit
+    eng.run_until_idle()
+    assert saved == [bytes(k) for k in keys[:2]]
+    with kvtier.Client(socket=kvtierd.socket) as c:
+        assert len(c.lookup(keys)) == 2
+    eng.shutdown()
+
+
 def _kvtier_events(batches) -> list:
     return [e for b in batches for e in b.events
             if isinstance(getattr(e, "medium", None), str) and e.medium.startswith("kvtier:")]

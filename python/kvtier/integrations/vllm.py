@@ -212,10 +212,15 @@ class KvtierConnector(KVConnectorBase_V1):
         self._candidates: dict[str, _Candidate] = {}
         self._loads: list = []
         self._saves: list = []
-        # Keys kvtierd held at a lookup or that this scheduler sent to be saved,
-        # newest last: a request whose prefix vLLM's own GPU cache served (no
-        # lookup) does not store those chunks again.
-        self._held: collections.OrderedDict[bytes, None] = collections.OrderedDict()
+        # Keys kvtierd held at a lookup (True) or that this scheduler sent to be
+        # saved (False: the save may have failed or been skipped), newest last:
+        # a request whose prefix vLLM's own GPU cache served (no lookup) does
+        # not store those chunks again.
+        self._held: collections.OrderedDict[bytes, bool] = collections.OrderedDict()
+        # Keys of saves not yet reported done, by request, and how many such
+        # saves name each key: not stored twice while a save is in flight.
+        self._saving_keys: dict[str, list[bytes]] = {}
+        self._in_flight: collections.Counter[bytes] = collections.Counter()
         # KV events (vLLM's --kv-events-config): a BlockStored per chunk kvtierd
         # holds once its request's save is done.
         events_config = getattr(self._vllm_config, "kv_events_config", None)
@@ -295,6 +300,10 @@ class KvtierConnector(KVConnectorBase_V1):
         missing or corrupt, and kvtierd dropped it), so the request saves it
         again when it finishes."""
         for req_id in getattr(connector_output, "finished_sending", None) or ():
+            for key in self._saving_keys.pop(req_id, ()):
+                self._in_flight[key] -= 1
+                if self._in_flight[key] <= 0:
+                    del self._in_flight[key]
             saved = self._saving.pop(req_id, None)
             if saved is not None:
                 self._events.extend(self._stored_events(saved))
@@ -308,24 +317,34 @@ class KvtierConnector(KVConnectorBase_V1):
                 for c in failed:
                     self._held.pop(bytes(cand.keys[c]), None)
 
-    def _remember_held(self, keys: Sequence) -> None:
+    def _remember_held(self, keys: Sequence, confirmed: bool) -> None:
+        """Remembers ``keys`` as held (``confirmed``: kvtierd said so) or as sent
+        to be saved, newest last, within _HELD_KEYS."""
         for key in map(bytes, keys):
-            self._held[key] = None
+            self._held[key] = confirmed or self._held.get(key, False)
             self._held.move_to_end(key)
         while len(self._held) > _HELD_KEYS:
             self._held.popitem(last=False)
 
     def _held_prefix(self, keys: list) -> int:
-        """How many leading ``keys`` kvtierd holds: those this scheduler knows
-        of, then kvtierd's answer for the rest (a bounded lookup; a lookup that
-        fails counts as a miss, so the chunks are saved)."""
+        """How many leading ``keys`` kvtierd holds: those it said it holds or
+        whose save is in flight, then kvtierd's answer for the rest (a bounded
+        lookup; a lookup that fails counts as a miss, so the chunks are
+        saved). A chunk sent to be saved whose save is done is asked about: the
+        save may have failed or been skipped."""
         known = 0
-        while known < len(keys) and bytes(keys[known]) in self._held:
+        while known < len(keys) and (self._held.get(bytes(keys[known])) or
+                                     bytes(keys[known]) in self._in_flight):
             known += 1
         if known == len(keys):
             return known
         plan = self.lookup.plan(keys[known:], 0.0, self.chunk_tokens)
-        return known + (plan.hits if plan is not None else 0)
+        hits = plan.hits if plan is not None else 0
+        self._remember_held(keys[known:known + hits], True)
+        if plan is not None:
+            for key in map(bytes, keys[known + hits:]):
+                self._held.pop(key, None)
+        return known + hits
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         meta = KvtierConnectorMetadata(loads=self._loads, saves=self._saves)
@@ -351,14 +370,17 @@ class KvtierConnector(KVConnectorBase_V1):
             keys = self._keys(list(request.all_token_ids)[:full * self.chunk_tokens])
         if cand is not None:
             first = cand.hits
-            self._remember_held(keys[:first])
+            self._remember_held(keys[:first], True)
         else:
             # No lookup ran (vLLM's GPU prefix cache covered every chunk boundary,
             # or this role only saves): store only what kvtierd lacks.
             first = self._held_prefix(keys)
         if full <= first:
             return False, None
-        self._remember_held(keys[first:full])
+        saving = [bytes(k) for k in keys[first:full]]
+        self._remember_held(saving, False)
+        self._saving_keys[request.request_id] = saving
+        self._in_flight.update(saving)
         per = self.chunk_tokens // self.block_size
         chunks = range(first, full)
         self._saves.append(ChunkJob(request.request_id, [keys[c] for c in chunks],
