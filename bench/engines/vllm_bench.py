@@ -26,6 +26,13 @@ The model is a config.json of --model's shape with dummy weights (vLLM's
 load_format="dummy", seeded, so every engine has the same weights) and token-id
 prompts (no tokenizer). Greedy outputs are compared with no_connector's.
 
+Hits from NVMe (item 4 of the vLLM-on-GPU issue: no hit slower than
+recomputing): `--kvtier-dram-gib 2 --nvme-gib 32 --plan` gives kvtierd a DRAM
+tier too small for the documents, so the warm pass loads from NVMe, and lets the
+kvtier peers plan load or recompute at the prefill rate of the same run's
+no_connector engine; each peer's `warm_over_recompute_max` is its slowest warm
+request over no_connector's TTFT of the same request.
+
 Run on the GPU machine after `scripts/vllm-gpu install` (see docs/engines.md):
   eval "$(scripts/vllm-gpu env)"
   python3 bench/engines/vllm_bench.py --kvtierd ./kvtierd --out r.json
@@ -139,7 +146,10 @@ def kv_transfer_config(peer: str, args, socket: str | None) -> dict | None:
     return {"kv_connector": "KvtierConnector", "kv_connector_module_path": "kvtier.vllm",
             "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
             "kv_connector_extra_config": {"socket": socket, "codec": codec,
-                                          "chunk_tokens": args.chunk_tokens}}
+                                          "chunk_tokens": args.chunk_tokens,
+                                          # The rate at the documents' context.
+                                          "prefill_tokens_per_s": args.plan_rate,
+                                          "attention_doubling_tokens": 0}}
 
 
 def run_requests(llm, prompts: list[list[int]], out_tokens: int, tag: str) -> dict:
@@ -277,7 +287,8 @@ def start_kvtierd(args, tmp: Path, peer: str) -> tuple[subprocess.Popen, str]:
     with open(d / "kvtierd.log", "w") as log:  # the daemon keeps its own descriptor
         proc = subprocess.Popen(
             [args.kvtierd, "--data-dir", str(d), "--socket", socket,
-             "--dram-gib", str(args.dram_gib), "--nvme-gib", "0",
+             "--dram-gib", str(args.kvtier_dram_gib or args.dram_gib),
+             "--nvme-gib", str(args.nvme_gib),
              "--ready-file", str(ready), "--log-level", "warn"],
             stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, **daemon_env(peer)))
     deadline = time.time() + 60
@@ -364,6 +375,10 @@ def summarize(raw: dict, floor_rate: float, config: dict, baseline: dict | None)
         cold_same = [a == b for a, b in zip(cold["outputs"], baseline["cold"]["outputs"])]
         out["outputs_match_no_connector"] = all(same) and all(cold_same)
         out["warm_outputs_matching"] = f"{sum(same)}/{len(same)}"
+        # Item 4 of the vLLM-on-GPU issue: no warm request slower than recomputing
+        # it (no_connector's TTFT of the same request).
+        out["warm_over_recompute_max"] = max(
+            a / b for a, b in zip(warm["ttft_s"], baseline["warm"]["ttft_s"]))
         out["cold_outputs_matching"] = f"{sum(cold_same)}/{len(cold_same)}"
     if raw["peer"].startswith("kvtier_"):
         codec = peer_codec(raw["peer"])
@@ -395,6 +410,8 @@ def driver(args) -> None:
             "question_tokens": args.question_tokens, "output_tokens": args.output_tokens,
             "requests_at_a_time": 1, "block_size": args.block_size,
             "chunk_tokens": args.chunk_tokens, "dram_gib": args.dram_gib,
+            "kvtier_dram_gib": args.kvtier_dram_gib or args.dram_gib,
+            "kvtier_nvme_gib": args.nvme_gib, "plan": args.plan,
             "passes": "warm-up; cold (stores); GPU prefix cache reset; warm (loads); "
                       "gpu_hit (no reset)"},
         "pinned_h2d_gb_per_s": rate, "peers": {}}
@@ -412,6 +429,11 @@ def driver(args) -> None:
                "--model-dir", str(model_dir)] + args.child_args
         if socket:
             cmd += ["--socket", socket]
+        if args.plan and peer.startswith("kvtier_") and "no_connector" in raws:
+            base = raws["no_connector"]["cold"]["ttft_s"]
+            rate = args.doc_tokens * len(base) / sum(base)
+            results["workload"]["plan_prefill_tokens_per_s"] = rate
+            cmd += ["--plan-rate", str(rate)]
         if not kept:
             print(f"== {peer}", flush=True)
             t0 = time.perf_counter()
@@ -477,6 +499,14 @@ def add_engine_args(ap: argparse.ArgumentParser, out: str) -> None:
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--chunk-tokens", type=int, default=256)
     ap.add_argument("--dram-gib", type=float, default=16, help="every cache's DRAM")
+    ap.add_argument("--kvtier-dram-gib", type=float, default=None,
+                    help="kvtierd's DRAM tier instead of --dram-gib (with --nvme-gib: a "
+                         "small one spills the chunks to NVMe)")
+    ap.add_argument("--nvme-gib", type=float, default=0, help="kvtierd's NVMe tier")
+    ap.add_argument("--plan", action="store_true",
+                    help="kvtier peers plan load or recompute at the prefill rate that the "
+                         "same run's no_connector engine reached (its cold TTFT)")
+    ap.add_argument("--plan-rate", type=float, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.85)
     ap.add_argument("--eager", action="store_true", help="no torch.compile, no CUDA graphs")
     ap.add_argument("--seed", type=int, default=7)
