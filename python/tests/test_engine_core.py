@@ -82,6 +82,58 @@ def test_settings_parse_and_reject_bad_values():
             engine.ConnectorSettings.from_mapping(bad)
 
 
+def test_measure_prefill_rate_is_a_boolean_setting():
+    assert engine.ConnectorSettings.from_mapping({}).measure_prefill_rate is False
+    assert engine.ConnectorSettings.from_mapping(
+        {"measure_prefill_rate": True}).measure_prefill_rate is True
+    for bad in (1, "true", 0.0):
+        with pytest.raises(ValueError, match="must be bool"):
+            engine.ConnectorSettings.from_mapping({"measure_prefill_rate": bad})
+
+
+class _Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_prefill_rate_meter_weighs_tokens_by_position_and_skips_idle_and_small_steps():
+    clock = _Clock()
+    meter = engine.PrefillRateMeter(0, min_tokens=256, min_samples=3, max_gap_s=2.0,
+                                    clock=clock)
+    assert meter.rate() == 0.0
+    for _ in range(3):  # 1024 tokens in 0.1 s each: 10240 tokens/s
+        meter.step([(0, 1024)])
+        clock.now += 0.1
+    assert meter.rate() == 0.0  # the third step has no successor yet
+    meter.step([(0, 100), (5000, 1)])  # a small step: times the third, gives no sample
+    assert meter.rate() == pytest.approx(10240)
+    clock.now += 0.05
+    meter.step([(0, 2048)])
+    clock.now += 30  # the engine went idle: no sample
+    meter.step([])
+    clock.now += 1
+    meter.step([(0, 4096)])  # an empty step in between: the idle one gives nothing
+    assert meter.rate() == pytest.approx(10240)
+    # With C2, a token at position c weighs 1 + c / C2: a step of 1000 tokens at
+    # [3000, 4000) with C2 = 7000 weighs 1000 * (1 + 3500 / 7000) = 1500.
+    clock2 = _Clock()
+    weighted = engine.PrefillRateMeter(7000, min_tokens=256, min_samples=1, clock=clock2)
+    weighted.step([(3000, 1000)])
+    clock2.now += 0.5
+    weighted.step([])
+    assert weighted.rate() == pytest.approx(3000)
+    # The median of the window: one slow outlier does not move it.
+    clock3 = _Clock()
+    median = engine.PrefillRateMeter(0, min_tokens=1, window=5, min_samples=5, clock=clock3)
+    for dt in (0.1, 0.1, 1.5, 0.1, 0.1, 0.1):
+        median.step([(0, 1000)])
+        clock3.now += dt
+    assert median.rate() == pytest.approx(10000)
+
+
 # config.json of Llama-3.1-8B and Qwen2.5-7B (the fields the helper reads).
 LLAMA_31_8B = {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
                "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 14336,

@@ -562,6 +562,36 @@ def test_the_plan_prices_attention_from_the_models_config(model_dir, kvtierd):
         eng.shutdown()
 
 
+def test_a_measured_prefill_rate_decides_load_or_recompute(model_dir, kvtierd):
+    """measure_prefill_rate: the scheduler times its own steps and plans at that
+    rate. An engine whose steps take 10 us (a 64-token prefill: ~7.5M weighted
+    tokens/s) recomputes 32-token chunks faster than they load from DRAM
+    (~21 us): it loads nothing; one whose steps take 1 ms loads the whole
+    prefix. Until 8 steps are measured it loads every hit."""
+    tokens = _prompt(8 * CHUNK + 1, 23)
+    _save_prompt(model_dir, kvtierd, tokens)
+    for step_s, loaded in [(1e-5, 0), (1e-3, 8 * CHUNK)]:
+        eng = Engine(model_dir, _extra(kvtierd, measure_prefill_rate=True), seed=1)
+        meter = eng.connector()._prefill_meter
+        now = [0.0]
+
+        def tick(now=now, step_s=step_s):
+            now[0] += step_s
+            return now[0]
+        meter._clock = tick
+        assert eng.connector().prefill_tokens_per_s() == 0.0
+        for i in range(9):  # prefill steps of 2 chunks, each followed by a decode step
+            eng.scheduler.add_request(make_request(f"warm{i}", _prompt(2 * CHUNK, 40 + i),
+                                                   max_tokens=2))
+            eng.run_until_idle()
+        assert eng.connector().prefill_tokens_per_s() > 0
+        eng.scheduler.add_request(make_request("reader", tokens))
+        out = eng.step(writes=False)
+        assert out.scheduled_new_reqs[0].num_computed_tokens == loaded, step_s
+        eng.run_until_idle()
+        eng.shutdown()
+
+
 def test_a_hybrid_model_is_refused_with_the_flag_to_pass(model_dir, kvtierd):
     config = vllm_config(model_dir, _extra(kvtierd))
     with pytest.raises(ValueError, match="--disable-hybrid-kv-cache-manager"):

@@ -20,13 +20,15 @@ parallel shard and chunk size.
 from __future__ import annotations
 
 import array
+import collections
 import concurrent.futures
 import dataclasses
 import logging
 import math
+import statistics
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -67,7 +69,7 @@ UNUSABLE = (kvtier.NotFound, kvtier.DataLoss, kvtier.InvalidArgument)
 _SETTING_TYPES: dict[str, type | tuple[type, ...]] = {
     "chunk_tokens": int, "lookup_timeout_ms": int, "retry_after_ms": int, "io_timeout_ms": int,
     "layer_group": int, "max_pending_save_chunks": int, "prefill_tokens_per_s": (int, float),
-    "attention_doubling_tokens": (int, float)}
+    "attention_doubling_tokens": (int, float), "measure_prefill_rate": bool}
 
 
 # ---- settings ------------------------------------------------------------------------
@@ -103,6 +105,10 @@ class ConnectorSettings:
       prefix cost more; 0 prices every token at 1 / r. Default: None, derived
       from the model's config where the connector has it
       (``attention_doubling_tokens(config)``), else 0.
+    measure_prefill_rate: with prefill_tokens_per_s 0, the scheduler measures
+      the engine's prefill rate from its own steps (PrefillRateMeter) and plans
+      at it once it has enough steps; until then every hit is loaded.
+      Default: False.
     io_timeout_ms: deadline of the worker's store and load calls. Default: 60000.
     kv_cache_layout: the layout of the engine's KV tensors (PACKED_LAYOUT,
       STACKED_LAYOUTS / SEPARATE_LAYOUTS). Default: inferred from the shapes.
@@ -126,6 +132,7 @@ class ConnectorSettings:
     load_policy: str = "plan"
     prefill_tokens_per_s: float = 0.0
     attention_doubling_tokens: float | None = None
+    measure_prefill_rate: bool = False
     io_timeout_ms: int = 60000
     kv_cache_layout: str | None = None
     layer_group: int = 4
@@ -145,7 +152,8 @@ class ConnectorSettings:
             if name not in fields:
                 raise ValueError(f"kvtier: unknown setting {name!r}; known: {sorted(fields)}")
             want = _SETTING_TYPES.get(name, str)
-            if value is not None and (not isinstance(value, want) or isinstance(value, bool)):
+            if value is not None and (not isinstance(value, want) or
+                                      (want is not bool and isinstance(value, bool))):
                 raise ValueError(f"kvtier: setting {name!r} must be "
                                  f"{getattr(want, '__name__', 'a number')}, not {value!r}")
             values[name] = value
@@ -397,18 +405,66 @@ class BoundedLookup:
 
 
 def loadable_chunks(plan: kvtier.LoadPlan | None, settings: ConnectorSettings,
-                    num_tokens: int) -> int:
-    """Leading chunks of a prompt of ``num_tokens`` to load under ``plan``.
+                    num_tokens: int, prefill_tokens_per_s: float | None = None) -> int:
+    """Leading chunks of a prompt of ``num_tokens`` to load under ``plan``,
+    which was made at ``prefill_tokens_per_s`` (default: the settings').
 
     At most (num_tokens - 1) // chunk_tokens: the prompt's last token always
     runs, since its logits are the prefill's output.
     """
     if plan is None:
         return 0
+    rate = settings.prefill_tokens_per_s if prefill_tokens_per_s is None else prefill_tokens_per_s
     chunks = plan.hits
-    if settings.load_policy == "plan" and settings.prefill_tokens_per_s > 0:
+    if settings.load_policy == "plan" and rate > 0:
         chunks = plan.load_chunks
     return max(0, min(chunks, (num_tokens - 1) // settings.chunk_tokens))
+
+
+class PrefillRateMeter:
+    """An engine's prefill rate at short context, measured from its steps.
+
+    ``step(spans)`` is called as each scheduling step starts, with the token
+    spans it runs: (first context position, tokens) per request. The time to
+    the next call is that step's time; a step of at least ``min_tokens``
+    tokens that the next one followed within ``max_gap_s`` (the engine did not
+    go idle in between) gives a sample: its tokens, each weighted by
+    1 + position / C2 as the plan prices them (C2 =
+    ``attention_doubling_tokens``; 0: unweighted), over its time. ``rate()`` is
+    the median of the last ``window`` samples, 0 until there are
+    ``min_samples``. Steps that also decode count their decode tokens, so on a
+    busy engine the rate errs low: the plan then loads more. Not thread-safe.
+    """
+
+    def __init__(self, attention_doubling_tokens: float, min_tokens: int, window: int = 32,
+                 min_samples: int = 8, max_gap_s: float = 2.0,
+                 clock: Callable[[], float] = time.monotonic):
+        self._c2 = float(attention_doubling_tokens)
+        self._min_tokens = min_tokens
+        self._min_samples = min_samples
+        self._max_gap_s = max_gap_s
+        self._clock = clock
+        self._samples: collections.deque[float] = collections.deque(maxlen=window)
+        self._last: tuple[int, float, float] | None = None  # tokens, weighted, start
+
+    def step(self, spans: Iterable[tuple[int, int]]) -> None:
+        now = self._clock()
+        tokens = 0
+        weighted = 0.0
+        for first, n in spans:
+            tokens += n
+            weighted += n * (1 + (first + n / 2) / self._c2) if self._c2 > 0 else n
+        if self._last is not None:
+            last_tokens, last_weighted, start = self._last
+            dt = now - start
+            if last_tokens >= self._min_tokens and 0 < dt <= self._max_gap_s:
+                self._samples.append(last_weighted / dt)
+        self._last = (tokens, weighted, now) if tokens else None
+
+    def rate(self) -> float:
+        if len(self._samples) < self._min_samples:
+            return 0.0
+        return float(statistics.median(self._samples))
 
 
 # ---- an engine's paged KV ---------------------------------------------------------------
@@ -740,4 +796,5 @@ class KvMover:
 __all__ = ["KV_LAYOUT", "DTYPE_NAMES", "STACKED_LAYOUTS", "SEPARATE_LAYOUTS", "PACKED_LAYOUT",
            "UNUSABLE", "ConnectorSettings", "attention_doubling_tokens",
            "resolve_attention_doubling_tokens", "engine_identity", "token_array", "BoundedLookup",
-           "loadable_chunks", "infer_layout", "PagedKv", "LoadResult", "PendingLoad", "KvMover"]
+           "loadable_chunks", "PrefillRateMeter", "infer_layout", "PagedKv", "LoadResult",
+           "PendingLoad", "KvMover"]

@@ -169,6 +169,11 @@ class KvtierConnector(KVConnectorBase_V1):
             getattr(model_config, "hf_config", None)
         self.attention_doubling_tokens = engine.resolve_attention_doubling_tokens(
             self.settings.attention_doubling_tokens, hf_config)
+        # The plan's rate: the setting, else (measure_prefill_rate) the engine's own.
+        self._prefill_meter = (
+            engine.PrefillRateMeter(self.attention_doubling_tokens, min_tokens=self.chunk_tokens)
+            if self.settings.measure_prefill_rate and self.settings.prefill_tokens_per_s == 0
+            else None)
         # kv_role: kv_both loads and saves, kv_consumer only loads, kv_producer only saves.
         self.loads = bool(self._kv_transfer_config.is_kv_consumer)
         self.saves = bool(self._kv_transfer_config.is_kv_producer)
@@ -246,9 +251,9 @@ class KvtierConnector(KVConnectorBase_V1):
         if max_chunks <= first:
             return 0, False
         keys = self._keys(tokens[:max_chunks * self.chunk_tokens])
-        plan = self.lookup.plan(keys, self.settings.prefill_tokens_per_s, self.chunk_tokens,
-                                self.attention_doubling_tokens)
-        chunks = engine.loadable_chunks(plan, self.settings, len(tokens))
+        rate = self.prefill_tokens_per_s()
+        plan = self.lookup.plan(keys, rate, self.chunk_tokens, self.attention_doubling_tokens)
+        chunks = engine.loadable_chunks(plan, self.settings, len(tokens), rate)
         hits = plan.hits if plan is not None else 0
         self._candidates[request.request_id] = _Candidate(
             first, chunks, hits, keys, tiers=list(plan.tiers) if plan is not None else [])
@@ -346,7 +351,29 @@ class KvtierConnector(KVConnectorBase_V1):
                 self._held.pop(key, None)
         return known + hits
 
+    def prefill_tokens_per_s(self) -> float:
+        """The rate the plan prices recompute at: the setting, else the measured
+        one (0, every hit loaded, until measured or without measuring)."""
+        if self._prefill_meter is not None:
+            return self._prefill_meter.rate()
+        return self.settings.prefill_tokens_per_s
+
+    @staticmethod
+    def _step_spans(scheduler_output: SchedulerOutput) -> list:
+        """(first context position, tokens) of each request the step runs."""
+        num = getattr(scheduler_output, "num_scheduled_tokens", None) or {}
+        spans = [(r.num_computed_tokens, num.get(r.req_id, 0))
+                 for r in getattr(scheduler_output, "scheduled_new_reqs", None) or ()]
+        cached = getattr(scheduler_output, "scheduled_cached_reqs", None)
+        if cached is not None:
+            spans += [(c, num.get(rid, 0)) for rid, c in
+                      zip(getattr(cached, "req_ids", ()),
+                          getattr(cached, "num_computed_tokens", ()), strict=False)]
+        return spans
+
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        if self._prefill_meter is not None:
+            self._prefill_meter.step(self._step_spans(scheduler_output))
         meta = KvtierConnectorMetadata(loads=self._loads, saves=self._saves)
         self._loads, self._saves = [], []
         return meta
