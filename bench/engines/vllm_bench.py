@@ -149,7 +149,8 @@ def kv_transfer_config(peer: str, args, socket: str | None) -> dict | None:
                                           "chunk_tokens": args.chunk_tokens,
                                           # The rate at the documents' context.
                                           "prefill_tokens_per_s": args.plan_rate,
-                                          "attention_doubling_tokens": 0}}
+                                          "attention_doubling_tokens": 0,
+                                          "measure_prefill_rate": args.measure_prefill}}
 
 
 def run_requests(llm, prompts: list[list[int]], out_tokens: int, tag: str) -> dict:
@@ -412,6 +413,7 @@ def driver(args) -> None:
             "chunk_tokens": args.chunk_tokens, "dram_gib": args.dram_gib,
             "kvtier_dram_gib": args.kvtier_dram_gib or args.dram_gib,
             "kvtier_nvme_gib": args.nvme_gib, "plan": args.plan,
+            "measure_prefill": args.measure_prefill,
             "passes": "warm-up; cold (stores); GPU prefix cache reset; warm (loads); "
                       "gpu_hit (no reset)"},
         "pinned_h2d_gb_per_s": rate, "peers": {}}
@@ -506,6 +508,9 @@ def add_engine_args(ap: argparse.ArgumentParser, out: str) -> None:
     ap.add_argument("--plan", action="store_true",
                     help="kvtier peers plan load or recompute at the prefill rate that the "
                          "same run's no_connector engine reached (its cold TTFT)")
+    ap.add_argument("--measure-prefill", action="store_true",
+                    help="kvtier peers plan at the prefill rate they measure themselves "
+                         "(measure_prefill_rate)")
     ap.add_argument("--plan-rate", type=float, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.85)
     ap.add_argument("--eager", action="store_true", help="no torch.compile, no CUDA graphs")
