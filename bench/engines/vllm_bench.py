@@ -143,14 +143,14 @@ def kv_transfer_config(peer: str, args, socket: str | None) -> dict | None:
         return {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}
     codec = peer_codec(peer)
     # docs/engines.md's settings: a cache's failed load is recomputed.
+    extra = {"socket": socket, "codec": codec, "chunk_tokens": args.chunk_tokens,
+             "measure_prefill_rate": args.measure_prefill}
+    if args.plan_rate:
+        # The rate at the documents' context, so no attention term on top.
+        extra.update(prefill_tokens_per_s=args.plan_rate, attention_doubling_tokens=0)
     return {"kv_connector": "KvtierConnector", "kv_connector_module_path": "kvtier.vllm",
             "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
-            "kv_connector_extra_config": {"socket": socket, "codec": codec,
-                                          "chunk_tokens": args.chunk_tokens,
-                                          # The rate at the documents' context.
-                                          "prefill_tokens_per_s": args.plan_rate,
-                                          "attention_doubling_tokens": 0,
-                                          "measure_prefill_rate": args.measure_prefill}}
+            "kv_connector_extra_config": extra}
 
 
 def run_requests(llm, prompts: list[list[int]], out_tokens: int, tag: str) -> dict:
