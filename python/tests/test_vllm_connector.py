@@ -542,6 +542,17 @@ def test_transfer_counts_reach_vllms_stats_logger_and_prometheus(model_dir, kvti
                 REGISTRY.unregister(collector)
 
 
+def _tokens_loaded_then_shut_down(eng, tokens) -> int:
+    """The tokens a request of ``tokens`` starts with as computed (loaded); then
+    runs the engine to idle and shuts it down."""
+    eng.scheduler.add_request(make_request("reader", tokens))
+    out = eng.step(writes=False)
+    loaded = out.scheduled_new_reqs[0].num_computed_tokens
+    eng.run_until_idle()
+    eng.shutdown()
+    return loaded
+
+
 def test_the_plan_prices_attention_from_the_models_config(model_dir, kvtierd):
     """With a prefill rate, the scheduler's plan adds the attention term of the
     model's config (the tiny Llama's C2: (2*64*64 + 2*64*32 + 3*64*64) /
@@ -555,11 +566,7 @@ def test_the_plan_prices_attention_from_the_models_config(model_dir, kvtierd):
                               ({"attention_doubling_tokens": 0}, 0.0, 0)]:
         eng = Engine(model_dir, _extra(kvtierd, prefill_tokens_per_s=2e6, **extra), seed=1)
         assert eng.connector().attention_doubling_tokens == c2
-        eng.scheduler.add_request(make_request("reader", tokens))
-        out = eng.step(writes=False)
-        assert out.scheduled_new_reqs[0].num_computed_tokens == loaded, extra
-        eng.run_until_idle()
-        eng.shutdown()
+        assert _tokens_loaded_then_shut_down(eng, tokens) == loaded, extra
 
 
 def test_a_measured_prefill_rate_decides_load_or_recompute(model_dir, kvtierd):
@@ -585,11 +592,7 @@ def test_a_measured_prefill_rate_decides_load_or_recompute(model_dir, kvtierd):
                                                    max_tokens=2))
             eng.run_until_idle()
         assert eng.connector().prefill_tokens_per_s() > 0
-        eng.scheduler.add_request(make_request("reader", tokens))
-        out = eng.step(writes=False)
-        assert out.scheduled_new_reqs[0].num_computed_tokens == loaded, step_s
-        eng.run_until_idle()
-        eng.shutdown()
+        assert _tokens_loaded_then_shut_down(eng, tokens) == loaded, step_s
 
 
 def test_a_hybrid_model_is_refused_with_the_flag_to_pass(model_dir, kvtierd):
