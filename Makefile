@@ -20,10 +20,11 @@ build: configure
 
 # `make test` runs every test, the engine connectors' tests against vLLM and
 # SGLang included (ctest label `engines`). Their venvs (each engine with its
-# own CUDA torch build, about 24 GB with the package's test venv) take about 10
-# minutes to download on a cold machine, so they are made while the C++ build
-# runs (network-bound pip beside compile-bound ninja); ctest's venv fixtures
-# then find them made (or retry one that failed, with its error in the log).
+# own CUDA torch build; 13 GB with the package's test venv, the files the
+# three share taken once through uv's cache) take a minute or two to download
+# on a cold machine, and are made while the C++ build runs (network-bound uv
+# beside compile-bound ninja); ctest's venv fixtures then find them made (or
+# retry one that failed, with its error in the log).
 VENVS = python-venv:python/requirements-test.txt vllm-venv:python/requirements-vllm.txt \
 	sglang-venv:python/requirements-sglang.txt
 test: configure
