@@ -411,34 +411,71 @@ std::vector<absl::Status> KvtierClient::PutBatch(std::span<const Hash128> keys,
 
 namespace {
 
-// Copies each held chunk into the buffer `dst(i, bytes)` gives for it,
-// checking it in the same pass; `result(i, st)` gets each outcome: OK, the
-// hold's error, InvalidArgument from `dst`, or the copy's DataLoss. Callers
-// retry DataLoss and a hold refused at the held-bytes limit one key at a
-// time, as a single get does (once the batch is unheld).
-template <typename Copy, typename Dst, typename Result>
-void CopyHeldChunks(std::span<const absl::StatusOr<HeldChunk>> held, Copy copy, Dst dst,
-                    Result result) {
-  for (size_t i = 0; i < held.size(); ++i) {
-    if (!held[i].ok()) {
-      result(i, held[i].status());
-      continue;
-    }
-    absl::StatusOr<std::span<uint8_t>> out = dst(i, held[i]->data.size());
-    if (!out.ok()) {
-      result(i, out.status());
-      continue;
-    }
-    result(i, copy(*out, held[i]->data));
-  }
-}
-
 std::vector<HeldChunk> HeldOnes(std::span<const absl::StatusOr<HeldChunk>> held) {
   std::vector<HeldChunk> out;
   for (const auto& h : held) {
     if (h.ok()) out.push_back(*h);
   }
   return out;
+}
+
+// A batched get goes in about kGetGroups groups of keys, each one hold, and
+// the daemon reads up to kGetGroupsInFlight of them (each on its own
+// data-plane connection) while the caller's thread copies the group before
+// them out of the pool: the disk stays busy during the copies, where one
+// hold of the whole batch left it idle for all of them.
+constexpr size_t kGetGroups = 4;
+constexpr size_t kGetGroupsInFlight = 2;
+
+using HeldBatch = absl::StatusOr<std::vector<absl::StatusOr<HeldChunk>>>;
+
+// The batched get of `n` keys: `hold(first, count)` holds keys [first,
+// first + count); each held chunk is copied into the buffer `dst(i, bytes)`
+// gives and checked in the same pass (`copy`); `done(i, st, chunk)` gets OK
+// with the held chunk, or the hold's error or dst's; the group is then
+// unheld (`unhold`). `fallback(i)` gets each key to get on its own after its
+// group is unheld, as a single get does: a DataLoss, a hold refused at the
+// held-bytes limit, every key of a group whose hold failed as a whole.
+template <typename Hold, typename Unhold, typename Copy, typename Dst, typename Done,
+          typename Fallback>
+void HoldAndCopyInGroups(size_t n, Hold hold, Unhold unhold, Copy copy, Dst dst, Done done,
+                         Fallback fallback) {
+  if (n == 0) return;
+  const size_t per = (n + kGetGroups - 1) / kGetGroups;
+  const size_t groups = (n + per - 1) / per;
+  auto hold_group = [&](size_t g) { return hold(g * per, std::min(per, n - g * per)); };
+  std::vector<std::future<HeldBatch>> pending(groups);
+  auto launch = [&](size_t g) {
+    if (groups > 1 && g < groups) pending[g] = std::async(std::launch::async, hold_group, g);
+  };
+  for (size_t g = 0; g < kGetGroupsInFlight; ++g) launch(g);
+  for (size_t g = 0; g < groups; ++g) {
+    HeldBatch held = groups > 1 ? pending[g].get() : hold_group(0);
+    launch(g + kGetGroupsInFlight);
+    const size_t first = g * per, count = std::min(per, n - first);
+    std::vector<size_t> retry;
+    if (!held.ok() || held->size() != count) {
+      if (held.ok()) (void)unhold(HeldOnes(*held));
+      for (size_t i = first; i < first + count; ++i) retry.push_back(i);
+    } else {
+      for (size_t j = 0; j < count; ++j) {
+        const size_t i = first + j;
+        const absl::StatusOr<HeldChunk>& h = (*held)[j];
+        absl::Status st = h.status();
+        if (st.ok()) {
+          absl::StatusOr<std::span<uint8_t>> out = dst(i, h->data.size());
+          st = out.ok() ? copy(*out, h->data) : out.status();
+        }
+        if (absl::IsDataLoss(st) || absl::IsResourceExhausted(st)) {
+          retry.push_back(i);
+        } else {
+          done(i, std::move(st), h.ok() ? &*h : nullptr);
+        }
+      }
+      (void)unhold(HeldOnes(*held));
+    }
+    for (size_t i : retry) fallback(i);
+  }
 }
 
 }  // namespace
@@ -452,19 +489,14 @@ std::vector<absl::StatusOr<std::pair<uint64_t, Tier>>> KvtierClient::GetBatchInt
   std::vector<absl::StatusOr<std::pair<uint64_t, Tier>>> out(
       keys.size(), absl::InvalidArgumentError("keys and buffers differ in number"));
   if (outs.size() != keys.size()) return out;
-  auto held = uses_shared_memory() ? HoldBatch(keys)
-                                   : absl::StatusOr<std::vector<absl::StatusOr<HeldChunk>>>(
-                                         absl::FailedPreconditionError("no shared memory"));
-  if (!held.ok()) {
+  if (!uses_shared_memory()) {
     for (size_t i = 0; i < keys.size(); ++i) out[i] = GetInto(keys[i], outs[i]);
     return out;
   }
-  std::vector<size_t> retry;
-  auto copy = [this](std::span<uint8_t> d, std::span<const uint8_t> s) {
-    return CopyHeldChunk(d, s);
-  };
-  CopyHeldChunks(
-      *held, copy,
+  HoldAndCopyInGroups(
+      keys.size(), [&](size_t first, size_t count) { return HoldBatch(keys.subspan(first, count)); },
+      [this](std::span<const HeldChunk> hs) { return UnholdBatch(hs); },
+      [this](std::span<uint8_t> d, std::span<const uint8_t> s) { return CopyHeldChunk(d, s); },
       [&](size_t i, uint64_t bytes) -> absl::StatusOr<std::span<uint8_t>> {
         if (outs[i].size() < bytes) {
           return absl::InvalidArgumentError(
@@ -472,55 +504,44 @@ std::vector<absl::StatusOr<std::pair<uint64_t, Tier>>> KvtierClient::GetBatchInt
         }
         return outs[i].first(bytes);
       },
-      [&](size_t i, absl::Status st) {
+      [&](size_t i, absl::Status st, const HeldChunk* h) {
         if (st.ok()) {
-          out[i] = std::make_pair(static_cast<uint64_t>((*held)[i]->data.size()), (*held)[i]->tier);
-        } else if (absl::IsDataLoss(st) || absl::IsResourceExhausted(st)) {
-          retry.push_back(i);
+          out[i] = std::make_pair(static_cast<uint64_t>(h->data.size()), h->tier);
         } else {
           out[i] = std::move(st);
         }
-      });
-  (void)UnholdBatch(HeldOnes(*held));
-  for (size_t i : retry) out[i] = GetInto(keys[i], outs[i]);
+      },
+      [&](size_t i) { out[i] = GetInto(keys[i], outs[i]); });
   return out;
 }
 
 std::vector<absl::StatusOr<std::vector<uint8_t>>> KvtierClient::GetBatch(
     std::span<const Hash128> keys) {
-  if (uses_shared_memory()) {
-    auto held = HoldBatch(keys);
-    if (held.ok()) {
-      std::vector<std::vector<uint8_t>> bufs(keys.size());
-      std::vector<absl::StatusOr<std::vector<uint8_t>>> out(keys.size());
-      std::vector<size_t> retry;
-      auto copy = [this](std::span<uint8_t> d, std::span<const uint8_t> s) {
-        return CopyHeldChunk(d, s);
-      };
-      CopyHeldChunks(
-          *held, copy,
-          [&](size_t i, uint64_t bytes) -> absl::StatusOr<std::span<uint8_t>> {
-            bufs[i].resize(bytes);
-            return std::span<uint8_t>(bufs[i]);
-          },
-          [&](size_t i, absl::Status st) {
-            if (st.ok()) {
-              out[i] = std::move(bufs[i]);
-            } else if (absl::IsDataLoss(st) || absl::IsResourceExhausted(st)) {
-              retry.push_back(i);
-            } else {
-              out[i] = std::move(st);
-            }
-          });
-      (void)UnholdBatch(HeldOnes(*held));
-      for (size_t i : retry) out[i] = Get(keys[i]);
-      return out;
-    }
-  }
-  std::vector<std::future<absl::StatusOr<std::vector<uint8_t>>>> fs;
-  for (const Hash128& k : keys) fs.push_back(GetAsync(k));
   std::vector<absl::StatusOr<std::vector<uint8_t>>> out;
-  for (auto& f : fs) out.push_back(f.get());
+  if (!uses_shared_memory()) {
+    std::vector<std::future<absl::StatusOr<std::vector<uint8_t>>>> fs;
+    for (const Hash128& k : keys) fs.push_back(GetAsync(k));
+    for (auto& f : fs) out.push_back(f.get());
+    return out;
+  }
+  out.resize(keys.size());
+  std::vector<std::vector<uint8_t>> bufs(keys.size());
+  HoldAndCopyInGroups(
+      keys.size(), [&](size_t first, size_t count) { return HoldBatch(keys.subspan(first, count)); },
+      [this](std::span<const HeldChunk> hs) { return UnholdBatch(hs); },
+      [this](std::span<uint8_t> d, std::span<const uint8_t> s) { return CopyHeldChunk(d, s); },
+      [&](size_t i, uint64_t bytes) -> absl::StatusOr<std::span<uint8_t>> {
+        bufs[i].resize(bytes);
+        return std::span<uint8_t>(bufs[i]);
+      },
+      [&](size_t i, absl::Status st, const HeldChunk*) {
+        if (st.ok()) {
+          out[i] = std::move(bufs[i]);
+        } else {
+          out[i] = std::move(st);
+        }
+      },
+      [&](size_t i) { out[i] = Get(keys[i]); });
   return out;
 }
 

@@ -297,10 +297,12 @@ class KvtierClient {
     }
     return first;
   }
-  // GetInto of every key: HoldBatch, then each chunk copied into its buffer
-  // and checked in the same pass (a mismatch is retried as GetInto does),
-  // then UnholdBatch. One result per key: its length and tier, or NotFound,
-  // DataLoss, InvalidArgument (buffer too small).
+  // GetInto of every key: the keys go in up to four groups, each a
+  // HoldBatch, with up to two groups read by the daemon while the caller's
+  // thread copies the one before them into its buffers, checking each chunk
+  // in the same pass (a mismatch is retried as GetInto does); each group is
+  // unheld once copied. One result per key: its length and tier, or
+  // NotFound, DataLoss, InvalidArgument (buffer too small).
   std::vector<absl::StatusOr<std::pair<uint64_t, Tier>>> GetBatchInto(
       std::span<const Hash128> keys, std::span<const std::span<uint8_t>> outs);
   // The client's read-write mapping of the whole pool (empty without shared

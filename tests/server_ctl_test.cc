@@ -232,6 +232,51 @@ TEST_F(CtlTest, BatchGetReturnsTheHitsAndNamesTheMisses) {
   EXPECT_EQ(c->HoldBatch(many).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// A batch of 11 keys goes in four groups (3, 3, 3, 2), two held at a time
+// while the one before them is copied: every key's result stays in its place
+// (hits, misses, a buffer too small) and nothing stays held.
+TEST_F(CtlTest, BatchGetInGroupsKeepsEveryResultInItsPlace) {
+  auto c = Client();
+  ASSERT_TRUE(c);
+  PutChunks(*c, 400, 8);
+  std::vector<Hash128> keys;
+  std::vector<int> seed;  // -1: a miss
+  int next = 400;
+  for (int i = 0; i < 11; ++i) {
+    const bool miss = i == 1 || i == 5 || i == 10;
+    seed.push_back(miss ? -1 : next++);
+    keys.push_back(TestKey(static_cast<uint32_t>(miss ? 490 + i : seed.back())));
+  }
+  std::vector<std::vector<uint8_t>> bufs(keys.size(), std::vector<uint8_t>(1 << 16));
+  bufs[7].resize(16);  // too small for its chunk: that key alone fails
+  std::vector<std::span<uint8_t>> outs(bufs.begin(), bufs.end());
+  auto got = c->GetBatchInto(keys, outs);
+  ASSERT_EQ(got.size(), keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (seed[i] < 0) {
+      EXPECT_EQ(got[i].status().code(), absl::StatusCode::kNotFound) << i;
+    } else if (i == 7) {
+      EXPECT_EQ(got[i].status().code(), absl::StatusCode::kInvalidArgument) << i;
+    } else {
+      ASSERT_TRUE(got[i].ok()) << i << " " << got[i].status();
+      const auto want = MakeChunk(static_cast<uint32_t>(seed[i]));
+      ASSERT_EQ(got[i]->first, want.size()) << i;
+      EXPECT_TRUE(std::equal(want.begin(), want.end(), bufs[i].begin())) << i;
+    }
+  }
+  auto vecs = c->GetBatch(keys);
+  ASSERT_EQ(vecs.size(), keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (seed[i] < 0) {
+      EXPECT_EQ(vecs[i].status().code(), absl::StatusCode::kNotFound) << i;
+    } else {
+      ASSERT_TRUE(vecs[i].ok()) << i << " " << vecs[i].status();
+      EXPECT_EQ(*vecs[i], MakeChunk(static_cast<uint32_t>(seed[i]))) << i;
+    }
+  }
+  for (uint32_t i = 0; i < 8; ++i) EXPECT_TRUE(c->Delete(TestKey(400 + i)).ok()) << i;
+}
+
 TEST_F(CtlTest, BatchPutVerifiesEveryChunkBeforeItIsAcknowledged) {
   auto c = Client();
   ASSERT_TRUE(c);
