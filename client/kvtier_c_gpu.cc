@@ -323,7 +323,8 @@ int kvtier_gpu_store(kvtier_gpu* gpu, const uint8_t key[16], const uint8_t finge
   DeviceIds ids;
   st = ids.Upload(block_ids, num_ids, StreamOf(stream));
   if (!st.ok()) return Fail(st);
-  kernels::BlockSpan span{ids.get(), block_ids, num_ids, first_slot};
+  // The ids were checked above: the layers below check the span's shape only.
+  kernels::BlockSpan span{ids.get(), nullptr, num_ids, first_slot};
   kvtier::client::PutOptions o;
   o.durable = durable != 0;
   return Done(gpu->io->Store(KeyOf(key), *spec, cache->layout, span, StreamOf(stream), o));
@@ -359,9 +360,9 @@ int kvtier_gpu_store_batch(kvtier_gpu* gpu, const uint8_t* keys, size_t n,
   std::vector<size_t> index;  // chunks[j] is chunk index[j] of the call
   for (size_t i = 0; i < n; ++i) {
     if (!results[i].ok()) continue;
+    // Its ids were checked above: the layers below check the span's shape only.
     chunks.push_back({KeyOf(keys + 16 * i),
-                      kernels::BlockSpan{ids.get() + i * num_ids, block_ids + i * num_ids,
-                                         num_ids, first_slot}});
+                      kernels::BlockSpan{ids.get() + i * num_ids, nullptr, num_ids, first_slot}});
     index.push_back(i);
   }
   kvtier::client::PutOptions o;

@@ -24,6 +24,14 @@ namespace {
 // data-plane connections).
 constexpr size_t kParallelHolds = 8;
 
+// The block list of one entry point is checked once: that entry checks the
+// ids against the cache (the span's host copy), and the launches under it
+// get the span without that copy, so they check only its shape.
+kernels::BlockSpan IdsChecked(kernels::BlockSpan span) {
+  span.host_block_ids = nullptr;
+  return span;
+}
+
 absl::Status Sync(cudaStream_t stream) {
   return kernels::CudaStatus(cudaStreamSynchronize(stream), "cudaStreamSynchronize", __FILE__,
                              __LINE__);
@@ -87,8 +95,8 @@ absl::Status PendingStore::EncodeLayers(const kernels::PagedKvLayout& cache,
     KVTIER_CUDA_RETURN_IF_ERROR(e);
   }
   stream_ = stream;
-  absl::Status st =
-      kernels::GatherEncode(spec_, cache, blocks, layers, EncodeTarget(), workspace_, stream);
+  absl::Status st = kernels::GatherEncode(spec_, cache, IdsChecked(blocks), layers,
+                                          EncodeTarget(), workspace_, stream);
   const bool last = layers.End(num_layers) == num_layers;
   if (st.ok() && staging_ != nullptr && last) {
     // The whole chunk, header included (a later range's launch may set its
@@ -332,7 +340,8 @@ absl::Status GpuPagedIo::Store(const Hash128& key, const codec::ChunkSpec& spec,
   const uint32_t probe_ws = 0;
   KVTIER_RETURN_IF_ERROR(kernels::ValidateGatherEncode(spec, cache, blocks, probe_dst, &probe_ws));
   KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<PendingStore> pending, BeginStore(spec));
-  KVTIER_RETURN_IF_ERROR(pending->EncodeLayers(cache, blocks, kernels::LayerRange{}, stream));
+  KVTIER_RETURN_IF_ERROR(
+      pending->EncodeLayers(cache, IdsChecked(blocks), kernels::LayerRange{}, stream));
   return pending->Commit(key, options);
 }
 
@@ -359,7 +368,8 @@ std::vector<absl::Status> GpuPagedIo::StoreBatch(std::span<const PagedChunk> chu
       out[i] = pending.status();
       continue;
     }
-    out[i] = (*pending)->EncodeLayers(cache, chunks[i].blocks, kernels::LayerRange{}, stream);
+    out[i] = (*pending)->EncodeLayers(cache, IdsChecked(chunks[i].blocks),
+                                      kernels::LayerRange{}, stream);
     if (out[i].ok()) encoded.emplace_back(i, *std::move(pending));
   }
   while (!encoded.empty()) commit_oldest();
@@ -504,7 +514,7 @@ absl::StatusOr<std::unique_ptr<LayerwiseLoad>> GpuPagedIo::BeginLayerwiseLoad(
     ready_mu.Unlock();
     if (!held[i] || !launch.ok()) continue;
     launch = kernels::DecodeScatter(headers[i], Device(held[i]->data.data()), cache,
-                                    chunks[i].blocks, range_of(0), stream, prior);
+                                    IdsChecked(chunks[i].blocks), range_of(0), stream, prior);
     prior = kernels::PriorKernel::kLeavesChunk;
   }
   for (std::thread& t : threads) t.join();
@@ -516,7 +526,7 @@ absl::StatusOr<std::unique_ptr<LayerwiseLoad>> GpuPagedIo::BeginLayerwiseLoad(
     for (size_t i = 0; i < n && launch.ok() && g > 0; ++i) {
       if (!held[i]) continue;
       launch = kernels::DecodeScatter(headers[i], Device(held[i]->data.data()), cache,
-                                      chunks[i].blocks, range_of(g), stream, prior);
+                                      IdsChecked(chunks[i].blocks), range_of(g), stream, prior);
     }
     if (launch.ok()) {
       launch = kernels::CudaStatus(cudaEventRecord(load->events_[g], stream), "cudaEventRecord",

@@ -138,6 +138,39 @@ def test_store_batch_gives_each_chunk_of_a_store(client):
         kg.store_batch(client, keys[:2], src, per[:1])
 
 
+def test_every_entry_refuses_a_block_id_outside_the_cache(client):
+    # Each entry checks the block list once; a bad id is InvalidArgument
+    # before any kernel runs: nothing is stored, no destination block written.
+    _, src = _vllm_cache(12)
+    ids = list(range(T // BS))
+    bad = ids[:-1] + [NB]
+    neg = [-1] + ids[1:]
+    for b in (bad, neg):
+        with pytest.raises(kvtier.InvalidArgument):
+            kg.store(client, _key(600), src, b, codec="k16v8")
+        assert kg.store_batch(client, [_key(601), _key(602)], src, [ids, b])[1] is not None
+        op = kg.begin_store(client, src, T)
+        with pytest.raises(kvtier.InvalidArgument):
+            op.encode_layers(b, range(0, L))
+        op.close()
+    with pytest.raises(kvtier.NotFound):
+        client.get_bytes(_key(600))
+    with pytest.raises(kvtier.NotFound):
+        client.get_bytes(_key(602))
+    assert client.get_bytes(_key(601))  # the good chunk of the batch is stored
+    dst_layers, dst = _vllm_cache(13)
+    before = [t.clone() for t in dst_layers]
+    for b in (bad, neg):
+        with pytest.raises(kvtier.InvalidArgument):
+            kg.load(client, _key(601), dst, b)
+        lw = kg.load_layerwise(client, [_key(601)], dst, [b])
+        assert lw.finish() == [None]
+        assert lw.statuses == [3]  # INVALID_ARGUMENT
+    torch.cuda.synchronize()
+    for l in range(L):
+        assert torch.equal(dst_layers[l].view(torch.int16), before[l].view(torch.int16))
+
+
 def test_load_of_a_layer_range_writes_only_those_layers(client):
     src_layers, src = _vllm_cache(6)
     ids = list(range(T // BS))
