@@ -147,23 +147,23 @@ def test_every_entry_refuses_a_block_id_outside_the_cache(client):
     neg = [-1] + ids[1:]
     for b in (bad, neg):
         with pytest.raises(kvtier.InvalidArgument):
-            kg.store(client, _key(600), src, b, codec="k16v8")
-        assert kg.store_batch(client, [_key(601), _key(602)], src, [ids, b])[1] is not None
+            kg.store(client, _key(650), src, b, codec="k16v8")
+        assert kg.store_batch(client, [_key(651), _key(652)], src, [ids, b])[1] is not None
         op = kg.begin_store(client, src, T)
         with pytest.raises(kvtier.InvalidArgument):
             op.encode_layers(b, range(0, L))
         op.close()
     with pytest.raises(kvtier.NotFound):
-        client.get_bytes(_key(600))
+        client.get_bytes(_key(650))
     with pytest.raises(kvtier.NotFound):
-        client.get_bytes(_key(602))
-    assert client.get_bytes(_key(601))  # the good chunk of the batch is stored
+        client.get_bytes(_key(652))
+    assert client.get_bytes(_key(651))  # the good chunk of the batch is stored
     dst_layers, dst = _vllm_cache(13)
     before = [t.clone() for t in dst_layers]
     for b in (bad, neg):
         with pytest.raises(kvtier.InvalidArgument):
-            kg.load(client, _key(601), dst, b)
-        lw = kg.load_layerwise(client, [_key(601)], dst, [b])
+            kg.load(client, _key(651), dst, b)
+        lw = kg.load_layerwise(client, [_key(651)], dst, [b])
         assert lw.finish() == [None]
         assert lw.statuses == [3]  # INVALID_ARGUMENT
     torch.cuda.synchronize()
