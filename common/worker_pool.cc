@@ -1,6 +1,9 @@
 #include "common/worker_pool.h"
 
 #include <pthread.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -39,11 +42,16 @@ struct ForState {
 
 }  // namespace
 
-WorkerPool::WorkerPool(size_t threads) {
+WorkerPool::WorkerPool(size_t threads, int nice) {
   threads_.reserve(threads);
   for (size_t i = 0; i < threads; ++i) {
-    threads_.emplace_back([this] {
+    threads_.emplace_back([this, nice] {
       pthread_setname_np(pthread_self(), "kvtier-work");
+      // Raising one's own nice value needs no privilege; were it refused,
+      // the thread would only run at the default priority.
+      if (nice > 0) {
+        (void)setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), nice);
+      }
       Loop();
     });
   }
@@ -65,8 +73,15 @@ size_t WorkerPool::SharedThreads(const char* env) {
   return n;
 }
 
+int WorkerPool::SharedNice(const char* env) {
+  int nice = 0;
+  if (env == nullptr || !absl::SimpleAtoi(env, &nice) || nice < 0 || nice > 19) return 0;
+  return nice;
+}
+
 WorkerPool& WorkerPool::Shared() {
-  static WorkerPool* pool = new WorkerPool(SharedThreads(std::getenv("KVTIER_DATA_PATH_THREADS")));
+  static WorkerPool* pool = new WorkerPool(SharedThreads(std::getenv("KVTIER_DATA_PATH_THREADS")),
+                                           SharedNice(std::getenv("KVTIER_DATA_PATH_NICE")));
   return *pool;
 }
 

@@ -19,21 +19,30 @@ namespace kvtier {
 // takes part in the work, so a ParallelFor inside a task cannot deadlock).
 class WorkerPool {
  public:
-  // REQUIRES: threads >= 1.
-  explicit WorkerPool(size_t threads);
+  // REQUIRES: threads >= 1. The threads run at `nice` (0 to 19; Linux
+  // schedules each thread by its own nice value): above 0 they take only
+  // the cores that threads at the default priority leave idle, while a
+  // ParallelFor's caller keeps its own priority and so its progress.
+  explicit WorkerPool(size_t threads, int nice = 0);
   // Runs every task scheduled so far, then joins the threads.
   ~WorkerPool();
   WorkerPool(const WorkerPool&) = delete;
   WorkerPool& operator=(const WorkerPool&) = delete;
 
   // The process's pool for the data path: SharedThreads of the environment's
-  // KVTIER_DATA_PATH_THREADS, read at the first call.
+  // KVTIER_DATA_PATH_THREADS at SharedNice of its KVTIER_DATA_PATH_NICE,
+  // both read at the first call.
   static WorkerPool& Shared();
   // The size of the shared pool: one thread per core beyond the caller's, at
   // most 15 (XXH3 runs at memory speed on fewer), unless `env` is a count
   // >= 1 (at most 64 are started). An engine's host can leave cores to the
   // engine's own threads this way (kvtierd seals every stored chunk on it).
   static size_t SharedThreads(const char* env);
+  // The nice value of the shared pool's threads: `env` when it is an
+  // integer in [0, 19], else 0. kvtierd sets 10 unless its environment
+  // says otherwise, so that sealing the chunks an engine stores runs on
+  // the cores the engine leaves idle (docs/daemon.md).
+  static int SharedNice(const char* env);
 
   size_t size() const { return threads_.size(); }
 

@@ -1,5 +1,9 @@
 #include "common/worker_pool.h"
 
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <thread>
@@ -62,6 +66,32 @@ TEST(WorkerPool, SharedThreadsFollowsTheEnvironmentWithinBounds) {
   for (const char* bad : {"", "0", "-3", "four", "4x", " "}) {
     EXPECT_EQ(WorkerPool::SharedThreads(bad), fallback) << "'" << bad << "'";
   }
+}
+
+TEST(WorkerPool, SharedNiceFollowsTheEnvironmentWithinBounds) {
+  EXPECT_EQ(WorkerPool::SharedNice(nullptr), 0);
+  EXPECT_EQ(WorkerPool::SharedNice("10"), 10);
+  EXPECT_EQ(WorkerPool::SharedNice("19"), 19);
+  EXPECT_EQ(WorkerPool::SharedNice("0"), 0);
+  for (const char* bad : {"", "-1", "20", "ten", "5x", " "}) {
+    EXPECT_EQ(WorkerPool::SharedNice(bad), 0) << "'" << bad << "'";
+  }
+}
+
+TEST(WorkerPool, ThreadsRunAtTheirNiceWhileTheCallerKeepsItsOwn) {
+  const int mine = getpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)));
+  WorkerPool pool(2, /*nice=*/std::min(19, mine + 7));
+  std::atomic<int> seen{-100};
+  absl::Notification done;
+  pool.Schedule([&] {
+    seen = getpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)));
+    done.Notify();
+  });
+  done.WaitForNotification();
+  // A nice value only rises without privilege: the pool's threads run at
+  // the asked value, or stay at the process's if that was already higher.
+  EXPECT_EQ(seen.load(), std::max(mine, std::min(19, mine + 7)));
+  EXPECT_EQ(getpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid))), mine);
 }
 
 TEST(WorkerPool, DestructorRunsScheduledTasks) {

@@ -21,6 +21,9 @@ Each peer runs in its own process with a fresh engine, in the order given:
   kvtier_k16v8_seal4  (only when asked for) kvtier k16v8 with kvtierd sealing
                   stored chunks on 4 threads (KVTIER_DATA_PATH_THREADS=4), not
                   one per core: leaves the engine's threads their cores
+  kvtier_k16v8_nice0  (only when asked for) kvtier k16v8 with kvtierd's
+                  sealing threads at the default priority
+                  (KVTIER_DATA_PATH_NICE=0), not kvtierd's nice 10
 
 The model is a config.json of --model's shape with dummy weights (vLLM's
 load_format="dummy", seeded, so every engine has the same weights) and token-id
@@ -52,7 +55,7 @@ import time
 from pathlib import Path
 
 PEERS = ("no_connector", "offloading", "lmcache", "kvtier_k16v16", "kvtier_k16v8",
-         "kvtier_k16v8_zerocopy", "kvtier_k16v8_seal4")
+         "kvtier_k16v8_zerocopy", "kvtier_k16v8_seal4", "kvtier_k16v8_nice0")
 DEFAULT_PEERS = PEERS[:5]
 
 
@@ -68,7 +71,8 @@ def peer_env(peer: str) -> dict:
 
 def daemon_env(peer: str) -> dict:
     """The environment a kvtier peer's kvtierd runs with, beyond the bench's own."""
-    return {"KVTIER_DATA_PATH_THREADS": "4"} if peer.endswith("_seal4") else {}
+    return {"_seal4": {"KVTIER_DATA_PATH_THREADS": "4"},
+            "_nice0": {"KVTIER_DATA_PATH_NICE": "0"}}.get(peer[peer.rfind("_"):], {})
 
 # Model shapes (Hugging Face config.json fields); dummy weights.
 MODELS = {
