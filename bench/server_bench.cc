@@ -27,7 +27,9 @@
 //
 // Usage: server_bench [--json FILE] [--reps N] [--seconds S] [--check-thread 0|1]
 //                     [--put-check-threads 0|1|2] [--ctl-only]
-//                     [--prefetch-chunks N]
+//                     [--prefetch-chunks N] [--dram-huge-pages]
+// --dram-huge-pages backs the daemon's DRAM pool with huge pages
+// (DaemonOptions::dram_huge_pages; reserve them first: vm.nr_hugepages).
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -439,6 +441,7 @@ int main(int argc, char** argv) {
   int reps = 15;
   double seconds = 2.0;
   bool ctl_only = false;
+  bool huge_pages = false;
   int prefetch_chunks = 32;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
@@ -447,6 +450,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--check-thread") && i + 1 < argc) check_thread = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--put-check-threads") && i + 1 < argc) put_check_threads = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--ctl-only")) ctl_only = true;
+    else if (!std::strcmp(argv[i], "--dram-huge-pages")) huge_pages = true;
     else if (!std::strcmp(argv[i], "--prefetch-chunks") && i + 1 < argc) prefetch_chunks = std::atoi(argv[++i]);
   }
   std::string dir = (std::filesystem::temp_directory_path() /
@@ -461,7 +465,13 @@ int main(int argc, char** argv) {
   o.hbm_gib = 0;
   o.log_level = "off";
   o.put_check_threads = static_cast<uint32_t>(put_check_threads);
-  auto daemon = server::Daemon::Start(o).value();
+  o.dram_huge_pages = huge_pages;
+  auto started = server::Daemon::Start(o);
+  if (!started.ok()) {
+    std::fprintf(stderr, "server_bench: %s\n", started.status().ToString().c_str());
+    return 1;
+  }
+  auto daemon = *std::move(started);
   const std::string sock = daemon->socket_path();
 
   std::vector<uint8_t> chunk = bench::LlamaK16V8Chunk();
@@ -470,8 +480,10 @@ int main(int argc, char** argv) {
   std::printf("machine: %s\n", bench::CpuName().c_str());
   std::printf("chunk: Llama-3.1-8B, 256 tokens, K16/V8: %zu bytes (%.2f MiB)\n", bytes,
               bytes / 1048576.0);
+  std::printf("DRAM pool: %s pages\n", huge_pages ? "huge" : "4 KiB");
 
-  const std::string ctl_json = RunCtl(daemon.get(), chunk, reps, seconds, prefetch_chunks);
+  const std::string ctl_json = RunCtl(daemon.get(), chunk, reps, seconds, prefetch_chunks) +
+                               ",\"dram_huge_pages\":" + (huge_pages ? "true" : "false");
   if (ctl_only) {
     std::string json = "{\"benchmark\":\"server-ctl\",\"machine\":\"" + bench::CpuName() +
                        "\",\"hardware_threads\":" +

@@ -338,6 +338,7 @@ absl::Status Daemon::OpenTiers(tiering::EngineTiers& tiers) {
     tiering::DramTierOptions o;
     o.capacity_bytes = std::max<uint64_t>(RoundDown(want, kUnit), kUnit);
     o.populate = options.dram_populate;
+    o.huge_pages = options.dram_huge_pages;
     // Pieces of 1 GiB in pools of 16 GiB and more: fewer registrations.
     if (o.capacity_bytes >= (uint64_t{16} << 30)) o.populate_piece_bytes = uint64_t{1} << 30;
 #ifdef KVTIER_HAVE_CUDA

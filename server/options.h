@@ -41,6 +41,12 @@ struct DaemonOptions {
   // Touch every DRAM pool page at startup (no page faults on first puts).
   // Default: true
   bool dram_populate = true;
+  // Back the DRAM pool with the kernel's huge pages (2 MiB on x86-64) from
+  // the hugetlb pool the administrator reserved (vm.nr_hugepages); the pool
+  // is rounded down to whole huge pages, and startup fails, saying how many
+  // pages it needs and how many are free, when there are too few.
+  // Default: false
+  bool dram_huge_pages = false;
   // Optional TCP listener "HOST:PORT" (port 0 picks one); requires
   // token_file or tenants (whose tokens it accepts). Default: "" (none)
   std::string listen_tcp;

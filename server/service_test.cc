@@ -734,7 +734,8 @@ TEST(DaemonOptions, ConfigFileSetsValuesAndRejectsUnknownKeys) {
   std::string path = dir.path() + "/kvtierd.toml";
   {
     std::ofstream f(path);
-    f << "data_dir = \"/tmp/x\"\ndram_gib = 0.25\nmax_keys_per_request = 17\ndram_populate = false\n";
+    f << "data_dir = \"/tmp/x\"\ndram_gib = 0.25\nmax_keys_per_request = 17\ndram_populate = false\n"
+         "dram_huge_pages = true\n";
   }
   DaemonOptions o;
   ASSERT_TRUE(LoadConfigFile(path, &o).ok());
@@ -742,6 +743,7 @@ TEST(DaemonOptions, ConfigFileSetsValuesAndRejectsUnknownKeys) {
   EXPECT_DOUBLE_EQ(o.dram_gib, 0.25);
   EXPECT_EQ(o.max_keys_per_request, 17u);
   EXPECT_FALSE(o.dram_populate);
+  EXPECT_TRUE(o.dram_huge_pages);
   EXPECT_EQ(o.SocketPath(), "/tmp/x/kvtierd.sock");
   {
     std::ofstream f(path);

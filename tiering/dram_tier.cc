@@ -2,15 +2,22 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <fstream>
+#include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "common/file.h"
 #include "common/status.h"
@@ -51,6 +58,20 @@ void PrefaultForWrite(uint8_t* base, uint64_t size) {
   }
 }
 
+// The free pages of the kernel's hugetlb pool (/proc/meminfo), for errors.
+std::string FreeHugePages() {
+  std::ifstream in("/proc/meminfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    absl::string_view v = line;
+    uint64_t n = 0;
+    if (absl::ConsumePrefix(&v, "HugePages_Free:") && absl::SimpleAtoi(absl::StripAsciiWhitespace(v), &n)) {
+      return std::to_string(n);
+    }
+  }
+  return "an unknown number";
+}
+
 }  // namespace
 
 // The pieces of a pool still to populate, and the threads that do it.
@@ -76,7 +97,7 @@ absl::StatusOr<std::unique_ptr<DramTier>> DramTier::Open(const DramTierOptions& 
     return absl::InvalidArgumentError("alignment must be a power of two");
   }
   if (o.populate_threads < 1) return absl::InvalidArgumentError("populate_threads must be at least 1");
-  const uint64_t size = o.capacity_bytes / o.alignment * o.alignment;
+  uint64_t size = o.capacity_bytes / o.alignment * o.alignment;
   if (size == 0) return absl::InvalidArgumentError("DRAM capacity below one allocation unit");
   if (o.metadata_only) {
     void* p = mmap(nullptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -84,8 +105,30 @@ absl::StatusOr<std::unique_ptr<DramTier>> DramTier::Open(const DramTierOptions& 
     return std::unique_ptr<DramTier>(new DramTier(-1, static_cast<uint8_t*>(p), size,
                                                   NewMetadataOnlyMemory(size), o.alignment));
   }
-  int fd = memfd_create("kvtier-dram", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-  if (fd < 0) return ErrnoToStatus(errno, "memfd_create");
+  int fd = memfd_create("kvtier-dram",
+                        MFD_CLOEXEC | MFD_ALLOW_SEALING | (o.huge_pages ? MFD_HUGETLB : 0));
+  if (fd < 0) {
+    return ErrnoToStatus(errno, o.huge_pages ? "memfd_create(MFD_HUGETLB)" : "memfd_create");
+  }
+  // The unit the pool is made of: a huge page, or a page.
+  uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  if (o.huge_pages) {
+    struct stat st {};
+    if (fstat(fd, &st) != 0) {
+      int e = errno;
+      close(fd);
+      return ErrnoToStatus(e, "fstat(hugetlb memfd)");
+    }
+    page = static_cast<uint64_t>(st.st_blksize);  // hugetlbfs: the huge page size
+    size = size / page * page;
+    if (size == 0 || page % o.alignment != 0) {
+      close(fd);
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a DRAM pool of huge pages needs at least one ", page >> 20, " MiB page and an "
+          "alignment that divides it (capacity ", o.capacity_bytes, " bytes, alignment ",
+          o.alignment, ")"));
+    }
+  }
   if (ftruncate(fd, static_cast<off_t>(size)) != 0) {
     int e = errno;
     close(fd);
@@ -105,6 +148,12 @@ absl::StatusOr<std::unique_ptr<DramTier>> DramTier::Open(const DramTierOptions& 
   if (p == MAP_FAILED) {
     int e = errno;
     close(fd);
+    if (o.huge_pages && e == ENOMEM) {
+      // A shared hugetlb mapping reserves its pages at mmap.
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "a DRAM pool of huge pages needs ", size / page, " free ", page >> 20,
+          " MiB pages; the kernel's hugetlb pool has ", FreeHugePages(), " (vm.nr_hugepages)"));
+    }
     return ErrnoToStatus(e, "mmap(memfd)");
   }
   auto* base = static_cast<uint8_t*>(p);
@@ -113,7 +162,7 @@ absl::StatusOr<std::unique_ptr<DramTier>> DramTier::Open(const DramTierOptions& 
     return std::unique_ptr<DramTier>(new DramTier(fd, base, size, std::move(mem), o.alignment));
   }
   // Pieces are whole pages (madvise) and whole allocation units.
-  const uint64_t unit = std::max<uint64_t>(o.alignment, static_cast<uint64_t>(sysconf(_SC_PAGESIZE)));
+  const uint64_t unit = std::max<uint64_t>(o.alignment, page);
   const uint64_t piece = (std::max<uint64_t>(o.populate_piece_bytes, 1) + unit - 1) / unit * unit;
   std::unique_ptr<DramTier> t(new DramTier(
       fd, base, size, std::move(mem), o.alignment,

@@ -57,6 +57,14 @@ struct DramTierOptions {
   // caller's buffer as it is, and `populate` and `register_memory` are
   // ignored. Default: false
   bool metadata_only = false;
+  // Back the pool with the kernel's huge pages (memfd MFD_HUGETLB: 2 MiB on
+  // x86-64), rounding the capacity down to whole huge pages. A reader's
+  // O_DIRECT read into the pool then pins one page per 2 MiB instead of 512,
+  // and a CUDA registration maps fewer pages. The pages come from the
+  // hugetlb pool the administrator reserved (vm.nr_hugepages): Open fails
+  // with ResourceExhausted, saying how many it needs and how many are free,
+  // when there are not enough. Default: false
+  bool huge_pages = false;
 };
 
 // Thread-safe. The region stays mapped until the tier is destroyed; the

@@ -14,6 +14,9 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <fstream>
+#include <string>
+#include <utility>
 #include <set>
 #include <thread>
 #include <vector>
@@ -54,6 +57,66 @@ TEST(DramTier, PoolSizeIsSealedAndTheSealsCannotChange) {
   EXPECT_EQ(::fcntl(fd, F_ADD_SEALS, F_SEAL_FUTURE_WRITE), -1);
   EXPECT_EQ(errno, EPERM);
   EXPECT_EQ(::fcntl(fd, F_GET_SEALS), F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
+}
+
+// The free pages of the kernel's hugetlb pool and their size (/proc/meminfo).
+std::pair<uint64_t, uint64_t> FreeHugePages() {
+  std::ifstream in("/proc/meminfo");
+  std::string name;
+  uint64_t free = 0, kib = 0;
+  while (in >> name) {
+    if (name == "HugePages_Free:") in >> free;
+    if (name == "Hugepagesize:") in >> kib;
+    in.ignore(1 << 10, '\n');
+  }
+  return {free, kib << 10};
+}
+
+TEST(DramTier, HugePagesBeyondTheFreeOnesAreResourceExhaustedWithTheCounts) {
+  const auto [free, page] = FreeHugePages();
+  if (page == 0) GTEST_SKIP() << "no hugetlb support";
+  DramTierOptions o = SmallPool();
+  o.huge_pages = true;
+  o.capacity_bytes = (free + 1) * page;
+  auto tier = DramTier::Open(o);
+  ASSERT_EQ(tier.status().code(), absl::StatusCode::kResourceExhausted) << tier.status();
+  EXPECT_NE(tier.status().message().find("needs " + std::to_string(free + 1) + " free"),
+            std::string::npos)
+      << tier.status();
+  EXPECT_NE(tier.status().message().find("vm.nr_hugepages"), std::string::npos) << tier.status();
+  o.capacity_bytes = page - 1;  // less than one huge page
+  EXPECT_EQ(DramTier::Open(o).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Runs where the administrator reserved huge pages (vm.nr_hugepages >= 3).
+TEST(DramTier, HugePagePoolIsSealedRoundedAndServesObjects) {
+  const auto [free, page] = FreeHugePages();
+  if (free < 3) GTEST_SKIP() << "fewer than 3 free huge pages (vm.nr_hugepages)";
+  DramTierOptions o;
+  o.huge_pages = true;
+  o.capacity_bytes = 2 * page + page / 2;  // rounded down to 2 pages
+  o.populate_piece_bytes = page / 4;       // rounded up to a page
+  auto tier = DramTier::Open(o);
+  ASSERT_TRUE(tier.ok()) << tier.status();
+  DramTier& t = **tier;
+  EXPECT_EQ(t.shm_size(), 2 * page);
+  struct stat st;
+  ASSERT_EQ(::fstat(t.shm_fd(), &st), 0);
+  EXPECT_EQ(static_cast<uint64_t>(st.st_blksize), page);
+  EXPECT_EQ(::fcntl(t.shm_fd(), F_GET_SEALS), F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
+  const std::vector<uint8_t> stored = Pattern(page + 12345, 3);
+  const ObjectKey id{Hash128::Of("dram-huge", 1)};
+  for (int i = 0; i < 2000 && t.ready_bytes() < t.capacity_bytes(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_TRUE(t.Put(id, stored).ok());
+  std::vector<uint8_t> out(stored.size());
+  ASSERT_TRUE(t.Read(id, out).ok());
+  EXPECT_EQ(out, stored);
+  // A client maps the descriptor it receives, in whole huge pages.
+  void* p = ::mmap(nullptr, t.shm_size(), PROT_READ, MAP_SHARED, t.shm_fd(), 0);
+  ASSERT_NE(p, MAP_FAILED) << std::strerror(errno);
+  ::munmap(p, t.shm_size());
 }
 
 // What a client could do with the descriptor it receives over SCM_RIGHTS:
