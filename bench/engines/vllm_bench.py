@@ -284,16 +284,33 @@ def pinned_h2d_gb_per_s() -> float:
     return rate
 
 
+def reserve_huge_pages(gib: float) -> None:
+    """Reserves enough 2 MiB huge pages for a DRAM pool of `gib` (and a few
+    more) in the kernel's hugetlb pool; needs root (vm.nr_hugepages)."""
+    want = int(gib * 512) + 16
+    path = Path("/proc/sys/vm/nr_hugepages")
+    if int(path.read_text()) < want:
+        path.write_text(str(want))
+    free = next(int(line.split()[1]) for line in open("/proc/meminfo")
+                if line.startswith("HugePages_Free:"))
+    if free < want - 16:
+        raise RuntimeError(f"--kvtier-huge-pages: {free} huge pages free, {want - 16} needed")
+
+
 def start_kvtierd(args, tmp: Path, peer: str) -> tuple[subprocess.Popen, str]:
     d = tmp / f"kvtierd-{peer}"
     d.mkdir()
     socket = str(d / "kvtierd.sock")
     ready = d / "ready"
+    dram_gib = args.kvtier_dram_gib or args.dram_gib
+    huge = []
+    if args.kvtier_huge_pages:
+        reserve_huge_pages(dram_gib)
+        huge = ["--dram-huge-pages", "true"]
     with open(d / "kvtierd.log", "w") as log:  # the daemon keeps its own descriptor
         proc = subprocess.Popen(
             [args.kvtierd, "--data-dir", str(d), "--socket", socket,
-             "--dram-gib", str(args.kvtier_dram_gib or args.dram_gib),
-             "--nvme-gib", str(args.nvme_gib),
+             "--dram-gib", str(dram_gib), "--nvme-gib", str(args.nvme_gib), *huge,
              "--ready-file", str(ready), "--log-level", "warn"],
             stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, **daemon_env(peer)))
     deadline = time.time() + 60
@@ -416,7 +433,8 @@ def driver(args) -> None:
             "requests_at_a_time": 1, "block_size": args.block_size,
             "chunk_tokens": args.chunk_tokens, "dram_gib": args.dram_gib,
             "kvtier_dram_gib": args.kvtier_dram_gib or args.dram_gib,
-            "kvtier_nvme_gib": args.nvme_gib, "plan": args.plan,
+            "kvtier_nvme_gib": args.nvme_gib, "kvtier_huge_pages": args.kvtier_huge_pages,
+            "plan": args.plan,
             "measure_prefill": args.measure_prefill,
             "passes": "warm-up; cold (stores); GPU prefix cache reset; warm (loads); "
                       "gpu_hit (no reset)"},
@@ -509,6 +527,8 @@ def add_engine_args(ap: argparse.ArgumentParser, out: str) -> None:
                     help="kvtierd's DRAM tier instead of --dram-gib (with --nvme-gib: a "
                          "small one spills the chunks to NVMe)")
     ap.add_argument("--nvme-gib", type=float, default=0, help="kvtierd's NVMe tier")
+    ap.add_argument("--kvtier-huge-pages", action="store_true",
+                    help="kvtierd's DRAM pool in huge pages (reserves them: needs root)")
     ap.add_argument("--plan", action="store_true",
                     help="kvtier peers plan load or recompute at the prefill rate that the "
                          "same run's no_connector engine reached (its cold TTFT)")
