@@ -612,6 +612,45 @@ TEST_F(E2eTest, SlotWrittenAfterCommitIsDataLossOnGet) {
   EXPECT_EQ(c->AbortSlot(*slot).code(), absl::StatusCode::kNotFound);
 }
 
+// The batched get holds its keys in groups (two read while the one before
+// them is copied): a chunk damaged in the pool in a middle group is that
+// key's DataLoss alone, found by the check of the copy, and dropped.
+TEST_F(E2eTest, BatchGetReportsAChunkDamagedInThePoolAsDataLossOfItsKeyOnly) {
+  auto c = Client();
+  ASSERT_TRUE(c);
+  std::vector<Hash128> keys;
+  std::vector<std::vector<uint8_t>> chunks;
+  for (uint32_t i = 0; i < 9; ++i) {
+    keys.push_back(TestKey(40 + i));
+    chunks.push_back(MakeChunk(40 + i));
+    if (i != 4) ASSERT_TRUE(c->Put(keys.back(), chunks.back()).ok()) << i;
+  }
+  auto slot = c->AllocateSlot(chunks[4].size());
+  ASSERT_TRUE(slot.ok()) << slot.status();
+  std::copy(chunks[4].begin(), chunks[4].end(), slot->data.begin());
+  ASSERT_TRUE(c->CommitSlot(*slot, keys[4]).ok());
+  slot->data[slot->data.size() - 7] ^= 0x20;  // a payload byte, after the commit
+  std::vector<std::vector<uint8_t>> bufs(keys.size(), std::vector<uint8_t>(chunks[0].size() + 64));
+  std::vector<std::span<uint8_t>> outs(bufs.begin(), bufs.end());
+  auto got = c->GetBatchInto(keys, outs);
+  ASSERT_EQ(got.size(), keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (i == 4) {
+      EXPECT_EQ(got[i].status().code(), absl::StatusCode::kDataLoss) << got[i].status();
+      continue;
+    }
+    ASSERT_TRUE(got[i].ok()) << i << " " << got[i].status();
+    ASSERT_EQ(got[i]->first, chunks[i].size()) << i;
+    EXPECT_TRUE(std::equal(chunks[i].begin(), chunks[i].end(), bufs[i].begin())) << i;
+  }
+  auto again = c->GetBatch(keys);
+  EXPECT_EQ(again[4].status().code(), absl::StatusCode::kNotFound) << again[4].status();
+  for (size_t i : {size_t{3}, size_t{5}}) {
+    ASSERT_TRUE(again[i].ok()) << i << " " << again[i].status();
+    EXPECT_EQ(*again[i], chunks[i]) << i;
+  }
+}
+
 // A GPU store's slot: allocated and committed on a data-plane connection,
 // with the checksums left to the daemon (PutOptions::daemon_seals).
 TEST_F(E2eTest, SlotCommittedUnsealedIsSealedByTheDaemon) {
