@@ -34,13 +34,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python" / "tests"))
 
-import test_vllm_connector as harness  # noqa: E402
-import transformers  # noqa: E402
-import vllm  # noqa: E402
-from conftest import Daemon  # noqa: E402
-from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
-from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
-from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
+import test_vllm_connector as harness
+import transformers
+import vllm
+from conftest import Daemon
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.outputs import ModelRunnerOutput
+from vllm.v1.structured_output import StructuredOutputManager
 
 
 def tiny_llama(path: Path) -> str:
@@ -119,8 +119,8 @@ def main() -> None:
             base = summary(timed_steps(sched, step, args, salt=2 * r), args.requests)
             eng = harness.Engine(model_dir, harness._extra(daemon))
             try:
-                conn = summary(timed_steps(eng.scheduler, lambda: eng.step(writes=False), args,
-                                           salt=2 * r + 1), args.requests)
+                conn = summary(timed_steps(eng.scheduler, lambda e=eng: e.step(writes=False),
+                                           args, salt=2 * r + 1), args.requests)
             finally:
                 eng.shutdown()
             ratio = conn["decode_step_median_us"] / base["decode_step_median_us"]
