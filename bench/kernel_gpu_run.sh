@@ -10,6 +10,7 @@
 # tier in a temporary folder), runs the Python GPU tests (which start their
 # own kvtierd) and gpu_daemon_bench against it. "engines" runs the engine
 # connectors' core (kvtier.engine) on CUDA and CPU caches, under a minute.
+# "daemon-huge" runs the daemon bench again with kvtierd's pool in huge pages.
 # "fidelity" runs bench/fidelity_bench.py on the real models staged there.
 set -uo pipefail
 STEPS=" ${STEPS:-tests codec attention sdpa daemon} "
@@ -41,25 +42,47 @@ fi
 if step sdpa; then
   PYTHONUNBUFFERED=1 python3 kernel_sdpa_bench.py "$OUT/sdpa.json" 2>&1 | tee -a "$OUT/bench.log" || rc=1
 fi
-if step daemon; then
+# kvtierd on a temporary socket (8 GiB DRAM tier, NVMe in a temporary
+# folder), the Python GPU tests (when $2 is "tests") and gpu_daemon_bench
+# against it, its JSON as $OUT/$1.json; the rest of the arguments go to kvtierd.
+daemon_bench() {
+  local name=$1 tests=$2
+  shift 2
+  local tmp
   tmp=$(mktemp -d /tmp/kvtierd-XXXXXX)
   ./kvtierd --data-dir "$tmp" --socket "$tmp/kvtierd.sock" --dram-gib 8 --nvme-gib 4 \
-    --dram-populate true --ready-file "$tmp/ready" --log-level warn >"$OUT/kvtierd.log" 2>&1 &
-  daemon=$!
+    --dram-populate true --ready-file "$tmp/ready" --log-level warn "$@" >"$OUT/$name-kvtierd.log" 2>&1 &
+  local daemon=$!
   for _ in $(seq 100); do [[ -f "$tmp/ready" ]] && break; sleep 0.1; done
   export KVTIERD=$PWD/kvtierd KVTIER_LIBRARY=$PWD/libkvtier.so PYTHONPATH=$PWD/python
-  PYTHONUNBUFFERED=1 timeout 300 python3 -m pytest -q -rs python/tests/test_torch_gpu.py \
-    >"$OUT/python_gpu_test.log" 2>&1 || rc=1
-  tail -n 5 "$OUT/python_gpu_test.log"
+  if [[ "$tests" == tests ]]; then
+    PYTHONUNBUFFERED=1 timeout 300 python3 -m pytest -q -rs python/tests/test_torch_gpu.py \
+      >"$OUT/python_gpu_test.log" 2>&1 || rc=1
+    tail -n 5 "$OUT/python_gpu_test.log"
+  fi
   if [[ -f "$tmp/ready" ]]; then
     PYTHONUNBUFFERED=1 timeout 300 python3 gpu_daemon_bench.py "$tmp/kvtierd.sock" \
-      "$OUT/gpu_daemon.json" 2>&1 | tee -a "$OUT/bench.log" || rc=1
+      "$OUT/$name.json" 2>&1 | tee -a "$OUT/bench.log" || rc=1
   else
-    echo "kvtierd did not start" | tee -a "$OUT/bench.log"; cat "$OUT/kvtierd.log"; rc=1
+    echo "kvtierd did not start" | tee -a "$OUT/bench.log"; cat "$OUT/$name-kvtierd.log"; rc=1
   fi
   kill "$daemon" 2>/dev/null; wait "$daemon" 2>/dev/null
   rm -rf "$tmp"
+}
+if step daemon; then
+  daemon_bench gpu_daemon tests
 fi
+# "daemon-huge": the same bench with kvtierd's pool in huge pages (reserved
+# here, as root: 8 GiB and a margin).
+if step daemon-huge; then
+  if echo 4160 >/proc/sys/vm/nr_hugepages 2>/dev/null; then
+    daemon_bench gpu_daemon_huge no --dram-huge-pages true
+    echo 0 >/proc/sys/vm/nr_hugepages
+  else
+    echo "daemon-huge: cannot reserve huge pages (not root?)" | tee -a "$OUT/bench.log"; rc=1
+  fi
+fi
+
 if step startup; then
   # kvtierd's time to ready (ready file written) and to a populated DRAM pool
   # (its log line), for pools of 8 and 24 GiB: startup.json.
