@@ -8,6 +8,7 @@ where vLLM is installed; the model config is a tiny Llama config.json in a
 temp dir (no network)."""
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
@@ -74,8 +75,8 @@ def vllm_config(model_dir: str, extra: dict, kv_role: str = "kv_both", kv_events
         device_config=DeviceConfig("cpu"))
 
 
-def kv_cache_config(groups: int = 1) -> KVCacheConfig:
-    spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=HEADS, head_size=DIM,
+def kv_cache_config(groups: int = 1, heads: int = HEADS) -> KVCacheConfig:
+    spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=heads, head_size=DIM,
                              dtype=torch.bfloat16)
     group_list = [KVCacheGroupSpec([f"model.layers.{i}.self_attn.attn" for i in range(LAYERS)],
                                    spec)]
@@ -102,14 +103,14 @@ def make_request(req_id: str, tokens: list, max_tokens: int = 1) -> Request:
                    block_hasher=get_request_block_hasher(BLOCK, sha256))
 
 
-def vllm_kv_caches(config: VllmConfig, layout: str):
+def vllm_kv_caches(config: VllmConfig, layout: str, heads: int = HEADS):
     """(KVCacheConfig, per-layer KV tensors) as vLLM's own engine core and
     worker make them for ``layout`` (a KVCacheLayout name): the KV cache config
     from the groups (vLLM's placement of layers and blocks), then the worker's
     allocation, whose per-layer [blocks, kv_heads, block_size, 2 * head_dim]
     views are what a connector's register_kv_caches gets."""
     config.cache_config.kv_cache_layout = layout
-    groups = kv_cache_config().kv_cache_groups
+    groups = kv_cache_config(heads=heads).kv_cache_groups
     page = groups[0].kv_cache_spec.page_size_bytes
     kvc = get_kv_cache_config_from_groups(config, groups, NUM_BLOCKS * LAYERS * page)
     assert kvc.num_blocks == NUM_BLOCKS
@@ -122,21 +123,34 @@ class Engine:
     connector calls in the order of vLLM's runner around a "forward" that
     writes seeded KV into the scheduled tokens' blocks, and feeds the result
     back to the scheduler. ``runner`` "0.31": wait_for_save on every step;
-    "0.26": none on a step that runs no tokens (vLLM 0.26-0.30)."""
+    "0.26": none on a step that runs no tokens (vLLM 0.26-0.30). ``tp`` > 1:
+    one worker per tensor-parallel rank, each with its share of the KV heads
+    and its rank as vLLM's parallel state gives it, every worker call made on
+    each rank and their outputs combined as vLLM's executor does (a request's
+    transfer is finished once every rank reports it)."""
 
     def __init__(self, model_dir: str, extra: dict, seed: int = 0, layout="LBNHC",
-                 kv_role: str = "kv_both", runner: str = "0.31", kv_events: bool = False):
+                 kv_role: str = "kv_both", runner: str = "0.31", kv_events: bool = False,
+                 tp: int = 1):
         self.config = vllm_config(model_dir, extra, kv_role, kv_events)
-        kvc, self.caches = vllm_kv_caches(self.config, layout)
+        self.config.parallel_config.tensor_parallel_size = tp
+        kvc, self.caches = vllm_kv_caches(self.config, layout, heads=HEADS // tp)
         self.config.cache_config.num_gpu_blocks = NUM_BLOCKS
         self.runner = runner
         self.scheduler = Scheduler(vllm_config=self.config, kv_cache_config=kvc, log_stats=True,
                                    structured_output_manager=StructuredOutputManager(self.config),
                                    block_size=BLOCK)
-        self.worker = KvtierConnector(self.config, KVConnectorRole.WORKER, kvc)
+        self.workers, self.rank_caches = [], [self.caches]
+        for rank in range(tp):
+            if rank > 0:
+                self.rank_caches.append(vllm_kv_caches(self.config, layout, heads=HEADS // tp)[1])
+            with _tp_rank(rank):
+                self.workers.append(KvtierConnector(self.config, KVConnectorRole.WORKER, kvc))
+            self.workers[-1].register_kv_caches(self.rank_caches[-1])
+        self.worker = self.workers[0]
         g = torch.Generator().manual_seed(seed)
-        self.worker.register_kv_caches(self.caches)
-        self.kv = self.worker.mover.kv
+        self.kvs = [w.mover.kv for w in self.workers]
+        self.kv = self.kvs[0]
         self.gen = g
         self.invalid: set = set()
         # The KV event batches the scheduler publishes (its publisher is vLLM's
@@ -155,26 +169,34 @@ class Engine:
             n = out.num_scheduled_tokens[req.req_id]
             blocks = req.block_ids[0]
             for b in range(first // BLOCK, (first + n + BLOCK - 1) // BLOCK):
-                for t in self.kv.k + self.kv.v:
-                    t[blocks[b]] = torch.randint(-100, 100, t[blocks[b]].shape,
-                                                 generator=self.gen).to(torch.bfloat16)
+                for kv in self.kvs:
+                    for t in kv.k + kv.v:
+                        t[blocks[b]] = torch.randint(-100, 100, t[blocks[b]].shape,
+                                                     generator=self.gen).to(torch.bfloat16)
 
     def step(self, writes: bool = True):
         out = self.scheduler.schedule()
         meta = out.kv_connector_metadata
-        self.worker.bind_connector_metadata(meta)
-        self.worker.start_load_kv(None)
-        for name in self.caches:
-            self.worker.wait_for_layer_load(name)
+        for w in self.workers:
+            w.bind_connector_metadata(meta)
+            w.start_load_kv(None)
+            for name in self.caches:
+                w.wait_for_layer_load(name)
         self.loaded = {r.req_id: r.num_computed_tokens for r in out.scheduled_new_reqs}
         if writes:
             self.forward(out)
-        if self.runner != "0.26" or out.total_num_scheduled_tokens > 0:
-            self.worker.wait_for_save()
-        sending, recving = self.worker.get_finished(out.finished_req_ids)
-        self.invalid = self.worker.get_block_ids_with_load_errors()
+        finished = []
+        self.invalid = set()
+        for w in self.workers:
+            if self.runner != "0.26" or out.total_num_scheduled_tokens > 0:
+                w.wait_for_save()
+            finished.append(w.get_finished(out.finished_req_ids))
+            self.invalid |= w.get_block_ids_with_load_errors()
+        # Rank 0's stats, as vLLM's executor reports the driver worker's.
         stats = self.worker.get_kv_connector_stats()
-        self.worker.clear_connector_metadata()
+        for w in self.workers:
+            w.clear_connector_metadata()
+        sending, recving = self._every_rank(finished, 0), self._every_rank(finished, 1)
         req_ids = [r.req_id for r in out.scheduled_new_reqs] + list(out.scheduled_cached_reqs.req_ids)
         mro = ModelRunnerOutput(
             req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
@@ -190,6 +212,18 @@ class Engine:
                 self.transfer_stats.append(sched_stats.kv_connector_stats)
         return out
 
+    def _every_rank(self, finished: list, i: int):
+        """The requests every rank reported finished (vLLM's KVOutputAggregator
+        waits for all of them), kept until then."""
+        pending = self.__dict__.setdefault("_pending_finished", [{}, {}])[i]
+        for f in finished:
+            for req_id in f[i] or ():
+                pending[req_id] = pending.get(req_id, 0) + 1
+        done = {r for r, n in pending.items() if n == len(self.workers)}
+        for r in done:
+            del pending[r]
+        return done or None
+
     def run_until_idle(self, max_steps: int = 50) -> None:
         for _ in range(max_steps):
             if not self.scheduler.requests:
@@ -202,8 +236,22 @@ class Engine:
         return list(self.scheduler.kv_cache_manager.get_block_ids(req_id)[0])
 
     def shutdown(self) -> None:
-        self.worker.shutdown()
+        for w in self.workers:
+            w.shutdown()
         self.connector().shutdown()
+
+
+@contextlib.contextmanager
+def _tp_rank(rank: int):
+    """vLLM's parallel state answering ``rank`` as the tensor-parallel rank
+    while a worker-side connector is made (it reads its rank then)."""
+    from vllm.distributed import parallel_state
+    saved = parallel_state.get_tensor_model_parallel_rank
+    parallel_state.get_tensor_model_parallel_rank = lambda: rank
+    try:
+        yield
+    finally:
+        parallel_state.get_tensor_model_parallel_rank = saved
 
 
 @pytest.fixture
@@ -258,6 +306,47 @@ def test_saved_prefix_is_scheduled_as_computed_and_loaded_exactly(model_dir, kvt
     # Nothing new to save: the three chunks were hits, the rest is not a full chunk.
     assert eng.worker.save_errors == 0
     eng.shutdown()
+
+
+def test_tensor_parallel_ranks_store_and_load_their_own_shards(model_dir, kvtierd):
+    # Tensor parallel 2: each rank's worker holds half the KV heads and stores
+    # its own chunks (its rank is in their keys); a second engine of the same
+    # size loads each rank's shard into that rank, exactly; an engine of
+    # another size finds none of them.
+    tokens = _prompt(3 * CHUNK + 5, 71)
+    writer = Engine(model_dir, _extra(kvtierd), seed=1, tp=2)
+    writer.scheduler.add_request(make_request("writer", tokens))
+    out = writer.step()
+    blocks = list(out.scheduled_new_reqs[0].block_ids[0])[:3 * CHUNK // BLOCK]
+    shards = [kv.gather(blocks) for kv in writer.kvs]
+    writer.run_until_idle()
+    writer.shutdown()
+    assert shards[0][0].shape[2] == HEADS // 2
+    assert not torch.equal(shards[0][0], shards[1][0])
+    with kvtier.Client(socket=kvtierd.socket) as c:
+        for rank in range(2):
+            ident = engine.engine_identity(model_dir, torch.bfloat16, "k16v16", tp_world_size=2,
+                                           tp_rank=rank)
+            assert c.lookup(kvtier.chunk_keys(ident.fingerprint(), tokens, CHUNK)) == ["dram"] * 3
+
+    reader = Engine(model_dir, _extra(kvtierd), seed=2, tp=2)
+    reader.scheduler.add_request(make_request("reader", tokens))
+    out = reader.step(writes=False)
+    new = out.scheduled_new_reqs[0]
+    assert new.num_computed_tokens == 3 * CHUNK
+    assert reader.invalid == set()
+    for rank, kv in enumerate(reader.kvs):
+        k, v = kv.gather(list(new.block_ids[0])[:3 * CHUNK // BLOCK])
+        assert torch.equal(k, shards[rank][0]) and torch.equal(v, shards[rank][1]), rank
+    reader.run_until_idle()
+    reader.shutdown()
+
+    single = Engine(model_dir, _extra(kvtierd), seed=3)
+    single.scheduler.add_request(make_request("single", tokens))
+    out = single.step()
+    assert out.scheduled_new_reqs[0].num_computed_tokens == 0
+    single.run_until_idle()
+    single.shutdown()
 
 
 @pytest.mark.parametrize("layout", [m.name for m in KVCacheLayout])

@@ -73,10 +73,16 @@ _TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "half": t
 @dataclasses.dataclass
 class ChunkJob:
     """Chunks of one request to load or save: ``keys[i]`` goes to or comes from
-    ``block_ids[i]`` (the chunk's blocks, in token order)."""
+    ``block_ids[i]`` (the chunk's blocks, in token order). Under tensor
+    parallelism ``keys`` are rank 0's and ``rank_keys[r - 1]`` rank r's: each
+    rank stores its shard of the KV heads under keys of its own identity."""
     req_id: str
     keys: list
     block_ids: list
+    rank_keys: list = dataclasses.field(default_factory=list)
+
+    def keys_of(self, rank: int) -> list:
+        return self.keys if rank == 0 else self.rank_keys[rank - 1]
 
 
 @dataclasses.dataclass
@@ -212,6 +218,9 @@ class KvtierConnector(KVConnectorBase_V1):
         # rank lacks is a load error on that rank and is recomputed.
         self.identity = engine.engine_identity(tp_rank=0, **self._identity_args)
         self._fingerprint = self.identity.fingerprint()
+        self._rank_fingerprints = [
+            engine.engine_identity(tp_rank=r, **self._identity_args).fingerprint()
+            for r in range(1, self.tp_size)]
         self.lookup = engine.BoundedLookup(self.settings.connect, self.settings.lookup_timeout_ms,
                                            self.settings.retry_after_ms)
         self._candidates: dict[str, _Candidate] = {}
@@ -236,6 +245,14 @@ class KvtierConnector(KVConnectorBase_V1):
     def _keys(self, token_ids) -> list:
         tokens = engine.token_array(token_ids)
         return kvtier.chunk_keys(self._fingerprint, tokens, self.chunk_tokens) if tokens else []
+
+    def _rank_keys(self, request: Request, chunks: range) -> list:
+        """The keys of ``chunks`` of ``request`` for tensor-parallel ranks 1 and up."""
+        if not self._rank_fingerprints or not chunks:
+            return []
+        tokens = engine.token_array(list(request.all_token_ids)[:chunks.stop * self.chunk_tokens])
+        return [kvtier.chunk_keys(fp, tokens, self.chunk_tokens)[chunks.start:chunks.stop]
+                for fp in self._rank_fingerprints]
 
     def get_num_new_matched_tokens(self, request: Request,
                                    num_computed_tokens: int) -> tuple[int | None, bool]:
@@ -272,7 +289,8 @@ class KvtierConnector(KVConnectorBase_V1):
         chunks = range(cand.first_chunk, last)
         cand.loading = {c: list(block_ids[c * per:(c + 1) * per]) for c in chunks}
         self._loads.append(ChunkJob(request.request_id, [cand.keys[c] for c in chunks],
-                                    list(cand.loading.values())))
+                                    list(cand.loading.values()),
+                                    self._rank_keys(request, chunks)))
 
     def get_external_cache_hit_sources(self, request: Request,
                                        num_external_tokens: int) -> dict:
@@ -411,7 +429,8 @@ class KvtierConnector(KVConnectorBase_V1):
         per = self.chunk_tokens // self.block_size
         chunks = range(first, full)
         self._saves.append(ChunkJob(request.request_id, [keys[c] for c in chunks],
-                                    [list(block_ids[c * per:(c + 1) * per]) for c in chunks]))
+                                    [list(block_ids[c * per:(c + 1) * per]) for c in chunks],
+                                    self._rank_keys(request, chunks)))
         if self._emit_events:
             saved = self._saved_chunks(request, first, [keys[c] for c in chunks])
             if saved is not None:
@@ -471,6 +490,7 @@ class KvtierConnector(KVConnectorBase_V1):
         if self.tp_size > 1:
             from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
             tp_rank = get_tensor_model_parallel_rank()
+        self.tp_rank = tp_rank
         self.identity = engine.engine_identity(tp_rank=tp_rank, **self._identity_args)
         self.mover: engine.KvMover | None = None
         self._kv_caches: dict | None = None  # vLLM's tensors, kept for restore_kv_caches
@@ -567,7 +587,8 @@ class KvtierConnector(KVConnectorBase_V1):
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         meta = self._get_connector_metadata()
         for job in meta.loads:
-            pending = self._mover().load(job.keys, job.block_ids, self.settings.layer_group)
+            pending = self._mover().load(job.keys_of(self.tp_rank), job.block_ids,
+                                         self.settings.layer_group)
             self._pending_loads.append((job, pending))
 
     def wait_for_layer_load(self, layer_name: str) -> None:
@@ -590,7 +611,8 @@ class KvtierConnector(KVConnectorBase_V1):
                             load_errors=len(result.failed))
             for i in result.failed:
                 logger.warning("kvtier: chunk %s of request %s not loaded (%s); recomputing",
-                               kvtier.key_hex(job.keys[i]), job.req_id, result.errors[i])
+                               kvtier.key_hex(job.keys_of(self.tp_rank)[i]), job.req_id,
+                               result.errors[i])
                 self._failed_blocks.update(job.block_ids[i])
         self._pending_loads = []
 
@@ -603,7 +625,8 @@ class KvtierConnector(KVConnectorBase_V1):
                 # The blocks hold this step's KV once the compute stream passed `ready`;
                 # the encode runs on the saver's stream, beside the next forwards.
                 stream.wait_event(ready)
-            errors = self._mover().save_many(job.keys, job.block_ids, stream=stream)
+            errors = self._mover().save_many(job.keys_of(self.tp_rank), job.block_ids,
+                                             stream=stream)
             stored = sum(e is None for e in errors)
             bad = next((e for e in errors if e is not None), None)
             if bad is not None:
