@@ -48,9 +48,10 @@ def host_pool(layout: str, seed: int = 0, page: int = PAGE, layers: int = LAYERS
     return pool
 
 
-def storage_config(d, model_name: str = "tiny/model", **extra) -> HiCacheStorageConfig:
+def storage_config(d, model_name: str = "tiny/model", tp: tuple = (0, 1),
+                   **extra) -> HiCacheStorageConfig:
     return HiCacheStorageConfig(
-        tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
+        tp_rank=tp[0], tp_size=tp[1], pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
         is_mla_model=False, enable_storage_metrics=True, is_page_first_layout=True,
         model_name=model_name,
         extra_config={"backend_name": "kvtier", "module_path": "kvtier.sglang",
@@ -59,10 +60,12 @@ def storage_config(d, model_name: str = "tiny/model", **extra) -> HiCacheStorage
                       "lookup_timeout_ms": 10000, **extra})
 
 
-def backend(d, pool, model_name: str = "tiny/model", **extra) -> KvtierHiCacheStorage:
-    """The backend as SGLang makes it: the "dynamic" factory path, then the host pool."""
-    b = StorageBackendFactory.create_backend("dynamic", storage_config(d, model_name, **extra),
-                                             pool)
+def backend(d, pool, model_name: str = "tiny/model", tp: tuple = (0, 1),
+            **extra) -> KvtierHiCacheStorage:
+    """The backend as SGLang makes it: the "dynamic" factory path, then the host
+    pool; ``tp`` = (rank, size) of the tensor-parallel worker it serves."""
+    b = StorageBackendFactory.create_backend("dynamic",
+                                             storage_config(d, model_name, tp, **extra), pool)
     b.register_mem_pool_host(pool)
     return b
 
@@ -104,6 +107,22 @@ def test_batch_set_then_get_round_trips_through_the_host_pool(kvtierd, layout):
     assert r.get_stats().prefetch_pgs == []
     b.clear()
     assert b.batch_exists(keys) == 0
+
+
+def test_tensor_parallel_ranks_keep_their_own_shards_of_a_page(kvtierd):
+    # Every rank of a TP-2 SGLang hands its backend the same page hashes; each
+    # stores and reads back its own shard, and a TP-1 engine finds neither.
+    keys = [f"{i:064x}" for i in range(40, 42)]
+    src = [host_pool("page_first", 20 + r) for r in range(2)]
+    for r in range(2):
+        assert backend(kvtierd, src[r], tp=(r, 2)).batch_set_v1(keys, indices([1, 2])) == [True] * 2
+    for r in range(2):
+        dst = host_pool("page_first", 30 + r)
+        assert backend(kvtierd, dst, tp=(r, 2)).batch_get_v1(keys, indices([5, 6])) == [True] * 2
+        for s, t in ((1, 5), (2, 6)):
+            for a, c in zip(page_kv(src[r], s * PAGE), page_kv(dst, t * PAGE)):
+                assert torch.equal(a, c), r
+    assert backend(kvtierd, host_pool("page_first", 40)).batch_exists(keys) == 0
 
 
 def test_generic_get_and_set_use_flat_pages(kvtierd):
