@@ -690,6 +690,14 @@ def test_a_hybrid_model_is_refused_with_the_flag_to_pass(model_dir, kvtierd):
         KvtierConnector(config, KVConnectorRole.SCHEDULER, kv_cache_config(groups=2))
 
 
+def test_pipeline_parallelism_is_refused_with_the_flag_to_pass(model_dir, kvtierd):
+    config = vllm_config(model_dir, _extra(kvtierd))
+    config.parallel_config.pipeline_parallel_size = 2
+    for role in (KVConnectorRole.SCHEDULER, KVConnectorRole.WORKER):
+        with pytest.raises(ValueError, match="--pipeline-parallel-size 1"):
+            KvtierConnector(config, role, kv_cache_config())
+
+
 def test_bad_extra_config_is_a_clear_error(model_dir, kvtierd):
     for extra, words in [({"chunk_tokens": 24}, "multiple of vLLM's block size"),
                          ({"sockett": "/x"}, "unknown setting 'sockett'")]:
