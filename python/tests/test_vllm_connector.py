@@ -690,11 +690,14 @@ def test_a_hybrid_model_is_refused_with_the_flag_to_pass(model_dir, kvtierd):
         KvtierConnector(config, KVConnectorRole.SCHEDULER, kv_cache_config(groups=2))
 
 
-def test_pipeline_parallelism_is_refused_with_the_flag_to_pass(model_dir, kvtierd):
+@pytest.mark.parametrize("field", ["pipeline_parallel_size", "decode_context_parallel_size",
+                                   "prefill_context_parallel_size"])
+def test_pipeline_and_context_parallelism_are_refused_with_the_flag_to_pass(model_dir, kvtierd,
+                                                                             field):
     config = vllm_config(model_dir, _extra(kvtierd))
-    config.parallel_config.pipeline_parallel_size = 2
+    setattr(config.parallel_config, field, 2)
     for role in (KVConnectorRole.SCHEDULER, KVConnectorRole.WORKER):
-        with pytest.raises(ValueError, match="--pipeline-parallel-size 1"):
+        with pytest.raises(ValueError, match=f"--{field.replace('_', '-')} 1"):
             KvtierConnector(config, role, kv_cache_config())
 
 

@@ -163,14 +163,19 @@ class KvtierConnector(KVConnectorBase_V1):
                 "kvtier caches models whose layers share one KV cache group (full attention); "
                 f"this model has {len(groups)} groups (a hybrid model). Pass "
                 "--disable-hybrid-kv-cache-manager so every layer keeps full KV.")
-        stages = int(getattr(vllm_config.parallel_config, "pipeline_parallel_size", 1) or 1)
-        if stages > 1:
-            # Each stage holds other layers under the same chunk keys and
-            # fingerprint: a stage would load another's layers as its own.
-            raise ValueError(
-                f"kvtier does not support pipeline parallelism (pipeline_parallel_size "
-                f"{stages}): the stages' layers would share chunk keys. Run with "
-                "--pipeline-parallel-size 1 (tensor parallelism is supported).")
+        # A pipeline stage holds other layers, a context-parallel rank other
+        # tokens, under the same chunk keys and fingerprint: a rank would load
+        # another's KV as its own.
+        for field, flag, what in (
+                ("pipeline_parallel_size", "--pipeline-parallel-size", "layers"),
+                ("decode_context_parallel_size", "--decode-context-parallel-size", "tokens"),
+                ("prefill_context_parallel_size", "--prefill-context-parallel-size", "tokens")):
+            size = int(getattr(vllm_config.parallel_config, field, 1) or 1)
+            if size > 1:
+                raise ValueError(
+                    f"kvtier does not support {field} {size}: its ranks hold other {what} of "
+                    f"the KV under the same chunk keys. Run with {flag} 1 (tensor "
+                    "parallelism is supported).")
         self.block_size = int(vllm_config.cache_config.block_size)
         self.head_size = int(vllm_config.model_config.get_head_size())
         if self.settings.chunk_tokens % self.block_size:
