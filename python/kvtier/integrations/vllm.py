@@ -163,19 +163,21 @@ class KvtierConnector(KVConnectorBase_V1):
                 "kvtier caches models whose layers share one KV cache group (full attention); "
                 f"this model has {len(groups)} groups (a hybrid model). Pass "
                 "--disable-hybrid-kv-cache-manager so every layer keeps full KV.")
-        # A pipeline stage holds other layers, a context-parallel rank other
-        # tokens, under the same chunk keys and fingerprint: a rank would load
-        # another's KV as its own.
-        for field, flag, what in (
-                ("pipeline_parallel_size", "--pipeline-parallel-size", "layers"),
-                ("decode_context_parallel_size", "--decode-context-parallel-size", "tokens"),
-                ("prefill_context_parallel_size", "--prefill-context-parallel-size", "tokens")):
+        # A pipeline stage holds other layers under the same chunk keys and
+        # fingerprint (a stage would load another's layers as its own); a
+        # context-parallel rank holds an interleaved share of each block's
+        # tokens, which a chunk (tokens in order) does not describe.
+        layers = "its stages hold other layers under the same chunk keys"
+        tokens = "its ranks hold interleaved shares of each block's tokens"
+        for field, flag, why in (
+                ("pipeline_parallel_size", "--pipeline-parallel-size", layers),
+                ("decode_context_parallel_size", "--decode-context-parallel-size", tokens),
+                ("prefill_context_parallel_size", "--prefill-context-parallel-size", tokens)):
             size = int(getattr(vllm_config.parallel_config, field, 1) or 1)
             if size > 1:
                 raise ValueError(
-                    f"kvtier does not support {field} {size}: its ranks hold other {what} of "
-                    f"the KV under the same chunk keys. Run with {flag} 1 (tensor "
-                    "parallelism is supported).")
+                    f"kvtier does not support {field} {size}: {why}. Run with {flag} 1 "
+                    "(tensor parallelism is supported).")
         self.block_size = int(vllm_config.cache_config.block_size)
         self.head_size = int(vllm_config.model_config.get_head_size())
         if self.settings.chunk_tokens % self.block_size:
