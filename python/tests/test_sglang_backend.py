@@ -125,6 +125,14 @@ def test_tensor_parallel_ranks_keep_their_own_shards_of_a_page(kvtierd):
     assert backend(kvtierd, host_pool("page_first", 40)).batch_exists(keys) == 0
 
 
+@pytest.mark.parametrize("field", ["pp_size", "attn_cp_size"])
+def test_pipeline_and_context_parallel_ranks_are_refused(kvtierd, field):
+    config = storage_config(kvtierd)
+    setattr(config, field, 2)
+    with pytest.raises(ValueError, match=f"{field} 2"):
+        KvtierHiCacheStorage(config)
+
+
 def test_generic_get_and_set_use_flat_pages(kvtierd):
     src, dst = host_pool("page_first", 3), host_pool("page_first", 4)
     b = backend(kvtierd, src)

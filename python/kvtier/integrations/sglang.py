@@ -59,6 +59,14 @@ class KvtierHiCacheStorage(HiCacheStorage):
     def __init__(self, storage_config: HiCacheStorageConfig, kwargs: Any = None):
         if storage_config.is_mla_model:
             raise ValueError("kvtier stores K and V per head; MLA models are not supported")
+        # A pipeline stage holds other layers, an attention context-parallel
+        # rank other tokens, under the same page keys.
+        for field, flag in (("pp_size", "--pp-size"), ("attn_cp_size", "--attn-cp-size")):
+            size = int(getattr(storage_config, field, 1) or 1)
+            if size > 1:
+                raise ValueError(f"kvtier does not support {field} {size}: its ranks hold other "
+                                 f"layers or tokens under the same page keys. Run with {flag} 1 "
+                                 "(tensor parallelism is supported).")
         self.storage_config = storage_config
         self.settings = engine.ConnectorSettings.from_mapping(storage_config.extra_config,
                                                               ignore=SGLANG_KEYS)
