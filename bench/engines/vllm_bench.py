@@ -233,7 +233,8 @@ def child(args) -> None:
         gpu_memory_utilization=args.gpu_memory_utilization,
         max_model_len=args.doc_tokens + args.question_tokens + args.output_tokens + 64,
         max_num_batched_tokens=max(16384, args.doc_tokens + args.question_tokens),
-        max_num_seqs=8, enforce_eager=not compiled, seed=0, disable_log_stats=False)
+        max_num_seqs=8, enforce_eager=not compiled, seed=0, disable_log_stats=False,
+        tensor_parallel_size=args.tp)
     if compiled:
         kwargs["compilation_config"] = {"cudagraph_capture_sizes": [1, 2, 4, 8]}
     config = kv_transfer_config(peer, args, args.socket)
@@ -434,6 +435,7 @@ def driver(args) -> None:
             "chunk_tokens": args.chunk_tokens, "dram_gib": args.dram_gib,
             "kvtier_dram_gib": args.kvtier_dram_gib or args.dram_gib,
             "kvtier_nvme_gib": args.nvme_gib, "kvtier_huge_pages": args.kvtier_huge_pages,
+            "tensor_parallel_size": args.tp,
             "plan": args.plan,
             "measure_prefill": args.measure_prefill,
             "passes": "warm-up; cold (stores); GPU prefix cache reset; warm (loads); "
@@ -538,6 +540,8 @@ def add_engine_args(ap: argparse.ArgumentParser, out: str) -> None:
     ap.add_argument("--plan-rate", type=float, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.85)
     ap.add_argument("--eager", action="store_true", help="no torch.compile, no CUDA graphs")
+    ap.add_argument("--tp", type=int, default=1,
+                    help="tensor-parallel size of every engine (a GPU per rank)")
     ap.add_argument("--seed", type=int, default=7)
 
 

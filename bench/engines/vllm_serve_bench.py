@@ -108,7 +108,8 @@ def serve_command(args, peer: str, model_dir: Path, port: int, socket: str | Non
            "--dtype", "bfloat16", "--seed", "0", "--enable-prefix-caching",
            "--block-size", str(args.block_size), "--max-model-len", str(args.max_model_len),
            "--gpu-memory-utilization", str(args.gpu_memory_utilization),
-           "--num-gpu-blocks-override", str(args.gpu_blocks)]
+           "--num-gpu-blocks-override", str(args.gpu_blocks),
+           "--tensor-parallel-size", str(args.tp)]
     if args.eager:
         cmd.append("--enforce-eager")
     else:
