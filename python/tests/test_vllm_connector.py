@@ -701,6 +701,15 @@ def test_pipeline_and_context_parallelism_are_refused_with_the_flag_to_pass(mode
             KvtierConnector(config, role, kv_cache_config())
 
 
+def test_an_mla_model_is_refused(model_dir, kvtierd, monkeypatch):
+    # vLLM's ModelConfig.use_mla says whether the model's cache is MLA's latent KV.
+    monkeypatch.setattr(ModelConfig, "use_mla", property(lambda self: True))
+    config = vllm_config(model_dir, _extra(kvtierd))
+    for role in (KVConnectorRole.SCHEDULER, KVConnectorRole.WORKER):
+        with pytest.raises(ValueError, match="MLA models"):
+            KvtierConnector(config, role, kv_cache_config())
+
+
 def test_bad_extra_config_is_a_clear_error(model_dir, kvtierd):
     for extra, words in [({"chunk_tokens": 24}, "multiple of vLLM's block size"),
                          ({"sockett": "/x"}, "unknown setting 'sockett'")]:

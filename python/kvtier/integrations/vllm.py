@@ -157,6 +157,10 @@ class KvtierConnector(KVConnectorBase_V1):
             logger.warning("kvtier: kv_load_failure_policy is 'fail': a chunk kvtierd lost or "
                            "found corrupt between lookup and load fails its request instead of "
                            "being recomputed. kvtier is a cache; 'recompute' is the safe policy.")
+        if getattr(vllm_config.model_config, "use_mla", False):
+            # Its cache holds one latent vector per token, no K and V per head.
+            raise ValueError("kvtier stores K and V per head; MLA models (a latent KV, as "
+                             "DeepSeek-V2/V3) are not supported")
         groups = getattr(kv_cache_config, "kv_cache_groups", None) or []
         if len(groups) > 1:
             raise ValueError(
