@@ -494,7 +494,8 @@ std::vector<absl::StatusOr<std::pair<uint64_t, Tier>>> KvtierClient::GetBatchInt
     return out;
   }
   HoldAndCopyInGroups(
-      keys.size(), [&](size_t first, size_t count) { return HoldBatch(keys.subspan(first, count)); },
+      keys.size(),
+      [&](size_t first, size_t count) { return HoldBatch(keys.subspan(first, count)); },
       [this](std::span<const HeldChunk> hs) { return UnholdBatch(hs); },
       [this](std::span<uint8_t> d, std::span<const uint8_t> s) { return CopyHeldChunk(d, s); },
       [&](size_t i, uint64_t bytes) -> absl::StatusOr<std::span<uint8_t>> {
@@ -527,7 +528,8 @@ std::vector<absl::StatusOr<std::vector<uint8_t>>> KvtierClient::GetBatch(
   out.resize(keys.size());
   std::vector<std::vector<uint8_t>> bufs(keys.size());
   HoldAndCopyInGroups(
-      keys.size(), [&](size_t first, size_t count) { return HoldBatch(keys.subspan(first, count)); },
+      keys.size(),
+      [&](size_t first, size_t count) { return HoldBatch(keys.subspan(first, count)); },
       [this](std::span<const HeldChunk> hs) { return UnholdBatch(hs); },
       [this](std::span<uint8_t> d, std::span<const uint8_t> s) { return CopyHeldChunk(d, s); },
       [&](size_t i, uint64_t bytes) -> absl::StatusOr<std::span<uint8_t>> {

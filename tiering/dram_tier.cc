@@ -14,9 +14,9 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/ascii.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "common/file.h"
@@ -65,7 +65,8 @@ std::string FreeHugePages() {
   while (std::getline(in, line)) {
     absl::string_view v = line;
     uint64_t n = 0;
-    if (absl::ConsumePrefix(&v, "HugePages_Free:") && absl::SimpleAtoi(absl::StripAsciiWhitespace(v), &n)) {
+    if (absl::ConsumePrefix(&v, "HugePages_Free:") &&
+        absl::SimpleAtoi(absl::StripAsciiWhitespace(v), &n)) {
       return std::to_string(n);
     }
   }
