@@ -10,11 +10,11 @@ function(kvtier_add_library name)
   target_compile_options(${name} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:${KVTIER_WARNINGS}>)
 endfunction()
 
-# kvtier_add_test(NAME SOURCES ... DEPS ... [LABELS ...] [TIMEOUT s]):
+# kvtier_add_test(NAME SOURCES ... DEPS ... [LABELS ...] [TIMEOUT s] [LAUNCHER program]):
 # the one place every test is registered. Tests labelled "gpu" must call
 # GTEST_SKIP() when no device is present.
 function(kvtier_add_test name)
-  cmake_parse_arguments(ARG "" "TIMEOUT" "SOURCES;DEPS;LABELS" ${ARGN})
+  cmake_parse_arguments(ARG "" "TIMEOUT;LAUNCHER" "SOURCES;DEPS;LABELS" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})
   target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR})
   target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gmock GTest::gtest_main)
@@ -27,6 +27,10 @@ function(kvtier_add_test name)
   set(props TIMEOUT ${ARG_TIMEOUT})
   if(ARG_LABELS)
     list(APPEND props LABELS "${ARG_LABELS}")
+  endif()
+  # LAUNCHER goes before each test's command (and the discovery's).
+  if(ARG_LAUNCHER)
+    set_target_properties(${name} PROPERTIES CROSSCOMPILING_EMULATOR ${ARG_LAUNCHER})
   endif()
   gtest_discover_tests(${name}
     DISCOVERY_TIMEOUT 60
