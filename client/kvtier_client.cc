@@ -429,17 +429,18 @@ constexpr size_t kGetGroupsInFlight = 2;
 
 using HeldBatch = absl::StatusOr<std::vector<absl::StatusOr<HeldChunk>>>;
 
-// The batched get of `n` keys: `hold(first, count)` holds keys [first,
+// The batched get of `n` keys: `ops.hold(first, count)` holds keys [first,
 // first + count); each held chunk is copied into the buffer `dst(i, bytes)`
-// gives and checked in the same pass (`copy`); `done(i, st, chunk)` gets OK
+// gives and checked in the same pass (`ops.copy`); `done(i, st, chunk)` gets OK
 // with the held chunk, or the hold's error or dst's; the group is then
-// unheld (`unhold`). `fallback(i)` gets each key to get on its own after its
+// unheld (`ops.unhold`). `fallback(i)` gets each key to get on its own after its
 // group is unheld, as a single get does: a DataLoss, a hold refused at the
 // held-bytes limit, every key of a group whose hold failed as a whole.
-template <typename Hold, typename Unhold, typename Copy, typename Dst, typename Done,
-          typename Fallback>
-void HoldAndCopyInGroups(size_t n, Hold hold, Unhold unhold, Copy copy, Dst dst, Done done,
-                         Fallback fallback) {
+template <typename Ops, typename Dst, typename Done, typename Fallback>
+void HoldAndCopyInGroups(size_t n, Ops ops, Dst dst, Done done, Fallback fallback) {
+  auto hold = [&](size_t first, size_t count) { return ops.hold(first, count); };
+  auto unhold = [&](std::span<const HeldChunk> hs) { return ops.unhold(hs); };
+  auto copy = [&](std::span<uint8_t> d, std::span<const uint8_t> s) { return ops.copy(d, s); };
   if (n == 0) return;
   const size_t per = (n + kGetGroups - 1) / kGetGroups;
   const size_t groups = (n + per - 1) / per;
@@ -484,6 +485,24 @@ absl::Status KvtierClient::CopyHeldChunk(std::span<uint8_t> dst, std::span<const
   return wire::CopyVerified(dst, src).status();
 }
 
+KvtierClient::HeldGroupOps KvtierClient::GroupOps(std::span<const Hash128> keys) {
+  return HeldGroupOps{this, keys};
+}
+
+absl::StatusOr<std::vector<absl::StatusOr<HeldChunk>>> KvtierClient::HeldGroupOps::hold(
+    size_t first, size_t count) const {
+  return client->HoldBatch(keys.subspan(first, count));
+}
+
+absl::Status KvtierClient::HeldGroupOps::unhold(std::span<const HeldChunk> chunks) const {
+  return client->UnholdBatch(chunks);
+}
+
+absl::Status KvtierClient::HeldGroupOps::copy(std::span<uint8_t> dst,
+                                              std::span<const uint8_t> src) const {
+  return client->CopyHeldChunk(dst, src);
+}
+
 std::vector<absl::StatusOr<std::pair<uint64_t, Tier>>> KvtierClient::GetBatchInto(
     std::span<const Hash128> keys, std::span<const std::span<uint8_t>> outs) {
   std::vector<absl::StatusOr<std::pair<uint64_t, Tier>>> out(
@@ -494,10 +513,7 @@ std::vector<absl::StatusOr<std::pair<uint64_t, Tier>>> KvtierClient::GetBatchInt
     return out;
   }
   HoldAndCopyInGroups(
-      keys.size(),
-      [&](size_t first, size_t count) { return HoldBatch(keys.subspan(first, count)); },
-      [this](std::span<const HeldChunk> hs) { return UnholdBatch(hs); },
-      [this](std::span<uint8_t> d, std::span<const uint8_t> s) { return CopyHeldChunk(d, s); },
+      keys.size(), GroupOps(keys),
       [&](size_t i, uint64_t bytes) -> absl::StatusOr<std::span<uint8_t>> {
         if (outs[i].size() < bytes) {
           return absl::InvalidArgumentError(
@@ -528,10 +544,7 @@ std::vector<absl::StatusOr<std::vector<uint8_t>>> KvtierClient::GetBatch(
   out.resize(keys.size());
   std::vector<std::vector<uint8_t>> bufs(keys.size());
   HoldAndCopyInGroups(
-      keys.size(),
-      [&](size_t first, size_t count) { return HoldBatch(keys.subspan(first, count)); },
-      [this](std::span<const HeldChunk> hs) { return UnholdBatch(hs); },
-      [this](std::span<uint8_t> d, std::span<const uint8_t> s) { return CopyHeldChunk(d, s); },
+      keys.size(), GroupOps(keys),
       [&](size_t i, uint64_t bytes) -> absl::StatusOr<std::span<uint8_t>> {
         bufs[i].resize(bytes);
         return std::span<uint8_t>(bufs[i]);

@@ -360,6 +360,18 @@ class KvtierClient {
   // OK, or DataLoss. GetBatchInto and GetBatch copy with it; a client with a
   // helper thread overrides it to hash on that thread.
   virtual absl::Status CopyHeldChunk(std::span<uint8_t> dst, std::span<const uint8_t> src);
+
+ private:
+  // What GetBatchInto and GetBatch do to a group of `keys`: hold keys
+  // [first, first + count), unhold, copy a held chunk (CopyHeldChunk).
+  struct HeldGroupOps {
+    KvtierClient* client;
+    std::span<const Hash128> keys;
+    absl::StatusOr<std::vector<absl::StatusOr<HeldChunk>>> hold(size_t first, size_t count) const;
+    absl::Status unhold(std::span<const HeldChunk> chunks) const;
+    absl::Status copy(std::span<uint8_t> dst, std::span<const uint8_t> src) const;
+  };
+  HeldGroupOps GroupOps(std::span<const Hash128> keys);
 };
 
 }  // namespace kvtier::client
