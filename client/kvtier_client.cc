@@ -438,13 +438,10 @@ using HeldBatch = absl::StatusOr<std::vector<absl::StatusOr<HeldChunk>>>;
 // held-bytes limit, every key of a group whose hold failed as a whole.
 template <typename Ops, typename Dst, typename Done, typename Fallback>
 void HoldAndCopyInGroups(size_t n, Ops ops, Dst dst, Done done, Fallback fallback) {
-  auto hold = [&](size_t first, size_t count) { return ops.hold(first, count); };
-  auto unhold = [&](std::span<const HeldChunk> hs) { return ops.unhold(hs); };
-  auto copy = [&](std::span<uint8_t> d, std::span<const uint8_t> s) { return ops.copy(d, s); };
   if (n == 0) return;
   const size_t per = (n + kGetGroups - 1) / kGetGroups;
   const size_t groups = (n + per - 1) / per;
-  auto hold_group = [&](size_t g) { return hold(g * per, std::min(per, n - g * per)); };
+  auto hold_group = [&](size_t g) { return ops.hold(g * per, std::min(per, n - g * per)); };
   std::vector<std::future<HeldBatch>> pending(groups);
   auto launch = [&](size_t g) {
     if (groups > 1 && g < groups) pending[g] = std::async(std::launch::async, hold_group, g);
@@ -456,7 +453,7 @@ void HoldAndCopyInGroups(size_t n, Ops ops, Dst dst, Done done, Fallback fallbac
     const size_t first = g * per, count = std::min(per, n - first);
     std::vector<size_t> retry;
     if (!held.ok() || held->size() != count) {
-      if (held.ok()) (void)unhold(HeldOnes(*held));
+      if (held.ok()) (void)ops.unhold(HeldOnes(*held));
       for (size_t i = first; i < first + count; ++i) retry.push_back(i);
     } else {
       for (size_t j = 0; j < count; ++j) {
@@ -465,7 +462,7 @@ void HoldAndCopyInGroups(size_t n, Ops ops, Dst dst, Done done, Fallback fallbac
         absl::Status st = h.status();
         if (st.ok()) {
           absl::StatusOr<std::span<uint8_t>> out = dst(i, h->data.size());
-          st = out.ok() ? copy(*out, h->data) : out.status();
+          st = out.ok() ? ops.copy(*out, h->data) : out.status();
         }
         if (absl::IsDataLoss(st) || absl::IsResourceExhausted(st)) {
           retry.push_back(i);
@@ -473,7 +470,7 @@ void HoldAndCopyInGroups(size_t n, Ops ops, Dst dst, Done done, Fallback fallbac
           done(i, std::move(st), h.ok() ? &*h : nullptr);
         }
       }
-      (void)unhold(HeldOnes(*held));
+      (void)ops.unhold(HeldOnes(*held));
     }
     for (size_t i : retry) fallback(i);
   }
