@@ -24,6 +24,11 @@ Each peer runs in its own process with a fresh engine, in the order given:
   kvtier_k16v8_nice0  (only when asked for) kvtier k16v8 with kvtierd's
                   sealing threads at the default priority
                   (KVTIER_DATA_PATH_NICE=0), not kvtierd's nice 10
+  kvtier_k16v8_twoengines  (only when asked for; two GPUs) two vLLM engines,
+                  one per GPU, on one kvtierd: engine A (GPU 0) runs the cold
+                  pass and stays up; engine B (GPU 1), which never saw the
+                  documents, runs the warm and gpu_hit passes, so every warm
+                  hit is a chunk that A stored
 
 The model is a config.json of --model's shape with dummy weights (vLLM's
 load_format="dummy", seeded, so every engine has the same weights) and token-id
@@ -55,7 +60,8 @@ import time
 from pathlib import Path
 
 PEERS = ("no_connector", "offloading", "lmcache", "kvtier_k16v16", "kvtier_k16v8",
-         "kvtier_k16v8_zerocopy", "kvtier_k16v8_seal4", "kvtier_k16v8_nice0")
+         "kvtier_k16v8_zerocopy", "kvtier_k16v8_seal4", "kvtier_k16v8_nice0",
+         "kvtier_k16v8_twoengines")
 DEFAULT_PEERS = PEERS[:5]
 
 
@@ -246,20 +252,27 @@ def child(args) -> None:
     run_requests(llm, [work["warmup"]], args.output_tokens, "warmup")
     reset_gpu_prefix_cache(llm, args.drain_timeout_s)
     docs = work["docs"]
-    cold = run_requests(llm, [d + q for d, q in zip(docs, work["passes"]["cold"])],
-                        args.output_tokens, "cold")
-    drain = reset_gpu_prefix_cache(llm, args.drain_timeout_s)
-    warm = run_requests(llm, [d + q for d, q in zip(docs, work["passes"]["warm"])],
-                        args.output_tokens, "warm")
-    gpu_hit = run_requests(llm, [d + q for d, q in zip(docs, work["passes"]["gpu_hit"])],
-                           args.output_tokens, "gpu_hit")
-    result = {
-        "peer": peer, "compiled": compiled, "startup_s": startup,
-        "cold": cold, "warm": warm, "gpu_hit": gpu_hit, "drain_s": drain,
-        "connector_counters": connector_counters(),
-        "gpu": torch.cuda.get_device_name(0),
-    }
+
+    def run_pass(engine, name: str) -> dict:
+        prompts = [d + q for d, q in zip(docs, work["passes"][name])]
+        return run_requests(engine, prompts, args.output_tokens, name)
+    result = {"peer": peer, "compiled": compiled, "startup_s": startup,
+              "gpu": torch.cuda.get_device_name(0), "role": args.child_role}
+    if args.child_role in ("both", "store"):
+        result["cold"] = run_pass(llm, "cold")
+        # Every store of the cold pass has committed once its blocks are free.
+        result["drain_s"] = reset_gpu_prefix_cache(llm, args.drain_timeout_s)
+    if args.child_role in ("both", "load"):
+        result["warm"] = run_pass(llm, "warm")
+        result["gpu_hit"] = run_pass(llm, "gpu_hit")
+    result["connector_counters"] = connector_counters()
     Path(args.child_out).write_text(json.dumps(result))
+    if args.child_role == "store":
+        # Engine A stays up (its connector too) while engine B loads what it stored.
+        done = Path(args.child_out + ".loaded")
+        deadline = time.time() + args.peer_timeout_s
+        while not done.exists() and time.time() < deadline:
+            time.sleep(0.1)
     # Leave through the engine's own shutdown (its workers, the connector).
     del llm
 
@@ -337,6 +350,44 @@ def run_peer(cmd: list[str], timeout_s: float, extra_env: dict) -> int:
         return -1
     finally:
         stop_group(proc)
+
+
+def run_two_engines(cmd: list[str], child_out: Path, timeout_s: float) -> int:
+    """Engine A on GPU 0 stores (the cold pass) and stays up while engine B on
+    GPU 1 loads (the warm passes) from the same kvtierd; writes their passes as
+    one peer's raw results."""
+    store_out = Path(f"{child_out}.store")
+    load_out = Path(f"{child_out}.load")
+    env = dict(os.environ, PYTHONFAULTHANDLER="1", CUDA_VISIBLE_DEVICES="0")
+    a = subprocess.Popen(cmd[:cmd.index("--child-out") + 1] + [str(store_out)] +
+                         cmd[cmd.index("--child-out") + 2:] + ["--child-role", "store"],
+                         env=env, start_new_session=True)
+    try:
+        deadline = time.time() + timeout_s
+        while not store_out.exists():
+            if a.poll() is not None or time.time() > deadline:
+                print(f"engine A stopped before storing (exit {a.poll()})", flush=True)
+                return -1
+            time.sleep(0.2)
+        b_cmd = cmd[:cmd.index("--child-out") + 1] + [str(load_out)] + \
+            cmd[cmd.index("--child-out") + 2:] + ["--child-role", "load"]
+        returncode = run_peer(b_cmd, timeout_s, {"CUDA_VISIBLE_DEVICES": "1"})
+        Path(f"{store_out}.loaded").touch()
+        try:
+            a_code = a.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            a_code = -1
+        if returncode != 0 or a_code != 0 or not load_out.exists():
+            return returncode or a_code or -1
+    finally:
+        stop_group(a)
+    stored, loaded = json.loads(store_out.read_text()), json.loads(load_out.read_text())
+    merged = dict(loaded, cold=stored["cold"], drain_s=stored["drain_s"],
+                  startup_s=max(stored["startup_s"], loaded["startup_s"]),
+                  store_connector_counters=stored["connector_counters"],
+                  gpu=f"{stored['gpu']} (A), {loaded['gpu']} (B)")
+    child_out.write_text(json.dumps(merged))
+    return 0
 
 
 def stop_group(proc: subprocess.Popen) -> None:
@@ -463,7 +514,10 @@ def driver(args) -> None:
         if not kept:
             print(f"== {peer}", flush=True)
             t0 = time.perf_counter()
-            returncode = run_peer(cmd, args.peer_timeout_s, peer_env(peer))
+            if peer.endswith("_twoengines"):
+                returncode = run_two_engines(cmd, child_out, args.peer_timeout_s)
+            else:
+                returncode = run_peer(cmd, args.peer_timeout_s, peer_env(peer))
             print(f"== {peer}: exit {returncode} after {time.perf_counter() - t0:.0f} s",
                   flush=True)
         stats = None
@@ -567,6 +621,8 @@ def main() -> None:
     ap.add_argument("--child-out", help=argparse.SUPPRESS)
     ap.add_argument("--model-dir", help=argparse.SUPPRESS)
     ap.add_argument("--socket", help=argparse.SUPPRESS)
+    ap.add_argument("--child-role", choices=("both", "store", "load"), default="both",
+                    help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         child(args)
