@@ -21,11 +21,6 @@ int main(int argc, char** argv) {
   sigaddset(&set, SIGINT);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   signal(SIGPIPE, SIG_IGN);
-  // The worker pool that seals the chunks engines store runs at nice 10
-  // unless the environment says otherwise: on an engine's host it takes the
-  // cores the engine leaves idle (kvtier::WorkerPool::SharedNice).
-  setenv("KVTIER_DATA_PATH_NICE", "10", /*overwrite=*/0);
-
   DaemonOptions opts;
   CLI::App app{"kvtierd: the kvtier KV-cache sidecar daemon (gRPC on a Unix socket, shared-memory "
                "data plane, DRAM + NVMe tiers, HBM with a GPU)"};

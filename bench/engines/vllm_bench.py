@@ -21,9 +21,9 @@ Each peer runs in its own process with a fresh engine, in the order given:
   kvtier_k16v8_seal4  (only when asked for) kvtier k16v8 with kvtierd sealing
                   stored chunks on 4 threads (KVTIER_DATA_PATH_THREADS=4), not
                   one per core: leaves the engine's threads their cores
-  kvtier_k16v8_nice0  (only when asked for) kvtier k16v8 with kvtierd's
-                  sealing threads at the default priority
-                  (KVTIER_DATA_PATH_NICE=0), not kvtierd's nice 10
+  kvtier_k16v8_nice10  (only when asked for) kvtier k16v8 with kvtierd's
+                  sealing threads at nice 10 (KVTIER_DATA_PATH_NICE=10), below
+                  the engine's priority
   kvtier_k16v8_twoengines  (only when asked for; two GPUs) two vLLM engines,
                   one per GPU, on one kvtierd: engine A (GPU 0) runs the cold
                   pass and stays up; engine B (GPU 1), which never saw the
@@ -60,7 +60,7 @@ import time
 from pathlib import Path
 
 PEERS = ("no_connector", "offloading", "lmcache", "kvtier_k16v16", "kvtier_k16v8",
-         "kvtier_k16v8_zerocopy", "kvtier_k16v8_seal4", "kvtier_k16v8_nice0",
+         "kvtier_k16v8_zerocopy", "kvtier_k16v8_seal4", "kvtier_k16v8_nice10",
          "kvtier_k16v8_twoengines")
 DEFAULT_PEERS = PEERS[:5]
 
@@ -78,7 +78,7 @@ def peer_env(peer: str) -> dict:
 def daemon_env(peer: str) -> dict:
     """The environment a kvtier peer's kvtierd runs with, beyond the bench's own."""
     return {"_seal4": {"KVTIER_DATA_PATH_THREADS": "4"},
-            "_nice0": {"KVTIER_DATA_PATH_NICE": "0"}}.get(peer[peer.rfind("_"):], {})
+            "_nice10": {"KVTIER_DATA_PATH_NICE": "10"}}.get(peer[peer.rfind("_"):], {})
 
 # Model shapes (Hugging Face config.json fields); dummy weights.
 MODELS = {

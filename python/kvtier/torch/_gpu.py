@@ -390,13 +390,12 @@ class PagedCache:
         if len(ids) < need:
             raise ValueError(f"{num_tokens} tokens from slot {first_slot} need {need} block ids, "
                              f"got {len(ids)}")
-        for i in range(need):
-            if not 0 <= ids[i] < self.num_blocks:
-                raise ValueError(f"block_ids[{i}] = {ids[i]} is outside [0, {self.num_blocks})")
+        # Each id is checked once, by the C API (InvalidArgument, per chunk of a batch).
         if self.max_tokens is not None:
             last = first_slot + num_tokens - 1
-            pos = ids[last // self.block_size] * self.block_size + last % self.block_size
-            if pos >= self.max_tokens:
+            block = ids[last // self.block_size]
+            pos = block * self.block_size + last % self.block_size
+            if 0 <= block < self.num_blocks and pos >= self.max_tokens:
                 raise ValueError(f"token {num_tokens - 1} falls at position {pos}, past the "
                                  f"sequence length {self.max_tokens}")
 
