@@ -1,20 +1,16 @@
 #include "cli/probe.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <memory>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "common/file.h"
 #include "common/status.h"
+#include "tiering/disk_probe.h"
 
 #ifdef KVTIER_PROBE_CUDA
 #include <cuda_runtime_api.h>
@@ -26,9 +22,7 @@ namespace kvtier::cli {
 namespace {
 
 constexpr uint64_t kMiB = uint64_t{1} << 20;
-constexpr uint64_t kDirectAlign = 4096;        // O_DIRECT buffer and offset alignment
-constexpr uint64_t kIoBytes = 4 * kMiB;        // one read or write request
-constexpr int kReadThreads = 4;                // concurrent O_DIRECT readers
+constexpr uint64_t kAlign = 4096;  // page-aligned host buffers
 
 using Clock = std::chrono::steady_clock;
 
@@ -38,94 +32,17 @@ struct FreeDeleter {
 using AlignedBuffer = std::unique_ptr<uint8_t, FreeDeleter>;
 
 absl::StatusOr<AlignedBuffer> Allocate(uint64_t bytes) {
-  void* p = std::aligned_alloc(kDirectAlign, bytes);
+  void* p = std::aligned_alloc(kAlign, bytes);
   if (p == nullptr) {
     return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", bytes, " bytes"));
   }
   return AlignedBuffer(static_cast<uint8_t*>(p));
 }
 
-// A fixed-seed, incompressible fill (xorshift64), so that no layer below
-// can shortcut zero pages.
-void Fill(uint8_t* p, uint64_t bytes) {
-  uint64_t x = 0x9E3779B97F4A7C15ull;
-  for (uint64_t i = 0; i + 8 <= bytes; i += 8) {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    std::memcpy(p + i, &x, 8);
-  }
-}
-
 double GbPerS(uint64_t bytes, double seconds) { return bytes / seconds / 1e9; }
 
 double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
-}
-
-// Closes and unlinks the probe's temporary file on every path.
-class TempFile {
- public:
-  TempFile() = default;
-  TempFile(const TempFile&) = delete;
-  TempFile& operator=(const TempFile&) = delete;
-  ~TempFile() {
-    if (fd_ >= 0) ::close(fd_);
-    if (!path_.empty()) ::unlink(path_.c_str());
-  }
-  absl::Status Create(const std::string& dir) {
-    std::string templ = (std::filesystem::path(dir) / "kvtier-probe-XXXXXX").string();
-    int fd = ::mkstemp(templ.data());
-    if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("create a probe file in ", dir));
-    path_ = templ;
-    ::close(fd);
-    return absl::OkStatus();
-  }
-  // Reopens the file with `flags` | O_DIRECT. FailedPrecondition when the
-  // filesystem does not support O_DIRECT.
-  absl::Status OpenDirect(int flags) {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = ::open(path_.c_str(), flags | O_DIRECT | O_CLOEXEC);
-    if (fd_ < 0) {
-      const int err = errno;
-      if (err == EINVAL) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("the filesystem of ", path_, " does not support O_DIRECT"));
-      }
-      return ErrnoToStatus(err, absl::StrCat("open ", path_));
-    }
-    return absl::OkStatus();
-  }
-  int fd() const { return fd_; }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-  int fd_ = -1;
-};
-
-absl::Status WriteAll(int fd, const uint8_t* buf, uint64_t bytes, const std::string& path) {
-  for (uint64_t off = 0; off < bytes; off += kIoBytes) {
-    const uint64_t n = std::min(kIoBytes, bytes - off);
-    ssize_t w = ::pwrite(fd, buf, n, static_cast<off_t>(off));
-    if (w < 0) return ErrnoToStatus(errno, absl::StrCat("write ", path));
-    if (static_cast<uint64_t>(w) != n) {
-      return absl::UnavailableError(absl::StrCat("short write to ", path));
-    }
-  }
-  if (::fdatasync(fd) != 0) return ErrnoToStatus(errno, absl::StrCat("fdatasync ", path));
-  return absl::OkStatus();
-}
-
-// Reads [begin, end) of fd in kIoBytes requests into `buf`.
-absl::Status ReadRange(int fd, uint8_t* buf, uint64_t begin, uint64_t end) {
-  for (uint64_t off = begin; off < end; off += kIoBytes) {
-    const uint64_t n = std::min(kIoBytes, end - off);
-    ssize_t r = ::pread(fd, buf, n, static_cast<off_t>(off));
-    if (r < 0) return ErrnoToStatus(errno, "O_DIRECT read");
-    if (static_cast<uint64_t>(r) != n) return absl::UnavailableError("short O_DIRECT read");
-  }
-  return absl::OkStatus();
 }
 
 #ifdef KVTIER_PROBE_CUDA
@@ -182,7 +99,7 @@ absl::StatusOr<std::vector<bandwidth::Link>> MeasureGpu(uint64_t bytes, int repe
     KVTIER_CUDA_RETURN_IF_ERROR(cudaMalloc(&dev_a, bytes));
     KVTIER_CUDA_RETURN_IF_ERROR(cudaMalloc(&dev_b, bytes));
     KVTIER_CUDA_RETURN_IF_ERROR(cudaStreamCreate(&stream));
-    Fill(static_cast<uint8_t*>(host), bytes);
+    tiering::FillIncompressible(static_cast<uint8_t*>(host), bytes);
     const std::string gpu = prop.name;
     KVTIER_ASSIGN_OR_RETURN(double h2d, TimeCudaCopy(dev_a, host, bytes, cudaMemcpyHostToDevice,
                                                      repeats, stream));
@@ -206,7 +123,7 @@ absl::StatusOr<std::vector<bandwidth::Link>> MeasureGpu(uint64_t bytes, int repe
 absl::StatusOr<double> MeasureDramCopy(uint64_t bytes, int repeats) {
   KVTIER_ASSIGN_OR_RETURN(AlignedBuffer src, Allocate(bytes));
   KVTIER_ASSIGN_OR_RETURN(AlignedBuffer dst, Allocate(bytes));
-  Fill(src.get(), bytes);
+  tiering::FillIncompressible(src.get(), bytes);
   std::memset(dst.get(), 1, bytes);  // fault every page in before timing
   double best = 0;
   for (int i = 0; i < repeats; ++i) {
@@ -217,47 +134,6 @@ absl::StatusOr<double> MeasureDramCopy(uint64_t bytes, int repeats) {
   }
   // Keep the copy observable so it cannot be elided.
   if (std::memcmp(dst.get(), src.get(), 64) != 0) return absl::InternalError("memcpy mismatch");
-  return best;
-}
-
-// Writes a temporary file of `bytes` in `dir`, then reads it back with
-// O_DIRECT (bypassing the page cache) in kIoBytes requests from kReadThreads
-// threads: GB/s. FailedPrecondition when the filesystem refuses O_DIRECT.
-absl::StatusOr<double> MeasureDirectRead(const std::string& dir, uint64_t bytes, int repeats) {
-  TempFile file;
-  KVTIER_RETURN_IF_ERROR(file.Create(dir));
-  {
-    KVTIER_ASSIGN_OR_RETURN(AlignedBuffer buf, Allocate(kIoBytes));
-    Fill(buf.get(), kIoBytes);
-    KVTIER_RETURN_IF_ERROR(file.OpenDirect(O_WRONLY));
-    KVTIER_RETURN_IF_ERROR(WriteAll(file.fd(), buf.get(), bytes, file.path()));
-  }
-  KVTIER_RETURN_IF_ERROR(file.OpenDirect(O_RDONLY));
-  std::vector<AlignedBuffer> buffers;
-  for (int t = 0; t < kReadThreads; ++t) {
-    KVTIER_ASSIGN_OR_RETURN(AlignedBuffer b, Allocate(kIoBytes));
-    buffers.push_back(std::move(b));
-  }
-  // Each thread reads one contiguous, kIoBytes-aligned share.
-  const uint64_t share = (bytes / kReadThreads + kIoBytes - 1) / kIoBytes * kIoBytes;
-  double best = 0;
-  for (int i = 0; i < repeats; ++i) {
-    std::vector<absl::Status> results(kReadThreads);
-    const auto t0 = Clock::now();
-    {
-      std::vector<std::jthread> threads;
-      for (int t = 0; t < kReadThreads; ++t) {
-        const uint64_t begin = std::min(bytes, share * t);
-        const uint64_t end = std::min(bytes, begin + share);
-        threads.emplace_back([&, t, begin, end] {
-          results[t] = ReadRange(file.fd(), buffers[t].get(), begin, end);
-        });
-      }
-    }
-    const auto t1 = Clock::now();
-    for (const absl::Status& s : results) KVTIER_RETURN_IF_ERROR(s);
-    best = std::max(best, GbPerS(bytes, Seconds(t0, t1)));
-  }
   return best;
 }
 
@@ -278,11 +154,13 @@ absl::StatusOr<ProbeReport> RunProbe(const ProbeOptions& options) {
     if (ec) {
       return ErrnoToStatus(ec.value(), absl::StrCat("create data directory ", options.data_dir));
     }
-    absl::StatusOr<double> disk = MeasureDirectRead(options.data_dir, bytes, options.repeats);
+    absl::StatusOr<tiering::DiskReadProbe> disk =
+        tiering::ProbeDiskRead(options.data_dir, bytes, options.repeats);
     if (disk.ok()) {
       report.links.push_back(
-          {"disk-odirect", *disk,
-           absl::StrCat("O_DIRECT sequential read in ", options.data_dir, ", ", kReadThreads,
+          {"disk-odirect", disk->bytes_per_s / 1e9,
+           absl::StrCat("O_DIRECT sequential read in ", options.data_dir, ", ",
+                        tiering::kDiskProbeThreads,
                         " threads x 4 MiB requests")});
     } else if (disk.status().code() == absl::StatusCode::kFailedPrecondition) {
       report.skipped.push_back(absl::StrCat("disk-odirect: ", disk.status().message()));

@@ -1,22 +1,11 @@
 #include "cluster/cluster_tier.h"
 
-#include <chrono>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "codec/chunk.h"
 
 namespace kvtier::cluster {
-namespace {
-
-int64_t NowMicros() {
-  return std::chrono::duration_cast<std::chrono::microseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
-}  // namespace
-
 const char* ClusterMetricName(ClusterMetric m) {
   switch (m) {
     case ClusterMetric::kPuts: return "remote_puts";
@@ -119,7 +108,7 @@ absl::Status ClusterTier::Put(const tiering::ObjectKey& id, std::span<const uint
   Count(ClusterMetric::kPuts);
   std::vector<Member> owners = Owners(id.key);
   if (owners.empty()) return absl::UnavailableError("the cluster has no live members");
-  int64_t t0 = NowMicros();
+  tiering::BandwidthMeter::Op move = meter_.Start(/*write=*/true);
   int stored = 0;
   absl::Status last;
   for (const Member& m : owners) {
@@ -152,7 +141,7 @@ absl::Status ClusterTier::Put(const tiering::ObjectKey& id, std::span<const uint
     }
   }
   if (stored == 0) return last;
-  meter_.Record(true, bytes.size(), NowMicros() - t0);
+  move.Done(bytes.size());
   return absl::OkStatus();
 }
 
@@ -223,7 +212,7 @@ absl::Status ClusterTier::ReadLocal(const tiering::ObjectKey& id, std::span<uint
 
 absl::Status ClusterTier::Read(const tiering::ObjectKey& id, std::span<uint8_t> out) {
   Count(ClusterMetric::kGets);
-  int64_t t0 = NowMicros();
+  tiering::BandwidthMeter::Op move = meter_.Start(/*write=*/false);
   int unanswered = 0;
   bool corrupt = false;
   for (const Member& m : ReadOrder(id.key)) {
@@ -237,7 +226,7 @@ absl::Status ClusterTier::Read(const tiering::ObjectKey& id, std::span<uint8_t> 
       s = ReadFrom(m, id, out);
     }
     if (s.ok()) {
-      meter_.Record(false, out.size(), NowMicros() - t0);
+      move.Done(out.size());
       return s;
     }
     if (s.code() == absl::StatusCode::kDataLoss) {

@@ -379,6 +379,7 @@ absl::Status Daemon::OpenTiers(tiering::EngineTiers& tiers) {
     tiering::NvmeTierOptions o;
     o.dir = dir;
     o.capacity_bytes = std::max<uint64_t>(RoundDown(want, kUnit), kUnit);
+    o.read_probe_bytes = uint64_t{options.nvme_read_probe_mib} << 20;
     KVTIER_ASSIGN_OR_RETURN(tiers.nvme, tiering::NvmeTier::Open(o));
   }
 #ifdef KVTIER_HAVE_CUDA

@@ -38,6 +38,9 @@ void RegisterDaemonFlags(CLI::App& app, DaemonOptions* o) {
   app.add_option("--dram-huge-pages", o->dram_huge_pages,
                  "back the DRAM pool with reserved huge pages (vm.nr_hugepages)")
       ->capture_default_str();
+  app.add_option("--nvme-read-probe-mib", o->nvme_read_probe_mib,
+                 "MiB the NVMe tier reads back at startup to learn the disk's read rate (0: none)")
+      ->capture_default_str();
   app.add_option("--listen-tcp", o->listen_tcp, "also listen on TCP HOST:PORT (needs --token-file)")
       ->capture_default_str();
   app.add_option("--token-file", o->token_file,
@@ -166,7 +169,7 @@ absl::Status LoadConfigFile(const std::string& path, DaemonOptions* o) {
     return absl::InvalidArgumentError(absl::StrCat("config ", path, ": ", std::string(e.description())));
   }
   static const char* kKeys[] = {"data_dir", "socket", "dram_gib", "nvme_gib", "hbm_gib",
-                                "dram_populate", "dram_huge_pages", "listen_tcp", "token_file", "tenants", "tls_cert", "tls_key",
+                                "dram_populate", "dram_huge_pages", "nvme_read_probe_mib", "listen_tcp", "token_file", "tenants", "tls_cert", "tls_key",
                                 "tls_client_ca", "insecure_tcp", "max_tcp_connections",
                                 "max_tcp_connections_per_peer", "fd_reserve", "metrics_addr",
                                 "max_message_mib", "max_keys_per_request", "max_concurrent_streams",
@@ -196,6 +199,7 @@ absl::Status LoadConfigFile(const std::string& path, DaemonOptions* o) {
   take("hbm_gib", &o->hbm_gib);
   take("dram_populate", &o->dram_populate);
   take("dram_huge_pages", &o->dram_huge_pages);
+  take("nvme_read_probe_mib", &o->nvme_read_probe_mib);
   take("listen_tcp", &o->listen_tcp);
   take("token_file", &o->token_file);
   take("tenants", &o->tenants);

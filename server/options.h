@@ -47,6 +47,12 @@ struct DaemonOptions {
   // pages it needs and how many are free, when there are too few.
   // Default: false
   bool dram_huge_pages = false;
+  // MiB the NVMe tier writes and reads back with O_DIRECT once it is open,
+  // behind readiness, to learn the disk's read rate before it reads a chunk
+  // of its own (the load-or-recompute plan prices NVMe hits at it); the
+  // probe's file is removed after. 0: none (the plan assumes 7 GB/s until
+  // the first read). Default: 64
+  uint32_t nvme_read_probe_mib = 64;
   // Optional TCP listener "HOST:PORT" (port 0 picks one); requires
   // token_file or tenants (whose tokens it accepts). Default: "" (none)
   std::string listen_tcp;

@@ -3,7 +3,6 @@
 #include <sys/stat.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstring>
 #include <filesystem>
 
@@ -37,12 +36,6 @@ constexpr uint32_t kEntryVersion = 1;
 
 // Bounce buffers kept for reuse (one per concurrent unaligned I/O).
 constexpr size_t kMaxPooledBounceBuffers = 4;
-
-int64_t NowUs() {
-  return std::chrono::duration_cast<std::chrono::microseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 std::string IndexKey(const ObjectKey& id) {
   std::string k(kObjectPrefix);
@@ -218,7 +211,28 @@ absl::StatusOr<std::unique_ptr<NvmeTier>> NvmeTier::Open(const NvmeTierOptions& 
   if ((*dev)->block_size() != block) return absl::InvalidArgumentError("device block size must be 4096");
   std::unique_ptr<NvmeTier> t(new NvmeTier(o, std::move(owned), std::move(*dev), db_guard.release(), capacity));
   KVTIER_RETURN_IF_ERROR(t->Recover());
+  if (o.read_probe_bytes > 0) {
+    NvmeTier* tier = t.get();
+    tier->probe_thread_ = std::thread([tier] {
+      absl::StatusOr<DiskReadProbe> probe =
+          ProbeDiskRead(tier->options_.dir, tier->options_.read_probe_bytes, /*repeats=*/1);
+      if (probe.ok()) tier->meter_.Add(/*write=*/false, probe->bytes, probe->micros);
+      absl::MutexLock l(&tier->probe_mu_);
+      tier->probe_result_ = std::move(probe);
+    });
+  }
   return t;
+}
+
+absl::StatusOr<DiskReadProbe> NvmeTier::WaitForReadProbe() {
+  if (options_.read_probe_bytes == 0) {
+    return absl::FailedPreconditionError("the tier was opened without a read probe");
+  }
+  absl::MutexLock l(&probe_mu_);
+  probe_mu_.Await(absl::Condition(
+      +[](std::optional<absl::StatusOr<DiskReadProbe>>* r) { return r->has_value(); },
+      &probe_result_));
+  return *probe_result_;
 }
 
 NvmeTier::NvmeTier(const NvmeTierOptions& o, std::unique_ptr<IoEnv> owned_env,
@@ -235,6 +249,7 @@ NvmeTier::NvmeTier(const NvmeTierOptions& o, std::unique_ptr<IoEnv> owned_env,
 }
 
 NvmeTier::~NvmeTier() {
+  if (probe_thread_.joinable()) probe_thread_.join();
   {
     absl::MutexLock l(&commit_mu_);
     stopping_ = true;
@@ -506,7 +521,7 @@ absl::Status NvmeTier::Put(const ObjectKey& id, std::span<const uint8_t> bytes,
     Unref(offset);
     return st;
   };
-  int64_t t0 = NowUs();
+  BandwidthMeter::Op move = meter_.Start(/*write=*/true);
   // The write path only reads from `bytes`; BlockDevice takes a mutable
   // pointer because the same request type serves reads.
   absl::Status st = DoIo(IoRequest::Op::kWrite, offset, const_cast<uint8_t*>(bytes.data()), len);
@@ -518,7 +533,7 @@ absl::Status NvmeTier::Put(const ObjectKey& id, std::span<const uint8_t> bytes,
   if (!options.sync) {
     // Publish now and queue the commit under mu_, so that an Erase of this
     // object queues its delete after this put.
-    meter_.Record(true, len, NowUs() - t0);
+    move.Done(len);
     absl::MutexLock l(&mu_);
     writing_.erase(id);
     writing_done_.SignalAll();
@@ -536,7 +551,7 @@ absl::Status NvmeTier::Put(const ObjectKey& id, std::span<const uint8_t> bytes,
   // Data durable before its index entry (both inside the group commit).
   st = EnqueueAndWait(std::move(commit));
   if (!st.ok()) return fail(st);
-  meter_.Record(true, len, NowUs() - t0);
+  move.Done(len);
   absl::MutexLock l(&mu_);
   writing_.erase(id);
   writing_done_.SignalAll();
@@ -619,12 +634,12 @@ absl::Status NvmeTier::Read(const ObjectKey& id, std::span<uint8_t> out) {
 
 absl::Status NvmeTier::ReadEntry(const ObjectKey& id, const Entry& e, std::span<uint8_t> out,
                                  bool* corrupt) {
-  int64_t t0 = NowUs();
+  BandwidthMeter::Op move = meter_.Start(/*write=*/false);
   // The checksums are computed while later requests are still in flight.
   StreamingVerifier verifier(id, e.header_checksum, out);
   KVTIER_RETURN_IF_ERROR(DoIo(IoRequest::Op::kRead, e.offset, out.data(), e.length,
                               [&](uint64_t prefix) { verifier.Advance(prefix); }));
-  meter_.Record(false, e.length, NowUs() - t0);
+  move.Done(e.length);
   absl::Status st = verifier.Finish();
   *corrupt = !st.ok();
   return st;
@@ -699,7 +714,7 @@ std::vector<absl::Status> NvmeTier::ReadBatch(std::span<const ObjectKey> ids,
     o.arrived.assign(o.count, false);
     o.verifier.emplace(ids[i], o.e.header_checksum, outs[i]);
   }
-  const int64_t t0 = NowUs();
+  BandwidthMeter::Op move = meter_.Start(/*write=*/false);
   absl::Status st = dev_->SubmitWithCompletions(reqs, [&](size_t r) {
     Object& o = objs[owner[r]];
     uint8_t* data = outs[owner[r]].data();
@@ -731,7 +746,7 @@ std::vector<absl::Status> NvmeTier::ReadBatch(std::span<const ObjectKey> ids,
     }
     if (o.bounce.data() != nullptr) ReturnBounce(std::move(o.bounce));
   }
-  if (bytes_read > 0) meter_.Record(false, bytes_read, NowUs() - t0);
+  move.Done(bytes_read);
   // A failed submission names no request: the objects it did not finish are
   // read again one by one, so that each gets its own status (a short read at
   // the end of a truncated file is that object's DataLoss, not the batch's).

@@ -29,6 +29,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/functional/function_ref.h"
 #include "absl/synchronization/mutex.h"
+#include "tiering/disk_probe.h"
 #include "tiering/extent_allocator.h"
 #include "tiering/io.h"
 #include "tiering/tier.h"
@@ -70,6 +71,13 @@ struct NvmeTierOptions {
   // accumulated ones along). Fewer, larger commits mean fewer device
   // flushes competing with data writes. Default: 2000
   uint32_t unsynced_commit_delay_us = 2000;
+  // Bytes of a read probe of the disk under `dir` (ProbeDiskRead: a
+  // temporary file written, then read back with O_DIRECT), run on a thread of
+  // its own once the tier is open, so that bandwidth() gives the disk's read
+  // rate before the tier has read any object of its own (the load-or-recompute
+  // plan prices loads at it). 0: no probe; bandwidth() stays zero until the
+  // first read. Default: 0 (kvtierd: 64 MiB)
+  uint64_t read_probe_bytes = 0;
 };
 
 // Disk space the tier's index (RocksDB: tables, write-ahead log, manifest,
@@ -126,6 +134,9 @@ class NvmeTier : public Tier {
   absl::StatusOr<uint64_t> OffsetOf(const ObjectKey& id);
   // Entries dropped at open because of a config mismatch or bad extents.
   uint64_t dropped_at_open() const { return dropped_at_open_; }
+  // Waits for the read probe (options.read_probe_bytes) and returns what it
+  // measured, or why it could not run; FailedPrecondition when none was asked for.
+  absl::StatusOr<DiskReadProbe> WaitForReadProbe();
 
  private:
   struct Entry {
@@ -210,6 +221,11 @@ class NvmeTier : public Tier {
 
   absl::Mutex bounce_mu_;
   std::vector<AlignedBuffer> bounce_pool_ ABSL_GUARDED_BY(bounce_mu_);
+
+  // The read probe: its result once probe_thread_ finished.
+  absl::Mutex probe_mu_;
+  std::optional<absl::StatusOr<DiskReadProbe>> probe_result_ ABSL_GUARDED_BY(probe_mu_);
+  std::thread probe_thread_;
 };
 
 }  // namespace kvtier::tiering

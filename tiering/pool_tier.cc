@@ -1,17 +1,11 @@
 #include "tiering/pool_tier.h"
 
-#include <chrono>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 
 namespace kvtier::tiering {
 namespace {
-int64_t NowUs() {
-  return std::chrono::duration_cast<std::chrono::microseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 class MetadataOnlyMemory : public PoolMemory {
  public:
   explicit MetadataOnlyMemory(uint64_t size) : size_(size) {}
@@ -84,9 +78,9 @@ void PoolTier::Unref(uint64_t offset) {
 absl::Status PoolTier::Put(const ObjectKey& id, std::span<const uint8_t> bytes,
                            const TierPutOptions& /*options*/) {
   KVTIER_ASSIGN_OR_RETURN(PoolExtent slot, ReserveSlot(bytes.size()));
-  int64_t t0 = NowUs();
+  BandwidthMeter::Op move = meter_.Start(/*write=*/true);
   absl::Status st = memory_->CopyIn(slot.offset, bytes);
-  meter_.Record(true, bytes.size(), NowUs() - t0);
+  move.Done(st.ok() ? bytes.size() : 0);
   if (!st.ok()) {
     (void)AbortSlot(slot);
     return st;
@@ -169,9 +163,9 @@ absl::Status PoolTier::Read(const ObjectKey& id, std::span<uint8_t> out) {
     return absl::InvalidArgumentError(
         absl::StrCat("buffer is ", out.size(), " bytes, object is ", e.length));
   }
-  int64_t t0 = NowUs();
+  BandwidthMeter::Op move = meter_.Start(/*write=*/false);
   absl::Status st = memory_->CopyOut(e.offset, out);
-  meter_.Record(false, out.size(), NowUs() - t0);
+  move.Done(st.ok() ? out.size() : 0);
   ReleaseRef(e);
   return st;
 }

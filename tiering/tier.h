@@ -3,7 +3,6 @@
 #ifndef KVTIER_TIERING_TIER_H_
 #define KVTIER_TIERING_TIER_H_
 
-#include <atomic>
 #include <cstdint>
 #include <span>
 #include <string_view>
@@ -12,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "codec/chunk.h"
 #include "common/hash.h"
 
@@ -46,32 +46,59 @@ struct TierCapabilities {
   bool verifies_on_read = false; // Read checks checksums and returns DataLoss
 };
 
-// Measured throughput: bytes moved divided by time spent moving them,
-// accumulated since the tier opened. Zero until something was moved.
+// Measured throughput: bytes moved divided by the time during which at least
+// one move was in flight, accumulated since the tier opened. Moves that
+// overlap (concurrent reads, a queue of requests) count their shared time
+// once, so the figure is the tier's aggregate rate, not one request's. Zero
+// until something was moved.
 struct Bandwidth {
   double read_bytes_per_s = 0;
   double write_bytes_per_s = 0;
 };
 
-// Lock-free accumulator behind Tier::bandwidth().
+// Behind Tier::bandwidth(). Thread-safe.
 class BandwidthMeter {
  public:
-  void Record(bool write, uint64_t bytes, int64_t micros) {
-    auto& b = write ? wbytes_ : rbytes_;
-    auto& t = write ? wmicros_ : rmicros_;
-    b.fetch_add(bytes, std::memory_order_relaxed);
-    t.fetch_add(micros > 0 ? micros : 1, std::memory_order_relaxed);
-  }
-  Bandwidth Get() const {
-    Bandwidth bw;
-    if (auto t = rmicros_.load()) bw.read_bytes_per_s = rbytes_.load() * 1e6 / t;
-    if (auto t = wmicros_.load()) bw.write_bytes_per_s = wbytes_.load() * 1e6 / t;
-    return bw;
-  }
+  // One read or write in flight, from Start to Done. Done(0), or destruction
+  // without Done, is a failed move: no bytes, and its time counts only where
+  // it overlapped moves that moved bytes.
+  class Op {
+   public:
+    Op(const Op&) = delete;
+    Op& operator=(const Op&) = delete;
+    ~Op() { Done(0); }
+    void Done(uint64_t bytes) {
+      if (meter_ != nullptr) meter_->Finish(write_, bytes);
+      meter_ = nullptr;
+    }
+
+   private:
+    friend class BandwidthMeter;
+    Op(BandwidthMeter* meter, bool write) : meter_(meter), write_(write) {}
+    BandwidthMeter* meter_;
+    bool write_;
+  };
+
+  Op Start(bool write);
+  // A measurement made outside the tier's own traffic (a probe at open):
+  // `bytes` moved in `micros` of busy time, added to the totals.
+  void Add(bool write, uint64_t bytes, int64_t micros);
+  Bandwidth Get() const;
 
  private:
-  std::atomic<uint64_t> rbytes_{0}, wbytes_{0};
-  std::atomic<int64_t> rmicros_{0}, wmicros_{0};
+  // Per direction. Busy time is counted up to the last Finish: from `since`
+  // (the later of the first Start of a busy period and the last Finish) to
+  // each Finish while moves are in flight.
+  struct Direction {
+    uint64_t bytes = 0;
+    int64_t busy_us = 0;
+    int in_flight = 0;
+    int64_t since_us = 0;
+  };
+  void Finish(bool write, uint64_t bytes);
+
+  mutable absl::Mutex mu_;
+  Direction dir_[2] ABSL_GUARDED_BY(mu_);  // [0] reads, [1] writes
 };
 
 // Tiers mark "no room in this tier" errors with this payload, so the engine
