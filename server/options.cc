@@ -256,6 +256,10 @@ absl::Status ValidateDaemonOptions(const DaemonOptions& o) {
     return absl::InvalidArgumentError("need a DRAM or an NVMe tier");
   }
   if (o.data_dir.empty()) return absl::InvalidArgumentError("--data-dir is empty");
+  if (o.nvme_read_probe_mib > kMaxNvmeReadProbeMib) {
+    return absl::InvalidArgumentError(absl::StrCat("--nvme-read-probe-mib ", o.nvme_read_probe_mib,
+                                                   " is over ", kMaxNvmeReadProbeMib));
+  }
   if (auto e = tiering::ParseEvictionPolicySpec(o.eviction); !e.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("--eviction: ", e.status().message()));
   }

@@ -15,6 +15,9 @@
 
 namespace kvtier::server {
 
+// Largest NVMe read probe (DaemonOptions::nvme_read_probe_mib).
+inline constexpr uint32_t kMaxNvmeReadProbeMib = 1024;
+
 struct DaemonOptions {
   // TOML file read before the flags are applied (keys: the option names with
   // '_' for '-'). Default: "" (none)
@@ -52,7 +55,7 @@ struct DaemonOptions {
   // of its own (the load-or-recompute plan prices NVMe hits at it); the
   // probe's file is removed after. 0: none (the plan assumes 7 GB/s until
   // the first read). Default: 64
-  uint32_t nvme_read_probe_mib = 64;
+  uint32_t nvme_read_probe_mib = 64;  // at most kMaxNvmeReadProbeMib
   // Optional TCP listener "HOST:PORT" (port 0 picks one); requires
   // token_file or tenants (whose tokens it accepts). Default: "" (none)
   std::string listen_tcp;

@@ -735,7 +735,7 @@ TEST(DaemonOptions, ConfigFileSetsValuesAndRejectsUnknownKeys) {
   {
     std::ofstream f(path);
     f << "data_dir = \"/tmp/x\"\ndram_gib = 0.25\nmax_keys_per_request = 17\ndram_populate = false\n"
-         "dram_huge_pages = true\n";
+         "dram_huge_pages = true\nnvme_read_probe_mib = 0\n";
   }
   DaemonOptions o;
   ASSERT_TRUE(LoadConfigFile(path, &o).ok());
@@ -744,6 +744,7 @@ TEST(DaemonOptions, ConfigFileSetsValuesAndRejectsUnknownKeys) {
   EXPECT_EQ(o.max_keys_per_request, 17u);
   EXPECT_FALSE(o.dram_populate);
   EXPECT_TRUE(o.dram_huge_pages);
+  EXPECT_EQ(o.nvme_read_probe_mib, 0u);
   EXPECT_EQ(o.SocketPath(), "/tmp/x/kvtierd.sock");
   {
     std::ofstream f(path);
@@ -778,6 +779,10 @@ TEST(DaemonOptions, ValidationRequiresATokenForTcp) {
   // A tenants file's tokens stand for the daemon's token.
   o.token_file.clear();
   o.tenants = "/dev/null";
+  EXPECT_TRUE(ValidateDaemonOptions(o).ok());
+  o.nvme_read_probe_mib = kMaxNvmeReadProbeMib + 1;  // a probe of the whole disk: refused
+  EXPECT_EQ(ValidateDaemonOptions(o).code(), absl::StatusCode::kInvalidArgument);
+  o.nvme_read_probe_mib = kMaxNvmeReadProbeMib;
   EXPECT_TRUE(ValidateDaemonOptions(o).ok());
   o.dram_gib = -1;
   EXPECT_EQ(ValidateDaemonOptions(o).code(), absl::StatusCode::kInvalidArgument);
