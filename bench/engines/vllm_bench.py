@@ -170,7 +170,7 @@ def run_requests(llm, prompts: list[list[int]], out_tokens: int, tag: str) -> di
     params = SamplingParams(max_tokens=out_tokens, temperature=0.0, ignore_eos=True,
                             detokenize=False)
     engine = llm.llm_engine
-    ttft, e2e, outputs, cached, engine_ttft = [], [], [], [], []
+    ttft, e2e, outputs, cached, engine_ttft, steps = [], [], [], [], [], []
     start = time.perf_counter()
     for i, prompt in enumerate(prompts):
         rid = f"{tag}-{i}"
@@ -178,8 +178,12 @@ def run_requests(llm, prompts: list[list[int]], out_tokens: int, tag: str) -> di
         engine.add_request(rid, {"prompt_token_ids": prompt}, params)
         first = None
         done = None
+        step_s = []  # each engine step's wall time, prefill first
         while done is None:
-            for out in engine.step():
+            s0 = time.perf_counter()
+            outs = engine.step()
+            step_s.append(time.perf_counter() - s0)
+            for out in outs:
                 if out.request_id != rid:
                     continue
                 if first is None and out.outputs and out.outputs[0].token_ids:
@@ -187,6 +191,7 @@ def run_requests(llm, prompts: list[list[int]], out_tokens: int, tag: str) -> di
                 if out.finished:
                     done = out
         t1 = time.perf_counter()
+        steps.append(step_s)
         ttft.append((first or t1) - t0)
         e2e.append(t1 - t0)
         outputs.append(list(done.outputs[0].token_ids))
@@ -194,7 +199,8 @@ def run_requests(llm, prompts: list[list[int]], out_tokens: int, tag: str) -> di
         # vLLM's own first-token latency (its frontend's arrival to first token).
         engine_ttft.append(float(getattr(done.metrics, "first_token_latency", 0.0) or 0.0))
     return {"ttft_s": ttft, "e2e_s": e2e, "wall_s": time.perf_counter() - start,
-            "outputs": outputs, "cached_tokens": cached, "engine_ttft_s": engine_ttft}
+            "outputs": outputs, "cached_tokens": cached, "engine_ttft_s": engine_ttft,
+            "step_s": steps}
 
 
 def reset_gpu_prefix_cache(llm, timeout_s: float) -> float:
@@ -442,6 +448,14 @@ def summarize(raw: dict, floor_rate: float, config: dict, baseline: dict | None)
         "cold_e2e_ms": [1e3 * t for t in cold["e2e_s"]],
         "warm_ttft_ms": [1e3 * t for t in warm["ttft_s"]],
     }
+    if cold.get("step_s"):
+        # Mean wall time of the cold pass's k-th engine step over its requests
+        # (after the first request, whose steps run no earlier request's
+        # stores): where after the prefill the decode steps lose their time.
+        rows = cold["step_s"][1:] or cold["step_s"]
+        depth = min(len(r) for r in rows)
+        out["cold_step_ms_by_index"] = [
+            1e3 * statistics.fmean(r[k] for r in rows) for k in range(depth)]
     if raw["peer"] == "no_connector":
         out["outputs_match_no_connector"] = True
     elif baseline is not None:
