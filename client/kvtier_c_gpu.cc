@@ -22,6 +22,7 @@
 #include "codec/format.h"
 #include "common/hash.h"
 #include "common/status.h"
+#include "common/worker_pool.h"
 #include "kernels/cuda_status.h"
 #include "kernels/paged_attention.h"
 #include "kernels/paged_layout.h"
@@ -54,11 +55,25 @@ struct kvtier_gpu {
   int device = 0;
   std::shared_ptr<kvtier::client::KvtierClient> client;  // outlives io
   std::unique_ptr<kvtier::client::GpuPagedIo> io;
+  // Threads of kvtier_gpu_store_commit_async, started at its first call.
+  // Destroyed first (declared last): its destructor runs every queued
+  // commit while io and client still exist.
+  absl::Mutex committers_mu;
+  std::unique_ptr<kvtier::WorkerPool> committers ABSL_GUARDED_BY(committers_mu);
+};
+
+// A commit that runs on one of kvtier_gpu::committers: shared by the op and
+// the task, so that an op released before the commit ends leaves it running.
+struct AsyncCommit {
+  absl::Mutex mu;
+  bool done ABSL_GUARDED_BY(mu) = false;
+  absl::Status result ABSL_GUARDED_BY(mu);
 };
 
 struct kvtier_gpu_store_op {
   kvtier_gpu* gpu = nullptr;
-  std::unique_ptr<kvtier::client::PendingStore> pending;
+  std::unique_ptr<kvtier::client::PendingStore> pending;  // moved to the task by commit_async
+  std::shared_ptr<AsyncCommit> async;
 };
 
 struct kvtier_gpu_layerwise {
@@ -401,6 +416,9 @@ int kvtier_gpu_store_layers(kvtier_gpu_store_op* op, const kvtier_gpu_cache* cac
   if (op == nullptr || cache == nullptr || block_ids == nullptr) {
     return Fail(absl::InvalidArgumentError("op, cache or block_ids is null"));
   }
+  if (op->pending == nullptr) {
+    return Fail(absl::FailedPreconditionError("the store was committed asynchronously"));
+  }
   DeviceScope scope(cache->device);
   if (!scope.status().ok()) return Fail(scope.status());
   DeviceIds ids;
@@ -413,10 +431,62 @@ int kvtier_gpu_store_layers(kvtier_gpu_store_op* op, const kvtier_gpu_cache* cac
 
 int kvtier_gpu_store_commit(kvtier_gpu_store_op* op, const uint8_t key[16], int durable) {
   if (op == nullptr || key == nullptr) return Fail(absl::InvalidArgumentError("op or key is null"));
+  if (op->pending == nullptr) {
+    return Fail(absl::FailedPreconditionError("the store was committed asynchronously"));
+  }
   DeviceScope scope(op->gpu->device);
   kvtier::client::PutOptions o;
   o.durable = durable != 0;
   return Done(op->pending->Commit(KeyOf(key), o));
+}
+
+int kvtier_gpu_store_commit_async(kvtier_gpu_store_op* op, const uint8_t key[16], int durable) {
+  if (op == nullptr || key == nullptr) return Fail(absl::InvalidArgumentError("op or key is null"));
+  if (op->pending == nullptr) {
+    return Fail(absl::FailedPreconditionError("the store was committed asynchronously before"));
+  }
+  kvtier_gpu* gpu = op->gpu;
+  kvtier::WorkerPool* pool;
+  {
+    absl::MutexLock l(&gpu->committers_mu);
+    // A few commits in flight at once: each mostly waits (for the encodes,
+    // then for the daemon's seal).
+    if (gpu->committers == nullptr) gpu->committers = std::make_unique<kvtier::WorkerPool>(4);
+    pool = gpu->committers.get();
+  }
+  auto async = std::make_shared<AsyncCommit>();
+  op->async = async;
+  kvtier::client::PutOptions o;
+  o.durable = durable != 0;
+  pool->Schedule([pending = std::move(op->pending), async, key = KeyOf(key), o,
+                  device = gpu->device]() mutable {
+    absl::Status st;
+    {
+      DeviceScope scope(device);
+      st = scope.status();
+      if (st.ok()) st = pending->Commit(key, o);
+      pending.reset();  // gives back its workspace and staging on this device
+    }
+    absl::MutexLock l(&async->mu);
+    async->result = std::move(st);
+    async->done = true;
+  });
+  return KVTIER_OK;
+}
+
+int kvtier_gpu_store_wait(kvtier_gpu_store_op* op, int64_t timeout_ms) {
+  if (op == nullptr) return Fail(absl::InvalidArgumentError("op is null"));
+  if (op->async == nullptr) {
+    return Fail(absl::FailedPreconditionError("no asynchronous commit was started"));
+  }
+  AsyncCommit& a = *op->async;
+  absl::MutexLock l(&a.mu);
+  if (timeout_ms < 0) {
+    a.mu.Await(absl::Condition(&a.done));
+  } else if (!a.mu.AwaitWithTimeout(absl::Condition(&a.done), absl::Milliseconds(timeout_ms))) {
+    return Fail(absl::DeadlineExceededError("the asynchronous commit is still running"));
+  }
+  return Done(a.result);
 }
 
 void kvtier_gpu_store_release(kvtier_gpu_store_op* op) {

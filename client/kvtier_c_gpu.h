@@ -121,7 +121,7 @@ KVTIER_C_EXPORT int kvtier_gpu_store_batch(kvtier_gpu* gpu, const uint8_t* keys,
  * computes the next: begin reserves the slot; each store_layers enqueues the
  * encode of [layer_begin, layer_end) on `stream` without waiting (ranges in
  * order from layer 0, without gaps); commit waits, seals and stores as
- * `key`. Release frees the op (aborting the slot unless committed). */
+ * `key` (commit_async does that on a libkvtier thread). Release frees the op. */
 KVTIER_C_EXPORT int kvtier_gpu_store_begin(kvtier_gpu* gpu, const uint8_t fingerprint[16],
                                            const char* codec, const kvtier_gpu_cache* cache,
                                            uint32_t num_tokens, kvtier_gpu_store_op** out);
@@ -131,6 +131,21 @@ KVTIER_C_EXPORT int kvtier_gpu_store_layers(kvtier_gpu_store_op* op, const kvtie
                                             uint32_t layer_end, uint64_t stream);
 KVTIER_C_EXPORT int kvtier_gpu_store_commit(kvtier_gpu_store_op* op, const uint8_t key[16],
                                             int durable);
+/* kvtier_gpu_store_commit without waiting: returns once the commit is
+ * queued; a thread of the kvtier_gpu waits for the encodes and commits the
+ * chunk as `key`, off the caller's thread. kvtier_gpu_store_wait gives its
+ * result, for a caller that wants it. FAILED_PRECONDITION if the op was
+ * committed (either way) before. */
+KVTIER_C_EXPORT int kvtier_gpu_store_commit_async(kvtier_gpu_store_op* op, const uint8_t key[16],
+                                                  int durable);
+/* The result of kvtier_gpu_store_commit_async: waits up to timeout_ms (0:
+ * answers at once; negative: no limit). DEADLINE_EXCEEDED while the commit
+ * runs (ask again); else the commit's code, the same at every later call.
+ * FAILED_PRECONDITION if no asynchronous commit was started. */
+KVTIER_C_EXPORT int kvtier_gpu_store_wait(kvtier_gpu_store_op* op, int64_t timeout_ms);
+/* Frees the op; the slot is aborted unless committed. An asynchronous
+ * commit still running goes on and is not waited for (its result is
+ * dropped); kvtier_gpu_close waits for every commit of its handle. */
 KVTIER_C_EXPORT void kvtier_gpu_store_release(kvtier_gpu_store_op* op);
 
 /* Decodes layers [layer_begin, layer_end) of chunk `key` into the same

@@ -206,6 +206,8 @@ _GPU_SIGNATURES = {
     "kvtier_gpu_store_layers": (c_int, [c_void_p, c_void_p, _I32S, c_uint32, c_uint32, c_uint32,
                                         c_uint32, c_uint64]),
     "kvtier_gpu_store_commit": (c_int, [c_void_p, _KEY, c_int]),
+    "kvtier_gpu_store_commit_async": (c_int, [c_void_p, _KEY, c_int]),
+    "kvtier_gpu_store_wait": (c_int, [c_void_p, c_int64]),
     "kvtier_gpu_store_release": (None, [c_void_p]),
     "kvtier_gpu_load": (c_int, [c_void_p, _KEY, c_void_p, _I32S, c_uint32, c_uint32, c_uint32,
                                 c_uint32, c_uint64, _INTS]),

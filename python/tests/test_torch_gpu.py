@@ -2,6 +2,8 @@
 kvtier.torch) against a real kvtierd (conftest.Daemon). Skipped without torch,
 a CUDA device or a libkvtier built with CUDA."""
 
+import time
+
 import pytest
 
 try:
@@ -136,6 +138,71 @@ def test_store_batch_gives_each_chunk_of_a_store(client):
         kg.store_batch(client, keys[:2], src, [per[0], per[1][:-1]])  # unequal block counts
     with pytest.raises(ValueError):
         kg.store_batch(client, keys[:2], src, per[:1])
+
+
+def test_store_without_waiting_stores_the_same_chunk_and_reports_through_its_handle(client):
+    # wait=False returns once the encode and copy are queued; a libkvtier
+    # thread commits. The chunk is the one a waiting store makes.
+    _, src = _vllm_cache(14)
+    ids = list(range(T // BS))
+    kg.store(client, _key(700), src, ids, codec="k16v8")
+    op = kg.store(client, _key(701), src, ids, codec="k16v8", wait=False)
+    try:
+        op.wait(timeout=30)
+        assert op.done()
+        op.wait()  # the same answer again
+        with pytest.raises(ValueError):
+            op.commit(_key(702))  # committed already
+        with pytest.raises(ValueError):
+            op.encode_layers(ids, None)
+    finally:
+        op.close()
+    assert client.get_bytes(_key(701)) == client.get_bytes(_key(700))
+    # Closed before its commit ended: the commit goes on and the chunk is stored.
+    op = kg.store(client, _key(703), src, ids, codec="k16v8", wait=False)
+    op.close()
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            assert client.get_bytes(_key(703)) == client.get_bytes(_key(700))
+            break
+        except kvtier.NotFound:
+            assert time.monotonic() < deadline, "the detached commit never stored the chunk"
+            time.sleep(0.01)
+    # By layer ranges, then a commit that does not wait.
+    op = kg.begin_store(client, src, T, codec="k16v8")
+    with pytest.raises(ValueError):
+        op.wait()  # nothing to wait for yet
+    op.encode_layers(ids, range(0, 2))
+    op.encode_layers(ids, range(2, L))
+    op.commit(_key(704), wait=False)
+    op.wait()
+    op.close()
+    assert client.get_bytes(_key(704)) == client.get_bytes(_key(700))
+
+
+def test_a_failed_commit_without_waiting_is_reported_by_wait(tmp_path):
+    # The daemon goes away between the encode and the commit: the commit
+    # thread's error comes back through wait(), and again at every call.
+    from conftest import Daemon
+    d = Daemon(tmp_path, dram_gib="0.25", nvme_gib="0").start()
+    c = kvtier.Client(socket=d.socket)
+    try:
+        _, src = _vllm_cache(15)
+        op = kg.begin_store(c, src, T, codec="k16v8")
+        op.encode_layers(list(range(T // BS)), None)
+        d.stop()
+        op.commit(_key(710), wait=False)
+        with pytest.raises(kvtier.KvtierError) as first:
+            op.wait(timeout=60)
+        assert not isinstance(first.value, kvtier.DeadlineExceeded)
+        assert op.done()
+        with pytest.raises(type(first.value)):
+            op.wait(0)
+        op.close()
+    finally:
+        c.close()
+        d.stop()
 
 
 def test_every_entry_refuses_a_block_id_outside_the_cache(client):

@@ -21,7 +21,7 @@ import torch
 
 from kvtier import _native
 from kvtier.client import TIER_NAMES
-from kvtier.errors import error_for
+from kvtier.errors import DeadlineExceeded, KvtierError, error_for
 from kvtier.keys import as_key
 
 __all__ = [
@@ -413,7 +413,7 @@ def _fingerprint(fingerprint) -> bytes:
 
 def store(client, key, cache: PagedCache, block_ids, codec: str = "k16v8", *,
           fingerprint=None, num_tokens: int | None = None, first_slot: int = 0,
-          stream=None, durable: bool = False) -> None:
+          stream=None, durable: bool = False, wait: bool = True) -> PendingStore | None:
     """Encodes tokens of ``cache`` on the GPU straight into kvtierd's pool and stores them
     as ``key``.
 
@@ -424,18 +424,31 @@ def store(client, key, cache: PagedCache, block_ids, codec: str = "k16v8", *,
     ``kvtier.ModelIdentity`` (default zeros). Runs after the work queued on
     ``stream`` (default: the current stream of the cache's device) and
     returns once the daemon committed the chunk (``durable``: on NVMe).
+    ``wait=False`` returns once the encode and the copy are queued, with the
+    store's handle: a libkvtier thread commits the chunk, and the handle's
+    ``wait()`` gives the result (``close()`` it either way).
     To store layer by layer while a prefill runs, use ``begin_store``.
     """
     ids = _ids(block_ids)
     if num_tokens is None:
         num_tokens = len(ids) * cache.block_size - first_slot
     cache._check_span(ids, first_slot, num_tokens)
+    if not wait:
+        op = begin_store(client, cache, num_tokens, codec, fingerprint=fingerprint)
+        try:
+            op.encode_layers(ids, None, first_slot, stream)
+            op.commit(key, durable, wait=False)
+        except BaseException:
+            op.close()
+            raise
+        return op
     fp = _fingerprint(fingerprint)
     lib = _lib()
     _check(lib.kvtier_gpu_store(
         _vp(_gpu(client, cache.device)), _u8(as_key(key)), _u8(fp), codec.encode(),
         _vp(cache._handle), ids, len(ids), first_slot, num_tokens,
         _stream_handle(stream, cache.device), int(durable)))
+    return None
 
 
 def store_batch(client, keys: Sequence, cache: PagedCache, block_ids_per_key: Sequence,
@@ -493,11 +506,12 @@ class PendingStore:
         self._handle = handle
         self._cache = cache
         self.num_tokens = num_tokens
+        self._committing = False  # commit(wait=False) started; wait() answers
 
     def encode_layers(self, block_ids, layers, first_slot: int = 0, stream=None) -> None:
         """Queues the encode of ``layers`` (a range, (begin, end) or an int) on ``stream``
         without waiting; ranges come in order from layer 0, without gaps."""
-        if self._handle is None:
+        if self._handle is None or self._committing:
             raise ValueError("the store was committed or closed")
         b, e = _layer_range(layers, self._cache.num_layers)
         ids = _ids(block_ids)
@@ -506,18 +520,45 @@ class PendingStore:
             _vp(self._handle), _vp(self._cache._handle), ids, len(ids), first_slot, b, e,
             _stream_handle(stream, self._cache.device)))
 
-    def commit(self, key, durable: bool = False) -> None:
-        """Waits for the encodes, then stores the chunk as ``key``."""
-        if self._handle is None:
+    def commit(self, key, durable: bool = False, wait: bool = True) -> None:
+        """Waits for the encodes, then stores the chunk as ``key``. ``wait=False``
+        returns at once: a libkvtier thread commits, and ``wait()`` gives the
+        result to a caller that wants it (``close()`` does not wait for it)."""
+        if self._handle is None or self._committing:
             raise ValueError("the store was committed or closed")
+        if not wait:
+            _check(_lib().kvtier_gpu_store_commit_async(_vp(self._handle), _u8(as_key(key)),
+                                                        int(durable)))
+            self._committing = True
+            return
         try:
             _check(_lib().kvtier_gpu_store_commit(_vp(self._handle), _u8(as_key(key)),
                                                   int(durable)))
         finally:
             self.close()
 
+    def wait(self, timeout: float | None = None) -> None:
+        """The result of ``commit(wait=False)``: returns once the chunk is stored,
+        raises its KvtierError, or DeadlineExceeded when ``timeout`` (seconds)
+        passed first (ask again)."""
+        if self._handle is None or not self._committing:
+            raise ValueError("no commit(wait=False) to wait for")
+        ms = -1 if timeout is None else max(0, int(timeout * 1000))
+        _check(_lib().kvtier_gpu_store_wait(_vp(self._handle), ms))
+
+    def done(self) -> bool:
+        """Whether the asynchronous commit has finished (stored or failed)."""
+        try:
+            self.wait(0)
+        except DeadlineExceeded:
+            return False
+        except KvtierError:
+            return True
+        return True
+
     def close(self) -> None:
-        """Abandons the store unless committed (waits for its queued encodes)."""
+        """Abandons the store unless committed (waits for its queued encodes); an
+        asynchronous commit goes on, unwaited."""
         if self._handle is not None:
             _lib().kvtier_gpu_store_release(_vp(self._handle))
             self._handle = None
