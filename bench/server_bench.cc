@@ -310,7 +310,7 @@ std::string RunCtl(server::Daemon* daemon, const std::vector<uint8_t>& chunk, in
   std::vector<tiering::Slot> pool_slots;
   for (int i = 0; i < kBatch; ++i) pool_slots.push_back(engine->AllocateSlot(rounded, 60000).value());
   std::vector<double> nvme_ratio, hold_ratio, hold_pool_ratio, nvme_s, raw_s, hold_s, raw_pool_s;
-  std::vector<double> one_hold_ratio, one_hold_s;
+  std::vector<double> one_hold_ratio, one_hold_s, in_place_s, in_place_pool_ratio;
   for (int r = 0; r < reps; ++r) {
     to_nvme(bkeys);
     std::vector<tiering::IoRequest> rq_pool;
@@ -359,6 +359,22 @@ std::string RunCtl(server::Daemon* daemon, const std::vector<uint8_t>& chunk, in
       (void)c->UnholdBatch(ones);
     }
     const double one_hold = std::chrono::duration<double>(Clock::now() - t0).count();
+    // What a GPU load does with the batch: hold it and check each chunk in
+    // the pool, where the decode then reads it (no copy out of the pool).
+    to_nvme(bkeys);
+    t0 = Clock::now();
+    {
+      auto all = c->HoldBatch(bkeys).value();
+      std::vector<client::HeldChunk> ones;
+      for (auto& h : all) {
+        ones.push_back(h.value());
+        if (!wire::VerifyChunkParallel(ones.back().data).ok()) std::abort();
+      }
+      (void)c->UnholdBatch(ones);
+    }
+    const double in_place = std::chrono::duration<double>(Clock::now() - t0).count();
+    in_place_s.push_back(in_place);
+    in_place_pool_ratio.push_back(raw_pool / in_place);
     one_hold_s.push_back(one_hold);
     one_hold_ratio.push_back(raw / one_hold);
     raw_s.push_back(raw);
@@ -378,6 +394,9 @@ std::string RunCtl(server::Daemon* daemon, const std::vector<uint8_t>& chunk, in
               gb / Median(raw_pool_s), Median(hold_pool_ratio));
   std::printf("    one hold of the batch, then every copy: %.2f GB/s: %.3f of raw io_uring\n",
               gb / Median(one_hold_s), Median(one_hold_ratio));
+  std::printf("    hold and check in the pool (a GPU load's host side): %.2f GB/s: %.3f of raw "
+              "reads into pool pages\n",
+              gb / Median(in_place_s), Median(in_place_pool_ratio));
   field("nvme_batch_get_gbps", gb / Median(nvme_s));
   field("nvme_batch_hold_gbps", gb / Median(hold_s));
   field("nvme_raw_uring_gbps", gb / Median(raw_s));
@@ -387,6 +406,8 @@ std::string RunCtl(server::Daemon* daemon, const std::vector<uint8_t>& chunk, in
   field("nvme_batch_hold_vs_raw_uring", Median(hold_ratio));
   field("nvme_raw_uring_into_pool_gbps", gb / Median(raw_pool_s));
   field("nvme_batch_hold_vs_raw_uring_into_pool", Median(hold_pool_ratio));
+  field("nvme_batch_hold_check_in_pool_gbps", gb / Median(in_place_s));
+  field("nvme_batch_hold_check_in_pool_vs_raw_uring_into_pool", Median(in_place_pool_ratio));
 
   // Prefetch: load a prefix of `prefetch_chunks` chunks from NVMe with no
   // prefetch, and with one issued 10/50/200 ms before the load.
