@@ -255,12 +255,16 @@ void AddStatsCommand(CLI::App& app, CommandResult& result) {
       std::printf("%s\n", o.c_str());
       return absl::OkStatus();
     }
-    std::printf("%-8s %16s %16s %10s\n", "tier", "capacity_bytes", "used_bytes", "chunks");
+    // The rates are what the load-or-recompute plan prices each tier's hits at
+    // (docs/daemon.md); 0 until the tier moved something (NVMe: its read probe).
+    std::printf("%-8s %16s %16s %10s %10s %10s\n", "tier", "capacity_bytes", "used_bytes",
+                "chunks", "read_GB/s", "write_GB/s");
     for (const auto& t : s.tiers) {
-      std::printf("%-8s %16llu %16llu %10llu\n", client::TierName(t.tier),
+      std::printf("%-8s %16llu %16llu %10llu %10.2f %10.2f\n", client::TierName(t.tier),
                   static_cast<unsigned long long>(t.capacity_bytes),
                   static_cast<unsigned long long>(t.used_bytes),
-                  static_cast<unsigned long long>(t.chunks));
+                  static_cast<unsigned long long>(t.chunks), t.read_bytes_per_s / 1e9,
+                  t.write_bytes_per_s / 1e9);
     }
     std::printf("\n%-24s %12s\n", "counter", "value");
     for (const auto& [name, v] : s.counters) {

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <fstream>
 #include <thread>
 
@@ -33,6 +34,29 @@ class CliTest : public ::testing::Test {
   }
   TempDir dir_;
 };
+
+// kvtierd's NVMe tier reads its probe file at startup (--nvme-read-probe-mib),
+// so the read rate that prices NVMe hits is there before the tier reads a chunk.
+TEST_F(CliTest, NvmeReadRateIsMeasuredBeforeTheFirstRead) {
+  DaemonProcess d(dir_.path());
+  ASSERT_TRUE(d.WaitReady());
+  const std::string sock = " --socket " + d.socket();
+  double rate = 0;
+  for (int i = 0; i < 200 && rate <= 0; ++i) {
+    auto stats = Kvtier("stats --json" + sock);
+    ASSERT_EQ(stats.exit_code, 0) << stats.err;
+    const size_t nvme = stats.out.find("\"tier\":\"nvme\"");
+    ASSERT_NE(nvme, std::string::npos) << stats.out;
+    const std::string field = "\"read_bytes_per_s\":";
+    const size_t at = stats.out.find(field, nvme);
+    ASSERT_NE(at, std::string::npos) << stats.out;
+    rate = std::strtod(stats.out.c_str() + at + field.size(), nullptr);
+    EXPECT_THAT(stats.out, ::testing::HasSubstr("\"gets\":0"));
+    if (rate <= 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_GT(rate, 0) << "the NVMe tier had no read rate 10 s after startup";
+  EXPECT_EQ(d.Terminate(), 0);
+}
 
 TEST_F(CliTest, PutGetLookupDeleteStatsAgainstTheRealDaemon) {
   DaemonProcess d(dir_.path());
@@ -72,6 +96,7 @@ TEST_F(CliTest, PutGetLookupDeleteStatsAgainstTheRealDaemon) {
   EXPECT_THAT(stats.out, ::testing::HasSubstr("\"puts\":1"));
   auto table = Kvtier("stats" + sock);
   EXPECT_THAT(table.out, ::testing::HasSubstr("nvme"));
+  EXPECT_THAT(table.out, ::testing::HasSubstr("read_GB/s"));
   EXPECT_EQ(Kvtier("delete --key " + k1 + sock).exit_code, 0);
 
   // A miss exits 1 with "not found"; other failures exit 2 with one line.
