@@ -11,6 +11,8 @@
 # own kvtierd) and gpu_daemon_bench against it. "engines" runs the engine
 # connectors' core (kvtier.engine) on CUDA and CPU caches, under a minute.
 # "daemon-huge" runs the daemon bench again with kvtierd's pool in huge pages.
+# "interference" (with "daemon") then times a decode-like CUDA graph step alone
+# and beside each part of a store (gpu_interference_bench.py), about a minute.
 # "fidelity" runs bench/fidelity_bench.py on the real models staged there.
 set -uo pipefail
 STEPS=" ${STEPS:-tests codec attention sdpa daemon} "
@@ -63,6 +65,10 @@ daemon_bench() {
   if [[ -f "$tmp/ready" ]]; then
     PYTHONUNBUFFERED=1 timeout 300 python3 gpu_daemon_bench.py "$tmp/kvtierd.sock" \
       "$OUT/$name.json" 2>&1 | tee -a "$OUT/bench.log" || rc=1
+    if step interference && [[ "$name" == gpu_daemon ]]; then
+      PYTHONUNBUFFERED=1 timeout 240 python3 gpu_interference_bench.py "$tmp/kvtierd.sock" \
+        "$OUT/interference.json" 2>&1 | tee -a "$OUT/bench.log" || rc=1
+    fi
   else
     echo "kvtierd did not start" | tee -a "$OUT/bench.log"; cat "$OUT/$name-kvtierd.log"; rc=1
   fi
