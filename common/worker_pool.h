@@ -39,9 +39,8 @@ class WorkerPool {
   // engine's own threads this way (kvtierd seals every stored chunk on it).
   static size_t SharedThreads(const char* env);
   // The nice value of the shared pool's threads: `env` when it is an
-  // integer in [0, 19], else 0. kvtierd sets 10 unless its environment
-  // says otherwise, so that sealing the chunks an engine stores runs on
-  // the cores the engine leaves idle (docs/daemon.md).
+  // integer in [0, 19], else 0. Above 0 the pool takes only the cores that
+  // threads at the default priority leave idle (docs/daemon.md).
   static int SharedNice(const char* env);
 
   size_t size() const { return threads_.size(); }
