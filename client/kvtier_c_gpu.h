@@ -134,8 +134,10 @@ KVTIER_C_EXPORT int kvtier_gpu_store_commit(kvtier_gpu_store_op* op, const uint8
 /* kvtier_gpu_store_commit without waiting: returns once the commit is
  * queued; a thread of the kvtier_gpu waits for the encodes and commits the
  * chunk as `key`, off the caller's thread. kvtier_gpu_store_wait gives its
- * result, for a caller that wants it. FAILED_PRECONDITION if the op was
- * committed (either way) before. */
+ * result, for a caller that wants it. As with every store, the blocks must
+ * not be written before the encodes ran (order such writes after the
+ * encodes' stream). FAILED_PRECONDITION if the op was committed (either
+ * way) before. */
 KVTIER_C_EXPORT int kvtier_gpu_store_commit_async(kvtier_gpu_store_op* op, const uint8_t key[16],
                                                   int durable);
 /* The result of kvtier_gpu_store_commit_async: waits up to timeout_ms (0:
