@@ -99,16 +99,22 @@ def store_breakdown(client, cache, ids, codec, tag):
     return {name: median(v) for name, v in phases.items()}
 
 
+def paged_cache(chunks):
+    """A vLLM FlashAttention NHD BF16 cache of random KV with room for `chunks`
+    chunks (the cache keeps its tensors), and each chunk's block ids."""
+    nb = chunks * (T // BS) + 16
+    g = torch.Generator(device=DEV).manual_seed(1)
+    layers = [torch.randn((2, nb, BS, H, D), generator=g, device=DEV).to(torch.bfloat16)
+              for _ in range(L)]
+    ids = [list(range(i * (T // BS), (i + 1) * (T // BS))) for i in range(chunks)]
+    return kg.PagedCache.from_vllm(layers, layout="flash_attn_nhd"), ids
+
+
 def main():
     sock, out_path = sys.argv[1], sys.argv[2]
     # As many data-plane connections as concurrent stores.
     client = kvtier.Client(socket=sock, max_data_connections=STORE_THREADS)
-    nb = BATCH * (T // BS) + 16
-    g = torch.Generator(device=DEV).manual_seed(1)
-    layers = [torch.randn((2, nb, BS, H, D), generator=g, device=DEV).to(torch.bfloat16)
-              for _ in range(L)]
-    cache = kg.PagedCache.from_vllm(layers, layout="flash_attn_nhd")
-    ids = [list(range(i * (T // BS), (i + 1) * (T // BS))) for i in range(BATCH)]
+    cache, ids = paged_cache(BATCH)
     results = {"device": torch.cuda.get_device_name(DEV), "model": "Llama-3.1-8B",
                "chunk": {"layers": L, "kv_heads": H, "head_dim": D, "tokens": T,
                          "block_size": BS, "cache": "vllm flash_attn NHD bf16"},

@@ -43,12 +43,11 @@ import torch
 _here = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(_here / "python" if (_here / "python").is_dir() else _here.parent / "python"))
 import kvtier  # noqa: E402
+from gpu_daemon_bench import DEV, L, T, paged_cache  # noqa: E402
 from kvtier.torch import _gpu as kg  # noqa: E402
 
-L, H, D, T, BS = 32, 8, 128, 256, 16
 HIDDEN, FFN = 4096, 14336
 CHUNKS = 32
-DEV = torch.device("cuda", 0)
 
 
 def key(tag: int, i: int) -> bytes:
@@ -130,12 +129,7 @@ def main():
     sock, out_path = sys.argv[1], sys.argv[2]
     steps = int(sys.argv[3]) if len(sys.argv) > 3 else 300
     client = kvtier.Client(socket=sock)
-    nb = CHUNKS * (T // BS) + 16
-    g = torch.Generator(device=DEV).manual_seed(1)
-    layers = [torch.randn((2, nb, BS, H, D), generator=g, device=DEV).to(torch.bfloat16)
-              for _ in range(L)]
-    cache = kg.PagedCache.from_vllm(layers, layout="flash_attn_nhd")
-    ids = [list(range(i * (T // BS), (i + 1) * (T // BS))) for i in range(CHUNKS)]
+    cache, ids = paged_cache(CHUNKS)
     step = DecodeStep()
 
     # Warm up the store path (slot, workspace and staging pools, the pool's

@@ -158,7 +158,7 @@ absl::StatusOr<ProbeReport> RunProbe(const ProbeOptions& options) {
         tiering::ProbeDiskRead(options.data_dir, bytes, options.repeats);
     if (disk.ok()) {
       report.links.push_back(
-          {"disk-odirect", disk->bytes_per_s / 1e9,
+          {"disk-odirect", disk->bytes_per_s() / 1e9,
            absl::StrCat("O_DIRECT sequential read in ", options.data_dir, ", ",
                         tiering::kDiskProbeThreads,
                         " threads x 4 MiB requests")});

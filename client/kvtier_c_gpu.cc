@@ -4,9 +4,11 @@
 
 #include <cuda_runtime_api.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <future>
 #include <map>
 #include <memory>
 #include <utility>
@@ -62,18 +64,12 @@ struct kvtier_gpu {
   std::unique_ptr<kvtier::WorkerPool> committers ABSL_GUARDED_BY(committers_mu);
 };
 
-// A commit that runs on one of kvtier_gpu::committers: shared by the op and
-// the task, so that an op released before the commit ends leaves it running.
-struct AsyncCommit {
-  absl::Mutex mu;
-  bool done ABSL_GUARDED_BY(mu) = false;
-  absl::Status result ABSL_GUARDED_BY(mu);
-};
-
 struct kvtier_gpu_store_op {
   kvtier_gpu* gpu = nullptr;
   std::unique_ptr<kvtier::client::PendingStore> pending;  // moved to the task by commit_async
-  std::shared_ptr<AsyncCommit> async;
+  // commit_async's result, set by its task on kvtier_gpu::committers (an op
+  // released before the commit ends leaves it running).
+  std::shared_future<absl::Status> committed;
 };
 
 struct kvtier_gpu_layerwise {
@@ -454,12 +450,12 @@ int kvtier_gpu_store_commit_async(kvtier_gpu_store_op* op, const uint8_t key[16]
     if (gpu->committers == nullptr) gpu->committers = std::make_unique<kvtier::WorkerPool>(4);
     pool = gpu->committers.get();
   }
-  auto async = std::make_shared<AsyncCommit>();
-  op->async = async;
+  std::promise<absl::Status> result;
+  op->committed = result.get_future().share();
   kvtier::client::PutOptions o;
   o.durable = durable != 0;
-  pool->Schedule([pending = std::move(op->pending), async, key = KeyOf(key), o,
-                  device = gpu->device]() mutable {
+  pool->Schedule([pending = std::move(op->pending), result = std::move(result), key = KeyOf(key),
+                  o, device = gpu->device]() mutable {
     absl::Status st;
     {
       DeviceScope scope(device);
@@ -467,26 +463,23 @@ int kvtier_gpu_store_commit_async(kvtier_gpu_store_op* op, const uint8_t key[16]
       if (st.ok()) st = pending->Commit(key, o);
       pending.reset();  // gives back its workspace and staging on this device
     }
-    absl::MutexLock l(&async->mu);
-    async->result = std::move(st);
-    async->done = true;
+    result.set_value(std::move(st));
   });
   return KVTIER_OK;
 }
 
 int kvtier_gpu_store_wait(kvtier_gpu_store_op* op, int64_t timeout_ms) {
   if (op == nullptr) return Fail(absl::InvalidArgumentError("op is null"));
-  if (op->async == nullptr) {
+  if (!op->committed.valid()) {
     return Fail(absl::FailedPreconditionError("no asynchronous commit was started"));
   }
-  AsyncCommit& a = *op->async;
-  absl::MutexLock l(&a.mu);
   if (timeout_ms < 0) {
-    a.mu.Await(absl::Condition(&a.done));
-  } else if (!a.mu.AwaitWithTimeout(absl::Condition(&a.done), absl::Milliseconds(timeout_ms))) {
+    op->committed.wait();
+  } else if (op->committed.wait_for(std::chrono::milliseconds(timeout_ms)) !=
+             std::future_status::ready) {
     return Fail(absl::DeadlineExceededError("the asynchronous commit is still running"));
   }
-  return Done(a.result);
+  return Done(op->committed.get());
 }
 
 void kvtier_gpu_store_release(kvtier_gpu_store_op* op) {

@@ -108,7 +108,7 @@ TEST(NvmeTierReadProbe, GivesTheDiskRateBeforeTheFirstReadAndRemovesItsFile) {
   ASSERT_TRUE(probe.ok()) << probe.status();
   EXPECT_EQ(probe->bytes, uint64_t{8} << 20);
   EXPECT_GT(probe->micros, 0);
-  EXPECT_GT(probe->bytes_per_s, 0);
+  EXPECT_GT(probe->bytes_per_s(), 0);
   EXPECT_DOUBLE_EQ((*t)->bandwidth().read_bytes_per_s, probe->bytes * 1e6 / probe->micros);
   EXPECT_FALSE(ProbeFileLeft(dir.path() + "/probed"));
 }

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <thread>
@@ -123,7 +124,7 @@ absl::StatusOr<DiskReadProbe> ProbeDiskRead(const std::string& dir, uint64_t byt
   // Each thread reads one contiguous, request-aligned share.
   const uint64_t share =
       (bytes / kDiskProbeThreads + kDiskProbeIoBytes - 1) / kDiskProbeIoBytes * kDiskProbeIoBytes;
-  DiskReadProbe best{.bytes = bytes};
+  DiskReadProbe best{.bytes = bytes, .micros = INT64_MAX};
   for (int i = 0; i < repeats; ++i) {
     std::vector<absl::Status> results(kDiskProbeThreads);
     const auto t0 = std::chrono::steady_clock::now();
@@ -141,11 +142,7 @@ absl::StatusOr<DiskReadProbe> ProbeDiskRead(const std::string& dir, uint64_t byt
         1, std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0)
                .count());
     for (const absl::Status& s : results) KVTIER_RETURN_IF_ERROR(s);
-    const double rate = bytes * 1e6 / micros;
-    if (rate > best.bytes_per_s) {
-      best.bytes_per_s = rate;
-      best.micros = micros;
-    }
+    best.micros = std::min(best.micros, micros);
   }
   return best;
 }

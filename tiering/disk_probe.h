@@ -13,9 +13,9 @@
 namespace kvtier::tiering {
 
 struct DiskReadProbe {
-  double bytes_per_s = 0;  // best of the repeats
-  uint64_t bytes = 0;      // read per repeat
-  int64_t micros = 0;      // the best repeat's wall time
+  uint64_t bytes = 0;  // read per repeat
+  int64_t micros = 0;  // the fastest repeat's wall time (>= 1)
+  double bytes_per_s() const { return bytes * 1e6 / micros; }
 };
 
 // Concurrent readers, and the size of each read and write request.

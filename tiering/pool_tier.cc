@@ -1,6 +1,5 @@
 #include "tiering/pool_tier.h"
 
-
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 

@@ -364,10 +364,12 @@ def run_two_engines(cmd: list[str], child_out: Path, timeout_s: float) -> int:
     one peer's raw results."""
     store_out = Path(f"{child_out}.store")
     load_out = Path(f"{child_out}.load")
+
+    def as_role(out: Path, role: str) -> list[str]:
+        # argparse keeps the last --child-out.
+        return cmd + ["--child-out", str(out), "--child-role", role]
     env = dict(os.environ, PYTHONFAULTHANDLER="1", CUDA_VISIBLE_DEVICES="0")
-    a = subprocess.Popen(cmd[:cmd.index("--child-out") + 1] + [str(store_out)] +
-                         cmd[cmd.index("--child-out") + 2:] + ["--child-role", "store"],
-                         env=env, start_new_session=True)
+    a = subprocess.Popen(as_role(store_out, "store"), env=env, start_new_session=True)
     try:
         deadline = time.time() + timeout_s
         while not store_out.exists():
@@ -375,9 +377,7 @@ def run_two_engines(cmd: list[str], child_out: Path, timeout_s: float) -> int:
                 print(f"engine A stopped before storing (exit {a.poll()})", flush=True)
                 return -1
             time.sleep(0.2)
-        b_cmd = cmd[:cmd.index("--child-out") + 1] + [str(load_out)] + \
-            cmd[cmd.index("--child-out") + 2:] + ["--child-role", "load"]
-        returncode = run_peer(b_cmd, timeout_s, {"CUDA_VISIBLE_DEVICES": "1"})
+        returncode = run_peer(as_role(load_out, "load"), timeout_s, {"CUDA_VISIBLE_DEVICES": "1"})
         Path(f"{store_out}.loaded").touch()
         try:
             a_code = a.wait(timeout=120)
