@@ -83,7 +83,9 @@ TEST(DiskProbe, RejectsBadArgumentsAndMissingDirectories) {
   EXPECT_EQ(ProbeDiskRead(dir.path(), 0, 1).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ProbeDiskRead(dir.path(), 1 << 20, 0).status().code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_FALSE(ProbeDiskRead(dir.path() + "/absent/deeper", 1 << 20, 1).ok());
+  absl::Status missing = ProbeDiskRead(dir.path() + "/absent/deeper", 1 << 20, 1).status();
+  EXPECT_EQ(missing.code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(missing.message().find("create a probe file in"), std::string::npos) << missing;
 }
 
 bool ProbeFileLeft(const std::string& dir) {
