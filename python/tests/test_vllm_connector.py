@@ -410,6 +410,36 @@ def test_saves_are_not_lost_when_the_runner_skips_wait_for_save(model_dir, kvtie
     eng.shutdown()
 
 
+def test_a_finished_requests_save_does_not_wait_for_the_next_forward(model_dir, kvtierd):
+    """The runner binds a step's metadata, runs its forward, then calls wait_for_save.
+    The saves in that metadata are of requests that finished in earlier steps, so
+    they run from the bind on: behind the next request's prefill, not after it
+    and beside its decode steps."""
+    eng = Engine(model_dir, _extra(kvtierd))
+    eng.scheduler.add_request(make_request("a", _prompt(2 * CHUNK + 3, 21)))
+    eng.step()  # prefill; "a" finishes (max_tokens 1), its saves go into the next step
+    eng.scheduler.add_request(make_request("b", _prompt(CHUNK + 1, 22)))
+    w = eng.worker
+    seen = []
+
+    def forward(out):
+        # The forward of "b" waits for the save of "a": with saves submitted only
+        # after the forward this would never see it done.
+        with w._saves_idle:
+            w._saves_idle.wait_for(lambda: w._pending_save_chunks == 0 and "a" in w._saved,
+                                   timeout=30)
+            seen.append((w._pending_save_chunks, "a" in w._saved))
+        Engine.forward(eng, out)
+
+    eng.forward = forward
+    out = eng.step()
+    assert [r.req_id for r in out.scheduled_new_reqs] == ["b"]
+    assert seen == [(0, True)]
+    assert w.save_errors == 0
+    eng.run_until_idle()
+    eng.shutdown()
+
+
 def test_connector_reports_hit_tiers_and_is_a_best_effort_cache(model_dir, kvtierd):
     from vllm.v1.metrics.cache_hit_source import CacheHitSource
     tokens = _prompt(3 * CHUNK + 5, 10)

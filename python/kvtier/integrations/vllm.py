@@ -521,7 +521,6 @@ class KvtierConnector(KVConnectorBase_V1):
         self._mu = threading.Lock()
         self._saved: set = set()
         self._finished: set = set()  # finished requests vLLM told get_finished about
-        self._saves_submitted = True  # the bound metadata's saves were handed to the saver
         self._pending_save_chunks = 0  # guarded by _mu
         self._saves_idle = threading.Condition(self._mu)  # _pending_save_chunks fell to 0
         # Counts (vllm_stats.COUNTERS) of this interval and since the start; _count.
@@ -580,7 +579,6 @@ class KvtierConnector(KVConnectorBase_V1):
         # The blocks of failed loads belong to requests that vLLM's pause
         # finished or preempted; after the wake-up these ids name other KV.
         self._failed_blocks = set()
-        self._submit_saves()
         with self._saves_idle:
             self._saves_idle.wait_for(lambda: self._pending_save_chunks == 0)
         if mover.on_gpu:
@@ -665,31 +663,34 @@ class KvtierConnector(KVConnectorBase_V1):
                     self._saves_idle.notify_all()
 
     def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
+        """Binds the step's metadata and hands its saves to the saver at once,
+        before the step's forward (every runner binds first): a save is of a
+        finished request whose KV the earlier steps wrote, so its encode waits
+        only for the work enqueued so far, not for this step's forward. (Saves
+        submitted after the forward waited for it, the next request's whole
+        prefill, and then ran beside its decode steps.)"""
         if self.mover is None and (getattr(connector_metadata, "loads", None)
                                    or getattr(connector_metadata, "saves", None)):
             self._mover()  # raises: not registered, or unregistered for sleep mode
         super().bind_connector_metadata(connector_metadata)
-        self._saves_submitted = False
+        self._submit_saves(connector_metadata)
 
     def wait_for_save(self) -> None:
         self._finish_loads()
-        self._submit_saves()
 
-    def _submit_saves(self) -> None:
-        """Hands the bound metadata's saves to the saver thread, once."""
-        if self._saves_submitted or not self.has_connector_metadata():
-            return
-        self._saves_submitted = True
-        meta = self._get_connector_metadata()
+    def _submit_saves(self, meta: KVConnectorMetadata) -> None:
+        """Hands the saves of `meta` to the saver thread; the blocks hold their KV
+        once the compute stream passes what was enqueued before this call."""
+        saves = getattr(meta, "saves", None) or ()
         ready = None
-        if meta.saves and self._mover().on_gpu:
+        if saves and self._mover().on_gpu:
             device = self._mover().kv.device
             if self._save_stream is None:
                 self._save_stream = torch.cuda.Stream(device=device)
             ready = torch.cuda.Event()
             ready.record(torch.cuda.current_stream(device))
         limit = self.settings.max_pending_save_chunks
-        for job in meta.saves:
+        for job in saves:
             with self._mu:
                 skip = self._pending_save_chunks + len(job.keys) > limit
                 if skip:
@@ -705,9 +706,6 @@ class KvtierConnector(KVConnectorBase_V1):
             self._saver.submit(self._save_job, job, ready)
 
     def get_finished(self, finished_req_ids: set) -> tuple[set | None, set | None]:
-        # vLLM 0.26-0.30 call no wait_for_save on a step that runs no tokens, which is
-        # often the step that carries the last request's saves: start them here.
-        self._submit_saves()
         # A save is reported once vLLM has named its request as finished.
         with self._mu:
             self._finished |= set(finished_req_ids)
