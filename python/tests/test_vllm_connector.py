@@ -285,15 +285,19 @@ def _save_prompt(model_dir, d, tokens, seed=0):
     return k, v
 
 
-def test_saved_prefix_is_scheduled_as_computed_and_loaded_exactly(model_dir, kvtierd):
-    tokens = _prompt(3 * CHUNK + 5, 1)
+@pytest.mark.parametrize("layerwise", [False, True])
+def test_saved_prefix_is_scheduled_as_computed_and_loaded_exactly(model_dir, kvtierd, layerwise):
+    extra = _extra(kvtierd, layerwise_load=layerwise)
+    # Per-layer waits need vLLM's piecewise CUDA graphs; by default it keeps its full ones.
+    assert KvtierConnector.requires_piecewise_for_cudagraph(extra) is layerwise
+    tokens = _prompt(3 * CHUNK + 5, 43 if layerwise else 1)
     k, v = _save_prompt(model_dir, kvtierd, tokens)
     ident = engine.engine_identity(model_dir, torch.bfloat16, "k16v16")
     keys = kvtier.chunk_keys(ident.fingerprint(), tokens, CHUNK)
     with kvtier.Client(socket=kvtierd.socket) as c:
         assert c.lookup(keys) == ["dram"] * 3
 
-    eng = Engine(model_dir, _extra(kvtierd), seed=1)  # a fresh engine: no local prefix cache
+    eng = Engine(model_dir, extra, seed=1)  # a fresh engine: no local prefix cache
     eng.scheduler.add_request(make_request("reader", tokens))
     out = eng.step(writes=False)
     new = out.scheduled_new_reqs[0]
@@ -416,9 +420,9 @@ def test_a_finished_requests_save_does_not_wait_for_the_next_forward(model_dir, 
     they run from the bind on: behind the next request's prefill, not after it
     and beside its decode steps."""
     eng = Engine(model_dir, _extra(kvtierd))
-    eng.scheduler.add_request(make_request("a", _prompt(2 * CHUNK + 3, 21)))
+    eng.scheduler.add_request(make_request("a", _prompt(2 * CHUNK + 3, 41)))
     eng.step()  # prefill; "a" finishes (max_tokens 1), its saves go into the next step
-    eng.scheduler.add_request(make_request("b", _prompt(CHUNK + 1, 22)))
+    eng.scheduler.add_request(make_request("b", _prompt(CHUNK + 1, 42)))
     w = eng.worker
     seen = []
 

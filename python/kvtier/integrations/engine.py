@@ -69,7 +69,8 @@ UNUSABLE = (kvtier.NotFound, kvtier.DataLoss, kvtier.InvalidArgument)
 _SETTING_TYPES: dict[str, type | tuple[type, ...]] = {
     "chunk_tokens": int, "lookup_timeout_ms": int, "retry_after_ms": int, "io_timeout_ms": int,
     "layer_group": int, "max_pending_save_chunks": int, "prefill_tokens_per_s": (int, float),
-    "attention_doubling_tokens": (int, float), "measure_prefill_rate": bool}
+    "attention_doubling_tokens": (int, float), "measure_prefill_rate": bool,
+    "layerwise_load": bool}
 
 
 # ---- settings ------------------------------------------------------------------------
@@ -112,9 +113,15 @@ class ConnectorSettings:
     io_timeout_ms: deadline of the worker's store and load calls. Default: 60000.
     kv_cache_layout: the layout of the engine's KV tensors (PACKED_LAYOUT,
       STACKED_LAYOUTS / SEPARATE_LAYOUTS). Default: inferred from the shapes.
-    layer_group: layers per step of a GPU load (one decode launch per chunk and
-      group): larger groups launch less, smaller ones let layer 0 start sooner.
-      Default: 4.
+    layerwise_load: vLLM on CUDA: the forward waits for each layer's load just
+      before that layer (wait_for_layer_load), so the load overlaps the
+      forward's earlier layers; vLLM then runs piecewise CUDA graphs, which
+      slow every decode step. False: the forward waits, on the device, for the
+      whole load before its first kernel and runs vLLM's full CUDA graphs.
+      Default: False.
+    layer_group: with layerwise_load, layers per step of a GPU load (one
+      decode launch per chunk and group): larger groups launch less, smaller
+      ones let layer 0 start sooner. Default: 4.
     max_pending_save_chunks: chunks waiting to be stored at most; the chunks of a
       request that would go past it are not stored (counted as skipped) and its
       blocks go back to the engine at once, so saves never hold the engine's
@@ -135,6 +142,7 @@ class ConnectorSettings:
     measure_prefill_rate: bool = False
     io_timeout_ms: int = 60000
     kv_cache_layout: str | None = None
+    layerwise_load: bool = False
     layer_group: int = 4
     max_pending_save_chunks: int = 1024
 
