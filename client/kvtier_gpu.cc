@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <numeric>
 #include <optional>
 #include <string_view>
 #include <thread>
@@ -35,6 +36,18 @@ kernels::BlockSpan IdsChecked(kernels::BlockSpan span) {
 absl::Status Sync(cudaStream_t stream) {
   return kernels::CudaStatus(cudaStreamSynchronize(stream), "cudaStreamSynchronize", __FILE__,
                              __LINE__);
+}
+
+// The reader's check of a held chunk's sections. On failure the daemon checks
+// the stored chunk (and drops it if corrupt), and the result is DataLoss: the
+// slots decoded from these bytes must not be used.
+absl::Status CheckHeld(KvtierClient* client, const Hash128& key, const HeldChunk& held) {
+  auto checked = wire::VerifyChunkParallel(held.data);
+  if (checked.ok()) return absl::OkStatus();
+  auto again = client->Hold(key, /*verify=*/true);
+  if (again.ok()) (void)client->Unhold(*again);
+  return absl::DataLossError(
+      absl::StrCat("chunk ", key.ToHex(), " failed the reader's check: ", checked.status().message()));
 }
 
 }  // namespace
@@ -173,16 +186,8 @@ absl::Status LayerwiseLoad::WaitLayer(uint32_t layer, cudaStream_t stream) const
 void LayerwiseLoad::VerifyHeld() {
   for (size_t i = next_verify_.fetch_add(1); i < holds_.size(); i = next_verify_.fetch_add(1)) {
     if (!holds_[i].has_value()) continue;
-    auto checked = wire::VerifyChunkParallel(holds_[i]->data);
-    if (checked.ok()) continue;
-    // The reader's check failed: the daemon checks the stored chunk (and
-    // drops it if corrupt). The decoded slots came from the bytes read here
-    // either way.
-    auto again = client_->Hold(keys_[i], /*verify=*/true);
-    if (again.ok()) (void)client_->Unhold(*again);
-    results_[i] = absl::DataLossError(absl::StrCat("chunk ", keys_[i].ToHex(),
-                                                   " failed the reader's check: ",
-                                                   checked.status().message()));
+    absl::Status st = CheckHeld(client_, keys_[i], *holds_[i]);
+    if (!st.ok()) results_[i] = st;
   }
 }
 
@@ -453,8 +458,6 @@ absl::StatusOr<std::unique_ptr<LayerwiseLoad>> GpuPagedIo::BeginLayerwiseLoad(
   std::vector<std::optional<HeldChunk>> held(n);
   std::vector<codec::ChunkHeader> headers(n);
   std::vector<absl::StatusOr<Tier>> results(n, absl::UnknownError("not loaded"));
-  absl::Mutex ready_mu;
-  std::vector<char> ready(n, 0);
   auto one = [&](size_t i) {
     // The header is checked before the launch (it sizes every read); the
     // sections are hashed while the kernels decode them (VerifyHeld).
@@ -484,24 +487,7 @@ absl::StatusOr<std::unique_ptr<LayerwiseLoad>> GpuPagedIo::BeginLayerwiseLoad(
     results[i] = h->tier;
     held[i] = *h;
   };
-  auto mark = [&](size_t i) {
-    absl::MutexLock l(&ready_mu);
-    ready[i] = 1;
-  };
-  const size_t workers = std::min(n, kParallelHolds);
-  std::atomic<size_t> next{0};
-  std::vector<std::thread> threads;
-  threads.reserve(workers);
-  for (size_t w = 0; w < workers; ++w) {
-    threads.emplace_back([&]() {
-      for (size_t i = next.fetch_add(1); i < n; i = next.fetch_add(1)) {
-        one(i);
-        mark(i);
-      }
-    });
-  }
-
-  // Enqueue group by group; nothing here waits for the device. Every launch
+  // Enqueues group by group; nothing here waits for the device. Every launch
   // after the first follows one of these decodes, which write no chunk: it
   // may start while that one finishes (kernels::PriorKernel).
   auto range_of = [&](uint32_t g) {
@@ -509,30 +495,82 @@ absl::StatusOr<std::unique_ptr<LayerwiseLoad>> GpuPagedIo::BeginLayerwiseLoad(
   };
   absl::Status launch;
   kernels::PriorKernel prior = kernels::PriorKernel::kUnknown;
-  for (size_t i = 0; i < n; ++i) {
-    ready_mu.LockWhen(absl::Condition(+[](char* c) { return *c != 0; }, &ready[i]));
-    ready_mu.Unlock();
-    if (!held[i] || !launch.ok()) continue;
+  auto decode = [&](size_t i, uint32_t g) {
+    if (!held[i] || !launch.ok()) return;
     launch = kernels::DecodeScatter(headers[i], Device(held[i]->data.data()), cache,
-                                    IdsChecked(chunks[i].blocks), range_of(0), stream, prior);
+                                    IdsChecked(chunks[i].blocks), range_of(g), stream, prior);
     prior = kernels::PriorKernel::kLeavesChunk;
+  };
+  // Holds the chunks of `round` on up to kParallelHolds threads and enqueues
+  // the first layer group of each in order, as soon as it is held.
+  auto hold_round = [&](const std::vector<size_t>& round) {
+    absl::Mutex ready_mu;
+    std::vector<char> ready(round.size(), 0);
+    const size_t workers = std::min(round.size(), kParallelHolds);
+    std::atomic<size_t> next{0};
+    std::vector<std::thread> threads;
+    threads.reserve(workers);
+    for (size_t w = 0; w < workers; ++w) {
+      threads.emplace_back([&]() {
+        for (size_t p = next.fetch_add(1); p < round.size(); p = next.fetch_add(1)) {
+          one(round[p]);
+          absl::MutexLock l(&ready_mu);
+          ready[p] = 1;
+        }
+      });
+    }
+    for (size_t p = 0; p < round.size(); ++p) {
+      ready_mu.LockWhen(absl::Condition(+[](char* c) { return *c != 0; }, &ready[p]));
+      ready_mu.Unlock();
+      decode(round[p], 0);
+    }
+    for (std::thread& t : threads) t.join();
+  };
+
+  std::vector<size_t> round(n);
+  std::iota(round.begin(), round.end(), size_t{0});
+  for (;;) {
+    hold_round(round);
+    std::vector<size_t> refused;
+    bool holds_some = false;
+    for (size_t i : round) {
+      holds_some |= held[i].has_value();
+      if (!held[i] && absl::IsResourceExhausted(results[i].status())) refused.push_back(i);
+    }
+    if (refused.empty() || !holds_some || !launch.ok()) break;
+    // kvtierd's hold limit (--max-holder-share, --max-held-share) refused
+    // chunks while this load holds others: finish those (every layer group),
+    // check and release them, then hold the refused ones again. The load
+    // then runs in rounds, each one waited for; it fails a chunk only when
+    // the limit refuses it while this load holds nothing.
+    for (uint32_t g = 1; g < groups; ++g) {
+      for (size_t i : round) decode(i, g);
+    }
+    if (launch.ok()) launch = Sync(stream);
+    if (!launch.ok()) break;
+    for (size_t i : round) {
+      if (!held[i]) continue;
+      absl::Status checked = CheckHeld(client_, chunks[i].key, *held[i]);
+      if (!checked.ok()) results[i] = checked;
+      (void)client_->Unhold(*held[i]);
+      held[i].reset();
+    }
+    round = std::move(refused);
   }
-  for (std::thread& t : threads) t.join();
   load->keys_.reserve(n);
   for (const PagedChunk& c : chunks) load->keys_.push_back(c.key);
   load->holds_ = held;  // `held` still serves the launches below
   load->results_ = std::move(results);
   for (uint32_t g = 0; g < groups && launch.ok(); ++g) {
-    for (size_t i = 0; i < n && launch.ok() && g > 0; ++i) {
-      if (!held[i]) continue;
-      launch = kernels::DecodeScatter(headers[i], Device(held[i]->data.data()), cache,
-                                      IdsChecked(chunks[i].blocks), range_of(g), stream, prior);
+    for (size_t i : round) {
+      if (g > 0) decode(i, g);
     }
     if (launch.ok()) {
       launch = kernels::CudaStatus(cudaEventRecord(load->events_[g], stream), "cudaEventRecord",
                                    __FILE__, __LINE__);
     }
   }
+  const size_t workers = std::min(n, kParallelHolds);
   // The reader's check of every held chunk, while the decodes run.
   LayerwiseLoad* const lw = load.get();
   for (size_t w = 0; w < workers; ++w) lw->verifiers_.emplace_back([lw] { lw->VerifyHeld(); });

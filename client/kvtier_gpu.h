@@ -125,7 +125,9 @@ struct PagedChunk {
 // (GpuPagedIo::BeginLayerwiseLoad). Every decode is enqueued when the object
 // is returned; layer group g (layers [g * layer_group, (g + 1) *
 // layer_group)) of every found chunk is in the cache once event(g) has
-// completed. The chunks stay held in the daemon until Finish.
+// completed. The chunks stay held in the daemon until Finish (those of
+// earlier rounds, when the hold limit made BeginLayerwiseLoad run in rounds,
+// until their round ended).
 class LayerwiseLoad {
  public:
   // Finishes (waits for the last decode and unholds) if Finish was not called.
@@ -250,7 +252,12 @@ class GpuPagedIo {
   // each group of `layer_group` layers, the decode of that group of every
   // chunk that passed, followed by the group's event. Nothing on the host
   // waits for the device. A chunk that misses or fails its checks is
-  // reported in results() and skipped. InvalidArgument (nothing held) for
+  // reported in results() and skipped. When kvtierd's hold limit refuses
+  // chunks while this load holds others, the load runs in rounds: it waits
+  // for the decodes of what it holds, checks and releases those chunks, then
+  // holds the refused ones again (the host waits here; a chunk fails with
+  // ResourceExhausted only when refused while the load holds nothing).
+  // InvalidArgument (nothing held) for
   // layer_group 0, an invalid cache, or an empty `chunks`; a launch error
   // unholds everything and is returned.
   absl::StatusOr<std::unique_ptr<LayerwiseLoad>> BeginLayerwiseLoad(

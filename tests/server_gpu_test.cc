@@ -33,8 +33,17 @@ class ServerGpuTest : public ::testing::Test {
  protected:
   void SetUp() override {
     KVTIER_SKIP_WITHOUT_GPU();
+    ASSERT_NO_FATAL_FAILURE(Start([](server::DaemonOptions&) {}));
+  }
+  // (Re)starts kvtierd (64 MiB of DRAM, then `adjust`), the client and the GPU path.
+  template <typename Adjust>
+  void Start(Adjust adjust) {
+    io_.reset();
+    client_.reset();
+    daemon_.reset();
     server::DaemonOptions o = SmallDaemonOptions(dir_.path());
     o.dram_gib = 64.0 / 1024;
+    adjust(o);
     auto d = server::Daemon::Start(o);
     ASSERT_TRUE(d.ok()) << d.status();
     daemon_ = std::move(*d);
@@ -383,6 +392,58 @@ TEST_F(ServerGpuTest, LayerwiseLoadDecodesEveryFoundChunkAndReportsTheMissing) {
   for (uint32_t i = 0; i < LayerCase::kChunks; ++i) EXPECT_TRUE(client_->Delete(TestKey(60 + i)).ok());
   cudaStreamDestroy(load_stream);
   cudaStreamDestroy(compute);
+}
+
+// kvtierd's hold limit admits about one and a half chunks at a time: a
+// layer-wise load of three chunks runs in rounds (it finishes and releases
+// what it holds, then holds the refused chunks again) and decodes every one,
+// for one layer group and for several.
+TEST_F(ServerGpuTest, LayerwiseLoadPastTheDaemonsHoldLimitLoadsEveryChunkInRounds) {
+  LayerCase c;
+  ASSERT_NO_FATAL_FAILURE(c.Init(35));
+  auto layout = codec::ValidateSpec(c.spec);
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  const double share = 1.5 * static_cast<double>(layout->total_bytes) / (64.0 * 1024 * 1024);
+  ASSERT_NO_FATAL_FAILURE(Start([share](server::DaemonOptions& o) {
+    o.max_held_share = share;
+    o.max_holder_share = share;
+  }));
+  std::vector<PagedChunk> chunks;
+  for (uint32_t i = 0; i < LayerCase::kChunks; ++i) {
+    ASSERT_TRUE(io_->Store(TestKey(90 + i), c.spec, c.dev.layout, c.Span(i), nullptr).ok());
+    chunks.push_back({TestKey(90 + i), c.Span(i)});
+  }
+  // The limit is real: a second hold beside the first is refused.
+  auto first = client_->Hold(TestKey(90));
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(client_->Hold(TestKey(91)).status().code(), absl::StatusCode::kResourceExhausted);
+  ASSERT_TRUE(client_->Unhold(*first).ok());
+  HostCache expect, got;
+  c.PoisonedCaches(0x21, &expect, &got);
+  for (uint32_t i = 0; i < LayerCase::kChunks; ++i) {
+    auto chunk = client_->Get(TestKey(90 + i));
+    ASSERT_TRUE(chunk.ok());
+    ASSERT_TRUE(kernels::ReferenceDecodeScatter(*chunk, expect.layout, c.HostSpan(i)).ok());
+  }
+  cudaStream_t stream;
+  KVTIER_ASSERT_CUDA(cudaStreamCreate(&stream));
+  for (uint32_t group : {LayerCase::kLayers, 1u}) {
+    SCOPED_TRACE(::testing::Message() << "layer_group " << group);
+    DeviceCache dst;
+    HostCache poisoned;
+    poisoned.Init(CacheLayout::kVllmFlashAttnNHD, c.host.layout);
+    poisoned.Poison(0x21);
+    KVTIER_ASSERT_CUDA(dst.Upload(poisoned));
+    auto lw = io_->BeginLayerwiseLoad(chunks, dst.layout, group, stream);
+    ASSERT_TRUE(lw.ok()) << lw.status();
+    ASSERT_TRUE((*lw)->Finish().ok());
+    for (const auto& r : (*lw)->results()) EXPECT_TRUE(r.ok()) << r.status();
+    KVTIER_ASSERT_CUDA(dst.CopyTo(got));
+    for (uint32_t l = 0; l < LayerCase::kLayers; ++l) {  // K and V, in this layout
+      ASSERT_EQ(got.k_tensors[l], expect.k_tensors[l]) << "layer " << l;
+    }
+  }
+  cudaStreamDestroy(stream);
 }
 
 TEST_F(ServerGpuTest, LayerwiseLoadReportsAChunkCorruptedInThePoolAtFinish) {
