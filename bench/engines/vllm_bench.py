@@ -468,6 +468,10 @@ def summarize(raw: dict, floor_rate: float, config: dict, baseline: dict | None)
         out["warm_over_recompute_max"] = max(
             a / b for a, b in zip(warm["ttft_s"], baseline["warm"]["ttft_s"]))
         out["cold_outputs_matching"] = f"{sum(cold_same)}/{len(cold_same)}"
+        # Which requests differ (their index in the pass), to set beside
+        # warm_ttft_ms: a partial load, a recomputed tail, a full load.
+        out["warm_outputs_differing"] = [i for i, ok in enumerate(same) if not ok]
+        out["cold_outputs_differing"] = [i for i, ok in enumerate(cold_same) if not ok]
     if raw["peer"].startswith("kvtier_"):
         codec = peer_codec(raw["peer"])
         doc_bytes = kv_bytes_per_token(config, codec) * raw["doc_tokens"]
