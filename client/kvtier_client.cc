@@ -433,9 +433,10 @@ using HeldBatch = absl::StatusOr<std::vector<absl::StatusOr<HeldChunk>>>;
 // first + count); each held chunk is copied into the buffer `dst(i, bytes)`
 // gives and checked in the same pass (`ops.copy`); `done(i, st, chunk)` gets OK
 // with the held chunk, or the hold's error or dst's; the group is then
-// unheld (`ops.unhold`). `fallback(i)` gets each key to get on its own after its
-// group is unheld, as a single get does: a DataLoss, a hold refused at the
-// held-bytes limit, every key of a group whose hold failed as a whole.
+// unheld (`ops.unhold`). `fallback(i)` gets each key to get on its own, as a
+// single get does: after its group is unheld, a DataLoss or every key of a
+// group whose hold failed as a whole; after every group is unheld, a hold
+// refused at the held-bytes limit.
 template <typename Ops, typename Dst, typename Done, typename Fallback>
 void HoldAndCopyInGroups(size_t n, Ops ops, Dst dst, Done done, Fallback fallback) {
   if (n == 0) return;
@@ -447,6 +448,7 @@ void HoldAndCopyInGroups(size_t n, Ops ops, Dst dst, Done done, Fallback fallbac
     if (groups > 1 && g < groups) pending[g] = std::async(std::launch::async, hold_group, g);
   };
   for (size_t g = 0; g < kGetGroupsInFlight; ++g) launch(g);
+  std::vector<size_t> refused;
   for (size_t g = 0; g < groups; ++g) {
     HeldBatch held = groups > 1 ? pending[g].get() : hold_group(0);
     launch(g + kGetGroupsInFlight);
@@ -454,7 +456,8 @@ void HoldAndCopyInGroups(size_t n, Ops ops, Dst dst, Done done, Fallback fallbac
     std::vector<size_t> retry;
     if (!held.ok() || held->size() != count) {
       if (held.ok()) (void)ops.unhold(HeldOnes(*held));
-      for (size_t i = first; i < first + count; ++i) retry.push_back(i);
+      auto& to = !held.ok() && absl::IsResourceExhausted(held.status()) ? refused : retry;
+      for (size_t i = first; i < first + count; ++i) to.push_back(i);
     } else {
       for (size_t j = 0; j < count; ++j) {
         const size_t i = first + j;
@@ -464,7 +467,9 @@ void HoldAndCopyInGroups(size_t n, Ops ops, Dst dst, Done done, Fallback fallbac
           absl::StatusOr<std::span<uint8_t>> out = dst(i, h->data.size());
           st = out.ok() ? ops.copy(*out, h->data) : out.status();
         }
-        if (absl::IsDataLoss(st) || absl::IsResourceExhausted(st)) {
+        if (absl::IsResourceExhausted(st)) {
+          refused.push_back(i);
+        } else if (absl::IsDataLoss(st)) {
           retry.push_back(i);
         } else {
           done(i, std::move(st), h.ok() ? &*h : nullptr);
@@ -474,6 +479,9 @@ void HoldAndCopyInGroups(size_t n, Ops ops, Dst dst, Done done, Fallback fallbac
     }
     for (size_t i : retry) fallback(i);
   }
+  // Refused at the held-bytes limit, possibly by this batch's own groups in
+  // flight: got one by one once the batch holds nothing.
+  for (size_t i : refused) fallback(i);
 }
 
 }  // namespace
