@@ -210,6 +210,10 @@ def main() -> None:
                     help="CUDA graph batch sizes (compiled mode), comma-separated")
     ap.add_argument("--start-timeout-s", type=float, default=300)
     ap.add_argument("--bench-timeout-s", type=float, default=600)
+    ap.add_argument("--raw-dir", default=None,
+                    help="keep each peer's summary here; a peer whose file exists is not "
+                         "run again (a run split over several calls: each server takes "
+                         "about two minutes to start)")
     args = ap.parse_args()
     peers = sorted((p for p in args.peers.split(",") if p), key=vllm_bench.PEERS.index)
 
@@ -229,11 +233,18 @@ def main() -> None:
     outputs: dict = {}
     for peer in peers:
         print(f"== {peer}", flush=True)
-        try:
-            summary = run_peer(args, peer, model_dir, tmp)
-        except (RuntimeError, subprocess.SubprocessError) as e:
-            results["peers"][peer] = {"error": str(e)}
-            continue
+        raw = Path(args.raw_dir) / f"{args.workload}-{peer}.json" if args.raw_dir else None
+        if raw is not None and raw.exists():
+            summary = json.loads(raw.read_text())
+        else:
+            try:
+                summary = run_peer(args, peer, model_dir, tmp)
+            except (RuntimeError, subprocess.SubprocessError) as e:
+                results["peers"][peer] = {"error": str(e)}
+                continue
+            if raw is not None:
+                raw.parent.mkdir(parents=True, exist_ok=True)
+                raw.write_text(json.dumps(summary))
         outputs[peer] = summary.get("generated_texts", [])
         entry = {k: summary.get(k) for k in KEYS}
         entry["compiled"] = not args.eager
