@@ -93,3 +93,31 @@ def test_gpu_layerwise_load_reports_corrupt_and_missing_chunks(client):
     assert result.tiers[0] == "dram" and result.failed == [1, 2]
     for layer in range(L):
         assert torch.equal(dst.k[layer][[8, 9, 10, 11]], src.k[layer][[0, 1, 2, 3]])
+
+
+def test_one_group_load_and_a_wait_for_its_last_layer_cover_every_layer(client):
+    """The vLLM connector without layerwise_load: one decode group of every
+    layer, and the compute stream waits for the load's last event before the
+    forward. Kernels queued on that stream after the wait (before finish())
+    read every layer's loaded KV."""
+    layout = "flash_attn_nhd"
+    ident = engine.engine_identity("tiny/gpu-one-group", torch.bfloat16, "k16v16")
+    src = engine.PagedKv(_layers(layout, 4, DEV), layout)
+    keys = _keys(ident, 2, 101)
+    mover = engine.KvMover(client, src, ident, CHUNK)
+    src_ids, dst_ids = [[7, 2, 30, 11], [0, 1, 2, 3]], [[4, 5, 6, 7], [9, 8, 12, 13]]
+    for key, ids in zip(keys, src_ids, strict=True):
+        mover.save(key, ids)
+    dst = engine.PagedKv(_layers(layout, 5, DEV), layout)
+    compute = torch.cuda.Stream(DEV)
+    with torch.cuda.stream(compute):
+        pending = engine.KvMover(client, dst, ident, CHUNK).load(keys, dst_ids, layer_group=L)
+        pending.wait_layer(L - 1)
+        got = [(dst.k[layer][dst_ids[0] + dst_ids[1]].clone(),
+                dst.v[layer][dst_ids[0] + dst_ids[1]].clone()) for layer in range(L)]
+    result = pending.finish()
+    compute.synchronize()
+    assert result.tiers == ["dram", "dram"] and result.failed == []
+    for layer, (k, v) in enumerate(got):
+        assert torch.equal(k, src.k[layer][src_ids[0] + src_ids[1]]), layer
+        assert torch.equal(v, src.v[layer][src_ids[0] + src_ids[1]]), layer
