@@ -22,13 +22,15 @@ Worker side: ``register_kv_caches`` takes vLLM's per-layer KV tensors: one
 V side by side in the last dimension, in the memory order of vLLM's
 KVCacheLayout (every backend of vLLM 0.26 and later; older ones' 5-D
 FlashAttention / FlashInfer stacks and (K, V) pairs are taken too);
+``bind_connector_metadata`` starts the step's saves on a background thread,
+before the forward (they are of requests that finished in earlier steps);
 ``start_load_kv`` loads the step's chunks (CPU tensors through the CPU codec;
-CUDA tensors through kvtier's layer-by-layer GPU load, which
-``wait_for_layer_load`` waits on per layer), ``wait_for_save`` starts the
-step's saves on a background thread (vLLM 0.26-0.30 skip it on steps that run
-no tokens: ``get_finished`` then starts them), ``get_finished`` reports
-finished saves and ``get_block_ids_with_load_errors`` the blocks of chunks
-that were missing or corrupt, which vLLM then recomputes. In vLLM's sleep mode
+CUDA tensors through kvtier's GPU load, which the compute stream waits for
+before the forward, so vLLM keeps its full CUDA graphs; with the
+``layerwise_load`` setting ``wait_for_layer_load`` waits per layer instead,
+under piecewise graphs); ``get_finished`` reports finished saves and
+``get_block_ids_with_load_errors`` the blocks of chunks that were missing or
+corrupt, which vLLM then recomputes. In vLLM's sleep mode
 (0.33+) ``unregister_kv_caches`` drains the loads and saves and drops the
 pointers into the KV tensors, ``restore_kv_caches`` registers them again.
 
