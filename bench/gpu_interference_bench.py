@@ -17,8 +17,17 @@ a store costs the step:
                (one 8K-token request), again and again: the connector's saver
   encode_copy  the same chunks encoded and copied into kvtierd's pool, then
                released uncommitted: the GPU's part of a store, no sealing
+  encode_only  the encode of all but the last layer of each chunk into the
+               store's device buffer (no copy: a store copies after its last
+               layer), released uncommitted: the SMs' part of a store
   copy_only    cudaMemcpyAsync of 32 chunks' bytes from device memory into
-               pinned host memory on a side stream: the copy engine alone
+               pinned host memory on a side stream, all queued at once: the
+               copy engine alone
+  copy_depth3  the same copies with at most 3 chunks queued (what a
+               store_batch queues, kStoreBatchDepth)
+  copy_pieces  the same bytes in 4 MiB pieces with at most 2 pieces queued,
+               the host issuing the next as one completes: how much of the
+               copy-queue wait a paced copy would remove, and at what rate
   put_host     client.put of 32 k16v8 chunks already on the host (the
                client's copy into the pool and kvtierd's check of each):
                the host's part, no GPU work
@@ -172,6 +181,35 @@ def main():
         side.synchronize()
         return CHUNKS
 
+    def encode_only(i):
+        with torch.cuda.stream(side):
+            for c in range(CHUNKS):
+                op = kg.begin_store(client, cache, T, codec="k16v8")
+                op.encode_layers(ids[c], (0, L - 1), stream=side)
+                op.close()  # waits for the encode, aborts the slot
+        return CHUNKS
+
+    def paced(pieces, depth):
+        """Copies (src offset, length) `pieces` of every chunk, `depth` in flight."""
+        def work(i):
+            events = []
+            with torch.cuda.stream(side):
+                for c in range(CHUNKS):
+                    for off, n in pieces:
+                        if len(events) == depth:
+                            events.pop(0).synchronize()
+                        pinned[c][off:off + n].copy_(src[off:off + n], non_blocking=True)
+                        ev = torch.cuda.Event(blocking=True)
+                        ev.record(side)
+                        events.append(ev)
+            side.synchronize()
+            return CHUNKS
+        return work
+
+    piece = 4 << 20
+    whole = [(0, chunk_bytes)]
+    in_pieces = [(o, min(piece, chunk_bytes - o)) for o in range(0, chunk_bytes, piece)]
+
     def put_host(i):
         for c in range(CHUNKS):
             k = key(0x20, c)
@@ -180,7 +218,9 @@ def main():
         return CHUNKS
 
     loads = {"alone": None, "store": store, "encode_copy": encode_copy,
-             "copy_only": copy_only, "put_host": put_host}
+             "encode_only": encode_only, "copy_only": copy_only,
+             "copy_depth3": paced(whole, 3), "copy_pieces": paced(in_pieces, 2),
+             "put_host": put_host}
     for _ in range(50):
         step.run()
     results = {"device": torch.cuda.get_device_name(DEV), "steps": steps,
@@ -204,7 +244,8 @@ def main():
         ms = [1e3 * t for t in times]
         row = {"mean_ms": statistics.fmean(ms), "p50_ms": percentile(ms, 0.5),
                "p90_ms": percentile(ms, 0.9), "max_ms": max(ms),
-               "chunks_moved": moved, "chunks_per_s": moved / elapsed}
+               "chunks_moved": moved, "chunks_per_s": moved / elapsed,
+               "GBps": moved * chunk_bytes / elapsed / 1e9}
         if error:
             row["error"] = error
         if alone_mean is None:
@@ -213,7 +254,7 @@ def main():
         results["loads"][name] = row
         print(f"{name:12s} step mean {row['mean_ms']:7.3f} ms  p50 {row['p50_ms']:7.3f}  "
               f"p90 {row['p90_ms']:7.3f}  max {row['max_ms']:7.3f}  x{row['mean_vs_alone']:.3f}  "
-              f"({moved} chunks, {row['chunks_per_s']:.0f}/s){'  ' + error if error else ''}",
+              f"({moved} chunks, {row['GBps']:.1f} GB/s){'  ' + error if error else ''}",
               flush=True)
     client.close()
     pathlib.Path(out_path).write_text(json.dumps(results, indent=1))

@@ -12,7 +12,8 @@
 # connectors' core (kvtier.engine) on CUDA and CPU caches, under a minute.
 # "daemon-huge" runs the daemon bench again with kvtierd's pool in huge pages.
 # "interference" (with "daemon") then times a decode-like CUDA graph step alone
-# and beside each part of a store (gpu_interference_bench.py), about a minute.
+# and beside each part of a store and paced copies (gpu_interference_bench.py),
+# about a minute and a half.
 # "fidelity" runs bench/fidelity_bench.py on the real models staged there.
 set -uo pipefail
 STEPS=" ${STEPS:-tests codec attention sdpa daemon} "
