@@ -160,8 +160,12 @@ def run_peer(args, peer: str, model_dir: Path, tmp: Path) -> dict:
     result = tmp / f"bench-{peer}.json"
     try:
         wait_healthy(port, server, args.start_timeout_s)
+        # timed_trace makes each hash block's tokens from a seed of Python's
+        # str hash, randomized per process: a fixed PYTHONHASHSEED sends every
+        # peer the same prompts (their outputs are compared).
         subprocess.run(bench_command(args, model_dir, port, result), check=True,
-                       timeout=args.bench_timeout_s)
+                       timeout=args.bench_timeout_s,
+                       env=dict(os.environ, PYTHONHASHSEED="0"))
         summary = json.loads(result.read_text())
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
             metrics = r.read().decode()
