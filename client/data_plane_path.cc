@@ -303,11 +303,12 @@ absl::StatusOr<HeldChunk> DataPlanePath::Hold(const Hash128& key, bool verify) {
   KVTIER_RETURN_IF_ERROR(c_.Call(Op::kGet, req, b.size(), rep, sizeof(rep)));
   w::Reader r(rep);
   const Tier tier = TierFromWire(r.U8());
-  (void)r.U8();
+  const uint8_t flags = r.U8();
   (void)r.U16();
   (void)r.U32();
   uint64_t offset, length;
   HeldChunk h = ReadHold(r, tier, c_.serial(), &offset, &length);
+  h.checked = (flags & w::kHoldChecked) != 0;
   auto range = c_.pool().Range(offset, length);
   if (!range.ok()) {
     (void)Unhold(h);
@@ -334,10 +335,11 @@ absl::StatusOr<std::vector<absl::StatusOr<HeldChunk>>> DataPlanePath::HoldBatch(
   for (size_t i = 0; i < keys.size(); ++i) {
     const uint32_t code = r.U32();
     const Tier tier = TierFromWire(r.U8());
-    (void)r.U8();
+    const uint8_t flags = r.U8();
     (void)r.U16();
     uint64_t offset, length;
     HeldChunk h = ReadHold(r, tier, c_.serial(), &offset, &length);
+    h.checked = (flags & w::kHoldChecked) != 0;
     if (code != 0) {
       const absl::StatusCode sc = CodeOf(code);
       out.push_back(absl::Status(sc, absl::StrCat("chunk ", keys[i].ToHex(), ": ",

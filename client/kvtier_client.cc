@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <cstring>
 #include <optional>
 #include <utility>
 
@@ -465,7 +466,7 @@ void HoldAndCopyInGroups(size_t n, Ops ops, Dst dst, Done done, Fallback fallbac
         absl::Status st = h.status();
         if (st.ok()) {
           absl::StatusOr<std::span<uint8_t>> out = dst(i, h->data.size());
-          st = out.ok() ? ops.copy(*out, h->data) : out.status();
+          st = out.ok() ? ops.copy(*out, *h) : out.status();
         }
         if (absl::IsResourceExhausted(st)) {
           refused.push_back(i);
@@ -504,8 +505,12 @@ absl::Status KvtierClient::HeldGroupOps::unhold(std::span<const HeldChunk> chunk
 }
 
 absl::Status KvtierClient::HeldGroupOps::copy(std::span<uint8_t> dst,
-                                              std::span<const uint8_t> src) const {
-  return client->CopyHeldChunk(dst, src);
+                                              const HeldChunk& held) const {
+  if (held.checked) {
+    std::memcpy(dst.data(), held.data.data(), held.data.size());
+    return absl::OkStatus();
+  }
+  return client->CopyHeldChunk(dst, held.data);
 }
 
 std::vector<absl::StatusOr<std::pair<uint64_t, Tier>>> KvtierClient::GetBatchInto(

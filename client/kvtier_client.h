@@ -176,6 +176,12 @@ struct HeldChunk {
   Tier tier = Tier::kUnknown;
   uint64_t lease_id = 0;
   uint64_t scratch_slot_id = 0;
+  // The daemon checked these bytes against their checksums as this hold read
+  // them (a chunk its NVMe or remote tier checked as it read it into a
+  // scratch slot, or a hold that asked for the check): the reader's check
+  // (wire::VerifyChunkParallel) is not due again. False for a stored DRAM
+  // chunk handed out in place, which the reader checks.
+  bool checked = false;
   // Which of the client's data-plane connections took the hold (0: gRPC).
   // The daemon ends a hold taken on a data-plane connection only when that
   // connection asks (or closes), so Unhold goes back over it.
@@ -369,7 +375,9 @@ class KvtierClient {
     std::span<const Hash128> keys;
     absl::StatusOr<std::vector<absl::StatusOr<HeldChunk>>> hold(size_t first, size_t count) const;
     absl::Status unhold(std::span<const HeldChunk> chunks) const;
-    absl::Status copy(std::span<uint8_t> dst, std::span<const uint8_t> src) const;
+    // Copies the held chunk into `dst` and checks it (CopyHeldChunk), or only
+    // copies it when the daemon checked it as the hold read it.
+    absl::Status copy(std::span<uint8_t> dst, const HeldChunk& held) const;
   };
   HeldGroupOps GroupOps(std::span<const Hash128> keys);
 };

@@ -417,7 +417,8 @@ absl::Status DataPlaneConnection::OnGet(wire::shm::Reader& r, wire::shm::Writer&
     if (g.ok()) {
       if (g->lease_id != 0) leases_.insert(g->lease_id);
       if (g->scratch_slot_id != 0) slots_.insert(g->scratch_slot_id);
-      w.U8(TierNumber(g->tier)).U8(0).U16(0).U32(0).U64(g->chunk_bytes);
+      w.U8(TierNumber(g->tier)).U8(g->checked ? wire::shm::kHoldChecked : 0).U16(0).U32(0);
+      w.U64(g->chunk_bytes);
       w.U64(g->extent.offset).U64(g->extent.length).U64(g->lease_id).U64(g->scratch_slot_id);
       metrics_->Add(ServerMetric::kBytesGetShm, g->chunk_bytes);
     }
@@ -514,7 +515,8 @@ absl::Status DataPlaneConnection::OnGetBatch(wire::shm::Reader& r, uint32_t n,
     }
     if (g->lease_id != 0) leases_.insert(g->lease_id);
     if (g->scratch_slot_id != 0) slots_.insert(g->scratch_slot_id);
-    w.U32(0).U8(TierNumber(g->tier)).U8(0).U16(0).U64(g->chunk_bytes);
+    w.U32(0).U8(TierNumber(g->tier)).U8(g->checked ? wire::shm::kHoldChecked : 0).U16(0);
+    w.U64(g->chunk_bytes);
     w.U64(g->extent.offset).U64(g->extent.length).U64(g->lease_id).U64(g->scratch_slot_id);
     bytes += g->chunk_bytes;
   }

@@ -225,6 +225,7 @@ absl::StatusOr<GetResult> KvService::Get(const Hash128& key, GetMode mode,
     r.lease_id = sr.lease_id;
     r.scratch_slot_id = sr.slot_id;
     r.expires_at_us = sr.expires_at_us;
+    r.checked = verify || (sr.slot_id != 0 && sr.verified);
     return r;
   }
   std::span<uint8_t> out;
@@ -289,6 +290,7 @@ absl::StatusOr<std::vector<absl::StatusOr<GetResult>>> KvService::GetBatchShared
     r.lease_id = sr.lease_id;
     r.scratch_slot_id = sr.slot_id;
     r.expires_at_us = sr.expires_at_us;
+    r.checked = verify || (sr.slot_id != 0 && sr.verified);
     out.push_back(std::move(r));
   }
   return out;

@@ -78,6 +78,10 @@ struct GetResult {
   uint64_t lease_id = 0;            // kShm: the chunk is pinned; Release it
   uint64_t scratch_slot_id = 0;     // kShm: a copy in a slot; AbortSlot it
   int64_t expires_at_us = 0;        // kShm: when the lease or scratch slot ends
+  // kShm: the bytes handed out were checked against their checksums as this
+  // get read them (a scratch copy whose tier checked it as it read it, or a
+  // get that asked for the check), so the reader need not hash them again.
+  bool checked = false;
 };
 
 // Every slot and lease belongs to its holder (tiering::Holder): a data-plane

@@ -335,6 +335,23 @@ TEST_F(CtlTest, BatchGetReadsNvmeChunksAndPrefetchMovesThemWithinTheBudget) {
   }
   EXPECT_EQ((*held)[3]->tier, client::Tier::kNvme);
   EXPECT_NE((*held)[3]->scratch_slot_id, 0u);
+  // The NVMe tier checked the scratch copies as it read them, so the reader
+  // need not hash them again; the chunks handed out in DRAM are the reader's
+  // to check, unless the hold asked the daemon to.
+  EXPECT_FALSE((*held)[0]->checked);
+  EXPECT_TRUE((*held)[3]->checked);
+  auto one = c->Hold(keys[3]);
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_TRUE(one->checked);
+  EXPECT_TRUE(c->Unhold(*one).ok());
+  auto asked = c->Hold(keys[0], /*verify=*/true);
+  ASSERT_TRUE(asked.ok()) << asked.status();
+  EXPECT_TRUE(asked->checked);
+  EXPECT_TRUE(c->Unhold(*asked).ok());
+  auto in_place = c->Hold(keys[0]);
+  ASSERT_TRUE(in_place.ok()) << in_place.status();
+  EXPECT_FALSE(in_place->checked);
+  EXPECT_TRUE(c->Unhold(*in_place).ok());
   std::vector<client::HeldChunk> ones;
   for (auto& h : *held) ones.push_back(*h);
   EXPECT_TRUE(c->UnholdBatch(ones).ok());

@@ -60,9 +60,14 @@ inline constexpr uint32_t kGetBytes = kKeyBytes + 4 + 1 + 3;
 inline constexpr uint32_t kPutRangeBytes = 8 + 8;
 // u64 slot id, u64 offset, u64 length, i64 expires_at_us
 inline constexpr uint32_t kSlotReplyBytes = 8 + 8 + 8 + 8;
-// u8 tier (proto Tier numbering), u8[7] zero, u64 chunk bytes, u64 offset,
-// u64 length, u64 lease id, u64 scratch slot id
+// u8 tier (proto Tier numbering), u8 hold flags, u8[6] zero, u64 chunk
+// bytes, u64 offset, u64 length, u64 lease id, u64 scratch slot id
 inline constexpr uint32_t kGetReplyBytes = 1 + 7 + 8 * 5;
+// Hold flags of a get's reply: the bytes handed out were checked against
+// their checksums as this get read them (a scratch copy its tier checked as
+// it read it from disk or a peer, or a get that asked for the check): the
+// reader need not hash them again. A daemon without it sends 0.
+inline constexpr uint8_t kHoldChecked = 1;
 
 // Batch ops carry at most this many items (keys, ids, slots) per frame; a
 // daemon may allow fewer (ServiceLimits::max_keys_per_request).
@@ -86,7 +91,7 @@ inline constexpr uint32_t kCommitItemBytes = 8 + kKeyBytes;
 inline constexpr uint32_t kPlanReplyBytes = 4 + 4 + 8 + 8 + 8 + 8;
 // u8 tier, u8[7] zero, u64 chunk bytes, f64 load_us
 inline constexpr uint32_t kPlanHitBytes = 1 + 7 + 8 + 8;
-// u32 code, u8 tier, u8[3] zero, u64 chunk bytes, u64 offset, u64 length,
+// u32 code, u8 tier, u8 hold flags, u8[2] zero, u64 chunk bytes, u64 offset, u64 length,
 // u64 lease id, u64 scratch slot id (all zero but the code on an error)
 inline constexpr uint32_t kGetBatchItemBytes = 4 + 1 + 3 + 8 * 5;
 // u8 completed, u8[3] zero, u32 keys queued, u64 bytes queued
