@@ -368,7 +368,11 @@ std::string RunCtl(server::Daemon* daemon, const std::vector<uint8_t>& chunk, in
       std::vector<client::HeldChunk> ones;
       for (auto& h : all) {
         ones.push_back(h.value());
-        if (!wire::VerifyChunkParallel(ones.back().data).ok()) std::abort();
+        // The reader's check, unless the daemon's tier checked the bytes as
+        // this hold read them (HeldChunk::checked), as a GPU load does.
+        if (!ones.back().checked && !wire::VerifyChunkParallel(ones.back().data).ok()) {
+          std::abort();
+        }
       }
       (void)c->UnholdBatch(ones);
     }
