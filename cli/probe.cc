@@ -2,15 +2,14 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <memory>
 
 #include "absl/strings/str_cat.h"
 #include "common/file.h"
 #include "common/status.h"
 #include "tiering/disk_probe.h"
+#include "tiering/io.h"
 
 #ifdef KVTIER_PROBE_CUDA
 #include <cuda_runtime_api.h>
@@ -26,17 +25,12 @@ constexpr uint64_t kAlign = 4096;  // page-aligned host buffers
 
 using Clock = std::chrono::steady_clock;
 
-struct FreeDeleter {
-  void operator()(void* p) const { std::free(p); }
-};
-using AlignedBuffer = std::unique_ptr<uint8_t, FreeDeleter>;
-
-absl::StatusOr<AlignedBuffer> Allocate(uint64_t bytes) {
-  void* p = std::aligned_alloc(kAlign, bytes);
-  if (p == nullptr) {
+absl::StatusOr<tiering::AlignedBuffer> Allocate(uint64_t bytes) {
+  tiering::AlignedBuffer b(bytes, kAlign);
+  if (b.data() == nullptr) {
     return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", bytes, " bytes"));
   }
-  return AlignedBuffer(static_cast<uint8_t*>(p));
+  return b;
 }
 
 double GbPerS(uint64_t bytes, double seconds) { return bytes / seconds / 1e9; }
@@ -121,19 +115,19 @@ absl::StatusOr<std::vector<bandwidth::Link>> MeasureGpu(uint64_t bytes, int repe
 
 // memcpy between two touched host buffers of `bytes`: GB/s.
 absl::StatusOr<double> MeasureDramCopy(uint64_t bytes, int repeats) {
-  KVTIER_ASSIGN_OR_RETURN(AlignedBuffer src, Allocate(bytes));
-  KVTIER_ASSIGN_OR_RETURN(AlignedBuffer dst, Allocate(bytes));
-  tiering::FillIncompressible(src.get(), bytes);
-  std::memset(dst.get(), 1, bytes);  // fault every page in before timing
+  KVTIER_ASSIGN_OR_RETURN(tiering::AlignedBuffer src, Allocate(bytes));
+  KVTIER_ASSIGN_OR_RETURN(tiering::AlignedBuffer dst, Allocate(bytes));
+  tiering::FillIncompressible(src.data(), bytes);
+  std::memset(dst.data(), 1, bytes);  // fault every page in before timing
   double best = 0;
   for (int i = 0; i < repeats; ++i) {
     const auto t0 = Clock::now();
-    std::memcpy(dst.get(), src.get(), bytes);
+    std::memcpy(dst.data(), src.data(), bytes);
     const auto t1 = Clock::now();
     best = std::max(best, GbPerS(bytes, Seconds(t0, t1)));
   }
   // Keep the copy observable so it cannot be elided.
-  if (std::memcmp(dst.get(), src.get(), 64) != 0) return absl::InternalError("memcpy mismatch");
+  if (std::memcmp(dst.data(), src.data(), 64) != 0) return absl::InternalError("memcpy mismatch");
   return best;
 }
 
