@@ -25,6 +25,19 @@ absl::Status CheckSharedRead(const tiering::SharedRead& sr, bool verify) {
   return wire::VerifyChunkParallel(sr.bytes).status();
 }
 
+// A shared-memory get's answer for `sr`, which CheckSharedRead passed.
+GetResult SharedResult(const tiering::SharedRead& sr, bool verify) {
+  GetResult r;
+  r.tier = sr.tier;
+  r.chunk_bytes = sr.chunk_bytes;
+  r.extent = sr.extent;
+  r.lease_id = sr.lease_id;
+  r.scratch_slot_id = sr.slot_id;
+  r.expires_at_us = sr.expires_at_us;
+  r.checked = verify || (sr.slot_id != 0 && sr.verified);
+  return r;
+}
+
 tiering::PutOptions PutOptionsOf(const PutArgs& args) {
   tiering::PutOptions po;
   po.durable = args.durable;
@@ -219,14 +232,7 @@ absl::StatusOr<GetResult> KvService::Get(const Hash128& key, GetMode mode,
                               : engine_->AbortSlot(sr.slot_id, holder.id));
       return DropCorrupt(key, st);
     }
-    r.tier = sr.tier;
-    r.chunk_bytes = sr.chunk_bytes;
-    r.extent = sr.extent;
-    r.lease_id = sr.lease_id;
-    r.scratch_slot_id = sr.slot_id;
-    r.expires_at_us = sr.expires_at_us;
-    r.checked = verify || (sr.slot_id != 0 && sr.verified);
-    return r;
+    return SharedResult(sr, verify);
   }
   std::span<uint8_t> out;
   if (mode == GetMode::kSlot) {
@@ -283,15 +289,7 @@ absl::StatusOr<std::vector<absl::StatusOr<GetResult>>> KvService::GetBatchShared
       out.push_back(DropCorrupt(keys[i], st));
       continue;
     }
-    GetResult r;
-    r.tier = sr.tier;
-    r.chunk_bytes = sr.chunk_bytes;
-    r.extent = sr.extent;
-    r.lease_id = sr.lease_id;
-    r.scratch_slot_id = sr.slot_id;
-    r.expires_at_us = sr.expires_at_us;
-    r.checked = verify || (sr.slot_id != 0 && sr.verified);
-    out.push_back(std::move(r));
+    out.push_back(SharedResult(sr, verify));
   }
   return out;
 }
