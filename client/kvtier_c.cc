@@ -221,9 +221,7 @@ int kvtier_get(kvtier_client* c, const uint8_t key[16], kvtier_held** held, cons
     // The reader's check: the daemon verified at put; the bytes in the pool
     // are checked again here, where they are read (unless the daemon checked
     // them as this hold read them, from NVMe or a peer).
-    absl::Status verified = hold->checked
-                                ? absl::OkStatus()
-                                : kvtier::wire::VerifyChunkParallel(hold->data).status();
+    absl::Status verified = kvtier::client::CheckHeldBytes(*hold);
     if (!verified.ok()) {
       (void)c->impl->Unhold(*hold);
       // The daemon checks the stored bytes and drops a corrupt chunk.

@@ -487,6 +487,11 @@ void HoldAndCopyInGroups(size_t n, Ops ops, Dst dst, Done done, Fallback fallbac
 
 }  // namespace
 
+absl::Status CheckHeldBytes(const HeldChunk& held) {
+  if (held.checked) return absl::OkStatus();
+  return wire::VerifyChunkParallel(held.data).status();
+}
+
 absl::Status KvtierClient::CopyHeldChunk(std::span<uint8_t> dst, std::span<const uint8_t> src) {
   return wire::CopyVerified(dst, src).status();
 }

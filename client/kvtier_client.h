@@ -188,6 +188,11 @@ struct HeldChunk {
   uint64_t connection = 0;
 };
 
+// The reader's check of a held chunk's bytes (wire::VerifyChunkParallel):
+// OK at once when the daemon checked them as the hold read them
+// (HeldChunk::checked), else OK or DataLoss.
+absl::Status CheckHeldBytes(const HeldChunk& held);
+
 class KvtierClient {
  public:
   // Connects and checks the daemon answers (Health). Unavailable if it does

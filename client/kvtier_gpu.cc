@@ -15,7 +15,6 @@
 #include "common/status.h"
 #include "kernels/cuda_status.h"
 #include "kernels/paged_codec.h"
-#include "wire/chunk_check.h"
 
 namespace kvtier::client {
 namespace {
@@ -38,18 +37,16 @@ absl::Status Sync(cudaStream_t stream) {
                              __LINE__);
 }
 
-// The reader's check of a held chunk's sections (none when the daemon
-// checked them as this hold read them, HeldChunk::checked). On failure the daemon checks
-// the stored chunk (and drops it if corrupt), and the result is DataLoss: the
-// slots decoded from these bytes must not be used.
+// The reader's check of a held chunk (CheckHeldBytes). On failure the daemon
+// checks the stored chunk (and drops it if corrupt), and the result is
+// DataLoss: the slots decoded from these bytes must not be used.
 absl::Status CheckHeld(KvtierClient* client, const Hash128& key, const HeldChunk& held) {
-  if (held.checked) return absl::OkStatus();  // the daemon checked them as it read them
-  auto checked = wire::VerifyChunkParallel(held.data);
-  if (checked.ok()) return absl::OkStatus();
+  absl::Status checked = CheckHeldBytes(held);
+  if (checked.ok()) return checked;
   auto again = client->Hold(key, /*verify=*/true);
   if (again.ok()) (void)client->Unhold(*again);
   return absl::DataLossError(
-      absl::StrCat("chunk ", key.ToHex(), " failed the reader's check: ", checked.status().message()));
+      absl::StrCat("chunk ", key.ToHex(), " failed the reader's check: ", checked.message()));
 }
 
 }  // namespace
@@ -417,8 +414,7 @@ absl::StatusOr<Tier> GpuPagedIo::Load(const Hash128& key, const kernels::PagedKv
       (void)client_->Unhold(held);
       return st;
     }
-    absl::Status checked =
-        held.checked ? absl::OkStatus() : wire::VerifyChunkParallel(held.data).status();
+    absl::Status checked = CheckHeldBytes(held);
     st = Sync(stream);
     absl::Status u = client_->Unhold(held);
     if (!st.ok()) return st;
