@@ -19,6 +19,7 @@
 #include "server/test_util.h"
 #include "tests/in_process_daemon.h"
 #include "tiering/placement_engine.h"
+#include "tiering/test_util.h"
 #include "tests/raw_data_plane.h"
 #include "wire/shm_frames.h"
 
@@ -361,6 +362,46 @@ TEST_F(CtlTest, BatchGetReadsNvmeChunksAndPrefetchMovesThemWithinTheBudget) {
   ASSERT_TRUE(g);
   EXPECT_EQ(g->PrefetchWithin(keys, 1, 100).status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_TRUE(g->PrefetchWithin(keys, 0, 5000).ok());
+}
+
+// A hold of an NVMe chunk is marked checked (the tier hashed it as it read
+// it), and the reader skips its own check: a byte rotted on the disk must
+// still reach the reader as DataLoss, never as checked bytes. The corrupt
+// chunk is dropped; the other chunks of the batch are served and kept.
+TEST_F(CtlTest, AChunkRottedOnDiskIsDataLossThroughAHoldThatSkipsTheReadersCheck) {
+  auto c = Client();
+  ASSERT_TRUE(c);
+  std::vector<Hash128> keys;
+  for (uint32_t i = 0; i < 3; ++i) {
+    keys.push_back(TestKey(190 + i));
+    PutOnNvme(keys.back(), MakeChunk(190 + i));
+  }
+  tiering::NvmeTier* nvme = daemon_->engine()->nvme();
+  ASSERT_NE(nvme, nullptr);
+  ASSERT_TRUE(tiering::testing::FlipByteOnNvme(*nvme, {keys[1], tiering::Part::kWhole},
+                                               MakeChunk(191).size() - 100)
+                  .ok());
+  EXPECT_EQ(c->Hold(keys[1]).status().code(), absl::StatusCode::kDataLoss);
+  auto held = c->HoldBatch(keys);
+  ASSERT_TRUE(held.ok()) << held.status();
+  std::vector<client::HeldChunk> ones;
+  for (size_t i : {size_t{0}, size_t{2}}) {
+    ASSERT_TRUE((*held)[i].ok()) << i << (*held)[i].status();
+    EXPECT_TRUE((*held)[i]->checked);
+    const auto want = MakeChunk(190 + static_cast<uint32_t>(i));
+    EXPECT_TRUE(std::equal(want.begin(), want.end(), (*held)[i]->data.begin(),
+                           (*held)[i]->data.end()));
+    ones.push_back(*(*held)[i]);
+  }
+  const absl::StatusCode code = (*held)[1].status().code();
+  EXPECT_TRUE(code == absl::StatusCode::kDataLoss || code == absl::StatusCode::kNotFound) << code;
+  ASSERT_TRUE(c->UnholdBatch(ones).ok());
+  EXPECT_EQ(c->Get(keys[1]).status().code(), absl::StatusCode::kNotFound);  // dropped
+  for (size_t i : {size_t{0}, size_t{2}}) {
+    auto got = c->Get(keys[i]);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(*got, MakeChunk(190 + static_cast<uint32_t>(i)));
+  }
 }
 
 TEST_F(CtlTest, HoldsBeyondTheHeldShareAreResourceExhausted) {
