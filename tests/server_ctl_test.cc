@@ -52,10 +52,16 @@ class CtlTest : public kvtier::testing::InProcessDaemonTest {
 
   // Stores `chunk` as `key` on the NVMe tier only (the engine of the
   // in-process daemon: no client op chooses a tier).
-  void PutOnNvme(const Hash128& key, const std::vector<uint8_t>& chunk) {
+  // Chunks base..base+n-1 (MakeChunk) stored on the NVMe tier only; their keys.
+  std::vector<Hash128> PutOnNvme(uint32_t base, uint32_t n) {
+    std::vector<Hash128> keys;
     tiering::PutOptions po;
     po.tier = tiering::TierKind::kNvme;
-    ASSERT_TRUE(daemon_->engine()->Put(key, chunk, po).ok());
+    for (uint32_t i = base; i < base + n; ++i) {
+      keys.push_back(TestKey(i));
+      EXPECT_TRUE(daemon_->engine()->Put(keys.back(), MakeChunk(i), po).ok());
+    }
+    return keys;
   }
 
   static std::vector<uint8_t> Keys(std::vector<uint8_t> head, std::span<const Hash128> keys) {
@@ -305,11 +311,7 @@ TEST_F(CtlTest, BatchPutVerifiesEveryChunkBeforeItIsAcknowledged) {
 TEST_F(CtlTest, BatchGetReadsNvmeChunksAndPrefetchMovesThemWithinTheBudget) {
   auto c = Client();
   ASSERT_TRUE(c);
-  std::vector<Hash128> keys;
-  for (uint32_t i = 0; i < 4; ++i) {
-    keys.push_back(TestKey(150 + i));
-    PutOnNvme(keys.back(), MakeChunk(150 + i));
-  }
+  std::vector<Hash128> keys = PutOnNvme(150, 4);
   auto tiers = c->Lookup(keys);
   ASSERT_TRUE(tiers.ok());
   ASSERT_EQ(tiers->size(), 4u);
@@ -371,11 +373,7 @@ TEST_F(CtlTest, BatchGetReadsNvmeChunksAndPrefetchMovesThemWithinTheBudget) {
 TEST_F(CtlTest, AChunkRottedOnDiskIsDataLossThroughAHoldThatSkipsTheReadersCheck) {
   auto c = Client();
   ASSERT_TRUE(c);
-  std::vector<Hash128> keys;
-  for (uint32_t i = 0; i < 3; ++i) {
-    keys.push_back(TestKey(190 + i));
-    PutOnNvme(keys.back(), MakeChunk(190 + i));
-  }
+  std::vector<Hash128> keys = PutOnNvme(190, 3);
   tiering::NvmeTier* nvme = daemon_->engine()->nvme();
   ASSERT_NE(nvme, nullptr);
   ASSERT_TRUE(tiering::testing::FlipByteOnNvme(*nvme, {keys[1], tiering::Part::kWhole},
