@@ -232,7 +232,7 @@ def main() -> None:
         args.trace_file = prepare_trace(args, tmp)
     results: dict = {"device": torch.cuda.get_device_name(0), "vllm_version": vllm.__version__,
                      "date": time.strftime("%Y-%m-%d"), "workload": {
-                         k: v for k, v in vars(args).items()
+                         k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()
                          if k not in ("peers", "kvtierd", "out")}, "peers": {}}
     outputs: dict = {}
     for peer in peers:
