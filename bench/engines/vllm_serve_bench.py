@@ -12,7 +12,9 @@ Workloads (--workload):
                      --num-prompts requests.
 
 Peers are those of vllm_bench.py, each on a fresh `vllm serve` (same DRAM
-bytes for every cache). The model is vllm_bench.py's config with dummy
+bytes for every cache). With --gpus, peers run at once in lanes of --tp GPUs
+(CUDA_VISIBLE_DEVICES), round-robin in the peers' order, each lane one peer
+at a time with a compile cache of its own; each peer's entry names its GPUs. The model is vllm_bench.py's config with dummy
 weights, and a word-level tokenizer written here (token i is the word "t<i>",
 so text round-trips to the same ids), so no download is needed. The GPU
 prefix cache is sized with --num-gpu-blocks-override so that the workload
@@ -34,6 +36,7 @@ import socket as socketlib
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -145,18 +148,57 @@ def bench_command(args, model_dir: Path, port: int, result: Path) -> list:
     return cmd
 
 
-def run_peer(args, peer: str, model_dir: Path, tmp: Path) -> dict:
+# The servers and daemons of the peers running now, which main's exit stops
+# (a SIGTERM ends the main thread only; lanes are daemon threads).
+# {process: True if it leads its own session (a server), False (a daemon)}
+_live: dict = {}
+_live_mu = threading.Lock()
+
+
+def _track(proc: subprocess.Popen, on: bool, session: bool = True) -> None:
+    with _live_mu:
+        if on:
+            _live[proc] = session
+        else:
+            _live.pop(proc, None)
+
+
+def gpu_lanes(gpus: str | None, tp: int) -> list:
+    """The GPU index lists that run peers at once (--gpus, --tp GPUs each), or
+    [None]: one lane on the GPUs the environment gives."""
+    if not gpus:
+        return [None]
+    ids = [int(g) for g in gpus.split(",") if g.strip()]
+    if len(ids) < tp or len(ids) % tp:
+        raise SystemExit(f"--gpus {gpus}: not a multiple of --tp {tp} GPUs")
+    return [ids[i:i + tp] for i in range(0, len(ids), tp)]
+
+
+def lane_env(devs: list | None) -> dict:
+    """A lane's GPUs, and a vLLM compile cache of its own (two servers that
+    compile at once do not share one)."""
+    if devs is None:
+        return {}
+    tag = "-".join(str(d) for d in devs)
+    root = os.environ.get("VLLM_CACHE_ROOT", str(Path.home() / ".cache" / "vllm"))
+    return {"CUDA_VISIBLE_DEVICES": ",".join(str(d) for d in devs),
+            "VLLM_CACHE_ROOT": f"{root}-gpu{tag}"}
+
+
+def run_peer(args, peer: str, model_dir: Path, tmp: Path, extra_env: dict | None = None) -> dict:
     daemon, socket = None, None
     if peer.startswith("kvtier_"):
         daemon, socket = vllm_bench.start_kvtierd(args, tmp, peer)
+        _track(daemon, True, session=False)
     port = free_port()
     log = open(tmp / f"serve-{peer}.log", "w")  # noqa: SIM115 - the server's whole life
-    env = dict(os.environ, PYTHONFAULTHANDLER="1", **vllm_bench.peer_env(peer))
+    env = dict(os.environ, PYTHONFAULTHANDLER="1", **vllm_bench.peer_env(peer), **(extra_env or {}))
     if peer == "lmcache":
         env.update({"LMCACHE_LOCAL_CPU": "True", "LMCACHE_CHUNK_SIZE": str(args.chunk_tokens),
                     "LMCACHE_MAX_LOCAL_CPU_SIZE": str(args.dram_gib)})
     server = subprocess.Popen(serve_command(args, peer, model_dir, port, socket), env=env,
                               stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    _track(server, True)
     result = tmp / f"bench-{peer}.json"
     try:
         wait_healthy(port, server, args.start_timeout_s)
@@ -176,13 +218,61 @@ def run_peer(args, peer: str, model_dir: Path, tmp: Path) -> dict:
         return summary
     finally:
         vllm_bench.stop_group(server)
+        _track(server, False)
         log.close()
         if daemon is not None:
             daemon.terminate()
             daemon.wait(timeout=30)
+            _track(daemon, False)
         if not result.exists():
             tail = (tmp / f"serve-{peer}.log").read_text()[-3000:]
             print(f"== {peer}: no result; the server's log ends:\n{tail}", flush=True)
+
+
+def run_peers(args, peers: list, model_dir: Path, tmp: Path) -> dict:
+    """Each peer's summary, or {"error": ...}: read from --raw-dir where it
+    is there, else run (in lanes with --gpus) and written there."""
+    summaries: dict = {}
+    todo = []
+    for peer in peers:
+        raw = Path(args.raw_dir) / f"{args.workload}-{peer}.json" if args.raw_dir else None
+        if raw is not None and raw.exists():
+            summaries[peer] = json.loads(raw.read_text())
+        else:
+            todo.append(peer)
+    lanes = gpu_lanes(args.gpus, args.tp)
+
+    def lane(devs, mine: list) -> None:
+        for peer in mine:
+            print(f"== {peer}" + (f" (GPUs {devs})" if devs is not None else ""), flush=True)
+            try:
+                summary = run_peer(args, peer, model_dir, tmp, lane_env(devs))
+            except (RuntimeError, subprocess.SubprocessError) as e:
+                summaries[peer] = {"error": str(e)}
+                continue
+            summary["gpus"] = devs
+            if args.raw_dir:
+                raw = Path(args.raw_dir) / f"{args.workload}-{peer}.json"
+                raw.parent.mkdir(parents=True, exist_ok=True)
+                raw.write_text(json.dumps(summary))
+            summaries[peer] = summary
+
+    threads = [threading.Thread(target=lane, args=(devs, todo[i::len(lanes)]), daemon=True)
+               for i, devs in enumerate(lanes)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        with _live_mu:
+            live = list(_live.items())
+        for proc, session in live:  # a SIGTERM left these running
+            if session:
+                vllm_bench.stop_group(proc)
+            else:
+                proc.kill()
+    return summaries
 
 
 KEYS = ("median_ttft_ms", "p90_ttft_ms", "p99_ttft_ms", "mean_ttft_ms", "request_throughput",
@@ -218,6 +308,9 @@ def main() -> None:
                     help="keep each peer's summary here; a peer whose file exists is not "
                          "run again (a run split over several calls: each server takes "
                          "about two minutes to start)")
+    ap.add_argument("--gpus", default=None,
+                    help="GPU indices (e.g. 0,1): peers run at once, one per lane of --tp "
+                         "GPUs (each peer's entry says which)")
     args = ap.parse_args()
     peers = sorted((p for p in args.peers.split(",") if p), key=vllm_bench.PEERS.index)
 
@@ -235,22 +328,15 @@ def main() -> None:
                          k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()
                          if k not in ("peers", "kvtierd", "out")}, "peers": {}}
     outputs: dict = {}
+    summaries = run_peers(args, peers, model_dir, tmp)
     for peer in peers:
-        print(f"== {peer}", flush=True)
-        raw = Path(args.raw_dir) / f"{args.workload}-{peer}.json" if args.raw_dir else None
-        if raw is not None and raw.exists():
-            summary = json.loads(raw.read_text())
-        else:
-            try:
-                summary = run_peer(args, peer, model_dir, tmp)
-            except (RuntimeError, subprocess.SubprocessError) as e:
-                results["peers"][peer] = {"error": str(e)}
-                continue
-            if raw is not None:
-                raw.parent.mkdir(parents=True, exist_ok=True)
-                raw.write_text(json.dumps(summary))
+        summary = summaries[peer]
+        if "error" in summary:
+            results["peers"][peer] = summary
+            continue
         outputs[peer] = summary.get("generated_texts", [])
         entry = {k: summary.get(k) for k in KEYS}
+        entry["gpus"] = summary.get("gpus")
         entry["compiled"] = not args.eager
         entry["connector_counters"] = summary["connector_counters"]
         entry["ttfts_ms"] = [1e3 * t for t in summary.get("ttfts", [])]
