@@ -7,7 +7,8 @@ import pytest
 import torch
 
 import kvtier
-from conftest import corrupt_in_pool, cuda_skip_mark
+import kvtier.torch
+from conftest import Daemon, corrupt_in_pool, cuda_skip_mark
 from kvtier import engine
 
 pytestmark = cuda_skip_mark()
@@ -121,3 +122,22 @@ def test_one_group_load_and_a_wait_for_its_last_layer_cover_every_layer(client):
     for layer, (k, v) in enumerate(got):
         assert torch.equal(k, src.k[layer][src_ids[0] + src_ids[1]]), layer
         assert torch.equal(v, src.v[layer][src_ids[0] + src_ids[1]]), layer
+
+
+def test_a_gpu_mover_registers_the_pool_with_cuda_when_it_is_made(client, tmp_path):
+    """The pool's CUDA registration holds up the process's CUDA calls for
+    seconds: a mover pays it when the engine makes it, not at the first store
+    between requests (vllm serve showed 2 s TTFTs there)."""
+    from kvtier.torch import _gpu
+    ident = engine.engine_identity("tiny/gpu", torch.bfloat16, "k16v8")
+    d = Daemon(tmp_path, dram_gib="1").start()
+    try:
+        with kvtier.Client(socket=d.socket) as fresh:
+            assert fresh not in _gpu._gpus_by_client
+            kv = engine.PagedKv(_layers("flash_attn_nhd", 3, DEV), "flash_attn_nhd")
+            engine.KvMover(fresh, kv, ident, CHUNK)
+            assert list(_gpu._gpus_by_client[fresh]) == [DEV.index]
+    finally:
+        d.stop()
+    with pytest.raises(ValueError, match="CUDA device"):
+        kvtier.torch.open_gpu(client, "cpu")

@@ -693,6 +693,10 @@ class KvMover:
         self.fingerprint = identity.fingerprint()
         self.on_gpu = kv.device.type == "cuda"
         self._side = torch.cuda.Stream(kv.device) if self.on_gpu else None
+        if self.on_gpu:
+            # The pool's CUDA registration stalls the engine's CUDA calls for
+            # seconds: at start, not at the first store between requests.
+            kvtorch.open_gpu(client, kv.device)
 
     def chunk_blocks(self, block_ids: Sequence[int], chunk: int) -> list:
         """The block ids of chunk ``chunk`` among a request's blocks (from token 0)."""

@@ -21,6 +21,7 @@ from kvtier.torch._gpu import (
     decode_attention,
     load,
     load_layerwise,
+    open_gpu,
     store,
     store_batch,
 )
