@@ -11,6 +11,8 @@
 # own kvtierd) and gpu_daemon_bench against it. "engines" runs the engine
 # connectors' core (kvtier.engine) on CUDA and CPU caches, under a minute.
 # "daemon-huge" runs the daemon bench again with kvtierd's pool in huge pages.
+# "daemon-staged" runs it again with the GPU path's opt-in switches on
+# (KVTIER_GPU_STAGE_LOADS=1, KVTIER_GPU_STORE_PIECE_MIB=4: docs/engines.md).
 # "interference" (with "daemon") then times a decode-like CUDA graph step alone
 # and beside each part of a store and paced copies (gpu_interference_bench.py),
 # about a minute and a half.
@@ -78,6 +80,11 @@ daemon_bench() {
 }
 if step daemon; then
   daemon_bench gpu_daemon tests
+fi
+if step daemon-staged; then
+  export KVTIER_GPU_STAGE_LOADS=1 KVTIER_GPU_STORE_PIECE_MIB=4
+  daemon_bench gpu_daemon_staged no
+  unset KVTIER_GPU_STAGE_LOADS KVTIER_GPU_STORE_PIECE_MIB
 fi
 # "daemon-huge": the same bench with kvtierd's pool in huge pages (reserved
 # here, as root: 8 GiB and a margin).

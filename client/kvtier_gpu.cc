@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <numeric>
 #include <optional>
@@ -11,6 +12,7 @@
 #include <thread>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "kernels/cuda_status.h"
@@ -47,6 +49,33 @@ absl::Status CheckHeld(KvtierClient* client, const Hash128& key, const HeldChunk
   if (again.ok()) (void)client->Unhold(*again);
   return absl::DataLossError(
       absl::StrCat("chunk ", key.ToHex(), " failed the reader's check: ", checked.message()));
+}
+
+// Runs work(p) for every p in [0, n) on up to `threads` threads, and
+// then_in_order(p) on the calling thread for p = 0, 1, ... as soon as work(p)
+// has returned, so the in-order step overlaps the later work.
+void ForEachThenInOrder(size_t n, size_t threads, const std::function<void(size_t)>& work,
+                        const std::function<void(size_t)>& then_in_order) {
+  absl::Mutex mu;
+  std::vector<char> done(n, 0);
+  std::atomic<size_t> next{0};
+  std::vector<std::thread> pool;
+  pool.reserve(std::min(n, threads));
+  for (size_t w = 0; w < std::min(n, threads); ++w) {
+    pool.emplace_back([&]() {
+      for (size_t p = next.fetch_add(1); p < n; p = next.fetch_add(1)) {
+        work(p);
+        absl::MutexLock l(&mu);
+        done[p] = 1;
+      }
+    });
+  }
+  for (size_t p = 0; p < n; ++p) {
+    mu.LockWhen(absl::Condition(+[](char* c) { return *c != 0; }, &done[p]));
+    mu.Unlock();
+    then_in_order(p);
+  }
+  for (std::thread& t : pool) t.join();
 }
 
 }  // namespace
@@ -110,13 +139,9 @@ absl::Status PendingStore::EncodeLayers(const kernels::PagedKvLayout& cache,
   absl::Status st = kernels::GatherEncode(spec_, cache, IdsChecked(blocks), layers,
                                           EncodeTarget(), workspace_, stream);
   const bool last = layers.End(num_layers) == num_layers;
-  if (st.ok() && staging_ != nullptr && last) {
-    // The whole chunk, header included (a later range's launch may set its
-    // flags), by the copy engine.
-    st = kernels::CudaStatus(cudaMemcpyAsync(slot_.data.data(), staging_->data(),
-                                             slot_.data.size(), cudaMemcpyDeviceToHost, stream),
-                             "copy the encoded chunk into the slot", __FILE__, __LINE__);
-  }
+  // The whole chunk, header included (a later range's launch may set its
+  // flags), by the copy engine.
+  if (st.ok() && staging_ != nullptr && last) st = CopyToSlot(stream);
   if (st.ok() && last) {
     // What Commit waits for: this store's work, not what the caller enqueues
     // after it (an engine's next kernels, the next store of a batch). A
@@ -140,6 +165,46 @@ absl::Status PendingStore::EncodeLayers(const kernels::PagedKvLayout& cache,
   }
   next_layer_ = layers.End(num_layers);
   return absl::OkStatus();
+}
+
+absl::Status PendingStore::CopyToSlot(cudaStream_t stream) {
+  uint8_t* const dst = slot_.data.data();
+  const uint8_t* const src = staging_->data();
+  const size_t n = slot_.data.size();
+  const size_t piece = io_->store_piece_bytes();
+  if (piece == 0 || piece >= n) {
+    return kernels::CudaStatus(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, stream),
+                               "copy the encoded chunk into the slot", __FILE__, __LINE__);
+  }
+  constexpr size_t kDepth = GpuPagedIo::kStorePiecesInFlight;
+  cudaEvent_t done[kDepth] = {};
+  absl::Status st;
+  for (size_t i = 0; i < kDepth && st.ok(); ++i) {
+    st = kernels::CudaStatus(
+        cudaEventCreateWithFlags(&done[i], cudaEventDisableTiming | cudaEventBlockingSync),
+        "create a piece's event", __FILE__, __LINE__);
+  }
+  for (size_t off = 0, j = 0; st.ok() && off < n; off += piece, ++j) {
+    cudaEvent_t& ev = done[j % kDepth];
+    // Piece j - kDepth has left the queue (the first wait also covers the encode).
+    if (j >= kDepth) {
+      st = kernels::CudaStatus(cudaEventSynchronize(ev), "wait for a piece", __FILE__, __LINE__);
+    }
+    if (st.ok()) {
+      st = kernels::CudaStatus(cudaMemcpyAsync(dst + off, src + off, std::min(piece, n - off),
+                                               cudaMemcpyDeviceToHost, stream),
+                               "copy a piece of the chunk into the slot", __FILE__, __LINE__);
+    }
+    if (st.ok()) {
+      st = kernels::CudaStatus(cudaEventRecord(ev, stream), "record a piece's event", __FILE__,
+                               __LINE__);
+    }
+  }
+  // An event destroyed before it completes is released once it does.
+  for (cudaEvent_t ev : done) {
+    if (ev != nullptr) cudaEventDestroy(ev);
+  }
+  return st;
 }
 
 absl::Status PendingStore::Commit(const Hash128& key, const PutOptions& options) {
@@ -171,6 +236,7 @@ absl::Status PendingStore::Commit(const Hash128& key, const PutOptions& options)
 LayerwiseLoad::~LayerwiseLoad() {
   (void)Finish();
   for (cudaEvent_t ev : events_) cudaEventDestroy(ev);
+  if (copy_stream_ != nullptr) cudaStreamDestroy(copy_stream_);
 }
 
 absl::Status LayerwiseLoad::WaitLayer(uint32_t layer, cudaStream_t stream) const {
@@ -200,19 +266,46 @@ absl::Status LayerwiseLoad::Finish() {
     first = kernels::CudaStatus(cudaEventSynchronize(events_.back()), "cudaEventSynchronize",
                                 __FILE__, __LINE__);
   }
+  // A copy whose decode was never launched (a launch failed) precedes no event.
+  if (first.ok() && copy_stream_ != nullptr) first = Sync(copy_stream_);
   if (!first.ok()) {
     // The kernels may still read the extents: keep them held (their leases
-    // expire in the daemon) rather than let the daemon reuse them.
+    // expire in the daemon) rather than let the daemon reuse them, and drop
+    // the staging buffers (freeing one waits for the device).
     holds_.clear();
+    stagings_.clear();
     return first;
   }
+  for (std::unique_ptr<kernels::HostStaging>& s : stagings_) io_->ReturnStaging(std::move(s));
+  stagings_.clear();
+  std::vector<HeldChunk> held;
+  held.reserve(holds_.size());
   for (const std::optional<HeldChunk>& h : holds_) {
-    if (!h.has_value()) continue;
-    absl::Status u = client_->Unhold(*h);
-    if (first.ok() && !u.ok()) first = u;
+    if (h.has_value()) held.push_back(*h);
   }
   holds_.clear();
+  // One data-plane call per connection that holds some, not one per chunk.
+  if (!held.empty()) first = client_->UnholdBatch(held);
   return first;
+}
+
+bool LayerwiseLoad::TakeStagings(size_t bytes) {
+  if (cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking) != cudaSuccess) {
+    copy_stream_ = nullptr;
+    (void)cudaGetLastError();  // not a later launch's error
+    return false;
+  }
+  for (int b = 0; b < 2; ++b) {
+    auto staging = io_->TakeStaging(bytes);
+    if (!staging.ok()) {
+      (void)cudaGetLastError();
+      for (auto& s : stagings_) io_->ReturnStaging(std::move(s));
+      stagings_.clear();
+      return false;
+    }
+    stagings_.push_back(*std::move(staging));
+  }
+  return true;
 }
 
 // ---- GpuPagedIo ----
@@ -232,9 +325,20 @@ absl::StatusOr<std::unique_ptr<GpuPagedIo>> GpuPagedIo::Create(KvtierClient* cli
     return kernels::CudaStatus(e, "map the pool for the device", __FILE__, __LINE__);
   }
   std::unique_ptr<GpuPagedIo> io(new GpuPagedIo(client, pool, static_cast<uint8_t*>(dev)));
-  // Operators' switch for the stores' path (docs/engines.md).
+  // Operators' switches for the stores' and the loads' paths (docs/engines.md).
   const char* stage = std::getenv("KVTIER_GPU_STAGE_STORES");
   if (stage != nullptr && std::string_view(stage) == "0") io->set_stage_stores(false);
+  stage = std::getenv("KVTIER_GPU_STAGE_LOADS");
+  if (stage != nullptr && std::string_view(stage) == "1") io->set_stage_loads(true);
+  const char* piece_mib = std::getenv("KVTIER_GPU_STORE_PIECE_MIB");
+  if (piece_mib != nullptr) {
+    size_t mib = 0;
+    if (!absl::SimpleAtoi(piece_mib, &mib) || mib > (size_t{1} << 20)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "KVTIER_GPU_STORE_PIECE_MIB is \"", piece_mib, "\": a whole number of MiB (0: one copy)"));
+    }
+    io->set_store_piece_bytes(mib << 20);
+  }
   return io;
 }
 
@@ -306,6 +410,18 @@ absl::Status GpuPagedIo::InPool(std::span<const uint8_t> bytes) const {
   return absl::FailedPreconditionError(
       "the daemon's pool changed (kvtierd restarted): this GPU handle registered the old one; "
       "open a new one");
+}
+
+absl::StatusOr<codec::ChunkHeader> GpuPagedIo::HeldHeader(const Hash128& key,
+                                                           const HeldChunk& held) const {
+  KVTIER_RETURN_IF_ERROR(InPool(held.data));
+  KVTIER_ASSIGN_OR_RETURN(codec::ChunkHeader header, codec::ParseHeader(held.data));
+  if (header.layout.total_bytes != held.data.size()) {
+    return absl::DataLossError(absl::StrCat("chunk ", key.ToHex(), " is ", held.data.size(),
+                                            " bytes, its header says ",
+                                            header.layout.total_bytes));
+  }
+  return header;
 }
 
 absl::StatusOr<std::unique_ptr<PendingStore>> GpuPagedIo::BeginStore(const codec::ChunkSpec& spec) {
@@ -388,25 +504,18 @@ absl::StatusOr<Tier> GpuPagedIo::Load(const Hash128& key, const kernels::PagedKv
     KVTIER_ASSIGN_OR_RETURN(HeldChunk held, client_->Hold(key, verify));
     // The header is checked before the launch (it sizes every read); the
     // sections are hashed on the host while the kernel decodes them.
-    auto header = codec::ParseHeader(held.data);
-    absl::Status st = InPool(held.data);
-    if (st.ok()) st = header.status();
-    if (st.ok() && header->layout.total_bytes != held.data.size()) {
-      st = absl::DataLossError(absl::StrCat("chunk ", key.ToHex(), " is ", held.data.size(),
-                                            " bytes, its header says ",
-                                            header->layout.total_bytes));
-    }
-    if (!st.ok()) {
+    auto header = HeldHeader(key, held);
+    if (!header.ok()) {
       (void)client_->Unhold(held);
-      return st;
+      return header.status();
     }
     auto staging = TakeStaging(held.data.size());
     if (!staging.ok()) {
       (void)client_->Unhold(held);
       return staging.status();
     }
-    st = kernels::DecodeScatter(*header, Device(held.data.data()), cache, blocks, layers,
-                                **staging, stream);
+    absl::Status st = kernels::DecodeScatter(*header, Device(held.data.data()), cache, blocks,
+                                             layers, **staging, stream);
     if (!st.ok()) {
       // A launch that failed after its copy was enqueued: the copy may still
       // read the extent (and write the staging buffer, which is dropped).
@@ -440,7 +549,8 @@ absl::StatusOr<std::unique_ptr<LayerwiseLoad>> GpuPagedIo::BeginLayerwiseLoad(
   if (layer_group == 0) return absl::InvalidArgumentError("layer_group is 0");
   KVTIER_RETURN_IF_ERROR(kernels::ValidatePagedKvLayout(cache));
   const uint32_t groups = (cache.num_layers + layer_group - 1) / layer_group;
-  std::unique_ptr<LayerwiseLoad> load(new LayerwiseLoad(client_, cache.num_layers, layer_group));
+  std::unique_ptr<LayerwiseLoad> load(
+      new LayerwiseLoad(this, client_, cache.num_layers, layer_group));
   load->events_.reserve(groups);
   for (uint32_t g = 0; g < groups; ++g) {
     cudaEvent_t ev;
@@ -465,14 +575,8 @@ absl::StatusOr<std::unique_ptr<LayerwiseLoad>> GpuPagedIo::BeginLayerwiseLoad(
       results[i] = h.status();
       return;
     }
-    auto header = codec::ParseHeader(h->data);
-    absl::Status v = InPool(h->data);
-    if (v.ok()) v = header.status();
-    if (v.ok() && header->layout.total_bytes != h->data.size()) {
-      v = absl::DataLossError(absl::StrCat("chunk ", chunks[i].key.ToHex(), " is ",
-                                           h->data.size(), " bytes, its header says ",
-                                           header->layout.total_bytes));
-    }
+    auto header = HeldHeader(chunks[i].key, *h);
+    absl::Status v = header.status();
     if (v.ok()) {
       headers[i] = *header;
       v = kernels::ValidateDecodeScatter(headers[i], Device(h->data.data()), cache,
@@ -494,36 +598,32 @@ absl::StatusOr<std::unique_ptr<LayerwiseLoad>> GpuPagedIo::BeginLayerwiseLoad(
   };
   absl::Status launch;
   kernels::PriorKernel prior = kernels::PriorKernel::kUnknown;
+  // One group: each chunk through one of two staging buffers, in turn, its
+  // copy on the load's copy stream. They are taken at the first decode, as
+  // large as that chunk; a larger chunk (DecodeScatter's rule), or a load
+  // with no device memory or stream to spare, reads over the mapping.
+  bool staged = groups == 1 && stage_loads_.load(std::memory_order_relaxed);
+  size_t staged_count = 0;
   auto decode = [&](size_t i, uint32_t g) {
     if (!held[i] || !launch.ok()) return;
-    launch = kernels::DecodeScatter(headers[i], Device(held[i]->data.data()), cache,
-                                    IdsChecked(chunks[i].blocks), range_of(g), stream, prior);
+    const uint8_t* extent = Device(held[i]->data.data());
+    if (staged && load->stagings_.empty()) staged = load->TakeStagings(held[i]->data.size());
+    if (staged) {
+      launch = kernels::DecodeScatter(headers[i], extent, cache, IdsChecked(chunks[i].blocks),
+                                      range_of(g), *load->stagings_[staged_count++ % 2], stream,
+                                      kernels::PriorKernel::kUnknown, load->copy_stream_);
+      return;
+    }
+    launch = kernels::DecodeScatter(headers[i], extent, cache, IdsChecked(chunks[i].blocks),
+                                    range_of(g), stream, prior);
     prior = kernels::PriorKernel::kLeavesChunk;
   };
   // Holds the chunks of `round` on up to kParallelHolds threads and enqueues
   // the first layer group of each in order, as soon as it is held.
   auto hold_round = [&](const std::vector<size_t>& round) {
-    absl::Mutex ready_mu;
-    std::vector<char> ready(round.size(), 0);
-    const size_t workers = std::min(round.size(), kParallelHolds);
-    std::atomic<size_t> next{0};
-    std::vector<std::thread> threads;
-    threads.reserve(workers);
-    for (size_t w = 0; w < workers; ++w) {
-      threads.emplace_back([&]() {
-        for (size_t p = next.fetch_add(1); p < round.size(); p = next.fetch_add(1)) {
-          one(round[p]);
-          absl::MutexLock l(&ready_mu);
-          ready[p] = 1;
-        }
-      });
-    }
-    for (size_t p = 0; p < round.size(); ++p) {
-      ready_mu.LockWhen(absl::Condition(+[](char* c) { return *c != 0; }, &ready[p]));
-      ready_mu.Unlock();
-      decode(round[p], 0);
-    }
-    for (std::thread& t : threads) t.join();
+    ForEachThenInOrder(
+        round.size(), kParallelHolds, [&](size_t p) { one(round[p]); },
+        [&](size_t p) { decode(round[p], 0); });
   };
 
   std::vector<size_t> round(n);

@@ -269,12 +269,21 @@ TEST_F(ServerGpuTest, StoreByLayerRangesIsTheChunkOfOneStore) {
                   ->EncodeLayers(c.dev.layout, c.Span(0), {3, kernels::LayerRange::kAllLayers}, b)
                   .ok());
   ASSERT_TRUE((*direct)->Commit(TestKey(43)).ok());
+  // The copy into the slot in pieces (1000 bytes: a short last one), two
+  // queued at a time.
+  io_->set_store_piece_bytes(1000);
+  absl::Status pieces = io_->Store(TestKey(44), c.spec, c.dev.layout, c.Span(0), a);
+  io_->set_store_piece_bytes(0);
+  ASSERT_TRUE(pieces.ok()) << pieces;
   auto one = client_->Get(TestKey(40));
   auto ranged = client_->Get(TestKey(41));
   auto ranged_direct = client_->Get(TestKey(43));
-  ASSERT_TRUE(one.ok() && ranged.ok() && ranged_direct.ok());
+  auto in_pieces = client_->Get(TestKey(44));
+  ASSERT_TRUE(one.ok() && ranged.ok() && ranged_direct.ok() && in_pieces.ok());
+  ASSERT_GT(one->size(), 3000u);
   EXPECT_TRUE(*one == *ranged);
   EXPECT_TRUE(*one == *ranged_direct);
+  EXPECT_TRUE(*one == *in_pieces);
   // An abandoned store gives its slot back.
   {
     auto q = io_->BeginStore(c.spec);
@@ -394,6 +403,57 @@ TEST_F(ServerGpuTest, LayerwiseLoadDecodesEveryFoundChunkAndReportsTheMissing) {
   cudaStreamDestroy(compute);
 }
 
+// A load of one layer group goes through two staging buffers in turn (the
+// third chunk's copy waits until the first chunk's decode has read its
+// buffer); with staging off its decodes read the pool. Both scatter the CPU
+// reference's values and release every hold.
+TEST_F(ServerGpuTest, LayerwiseLoadOfOneGroupMatchesTheCpuCodecStagedOrNot) {
+  LayerCase c;
+  ASSERT_NO_FATAL_FAILURE(c.Init(36));
+  std::vector<PagedChunk> chunks;
+  for (uint32_t i = 0; i < LayerCase::kChunks; ++i) {
+    ASSERT_TRUE(io_->Store(TestKey(100 + i), c.spec, c.dev.layout, c.Span(i), nullptr).ok());
+    chunks.push_back({TestKey(100 + i), c.Span(i)});
+  }
+  HostCache expect, got;
+  c.PoisonedCaches(0x21, &expect, &got);
+  for (uint32_t i = 0; i < LayerCase::kChunks; ++i) {
+    auto chunk = client_->Get(TestKey(100 + i));
+    ASSERT_TRUE(chunk.ok());
+    ASSERT_TRUE(kernels::ReferenceDecodeScatter(*chunk, expect.layout, c.HostSpan(i)).ok());
+  }
+  cudaStream_t stream, compute;
+  KVTIER_ASSERT_CUDA(cudaStreamCreate(&stream));
+  KVTIER_ASSERT_CUDA(cudaStreamCreate(&compute));
+  for (bool staged : {true, false, true}) {  // the third reuses the pooled buffers
+    SCOPED_TRACE(::testing::Message() << "staged " << staged);
+    io_->set_stage_loads(staged);
+    DeviceCache dst;
+    HostCache poisoned;
+    poisoned.Init(CacheLayout::kVllmFlashAttnNHD, c.host.layout);
+    poisoned.Poison(0x21);
+    KVTIER_ASSERT_CUDA(dst.Upload(poisoned));
+    auto lw = io_->BeginLayerwiseLoad(chunks, dst.layout, LayerCase::kLayers, stream);
+    ASSERT_TRUE(lw.ok()) << lw.status();
+    // The one event covers every layer: a stream that waits for the last
+    // layer sees the whole load.
+    ASSERT_TRUE((*lw)->WaitLayer(LayerCase::kLayers - 1, compute).ok());
+    KVTIER_ASSERT_CUDA(cudaStreamSynchronize(compute));
+    KVTIER_ASSERT_CUDA(dst.CopyTo(got));
+    for (uint32_t l = 0; l < LayerCase::kLayers; ++l) {  // K and V, in this layout
+      ASSERT_EQ(got.k_tensors[l], expect.k_tensors[l]) << "layer " << l;
+    }
+    ASSERT_TRUE((*lw)->Finish().ok());
+    for (const auto& r : (*lw)->results()) EXPECT_TRUE(r.ok()) << r.status();
+  }
+  // Finish released the holds: the chunks can be deleted.
+  for (uint32_t i = 0; i < LayerCase::kChunks; ++i) {
+    EXPECT_TRUE(client_->Delete(TestKey(100 + i)).ok());
+  }
+  cudaStreamDestroy(stream);
+  cudaStreamDestroy(compute);
+}
+
 // kvtierd's hold limit admits about one and a half chunks at a time: a
 // layer-wise load of three chunks runs in rounds (it finishes and releases
 // what it holds, then holds the refused chunks again) and decodes every one,
@@ -446,7 +506,12 @@ TEST_F(ServerGpuTest, LayerwiseLoadPastTheDaemonsHoldLimitLoadsEveryChunkInRound
   cudaStreamDestroy(stream);
 }
 
-TEST_F(ServerGpuTest, LayerwiseLoadReportsAChunkCorruptedInThePoolAtFinish) {
+// For layer groups read over the mapping and for one group read through the
+// staging buffers.
+class LayerwiseCorruptionTest : public ServerGpuTest,
+                                public ::testing::WithParamInterface<uint32_t> {};
+
+TEST_P(LayerwiseCorruptionTest, LayerwiseLoadReportsAChunkCorruptedInThePoolAtFinish) {
   LayerCase c;
   ASSERT_NO_FATAL_FAILURE(c.Init(34));
   std::vector<PagedChunk> chunks;
@@ -462,7 +527,7 @@ TEST_F(ServerGpuTest, LayerwiseLoadReportsAChunkCorruptedInThePoolAtFinish) {
   KVTIER_ASSERT_CUDA(dst.Upload(poisoned));
   cudaStream_t stream;
   KVTIER_ASSERT_CUDA(cudaStreamCreate(&stream));
-  auto lw = io_->BeginLayerwiseLoad(chunks, dst.layout, /*layer_group=*/2, stream);
+  auto lw = io_->BeginLayerwiseLoad(chunks, dst.layout, /*layer_group=*/GetParam(), stream);
   ASSERT_TRUE(lw.ok()) << lw.status();
   ASSERT_TRUE((*lw)->Finish().ok());
   const auto& r = (*lw)->results();
@@ -476,6 +541,9 @@ TEST_F(ServerGpuTest, LayerwiseLoadReportsAChunkCorruptedInThePoolAtFinish) {
   EXPECT_TRUE(code == absl::StatusCode::kDataLoss || code == absl::StatusCode::kNotFound) << code;
   cudaStreamDestroy(stream);
 }
+
+INSTANTIATE_TEST_SUITE_P(Groups, LayerwiseCorruptionTest,
+                         ::testing::Values(2u, LayerCase::kLayers));
 
 // A chunk whose bytes rot in the pool after the daemon verified them: Load
 // decodes it through the staging buffer, the reader's check fails, the
