@@ -29,6 +29,8 @@ using kvtier::testing::SmallDaemonOptions;
 using kvtier::testing::TempDir;
 using kvtier::testing::TestKey;
 
+struct LayerCase;
+
 class ServerGpuTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -77,6 +79,13 @@ class ServerGpuTest : public ::testing::Test {
   TempDir dir_;
   std::unique_ptr<server::Daemon> daemon_;
   std::unique_ptr<KvtierClient> client_;
+  // Stores chunk i of `c` as TestKey(first + i) for every chunk, and lists
+  // them for a layer-wise load.
+  void StoreChunks(const LayerCase& c, uint32_t first, std::vector<PagedChunk>* chunks);
+  // Decodes the stored chunks TestKey(first + i) into `expect` with the CPU
+  // reference, at chunk i's blocks.
+  void ReferenceLoads(const LayerCase& c, uint32_t first, HostCache* expect);
+
   std::unique_ptr<GpuPagedIo> io_;
 };
 
@@ -241,6 +250,22 @@ struct LayerCase {
   }
 };
 
+void ServerGpuTest::StoreChunks(const LayerCase& c, uint32_t first,
+                                std::vector<PagedChunk>* chunks) {
+  for (uint32_t i = 0; i < LayerCase::kChunks; ++i) {
+    ASSERT_TRUE(io_->Store(TestKey(first + i), c.spec, c.dev.layout, c.Span(i), nullptr).ok());
+    chunks->push_back({TestKey(first + i), c.Span(i)});
+  }
+}
+
+void ServerGpuTest::ReferenceLoads(const LayerCase& c, uint32_t first, HostCache* expect) {
+  for (uint32_t i = 0; i < LayerCase::kChunks; ++i) {
+    auto chunk = client_->Get(TestKey(first + i));
+    ASSERT_TRUE(chunk.ok()) << chunk.status();
+    ASSERT_TRUE(kernels::ReferenceDecodeScatter(*chunk, expect->layout, c.HostSpan(i)).ok());
+  }
+}
+
 TEST_F(ServerGpuTest, StoreByLayerRangesIsTheChunkOfOneStore) {
   LayerCase c;
   ASSERT_NO_FATAL_FAILURE(c.Init(31));
@@ -361,20 +386,13 @@ TEST_F(ServerGpuTest, LayerwiseLoadDecodesEveryFoundChunkAndReportsTheMissing) {
   LayerCase c;
   ASSERT_NO_FATAL_FAILURE(c.Init(33));
   std::vector<PagedChunk> chunks;
-  for (uint32_t i = 0; i < LayerCase::kChunks; ++i) {
-    ASSERT_TRUE(io_->Store(TestKey(60 + i), c.spec, c.dev.layout, c.Span(i), nullptr).ok());
-    chunks.push_back({TestKey(60 + i), c.Span(i)});
-  }
+  ASSERT_NO_FATAL_FAILURE(StoreChunks(c, 60, &chunks));
   chunks.insert(chunks.begin() + 1, PagedChunk{TestKey(69), c.Span(0)});  // a miss
   HostCache expect, got;
   c.PoisonedCaches(0x21, &expect, &got);
   DeviceCache dst;
   KVTIER_ASSERT_CUDA(dst.Upload(expect));
-  for (uint32_t i = 0; i < LayerCase::kChunks; ++i) {
-    auto chunk = client_->Get(TestKey(60 + i));
-    ASSERT_TRUE(chunk.ok());
-    ASSERT_TRUE(kernels::ReferenceDecodeScatter(*chunk, expect.layout, c.HostSpan(i)).ok());
-  }
+  ASSERT_NO_FATAL_FAILURE(ReferenceLoads(c, 60, &expect));
   cudaStream_t load_stream, compute;
   KVTIER_ASSERT_CUDA(cudaStreamCreate(&load_stream));
   KVTIER_ASSERT_CUDA(cudaStreamCreate(&compute));
@@ -411,17 +429,10 @@ TEST_F(ServerGpuTest, LayerwiseLoadOfOneGroupMatchesTheCpuCodecStagedOrNot) {
   LayerCase c;
   ASSERT_NO_FATAL_FAILURE(c.Init(36));
   std::vector<PagedChunk> chunks;
-  for (uint32_t i = 0; i < LayerCase::kChunks; ++i) {
-    ASSERT_TRUE(io_->Store(TestKey(100 + i), c.spec, c.dev.layout, c.Span(i), nullptr).ok());
-    chunks.push_back({TestKey(100 + i), c.Span(i)});
-  }
+  ASSERT_NO_FATAL_FAILURE(StoreChunks(c, 100, &chunks));
   HostCache expect, got;
   c.PoisonedCaches(0x21, &expect, &got);
-  for (uint32_t i = 0; i < LayerCase::kChunks; ++i) {
-    auto chunk = client_->Get(TestKey(100 + i));
-    ASSERT_TRUE(chunk.ok());
-    ASSERT_TRUE(kernels::ReferenceDecodeScatter(*chunk, expect.layout, c.HostSpan(i)).ok());
-  }
+  ASSERT_NO_FATAL_FAILURE(ReferenceLoads(c, 100, &expect));
   cudaStream_t stream, compute;
   KVTIER_ASSERT_CUDA(cudaStreamCreate(&stream));
   KVTIER_ASSERT_CUDA(cudaStreamCreate(&compute));
@@ -469,10 +480,7 @@ TEST_F(ServerGpuTest, LayerwiseLoadPastTheDaemonsHoldLimitLoadsEveryChunkInRound
     o.max_holder_share = share;
   }));
   std::vector<PagedChunk> chunks;
-  for (uint32_t i = 0; i < LayerCase::kChunks; ++i) {
-    ASSERT_TRUE(io_->Store(TestKey(90 + i), c.spec, c.dev.layout, c.Span(i), nullptr).ok());
-    chunks.push_back({TestKey(90 + i), c.Span(i)});
-  }
+  ASSERT_NO_FATAL_FAILURE(StoreChunks(c, 90, &chunks));
   // The limit is real: a second hold beside the first is refused.
   auto first = client_->Hold(TestKey(90));
   ASSERT_TRUE(first.ok()) << first.status();
@@ -480,11 +488,7 @@ TEST_F(ServerGpuTest, LayerwiseLoadPastTheDaemonsHoldLimitLoadsEveryChunkInRound
   ASSERT_TRUE(client_->Unhold(*first).ok());
   HostCache expect, got;
   c.PoisonedCaches(0x21, &expect, &got);
-  for (uint32_t i = 0; i < LayerCase::kChunks; ++i) {
-    auto chunk = client_->Get(TestKey(90 + i));
-    ASSERT_TRUE(chunk.ok());
-    ASSERT_TRUE(kernels::ReferenceDecodeScatter(*chunk, expect.layout, c.HostSpan(i)).ok());
-  }
+  ASSERT_NO_FATAL_FAILURE(ReferenceLoads(c, 90, &expect));
   cudaStream_t stream;
   KVTIER_ASSERT_CUDA(cudaStreamCreate(&stream));
   for (uint32_t group : {LayerCase::kLayers, 1u}) {
@@ -515,10 +519,7 @@ TEST_P(LayerwiseCorruptionTest, LayerwiseLoadReportsAChunkCorruptedInThePoolAtFi
   LayerCase c;
   ASSERT_NO_FATAL_FAILURE(c.Init(34));
   std::vector<PagedChunk> chunks;
-  for (uint32_t i = 0; i < LayerCase::kChunks; ++i) {
-    ASSERT_TRUE(io_->Store(TestKey(80 + i), c.spec, c.dev.layout, c.Span(i), nullptr).ok());
-    chunks.push_back({TestKey(80 + i), c.Span(i)});
-  }
+  ASSERT_NO_FATAL_FAILURE(StoreChunks(c, 80, &chunks));
   ASSERT_NO_FATAL_FAILURE(CorruptInPool(TestKey(81)));
   DeviceCache dst;
   HostCache poisoned;
