@@ -97,4 +97,4 @@ def inspect_chunk(chunk) -> ChunkInfo:
 
 __all__ = ["encode_chunk", "decode_chunk", "inspect_chunk", "spec_for", "DTYPE_NAMES",
            "TORCH_DTYPES", "PagedCache", "PendingStore", "LayerwiseLoad", "store", "store_batch",
-           "begin_store", "load", "load_layerwise", "decode_attention", "close_gpu"]
+           "begin_store", "load", "load_layerwise", "decode_attention", "open_gpu", "close_gpu"]
