@@ -17,8 +17,9 @@ bytes for every cache). With --gpus, peers run at once in lanes of --tp GPUs
 at a time with a compile cache of its own; each peer's entry names its GPUs.
 The model is vllm_bench.py's config with dummy weights, and a word-level
 tokenizer written here (token i is the word "t<i>", so text round-trips to
-the same ids), so no download is needed. The GPU prefix cache is sized with --num-gpu-blocks-override so that the workload
-overflows it and the caches' hit rates, not the GPU's, decide TTFT.
+the same ids), so no download is needed. The GPU prefix cache is sized with
+--num-gpu-blocks-override so that the workload overflows it and the caches'
+hit rates, not the GPU's, decide TTFT.
 
 Run on the GPU machine after `scripts/vllm-gpu install` (docs/engines.md):
   eval "$(scripts/vllm-gpu env)"
