@@ -567,6 +567,12 @@ def driver(args) -> None:
         summary = summarize(raw, rate, config, raws.get("no_connector"))
         if stats is not None:
             summary["kvtierd_stats"] = stats
+            # kvtierd's own counts: the connector's counters in this offline
+            # engine's stats undercount (under `vllm serve` they are exact).
+            counters = stats.get("counters", {})
+            for name in ("puts", "gets", "holds_refused", "hits_dram", "hits_nvme"):
+                if name in counters:
+                    summary[f"kvtierd_{name}"] = counters[name]
         results["peers"][peer] = summary
         print(json.dumps({k: v for k, v in summary.items()
                           if not isinstance(v, (list, dict))}), flush=True)
