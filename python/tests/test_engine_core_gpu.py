@@ -137,6 +137,7 @@ def test_a_gpu_mover_registers_the_pool_with_cuda_when_it_is_made(client, tmp_pa
             kv = engine.PagedKv(_layers("flash_attn_nhd", 3, DEV), "flash_attn_nhd")
             engine.KvMover(fresh, kv, ident, CHUNK)
             assert list(_gpu._gpus_by_client[fresh]) == [DEV.index]
+            assert kvtier.torch.open_gpu(fresh, DEV) < 0.5  # open already: nothing to do
     finally:
         d.stop()
     with pytest.raises(ValueError, match="CUDA device"):

@@ -696,7 +696,10 @@ class KvMover:
         if self.on_gpu:
             # The pool's CUDA registration stalls the engine's CUDA calls for
             # seconds: at start, not at the first store between requests.
-            kvtorch.open_gpu(client, kv.device)
+            took = kvtorch.open_gpu(client, kv.device)
+            if took >= 1.0:
+                logger.warning("kvtier: registering kvtierd's pool with CUDA for %s took %.1f s "
+                               "(once, at start)", kv.device, took)
 
     def chunk_blocks(self, block_ids: Sequence[int], chunk: int) -> list:
         """The block ids of chunk ``chunk`` among a request's blocks (from token 0)."""

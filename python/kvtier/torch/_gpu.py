@@ -14,6 +14,7 @@ import ctypes
 import functools
 import math
 import threading
+import time
 import weakref
 from collections.abc import Sequence
 
@@ -141,18 +142,21 @@ def _gpu(client, device: torch.device) -> int:
     return g
 
 
-def open_gpu(client, device=None) -> None:
+def open_gpu(client, device=None) -> float:
     """Registers the client's view of kvtierd's pool with CUDA for ``device``
     (default: the current device) now, instead of at the first store or load
     there. The registration pins the whole pool (a 16 GiB pool stalled a vLLM
     server for 1-2 s on the H200 host) and holds up the process's other CUDA
     calls while it runs, so an engine opens it at start, not between
-    requests. Idempotent; closed with the client (or ``close_gpu``)."""
+    requests. Idempotent; closed with the client (or ``close_gpu``). Returns
+    the seconds it took (about none when the handle was open already)."""
     dev = torch.device("cuda", torch.cuda.current_device()) if device is None else \
         torch.device(device)
     if dev.type != "cuda":
         raise ValueError(f"open_gpu needs a CUDA device, not {dev}")
+    t0 = time.perf_counter()
     _gpu(client, dev)
+    return time.perf_counter() - t0
 
 
 def close_gpu(client) -> None:
