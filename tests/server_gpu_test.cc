@@ -5,6 +5,9 @@
 // cuda_runtime.h (not _api.h): the typed cudaMalloc overloads the helpers use.
 #include <cuda_runtime.h>
 
+#include <cstdlib>
+#include <string>
+
 #include "client/kvtier_client.h"
 #include "client/kvtier_gpu.h"
 #include "codec/codec.h"
@@ -264,6 +267,25 @@ void ServerGpuTest::ReferenceLoads(const LayerCase& c, uint32_t first, HostCache
     ASSERT_TRUE(chunk.ok()) << chunk.status();
     ASSERT_TRUE(kernels::ReferenceDecodeScatter(*chunk, expect->layout, c.HostSpan(i)).ok());
   }
+}
+
+// KVTIER_GPU_STORE_PIECE_MIB: a whole number of MiB, or Create refuses the
+// handle with InvalidArgument naming the variable (and registers nothing:
+// the next Create with a good value works).
+TEST_F(ServerGpuTest, AStorePieceSizeThatIsNotAWholeNumberOfMiBIsRefused) {
+  io_.reset();
+  for (const char* bad : {"", "4.5", "-1", "4MiB", "99999999999999999999", "2000000"}) {
+    SCOPED_TRACE(bad);
+    ASSERT_EQ(setenv("KVTIER_GPU_STORE_PIECE_MIB", bad, 1), 0);
+    auto io = GpuPagedIo::Create(client_.get());
+    ASSERT_EQ(io.status().code(), absl::StatusCode::kInvalidArgument) << io.status();
+    EXPECT_NE(io.status().message().find("KVTIER_GPU_STORE_PIECE_MIB"), std::string::npos);
+  }
+  ASSERT_EQ(setenv("KVTIER_GPU_STORE_PIECE_MIB", "4", 1), 0);
+  auto io = GpuPagedIo::Create(client_.get());
+  unsetenv("KVTIER_GPU_STORE_PIECE_MIB");
+  ASSERT_TRUE(io.ok()) << io.status();
+  EXPECT_EQ((*io)->store_piece_bytes(), size_t{4} << 20);
 }
 
 TEST_F(ServerGpuTest, StoreByLayerRangesIsTheChunkOfOneStore) {
