@@ -233,10 +233,13 @@ def run_peer(args, peer: str, model_dir: Path, tmp: Path, extra_env: dict | None
 def run_peers(args, peers: list, model_dir: Path, tmp: Path) -> dict:
     """Each peer's summary, or {"error": ...}: read from --raw-dir where it
     is there, else run (in lanes with --gpus) and written there."""
+    def raw_path(peer: str) -> Path | None:
+        return Path(args.raw_dir) / f"{args.workload}-{peer}.json" if args.raw_dir else None
+
     summaries: dict = {}
     todo = []
     for peer in peers:
-        raw = Path(args.raw_dir) / f"{args.workload}-{peer}.json" if args.raw_dir else None
+        raw = raw_path(peer)
         if raw is not None and raw.exists():
             summaries[peer] = json.loads(raw.read_text())
         else:
@@ -252,8 +255,8 @@ def run_peers(args, peers: list, model_dir: Path, tmp: Path) -> dict:
                 summaries[peer] = {"error": str(e)}
                 continue
             summary["gpus"] = devs
-            if args.raw_dir:
-                raw = Path(args.raw_dir) / f"{args.workload}-{peer}.json"
+            raw = raw_path(peer)
+            if raw is not None:
                 raw.parent.mkdir(parents=True, exist_ok=True)
                 raw.write_text(json.dumps(summary))
             summaries[peer] = summary
