@@ -11,8 +11,6 @@
 # own kvtierd) and gpu_daemon_bench against it. "engines" runs the engine
 # connectors' core (kvtier.engine) on CUDA and CPU caches, under a minute.
 # "daemon-huge" runs the daemon bench again with kvtierd's pool in huge pages.
-# "daemon-staged" runs it again with the GPU path's opt-in switches on
-# (KVTIER_GPU_STAGE_LOADS=1, KVTIER_GPU_STORE_PIECE_MIB=4: docs/engines.md).
 # "interference" (with "daemon") then times a decode-like CUDA graph step alone
 # and beside each part of a store and paced copies (gpu_interference_bench.py),
 # about a minute and a half.
@@ -80,11 +78,6 @@ daemon_bench() {
 }
 if step daemon; then
   daemon_bench gpu_daemon tests
-fi
-if step daemon-staged; then
-  export KVTIER_GPU_STAGE_LOADS=1 KVTIER_GPU_STORE_PIECE_MIB=4
-  daemon_bench gpu_daemon_staged no
-  unset KVTIER_GPU_STAGE_LOADS KVTIER_GPU_STORE_PIECE_MIB
 fi
 # "daemon-huge": the same bench with kvtierd's pool in huge pages (reserved
 # here, as root: 8 GiB and a margin).
@@ -159,4 +152,8 @@ fi
 python3 kernel_merge_results.py "$OUT" || rc=1
 if step tests; then grep -h -E "FAILED|PASSED|SKIPPED" "$OUT"/*_test.log | head -40; fi
 if step daemon; then grep -h -E "passed|failed|error" "$OUT"/python_gpu_test.log | tail -5; fi
+# The device tool brings back at most 8 files: the logs and the tests' JSON
+# travel as one archive (the benches' JSON stay beside it).
+(cd "$OUT" && shopt -s nullglob && logs=(*.log *_test.json) &&
+  if ((${#logs[@]})); then tar czf logs.tar.gz "${logs[@]}" && rm -f "${logs[@]}"; fi)
 exit $rc
