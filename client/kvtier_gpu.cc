@@ -12,7 +12,6 @@
 #include <thread>
 #include <utility>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "kernels/cuda_status.h"
@@ -141,7 +140,11 @@ absl::Status PendingStore::EncodeLayers(const kernels::PagedKvLayout& cache,
   const bool last = layers.End(num_layers) == num_layers;
   // The whole chunk, header included (a later range's launch may set its
   // flags), by the copy engine.
-  if (st.ok() && staging_ != nullptr && last) st = CopyToSlot(stream);
+  if (st.ok() && staging_ != nullptr && last) {
+    st = kernels::CudaStatus(cudaMemcpyAsync(slot_.data.data(), staging_->data(),
+                                             slot_.data.size(), cudaMemcpyDeviceToHost, stream),
+                             "copy the encoded chunk into the slot", __FILE__, __LINE__);
+  }
   if (st.ok() && last) {
     // What Commit waits for: this store's work, not what the caller enqueues
     // after it (an engine's next kernels, the next store of a batch). A
@@ -165,46 +168,6 @@ absl::Status PendingStore::EncodeLayers(const kernels::PagedKvLayout& cache,
   }
   next_layer_ = layers.End(num_layers);
   return absl::OkStatus();
-}
-
-absl::Status PendingStore::CopyToSlot(cudaStream_t stream) {
-  uint8_t* const dst = slot_.data.data();
-  const uint8_t* const src = staging_->data();
-  const size_t n = slot_.data.size();
-  const size_t piece = io_->store_piece_bytes();
-  if (piece == 0 || piece >= n) {
-    return kernels::CudaStatus(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, stream),
-                               "copy the encoded chunk into the slot", __FILE__, __LINE__);
-  }
-  constexpr size_t kDepth = GpuPagedIo::kStorePiecesInFlight;
-  cudaEvent_t done[kDepth] = {};
-  absl::Status st;
-  for (size_t i = 0; i < kDepth && st.ok(); ++i) {
-    st = kernels::CudaStatus(
-        cudaEventCreateWithFlags(&done[i], cudaEventDisableTiming | cudaEventBlockingSync),
-        "create a piece's event", __FILE__, __LINE__);
-  }
-  for (size_t off = 0, j = 0; st.ok() && off < n; off += piece, ++j) {
-    cudaEvent_t& ev = done[j % kDepth];
-    // Piece j - kDepth has left the queue (the first wait also covers the encode).
-    if (j >= kDepth) {
-      st = kernels::CudaStatus(cudaEventSynchronize(ev), "wait for a piece", __FILE__, __LINE__);
-    }
-    if (st.ok()) {
-      st = kernels::CudaStatus(cudaMemcpyAsync(dst + off, src + off, std::min(piece, n - off),
-                                               cudaMemcpyDeviceToHost, stream),
-                               "copy a piece of the chunk into the slot", __FILE__, __LINE__);
-    }
-    if (st.ok()) {
-      st = kernels::CudaStatus(cudaEventRecord(ev, stream), "record a piece's event", __FILE__,
-                               __LINE__);
-    }
-  }
-  // An event destroyed before it completes is released once it does.
-  for (cudaEvent_t ev : done) {
-    if (ev != nullptr) cudaEventDestroy(ev);
-  }
-  return st;
 }
 
 absl::Status PendingStore::Commit(const Hash128& key, const PutOptions& options) {
@@ -236,7 +199,6 @@ absl::Status PendingStore::Commit(const Hash128& key, const PutOptions& options)
 LayerwiseLoad::~LayerwiseLoad() {
   (void)Finish();
   for (cudaEvent_t ev : events_) cudaEventDestroy(ev);
-  if (copy_stream_ != nullptr) cudaStreamDestroy(copy_stream_);
 }
 
 absl::Status LayerwiseLoad::WaitLayer(uint32_t layer, cudaStream_t stream) const {
@@ -266,18 +228,12 @@ absl::Status LayerwiseLoad::Finish() {
     first = kernels::CudaStatus(cudaEventSynchronize(events_.back()), "cudaEventSynchronize",
                                 __FILE__, __LINE__);
   }
-  // A copy whose decode was never launched (a launch failed) precedes no event.
-  if (first.ok() && copy_stream_ != nullptr) first = Sync(copy_stream_);
   if (!first.ok()) {
     // The kernels may still read the extents: keep them held (their leases
-    // expire in the daemon) rather than let the daemon reuse them, and drop
-    // the staging buffers (freeing one waits for the device).
+    // expire in the daemon) rather than let the daemon reuse them.
     holds_.clear();
-    stagings_.clear();
     return first;
   }
-  for (std::unique_ptr<kernels::HostStaging>& s : stagings_) io_->ReturnStaging(std::move(s));
-  stagings_.clear();
   std::vector<HeldChunk> held;
   held.reserve(holds_.size());
   for (const std::optional<HeldChunk>& h : holds_) {
@@ -287,25 +243,6 @@ absl::Status LayerwiseLoad::Finish() {
   // One data-plane call per connection that holds some, not one per chunk.
   if (!held.empty()) first = client_->UnholdBatch(held);
   return first;
-}
-
-bool LayerwiseLoad::TakeStagings(size_t bytes) {
-  if (cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking) != cudaSuccess) {
-    copy_stream_ = nullptr;
-    (void)cudaGetLastError();  // not a later launch's error
-    return false;
-  }
-  for (int b = 0; b < 2; ++b) {
-    auto staging = io_->TakeStaging(bytes);
-    if (!staging.ok()) {
-      (void)cudaGetLastError();
-      for (auto& s : stagings_) io_->ReturnStaging(std::move(s));
-      stagings_.clear();
-      return false;
-    }
-    stagings_.push_back(*std::move(staging));
-  }
-  return true;
 }
 
 // ---- GpuPagedIo ----
@@ -325,20 +262,9 @@ absl::StatusOr<std::unique_ptr<GpuPagedIo>> GpuPagedIo::Create(KvtierClient* cli
     return kernels::CudaStatus(e, "map the pool for the device", __FILE__, __LINE__);
   }
   std::unique_ptr<GpuPagedIo> io(new GpuPagedIo(client, pool, static_cast<uint8_t*>(dev)));
-  // Operators' switches for the stores' and the loads' paths (docs/engines.md).
+  // Operators' switch for the stores' path (docs/engines.md).
   const char* stage = std::getenv("KVTIER_GPU_STAGE_STORES");
   if (stage != nullptr && std::string_view(stage) == "0") io->set_stage_stores(false);
-  stage = std::getenv("KVTIER_GPU_STAGE_LOADS");
-  if (stage != nullptr && std::string_view(stage) == "1") io->set_stage_loads(true);
-  const char* piece_mib = std::getenv("KVTIER_GPU_STORE_PIECE_MIB");
-  if (piece_mib != nullptr) {
-    size_t mib = 0;
-    if (!absl::SimpleAtoi(piece_mib, &mib) || mib > (size_t{1} << 20)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "KVTIER_GPU_STORE_PIECE_MIB is \"", piece_mib, "\": a whole number of MiB (0: one copy)"));
-    }
-    io->set_store_piece_bytes(mib << 20);
-  }
   return io;
 }
 
@@ -550,7 +476,7 @@ absl::StatusOr<std::unique_ptr<LayerwiseLoad>> GpuPagedIo::BeginLayerwiseLoad(
   KVTIER_RETURN_IF_ERROR(kernels::ValidatePagedKvLayout(cache));
   const uint32_t groups = (cache.num_layers + layer_group - 1) / layer_group;
   std::unique_ptr<LayerwiseLoad> load(
-      new LayerwiseLoad(this, client_, cache.num_layers, layer_group));
+      new LayerwiseLoad(client_, cache.num_layers, layer_group));
   load->events_.reserve(groups);
   for (uint32_t g = 0; g < groups; ++g) {
     cudaEvent_t ev;
@@ -598,24 +524,10 @@ absl::StatusOr<std::unique_ptr<LayerwiseLoad>> GpuPagedIo::BeginLayerwiseLoad(
   };
   absl::Status launch;
   kernels::PriorKernel prior = kernels::PriorKernel::kUnknown;
-  // One group: each chunk through one of two staging buffers, in turn, its
-  // copy on the load's copy stream. They are taken at the first decode, as
-  // large as that chunk; a larger chunk (DecodeScatter's rule), or a load
-  // with no device memory or stream to spare, reads over the mapping.
-  bool staged = groups == 1 && stage_loads_.load(std::memory_order_relaxed);
-  size_t staged_count = 0;
   auto decode = [&](size_t i, uint32_t g) {
     if (!held[i] || !launch.ok()) return;
-    const uint8_t* extent = Device(held[i]->data.data());
-    if (staged && load->stagings_.empty()) staged = load->TakeStagings(held[i]->data.size());
-    if (staged) {
-      launch = kernels::DecodeScatter(headers[i], extent, cache, IdsChecked(chunks[i].blocks),
-                                      range_of(g), *load->stagings_[staged_count++ % 2], stream,
-                                      kernels::PriorKernel::kUnknown, load->copy_stream_);
-      return;
-    }
-    launch = kernels::DecodeScatter(headers[i], extent, cache, IdsChecked(chunks[i].blocks),
-                                    range_of(g), stream, prior);
+    launch = kernels::DecodeScatter(headers[i], Device(held[i]->data.data()), cache,
+                                    IdsChecked(chunks[i].blocks), range_of(g), stream, prior);
     prior = kernels::PriorKernel::kLeavesChunk;
   };
   // Holds the chunks of `round` on up to kParallelHolds threads and enqueues

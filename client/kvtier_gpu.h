@@ -24,12 +24,7 @@
 //          group's records are too small for a copy to pay), each launch
 //          after the first chained to the one before it
 //          (kernels::PriorKernel::kLeavesChunk: it loads its part of the
-//          extent while the previous decode finishes). With staged loads
-//          on (set_stage_loads), a load of one group (every layer at once,
-//          the vLLM connector's default) instead copies each chunk with the
-//          copy engine into one of two device staging buffers, on a stream
-//          of its own, and decodes it from there: the next chunk's copy
-//          runs while this one decodes.
+//          extent while the previous decode finishes).
 //
 // Thread-safe: any number of Store, Load and BeginStore / BeginLayerwiseLoad
 // calls may run at once (each launch of GatherEncode gets its own workspace,
@@ -102,12 +97,6 @@ class PendingStore {
   // Where the kernels write the chunk: the device staging buffer, or the
   // slot through the pool's mapping.
   uint8_t* EncodeTarget() const;
-  // Enqueues the copy of the staging buffer into the slot on `stream`: one
-  // copy, or pieces of GpuPagedIo::store_piece_bytes() with at most
-  // kStorePiecesInFlight of them queued (this thread waits for the older
-  // ones), so that another stream's copy waits behind at most those pieces
-  // on the copy engine, not behind the whole chunk.
-  absl::Status CopyToSlot(cudaStream_t stream);
   // Waits (the thread sleeps) for done_. REQUIRES: done_ != nullptr.
   absl::Status WaitDone() const;
 
@@ -174,17 +163,13 @@ class LayerwiseLoad {
 
  private:
   friend class GpuPagedIo;
-  LayerwiseLoad(GpuPagedIo* io, KvtierClient* client, uint32_t num_layers, uint32_t layer_group)
-      : io_(io), client_(client), num_layers_(num_layers), layer_group_(layer_group) {}
+  LayerwiseLoad(KvtierClient* client, uint32_t num_layers, uint32_t layer_group)
+      : client_(client), num_layers_(num_layers), layer_group_(layer_group) {}
 
   // Hashes the sections of held chunks until none is left (a verifier
   // thread's loop); records DataLoss in results_ for a chunk that fails.
   void VerifyHeld();
-  // A copy stream and two staging buffers of `bytes` for a staged load;
-  // false (none taken) without device memory or a stream to spare.
-  bool TakeStagings(size_t bytes);
 
-  GpuPagedIo* const io_;
   KvtierClient* const client_;
   const uint32_t num_layers_;
   const uint32_t layer_group_;
@@ -196,10 +181,6 @@ class LayerwiseLoad {
   std::vector<absl::StatusOr<Tier>> results_;
   std::atomic<size_t> next_verify_{0};
   std::vector<std::thread> verifiers_;  // joined by Finish
-  // A staged load's device buffers (alternating) and the stream of its
-  // copies; the buffers go back to io_'s pool once the decodes finished.
-  std::vector<std::unique_ptr<kernels::HostStaging>> stagings_;
-  cudaStream_t copy_stream_ = nullptr;
   bool finished_ = false;
 };
 
@@ -224,26 +205,6 @@ class GpuPagedIo {
   // Create turns staging off when the environment has
   // KVTIER_GPU_STAGE_STORES=0.
   void set_stage_stores(bool on) { stage_stores_.store(on, std::memory_order_relaxed); }
-
-  // A staged store's copy into the slot in pieces of `bytes` (0: one copy of
-  // the chunk, the default), at most kStorePiecesInFlight queued at a time:
-  // the engine's own device-to-host copies (sampled tokens) then wait behind
-  // a piece instead of a whole chunk, and the thread that enqueues the last
-  // layer's encode waits for the older pieces (the copy's time). Off until
-  // measured in an engine; Create sets it from KVTIER_GPU_STORE_PIECE_MIB.
-  static constexpr size_t kStorePiecesInFlight = 2;
-  void set_store_piece_bytes(size_t bytes) {
-    store_piece_bytes_.store(bytes, std::memory_order_relaxed);
-  }
-  size_t store_piece_bytes() const { return store_piece_bytes_.load(std::memory_order_relaxed); }
-
-  // Whether a layer-wise load of one layer group copies each chunk into a
-  // device staging buffer with the copy engine and decodes it from there,
-  // or its decodes read the pool over the mapping (the default), as those
-  // of loads of several groups do. Off until measured on a GPU against the
-  // mapped reads; Create turns it on when the environment has
-  // KVTIER_GPU_STAGE_LOADS=1.
-  void set_stage_loads(bool on) { stage_loads_.store(on, std::memory_order_relaxed); }
 
   // Encodes the spec.geometry.num_tokens tokens at `blocks` of `cache` as a
   // chunk of `spec` and stores it as `key`. Returns once the daemon has
@@ -305,7 +266,6 @@ class GpuPagedIo {
 
  private:
   friend class PendingStore;
-  friend class LayerwiseLoad;
   GpuPagedIo(KvtierClient* client, std::span<uint8_t> pool, uint8_t* device_pool)
       : client_(client), pool_(pool), device_pool_(device_pool) {}
   // The device address of host bytes inside the registered pool.
@@ -334,8 +294,6 @@ class GpuPagedIo {
   const std::span<uint8_t> pool_;
   uint8_t* const device_pool_;
   std::atomic<bool> stage_stores_{true};
-  std::atomic<size_t> store_piece_bytes_{0};
-  std::atomic<bool> stage_loads_{false};
   absl::Mutex ws_mu_;
   std::vector<uint32_t*> free_workspaces_ ABSL_GUARDED_BY(ws_mu_);
   std::vector<uint32_t*> all_workspaces_ ABSL_GUARDED_BY(ws_mu_);

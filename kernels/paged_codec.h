@@ -154,19 +154,10 @@ class HostStaging {
   size_t capacity() const { return capacity_; }
   uint8_t* data() const { return data_; }
 
-  // The events that hand the buffer between a copy stream and the decode's
-  // stream (DecodeScatter with a copy_stream): created by the first
-  // EnsureEvents, null before.
-  absl::Status EnsureEvents();
-  cudaEvent_t copied() const { return copied_; }
-  cudaEvent_t consumed() const { return consumed_; }
-
  private:
   HostStaging() = default;
   uint8_t* data_ = nullptr;
   size_t capacity_ = 0;
-  cudaEvent_t copied_ = nullptr;    // after the copy into the buffer
-  cudaEvent_t consumed_ = nullptr;  // after the decode that read it
 };
 
 // DecodeScatter of a chunk through `staging`: one cudaMemcpyAsync of the
@@ -179,18 +170,12 @@ class HostStaging {
 //     into the cache (all but 4-bit chunks, for which the kernel reading
 //     host memory is faster);
 // otherwise exactly DecodeScatter above. Results, errors and graph capture
-// as DecodeScatter. With a `copy_stream` (not `stream`, and `stream` not
-// capturing a graph) the copy runs there, after the previous decode from
-// `staging` has read it and before this decode, both ordered by events of
-// `staging`: a load that alternates two stagings copies the next chunk
-// while the decode of the one before runs. REQUIRES: launches that share
-// `staging` are issued from one thread, in order, and (without a
-// `copy_stream`) run in stream order.
+// as DecodeScatter. REQUIRES: launches that share `staging` run in stream
+// order (a launch overwrites what the previous one's decode reads).
 absl::Status DecodeScatter(const codec::ChunkHeader& header, const uint8_t* chunk,
                            const PagedKvLayout& cache, const BlockSpan& blocks,
                            LayerRange layers, HostStaging& staging, cudaStream_t stream,
-                           PriorKernel prior = PriorKernel::kUnknown,
-                           cudaStream_t copy_stream = nullptr);
+                           PriorKernel prior = PriorKernel::kUnknown);
 
 // Every host-side check of DecodeScatter, without launching anything.
 absl::Status ValidateDecodeScatter(const codec::ChunkHeader& header, const uint8_t* chunk,

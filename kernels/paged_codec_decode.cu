@@ -493,18 +493,6 @@ absl::StatusOr<std::unique_ptr<HostStaging>> HostStaging::Create(size_t bytes) {
 
 HostStaging::~HostStaging() {
   if (data_ != nullptr) cudaFree(data_);
-  if (copied_ != nullptr) cudaEventDestroy(copied_);
-  if (consumed_ != nullptr) cudaEventDestroy(consumed_);
-}
-
-absl::Status HostStaging::EnsureEvents() {
-  if (copied_ == nullptr) {
-    KVTIER_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&copied_, cudaEventDisableTiming));
-  }
-  if (consumed_ == nullptr) {
-    KVTIER_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&consumed_, cudaEventDisableTiming));
-  }
-  return absl::OkStatus();
 }
 
 absl::Status HostStaging::Reserve(size_t bytes) {
@@ -520,7 +508,7 @@ absl::Status HostStaging::Reserve(size_t bytes) {
 absl::Status DecodeScatter(const codec::ChunkHeader& header, const uint8_t* chunk,
                            const PagedKvLayout& cache, const BlockSpan& blocks,
                            LayerRange layers, HostStaging& staging, cudaStream_t stream,
-                           PriorKernel prior, cudaStream_t copy_stream) {
+                           PriorKernel prior) {
   KVTIER_ASSIGN_OR_RETURN(CodecParams p, PrepareDecode(header, chunk, cache, blocks, layers));
   KVTIER_ASSIGN_OR_RETURN(const HostAddress host, HostAddressOf(chunk));
   // The bytes from layer b's K record to layer e - 1's V record: the K
@@ -543,35 +531,12 @@ absl::Status DecodeScatter(const codec::ChunkHeader& header, const uint8_t* chun
       8 * own < 3 * written) {
     return LaunchDecode(p, host.in_host, prior, stream);
   }
-  if (copy_stream == stream) copy_stream = nullptr;
-  if (copy_stream != nullptr) {
-    // A capture does not follow the copy stream's work (nothing captured
-    // joins it to the graph): under capture the copy stays on `stream`.
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    KVTIER_CUDA_RETURN_IF_ERROR(cudaStreamIsCapturing(stream, &capture));
-    if (capture != cudaStreamCaptureStatusNone) copy_stream = nullptr;
-  }
-  if (copy_stream != nullptr) {
-    KVTIER_RETURN_IF_ERROR(staging.EnsureEvents());
-    // The previous decode from this buffer has read it (no effect before the
-    // first one).
-    KVTIER_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy_stream, staging.consumed(), 0));
-  }
-  cudaStream_t copier = copy_stream != nullptr ? copy_stream : stream;
   KVTIER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(staging.data(), host.host + first, end - first,
-                                              cudaMemcpyHostToDevice, copier));
-  if (copy_stream != nullptr) {
-    KVTIER_CUDA_RETURN_IF_ERROR(cudaEventRecord(staging.copied(), copy_stream));
-    KVTIER_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream, staging.copied(), 0));
-  }
+                                              cudaMemcpyHostToDevice, stream));
   p.chunk = staging.data();
   p.sec[0].offset = k_at - first;  // mod 2^64 (SectionArgs::offset)
   p.sec[1].offset = v_at - first;
-  KVTIER_RETURN_IF_ERROR(Launch<DecodeK>(p, false, stream));
-  if (copy_stream != nullptr) {
-    KVTIER_CUDA_RETURN_IF_ERROR(cudaEventRecord(staging.consumed(), stream));
-  }
-  return absl::OkStatus();
+  return Launch<DecodeK>(p, false, stream);
 }
 
 absl::Status ValidateDecodeScatter(const codec::ChunkHeader& header, const uint8_t* chunk,

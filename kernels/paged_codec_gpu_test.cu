@@ -41,14 +41,13 @@ std::string Name(const Case& c) {
 }
 
 // Decodes layers `r` of `chunk` (device memory, or mapped pinned host memory,
-// read by the kernel or, with `staging`, copied into it first, on
-// `copy_stream` if given: the decode paths) into a cache poisoned with
-// `poison` and checks it against the CPU reference's decode of `want` into
-// the same poisoned cache.
+// read by the kernel or, with `staging`, copied into it first: the three
+// decode paths) into a cache poisoned with `poison` and checks it against the
+// CPU reference's decode of `want` into the same poisoned cache.
 void CheckDecode(const Case& c, const PagedKvLayout& layout, const std::vector<uint8_t>& want,
                  const codec::ChunkHeader& header, const uint8_t* chunk,
                  const BlockSpan& host_span, const BlockSpan& dev_span, LayerRange r,
-                 HostStaging* staging, uint8_t poison, cudaStream_t copy_stream = nullptr) {
+                 HostStaging* staging, uint8_t poison) {
   testing::PoisonedCaches caches;
   KVTIER_ASSERT_CUDA(caches.Init(c.kind, layout, poison));
   HostCache &expect = caches.expect, &gpu_out = caches.got;
@@ -56,8 +55,7 @@ void CheckDecode(const Case& c, const PagedKvLayout& layout, const std::vector<u
   ASSERT_TRUE(ReferenceDecodeScatter(want, expect.layout, host_span, r).ok());
   absl::Status st = staging == nullptr
                         ? DecodeScatter(header, chunk, dst.layout, dev_span, r, nullptr)
-                        : DecodeScatter(header, chunk, dst.layout, dev_span, r, *staging, nullptr,
-                                        PriorKernel::kUnknown, copy_stream);
+                        : DecodeScatter(header, chunk, dst.layout, dev_span, r, *staging, nullptr);
   ASSERT_TRUE(st.ok()) << st;
   KVTIER_ASSERT_CUDA(cudaDeviceSynchronize());
   KVTIER_ASSERT_CUDA(dst.CopyTo(gpu_out));
@@ -184,32 +182,21 @@ void RunCase(const Case& c, bool inject_non_finite = false) {
   ASSERT_TRUE(staging.ok()) << staging.status();
   auto tiny = HostStaging::Create(16);
   ASSERT_TRUE(tiny.ok()) << tiny.status();
-  cudaStream_t copy_stream;
-  KVTIER_ASSERT_CUDA(cudaStreamCreateWithFlags(&copy_stream, cudaStreamNonBlocking));
   struct Source {
     const uint8_t* chunk;
     HostStaging* staging;
     const char* name;
-    cudaStream_t copy_stream = nullptr;
   };
-  const Source sources[] = {
-      {d_src, nullptr, "device memory"},
-      {hd_src, nullptr, "pinned host memory"},
-      {hd_src, staging->get(), "pinned host memory, staged"},
-      {hd_src, staging->get(), "pinned host memory, staged on a copy stream", copy_stream},
-      // Again: the copy waits for the previous decode's event, then runs.
-      {hd_src, staging->get(), "pinned host memory, staged on a copy stream again", copy_stream},
-      {hd_src, tiny->get(), "pinned host memory, staging < a layer"}};
+  const Source sources[] = {{d_src, nullptr, "device memory"},
+                            {hd_src, nullptr, "pinned host memory"},
+                            {hd_src, staging->get(), "pinned host memory, staged"},
+                            {hd_src, tiny->get(), "pinned host memory, staging < a layer"}};
   for (const Source& src : sources) {
     SCOPED_TRACE(std::string("decode from ") + src.name);
     CheckDecode(c, *layout, *want, *header, src.chunk, host_span, dev_span, LayerRange{},
-                src.staging, 0x5C, src.copy_stream);
-    if (::testing::Test::HasFatalFailure()) {
-      cudaStreamDestroy(copy_stream);
-      return;
-    }
+                src.staging, 0x5C);
+    if (::testing::Test::HasFatalFailure()) return;
   }
-  KVTIER_ASSERT_CUDA(cudaStreamDestroy(copy_stream));
 
   // Layer ranges: the chunk encoded range by range is the single launch's
   // chunk; a range alone writes exactly its layers' records; a range decode

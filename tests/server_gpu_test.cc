@@ -5,7 +5,6 @@
 // cuda_runtime.h (not _api.h): the typed cudaMalloc overloads the helpers use.
 #include <cuda_runtime.h>
 
-#include <cstdlib>
 #include <string>
 
 #include "client/kvtier_client.h"
@@ -269,25 +268,6 @@ void ServerGpuTest::ReferenceLoads(const LayerCase& c, uint32_t first, HostCache
   }
 }
 
-// KVTIER_GPU_STORE_PIECE_MIB: a whole number of MiB, or Create refuses the
-// handle with InvalidArgument naming the variable (and registers nothing:
-// the next Create with a good value works).
-TEST_F(ServerGpuTest, AStorePieceSizeThatIsNotAWholeNumberOfMiBIsRefused) {
-  io_.reset();
-  for (const char* bad : {"", "4.5", "-1", "4MiB", "99999999999999999999", "2000000"}) {
-    SCOPED_TRACE(bad);
-    ASSERT_EQ(setenv("KVTIER_GPU_STORE_PIECE_MIB", bad, 1), 0);
-    auto io = GpuPagedIo::Create(client_.get());
-    ASSERT_EQ(io.status().code(), absl::StatusCode::kInvalidArgument) << io.status();
-    EXPECT_NE(io.status().message().find("KVTIER_GPU_STORE_PIECE_MIB"), std::string::npos);
-  }
-  ASSERT_EQ(setenv("KVTIER_GPU_STORE_PIECE_MIB", "4", 1), 0);
-  auto io = GpuPagedIo::Create(client_.get());
-  unsetenv("KVTIER_GPU_STORE_PIECE_MIB");
-  ASSERT_TRUE(io.ok()) << io.status();
-  EXPECT_EQ((*io)->store_piece_bytes(), size_t{4} << 20);
-}
-
 TEST_F(ServerGpuTest, StoreByLayerRangesIsTheChunkOfOneStore) {
   LayerCase c;
   ASSERT_NO_FATAL_FAILURE(c.Init(31));
@@ -316,21 +296,12 @@ TEST_F(ServerGpuTest, StoreByLayerRangesIsTheChunkOfOneStore) {
                   ->EncodeLayers(c.dev.layout, c.Span(0), {3, kernels::LayerRange::kAllLayers}, b)
                   .ok());
   ASSERT_TRUE((*direct)->Commit(TestKey(43)).ok());
-  // The copy into the slot in pieces (1000 bytes: a short last one), two
-  // queued at a time.
-  io_->set_store_piece_bytes(1000);
-  absl::Status pieces = io_->Store(TestKey(44), c.spec, c.dev.layout, c.Span(0), a);
-  io_->set_store_piece_bytes(0);
-  ASSERT_TRUE(pieces.ok()) << pieces;
   auto one = client_->Get(TestKey(40));
   auto ranged = client_->Get(TestKey(41));
   auto ranged_direct = client_->Get(TestKey(43));
-  auto in_pieces = client_->Get(TestKey(44));
-  ASSERT_TRUE(one.ok() && ranged.ok() && ranged_direct.ok() && in_pieces.ok());
-  ASSERT_GT(one->size(), 3000u);
+  ASSERT_TRUE(one.ok() && ranged.ok() && ranged_direct.ok());
   EXPECT_TRUE(*one == *ranged);
   EXPECT_TRUE(*one == *ranged_direct);
-  EXPECT_TRUE(*one == *in_pieces);
   // An abandoned store gives its slot back.
   {
     auto q = io_->BeginStore(c.spec);
@@ -443,11 +414,10 @@ TEST_F(ServerGpuTest, LayerwiseLoadDecodesEveryFoundChunkAndReportsTheMissing) {
   cudaStreamDestroy(compute);
 }
 
-// A load of one layer group goes through two staging buffers in turn (the
-// third chunk's copy waits until the first chunk's decode has read its
-// buffer); with staging off its decodes read the pool. Both scatter the CPU
-// reference's values and release every hold.
-TEST_F(ServerGpuTest, LayerwiseLoadOfOneGroupMatchesTheCpuCodecStagedOrNot) {
+// A load of one layer group (the vLLM connector's default), its decodes
+// reading the pool, scatters the CPU reference's values and releases every
+// hold; a second load of the same chunks does the same.
+TEST_F(ServerGpuTest, LayerwiseLoadOfOneGroupMatchesTheCpuCodec) {
   LayerCase c;
   ASSERT_NO_FATAL_FAILURE(c.Init(36));
   std::vector<PagedChunk> chunks;
@@ -458,9 +428,8 @@ TEST_F(ServerGpuTest, LayerwiseLoadOfOneGroupMatchesTheCpuCodecStagedOrNot) {
   cudaStream_t stream, compute;
   KVTIER_ASSERT_CUDA(cudaStreamCreate(&stream));
   KVTIER_ASSERT_CUDA(cudaStreamCreate(&compute));
-  for (bool staged : {true, false, true}) {  // the third reuses the pooled buffers
-    SCOPED_TRACE(::testing::Message() << "staged " << staged);
-    io_->set_stage_loads(staged);
+  for (int pass = 0; pass < 2; ++pass) {
+    SCOPED_TRACE(::testing::Message() << "pass " << pass);
     DeviceCache dst;
     HostCache poisoned;
     poisoned.Init(CacheLayout::kVllmFlashAttnNHD, c.host.layout);
@@ -532,8 +501,7 @@ TEST_F(ServerGpuTest, LayerwiseLoadPastTheDaemonsHoldLimitLoadsEveryChunkInRound
   cudaStreamDestroy(stream);
 }
 
-// For layer groups read over the mapping and for one group read through the
-// staging buffers.
+// For several layer groups and for one (every layer at once).
 class LayerwiseCorruptionTest : public ServerGpuTest,
                                 public ::testing::WithParamInterface<uint32_t> {};
 

@@ -29,12 +29,6 @@ Each peer runs in its own process with a fresh engine, in the order given:
                   pass and stays up; engine B (GPU 1), which never saw the
                   documents, runs the warm and gpu_hit passes, so every warm
                   hit is a chunk that A stored
-  kvtier_k16v8_pieces  (only when asked for) kvtier k16v8 with each store's
-                  copy into kvtierd's pool in 4 MiB pieces, two queued
-                  (KVTIER_GPU_STORE_PIECE_MIB=4)
-  kvtier_k16v8_stagedload  (only when asked for) kvtier k16v8 with one-group
-                  loads copied into device memory by the copy engine before
-                  their decode (KVTIER_GPU_STAGE_LOADS=1)
 
 The model is a config.json of --model's shape with dummy weights (vLLM's
 load_format="dummy", seeded, so every engine has the same weights) and token-id
@@ -67,7 +61,7 @@ from pathlib import Path
 
 PEERS = ("no_connector", "offloading", "lmcache", "kvtier_k16v16", "kvtier_k16v8",
          "kvtier_k16v8_zerocopy", "kvtier_k16v8_seal4", "kvtier_k16v8_nice10",
-         "kvtier_k16v8_twoengines", "kvtier_k16v8_pieces", "kvtier_k16v8_stagedload")
+         "kvtier_k16v8_twoengines")
 DEFAULT_PEERS = PEERS[:5]
 
 
@@ -79,9 +73,7 @@ def peer_codec(peer: str) -> str:
 def peer_env(peer: str) -> dict:
     """The environment a peer's engine runs with, beyond the bench's own: the
     GPU path's switches (docs/engines.md) that a variant peer turns."""
-    return {"_zerocopy": {"KVTIER_GPU_STAGE_STORES": "0"},
-            "_pieces": {"KVTIER_GPU_STORE_PIECE_MIB": "4"},
-            "_stagedload": {"KVTIER_GPU_STAGE_LOADS": "1"}}.get(peer[peer.rfind("_"):], {})
+    return {"_zerocopy": {"KVTIER_GPU_STAGE_STORES": "0"}}.get(peer[peer.rfind("_"):], {})
 
 
 def daemon_env(peer: str) -> dict:
