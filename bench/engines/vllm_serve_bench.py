@@ -186,6 +186,34 @@ def lane_env(devs: list | None) -> dict:
             "VLLM_CACHE_ROOT": f"{root}-gpu{tag}"}
 
 
+# vLLM's scheduler gauges, sampled while the benchmark runs: how many requests
+# run and wait, and how full the GPU KV cache is (a connector that keeps a
+# finished request's blocks until its store is done fills it for longer).
+GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
+
+
+def read_metrics(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        return r.read().decode()
+
+
+def sample_gauges(port: int, stop: threading.Event, out: list, every_s: float = 0.5) -> None:
+    """Appends [seconds since start, *GAUGES] to `out` every `every_s` until
+    `stop` is set (a gauge vLLM does not export reads as None)."""
+    t0 = time.monotonic()
+    while not stop.wait(every_s):
+        try:
+            text = read_metrics(port)
+        except OSError:
+            continue
+        values: dict = {}
+        for line in text.splitlines():
+            name = line.split("{")[0].split(" ")[0]
+            if name in GAUGES:
+                values[name] = values.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+        out.append([round(time.monotonic() - t0, 2)] + [values.get(g) for g in GAUGES])
+
+
 def run_peer(args, peer: str, model_dir: Path, tmp: Path, extra_env: dict | None = None) -> dict:
     daemon, socket = None, None
     if peer.startswith("kvtier_"):
@@ -206,12 +234,20 @@ def run_peer(args, peer: str, model_dir: Path, tmp: Path, extra_env: dict | None
         # timed_trace makes each hash block's tokens from a seed of Python's
         # str hash, randomized per process: a fixed PYTHONHASHSEED sends every
         # peer the same prompts (their outputs are compared).
-        subprocess.run(bench_command(args, model_dir, port, result), check=True,
-                       timeout=args.bench_timeout_s,
-                       env=dict(os.environ, PYTHONHASHSEED="0"))
+        gauges: list = []
+        stop = threading.Event()
+        sampler = threading.Thread(target=sample_gauges, args=(port, stop, gauges), daemon=True)
+        sampler.start()
+        try:
+            subprocess.run(bench_command(args, model_dir, port, result), check=True,
+                           timeout=args.bench_timeout_s,
+                           env=dict(os.environ, PYTHONHASHSEED="0"))
+        finally:
+            stop.set()
+            sampler.join()
         summary = json.loads(result.read_text())
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-            metrics = r.read().decode()
+        summary["gauges"] = {"columns": ["t_s", *GAUGES], "samples": gauges}
+        metrics = read_metrics(port)
         summary["connector_counters"] = {
             line.split("{")[0]: float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
             if line.startswith(("vllm:kvtier_", "vllm:kv_offload", "vllm:prefix_cache",
@@ -344,6 +380,7 @@ def main() -> None:
         entry["compiled"] = not args.eager
         entry["connector_counters"] = summary["connector_counters"]
         entry["ttfts_ms"] = [1e3 * t for t in summary.get("ttfts", [])]
+        entry["gauges"] = summary.get("gauges")
         if "no_connector" in outputs:
             same = [a == b for a, b in zip(outputs[peer], outputs["no_connector"], strict=False)]
             entry["outputs_match_no_connector"] = bool(same) and all(same)
