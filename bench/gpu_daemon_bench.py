@@ -143,6 +143,7 @@ def main():
 
         reps = 3
         single_store, single_load, batch_store, batch_load, batch_load_l1 = [], [], [], [], []
+        one_call = []
         engine_thread = []
         for rep in range(reps):
             keys = [key(tag, rep * 100 + i) for i in range(BATCH)]
@@ -175,6 +176,15 @@ def main():
                 list(ex.map(lambda i: kg.store(client, keys[i], cache, ids[i], codec=codec,
                                                stream=streams[i % STORE_THREADS]), range(BATCH)))
             batch_store.append((time.perf_counter() - t0) / BATCH)
+            # The connectors' saver: one store_batch of BATCH chunks from one
+            # thread, on one stream.
+            call_keys = [key(tag + 4, rep * 100 + i) for i in range(BATCH)]
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            errors = kg.store_batch(client, call_keys, cache, ids, codec=codec, stream=streams[0])
+            one_call.append((time.perf_counter() - t0) / BATCH)
+            assert all(e is None for e in errors), errors
+            delete(client, call_keys)
             # Single loads.
             torch.cuda.synchronize()
             t0 = time.perf_counter()
@@ -206,6 +216,7 @@ def main():
              "store_single": entry(median(single_store), d2h_1),
              "store_single_engine_thread": entry(median(engine_thread), d2h_1),
              "store_batch": entry(median(batch_store), d2h_b),
+             "store_batch_one_call": entry(median(one_call), d2h_b),
              "load_single": entry(median(single_load), h2d_1),
              "load_batch_layerwise_group32": entry(median(batch_load), h2d_b),
              "load_batch_layerwise_group1": entry(median(batch_load_l1), h2d_b)}
@@ -216,7 +227,8 @@ def main():
                                       "batch_group1": r["load_batch_layerwise_group1"]["vs_pinned_memcpy"]}
         results["codecs"][codec] = r
         print(f"{codec:7s} host verify (reader's check)     {r['host_verify_GBps']:6.1f} GB/s", flush=True)
-        for name in ("store_single", "store_single_engine_thread", "store_batch", "load_single",
+        for name in ("store_single", "store_single_engine_thread", "store_batch",
+                     "store_batch_one_call", "load_single",
                      "load_batch_layerwise_group32",
                      "load_batch_layerwise_group1"):
             e = r[name]

@@ -90,10 +90,15 @@ PendingStore::~PendingStore() {
     if (done_ != nullptr) cudaEventDestroy(done_);
     return;
   }
-  // Launches may still write into the slot: wait before giving it back.
-  absl::Status st = done_ != nullptr ? WaitDone()
-                    : next_layer_ > 0 || broken_ ? Sync(stream_)
-                                                 : absl::OkStatus();
+  // Launches may still write into the slot: wait before giving it back
+  // (after WaitEncoded none can).
+  absl::Status st;
+  if (encoded_) {
+  } else if (done_ != nullptr) {
+    st = WaitDone();
+  } else if (next_layer_ > 0 || broken_) {
+    st = Sync(stream_);
+  }
   if (done_ != nullptr) cudaEventDestroy(done_);
   if (workspace_ != nullptr) io_->ReturnWorkspace(workspace_, /*dirty=*/broken_ || !st.ok());
   // A buffer or slot that a kernel may still write is not reused: the buffer
@@ -170,7 +175,8 @@ absl::Status PendingStore::EncodeLayers(const kernels::PagedKvLayout& cache,
   return absl::OkStatus();
 }
 
-absl::Status PendingStore::Commit(const Hash128& key, const PutOptions& options) {
+absl::Status PendingStore::WaitEncoded() {
+  if (encoded_) return absl::OkStatus();
   if (slot_gone_ || broken_) return absl::FailedPreconditionError("the store was committed or failed");
   if (next_layer_ != spec_.geometry.num_layers) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -185,6 +191,14 @@ absl::Status PendingStore::Commit(const Hash128& key, const PutOptions& options)
   io_->ReturnWorkspace(workspace_, /*dirty=*/false);
   workspace_ = nullptr;
   if (staging_ != nullptr) io_->ReturnStaging(std::move(staging_));
+  cudaEventDestroy(done_);
+  done_ = nullptr;
+  encoded_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status PendingStore::Commit(const Hash128& key, const PutOptions& options) {
+  KVTIER_RETURN_IF_ERROR(WaitEncoded());
   slot_gone_ = true;
   // The kernels wrote everything but the checksums, straight into the slot
   // (the header with its flags): the daemon computes them as it commits, in
@@ -397,10 +411,34 @@ std::vector<absl::Status> GpuPagedIo::StoreBatch(std::span<const PagedChunk> chu
                                                  cudaStream_t stream, const PutOptions& options) {
   std::vector<absl::Status> out(chunks.size());
   std::deque<std::pair<size_t, std::unique_ptr<PendingStore>>> encoded;
+  WorkerPool* committers;
+  {
+    absl::MutexLock l(&commit_mu_);
+    // Each commit mostly waits for the daemon's seal.
+    if (committers_ == nullptr) committers_ = std::make_unique<WorkerPool>(kStoreBatchCommits);
+    committers = committers_.get();
+  }
+  absl::Mutex mu;
+  size_t committing = 0;  // this call's commits in flight, guarded by mu
+  // The oldest chunk's device work is waited for here (its staging buffer
+  // then serves the next encode); its commit goes to the commit threads.
   auto commit_oldest = [&] {
-    auto& [i, pending] = encoded.front();
-    out[i] = pending->Commit(chunks[i].key, options);
+    const size_t i = encoded.front().first;
+    std::unique_ptr<PendingStore> pending = std::move(encoded.front().second);
     encoded.pop_front();
+    out[i] = pending->WaitEncoded();
+    if (!out[i].ok()) return;
+    mu.LockWhen(absl::Condition(
+        +[](size_t* n) { return *n < kStoreBatchCommits; }, &committing));
+    ++committing;
+    mu.Unlock();
+    committers->Schedule([&, i, pending = std::move(pending)]() mutable {
+      absl::Status st = pending->Commit(chunks[i].key, options);
+      pending.reset();  // no device call: WaitEncoded gave everything back
+      absl::MutexLock l(&mu);
+      out[i] = std::move(st);
+      --committing;
+    });
   };
   alignas(16) const uint8_t probe_dst[16] = {};
   const uint32_t probe_ws = 0;
@@ -419,6 +457,8 @@ std::vector<absl::Status> GpuPagedIo::StoreBatch(std::span<const PagedChunk> chu
     if (out[i].ok()) encoded.emplace_back(i, *std::move(pending));
   }
   while (!encoded.empty()) commit_oldest();
+  mu.LockWhen(absl::Condition(+[](size_t* n) { return *n == 0; }, &committing));
+  mu.Unlock();
   return out;
 }
 

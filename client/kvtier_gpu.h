@@ -53,6 +53,7 @@
 #include "client/kvtier_client.h"
 #include "codec/chunk.h"
 #include "common/hash.h"
+#include "common/worker_pool.h"
 #include "kernels/paged_codec.h"
 #include "kernels/paged_layout.h"
 
@@ -83,9 +84,15 @@ class PendingStore {
   // The layers encoded so far: [0, encoded_layers()).
   uint32_t encoded_layers() const { return next_layer_; }
 
-  // Waits for the encodes and commits the chunk as `key`, unsealed: the
-  // daemon computes its checksums as it commits (PutOptions::daemon_seals),
-  // in its one pass over the chunk, spread over its worker pool.
+  // Waits for the encodes and the copy into the slot, and gives the device
+  // buffers back: after it the chunk's blocks may be reused and Commit
+  // makes no CUDA call. FailedPrecondition unless every layer was encoded;
+  // a CUDA error otherwise (the store is then broken). Idempotent.
+  absl::Status WaitEncoded();
+
+  // WaitEncoded, then commits the chunk as `key`, unsealed: the daemon
+  // computes its checksums as it commits (PutOptions::daemon_seals), in its
+  // one pass over the chunk, spread over its worker pool.
   // FailedPrecondition unless every layer was encoded; the daemon's codes
   // otherwise. The slot is aborted on any error.
   absl::Status Commit(const Hash128& key, const PutOptions& options = {});
@@ -110,6 +117,7 @@ class PendingStore {
   cudaStream_t stream_ = nullptr;  // of the last EncodeLayers
   cudaEvent_t done_ = nullptr;     // recorded after the last layer's launches
   uint32_t next_layer_ = 0;
+  bool encoded_ = false;    // WaitEncoded succeeded: no device work left
   bool slot_gone_ = false;  // committed or aborted
   bool broken_ = false;     // a launch or the wait for it failed
 };
@@ -218,12 +226,17 @@ class GpuPagedIo {
                      cudaStream_t stream, const PutOptions& options = {});
 
   // Stores chunks[i] (spec.geometry.num_tokens tokens at chunks[i].blocks of
-  // `cache`) as chunks[i].key, in order, each as Store would: the encode and
-  // copy of up to kStoreBatchDepth chunks run on `stream` ahead of the
-  // commit that waits for the oldest, so the device works while the daemon
-  // seals. One status per chunk, Store's codes; a chunk that fails does not
-  // stop the others (the daemon's pool filling up fails the rest alike).
+  // `cache`) as chunks[i].key, each as Store would: the encodes and copies
+  // run in order on `stream`, up to kStoreBatchDepth chunks ahead of the
+  // oldest one this thread waits for; once a chunk is in its slot, its
+  // commit (the daemon's seal) runs on the handle's commit threads, up to
+  // kStoreBatchCommits of this call's at once, so neither the device nor
+  // the next encodes wait for the daemon. Commits may complete out of order.
+  // Returns once every commit has. One status per chunk, Store's codes; a
+  // chunk that fails does not stop the others (the daemon's pool filling up
+  // fails the rest alike).
   static constexpr size_t kStoreBatchDepth = 3;
+  static constexpr size_t kStoreBatchCommits = 4;
   std::vector<absl::Status> StoreBatch(std::span<const PagedChunk> chunks,
                                        const codec::ChunkSpec& spec,
                                        const kernels::PagedKvLayout& cache, cudaStream_t stream,
@@ -294,6 +307,9 @@ class GpuPagedIo {
   const std::span<uint8_t> pool_;
   uint8_t* const device_pool_;
   std::atomic<bool> stage_stores_{true};
+  // StoreBatch's commit threads, made at its first call.
+  absl::Mutex commit_mu_;
+  std::unique_ptr<WorkerPool> committers_ ABSL_GUARDED_BY(commit_mu_);
   absl::Mutex ws_mu_;
   std::vector<uint32_t*> free_workspaces_ ABSL_GUARDED_BY(ws_mu_);
   std::vector<uint32_t*> all_workspaces_ ABSL_GUARDED_BY(ws_mu_);

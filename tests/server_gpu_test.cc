@@ -168,7 +168,7 @@ TEST_F(ServerGpuTest, PagedCacheStoreAndLoadMatchTheCpuCodec) {
       KVTIER_ASSERT_CUDA(dst.CopyTo(gpu_out));
       for (uint32_t l = 0; l < kLayers; ++l) {
         ASSERT_EQ(gpu_out.k_tensors[l], expect.k_tensors[l]) << "layer " << l;
-        if (!gpu_out.v_tensors.empty()) ASSERT_EQ(gpu_out.v_tensors[l], expect.v_tensors[l]);
+        if (!gpu_out.v_tensors.empty()) { ASSERT_EQ(gpu_out.v_tensors[l], expect.v_tensors[l]); }
       }
       // The hold of the load was released: the chunk can be deleted.
       EXPECT_TRUE(client_->Delete(key).ok());
@@ -202,7 +202,7 @@ TEST_F(ServerGpuTest, StoreWithAMismatchedSpecIsInvalidArgumentAndLeaksNoSlot) {
   auto stats = client_->Stats();
   ASSERT_TRUE(stats.ok());
   for (const TierStats& t : stats->tiers) {
-    if (t.tier == Tier::kDram) EXPECT_EQ(t.used_bytes, 0u);
+    if (t.tier == Tier::kDram) { EXPECT_EQ(t.used_bytes, 0u); }
   }
   cudaFree(d_ids);
 }
@@ -295,6 +295,10 @@ TEST_F(ServerGpuTest, StoreByLayerRangesIsTheChunkOfOneStore) {
   ASSERT_TRUE((*direct)
                   ->EncodeLayers(c.dev.layout, c.Span(0), {3, kernels::LayerRange::kAllLayers}, b)
                   .ok());
+  // WaitEncoded first (the device's part alone, twice: idempotent), then
+  // the commit, which makes no CUDA call.
+  ASSERT_TRUE((*direct)->WaitEncoded().ok());
+  ASSERT_TRUE((*direct)->WaitEncoded().ok());
   ASSERT_TRUE((*direct)->Commit(TestKey(43)).ok());
   auto one = client_->Get(TestKey(40));
   auto ranged = client_->Get(TestKey(41));
@@ -302,11 +306,19 @@ TEST_F(ServerGpuTest, StoreByLayerRangesIsTheChunkOfOneStore) {
   ASSERT_TRUE(one.ok() && ranged.ok() && ranged_direct.ok());
   EXPECT_TRUE(*one == *ranged);
   EXPECT_TRUE(*one == *ranged_direct);
-  // An abandoned store gives its slot back.
+  // An abandoned store gives its slot back, part-encoded or wholly encoded
+  // and waited for; WaitEncoded before the last layer is refused.
   {
     auto q = io_->BeginStore(c.spec);
     ASSERT_TRUE(q.ok());
     ASSERT_TRUE((*q)->EncodeLayers(c.dev.layout, c.Span(1), {0, 2}, a).ok());
+    EXPECT_EQ((*q)->WaitEncoded().code(), absl::StatusCode::kFailedPrecondition);
+  }
+  {
+    auto q = io_->BeginStore(c.spec);
+    ASSERT_TRUE(q.ok());
+    ASSERT_TRUE((*q)->EncodeLayers(c.dev.layout, c.Span(1), {}, a).ok());
+    ASSERT_TRUE((*q)->WaitEncoded().ok());
   }
   EXPECT_EQ(client_->Get(TestKey(42)).status().code(), absl::StatusCode::kNotFound);
   cudaStreamDestroy(a);
@@ -318,11 +330,12 @@ TEST_F(ServerGpuTest, StoreBatchStoresEachChunkAsStoreWouldAndReportsEachFailure
   ASSERT_NO_FATAL_FAILURE(c.Init(33));
   cudaStream_t stream;
   KVTIER_ASSERT_CUDA(cudaStreamCreate(&stream));
-  // More chunks than StoreBatch encodes ahead, one of them with a block list
-  // one block short (InvalidArgument for it alone).
+  // More chunks than StoreBatch encodes ahead and commits at once, one of
+  // them with a block list one block short (InvalidArgument for it alone).
   std::vector<PagedChunk> chunks;
   std::vector<uint32_t> source;  // the LayerCase chunk each entry holds
-  for (uint32_t i = 0; i < GpuPagedIo::kStoreBatchDepth + 3; ++i) {
+  for (uint32_t i = 0; i < GpuPagedIo::kStoreBatchDepth + GpuPagedIo::kStoreBatchCommits + 3;
+       ++i) {
     source.push_back(i % LayerCase::kChunks);
     chunks.push_back({TestKey(200 + i), c.Span(source.back())});
   }
@@ -525,7 +538,7 @@ TEST_P(LayerwiseCorruptionTest, LayerwiseLoadReportsAChunkCorruptedInThePoolAtFi
   ASSERT_EQ(r.size(), size_t{LayerCase::kChunks});
   EXPECT_EQ(r[1].status().code(), absl::StatusCode::kDataLoss) << r[1].status();
   for (uint32_t i = 0; i < LayerCase::kChunks; ++i) {
-    if (i != 1) EXPECT_TRUE(r[i].ok()) << i << ": " << r[i].status();
+    if (i != 1) { EXPECT_TRUE(r[i].ok()) << i << ": " << r[i].status(); }
   }
   // The corrupt chunk is never served as good again.
   const absl::StatusCode code = client_->Get(TestKey(81)).status().code();
