@@ -105,7 +105,8 @@ KVTIER_C_EXPORT int kvtier_gpu_store(kvtier_gpu* gpu, const uint8_t key[16],
 /* kvtier_gpu_store of n chunks in one call: chunk i is keys[16 * i, 16 * i +
  * 16) with its num_ids block ids at block_ids[i * num_ids] (host memory),
  * every chunk num_tokens tokens from first_slot. The encodes of the next
- * chunks run on `stream` while the daemon commits the earlier ones.
+ * chunks run on `stream` while the daemon commits the earlier ones, up to
+ * four commits at once. Returns once every chunk is committed or failed.
  * statuses (n entries, may be null) gets each chunk's code; returns
  * KVTIER_OK if every chunk was stored, else the first failed chunk's code
  * (its message in kvtier_last_error). A chunk that fails does not stop the
