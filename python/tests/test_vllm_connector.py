@@ -637,6 +637,11 @@ def test_transfer_counts_reach_vllms_stats_logger_and_prometheus(model_dir, kvti
     stored = sum(s.get("chunks_stored", 0) for s in writer.transfer_stats)
     assert stored == 2
     assert sum(s.get("store_seconds", 0) for s in writer.transfer_stats) > 0
+    # Two chunks' blocks kept at least as long as the saver worked on them.
+    per_chunk = CHUNK // BLOCK
+    held = sum(s.get("store_block_seconds", 0) for s in writer.transfer_stats)
+    saving = sum(s.get("store_seconds", 0) for s in writer.transfer_stats)
+    assert held > 0 and held >= 2 * per_chunk * saving - 1e-3  # both rounded
     reader = Engine(model_dir, _extra(kvtierd), seed=1)
     reader.scheduler.add_request(make_request("r", tokens))
     reader.run_until_idle()

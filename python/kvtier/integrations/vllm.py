@@ -647,7 +647,7 @@ class KvtierConnector(KVConnectorBase_V1):
                 self._failed_blocks.update(job.block_ids[i])
         self._pending_loads = []
 
-    def _save_job(self, job: ChunkJob, ready) -> None:
+    def _save_job(self, job: ChunkJob, ready, submitted: float) -> None:
         stream = self._save_stream
         start = time.perf_counter()
         stored = failed = 0
@@ -671,8 +671,9 @@ class KvtierConnector(KVConnectorBase_V1):
             with self._mu:
                 self._saved.add(job.req_id)
                 self._pending_save_chunks -= len(job.keys)
-                self._count(chunks_stored=stored, store_errors=failed,
-                            store_seconds=time.perf_counter() - start)
+                end = time.perf_counter()
+                self._count(chunks_stored=stored, store_errors=failed, store_seconds=end - start,
+                            store_block_seconds=sum(map(len, job.block_ids)) * (end - submitted))
                 if self._pending_save_chunks == 0:
                     self._saves_idle.notify_all()
 
@@ -717,7 +718,7 @@ class KvtierConnector(KVConnectorBase_V1):
             if skip:
                 logger.debug("kvtier: save queue full; request %s not stored", job.req_id)
                 continue
-            self._saver.submit(self._save_job, job, ready)
+            self._saver.submit(self._save_job, job, ready, time.perf_counter())
 
     def get_finished(self, finished_req_ids: set) -> tuple[set | None, set | None]:
         # A save is reported once vLLM has named its request as finished.

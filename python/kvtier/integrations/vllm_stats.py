@@ -24,6 +24,11 @@ COUNTERS = {
     "store_errors": ("vllm:kvtier_store_errors", "Requests whose store failed (not retried)."),
     "store_seconds": ("vllm:kvtier_store_seconds",
                       "Seconds the connector's saver spent storing (encode, copy, commit)."),
+    "store_block_seconds": (
+        "vllm:kvtier_store_block_seconds",
+        "GPU KV blocks times the seconds they were kept for a finished request's store, from "
+        "the save's submission to its end, summed over workers (its rate is the blocks the "
+        "stores keep from the cache on average)."),
     "chunks_loaded": ("vllm:kvtier_chunks_loaded", "Chunks loaded from kvtierd."),
     "load_errors": ("vllm:kvtier_load_errors",
                     "Chunks that failed to load and were recomputed."),
@@ -54,6 +59,7 @@ class KvtierConnectorStats(KVConnectorStats):
     def reduce(self) -> dict[str, int | float]:
         out: dict[str, int | float] = {k: v for k, v in self.data.items() if k in COUNTERS}
         out["store_seconds"] = round(float(out["store_seconds"]), 4)
+        out["store_block_seconds"] = round(float(out["store_block_seconds"]), 4)
         if self.data["chunks_stored"]:
             out["store_ms_per_chunk"] = round(
                 1e3 * self.data["store_seconds"] / self.data["chunks_stored"], 3)
