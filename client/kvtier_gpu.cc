@@ -93,10 +93,9 @@ PendingStore::~PendingStore() {
   // Launches may still write into the slot: wait before giving it back
   // (after WaitEncoded none can).
   absl::Status st;
-  if (encoded_) {
-  } else if (done_ != nullptr) {
+  if (!encoded_ && done_ != nullptr) {
     st = WaitDone();
-  } else if (next_layer_ > 0 || broken_) {
+  } else if (!encoded_ && (next_layer_ > 0 || broken_)) {
     st = Sync(stream_);
   }
   if (done_ != nullptr) cudaEventDestroy(done_);
