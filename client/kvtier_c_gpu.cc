@@ -56,18 +56,15 @@ struct kvtier_gpu_cache {
 struct kvtier_gpu {
   int device = 0;
   std::shared_ptr<kvtier::client::KvtierClient> client;  // outlives io
+  // Its commit threads run kvtier_gpu_store_commit_async's commits; its
+  // destructor runs every queued one while client still exists.
   std::unique_ptr<kvtier::client::GpuPagedIo> io;
-  // Threads of kvtier_gpu_store_commit_async, started at its first call.
-  // Destroyed first (declared last): its destructor runs every queued
-  // commit while io and client still exist.
-  absl::Mutex committers_mu;
-  std::unique_ptr<kvtier::WorkerPool> committers ABSL_GUARDED_BY(committers_mu);
 };
 
 struct kvtier_gpu_store_op {
   kvtier_gpu* gpu = nullptr;
   std::unique_ptr<kvtier::client::PendingStore> pending;  // moved to the task by commit_async
-  // commit_async's result, set by its task on kvtier_gpu::committers (an op
+  // commit_async's result, set by its task on the handle's commit threads (an op
   // released before the commit ends leaves it running).
   std::shared_future<absl::Status> committed;
 };
@@ -442,19 +439,12 @@ int kvtier_gpu_store_commit_async(kvtier_gpu_store_op* op, const uint8_t key[16]
     return Fail(absl::FailedPreconditionError("the store was committed asynchronously before"));
   }
   kvtier_gpu* gpu = op->gpu;
-  kvtier::WorkerPool* pool;
-  {
-    absl::MutexLock l(&gpu->committers_mu);
-    // A few commits in flight at once: each mostly waits (for the encodes,
-    // then for the daemon's seal).
-    if (gpu->committers == nullptr) gpu->committers = std::make_unique<kvtier::WorkerPool>(4);
-    pool = gpu->committers.get();
-  }
+  kvtier::WorkerPool& pool = gpu->io->Committers();
   std::promise<absl::Status> result;
   op->committed = result.get_future().share();
   kvtier::client::PutOptions o;
   o.durable = durable != 0;
-  pool->Schedule([pending = std::move(op->pending), result = std::move(result), key = KeyOf(key),
+  pool.Schedule([pending = std::move(op->pending), result = std::move(result), key = KeyOf(key),
                   o, device = gpu->device]() mutable {
     absl::Status st;
     {

@@ -282,10 +282,22 @@ absl::StatusOr<std::unique_ptr<GpuPagedIo>> GpuPagedIo::Create(KvtierClient* cli
 }
 
 GpuPagedIo::~GpuPagedIo() {
+  {
+    // Queued commits use the workspaces and the mapping freed below.
+    absl::MutexLock l(&commit_mu_);
+    committers_.reset();
+  }
   absl::MutexLock l(&ws_mu_);
   for (uint32_t* ws : all_workspaces_) cudaFree(ws);
   free_stagings_.clear();
   cudaHostUnregister(pool_.data());
+}
+
+WorkerPool& GpuPagedIo::Committers() {
+  absl::MutexLock l(&commit_mu_);
+  // Each commit mostly waits (for the encodes, then for the daemon's seal).
+  if (committers_ == nullptr) committers_ = std::make_unique<WorkerPool>(kStoreBatchCommits);
+  return *committers_;
 }
 
 absl::StatusOr<uint32_t*> GpuPagedIo::TakeWorkspace() {
@@ -410,13 +422,7 @@ std::vector<absl::Status> GpuPagedIo::StoreBatch(std::span<const PagedChunk> chu
                                                  cudaStream_t stream, const PutOptions& options) {
   std::vector<absl::Status> out(chunks.size());
   std::deque<std::pair<size_t, std::unique_ptr<PendingStore>>> encoded;
-  WorkerPool* committers;
-  {
-    absl::MutexLock l(&commit_mu_);
-    // Each commit mostly waits for the daemon's seal.
-    if (committers_ == nullptr) committers_ = std::make_unique<WorkerPool>(kStoreBatchCommits);
-    committers = committers_.get();
-  }
+  WorkerPool& committers = Committers();
   absl::Mutex mu;
   size_t committing = 0;  // this call's commits in flight, guarded by mu
   // The oldest chunk's device work is waited for here (its staging buffer
@@ -431,7 +437,7 @@ std::vector<absl::Status> GpuPagedIo::StoreBatch(std::span<const PagedChunk> chu
         +[](size_t* n) { return *n < kStoreBatchCommits; }, &committing));
     ++committing;
     mu.Unlock();
-    committers->Schedule([&, i, pending = std::move(pending)]() mutable {
+    committers.Schedule([&, i, pending = std::move(pending)]() mutable {
       absl::Status st = pending->Commit(chunks[i].key, options);
       pending.reset();  // no device call: WaitEncoded gave everything back
       absl::MutexLock l(&mu);

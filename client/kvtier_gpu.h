@@ -206,6 +206,12 @@ class GpuPagedIo {
 
   KvtierClient* client() const { return client_; }
 
+  // The handle's commit threads (kStoreBatchCommits of them, started at the
+  // first call): StoreBatch's commits, and a caller's own (the C API's
+  // kvtier_gpu_store_commit_async). A task may use this handle: the
+  // destructor runs every queued task first.
+  WorkerPool& Committers();
+
   // Whether a store encodes into a device staging buffer and copies the
   // chunk into the slot with the copy engine (the default), or the kernels
   // write the slot through the pool mapping (the SMs wait on PCIe). A store
@@ -307,9 +313,8 @@ class GpuPagedIo {
   const std::span<uint8_t> pool_;
   uint8_t* const device_pool_;
   std::atomic<bool> stage_stores_{true};
-  // StoreBatch's commit threads, made at its first call.
   absl::Mutex commit_mu_;
-  std::unique_ptr<WorkerPool> committers_ ABSL_GUARDED_BY(commit_mu_);
+  std::unique_ptr<WorkerPool> committers_ ABSL_GUARDED_BY(commit_mu_);  // Committers()
   absl::Mutex ws_mu_;
   std::vector<uint32_t*> free_workspaces_ ABSL_GUARDED_BY(ws_mu_);
   std::vector<uint32_t*> all_workspaces_ ABSL_GUARDED_BY(ws_mu_);
