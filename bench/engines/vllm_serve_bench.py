@@ -192,9 +192,16 @@ def lane_env(devs: list | None) -> dict:
 GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
 
 
-def read_metrics(port: int) -> str:
+def read_metrics(port: int) -> dict:
+    """The server's Prometheus samples, name -> value summed over label sets."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-        return r.read().decode()
+        text = r.read().decode()
+    values: dict = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name = line.split("{")[0].split(" ")[0]
+            values[name] = values.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    return values
 
 
 def sample_gauges(port: int, stop: threading.Event, out: list, every_s: float = 0.5) -> None:
@@ -203,14 +210,9 @@ def sample_gauges(port: int, stop: threading.Event, out: list, every_s: float = 
     t0 = time.monotonic()
     while not stop.wait(every_s):
         try:
-            text = read_metrics(port)
+            values = read_metrics(port)
         except OSError:
             continue
-        values: dict = {}
-        for line in text.splitlines():
-            name = line.split("{")[0].split(" ")[0]
-            if name in GAUGES:
-                values[name] = values.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
         out.append([round(time.monotonic() - t0, 2)] + [values.get(g) for g in GAUGES])
 
 
@@ -247,11 +249,10 @@ def run_peer(args, peer: str, model_dir: Path, tmp: Path, extra_env: dict | None
             sampler.join()
         summary = json.loads(result.read_text())
         summary["gauges"] = {"columns": ["t_s", *GAUGES], "samples": gauges}
-        metrics = read_metrics(port)
         summary["connector_counters"] = {
-            line.split("{")[0]: float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
-            if line.startswith(("vllm:kvtier_", "vllm:kv_offload", "vllm:prefix_cache",
-                                "vllm:external_prefix_cache")) and "_total" in line}
+            name: value for name, value in read_metrics(port).items()
+            if name.startswith(("vllm:kvtier_", "vllm:kv_offload", "vllm:prefix_cache",
+                                "vllm:external_prefix_cache")) and "_total" in name}
         return summary
     finally:
         vllm_bench.stop_group(server)
