@@ -127,16 +127,19 @@ class Engine:
     one worker per tensor-parallel rank, each with its share of the KV heads
     and its rank as vLLM's parallel state gives it, every worker call made on
     each rank and their outputs combined as vLLM's executor does (a request's
-    transfer is finished once every rank reports it)."""
+    transfer is finished once every rank reports it). ``decode_writes``: the
+    forward writes the blocks of every scheduled token (running requests'
+    too), not only those of the requests it prefills."""
 
     def __init__(self, model_dir: str, extra: dict, seed: int = 0, layout="LBNHC",
                  kv_role: str = "kv_both", runner: str = "0.31", kv_events: bool = False,
-                 tp: int = 1):
+                 tp: int = 1, decode_writes: bool = False):
         self.config = vllm_config(model_dir, extra, kv_role, kv_events)
         self.config.parallel_config.tensor_parallel_size = tp
         kvc, self.caches = vllm_kv_caches(self.config, layout, heads=HEADS // tp)
         self.config.cache_config.num_gpu_blocks = NUM_BLOCKS
         self.runner = runner
+        self.decode_writes = decode_writes
         self.scheduler = Scheduler(vllm_config=self.config, kv_cache_config=kvc, log_stats=True,
                                    structured_output_manager=StructuredOutputManager(self.config),
                                    block_size=BLOCK)
@@ -164,10 +167,14 @@ class Engine:
 
     def forward(self, out) -> None:
         """Writes new random KV into the blocks of every token this step computes."""
-        for req in out.scheduled_new_reqs:
-            first = req.num_computed_tokens
-            n = out.num_scheduled_tokens[req.req_id]
-            blocks = req.block_ids[0]
+        spans = [(r.req_id, r.num_computed_tokens, r.block_ids[0])
+                 for r in out.scheduled_new_reqs]
+        if self.decode_writes:
+            cached = out.scheduled_cached_reqs
+            spans += [(r, c, self.blocks_of(r))
+                      for r, c in zip(cached.req_ids, cached.num_computed_tokens, strict=True)]
+        for req_id, first, blocks in spans:
+            n = out.num_scheduled_tokens[req_id]
             for b in range(first // BLOCK, (first + n + BLOCK - 1) // BLOCK):
                 for kv in self.kvs:
                     for t in kv.k + kv.v:
@@ -178,6 +185,7 @@ class Engine:
         out = self.scheduler.schedule()
         meta = out.kv_connector_metadata
         for w in self.workers:
+            w.handle_preemptions(meta)  # vLLM 0.26+: before the step's inputs and forward
             w.bind_connector_metadata(meta)
             w.start_load_kv(None)
             for name in self.caches:
@@ -441,6 +449,83 @@ def test_a_finished_requests_save_does_not_wait_for_the_next_forward(model_dir, 
     assert seen == [(0, True)]
     assert w.save_errors == 0
     eng.run_until_idle()
+    eng.shutdown()
+
+
+@pytest.mark.parametrize("running", [True, False])
+def test_a_running_requests_prompt_is_stored_while_it_decodes(model_dir, kvtierd, running):
+    """save_while_running: the step after a prefill hands the prompt's chunks to
+    the workers, who store them while the request decodes; when it finishes, only
+    the chunk its output completed is left to store, and nothing is stored twice.
+    Off, every chunk is stored at the finish."""
+    tokens = _prompt(2 * CHUNK + 3, 51)
+    ident = engine.engine_identity(model_dir, torch.bfloat16, "k16v16")
+    # The fake model samples token 7; the output completes a third chunk.
+    keys = kvtier.chunk_keys(ident.fingerprint(), tokens + [7] * CHUNK, CHUNK)[:3]
+    eng = Engine(model_dir, _extra(kvtierd, save_while_running=running))
+    saved = _count_saves(eng)
+    eng.scheduler.add_request(make_request("r", tokens, max_tokens=CHUNK))
+    assert eng.step().kv_connector_metadata.saves == []  # the prefill
+    jobs = eng.step().kv_connector_metadata.saves  # the first decode step
+    if running:
+        assert [(j.req_id, j.running, len(j.keys)) for j in jobs] == [("r", True, 2)]
+        with kvtier.Client(socket=kvtierd.socket) as c:
+            eventually(lambda: c.lookup(keys[:2]) == ["dram"] * 2)
+        assert not eng.scheduler.requests["r"].is_finished()
+    else:
+        assert jobs == []
+    eng.run_until_idle()
+    assert saved == [bytes(k) for k in keys]
+    assert eng.worker.save_errors == 0
+    with kvtier.Client(socket=kvtierd.socket) as c:
+        assert c.lookup(keys) == ["dram"] * 3
+    eng.shutdown()
+
+
+def test_a_request_preempted_while_its_prompt_is_stored_waits_for_the_store(model_dir,
+                                                                             kvtierd):
+    """vLLM preempts a running request when the cache is full and gives its blocks
+    to others in the same step. Its prompt's store (handed over while it ran) may
+    still be reading them: the workers finish it in handle_preemptions, before
+    the step's forward writes any block."""
+    eng = Engine(model_dir, _extra(kvtierd), decode_writes=True)
+    order: list = []
+    mover = eng.worker.mover
+    real_save_many = mover.save_many
+
+    def slow_save_many(keys, block_ids, **kw):
+        time.sleep(0.3)  # still in flight when the preemption comes
+        out = real_save_many(keys, block_ids, **kw)
+        order.append(("stored", len(keys)))
+        return out
+    mover.save_many = slow_save_many
+
+    def forward(out):
+        order.append(("forward", tuple(out.preempted_req_ids or ())))
+        Engine.forward(eng, out)
+    eng.forward = forward
+    # Two prompts of 30 blocks each in a cache of 63: their decodes need the
+    # 32nd blocks at token 497, and the second one is preempted.
+    for req_id, salt in (("a", 61), ("b", 62)):
+        eng.scheduler.add_request(make_request(req_id, _prompt(15 * CHUNK, salt), max_tokens=24))
+    assert len(eng.step().scheduled_new_reqs) == 2
+    for _ in range(30):
+        out = eng.step()
+        if out.preempted_req_ids:
+            break
+    assert out.preempted_req_ids == {"b"}
+    assert out.kv_connector_metadata.preempted == ["b"]
+    # Both prompts' saves (a's, then b's, on the one save thread) ended before the
+    # forward of the step that preempted b.
+    assert order.index(("stored", 15), order.index(("stored", 15)) + 1) < \
+        order.index(("forward", ("b",)))
+    eng.run_until_idle(max_steps=100)
+    assert eng.worker.save_errors == 0 and eng.worker.load_errors == 0
+    ident = engine.engine_identity(model_dir, torch.bfloat16, "k16v16")
+    with kvtier.Client(socket=kvtierd.socket) as c:
+        for salt in (61, 62):
+            keys = kvtier.chunk_keys(ident.fingerprint(), _prompt(15 * CHUNK, salt), CHUNK)
+            assert c.lookup(keys) == ["dram"] * 15
     eng.shutdown()
 
 

@@ -70,7 +70,7 @@ _SETTING_TYPES: dict[str, type | tuple[type, ...]] = {
     "chunk_tokens": int, "lookup_timeout_ms": int, "retry_after_ms": int, "io_timeout_ms": int,
     "layer_group": int, "max_pending_save_chunks": int, "prefill_tokens_per_s": (int, float),
     "attention_doubling_tokens": (int, float), "measure_prefill_rate": bool,
-    "layerwise_load": bool}
+    "layerwise_load": bool, "save_while_running": bool}
 
 
 # ---- settings ------------------------------------------------------------------------
@@ -126,6 +126,10 @@ class ConnectorSettings:
       request that would go past it are not stored (counted as skipped) and its
       blocks go back to the engine at once, so saves never hold the engine's
       memory or thread. Default: 1024.
+    save_while_running: vLLM: a request's prompt chunks are stored once its
+      prefill computed them, while it decodes, so that when it finishes only
+      the chunks of its output keep its blocks from the engine; False: every
+      chunk is stored when the request finishes. Default: True.
     """
     socket: str | None = None
     addr: str | None = None
@@ -145,6 +149,7 @@ class ConnectorSettings:
     layerwise_load: bool = False
     layer_group: int = 4
     max_pending_save_chunks: int = 1024
+    save_while_running: bool = True
 
     @classmethod
     def from_mapping(cls, config: Mapping[str, Any] | None,

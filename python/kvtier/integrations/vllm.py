@@ -11,8 +11,12 @@ Scheduler side: ``get_num_new_matched_tokens`` asks kvtierd, within
 ``lookup_timeout_ms``, for the load plan of the request's chunk keys and
 answers with the chunks worth loading (a slow or dead kvtierd is a miss);
 ``update_state_after_alloc`` records which blocks those chunks go to;
-``request_finished`` hands the request's full chunks that kvtierd lacks to the
-workers and keeps their blocks until the workers report the save done; with
+``build_connector_meta`` hands a running request's computed prompt chunks
+that kvtierd lacks to the workers (``save_while_running``), so they are
+stored while it decodes; ``request_finished`` hands the rest of its full
+chunks and keeps its blocks until the workers report every save of it done
+(a request preempted with a save in flight waits in the workers'
+``handle_preemptions``, before its blocks are written again); with
 vLLM's KV events on, ``update_connector_output`` turns a save reported done
 into a BlockStored event per chunk kvtierd holds, which ``take_events`` hands
 to the scheduler's publisher.
@@ -23,7 +27,7 @@ V side by side in the last dimension, in the memory order of vLLM's
 KVCacheLayout (every backend of vLLM 0.26 and later; older ones' 5-D
 FlashAttention / FlashInfer stacks and (K, V) pairs are taken too);
 ``bind_connector_metadata`` starts the step's saves on a background thread,
-before the forward (they are of requests that finished in earlier steps);
+before the forward (their tokens were computed in earlier steps);
 ``start_load_kv`` loads the step's chunks (CPU tensors through the CPU codec;
 CUDA tensors through kvtier's GPU load, which the compute stream waits for
 before the forward, so vLLM keeps its full CUDA graphs; with the
@@ -82,6 +86,12 @@ class ChunkJob:
     keys: list
     block_ids: list
     rank_keys: list = dataclasses.field(default_factory=list)
+    # A save of a request that is still running: its blocks stay its own, and
+    # nothing is reported. A save with running False is the request's last
+    # (it may have no chunks): the request's ``held_blocks`` blocks go back to
+    # vLLM once it and every earlier save of the request are done.
+    running: bool = False
+    held_blocks: int = 0
 
     def keys_of(self, rank: int) -> list:
         return self.keys if rank == 0 else self.rank_keys[rank - 1]
@@ -92,6 +102,10 @@ class KvtierConnectorMetadata(KVConnectorMetadata):
     """What the scheduler tells the workers for one step."""
     loads: list = dataclasses.field(default_factory=list)
     saves: list = dataclasses.field(default_factory=list)
+    # Requests preempted this step that have saves of their running chunks
+    # (ChunkJob.running): the workers finish those before vLLM writes the
+    # blocks again (handle_preemptions).
+    preempted: list = dataclasses.field(default_factory=list)
 
 
 # Keys the scheduler remembers as held by kvtierd (_held): 2 MiB of keys.
@@ -123,6 +137,20 @@ class _SavedChunks:
     token_ids: list
     lora_id: int | None
     lora_name: str | None
+
+
+@dataclasses.dataclass
+class _Running:
+    """A request saved while it runs (``save_while_running``): vLLM's Request,
+    its blocks as the workers have them (vLLM's scheduler output, followed
+    step by step), and its prompt's chunks handled so far: [0, done) are held
+    by kvtierd or were handed to the workers, [first_saved, done) of them to
+    be saved. ``done`` is None until a chunk was computed."""
+    request: Any
+    block_ids: list = dataclasses.field(default_factory=list)
+    keys: list = dataclasses.field(default_factory=list)
+    done: int | None = None
+    first_saved: int | None = None
 
 
 def _block_stored(**fields: Any):
@@ -266,6 +294,9 @@ class KvtierConnector(KVConnectorBase_V1):
         self._emit_events = bool(getattr(events_config, "enable_kv_cache_events", False))
         self._saving: dict[str, _SavedChunks] = {}
         self._events: list = []
+        # Requests saved while they run, from their allocation to request_finished.
+        self._running: dict[str, _Running] = {}
+        self._save_running = self.saves and self.settings.save_while_running
 
     def _keys(self, token_ids) -> list:
         tokens = engine.token_array(token_ids)
@@ -305,6 +336,8 @@ class KvtierConnector(KVConnectorBase_V1):
 
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks,
                                  num_external_tokens: int) -> None:
+        if self._save_running:
+            self._running.setdefault(request.request_id, _Running(request))
         cand = self._candidates.get(request.request_id)
         if num_external_tokens <= 0 or cand is None:
             return
@@ -358,12 +391,15 @@ class KvtierConnector(KVConnectorBase_V1):
         bad = set(getattr(connector_output, "invalid_block_ids", None) or ())
         if not bad:
             return
-        for cand in self._candidates.values():
+        for req_id, cand in self._candidates.items():
             failed = [c for c, ids in cand.loading.items() if bad.intersection(ids)]
             if failed:
                 cand.hits = min(cand.hits, min(failed))
                 for c in failed:
                     self._held.pop(bytes(cand.keys[c]), None)
+                run = self._running.get(req_id)
+                if run is not None and run.done is not None and run.first_saved is None:
+                    run.done = min(run.done, cand.hits)  # recomputed, then saved
 
     def _remember_held(self, keys: Sequence, confirmed: bool) -> None:
         """Remembers ``keys`` as held (``confirmed``: kvtierd said so) or as sent
@@ -417,47 +453,132 @@ class KvtierConnector(KVConnectorBase_V1):
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         if self._prefill_meter is not None:
             self._prefill_meter.step(self._step_spans(scheduler_output))
-        meta = KvtierConnectorMetadata(loads=self._loads, saves=self._saves)
+        preempted = self._follow_running(scheduler_output) if self._running else []
+        meta = KvtierConnectorMetadata(loads=self._loads, saves=self._saves, preempted=preempted)
         self._loads, self._saves = [], []
         return meta
 
+    def _follow_running(self, scheduler_output: SchedulerOutput) -> list:
+        """Follows the blocks of the requests saved while they run (as vLLM's
+        runner does: a new request's blocks, then each step's new ones, replaced
+        on resumption), hands the prompt chunks they computed in earlier steps
+        to the workers, and returns those preempted by this step that have
+        saves, which the workers finish before vLLM writes their blocks again."""
+        scheduled = []
+        for req in getattr(scheduler_output, "scheduled_new_reqs", None) or ():
+            run = self._running.get(req.req_id)
+            if run is not None:
+                run.block_ids = list(req.block_ids[0]) if req.block_ids else []
+                scheduled.append(run)
+        cached = getattr(scheduler_output, "scheduled_cached_reqs", None)
+        if cached is not None:
+            resumed = getattr(cached, "resumed_req_ids", None)
+            if resumed is None:  # vLLM before 0.26: a flag per request
+                resumed = {r for r, flag in zip(
+                    cached.req_ids, getattr(cached, "resumed_from_preemption", ()),
+                    strict=False) if flag}
+            for req_id, new in zip(cached.req_ids, cached.new_block_ids, strict=False):
+                run = self._running.get(req_id)
+                if run is None:
+                    continue
+                if req_id in resumed:
+                    run.block_ids = list(new[0]) if new else []
+                elif new:
+                    run.block_ids.extend(new[0])
+                scheduled.append(run)
+        for run in scheduled:
+            self._save_computed(run)
+        return [r for r in getattr(scheduler_output, "preempted_req_ids", None) or ()
+                if r in self._running and self._running[r].first_saved is not None]
+
+    def _save_computed(self, run: _Running) -> None:
+        """Hands the prompt chunks of ``run`` whose tokens earlier steps computed
+        (num_computed_tokens before this step's) and kvtierd lacks to the
+        workers; the chunks a lookup found, or kvtierd holds, are skipped."""
+        request = run.request
+        prompt = int(request.num_prompt_tokens)
+        computed = min(int(request.num_computed_tokens), prompt,
+                       len(run.block_ids) * self.block_size)
+        full = computed // self.chunk_tokens
+        if full == 0 or (run.done is not None and full <= run.done):
+            return
+        cand = self._candidates.get(request.request_id)
+        if len(run.keys) < full:
+            n = prompt // self.chunk_tokens
+            run.keys = cand.keys[:n] if cand is not None and len(cand.keys) >= n \
+                else self._keys(list(request.all_token_ids)[:n * self.chunk_tokens])
+        done = run.done or 0
+        if run.first_saved is None:
+            if cand is None:
+                # No lookup ran (vLLM's GPU prefix cache covered every chunk
+                # boundary, or this role only saves): store only what kvtierd lacks.
+                done += self._held_prefix(run.keys[done:full])
+            elif run.done is None:
+                done = cand.hits  # the lookup's misses follow its hits
+                self._remember_held(run.keys[:done], True)
+            run.done = done
+            if full <= done:
+                return
+            run.first_saved = done
+        self._hand_saves(request, range(done, full), run.keys, run.block_ids, running=True)
+        run.done = full
+
+    def _hand_saves(self, request: Request, chunks: range, keys: list, block_ids: Sequence,
+                    running: bool, held_blocks: int = 0) -> None:
+        """Hands chunks ``chunks`` of ``request`` (chunk c: key ``keys[c]``, the
+        blocks of its tokens among ``block_ids``) to the workers to save."""
+        saving = [bytes(keys[c]) for c in chunks]
+        self._remember_held(saving, False)
+        self._saving_keys.setdefault(request.request_id, []).extend(saving)
+        self._in_flight.update(saving)
+        per = self.chunk_tokens // self.block_size
+        self._saves.append(ChunkJob(request.request_id, [keys[c] for c in chunks],
+                                    [list(block_ids[c * per:(c + 1) * per]) for c in chunks],
+                                    self._rank_keys(request, chunks), running=running,
+                                    held_blocks=held_blocks))
+
     def request_finished(self, request: Request,
                          block_ids: Sequence) -> tuple[bool, dict[str, Any] | None]:
-        """Saves the request's full chunks that kvtierd does not hold; returns True
-        (keep the blocks) until a worker reports the save done."""
+        """Saves the request's full chunks that kvtierd does not hold and were not
+        saved while it ran; returns True (keep the blocks) until the workers
+        report every save of the request done."""
         cand = self._candidates.pop(request.request_id, None)
+        run = self._running.pop(request.request_id, None)
         if not self.saves:
             return False, None
         if block_ids and isinstance(block_ids[0], (list, tuple)):
             block_ids = block_ids[0]
         computed = min(int(request.num_computed_tokens), len(block_ids) * self.block_size)
         full = computed // self.chunk_tokens
-        if full <= (cand.hits if cand is not None else 0):
+        handled = run.done if run is not None else None  # chunks handled while it ran
+        saved_from = run.first_saved if run is not None else None  # the first it saved
+        if handled is None and full <= (cand.hits if cand is not None else 0):
             return False, None
-        if cand is not None and len(cand.keys) >= full:
-            keys = cand.keys[:full]  # the lookup's: the same prompt's first chunks
+        end = max(full, handled or 0)
+        if run is not None and len(run.keys) >= end:
+            keys = run.keys[:end]
+        elif cand is not None and len(cand.keys) >= end:
+            keys = cand.keys[:end]  # the lookup's: the same prompt's first chunks
         else:
-            keys = self._keys(list(request.all_token_ids)[:full * self.chunk_tokens])
-        if cand is not None:
+            keys = self._keys(list(request.all_token_ids)[:end * self.chunk_tokens])
+        if handled is None and cand is not None:
             first = cand.hits
             self._remember_held(keys[:first], True)
         else:
-            # No lookup ran (vLLM's GPU prefix cache covered every chunk boundary,
-            # or this role only saves): store only what kvtierd lacks.
-            first = self._held_prefix(keys)
-        if full <= first:
+            first = handled or 0
+            if cand is None and saved_from is None and first < full:
+                # No lookup ran (vLLM's GPU prefix cache covered every chunk
+                # boundary, or this role only saves): store only what kvtierd lacks.
+                first += self._held_prefix(keys[first:full])
+        if full <= first and saved_from is None:
             return False, None
-        saving = [bytes(k) for k in keys[first:full]]
-        self._remember_held(saving, False)
-        self._saving_keys[request.request_id] = saving
-        self._in_flight.update(saving)
-        per = self.chunk_tokens // self.block_size
-        chunks = range(first, full)
-        self._saves.append(ChunkJob(request.request_id, [keys[c] for c in chunks],
-                                    [list(block_ids[c * per:(c + 1) * per]) for c in chunks],
-                                    self._rank_keys(request, chunks)))
+        # The last save, with no chunks when the running saves covered them: the
+        # workers report it once every save of the request is done.
+        self._hand_saves(request, range(first, max(first, full)), keys, block_ids,
+                         running=False, held_blocks=len(block_ids))
         if self._emit_events:
-            saved = self._saved_chunks(request, first, [keys[c] for c in chunks])
+            start = saved_from if saved_from is not None else first
+            saved = self._saved_chunks(request, start, keys[start:max(first, full)])
             if saved is not None:
                 self._saving[request.request_id] = saved
         return True, None
@@ -528,7 +649,12 @@ class KvtierConnector(KVConnectorBase_V1):
         self._saved: set = set()
         self._finished: set = set()  # finished requests vLLM told get_finished about
         self._pending_save_chunks = 0  # guarded by _mu
-        self._saves_idle = threading.Condition(self._mu)  # _pending_save_chunks fell to 0
+        # Saves handed to the saver and not done, by request; and the requests
+        # whose last save was handed over: when it was, and the blocks vLLM keeps
+        # for them until no save of theirs is left (both guarded by _mu).
+        self._jobs_of: collections.Counter[str] = collections.Counter()
+        self._finishing: dict[str, tuple[float, int]] = {}
+        self._saves_idle = threading.Condition(self._mu)  # a save is done
         # Counts (vllm_stats.COUNTERS) of this interval and since the start; _count.
         self._stats = KvtierConnectorStats()  # guarded by _mu
         self._totals = KvtierConnectorStats()  # guarded by _mu
@@ -647,7 +773,7 @@ class KvtierConnector(KVConnectorBase_V1):
                 self._failed_blocks.update(job.block_ids[i])
         self._pending_loads = []
 
-    def _save_job(self, job: ChunkJob, ready, submitted: float) -> None:
+    def _save_job(self, job: ChunkJob, ready) -> None:
         stream = self._save_stream
         start = time.perf_counter()
         stored = failed = 0
@@ -669,13 +795,24 @@ class KvtierConnector(KVConnectorBase_V1):
             logger.warning("kvtier: saving request %s failed: %s", job.req_id, e)
         finally:
             with self._mu:
-                self._saved.add(job.req_id)
                 self._pending_save_chunks -= len(job.keys)
+                self._jobs_of[job.req_id] -= 1
                 end = time.perf_counter()
-                self._count(chunks_stored=stored, store_errors=failed, store_seconds=end - start,
-                            store_block_seconds=sum(map(len, job.block_ids)) * (end - submitted))
-                if self._pending_save_chunks == 0:
-                    self._saves_idle.notify_all()
+                self._count(chunks_stored=stored, store_errors=failed, store_seconds=end - start)
+                self._settle(job.req_id, end)
+                self._saves_idle.notify_all()
+
+    def _settle(self, req_id: str, now: float) -> None:
+        """Reports ``req_id``'s saves done (get_finished) once its last save was
+        handed over and none of its saves is left. REQUIRES: _mu held."""
+        if self._jobs_of[req_id] > 0:
+            return
+        del self._jobs_of[req_id]
+        finishing = self._finishing.pop(req_id, None)
+        if finishing is not None:
+            self._saved.add(req_id)
+            submitted, blocks = finishing
+            self._count(store_block_seconds=blocks * (now - submitted))
 
     def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
         """Binds the step's metadata and hands its saves to the saver at once,
@@ -693,6 +830,17 @@ class KvtierConnector(KVConnectorBase_V1):
     def wait_for_save(self) -> None:
         self._finish_loads()
 
+    def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
+        """vLLM calls this before a step's forward: a request preempted by the
+        step may have saves of its running chunks that still read its blocks,
+        which the step may give to another request. Waits for those saves (rare:
+        a preemption while the request's prompt is being stored)."""
+        preempted = getattr(kv_connector_metadata, "preempted", None)
+        if not preempted:
+            return
+        with self._saves_idle:
+            self._saves_idle.wait_for(lambda: not any(self._jobs_of[r] for r in preempted))
+
     def _submit_saves(self, meta: KVConnectorMetadata) -> None:
         """Hands the saves of `meta` to the saver thread; the blocks hold their KV
         once the compute stream passes what was enqueued before this call."""
@@ -706,19 +854,26 @@ class KvtierConnector(KVConnectorBase_V1):
             ready.record(torch.cuda.current_stream(device))
         limit = self.settings.max_pending_save_chunks
         for job in saves:
+            now = time.perf_counter()
             with self._mu:
                 skip = self._pending_save_chunks + len(job.keys) > limit
                 if skip:
-                    # Never queue without bound: this request is not stored (a later
-                    # miss) and get_finished hands its blocks back now.
+                    # Never queue without bound: these chunks are not stored (a
+                    # later miss), and a finished request's blocks go back as soon
+                    # as its earlier saves are done.
                     self._count(chunks_store_skipped=len(job.keys))
-                    self._saved.add(job.req_id)
-                else:
+                elif job.keys:
                     self._pending_save_chunks += len(job.keys)
-            if skip:
-                logger.debug("kvtier: save queue full; request %s not stored", job.req_id)
+                    self._jobs_of[job.req_id] += 1
+                if not job.running:
+                    self._finishing[job.req_id] = (now, job.held_blocks)
+                    self._settle(job.req_id, now)
+            if skip and job.keys:
+                logger.debug("kvtier: save queue full; %d chunks of request %s not stored",
+                             len(job.keys), job.req_id)
+            if skip or not job.keys:
                 continue
-            self._saver.submit(self._save_job, job, ready, time.perf_counter())
+            self._saver.submit(self._save_job, job, ready)
 
     def get_finished(self, finished_req_ids: set) -> tuple[set | None, set | None]:
         # A save is reported once vLLM has named its request as finished.

@@ -26,9 +26,9 @@ COUNTERS = {
                       "Seconds the connector's saver spent storing (encode, copy, commit)."),
     "store_block_seconds": (
         "vllm:kvtier_store_block_seconds",
-        "GPU KV blocks times the seconds they were kept for a finished request's store, from "
-        "the save's submission to its end, summed over workers (its rate is the blocks the "
-        "stores keep from the cache on average)."),
+        "GPU KV blocks times the seconds a finished request's blocks were kept for its "
+        "stores, from its last save's submission to the end of its saves, summed over "
+        "workers (its rate is the blocks the stores keep from the cache on average)."),
     "chunks_loaded": ("vllm:kvtier_chunks_loaded", "Chunks loaded from kvtierd."),
     "load_errors": ("vllm:kvtier_load_errors",
                     "Chunks that failed to load and were recomputed."),
