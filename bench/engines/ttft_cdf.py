@@ -64,6 +64,15 @@ def render(results: dict) -> str:
             'font-family="sans-serif">',
             f'<rect width="{width}" height="{height}" fill="white"/>']
     w = results["workload"]
+    if "sglang_version" in results:  # sglang_bench.py: multi-turn conversations
+        caption = (f'{results["device"]}, SGLang {results["sglang_version"]} HiCache, '
+                   f'{w["clients"]} conversations x {w["rounds"]} rounds')
+        body.append(f'<text x="{width / 2}" y="{height - 6}" font-size="11" '
+                    f'text-anchor="middle">{caption}</text>')
+        body += panel(MARGIN, "multi-turn, every request",
+                      {k: p["ttfts_ms"] for k, p in peers.items()})
+        body.append("</svg>")
+        return "\n".join(body) + "\n"
     mode = "compiled" if next(iter(peers.values()))["compiled"] else "eager"
     serve = isinstance(w, dict) and "num_prompts" in w
     if serve:

@@ -91,11 +91,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_healthy(port: int, proc: subprocess.Popen, timeout_s: float) -> None:
+def wait_healthy(port: int, proc: subprocess.Popen, timeout_s: float,
+                 name: str = "vllm serve") -> None:
     deadline = time.time() + timeout_s
     while time.time() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"vllm serve exited with {proc.returncode}")
+            raise RuntimeError(f"{name} exited with {proc.returncode}")
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
                 if r.status == 200:
@@ -103,7 +104,7 @@ def wait_healthy(port: int, proc: subprocess.Popen, timeout_s: float) -> None:
         except OSError:
             pass
         time.sleep(1)
-    raise RuntimeError(f"vllm serve was not healthy in {timeout_s} s")
+    raise RuntimeError(f"{name} was not healthy in {timeout_s} s")
 
 
 def serve_command(args, peer: str, model_dir: Path, port: int, socket: str | None) -> list:
