@@ -9,7 +9,6 @@ import time
 
 import pytest
 import torch
-from sglang.srt.mem_cache.device_pool_info import KVBufferLayout, KVBuffers, MHABufferInfo
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig
 from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
 from sglang.srt.mem_cache.storage import StorageBackendFactory
@@ -32,17 +31,35 @@ def kvtierd(tmp_path):
 def host_pool(layout: str, seed: int = 0, page: int = PAGE, layers: int = LAYERS,
               heads: int = HEADS, dim: int = DIM) -> MHATokenToKVPoolHost:
     """SGLang's MHA host pool on the CPU (8 device pages, twice that on the host),
-    filled with integer-valued random KV."""
-    k = tuple(torch.zeros(9 * page, heads, dim, dtype=torch.bfloat16) for _ in range(layers))
-    v = tuple(torch.zeros_like(t) for t in k)
-    ptrs = lambda ts: torch.tensor([t.data_ptr() for t in ts], dtype=torch.uint64)  # noqa: E731
-    info = MHABufferInfo(buffers=KVBuffers(k=k, v=v, k_data_ptrs=ptrs(k), v_data_ptrs=ptrs(v),
-                                           layout=KVBufferLayout.NHD),
-                         page_size=page, head_num=heads, head_dim=dim, v_head_dim=dim,
-                         dtype=torch.bfloat16, device=torch.device("cpu"))
-    pool = MHATokenToKVPoolHost(info, host_to_device_ratio=2.0, host_size=0, page_size=page,
-                                layout=layout, pin_memory=False, device="cpu",
-                                device_capacity_tokens=8 * page, start_layer=0, end_layer=layers)
+    filled with integer-valued random KV. SGLang 0.5.23 describes the device
+    pool by its buffers; 0.5.17 (the GPU machine's) hands over the pool itself."""
+    try:
+        from sglang.srt.mem_cache.device_pool_info import (
+            KVBufferLayout,
+            KVBuffers,
+            MHABufferInfo,
+        )
+    except ImportError:  # SGLang before the device pool descriptions (0.5.17)
+        from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+        device = MHATokenToKVPool(size=8 * page, page_size=page, dtype=torch.bfloat16,
+                                  head_num=heads, head_dim=dim, layer_num=layers, device="cpu",
+                                  enable_memory_saver=False, enable_alt_stream=False)
+        pool = MHATokenToKVPoolHost(device, host_to_device_ratio=2.0, host_size=0,
+                                    page_size=page, layout=layout, pin_memory=False,
+                                    device="cpu")
+    else:
+        k = tuple(torch.zeros(9 * page, heads, dim, dtype=torch.bfloat16)
+                  for _ in range(layers))
+        v = tuple(torch.zeros_like(t) for t in k)
+        ptrs = lambda ts: torch.tensor([t.data_ptr() for t in ts], dtype=torch.uint64)  # noqa: E731
+        info = MHABufferInfo(buffers=KVBuffers(k=k, v=v, k_data_ptrs=ptrs(k),
+                                               v_data_ptrs=ptrs(v), layout=KVBufferLayout.NHD),
+                             page_size=page, head_num=heads, head_dim=dim, v_head_dim=dim,
+                             dtype=torch.bfloat16, device=torch.device("cpu"))
+        pool = MHATokenToKVPoolHost(info, host_to_device_ratio=2.0, host_size=0, page_size=page,
+                                    layout=layout, pin_memory=False, device="cpu",
+                                    device_capacity_tokens=8 * page, start_layer=0,
+                                    end_layer=layers)
     g = torch.Generator().manual_seed(seed)
     pool.kv_buffer.copy_(torch.randint(-100, 100, pool.kv_buffer.shape, generator=g))
     return pool
