@@ -36,7 +36,7 @@ peers can be split over device calls.
 On the lent GPU machine (docs/engines.md, "SGLang on the GPU"):
     scripts/sglang-gpu install && scripts/vllm-gpu unbundle
     eval "$(scripts/sglang-gpu env)"
-    python3 bench/engines/sglang_bench.py --peers hicache_kvtier_k16v8,hicache_file \
+    python3 bench/engines/sglang_bench.py --peers hicache_kvtier_k16v8,hicache_file \\
         --out $OUT/sglang-multiturn.json
     # the next call: --peers no_hicache,hicache_kvtier_k16v16 --merge <that file>
 """
