@@ -46,7 +46,7 @@ logger = logging.getLogger("kvtier.sglang")
 SGLANG_KEYS = ("backend_name", "module_path", "class_name", "interface_v1",
                "enable_metadata_cache", "metadata_ttl", "tp_lcm_size")
 HOST_LAYOUTS = ("page_first", "page_first_direct", "layer_first")
-# Threads a backend encodes or decodes one batch's pages on.
+# Threads a backend encodes (backups) or decodes (prefetches) a batch's pages on.
 PAGE_THREADS = 8
 
 
@@ -86,11 +86,14 @@ class KvtierHiCacheStorage(HiCacheStorage):
         self._metrics: dict[str, list[float]] = {
             "prefetch_pgs": [], "backup_pgs": [], "prefetch_bandwidth": [], "backup_bandwidth": []}
         self.errors = 0  # guarded by _mu
-        # Pages of a batch are encoded or decoded on these threads at once (the
+        # A batch's pages are encoded or decoded on these threads at once (the
         # codec releases the GIL): a k16v8 page of Llama-3.1-8B takes about 35 ms
-        # to encode on one core, so one thread backs up at about 0.2 GB/s.
-        self._pages = concurrent.futures.ThreadPoolExecutor(
-            min(PAGE_THREADS, os.cpu_count() or 1), thread_name_prefix="kvtier-page")
+        # to encode on one core, so one thread backs up at about 0.2 GB/s. A
+        # prefetch, which a request waits for, has its own threads: it never
+        # queues behind a backup's pages.
+        self._pages = {kind: concurrent.futures.ThreadPoolExecutor(
+            min(PAGE_THREADS, os.cpu_count() or 1), thread_name_prefix=f"kvtier-{kind}")
+            for kind in ("prefetch", "backup")}
 
     # ---- host pool --------------------------------------------------------------------
 
@@ -152,7 +155,7 @@ class KvtierHiCacheStorage(HiCacheStorage):
         records the batch in the StorageMetrics of ``kind`` ("prefetch" / "backup").
         A page that fails with one of ``misses`` is False (logged at debug level);
         any other kvtier failure is False, logged and counted in ``errors``. The
-        pages run on the backend's page threads, PAGE_THREADS at once."""
+        pages run on the backend's threads of ``kind``, PAGE_THREADS at once."""
         self._require_pool()
         start = time.monotonic()
 
@@ -168,7 +171,7 @@ class KvtierHiCacheStorage(HiCacheStorage):
                 logger.warning("kvtier: %s of page %s failed: %s", kind, key, e)
             return None
 
-        moved = list(self._pages.map(one, range(len(keys))))
+        moved = list(self._pages[kind].map(one, range(len(keys))))
         results = [m is not None for m in moved]
         nbytes = sum(m for m in moved if m is not None)
         with self._mu:
@@ -307,7 +310,8 @@ class KvtierHiCacheStorage(HiCacheStorage):
         return StorageMetrics(**metrics)
 
     def close(self) -> None:
-        self._pages.shutdown(wait=True)
+        for pool in self._pages.values():
+            pool.shutdown(wait=True)
         self.lookup.close()
         self.client.close()
 
