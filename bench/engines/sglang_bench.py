@@ -165,8 +165,7 @@ def drive(args, port: int, convs: list) -> dict:
     return {"duration_s": time.perf_counter() - start, "per_client": results}
 
 
-def server_command(args, peer: str, model_dir: Path, port: int, tmp: Path,
-                   socket: str | None) -> list:
+def server_command(args, peer: str, model_dir: Path, port: int, socket: str | None) -> list:
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_dir),
            "--tokenizer-path", str(model_dir), "--load-format", "dummy", "--dtype", "bfloat16",
            "--host", "127.0.0.1", "--port", str(port), "--random-seed", "0",
@@ -244,7 +243,7 @@ def run_peer(args, peer: str, model_dir: Path, tmp: Path, convs: list) -> dict:
     env.setdefault("TRITON_CACHE_DIR", "/tmp/sglang-bench-triton")
     log_path = tmp / f"server-{peer}.log"
     log = open(log_path, "w")  # noqa: SIM115 - the server's whole life
-    server = subprocess.Popen(server_command(args, peer, model_dir, port, tmp, socket), env=env,
+    server = subprocess.Popen(server_command(args, peer, model_dir, port, socket), env=env,
                               stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     t0 = time.perf_counter()
     try:
