@@ -16,6 +16,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "client/host_pages.h"
 #include "client/kvtier_c_internal.h"
 #include "client/kvtier_client.h"
 #include "codec/chunk.h"
@@ -467,19 +468,14 @@ int kvtier_decode_chunk_layers(const uint8_t* chunk, uint64_t size, uint32_t lay
     return Invalid(absl::StrCat("layer range [", layer_begin, ", ", layer_end,
                                 ") is not within the chunk's ", g.num_layers, " layers"));
   }
-  const uint64_t per_layer = g.layer_elements();
-  const uint64_t want = per_layer * (layer_end - layer_begin);
+  const uint64_t want = g.layer_elements() * (layer_end - layer_begin);
   if (elements != want) {
     return Invalid(absl::StrCat("output buffers hold ", elements, " elements; the layers need ", want));
   }
-  for (uint32_t l = layer_begin; l < layer_end; ++l) {
-    const uint64_t dst = per_layer * (l - layer_begin);
-    codec::DecodeSectionLayer(h.layout.k, g, h.spec.dtype,
-                              chunk + h.layout.k_offset + h.layout.k.data_offset(l), k + dst);
-    codec::DecodeSectionLayer(h.layout.v, g, h.spec.dtype,
-                              chunk + h.layout.v_offset + h.layout.v.data_offset(l), v + dst);
-  }
-  return Done(absl::OkStatus());
+  // Verified above, on the worker pool.
+  return Done(codec::DecodeChunkRows(h, bytes, layer_begin, layer_end,
+                                     codec::KvRows<uint16_t>::Contiguous(k, v, g),
+                                     /*verify=*/false));
 }
 
 int kvtier_decode_chunk(const uint8_t* chunk, uint64_t size, uint16_t* k, uint16_t* v,
@@ -489,6 +485,70 @@ int kvtier_decode_chunk(const uint8_t* chunk, uint64_t size, uint16_t* k, uint16
   if (!header.ok()) return Fail(header.status());
   return kvtier_decode_chunk_layers(chunk, size, 0, header->spec.geometry.num_layers, k, v,
                                     elements);
+}
+
+}  // extern "C"
+
+namespace {
+
+// The checks kvtier_put_pages and kvtier_get_pages share, and their result
+// (status[], *bytes, the first failure other than a miss with `ignore`).
+template <typename Row>
+std::vector<kvtier::codec::KvRows<Row>> PagesOf(const kvtier_host_page* pages, size_t n) {
+  std::vector<kvtier::codec::KvRows<Row>> out(n);
+  for (size_t i = 0; i < n; ++i) {
+    out[i] = {pages[i].k, pages[i].v, pages[i].layer_stride, pages[i].token_stride};
+  }
+  return out;
+}
+
+int PagesDone(const kvtier::client::HostPagesResult& r, int* status, uint64_t* bytes,
+              bool misses_ok) {
+  if (bytes != nullptr) *bytes = r.bytes;
+  absl::Status first;
+  size_t first_page = 0;
+  for (size_t i = 0; i < r.status.size(); ++i) {
+    status[i] = static_cast<int>(r.status[i].code());
+    if (r.status[i].ok() || (misses_ok && absl::IsNotFound(r.status[i])) || !first.ok()) continue;
+    first = r.status[i];
+    first_page = i;
+  }
+  if (first.ok()) return Done(first);
+  return Fail(absl::Status(first.code(), absl::StrCat("page ", first_page, ": ", first.message())));
+}
+
+}  // namespace
+
+extern "C" {
+
+int kvtier_put_pages(kvtier_client* c, const kvtier_chunk_spec* s, const uint8_t* keys, size_t n,
+                     const kvtier_host_page* pages, uint32_t threads, int* status,
+                     uint64_t* bytes) {
+  if (c == nullptr) return Invalid("client is null");
+  if (n > 0 && (keys == nullptr || pages == nullptr || status == nullptr)) {
+    return Invalid("keys, pages or status is null");
+  }
+  auto spec = SpecOf(s);
+  if (!spec.ok()) return Fail(spec.status());
+  const std::vector<Hash128> k = KeysOf(keys, n);
+  return PagesDone(kvtier::client::PutHostPages(*c->impl, *spec, k, PagesOf<const uint16_t>(pages, n),
+                                                threads),
+                   status, bytes, /*misses_ok=*/false);
+}
+
+int kvtier_get_pages(kvtier_client* c, const kvtier_chunk_spec* expect, const uint8_t* keys,
+                     size_t n, const kvtier_host_page* pages, uint32_t threads, int* status,
+                     uint64_t* bytes) {
+  if (c == nullptr) return Invalid("client is null");
+  if (n > 0 && (keys == nullptr || pages == nullptr || status == nullptr)) {
+    return Invalid("keys, pages or status is null");
+  }
+  auto spec = SpecOf(expect);
+  if (!spec.ok()) return Fail(spec.status());
+  const std::vector<Hash128> k = KeysOf(keys, n);
+  return PagesDone(kvtier::client::GetHostPages(*c->impl, *spec, k, PagesOf<uint16_t>(pages, n),
+                                                threads),
+                   status, bytes, /*misses_ok=*/true);
 }
 
 }  // extern "C"

@@ -239,6 +239,47 @@ KVTIER_C_EXPORT int kvtier_decode_chunk_layers(const uint8_t* chunk, uint64_t si
                                                uint32_t layer_begin, uint32_t layer_end,
                                                uint16_t* k, uint16_t* v, uint64_t elements);
 
+/* ---- Host KV pages ----------------------------------------------------
+ * Chunks between the daemon and an engine's host KV pool (SGLang's HiCache
+ * host pool), one page a chunk, encoded from and decoded into the pool in
+ * place, a batch of pages on threads of the call: the caller makes one call
+ * a batch (and a binding releases its interpreter lock once). */
+
+/* Where a page's K and V live: the kv_heads*head_dim 16-bit elements of
+ * (layer l, token t) start at k + l*layer_stride + t*token_stride
+ * (elements), likewise in v. The strides must keep the rows apart in one of
+ * the two orders (layer-major or token-major). */
+typedef struct kvtier_host_page {
+  uint16_t* k;
+  uint16_t* v;
+  uint64_t layer_stride;
+  uint64_t token_stride;
+} kvtier_host_page;
+
+/* Encodes pages[i] as a chunk of `spec` and stores it under keys[i] (16
+ * bytes each), for i < n, on up to `threads` threads (0 is 1). Through the
+ * shared pool a chunk is encoded into its slot in place and the daemon
+ * checksums it as it commits. status[i] (n entries) is each page's result
+ * (KVTIER_OK or its code); *bytes (may be NULL) the encoded bytes stored.
+ * Returns KVTIER_OK if every page was stored, else the first failed page's
+ * code, with kvtier_last_error naming it. */
+KVTIER_C_EXPORT int kvtier_put_pages(kvtier_client* c, const kvtier_chunk_spec* spec,
+                                     const uint8_t* keys, size_t n,
+                                     const kvtier_host_page* pages, uint32_t threads,
+                                     int* status, uint64_t* bytes);
+/* Reads the chunk of keys[i] into pages[i], for i < n, on up to `threads`
+ * threads, each layer record checked just before it is decoded. A page's
+ * status is NOT_FOUND on a miss, INVALID_ARGUMENT for a chunk whose
+ * fingerprint, dtype or geometry (block size aside) is not `expect`'s (its
+ * codec is not compared), DATA_LOSS for corrupt bytes (the daemon drops the
+ * chunk; the page may hold part of it). *bytes (may be NULL): the chunk
+ * bytes read. Returns KVTIER_OK if every page was read or missed, else the
+ * first failed page's code, with kvtier_last_error naming it. */
+KVTIER_C_EXPORT int kvtier_get_pages(kvtier_client* c, const kvtier_chunk_spec* expect,
+                                     const uint8_t* keys, size_t n,
+                                     const kvtier_host_page* pages, uint32_t threads,
+                                     int* status, uint64_t* bytes);
+
 #ifdef __cplusplus
 }  /* extern "C" */
 #endif

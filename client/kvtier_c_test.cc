@@ -65,6 +65,12 @@ TEST(KvtierC, NullAndShortArgumentsAreInvalid) {
   EXPECT_EQ(kvtier_plan_load(nullptr, key, 1, 1000, 256, &plan), kInvalidArgument);
   EXPECT_EQ(kvtier_plan_load_attention(nullptr, key, 1, 1000, 32512, 256, &plan), kInvalidArgument);
   EXPECT_NE(std::string(kvtier_last_error()), "");
+  kvtier_host_page page{};
+  int status = -1;
+  const kvtier_chunk_spec spec = Spec("k16v8");
+  EXPECT_EQ(kvtier_put_pages(nullptr, &spec, key, 1, &page, 1, &status, nullptr), kInvalidArgument);
+  EXPECT_EQ(kvtier_get_pages(nullptr, &spec, key, 1, &page, 1, &status, nullptr), kInvalidArgument);
+  EXPECT_EQ(status, -1);  // nothing was attempted
   EXPECT_EQ(kvtier_release(nullptr), KVTIER_OK);
   kvtier_client_close(nullptr);
   kvtier_free(nullptr);

@@ -12,7 +12,7 @@ and kvtier.hf (Hugging Face transformers prefix reuse) import it.
 """
 from kvtier import codec
 from kvtier._version import __version__ as __version__
-from kvtier.client import Chunk, Client, LoadPlan
+from kvtier.client import Chunk, Client, HostPage, LoadPlan, PagesResult
 from kvtier.codec import ChunkInfo, ChunkSpec
 from kvtier.errors import (
     AlreadyExists,
@@ -43,7 +43,8 @@ def has_cuda() -> bool:
 
 
 __all__ = [
-    "Client", "Chunk", "LoadPlan", "ChunkSpec", "ChunkInfo", "ModelIdentity", "codec",
+    "Client", "Chunk", "HostPage", "PagesResult", "LoadPlan", "ChunkSpec", "ChunkInfo",
+    "ModelIdentity", "codec",
     "prefix_keys", "chunk_keys", "key_hex", "as_key", "library_version", "has_cuda",
     "KvtierError", "InvalidArgument", "NotFound", "AlreadyExists", "PermissionDenied",
     "ResourceExhausted", "FailedPrecondition", "DeadlineExceeded", "Unavailable", "DataLoss",

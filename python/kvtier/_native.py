@@ -123,6 +123,16 @@ class ChunkInfoC(ctypes.Structure):
     ]
 
 
+class HostPageC(ctypes.Structure):
+    """kvtier_host_page: where one page's K and V rows live (elements)."""
+    _fields_ = [
+        ("k", c_void_p),
+        ("v", c_void_p),
+        ("layer_stride", c_uint64),
+        ("token_stride", c_uint64),
+    ]
+
+
 _KEY = POINTER(c_uint8)
 
 _SIGNATURES = {
@@ -159,6 +169,12 @@ _SIGNATURES = {
     "kvtier_decode_chunk": (c_int, [c_void_p, c_uint64, c_void_p, c_void_p, c_uint64]),
     "kvtier_decode_chunk_layers": (c_int, [c_void_p, c_uint64, c_uint32, c_uint32, c_void_p,
                                            c_void_p, c_uint64]),
+    "kvtier_put_pages": (c_int, [c_void_p, POINTER(ChunkSpecC), _KEY, c_size_t,
+                                 POINTER(HostPageC), c_uint32, POINTER(c_int),
+                                 POINTER(c_uint64)]),
+    "kvtier_get_pages": (c_int, [c_void_p, POINTER(ChunkSpecC), _KEY, c_size_t,
+                                 POINTER(HostPageC), c_uint32, POINTER(c_int),
+                                 POINTER(c_uint64)]),
 }
 
 class GpuCacheDesc(ctypes.Structure):

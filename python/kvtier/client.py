@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from kvtier import _native
-from kvtier.errors import KvtierError
+from kvtier.errors import InvalidArgument, KvtierError, error_for
 from kvtier.keys import Key, as_key
 
 TIER_NAMES = {0: "unknown", 1: "hbm", 2: "dram", 3: "nvme", 4: "remote"}
@@ -114,6 +114,40 @@ class LoadPlan:
     tiers: list = field(default_factory=list)
     chunk_bytes: list = field(default_factory=list)
     load_us: list = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class HostPage:
+    """Where one page's K and V live in this process's memory: the
+    kv_heads*head_dim 16-bit elements of (layer l, token t) start at
+    ``k + 2 * (l * layer_stride + t * token_stride)`` (addresses in bytes,
+    strides in elements; likewise ``v``). ``HostPage.of(k, v)`` for tensors
+    [layers, tokens, kv_heads, head_dim] whose heads and dims are dense."""
+    k: int
+    v: int
+    layer_stride: int
+    token_stride: int
+
+    @classmethod
+    def of(cls, k, v) -> HostPage:
+        if k.shape != v.shape or k.stride() != v.stride() or k.dim() != 4:
+            raise InvalidArgument(3, "K and V must be 4-D views of the same shape and strides")
+        if k.element_size() != 2:
+            raise InvalidArgument(3, f"K and V must be 16-bit, not {k.dtype}")
+        _, _, heads, dim = k.shape
+        sl, st, sh, sd = k.stride()
+        if sd != 1 or (heads > 1 and sh != dim):
+            raise InvalidArgument(3, "a row (kv_heads x head_dim) must be dense; strides "
+                                     f"{k.stride()}")
+        return cls(k.data_ptr(), v.data_ptr(), sl, st)
+
+
+@dataclass(frozen=True)
+class PagesResult:
+    """put_pages / get_pages: each page's error (None for success) and the
+    encoded bytes moved."""
+    errors: list
+    bytes: int
 
 
 class Client:
@@ -231,6 +265,50 @@ class Client:
 
     def delete(self, key: Key) -> None:
         _native.check(self._lib.kvtier_delete(self._h(), _native.key_arg(as_key(key))))
+
+    # -- host KV pages --
+    def put_pages(self, spec, keys: Sequence[Key], pages: Sequence[HostPage],
+                  threads: int = 8) -> PagesResult:
+        """Encodes each page (a HostPage of 16-bit rows in this process's
+        memory, spec's shape) as a chunk of ``spec`` (kvtier.codec.ChunkSpec)
+        and stores it under its key, the pages on up to ``threads`` threads in
+        one native call. Through shared memory a chunk is encoded straight
+        into the daemon's pool. The memory must stay valid during the call."""
+        return self._pages(self._lib.kvtier_put_pages, spec, keys, pages, threads)
+
+    def get_pages(self, spec, keys: Sequence[Key], pages: Sequence[HostPage],
+                  threads: int = 8) -> PagesResult:
+        """Decodes the chunk of each key into its page (as put_pages), each
+        layer record checked just before it is decoded. A page's error:
+        NotFound on a miss, InvalidArgument for a chunk whose model, dtype or
+        shape is not ``spec``'s, DataLoss for corrupt bytes (the daemon drops
+        the chunk; the page may hold part of it)."""
+        return self._pages(self._lib.kvtier_get_pages, spec, keys, pages, threads)
+
+    def _pages(self, fn, spec, keys, pages, threads: int) -> PagesResult:
+        ks = [as_key(k) for k in keys]
+        if len(ks) != len(pages):
+            raise InvalidArgument(3, f"{len(ks)} keys for {len(pages)} pages")
+        n = len(ks)
+        c_pages = (_native.HostPageC * max(1, n))()
+        for i, p in enumerate(pages):
+            c_pages[i] = _native.HostPageC(p.k, p.v, p.layer_stride, p.token_stride)
+        status = (ctypes.c_int * max(1, n))()
+        nbytes = ctypes.c_uint64()
+        rc = fn(self._h(), ctypes.byref(spec._c()), _native.keys_arg(ks), n, c_pages,
+                max(1, int(threads)), status, ctypes.byref(nbytes))
+        # The message is the first failed page's; a page's own error keeps it
+        # when it is that page's.
+        message = _native.last_error() if rc else ""
+        errors: list[KvtierError | None] = []
+        for i in range(n):
+            code = status[i]
+            if code == 0:
+                errors.append(None)
+            else:
+                errors.append(error_for(code, message if message.startswith(f"page {i}:")
+                                        else f"page {i}"))
+        return PagesResult(errors, nbytes.value)
 
     # -- lookups --
     def lookup(self, keys: Sequence[Key]) -> list[str]:

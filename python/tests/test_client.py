@@ -439,3 +439,92 @@ def test_tcp_with_mutual_tls(tmp_path):
             kvtier.Client(addr=addr, token_file=str(token), tls_cert=certs["client.pem"])
     finally:
         d.kill()
+
+
+def token_major(flat: bytes, layers: int, tokens: int, row: int, pad: int = 0) -> bytearray:
+    """[layers][tokens][row] 16-bit elements rearranged token-major (SGLang's
+    page_first host pool): row (l, t) at element t * (layers * row + pad) + l * row."""
+    stride = layers * row + pad
+    out = bytearray(b"\xaa" * (2 * stride * tokens))
+    for layer in range(layers):
+        for t in range(tokens):
+            src = 2 * (layer * tokens + t) * row
+            dst = 2 * (t * stride + layer * row)
+            out[dst:dst + 2 * row] = flat[src:src + 2 * row]
+    return out
+
+
+def page_of(k: bytearray, v: bytearray, layers: int, row: int, pad: int = 0) -> kvtier.HostPage:
+    ka, _, _ = _native_address(k)
+    va, _, _ = _native_address(v)
+    return kvtier.HostPage(ka, va, row, layers * row + pad)
+
+
+def _native_address(buf):
+    from kvtier import _native
+    return _native.buffer_address(buf, writable=True)
+
+
+@pytest.mark.parametrize("codec_name", ["k16v16", "k16v8"])
+def test_host_pages_round_trip_in_place(daemon, codec_name):
+    spec, k, v, chunk = make_chunk(seed=3, codec_name=codec_name)
+    row = spec.num_kv_heads * spec.head_dim
+    rows = [token_major(x, spec.num_layers, spec.num_tokens, row, pad=5) for x in (k, v)]
+    pages = [page_of(*rows, spec.num_layers, row, pad=5)]
+    with kvtier.Client(socket=daemon.socket) as c:
+        put = c.put_pages(spec, [key_of(300)], pages)
+        assert put.errors == [None] and put.bytes == len(chunk)
+        # Encoded in the pool in place, sealed by the daemon: the same bytes as
+        # the codec's own chunk of the contiguous K and V.
+        assert c.get_bytes(key_of(300)) == chunk
+        out = [bytearray(b"\xaa" * len(rows[0])) for _ in range(2)]
+        got = c.get_pages(spec, [key_of(300)], [page_of(*out, spec.num_layers, row, pad=5)],
+                          threads=2)
+        assert got.errors == [None] and got.bytes == len(chunk)
+        _, dk, dv = codec.decode_chunk(chunk)
+        assert out[0] == token_major(bytes(dk), spec.num_layers, spec.num_tokens, row, pad=5)
+        assert out[1] == token_major(bytes(dv), spec.num_layers, spec.num_tokens, row, pad=5)
+
+
+def test_host_pages_misses_foreign_corrupt_and_hostile_pages(daemon):
+    from conftest import corrupt_in_pool
+    spec, k, v, chunk = make_chunk(seed=4)
+    row = spec.num_kv_heads * spec.head_dim
+    src = [bytearray(x) for x in (k, v)]  # layer-major: the chunk's own order
+
+    def contiguous(pair):
+        ka, _, _ = _native_address(pair[0])
+        va, _, _ = _native_address(pair[1])
+        return kvtier.HostPage(ka, va, spec.num_tokens * row, row)
+
+    with kvtier.Client(socket=daemon.socket) as c:
+        keys = [key_of(310 + i) for i in range(3)]
+        assert c.put_pages(spec, keys[:2], [contiguous(src)] * 2, threads=4).errors == [None] * 2
+        corrupt_in_pool(c, keys[1])
+        foreign = kvtier.ModelIdentity("other/model", codec="k16v16").fingerprint()
+        c.put(key_of(313), codec.encode_chunk(
+            codec.ChunkSpec(foreign, spec.num_layers, spec.num_kv_heads, spec.head_dim,
+                            spec.num_tokens, codec="k16v16"), k, v))
+        outs = [[bytearray(len(k)), bytearray(len(v))] for _ in range(4)]
+        got = c.get_pages(spec, keys + [key_of(313)], [contiguous(o) for o in outs])
+        assert got.errors[0] is None and bytes(outs[0][0]) == k and bytes(outs[0][1]) == v
+        assert isinstance(got.errors[1], kvtier.DataLoss)
+        assert isinstance(got.errors[2], kvtier.NotFound)
+        assert isinstance(got.errors[3], kvtier.InvalidArgument)
+        assert str(got.errors[1]).startswith("DATA_LOSS: page 1: ")  # the first failure's
+        assert "not the page's" not in str(got.errors[3])  # only the first keeps its message
+        assert bytes(outs[3][0]) == bytes(len(k))  # a foreign chunk writes nothing
+        with pytest.raises(kvtier.NotFound):  # the daemon dropped the corrupt chunk
+            c.get(keys[1])
+        # Rows that overlap, and keys that do not match the pages: refused
+        # before any slot or hold is taken.
+        bad = kvtier.HostPage(contiguous(src).k, contiguous(src).v, row, row)
+        r = c.put_pages(spec, [key_of(320)], [bad])
+        assert isinstance(r.errors[0], kvtier.InvalidArgument) and "overlap" in str(r.errors[0])
+        with pytest.raises(kvtier.NotFound):
+            c.get(key_of(320))
+        with pytest.raises(kvtier.InvalidArgument):
+            c.get_pages(spec, keys, [contiguous(src)])
+        assert c.get_pages(spec, [], []).errors == []
+        stats = c.stats()["counters"]
+        assert stats["slots_expired"] == 0

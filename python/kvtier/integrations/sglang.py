@@ -24,10 +24,8 @@ identity (``kvtier_key``), so ranks, models and codecs never collide.
 from __future__ import annotations
 
 import array
-import concurrent.futures
 import hashlib
 import logging
-import os
 import threading
 import time
 from typing import Any
@@ -46,7 +44,9 @@ logger = logging.getLogger("kvtier.sglang")
 SGLANG_KEYS = ("backend_name", "module_path", "class_name", "interface_v1",
                "enable_metadata_cache", "metadata_ttl", "tp_lcm_size")
 HOST_LAYOUTS = ("page_first", "page_first_direct", "layer_first")
-# Threads a backend encodes (backups) or decodes (prefetches) a batch's pages on.
+# Threads a batch's pages are encoded (backups) or decoded (prefetches) on, in
+# libkvtier, outside the interpreter lock: SGLang's scheduler loop runs in the
+# same process, and a page's steps done in Python would each wait for its lock.
 PAGE_THREADS = 8
 
 
@@ -86,14 +86,6 @@ class KvtierHiCacheStorage(HiCacheStorage):
         self._metrics: dict[str, list[float]] = {
             "prefetch_pgs": [], "backup_pgs": [], "prefetch_bandwidth": [], "backup_bandwidth": []}
         self.errors = 0  # guarded by _mu
-        # A batch's pages are encoded or decoded on these threads at once (the
-        # codec releases the GIL): a k16v8 page of Llama-3.1-8B takes about 35 ms
-        # to encode on one core, so one thread backs up at about 0.2 GB/s. A
-        # prefetch, which a request waits for, has its own threads: it never
-        # queues behind a backup's pages.
-        self._pages = {kind: concurrent.futures.ThreadPoolExecutor(
-            min(PAGE_THREADS, os.cpu_count() or 1), thread_name_prefix=f"kvtier-{kind}")
-            for kind in ("prefetch", "backup")}
 
     # ---- host pool --------------------------------------------------------------------
 
@@ -149,75 +141,58 @@ class KvtierHiCacheStorage(HiCacheStorage):
 
     # ---- zero-copy batches ----------------------------------------------------------------
 
-    def _batch(self, kind: str, page_op, keys: list[str], host_indices,
-               misses: tuple = ()) -> list[bool]:
-        """Runs ``page_op(kvtier_key, host_index) -> bytes moved`` on every page and
-        records the batch in the StorageMetrics of ``kind`` ("prefetch" / "backup").
-        A page that fails with one of ``misses`` is False (logged at debug level);
-        any other kvtier failure is False, logged and counted in ``errors``. The
-        pages run on the backend's threads of ``kind``, PAGE_THREADS at once."""
+    def _spec(self, k_view) -> kvtier.codec.ChunkSpec:
+        """The chunk of one host page: [layers, page_size, kv_heads, head_dim]."""
+        return kvtier.codec.ChunkSpec(self._require_pool(), self.layers, k_view.shape[2],
+                                      k_view.shape[3], self.page_size, self.page_size,
+                                      engine.DTYPE_NAMES[k_view.dtype], self.settings.codec)
+
+    def _batch(self, kind: str, keys: list[str], host_indices, misses: tuple = ()) -> list[bool]:
+        """Moves every page of the batch between kvtierd and the host pool in
+        one native call (``Client.get_pages`` for "prefetch", ``put_pages`` for
+        "backup"), its pages on PAGE_THREADS threads that hold no interpreter
+        lock, and records the batch in the StorageMetrics of ``kind``. A page
+        that fails with one of ``misses`` is False (logged at debug level); any
+        other kvtier failure is False, logged and counted in ``errors``."""
         self._require_pool()
         start = time.monotonic()
-
-        def one(i: int) -> int | None:
-            key = keys[i]
-            try:
-                return page_op(self.kvtier_key(key), int(host_indices[i * self.page_size]))
-            except misses as e:
+        if not keys:
+            return []
+        pages = [kvtier.HostPage.of(*self._page(int(host_indices[i * self.page_size])))
+                 for i in range(len(keys))]
+        spec = self._spec(self._page(int(host_indices[0]))[0])
+        kv_keys = [self.kvtier_key(k) for k in keys]
+        op = self.client.get_pages if kind == "prefetch" else self.client.put_pages
+        result = op(spec, kv_keys, pages, threads=PAGE_THREADS)
+        failed = 0
+        for key, e in zip(keys, result.errors, strict=True):
+            if e is None:
+                continue
+            if isinstance(e, misses):
                 logger.debug("kvtier: %s of page %s failed: %s", kind, key, e)
-            except kvtier.KvtierError as e:
-                with self._mu:
-                    self.errors += 1
+            else:
+                failed += 1
                 logger.warning("kvtier: %s of page %s failed: %s", kind, key, e)
-            return None
-
-        moved = list(self._pages[kind].map(one, range(len(keys))))
-        results = [m is not None for m in moved]
-        nbytes = sum(m for m in moved if m is not None)
+        results = [e is None for e in result.errors]
         with self._mu:
+            self.errors += failed
+            if kind == "backup":
+                self._written.update(k for k, ok in zip(kv_keys, results, strict=True) if ok)
             self._metrics[f"{kind}_pgs"].append(sum(results))
             seconds = max(time.monotonic() - start, 1e-9)
-            self._metrics[f"{kind}_bandwidth"].append(nbytes / seconds / 1e9)
+            self._metrics[f"{kind}_bandwidth"].append(result.bytes / seconds / 1e9)
         return results
-
-    def _load_page(self, key: bytes, index: int) -> int:
-        k_view, v_view = self._page(index)
-        with self.client.get(key) as chunk:
-            info = kvtier.codec.read_header(chunk.data)
-            want = (self._fingerprint, self.layers, self.page_size, k_view.shape[2],
-                    k_view.shape[3], engine.DTYPE_NAMES[k_view.dtype])
-            got = (info.fingerprint, info.num_layers, info.num_tokens, info.num_kv_heads,
-                   info.head_dim, info.dtype)
-            if got != want:
-                raise kvtier.InvalidArgument(3, f"chunk geometry {got[1:]} (or model) is not "
-                                                f"the host pool's {want[1:]}")
-            if k_view.is_contiguous() and v_view.is_contiguous():
-                kvtier.codec.decode_chunk_into(chunk.data, k_view.data_ptr(), v_view.data_ptr())
-            else:
-                k, v = kvtier.torch.decode_chunk(chunk.data)
-                k_view.copy_(k)
-                v_view.copy_(v)
-            return len(chunk.data)
 
     def batch_get_v1(self, keys: list[str], host_indices: torch.Tensor,
                      extra_info: Any = None) -> list[bool]:
         """Decodes page i of ``keys`` into the host page at ``host_indices[i * page_size]``.
         A missing, corrupt or foreign chunk is False (and kvtierd drops a corrupt one)."""
-        return self._batch("prefetch", self._load_page, keys, host_indices, engine.UNUSABLE)
-
-    def _store_page(self, key: bytes, index: int) -> int:
-        k_view, v_view = self._page(index)
-        chunk = kvtier.torch.encode_chunk(self._fingerprint, k_view, v_view, self.settings.codec,
-                                          self.page_size)
-        self.client.put(key, chunk)
-        with self._mu:
-            self._written.add(key)
-        return len(chunk)
+        return self._batch("prefetch", keys, host_indices, engine.UNUSABLE)
 
     def batch_set_v1(self, keys: list[str], host_indices: torch.Tensor,
                      extra_info: Any = None) -> list[bool]:
         """Encodes the host page at ``host_indices[i * page_size]`` and stores it as page i."""
-        return self._batch("backup", self._store_page, keys, host_indices)
+        return self._batch("backup", keys, host_indices)
 
     def batch_exists(self, keys: list[str], extra_info: Any = None) -> int:
         """Leading keys kvtierd holds; 0 when it does not answer within lookup_timeout_ms."""
@@ -310,8 +285,6 @@ class KvtierHiCacheStorage(HiCacheStorage):
         return StorageMetrics(**metrics)
 
     def close(self) -> None:
-        for pool in self._pages.values():
-            pool.shutdown(wait=True)
         self.lookup.close()
         self.client.close()
 
