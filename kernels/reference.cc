@@ -121,6 +121,7 @@ absl::StatusOr<std::vector<uint8_t>> ReferenceGatherEncode(const codec::ChunkSpe
       for (uint32_t l = 0; l < geo.num_layers; ++l) {
         non_finite |= codec::EncodeSectionLayer(sec, geo, spec_in.dtype,
                                                 src.data() + l * per_layer,
+                                                uint64_t{geo.num_kv_heads} * geo.head_dim,
                                                 base + sec.data_offset(l));
       }
       continue;
