@@ -11,6 +11,10 @@
 namespace kvtier::codec {
 namespace {
 
+// DecodeSectionLayer decodes 8-bit codes through a table of each scale's 256
+// values when a scale covers at least this many values on average.
+constexpr uint32_t kTableMinValues = 1024;
+
 bool IsNonFinite16(uint16_t bits, DType t) {
   return t == DType::kBF16 ? (bits & 0x7F80u) == 0x7F80u : (bits & 0x7C00u) == 0x7C00u;
 }
@@ -121,11 +125,33 @@ void DecodeSectionLayer(const SectionLayout& layout, const Geometry& geo, DType 
   std::vector<float> scales(layout.scale_count);
   std::memcpy(scales.data(), src + layout.data_bytes, scales.size() * sizeof(float));
   const uint32_t dim = geo.head_dim;
+  // An 8-bit code of a scale decodes to one 16-bit value: where a scale
+  // covers many values, its 256 values are computed once and each code is
+  // looked up (the same function, so the same bits; no float math per value).
+  std::vector<uint16_t> table;
+  const bool one_byte = layout.dtype == DType::kFP8E4M3 || layout.dtype == DType::kINT8;
+  if (one_byte && geo.layer_elements() >= uint64_t{kTableMinValues} * layout.scale_count) {
+    table.resize(layout.scale_count * 256);
+    for (uint64_t s = 0; s < layout.scale_count; ++s) {
+      for (uint32_t c = 0; c < 256; ++c) {
+        const float x = layout.dtype == DType::kFP8E4M3
+                            ? DequantizeFp8(static_cast<uint8_t>(c), scales[s])
+                            : DequantizeInt(static_cast<int8_t>(c), scales[s]);
+        table[s * 256 + c] = Store16(x, dst_dtype);
+      }
+    }
+  }
   for (uint32_t t = 0; t < geo.num_tokens; ++t) {
     for (uint32_t h = 0; h < geo.num_kv_heads; ++h) {
       const uint64_t base = layout.element_index(t, h, 0);
-      const float scale = scales[layout.scale_index(t, h)];
+      const uint64_t scale_index = layout.scale_index(t, h);
+      const float scale = scales[scale_index];
       uint16_t* row_out = dst + t * token_stride + uint64_t{h} * dim;
+      if (!table.empty()) {
+        const uint16_t* values = table.data() + scale_index * 256;
+        for (uint32_t d = 0; d < dim; ++d) row_out[d] = values[src[base + d]];
+        continue;
+      }
       switch (layout.dtype) {
         case DType::kFP8E4M3:
           for (uint32_t d = 0; d < dim; ++d) {

@@ -356,5 +356,49 @@ TEST_P(CodecRowsVersions, CorruptionIsFoundBeforeTheBadRecordIsDecoded) {
 
 INSTANTIATE_TEST_SUITE_P(V1AndV2, CodecRowsVersions, ::testing::Values(1, 2));
 
+// Every 8-bit code decodes to Store16(Dequantize(code, scale)) bit for bit,
+// whether the layer is decoded through per-scale tables (a scale covering
+// many values) or value by value (one scale a row).
+TEST(Codec, EveryEightBitCodeDecodesExactlyThroughTablesAndWithout) {
+  for (DType q : {DType::kFP8E4M3, DType::kINT8}) {
+    for (ScaleGranularity gran : {ScaleGranularity::kPerBlockHead, ScaleGranularity::kPerTokenHead}) {
+      for (DType native : {DType::kBF16, DType::kFP16}) {
+        Geometry g{2, 2, 128, 64, 64};
+        auto k = MakeKv(g, native, {.seed = 9, .outlier_every = 3});
+        auto chunk = EncodeChunk(MakeSpec(g, native, {native, ScaleGranularity::kNone}, {q, gran}),
+                                 {k, k});
+        ASSERT_TRUE(chunk.ok());
+        auto header = ParseHeader(*chunk);
+        ASSERT_TRUE(header.ok());
+        const SectionLayout& v = header->layout.v;
+        for (uint32_t l = 0; l < g.num_layers; ++l) {
+          uint8_t* data = chunk->data() + header->layout.v_offset + v.data_offset(l);
+          for (uint64_t i = 0; i < g.layer_elements(); ++i) data[i] = static_cast<uint8_t>(i * 7 + l);
+        }
+        ASSERT_TRUE(SealChunk(*chunk).ok());
+        auto dec = DecodeChunk(*chunk);
+        ASSERT_TRUE(dec.ok()) << dec.status();
+        for (uint32_t l = 0; l < g.num_layers; ++l) {
+          const uint8_t* base = chunk->data() + header->layout.v_offset + v.data_offset(l);
+          const float* scales = reinterpret_cast<const float*>(base + v.data_bytes);
+          for (uint32_t t = 0; t < g.num_tokens; ++t) {
+            for (uint32_t h = 0; h < g.num_kv_heads; ++h) {
+              const float scale = scales[v.scale_index(t, h)];
+              for (uint32_t d = 0; d < g.head_dim; ++d) {
+                const uint64_t i = v.element_index(t, h, d);
+                const float x = q == DType::kFP8E4M3
+                                    ? DequantizeFp8(base[i], scale)
+                                    : DequantizeInt(static_cast<int8_t>(base[i]), scale);
+                ASSERT_EQ(dec->v[l * g.layer_elements() + i], Store16(x, native))
+                    << DTypeName(q) << " layer " << l << " t " << t << " h " << h << " d " << d;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kvtier::codec
