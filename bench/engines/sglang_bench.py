@@ -34,7 +34,7 @@ cache and storage counters, kvtierd's counters) and the TTFT CDF next to it
 peers can be split over device calls.
 
 On the lent GPU machine (docs/engines.md, "SGLang on the GPU"):
-    scripts/sglang-gpu install && scripts/vllm-gpu unbundle
+    scripts/sglang-gpu install && scripts/sglang-gpu unbundle
     eval "$(scripts/sglang-gpu env)"
     python3 bench/engines/sglang_bench.py --peers hicache_kvtier_k16v8,hicache_file \\
         --out $OUT/sglang-multiturn.json
@@ -318,6 +318,8 @@ def main() -> None:
     convs = conversations(args)
     out = Path(args.out)
     earlier = Path(args.merge) if args.merge else out
+    if args.merge and not earlier.is_file():
+        ap.error(f"--merge {args.merge}: no such file (nothing would be merged)")
     results = json.loads(earlier.read_text()) if earlier.exists() else {}
     workload = {k: v for k, v in vars(args).items() if k not in ("out", "kvtierd", "merge")}
     if results.get("peers"):
