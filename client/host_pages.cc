@@ -12,9 +12,14 @@
 namespace kvtier::client {
 namespace {
 
+// The most threads one call starts.
+constexpr size_t kMaxPageThreads = 64;
+
 // Calls fn(i) for every i in [0, n) on the caller's thread and up to
-// threads - 1 more, each taking the next index as it finishes one.
+// threads - 1 more (kMaxPageThreads in all), each taking the next index as
+// it finishes one.
 void ForEachOnThreads(size_t n, size_t threads, absl::FunctionRef<void(size_t)> fn) {
+  threads = std::min(threads, kMaxPageThreads);
   std::atomic<size_t> next{0};
   auto work = [&] {
     for (size_t i = next.fetch_add(1); i < n; i = next.fetch_add(1)) fn(i);

@@ -26,10 +26,11 @@ struct HostPagesResult {
 };
 
 // Encodes pages[i] as a chunk of `spec` and stores it under keys[i], for
-// every i, on up to `threads` threads (at least one). Through shared memory
-// each chunk is encoded straight into a slot of the daemon's pool, which
-// seals it as it commits (PutOptions::daemon_seals: the one hashing pass is
-// the daemon's); otherwise it is encoded into a buffer and put. A page's
+// every i, on up to `threads` threads (at least one, at most 64). Through
+// shared memory each chunk is encoded straight into a slot of the daemon's
+// pool, which seals it as it commits (PutOptions::daemon_seals: the one
+// hashing pass is the daemon's); otherwise it is encoded into a buffer and
+// put. A page's
 // status is InvalidArgument for rows that do not fit the spec
 // (codec::ValidateRows), else the put's.
 // REQUIRES: keys.size() == pages.size().

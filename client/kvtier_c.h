@@ -257,7 +257,7 @@ typedef struct kvtier_host_page {
 } kvtier_host_page;
 
 /* Encodes pages[i] as a chunk of `spec` and stores it under keys[i] (16
- * bytes each), for i < n, on up to `threads` threads (0 is 1). Through the
+ * bytes each), for i < n, on up to `threads` threads (0 is 1, at most 64). Through the
  * shared pool a chunk is encoded into its slot in place and the daemon
  * checksums it as it commits. status[i] (n entries) is each page's result
  * (KVTIER_OK or its code); *bytes (may be NULL) the encoded bytes stored.

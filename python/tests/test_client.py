@@ -382,6 +382,18 @@ def test_tcp_with_token_file(tmp_path):
             c.put(key_of(3), chunk)
             with c.get(key_of(3)) as got:
                 assert bytes(got.data) == chunk and got.tier == "dram"
+            # Host pages without shared memory: encoded into a buffer and put,
+            # got into a copy (checked as it is copied) and decoded from it.
+            spec, k, v, _ = make_chunk(seed=6)
+            row = spec.num_kv_heads * spec.head_dim
+            rows = [token_major(x, spec.num_layers, spec.num_tokens, row) for x in (k, v)]
+            assert c.put_pages(spec, [key_of(4)], [page_of(*rows, spec.num_layers, row)],
+                               threads=2).errors == [None]
+            out = [bytearray(len(rows[0])) for _ in range(2)]
+            got_pages = c.get_pages(spec, [key_of(4), key_of(5)],
+                                    [page_of(*out, spec.num_layers, row)] * 2)
+            assert got_pages.errors[0] is None and out == rows
+            assert isinstance(got_pages.errors[1], kvtier.NotFound)
         with pytest.raises(kvtier.Unauthenticated):
             kvtier.Client(addr=f"127.0.0.1:{port}", token="wrong", timeout_ms=5000)
         empty = tmp_path / "empty"
