@@ -24,6 +24,10 @@ Each peer runs in its own process with a fresh engine, in the order given:
   kvtier_k16v8_nice10  (only when asked for) kvtier k16v8 with kvtierd's
                   sealing threads at nice 10 (KVTIER_DATA_PATH_NICE=10), below
                   the engine's priority
+  kvtier_k16v8_savelate  (only when asked for) kvtier k16v8 with
+                  save_while_running off: a request's prompt is stored when
+                  it finishes, its blocks held until then (the A/B of that
+                  setting in one run)
   kvtier_k16v8_twoengines  (only when asked for; two GPUs) two vLLM engines,
                   one per GPU, on one kvtierd: engine A (GPU 0) runs the cold
                   pass and stays up; engine B (GPU 1), which never saw the
@@ -61,7 +65,7 @@ from pathlib import Path
 
 PEERS = ("no_connector", "offloading", "lmcache", "kvtier_k16v16", "kvtier_k16v8",
          "kvtier_k16v8_zerocopy", "kvtier_k16v8_seal4", "kvtier_k16v8_nice10",
-         "kvtier_k16v8_twoengines")
+         "kvtier_k16v8_savelate", "kvtier_k16v8_twoengines")
 DEFAULT_PEERS = PEERS[:5]
 
 
@@ -156,6 +160,8 @@ def kv_transfer_config(peer: str, args, socket: str | None) -> dict | None:
     # docs/engines.md's settings: a cache's failed load is recomputed.
     extra = {"socket": socket, "codec": codec, "chunk_tokens": args.chunk_tokens,
              "measure_prefill_rate": args.measure_prefill}
+    if peer.endswith("_savelate"):
+        extra["save_while_running"] = False
     if args.plan_rate:
         # The rate at the documents' context, so no attention term on top.
         extra.update(prefill_tokens_per_s=args.plan_rate, attention_doubling_tokens=0)
