@@ -104,24 +104,24 @@ def main():
         src_pages = [kvtier.HostPage.of(*page(src, i)) for i in range(n)]
         dst_pages = [kvtier.HostPage.of(*page(dst, i)) for i in range(n)]
 
-        def put():
+        def put(spec=spec, keys=keys, src_pages=src_pages):
             r = client.put_pages(spec, keys, src_pages, threads=threads)
             assert all(e is None for e in r.errors), r.errors[:2]
 
-        def get():
+        def get(spec=spec, keys=keys, dst_pages=dst_pages):
             r = client.get_pages(spec, keys, dst_pages, threads=threads)
             assert all(e is None for e in r.errors), r.errors[:2]
 
         pool = concurrent.futures.ThreadPoolExecutor(threads)
 
-        def get_one_python(i):
+        def get_one_python(i, keys=keys):
             k_view, v_view = page(dst, i)
             with client.get(keys[i]) as chunk:
                 k, v = kvtier.torch.decode_chunk(chunk.data)
                 k_view.copy_(k)
                 v_view.copy_(v)
 
-        def get_python():
+        def get_python(pool=pool, get_one_python=get_one_python):
             list(pool.map(get_one_python, range(n)))
 
         put()
