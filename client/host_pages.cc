@@ -135,7 +135,7 @@ HostPagesResult GetHostPages(KvtierClient& client, const codec::ChunkSpec& expec
     if (!r.status[i].ok()) return;
     uint64_t n = 0;
     r.status[i] = GetOne(client, expect, keys[i], pages[i], &n);
-    bytes.fetch_add(n);
+    if (r.status[i].ok()) bytes.fetch_add(n);
   });
   r.bytes = bytes.load();
   return r;
