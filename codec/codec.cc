@@ -15,8 +15,21 @@ namespace {
 // values when a scale covers at least this many values on average.
 constexpr uint32_t kTableMinValues = 1024;
 
-bool IsNonFinite16(uint16_t bits, DType t) {
-  return t == DType::kBF16 ? (bits & 0x7F80u) == 0x7F80u : (bits & 0x7C00u) == 0x7C00u;
+// The bits of |x| for a finite x and 0 for an infinite or NaN one
+// (AmaxTerm's value, as bits): for non-negative floats the order of the bits
+// is the order of the values, so a row's amax reduces as integers, which the
+// compiler vectorizes.
+inline uint32_t AmaxBits(uint16_t bits, DType t) {
+  const uint32_t a = FloatBits(Load16(bits, t)) & 0x7FFFFFFFu;
+  return a < 0x7F800000u ? a : 0u;
+}
+
+// True if any of the n elements is NaN or infinite.
+bool AnyNonFinite16(const uint16_t* src, uint64_t n, DType t) {
+  const uint16_t exp = t == DType::kBF16 ? 0x7F80u : 0x7C00u;
+  uint32_t any = 0;
+  for (uint64_t i = 0; i < n; ++i) any |= static_cast<uint32_t>((src[i] & exp) == exp);
+  return any != 0;
 }
 
 // Computes the per-group scales of one layer into `scales`.
@@ -27,8 +40,14 @@ void ComputeScales(const SectionLayout& layout, const Geometry& geo, DType src_d
   for (uint32_t t = 0; t < geo.num_tokens; ++t) {
     for (uint32_t h = 0; h < geo.num_kv_heads; ++h) {
       const uint16_t* row = src + t * token_stride + uint64_t{h} * dim;
+      uint32_t bits = 0;
+      if (src_dtype == DType::kBF16) {
+        for (uint32_t d = 0; d < dim; ++d) bits = std::max(bits, AmaxBits(row[d], DType::kBF16));
+      } else {
+        for (uint32_t d = 0; d < dim; ++d) bits = std::max(bits, AmaxBits(row[d], src_dtype));
+      }
       float& amax = scales[layout.scale_index(t, h)];
-      for (uint32_t d = 0; d < dim; ++d) amax = std::max(amax, AmaxTerm(Load16(row[d], src_dtype)));
+      amax = std::max(amax, BitsToFloat(bits));
     }
   }
   for (uint64_t i = 0; i < layout.scale_count; ++i) scales[i] = ScaleFromAmax(layout.dtype, scales[i]);
@@ -64,8 +83,7 @@ bool EncodeSectionLayer(const SectionLayout& layout, const Geometry& geo, DType 
   const uint64_t row = uint64_t{geo.num_kv_heads} * geo.head_dim;
   bool non_finite = false;
   for (uint32_t t = 0; t < geo.num_tokens; ++t) {
-    const uint16_t* r = src + t * token_stride;
-    for (uint64_t i = 0; i < row; ++i) non_finite |= IsNonFinite16(r[i], src_dtype);
+    non_finite |= AnyNonFinite16(src + t * token_stride, row, src_dtype);
   }
   if (!IsQuantized(layout.dtype)) {
     for (uint32_t t = 0; t < geo.num_tokens; ++t) {
