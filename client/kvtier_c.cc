@@ -491,19 +491,24 @@ int kvtier_decode_chunk(const uint8_t* chunk, uint64_t size, uint16_t* k, uint16
 
 namespace {
 
-// The checks kvtier_put_pages and kvtier_get_pages share, and their result
-// (status[], *bytes, the first failure other than a miss with `ignore`).
-template <typename Row>
-std::vector<kvtier::codec::KvRows<Row>> PagesOf(const kvtier_host_page* pages, size_t n) {
-  std::vector<kvtier::codec::KvRows<Row>> out(n);
-  for (size_t i = 0; i < n; ++i) {
-    out[i] = {pages[i].k, pages[i].v, pages[i].layer_stride, pages[i].token_stride};
+// What kvtier_put_pages and kvtier_get_pages share: the argument checks, the
+// pages as codec rows, and the result (status[], *bytes, and the first
+// failure, a miss aside with `misses_ok`).
+template <typename Row, typename Run>
+int HostPagesCall(kvtier_client* c, const kvtier_chunk_spec* s, const uint8_t* keys, size_t n,
+                  const kvtier_host_page* pages, int* status, uint64_t* bytes, bool misses_ok,
+                  Run run) {
+  if (c == nullptr) return Invalid("client is null");
+  if (n > 0 && (keys == nullptr || pages == nullptr || status == nullptr)) {
+    return Invalid("keys, pages or status is null");
   }
-  return out;
-}
-
-int PagesDone(const kvtier::client::HostPagesResult& r, int* status, uint64_t* bytes,
-              bool misses_ok) {
+  auto spec = SpecOf(s);
+  if (!spec.ok()) return Fail(spec.status());
+  std::vector<kvtier::codec::KvRows<Row>> rows(n);
+  for (size_t i = 0; i < n; ++i) {
+    rows[i] = {pages[i].k, pages[i].v, pages[i].layer_stride, pages[i].token_stride};
+  }
+  const kvtier::client::HostPagesResult r = run(*c->impl, *spec, KeysOf(keys, n), rows);
   if (bytes != nullptr) *bytes = r.bytes;
   absl::Status first;
   size_t first_page = 0;
@@ -524,31 +529,21 @@ extern "C" {
 int kvtier_put_pages(kvtier_client* c, const kvtier_chunk_spec* s, const uint8_t* keys, size_t n,
                      const kvtier_host_page* pages, uint32_t threads, int* status,
                      uint64_t* bytes) {
-  if (c == nullptr) return Invalid("client is null");
-  if (n > 0 && (keys == nullptr || pages == nullptr || status == nullptr)) {
-    return Invalid("keys, pages or status is null");
-  }
-  auto spec = SpecOf(s);
-  if (!spec.ok()) return Fail(spec.status());
-  const std::vector<Hash128> k = KeysOf(keys, n);
-  return PagesDone(kvtier::client::PutHostPages(*c->impl, *spec, k, PagesOf<const uint16_t>(pages, n),
-                                                threads),
-                   status, bytes, /*misses_ok=*/false);
+  return HostPagesCall<const uint16_t>(
+      c, s, keys, n, pages, status, bytes, /*misses_ok=*/false,
+      [threads](auto& client, const auto& spec, const auto& k, const auto& rows) {
+        return kvtier::client::PutHostPages(client, spec, k, rows, threads);
+      });
 }
 
 int kvtier_get_pages(kvtier_client* c, const kvtier_chunk_spec* expect, const uint8_t* keys,
                      size_t n, const kvtier_host_page* pages, uint32_t threads, int* status,
                      uint64_t* bytes) {
-  if (c == nullptr) return Invalid("client is null");
-  if (n > 0 && (keys == nullptr || pages == nullptr || status == nullptr)) {
-    return Invalid("keys, pages or status is null");
-  }
-  auto spec = SpecOf(expect);
-  if (!spec.ok()) return Fail(spec.status());
-  const std::vector<Hash128> k = KeysOf(keys, n);
-  return PagesDone(kvtier::client::GetHostPages(*c->impl, *spec, k, PagesOf<uint16_t>(pages, n),
-                                                threads),
-                   status, bytes, /*misses_ok=*/true);
+  return HostPagesCall<uint16_t>(
+      c, expect, keys, n, pages, status, bytes, /*misses_ok=*/true,
+      [threads](auto& client, const auto& spec, const auto& k, const auto& rows) {
+        return kvtier::client::GetHostPages(client, spec, k, rows, threads);
+      });
 }
 
 }  // extern "C"
