@@ -63,6 +63,8 @@ def test_settings_parse_and_reject_bad_values():
                        ({"chunk_tokens": 0}, "positive"),
                        ({"lookup_timeout_ms": -1}, "positive"),
                        ({"layer_group": 0}, "layer_group"),
+                       ({"page_threads": 0}, "page_threads"),
+                       ({"page_threads": 65}, "page_threads"),
                        ({"layerwise_load": "yes"}, "must be bool"),
                        ({"load_policy": "greedy"}, "load_policy"),
                        ({"kv_cache_layout": "xyz"}, "kv_cache_layout"),

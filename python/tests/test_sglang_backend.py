@@ -112,7 +112,7 @@ def test_batch_set_then_get_round_trips_through_the_host_pool(kvtierd, layout):
     assert b.batch_set_v1(keys, indices([3, 0, 5])) == [True] * 3
     assert b.batch_exists(keys) == 3 and b.exists(keys[1])
     assert b.batch_exists(keys[:1] + ["f" * 64]) == 1
-    r = backend(kvtierd, dst)
+    r = backend(kvtierd, dst, page_threads=1)  # the caller's thread alone
     untouched = page_kv(dst, 4 * PAGE)
     assert r.batch_get_v1(keys, indices([1, 2, 7])) == [True] * 3
     for s, t in ((3, 1), (0, 2), (5, 7)):

@@ -70,7 +70,7 @@ _SETTING_TYPES: dict[str, type | tuple[type, ...]] = {
     "chunk_tokens": int, "lookup_timeout_ms": int, "retry_after_ms": int, "io_timeout_ms": int,
     "layer_group": int, "max_pending_save_chunks": int, "prefill_tokens_per_s": (int, float),
     "attention_doubling_tokens": (int, float), "measure_prefill_rate": bool,
-    "layerwise_load": bool, "save_while_running": bool}
+    "layerwise_load": bool, "save_while_running": bool, "page_threads": int}
 
 
 # ---- settings ------------------------------------------------------------------------
@@ -130,6 +130,9 @@ class ConnectorSettings:
       prefill computed them, while it decodes, so that when it finishes only
       the chunks of its output keep its blocks from the engine; False: every
       chunk is stored when the request finishes. Default: True.
+    page_threads: SGLang: threads a batch of host pages is encoded (backups)
+      or decoded (prefetches) on, in libkvtier, outside the interpreter lock
+      (1-64). Default: 8.
     """
     socket: str | None = None
     addr: str | None = None
@@ -150,6 +153,7 @@ class ConnectorSettings:
     layer_group: int = 4
     max_pending_save_chunks: int = 1024
     save_while_running: bool = True
+    page_threads: int = 8
 
     @classmethod
     def from_mapping(cls, config: Mapping[str, Any] | None,
@@ -177,6 +181,8 @@ class ConnectorSettings:
     def validate(self) -> None:
         if self.layer_group <= 0:
             raise ValueError(f"kvtier: layer_group must be positive, not {self.layer_group}")
+        if not 1 <= self.page_threads <= 64:
+            raise ValueError(f"kvtier: page_threads must be in [1, 64], not {self.page_threads}")
         if self.max_pending_save_chunks < 0:
             raise ValueError("kvtier: max_pending_save_chunks must not be negative")
         if self.chunk_tokens <= 0:

@@ -44,11 +44,6 @@ logger = logging.getLogger("kvtier.sglang")
 SGLANG_KEYS = ("backend_name", "module_path", "class_name", "interface_v1",
                "enable_metadata_cache", "metadata_ttl", "tp_lcm_size")
 HOST_LAYOUTS = ("page_first", "page_first_direct", "layer_first")
-# Threads a batch's pages are encoded (backups) or decoded (prefetches) on, in
-# libkvtier, outside the interpreter lock: SGLang's scheduler loop runs in the
-# same process, and a page's steps done in Python would each wait for its lock.
-PAGE_THREADS = 8
-
 
 class KvtierHiCacheStorage(HiCacheStorage):
     """SGLang's L3 storage over kvtierd (see the module comment).
@@ -150,10 +145,12 @@ class KvtierHiCacheStorage(HiCacheStorage):
     def _batch(self, kind: str, keys: list[str], host_indices, misses: tuple = ()) -> list[bool]:
         """Moves every page of the batch between kvtierd and the host pool in
         one native call (``Client.get_pages`` for "prefetch", ``put_pages`` for
-        "backup"), its pages on PAGE_THREADS threads that hold no interpreter
-        lock, and records the batch in the StorageMetrics of ``kind``. A page
-        that fails with one of ``misses`` is False (logged at debug level); any
-        other kvtier failure is False, logged and counted in ``errors``."""
+        "backup"), its pages on ``page_threads`` threads that hold no
+        interpreter lock (SGLang's scheduler loop runs in this process: a
+        page's steps done in Python would each wait for the lock), and records
+        the batch in the StorageMetrics of ``kind``. A page that fails with one
+        of ``misses`` is False (logged at debug level); any other kvtier
+        failure is False, logged and counted in ``errors``."""
         self._require_pool()
         start = time.monotonic()
         if not keys:
@@ -163,7 +160,7 @@ class KvtierHiCacheStorage(HiCacheStorage):
         spec = self._spec(self._page(int(host_indices[0]))[0])
         kv_keys = [self.kvtier_key(k) for k in keys]
         op = self.client.get_pages if kind == "prefetch" else self.client.put_pages
-        result = op(spec, kv_keys, pages, threads=PAGE_THREADS)
+        result = op(spec, kv_keys, pages, threads=self.settings.page_threads)
         failed = 0
         for key, e in zip(keys, result.errors, strict=True):
             if e is None:
