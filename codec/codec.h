@@ -79,9 +79,9 @@ absl::Status EncodeChunkRows(const ChunkSpec& spec, KvRows<const uint16_t> kv,
 // into `header`) into rows in caller memory (ValidateRows; layer `begin` is
 // the rows' layer 0), converting to header.spec.dtype. With `verify`, each
 // layer record is checked just before it is decoded (version 2: the record
-// tables first, then each record; version 1: both sections first, which
-// needs the whole range): DataLoss for a mismatch, after which the rows of
-// the layers before the bad record hold their decoded values.
+// tables first, then each record; version 1, whose checksums cover whole
+// sections: both sections first): DataLoss for a mismatch, after which the
+// rows of the layers before the bad record hold their decoded values.
 // InvalidArgument for a bad range or rows, or a chunk that is not the
 // header's length.
 absl::Status DecodeChunkRows(const ChunkHeader& header, std::span<const uint8_t> chunk,
