@@ -150,13 +150,20 @@ def test_pipeline_and_context_parallel_ranks_are_refused(kvtierd, field):
         KvtierHiCacheStorage(config)
 
 
-def test_generic_get_and_set_use_flat_pages(kvtierd):
-    src, dst = host_pool("page_first", 3), host_pool("page_first", 4)
+@pytest.mark.parametrize("layout", ["page_first", "layer_first"])
+def test_generic_get_and_set_use_flat_pages(kvtierd, layout):
+    src, dst = host_pool(layout, 3), host_pool(layout, 4)
     b = backend(kvtierd, src)
     assert b.set("a" * 64, src.get_data_page(2 * PAGE))
-    got = b.batch_get(["a" * 64], [dst.get_dummy_flat_data_page()])
-    dst.set_from_flat_data_page(6 * PAGE, got[0])
-    assert torch.equal(dst.get_data_page(6 * PAGE), src.get_data_page(2 * PAGE))
+    assert b.batch_set(["c" * 64, "e" * 64], [src.get_data_page(p * PAGE) for p in (4, 5)])
+    got = b.batch_get(["a" * 64, "b" * 64, "e" * 64],
+                      [dst.get_dummy_flat_data_page() for _ in range(3)])
+    assert got[1] is None  # a miss
+    for page, flat in ((2, got[0]), (5, got[2])):
+        dst.set_from_flat_data_page(6 * PAGE, flat)
+        assert torch.equal(dst.get_data_page(6 * PAGE), src.get_data_page(page * PAGE))
+    # Without targets the backend makes the flat pages.
+    assert torch.equal(b.get("c" * 64), src.get_data_page(4 * PAGE).flatten())
     assert b.get("b" * 64) is None
 
 

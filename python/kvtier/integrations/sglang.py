@@ -26,6 +26,7 @@ from __future__ import annotations
 import array
 import hashlib
 import logging
+import math
 import threading
 import time
 from typing import Any
@@ -136,13 +137,13 @@ class KvtierHiCacheStorage(HiCacheStorage):
 
     # ---- zero-copy batches ----------------------------------------------------------------
 
-    def _spec(self, k_view) -> kvtier.codec.ChunkSpec:
-        """The chunk of one host page: [layers, page_size, kv_heads, head_dim]."""
-        return kvtier.codec.ChunkSpec(self._require_pool(), self.layers, k_view.shape[2],
-                                      k_view.shape[3], self.page_size, self.page_size,
-                                      engine.DTYPE_NAMES[k_view.dtype], self.settings.codec)
+    def _host_pages(self, host_indices, n: int) -> list:
+        """The HostPage of each of the n pages at ``host_indices[i * page_size]``."""
+        self._require_pool()
+        return [kvtier.HostPage.of(*self._page(int(host_indices[i * self.page_size])))
+                for i in range(n)]
 
-    def _batch(self, kind: str, keys: list[str], host_indices, misses: tuple = ()) -> list[bool]:
+    def _batch(self, kind: str, keys: list[str], pages: list, misses: tuple = ()) -> list[bool]:
         """Moves every page of the batch between kvtierd and the host pool in
         one native call (``Client.get_pages`` for "prefetch", ``put_pages`` for
         "backup"), its pages on ``page_threads`` threads that hold no
@@ -155,9 +156,11 @@ class KvtierHiCacheStorage(HiCacheStorage):
         start = time.monotonic()
         if not keys:
             return []
-        pages = [kvtier.HostPage.of(*self._page(int(host_indices[i * self.page_size])))
-                 for i in range(len(keys))]
-        spec = self._spec(self._page(int(host_indices[0]))[0])
+        heads, dim = self.mem_pool_host.kv_buffer.shape[-2:]
+        spec = kvtier.codec.ChunkSpec(self._require_pool(), self.layers, heads, dim,
+                                      self.page_size, self.page_size,
+                                      engine.DTYPE_NAMES[self.mem_pool_host.dtype],
+                                      self.settings.codec)
         kv_keys = [self.kvtier_key(k) for k in keys]
         op = self.client.get_pages if kind == "prefetch" else self.client.put_pages
         result = op(spec, kv_keys, pages, threads=self.settings.page_threads)
@@ -184,12 +187,13 @@ class KvtierHiCacheStorage(HiCacheStorage):
                      extra_info: Any = None) -> list[bool]:
         """Decodes page i of ``keys`` into the host page at ``host_indices[i * page_size]``.
         A missing, corrupt or foreign chunk is False (and kvtierd drops a corrupt one)."""
-        return self._batch("prefetch", keys, host_indices, engine.UNUSABLE)
+        return self._batch("prefetch", keys, self._host_pages(host_indices, len(keys)),
+                           engine.UNUSABLE)
 
     def batch_set_v1(self, keys: list[str], host_indices: torch.Tensor,
                      extra_info: Any = None) -> list[bool]:
         """Encodes the host page at ``host_indices[i * page_size]`` and stores it as page i."""
-        return self._batch("backup", keys, host_indices)
+        return self._batch("backup", keys, self._host_pages(host_indices, len(keys)))
 
     def batch_exists(self, keys: list[str], extra_info: Any = None) -> int:
         """Leading keys kvtierd holds; 0 when it does not answer within lookup_timeout_ms."""
@@ -212,54 +216,42 @@ class KvtierHiCacheStorage(HiCacheStorage):
             return (2, self.page_size, self.layers, heads, dim), (1, 0)
         return (2, self.layers, self.page_size, heads, dim), (0, 1)
 
+    def _flat_page(self, flat: torch.Tensor):
+        """The HostPage of a flat page in the host pool's page order."""
+        shape, order = self._flat_shape()
+        page = flat.view(shape)
+        return kvtier.HostPage.of(page[0].permute(*order, 2, 3), page[1].permute(*order, 2, 3))
+
     def get(self, key: str, target_location: Any | None = None,
             target_sizes: Any | None = None) -> torch.Tensor | None:
         """The page as a flat tensor in the host pool's page order (into
         ``target_location`` when given), or None on a miss or a bad chunk."""
-        self._require_pool()
-        shape, order = self._flat_shape()
-        try:
-            with self.client.get(self.kvtier_key(key)) as chunk:
-                k, v = kvtier.torch.decode_chunk(chunk.data)
-        except kvtier.KvtierError as e:
-            logger.debug("kvtier: page %s not loaded: %s", key, e)
-            return None
-        if k.shape[0] != self.layers or k.shape[1] != self.page_size:
-            return None
-        page = torch.stack([k.permute(*order, 2, 3), v.permute(*order, 2, 3)])
-        if target_location is None:
-            return page.reshape(shape).flatten()
-        target_location.view(shape).copy_(page)
-        return target_location
+        return self.batch_get([key], None if target_location is None else [target_location])[0]
 
     def batch_get(self, keys: list[str], target_locations: Any | None = None,
                   target_sizes: Any | None = None) -> list[torch.Tensor | None]:
-        targets = target_locations or [None] * len(keys)
-        return [self.get(k, t) for k, t in zip(keys, targets, strict=False)]
+        """get of every key, in one native call (as batch_get_v1)."""
+        self._require_pool()
+        shape, _ = self._flat_shape()
+        numel = math.prod(shape)
+        targets = list(target_locations) if target_locations else [
+            torch.empty(numel, dtype=self.mem_pool_host.dtype) for _ in keys]
+        ok = self._batch("prefetch", keys, [self._flat_page(t) for t in targets], engine.UNUSABLE)
+        return [t if good else None for t, good in zip(targets, ok, strict=True)]
 
     def set(self, key: str, value: Any = None, target_location: Any | None = None,
             target_sizes: Any | None = None) -> bool:
         """Stores a flat page (the host pool's page order) as ``key``."""
-        self._require_pool()
-        shape, order = self._flat_shape()
-        page = value.reshape(shape)
-        k, v = (page[i].permute(*order, 2, 3) for i in range(2))
-        kk = self.kvtier_key(key)
-        try:
-            self.client.put(kk, kvtier.torch.encode_chunk(self._fingerprint, k.cpu(), v.cpu(),
-                                                          self.settings.codec, self.page_size))
-        except kvtier.KvtierError as e:
-            self.errors += 1
-            logger.warning("kvtier: page %s not stored: %s", key, e)
-            return False
-        with self._mu:
-            self._written.add(kk)
-        return True
+        return self.batch_set([key], [value])
 
     def batch_set(self, keys: list[str], values: Any = None,
                   target_locations: Any | None = None,
                   target_sizes: Any | None = None) -> bool:
-        return all([self.set(k, v) for k, v in zip(keys, values, strict=False)])
+        """set of every page, in one native call (as batch_set_v1); True if all
+        were stored."""
+        self._require_pool()
+        flats = [v.detach().cpu().contiguous().view(-1) for v in values]
+        return all(self._batch("backup", keys, [self._flat_page(f) for f in flats]))
 
     # ---- housekeeping ---------------------------------------------------------------------
 
