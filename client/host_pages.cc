@@ -2,10 +2,13 @@
 
 #include <algorithm>
 #include <atomic>
+#include <future>
 #include <thread>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "codec/chunk.h"
 #include "common/status.h"
 
@@ -14,6 +17,8 @@ namespace {
 
 // The most threads one call starts.
 constexpr size_t kMaxPageThreads = 64;
+// Pages held by one HoldBatch of a get; two groups are held at a time.
+constexpr size_t kHoldGroup = 8;
 
 // Calls fn(i) for every i in [0, n) on the caller's thread and up to
 // threads - 1 more (kMaxPageThreads in all), each taking the next index as
@@ -77,6 +82,25 @@ absl::Status DecodeInto(const codec::ChunkSpec& expect, std::span<const uint8_t>
   return codec::DecodeChunkRows(header, bytes, 0, header.spec.geometry.num_layers, page, verify);
 }
 
+// Decodes a held chunk into `page` and ends the hold. On DataLoss the
+// daemon checks the stored bytes and drops a corrupt chunk.
+absl::Status DecodeHeld(KvtierClient& client, const codec::ChunkSpec& expect, const Hash128& key,
+                        const HeldChunk& held, const codec::KvRows<uint16_t>& page,
+                        uint64_t* bytes) {
+  absl::Status st = DecodeInto(expect, held.data, page, /*verify=*/!held.checked);
+  absl::Status unheld = client.Unhold(held);
+  if (absl::IsDataLoss(st)) {
+    auto again = client.Hold(key, /*verify=*/true);
+    if (!again.ok()) return again.status();
+    (void)client.Unhold(*again);
+    return absl::DataLossError(absl::StrCat("chunk changed while it was read: ", st.message()));
+  }
+  KVTIER_RETURN_IF_ERROR(st);
+  *bytes = held.data.size();
+  return unheld;
+}
+
+// One page on its own: a get without shared memory, else a hold.
 absl::Status GetOne(KvtierClient& client, const codec::ChunkSpec& expect, const Hash128& key,
                     const codec::KvRows<uint16_t>& page, uint64_t* bytes) {
   if (!client.uses_shared_memory()) {
@@ -87,18 +111,7 @@ absl::Status GetOne(KvtierClient& client, const codec::ChunkSpec& expect, const 
     return absl::OkStatus();
   }
   KVTIER_ASSIGN_OR_RETURN(HeldChunk held, client.Hold(key, /*verify=*/false));
-  absl::Status st = DecodeInto(expect, held.data, page, /*verify=*/!held.checked);
-  absl::Status unheld = client.Unhold(held);
-  if (absl::IsDataLoss(st)) {
-    // The daemon checks the stored bytes and drops a corrupt chunk.
-    auto again = client.Hold(key, /*verify=*/true);
-    if (!again.ok()) return again.status();
-    (void)client.Unhold(*again);
-    return absl::DataLossError(absl::StrCat("chunk changed while it was read: ", st.message()));
-  }
-  KVTIER_RETURN_IF_ERROR(st);
-  *bytes = held.data.size();
-  return unheld;
+  return DecodeHeld(client, expect, key, held, page, bytes);
 }
 
 }  // namespace
@@ -128,15 +141,70 @@ HostPagesResult GetHostPages(KvtierClient& client, const codec::ChunkSpec& expec
                              std::span<const Hash128> keys,
                              std::span<const codec::KvRows<uint16_t>> pages, size_t threads) {
   HostPagesResult r;
-  r.status.resize(pages.size());
+  const size_t n = pages.size();
+  r.status.resize(n);
   std::atomic<uint64_t> bytes{0};
-  ForEachOnThreads(pages.size(), threads, [&](size_t i) {
+  auto one = [&](size_t i) {
+    uint64_t got = 0;
+    r.status[i] = GetOne(client, expect, keys[i], pages[i], &got);
+    if (r.status[i].ok()) bytes.fetch_add(got);
+  };
+  std::vector<size_t> valid;
+  for (size_t i = 0; i < n; ++i) {
     r.status[i] = codec::ValidateRows(pages[i], expect.geometry);
-    if (!r.status[i].ok()) return;
-    uint64_t n = 0;
-    r.status[i] = GetOne(client, expect, keys[i], pages[i], &n);
-    if (r.status[i].ok()) bytes.fetch_add(n);
-  });
+    if (r.status[i].ok()) valid.push_back(i);
+  }
+  absl::flat_hash_set<Hash128> distinct;
+  for (size_t i : valid) distinct.insert(keys[i]);
+  if (!client.uses_shared_memory() || distinct.size() != valid.size()) {
+    ForEachOnThreads(valid.size(), threads, [&](size_t j) { one(valid[j]); });
+    r.bytes = bytes.load();
+    return r;
+  }
+  // Through shared memory, a group of pages is held in one call (the daemon
+  // reads those on NVMe with one io_uring submission), the next group's hold
+  // in flight while this group's pages decode.
+  const size_t groups = (valid.size() + kHoldGroup - 1) / kHoldGroup;
+  auto hold = [&](size_t g) {
+    std::vector<Hash128> group;
+    for (size_t j = g * kHoldGroup; j < std::min(valid.size(), (g + 1) * kHoldGroup); ++j) {
+      group.push_back(keys[valid[j]]);
+    }
+    return client.HoldBatch(group);
+  };
+  std::future<absl::StatusOr<std::vector<absl::StatusOr<HeldChunk>>>> next;
+  if (groups > 0) next = std::async(std::launch::async, hold, size_t{0});
+  for (size_t g = 0; g < groups; ++g) {
+    auto held = next.get();
+    if (g + 1 < groups) next = std::async(std::launch::async, hold, g + 1);
+    const size_t first = g * kHoldGroup;
+    const size_t count = std::min(valid.size() - first, kHoldGroup);
+    if (!held.ok()) {
+      // Refused as a whole (the daemon's held-bytes limit, an older daemon):
+      // one page at a time.
+      ForEachOnThreads(count, threads, [&](size_t j) { one(valid[first + j]); });
+      continue;
+    }
+    std::vector<size_t> refused;  // no room to hold them beside the others
+    absl::Mutex mu;
+    ForEachOnThreads(count, threads, [&](size_t j) {
+      const size_t i = valid[first + j];
+      if (absl::IsResourceExhausted((*held)[j].status())) {
+        absl::MutexLock lock(&mu);
+        refused.push_back(i);
+        return;
+      }
+      if (!(*held)[j].ok()) {
+        r.status[i] = (*held)[j].status();
+        return;
+      }
+      uint64_t got = 0;
+      r.status[i] = DecodeHeld(client, expect, keys[i], *(*held)[j], pages[i], &got);
+      if (r.status[i].ok()) bytes.fetch_add(got);
+    });
+    // Once this group's holds are gone, one at a time.
+    for (size_t i : refused) one(i);
+  }
   r.bytes = bytes.load();
   return r;
 }

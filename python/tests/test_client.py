@@ -540,3 +540,41 @@ def test_host_pages_misses_foreign_corrupt_and_hostile_pages(daemon):
         assert c.get_pages(spec, [], []).errors == []
         stats = c.stats()["counters"]
         assert stats["slots_expired"] == 0
+
+
+def test_host_pages_from_nvme_in_held_groups(tmp_path):
+    """Pages evicted to NVMe come back through held groups (the daemon reads a
+    group with one submission); a repeated key and a miss in the batch too."""
+    from conftest import Daemon
+    d = Daemon(tmp_path / "d", dram_gib="0.03125", nvme_gib="0.25").start()
+    try:
+        spec = codec.ChunkSpec(FP, num_layers=8, num_kv_heads=8, head_dim=128, num_tokens=64,
+                               block_size=64, codec="k16v16")  # 1 MiB a page
+        n = 48
+        src = [bytearray(bf16_bits(spec.elements // 64, s) * 64) for s in range(2 * n)]
+        row = spec.num_kv_heads * spec.head_dim
+
+        def page(k, v):
+            ka, _, _ = _native_address(k)
+            va, _, _ = _native_address(v)
+            return kvtier.HostPage(ka, va, spec.num_tokens * row, row)
+
+        keys = [key_of(400 + i) for i in range(n)]
+        with kvtier.Client(socket=d.socket) as c:
+            put = c.put_pages(spec, keys, [page(src[2 * i], src[2 * i + 1]) for i in range(n)],
+                              threads=4)
+            assert put.errors == [None] * n
+            assert "nvme" in c.lookup(keys)  # the DRAM tier holds about half
+            outs = [(bytearray(len(src[0])), bytearray(len(src[0]))) for _ in keys]
+            got = c.get_pages(spec, keys, [page(*o) for o in outs], threads=4)
+            assert got.errors == [None] * n
+            for i, (k, v) in enumerate(outs):
+                assert k == src[2 * i] and v == src[2 * i + 1], i
+            # A repeated key (one page at a time, not held in groups) and a miss.
+            again = [(bytearray(len(src[0])), bytearray(len(src[0]))) for _ in range(3)]
+            got = c.get_pages(spec, [keys[5], keys[5], key_of(499)], [page(*o) for o in again])
+            assert got.errors[:2] == [None, None] and isinstance(got.errors[2], kvtier.NotFound)
+            assert again[0] == again[1] == (src[10], src[11])
+            assert c.stats()["counters"]["hits_nvme"] > 0
+    finally:
+        d.kill()
