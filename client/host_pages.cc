@@ -17,7 +17,8 @@ namespace {
 
 // The most threads one call starts.
 constexpr size_t kMaxPageThreads = 64;
-// Pages held by one HoldBatch of a get; two groups are held at a time.
+// The fewest pages one HoldBatch of a get holds (more with more threads);
+// two groups are held at a time.
 constexpr size_t kHoldGroup = 8;
 
 // Calls fn(i) for every i in [0, n) on the caller's thread and up to
@@ -164,10 +165,12 @@ HostPagesResult GetHostPages(KvtierClient& client, const codec::ChunkSpec& expec
   // Through shared memory, a group of pages is held in one call (the daemon
   // reads those on NVMe with one io_uring submission), the next group's hold
   // in flight while this group's pages decode.
-  const size_t groups = (valid.size() + kHoldGroup - 1) / kHoldGroup;
+  // As many pages a group as threads decode them (at least kHoldGroup).
+  const size_t per_group = std::max(kHoldGroup, std::min(threads, kMaxPageThreads));
+  const size_t groups = (valid.size() + per_group - 1) / per_group;
   auto hold = [&](size_t g) {
     std::vector<Hash128> group;
-    for (size_t j = g * kHoldGroup; j < std::min(valid.size(), (g + 1) * kHoldGroup); ++j) {
+    for (size_t j = g * per_group; j < std::min(valid.size(), (g + 1) * per_group); ++j) {
       group.push_back(keys[valid[j]]);
     }
     return client.HoldBatch(group);
@@ -177,8 +180,8 @@ HostPagesResult GetHostPages(KvtierClient& client, const codec::ChunkSpec& expec
   for (size_t g = 0; g < groups; ++g) {
     auto held = next.get();
     if (g + 1 < groups) next = std::async(std::launch::async, hold, g + 1);
-    const size_t first = g * kHoldGroup;
-    const size_t count = std::min(valid.size() - first, kHoldGroup);
+    const size_t first = g * per_group;
+    const size_t count = std::min(valid.size() - first, per_group);
     if (!held.ok()) {
       // Refused as a whole (the daemon's held-bytes limit, an older daemon):
       // one page at a time.
