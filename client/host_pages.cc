@@ -2,13 +2,10 @@
 
 #include <algorithm>
 #include <atomic>
-#include <future>
 #include <thread>
 
-#include "absl/container/flat_hash_set.h"
 #include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "codec/chunk.h"
 #include "common/status.h"
 
@@ -17,9 +14,6 @@ namespace {
 
 // The most threads one call starts.
 constexpr size_t kMaxPageThreads = 64;
-// The fewest pages one HoldBatch of a get holds (more with more threads);
-// two groups are held at a time.
-constexpr size_t kHoldGroup = 8;
 
 // Calls fn(i) for every i in [0, n) on the caller's thread and up to
 // threads - 1 more (kMaxPageThreads in all), each taking the next index as
@@ -83,25 +77,6 @@ absl::Status DecodeInto(const codec::ChunkSpec& expect, std::span<const uint8_t>
   return codec::DecodeChunkRows(header, bytes, 0, header.spec.geometry.num_layers, page, verify);
 }
 
-// Decodes a held chunk into `page` and ends the hold. On DataLoss the
-// daemon checks the stored bytes and drops a corrupt chunk.
-absl::Status DecodeHeld(KvtierClient& client, const codec::ChunkSpec& expect, const Hash128& key,
-                        const HeldChunk& held, const codec::KvRows<uint16_t>& page,
-                        uint64_t* bytes) {
-  absl::Status st = DecodeInto(expect, held.data, page, /*verify=*/!held.checked);
-  absl::Status unheld = client.Unhold(held);
-  if (absl::IsDataLoss(st)) {
-    auto again = client.Hold(key, /*verify=*/true);
-    if (!again.ok()) return again.status();
-    (void)client.Unhold(*again);
-    return absl::DataLossError(absl::StrCat("chunk changed while it was read: ", st.message()));
-  }
-  KVTIER_RETURN_IF_ERROR(st);
-  *bytes = held.data.size();
-  return unheld;
-}
-
-// One page on its own: a get without shared memory, else a hold.
 absl::Status GetOne(KvtierClient& client, const codec::ChunkSpec& expect, const Hash128& key,
                     const codec::KvRows<uint16_t>& page, uint64_t* bytes) {
   if (!client.uses_shared_memory()) {
@@ -112,7 +87,18 @@ absl::Status GetOne(KvtierClient& client, const codec::ChunkSpec& expect, const 
     return absl::OkStatus();
   }
   KVTIER_ASSIGN_OR_RETURN(HeldChunk held, client.Hold(key, /*verify=*/false));
-  return DecodeHeld(client, expect, key, held, page, bytes);
+  absl::Status st = DecodeInto(expect, held.data, page, /*verify=*/!held.checked);
+  absl::Status unheld = client.Unhold(held);
+  if (absl::IsDataLoss(st)) {
+    // The daemon checks the stored bytes and drops a corrupt chunk.
+    auto again = client.Hold(key, /*verify=*/true);
+    if (!again.ok()) return again.status();
+    (void)client.Unhold(*again);
+    return absl::DataLossError(absl::StrCat("chunk changed while it was read: ", st.message()));
+  }
+  KVTIER_RETURN_IF_ERROR(st);
+  *bytes = held.data.size();
+  return unheld;
 }
 
 }  // namespace
@@ -142,72 +128,15 @@ HostPagesResult GetHostPages(KvtierClient& client, const codec::ChunkSpec& expec
                              std::span<const Hash128> keys,
                              std::span<const codec::KvRows<uint16_t>> pages, size_t threads) {
   HostPagesResult r;
-  const size_t n = pages.size();
-  r.status.resize(n);
+  r.status.resize(pages.size());
   std::atomic<uint64_t> bytes{0};
-  auto one = [&](size_t i) {
-    uint64_t got = 0;
-    r.status[i] = GetOne(client, expect, keys[i], pages[i], &got);
-    if (r.status[i].ok()) bytes.fetch_add(got);
-  };
-  std::vector<size_t> valid;
-  for (size_t i = 0; i < n; ++i) {
+  ForEachOnThreads(pages.size(), threads, [&](size_t i) {
     r.status[i] = codec::ValidateRows(pages[i], expect.geometry);
-    if (r.status[i].ok()) valid.push_back(i);
-  }
-  absl::flat_hash_set<Hash128> distinct;
-  for (size_t i : valid) distinct.insert(keys[i]);
-  if (!client.uses_shared_memory() || distinct.size() != valid.size()) {
-    ForEachOnThreads(valid.size(), threads, [&](size_t j) { one(valid[j]); });
-    r.bytes = bytes.load();
-    return r;
-  }
-  // Through shared memory, a group of pages is held in one call (the daemon
-  // reads those on NVMe with one io_uring submission), the next group's hold
-  // in flight while this group's pages decode.
-  // As many pages a group as threads decode them (at least kHoldGroup).
-  const size_t per_group = std::max(kHoldGroup, std::min(threads, kMaxPageThreads));
-  const size_t groups = (valid.size() + per_group - 1) / per_group;
-  auto hold = [&](size_t g) {
-    std::vector<Hash128> group;
-    for (size_t j = g * per_group; j < std::min(valid.size(), (g + 1) * per_group); ++j) {
-      group.push_back(keys[valid[j]]);
-    }
-    return client.HoldBatch(group);
-  };
-  std::future<absl::StatusOr<std::vector<absl::StatusOr<HeldChunk>>>> next;
-  if (groups > 0) next = std::async(std::launch::async, hold, size_t{0});
-  for (size_t g = 0; g < groups; ++g) {
-    auto held = next.get();
-    if (g + 1 < groups) next = std::async(std::launch::async, hold, g + 1);
-    const size_t first = g * per_group;
-    const size_t count = std::min(valid.size() - first, per_group);
-    if (!held.ok()) {
-      // Refused as a whole (the daemon's held-bytes limit, an older daemon):
-      // one page at a time.
-      ForEachOnThreads(count, threads, [&](size_t j) { one(valid[first + j]); });
-      continue;
-    }
-    std::vector<size_t> refused;  // no room to hold them beside the others
-    absl::Mutex mu;
-    ForEachOnThreads(count, threads, [&](size_t j) {
-      const size_t i = valid[first + j];
-      if (absl::IsResourceExhausted((*held)[j].status())) {
-        absl::MutexLock lock(&mu);
-        refused.push_back(i);
-        return;
-      }
-      if (!(*held)[j].ok()) {
-        r.status[i] = (*held)[j].status();
-        return;
-      }
-      uint64_t got = 0;
-      r.status[i] = DecodeHeld(client, expect, keys[i], *(*held)[j], pages[i], &got);
-      if (r.status[i].ok()) bytes.fetch_add(got);
-    });
-    // Once this group's holds are gone, one at a time.
-    for (size_t i : refused) one(i);
-  }
+    if (!r.status[i].ok()) return;
+    uint64_t n = 0;
+    r.status[i] = GetOne(client, expect, keys[i], pages[i], &n);
+    if (r.status[i].ok()) bytes.fetch_add(n);
+  });
   r.bytes = bytes.load();
   return r;
 }

@@ -40,12 +40,7 @@ HostPagesResult PutHostPages(KvtierClient& client, const codec::ChunkSpec& spec,
 
 // Reads the chunk of keys[i] into pages[i], for every i, on up to `threads`
 // threads, checking each layer record just before it decodes it (unless the
-// daemon checked the bytes as it read them). Through shared memory the pages
-// are held in groups, one HoldBatch each (the daemon reads a group's chunks
-// on NVMe with one submission), the next group's hold in flight while one
-// decodes; a page the daemon has no room to hold beside the others is read
-// alone after its group, and a batch with a repeated key one page at a time.
-// A page's status: NotFound on a
+// daemon checked the bytes as it read them). A page's status: NotFound on a
 // miss; InvalidArgument for a chunk whose fingerprint, dtype or geometry
 // (the block size aside) is not `expect`'s, or for rows that do not fit it;
 // DataLoss for corrupt bytes (the daemon then checks the stored chunk and

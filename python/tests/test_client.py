@@ -542,9 +542,9 @@ def test_host_pages_misses_foreign_corrupt_and_hostile_pages(daemon):
         assert stats["slots_expired"] == 0
 
 
-def test_host_pages_from_nvme_in_held_groups(tmp_path):
-    """Pages evicted to NVMe come back through held groups (the daemon reads a
-    group with one submission); a repeated key and a miss in the batch too."""
+def test_host_pages_from_nvme(tmp_path):
+    """Pages evicted to NVMe come back (the daemon reads each into a scratch
+    slot and checks it as it reads); a repeated key and a miss in a batch."""
     from conftest import Daemon
     d = Daemon(tmp_path / "d", dram_gib="0.03125", nvme_gib="0.25").start()
     try:
@@ -570,7 +570,7 @@ def test_host_pages_from_nvme_in_held_groups(tmp_path):
             assert got.errors == [None] * n
             for i, (k, v) in enumerate(outs):
                 assert k == src[2 * i] and v == src[2 * i + 1], i
-            # A repeated key (one page at a time, not held in groups) and a miss.
+            # A repeated key and a miss.
             again = [(bytearray(len(src[0])), bytearray(len(src[0]))) for _ in range(3)]
             got = c.get_pages(spec, [keys[5], keys[5], key_of(499)], [page(*o) for o in again])
             assert got.errors[:2] == [None, None] and isinstance(got.errors[2], kvtier.NotFound)
