@@ -165,6 +165,11 @@ def test_generic_get_and_set_use_flat_pages(kvtierd, layout):
     # Without targets the backend makes the flat pages.
     assert torch.equal(b.get("c" * 64), src.get_data_page(4 * PAGE).flatten())
     assert b.get("b" * 64) is None
+    # A target of another dtype is refused before anything is read into it.
+    wrong = torch.zeros(dst.get_dummy_flat_data_page().numel(), dtype=torch.float32)
+    with pytest.raises(ValueError, match="CPU tensor of"):
+        b.batch_get(["a" * 64], [wrong])
+    assert not wrong.any()
 
 
 def test_missing_corrupt_and_foreign_pages_are_false(kvtierd):

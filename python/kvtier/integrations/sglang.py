@@ -36,7 +36,6 @@ from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageC
 
 import kvtier
 import kvtier.codec
-import kvtier.torch
 from kvtier.integrations import engine
 
 logger = logging.getLogger("kvtier.sglang")
@@ -217,7 +216,11 @@ class KvtierHiCacheStorage(HiCacheStorage):
         return (2, self.layers, self.page_size, heads, dim), (0, 1)
 
     def _flat_page(self, flat: torch.Tensor):
-        """The HostPage of a flat page in the host pool's page order."""
+        """The HostPage of a flat page in the host pool's page order (a CPU
+        tensor of the pool's dtype)."""
+        if flat.device.type != "cpu" or flat.dtype != self.mem_pool_host.dtype:
+            raise ValueError(f"kvtier: a flat page must be a CPU tensor of "
+                             f"{self.mem_pool_host.dtype}, not {flat.device} {flat.dtype}")
         shape, order = self._flat_shape()
         page = flat.view(shape)
         return kvtier.HostPage.of(page[0].permute(*order, 2, 3), page[1].permute(*order, 2, 3))
