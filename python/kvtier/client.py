@@ -132,6 +132,8 @@ class HostPage:
     def of(cls, k, v) -> HostPage:
         if k.shape != v.shape or k.stride() != v.stride() or k.dim() != 4:
             raise InvalidArgument(3, "K and V must be 4-D views of the same shape and strides")
+        if k.device.type != "cpu" or v.device.type != "cpu":
+            raise InvalidArgument(3, f"K and V must be in host memory, not {k.device}")
         if k.element_size() != 2:
             raise InvalidArgument(3, f"K and V must be 16-bit, not {k.dtype}")
         _, _, heads, dim = k.shape

@@ -82,3 +82,17 @@ def test_tensors_through_the_daemon(daemon):
         with c.get(keys[1]) as chunk:
             k2, v2 = kt.decode_chunk(chunk.data)
         assert torch.equal(k2, k + 1)
+
+
+def test_host_page_of_tensors_checks_its_views():
+    buf = torch.zeros((2, 64, 4, 2, 8), dtype=torch.bfloat16)  # page_first: [2, tokens, layers, ...]
+    k, v = buf[0].transpose(0, 1), buf[1].transpose(0, 1)
+    page = kvtier.HostPage.of(k, v)
+    assert (page.layer_stride, page.token_stride) == (16, 64)
+    assert page.k == k.data_ptr() and page.v == v.data_ptr()
+    for bad_k, bad_v, words in [(k.float(), v.float(), "16-bit"),
+                                (k, v[:2], "same shape"),
+                                (k.transpose(2, 3), v.transpose(2, 3), "dense"),
+                                (k[0], v[0], "4-D")]:
+        with pytest.raises(kvtier.InvalidArgument, match=words):
+            kvtier.HostPage.of(bad_k, bad_v)
