@@ -1,8 +1,9 @@
 """The host cost of kvtier's vLLM connector per engine step, on the CPU.
 
-vLLM's own v1 scheduler runs the same requests twice in one process: once
-without a connector (the baseline), once with KvtierConnector on both sides
-(scheduler and worker) against a real kvtierd, its worker calls made in the
+vLLM's own v1 scheduler runs the same requests three times in one process:
+once without a connector (the baseline), then with KvtierConnector on both
+sides (scheduler and worker) against a real kvtierd, with save_while_running
+on (the default) and off, its worker calls made in the
 order of vLLM's runner (the harness of python/tests/test_vllm_connector.py,
 which plays the model runner over CPU KV tensors that vLLM's allocator made;
 no model runs, so the time is the scheduler's and the connector's alone).
@@ -117,19 +118,27 @@ def main() -> None:
         for r in range(args.rounds):
             sched, step = plain_scheduler(model_dir)
             base = summary(timed_steps(sched, step, args, salt=2 * r), args.requests)
-            eng = harness.Engine(model_dir, harness._extra(daemon))
-            try:
-                conn = summary(timed_steps(eng.scheduler, lambda e=eng: e.step(writes=False),
-                                           args, salt=2 * r + 1), args.requests)
-            finally:
-                eng.shutdown()
-            ratio = conn["decode_step_median_us"] / base["decode_step_median_us"]
-            rounds.append({"no_connector": base, "kvtier": conn, "decode_step_ratio": ratio})
-            print(f"round {r}: decode step median {base['decode_step_median_us']:.0f} us without, "
-                  f"{conn['decode_step_median_us']:.0f} us with kvtier ({ratio:.2f}x, "
-                  f"+{conn['decode_step_median_us'] - base['decode_step_median_us']:.0f} us); "
-                  f"prefill steps {base['prefill_steps_ms']} / {conn['prefill_steps_ms']} ms; "
-                  f"{conn['empty_steps']} empty", flush=True)
+            entry = {"no_connector": base}
+            # The default, then save_while_running off (every chunk stored at
+            # the finish): what following the running requests costs a step.
+            for name, extra in (("kvtier", {}), ("kvtier_save_late", {"save_while_running": False})):
+                eng = harness.Engine(model_dir, harness._extra(daemon, **extra))
+                try:
+                    conn = summary(timed_steps(eng.scheduler, lambda e=eng: e.step(writes=False),
+                                               args, salt=2 * r + 1), args.requests)
+                finally:
+                    eng.shutdown()
+                entry[name] = conn
+                entry[name.replace("kvtier", "decode_step_ratio")] = (
+                    conn["decode_step_median_us"] / base["decode_step_median_us"])
+                print(f"round {r} {name}: decode step median "
+                      f"{base['decode_step_median_us']:.0f} us without, "
+                      f"{conn['decode_step_median_us']:.0f} us with "
+                      f"({entry[name.replace('kvtier', 'decode_step_ratio')]:.2f}x, "
+                      f"+{conn['decode_step_median_us'] - base['decode_step_median_us']:.0f} us); "
+                      f"prefill steps {base['prefill_steps_ms']} / {conn['prefill_steps_ms']} ms; "
+                      f"{conn['empty_steps']} empty", flush=True)
+            rounds.append(entry)
     finally:
         daemon.kill()
     result = {"benchmark": "connector-step", "machine": platform.processor() or platform.machine(),
@@ -143,11 +152,18 @@ def main() -> None:
               "decode_step_ratio_median": statistics.median(x["decode_step_ratio"] for x in rounds),
               "decode_step_extra_us_median": statistics.median(
                   x["kvtier"]["decode_step_median_us"] - x["no_connector"]["decode_step_median_us"]
-                  for x in rounds)}
+                  for x in rounds),
+              "save_late_decode_step_ratio_median": statistics.median(
+                  x["decode_step_ratio_save_late"] for x in rounds),
+              "save_late_decode_step_extra_us_median": statistics.median(
+                  x["kvtier_save_late"]["decode_step_median_us"]
+                  - x["no_connector"]["decode_step_median_us"] for x in rounds)}
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     print(f"median over rounds: {result['decode_step_ratio_median']:.2f}x, "
           f"+{result['decode_step_extra_us_median']:.0f} us a decode step of {args.requests} "
-          f"requests; wrote {args.out}")
+          f"requests (save_while_running off: "
+          f"{result['save_late_decode_step_ratio_median']:.2f}x, "
+          f"+{result['save_late_decode_step_extra_us_median']:.0f} us); wrote {args.out}")
 
 
 if __name__ == "__main__":
