@@ -27,7 +27,8 @@ import time
 import torch
 
 _here = pathlib.Path(__file__).resolve().parent
-sys.path.insert(0, str(_here / "python" if (_here / "python").is_dir() else _here.parent / "python"))
+_package = _here / "python" if (_here / "python").is_dir() else _here.parent / "python"
+sys.path.insert(0, str(_package))
 import kvtier  # noqa: E402
 import kvtier.codec  # noqa: E402
 import kvtier.torch  # noqa: E402
@@ -79,10 +80,12 @@ def main():
     dst = torch.zeros_like(src)
 
     def page(buf, i):
-        return buf[0, i * PS:(i + 1) * PS].transpose(0, 1), buf[1, i * PS:(i + 1) * PS].transpose(0, 1)
+        tokens = slice(i * PS, (i + 1) * PS)
+        return buf[0, tokens].transpose(0, 1), buf[1, tokens].transpose(0, 1)
 
     kv16 = 2 * L * PS * H * D * 2  # bytes of one page's K and V
-    results = {"device": platform.processor() or platform.machine(), "cpus": torch.get_num_threads(),
+    results = {"device": platform.processor() or platform.machine(),
+               "cpus": torch.get_num_threads(),
                "page": {"layers": L, "kv_heads": H, "head_dim": D, "tokens": PS, "dtype": "bf16",
                         "host_layout": "page_first"},
                "pages": n, "threads": threads, "codecs": {}}
@@ -153,9 +156,8 @@ def main():
         results["codecs"][codec] = r
         for name, e in r.items():
             if isinstance(e, dict):
-                print(f"{codec:7s} {name:36s} {e['kv16_GBps']:6.2f} GB/s kv16"
-                      + (f"  {e['vs_host_copy']:.2f} of a host copy" if "vs_host_copy" in e else ""),
-                      flush=True)
+                ratio = f"  {e['vs_host_copy']:.2f} of a host copy" if "vs_host_copy" in e else ""
+                print(f"{codec:7s} {name:36s} {e['kv16_GBps']:6.2f} GB/s kv16{ratio}", flush=True)
     with open(a.out, "w") as f:
         json.dump(results, f, indent=2)
     client.close()

@@ -121,7 +121,8 @@ def main() -> None:
             entry = {"no_connector": base}
             # The default, then save_while_running off (every chunk stored at
             # the finish): what following the running requests costs a step.
-            for name, extra in (("kvtier", {}), ("kvtier_save_late", {"save_while_running": False})):
+            for name, extra in (("kvtier", {}),
+                                ("kvtier_save_late", {"save_while_running": False})):
                 eng = harness.Engine(model_dir, harness._extra(daemon, **extra))
                 try:
                     conn = summary(timed_steps(eng.scheduler, lambda e=eng: e.step(writes=False),

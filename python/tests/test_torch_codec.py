@@ -85,7 +85,8 @@ def test_tensors_through_the_daemon(daemon):
 
 
 def test_host_page_of_tensors_checks_its_views():
-    buf = torch.zeros((2, 64, 4, 2, 8), dtype=torch.bfloat16)  # page_first: [2, tokens, layers, ...]
+    # SGLang's page_first host pool: [2, tokens, layers, heads, dim].
+    buf = torch.zeros((2, 64, 4, 2, 8), dtype=torch.bfloat16)
     k, v = buf[0].transpose(0, 1), buf[1].transpose(0, 1)
     page = kvtier.HostPage.of(k, v)
     assert (page.layer_stride, page.token_stride) == (16, 64)
