@@ -17,8 +17,7 @@ constexpr uint32_t kTableMinValues = 1024;
 
 // The bits of |x| for a finite x and 0 for an infinite or NaN one
 // (AmaxTerm's value, as bits): for non-negative floats the order of the bits
-// is the order of the values, so a row's amax reduces as integers, which the
-// compiler vectorizes.
+// is the order of the values, so a row's amax reduces as integers.
 inline uint32_t AmaxBits(uint16_t bits, DType t) {
   const uint32_t a = FloatBits(Load16(bits, t)) & 0x7FFFFFFFu;
   return a < 0x7F800000u ? a : 0u;
@@ -41,11 +40,7 @@ void ComputeScales(const SectionLayout& layout, const Geometry& geo, DType src_d
     for (uint32_t h = 0; h < geo.num_kv_heads; ++h) {
       const uint16_t* row = src + t * token_stride + uint64_t{h} * dim;
       uint32_t bits = 0;
-      if (src_dtype == DType::kBF16) {
-        for (uint32_t d = 0; d < dim; ++d) bits = std::max(bits, AmaxBits(row[d], DType::kBF16));
-      } else {
-        for (uint32_t d = 0; d < dim; ++d) bits = std::max(bits, AmaxBits(row[d], src_dtype));
-      }
+      for (uint32_t d = 0; d < dim; ++d) bits = std::max(bits, AmaxBits(row[d], src_dtype));
       float& amax = scales[layout.scale_index(t, h)];
       amax = std::max(amax, BitsToFloat(bits));
     }
