@@ -17,7 +17,10 @@ constexpr size_t kMaxPageThreads = 64;
 
 // Calls fn(i) for every i in [0, n) on the caller's thread and up to
 // threads - 1 more (kMaxPageThreads in all), each taking the next index as
-// it finishes one.
+// it finishes one. Threads of the call's own, not WorkerPool::Shared(): a
+// page blocks on the daemon's replies for part of its time, which that
+// pool's short hashing tasks must not queue behind, and a prefetch must
+// not wait for threads a concurrent backup holds.
 void ForEachOnThreads(size_t n, size_t threads, absl::FunctionRef<void(size_t)> fn) {
   threads = std::min(threads, kMaxPageThreads);
   std::atomic<size_t> next{0};
