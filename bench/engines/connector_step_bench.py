@@ -121,24 +121,23 @@ def main() -> None:
             entry = {"no_connector": base}
             # The default, then save_while_running off (every chunk stored at
             # the finish): what following the running requests costs a step.
-            for name, extra in (("kvtier", {}),
-                                ("kvtier_save_late", {"save_while_running": False})):
+            for name, ratio_key, extra in (
+                    ("kvtier", "decode_step_ratio", {}),
+                    ("kvtier_save_late", "decode_step_ratio_save_late",
+                     {"save_while_running": False})):
                 eng = harness.Engine(model_dir, harness._extra(daemon, **extra))
                 try:
                     conn = summary(timed_steps(eng.scheduler, lambda e=eng: e.step(writes=False),
                                                args, salt=2 * r + 1), args.requests)
                 finally:
                     eng.shutdown()
+                base_us, conn_us = base["decode_step_median_us"], conn["decode_step_median_us"]
                 entry[name] = conn
-                entry[name.replace("kvtier", "decode_step_ratio")] = (
-                    conn["decode_step_median_us"] / base["decode_step_median_us"])
-                print(f"round {r} {name}: decode step median "
-                      f"{base['decode_step_median_us']:.0f} us without, "
-                      f"{conn['decode_step_median_us']:.0f} us with "
-                      f"({entry[name.replace('kvtier', 'decode_step_ratio')]:.2f}x, "
-                      f"+{conn['decode_step_median_us'] - base['decode_step_median_us']:.0f} us); "
-                      f"prefill steps {base['prefill_steps_ms']} / {conn['prefill_steps_ms']} ms; "
-                      f"{conn['empty_steps']} empty", flush=True)
+                entry[ratio_key] = conn_us / base_us
+                print(f"round {r} {name}: decode step median {base_us:.0f} us without, "
+                      f"{conn_us:.0f} us with ({conn_us / base_us:.2f}x, "
+                      f"+{conn_us - base_us:.0f} us); prefill steps {base['prefill_steps_ms']} / "
+                      f"{conn['prefill_steps_ms']} ms; {conn['empty_steps']} empty", flush=True)
             rounds.append(entry)
     finally:
         daemon.kill()

@@ -147,7 +147,6 @@ class _Running:
     by kvtierd or were handed to the workers, [first_saved, done) of them to
     be saved. ``done`` is None until a chunk was computed."""
     request: Any
-    prompt_chunks: int  # full chunks of the prompt
     block_ids: list = dataclasses.field(default_factory=list)
     keys: list = dataclasses.field(default_factory=list)
     done: int | None = None
@@ -338,8 +337,7 @@ class KvtierConnector(KVConnectorBase_V1):
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks,
                                  num_external_tokens: int) -> None:
         if self._save_running:
-            self._running.setdefault(request.request_id, _Running(
-                request, int(request.num_prompt_tokens) // self.chunk_tokens))
+            self._running.setdefault(request.request_id, _Running(request))
         cand = self._candidates.get(request.request_id)
         if num_external_tokens <= 0 or cand is None:
             return
@@ -489,10 +487,7 @@ class KvtierConnector(KVConnectorBase_V1):
                     run.block_ids.extend(new[0])
                 scheduled.append(run)
         for run in scheduled:
-            # A request whose prompt chunks were all handled (the decode steps)
-            # only has its blocks followed.
-            if run.done is None or run.done < run.prompt_chunks:
-                self._save_computed(run)
+            self._save_computed(run)
         return [r for r in getattr(scheduler_output, "preempted_req_ids", None) or ()
                 if r in self._running and self._running[r].first_saved is not None]
 
