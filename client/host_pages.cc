@@ -71,12 +71,8 @@ absl::Status CheckExpected(const codec::ChunkSpec& expect, const codec::ChunkSpe
 
 absl::Status DecodeInto(const codec::ChunkSpec& expect, std::span<const uint8_t> bytes,
                         const codec::KvRows<uint16_t>& page, bool verify) {
-  KVTIER_ASSIGN_OR_RETURN(codec::ChunkHeader header, codec::ParseHeader(bytes));
+  KVTIER_ASSIGN_OR_RETURN(codec::ChunkHeader header, ParseStoredHeader(bytes));
   KVTIER_RETURN_IF_ERROR(CheckExpected(expect, header.spec));
-  if (bytes.size() != header.layout.total_bytes) {
-    return absl::DataLossError(absl::StrCat("length: chunk is ", bytes.size(),
-                                            " bytes, header says ", header.layout.total_bytes));
-  }
   return codec::DecodeChunkRows(header, bytes, 0, header.spec.geometry.num_layers, page, verify);
 }
 

@@ -492,6 +492,18 @@ absl::Status CheckHeldBytes(const HeldChunk& held) {
   return wire::VerifyChunkParallel(held.data).status();
 }
 
+absl::StatusOr<codec::ChunkHeader> ParseStoredHeader(std::span<const uint8_t> bytes) {
+  auto header = codec::ParseHeader(bytes);
+  if (!header.ok()) {
+    return absl::DataLossError(absl::StrCat("stored chunk's header: ", header.status().message()));
+  }
+  if (bytes.size() != header->layout.total_bytes) {
+    return absl::DataLossError(absl::StrCat("length: chunk is ", bytes.size(),
+                                            " bytes, header says ", header->layout.total_bytes));
+  }
+  return header;
+}
+
 absl::Status KvtierClient::CopyHeldChunk(std::span<uint8_t> dst, std::span<const uint8_t> src) {
   return wire::CopyVerified(dst, src).status();
 }

@@ -20,6 +20,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "codec/chunk.h"
 #include "common/hash.h"
 
 namespace kvtier::client {
@@ -192,6 +193,13 @@ struct HeldChunk {
 // OK at once when the daemon checked them as the hold read them
 // (HeldChunk::checked), else OK or DataLoss.
 absl::Status CheckHeldBytes(const HeldChunk& held);
+
+// The header of chunk bytes the daemon handed out (held in its pool or
+// copied from it). It verified them at put, so a header that does not parse
+// or a length that is not the header's is corruption after the put:
+// DataLoss naming what failed, never InvalidArgument, so that the reader
+// asks the daemon to check (and drop) the stored chunk.
+absl::StatusOr<codec::ChunkHeader> ParseStoredHeader(std::span<const uint8_t> bytes);
 
 class KvtierClient {
  public:

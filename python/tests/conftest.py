@@ -145,9 +145,10 @@ def kvtier_cli():
     return _binary("KVTIER_CLI", "cli/kvtier")
 
 
-def corrupt_in_pool(client, key) -> None:
-    """Flips one payload byte of a stored chunk in place in the daemon's
-    shared-memory pool (bit rot in DRAM), through the client's mapping."""
+def corrupt_in_pool(client, key, offset: int = -80) -> None:
+    """Flips one byte of a stored chunk in place in the daemon's shared-memory
+    pool (bit rot in DRAM), through the client's mapping: by default a V
+    payload byte; ``offset`` from the start (or, negative, from the end)."""
     import torch
     with client.get(key) as chunk:
         assert client.uses_shared_memory
@@ -157,7 +158,7 @@ def corrupt_in_pool(client, key) -> None:
             view = torch.frombuffer(chunk.data, dtype=torch.uint8)
         address = view.data_ptr()
         del view
-        byte = ctypes.c_ubyte.from_address(address + len(chunk.data) - 80)  # V payload
+        byte = ctypes.c_ubyte.from_address(address + offset % len(chunk.data))
         byte.value ^= 0x40
 
 

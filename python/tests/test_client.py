@@ -528,6 +528,17 @@ def test_host_pages_misses_foreign_corrupt_and_hostile_pages(daemon):
         assert bytes(outs[3][0]) == bytes(len(k))  # a foreign chunk writes nothing
         with pytest.raises(kvtier.NotFound):  # the daemon dropped the corrupt chunk
             c.get(keys[1])
+        # A header byte gone bad in the pool (the version field): corruption of
+        # a chunk the daemon verified at put, so DataLoss and dropped, not an
+        # argument error that would leave it there.
+        assert c.put_pages(spec, [key_of(315)], [contiguous(src)]).errors == [None]
+        corrupt_in_pool(c, key_of(315), offset=4)
+        out = [bytearray(len(k)), bytearray(len(v))]
+        bad_header = c.get_pages(spec, [key_of(315)], [contiguous(out)]).errors[0]
+        assert isinstance(bad_header, kvtier.DataLoss) and "version" in str(bad_header)
+        assert bytes(out[0]) == bytes(len(k))
+        with pytest.raises(kvtier.NotFound):
+            c.get(key_of(315))
         # Rows that overlap, and keys that do not match the pages: refused
         # before any slot or hold is taken.
         bad = kvtier.HostPage(contiguous(src).k, contiguous(src).v, row, row)
