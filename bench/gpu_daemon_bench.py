@@ -8,7 +8,11 @@ BF16 cache, block size 16. Single chunks (one call at a time) and batches of 32
 (stores from STORE_THREADS threads on their own streams; loads as one layer-wise
 batch, one group of all layers and groups of one layer).
 
-Usage: gpu_daemon_bench.py SOCKET OUT.json   (libkvtier: $KVTIER_LIBRARY or the build)
+Usage: gpu_daemon_bench.py SOCKET OUT.json [TRACE.json]   (libkvtier: $KVTIER_LIBRARY or
+the build). With TRACE.json, single k16v8 stores and loads also run under
+torch.profiler (CUDA runtime calls, copies and kernels of every library in the
+process, each store and load a marked range) into that Chrome trace: where a
+single chunk's time goes between the device's work.
 store_single_engine_thread: what one store costs the calling thread when its
 commit runs on another thread (begin_store's slot + the encode's enqueue), as
 in the engine connectors.
@@ -97,6 +101,25 @@ def store_breakdown(client, cache, ids, codec, tag):
             phases[name].append((b - a) * 1e3)
     delete(client, [key(tag, 900 + i) for i in range(10)])
     return {name: median(v) for name, v in phases.items()}
+
+
+def trace_singles(client, cache, ids, path):
+    """Six single k16v8 stores, then six single loads of them, under torch.profiler."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+    keys = [key(0x70, i) for i in range(6)]
+    kg.store(client, keys[0], cache, ids[0], codec="k16v8")  # warm
+    kg.load(client, keys[0], cache, ids[0])
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for i, k in enumerate(keys):
+            with record_function(f"store {i}"):
+                kg.store(client, k, cache, ids[i], codec="k16v8")
+        for i, k in enumerate(keys):
+            with record_function(f"load {i}"):
+                kg.load(client, k, cache, ids[i])
+        torch.cuda.synchronize()
+    prof.export_chrome_trace(path)
+    delete(client, keys)
 
 
 def paged_cache(chunks):
@@ -237,6 +260,8 @@ def main():
                   f"ratio {e['vs_pinned_memcpy']:.2f}", flush=True)
     with open(out_path, "w") as f:
         json.dump(results, f, indent=2)
+    if len(sys.argv) > 3:
+        trace_singles(client, cache, ids, sys.argv[3])
     client.close()
 
 

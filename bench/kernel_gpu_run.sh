@@ -13,7 +13,8 @@
 # "daemon-huge" runs the daemon bench again with kvtierd's pool in huge pages.
 # "interference" (with "daemon") then times a decode-like CUDA graph step alone
 # and beside each part of a store and paced copies (gpu_interference_bench.py),
-# about a minute and a half.
+# about a minute and a half. "trace" (with "daemon") also writes a Chrome
+# trace of single k16v8 stores and loads ($OUT/gpu_daemon-trace.json).
 # "fidelity" runs bench/fidelity_bench.py on the real models staged there.
 set -uo pipefail
 STEPS=" ${STEPS:-tests codec attention sdpa daemon} "
@@ -64,8 +65,10 @@ daemon_bench() {
     tail -n 5 "$OUT/python_gpu_test.log"
   fi
   if [[ -f "$tmp/ready" ]]; then
+    local trace=()
+    step trace && trace=("$OUT/$name-trace.json")
     PYTHONUNBUFFERED=1 timeout 300 python3 gpu_daemon_bench.py "$tmp/kvtierd.sock" \
-      "$OUT/$name.json" 2>&1 | tee -a "$OUT/bench.log" || rc=1
+      "$OUT/$name.json" "${trace[@]}" 2>&1 | tee -a "$OUT/bench.log" || rc=1
     if step interference && [[ "$name" == gpu_daemon ]]; then
       PYTHONUNBUFFERED=1 timeout 240 python3 gpu_interference_bench.py "$tmp/kvtierd.sock" \
         "$OUT/interference.json" 2>&1 | tee -a "$OUT/bench.log" || rc=1
