@@ -240,12 +240,19 @@ absl::StatusOr<std::vector<absl::Status>> DataPlanePath::PutBatch(
 absl::StatusOr<std::vector<absl::Status>> DataPlanePath::CommitSlots(
     std::span<const uint64_t> ids, std::span<const Hash128> keys, const PutOptions& options) {
   const size_t n = ids.size();
+  if (options.landing_layers != 0 &&
+      (n != 1 || !options.daemon_seals || options.landing_layers > UINT8_MAX)) {
+    return absl::InvalidArgumentError(
+        "a landing commit seals one slot, in groups of 1..255 layers");
+  }
   std::vector<uint8_t> req(w::kCommitBatchBytes + n * w::kCommitItemBytes), rep;
   w::Writer b(req.data());
   b.U32(static_cast<uint32_t>(n))
       .U8(options.durable ? 1 : 0)
-      .U8(options.daemon_seals ? w::kCommitSeal : 0)
-      .U16(0);
+      .U8((options.daemon_seals ? w::kCommitSeal : 0) |
+          (options.landing_layers != 0 ? w::kCommitLanding : 0))
+      .U8(static_cast<uint8_t>(options.landing_layers))
+      .U8(0);
   for (size_t i = 0; i < n; ++i) b.U64(ids[i]).Raw(keys[i].bytes.data(), w::kKeyBytes);
   KVTIER_RETURN_IF_ERROR(c_.CallBatch(Op::kCommitBatch, req.data(), b.size(), &rep));
   if (rep.size() != w::kBatchHeaderBytes + n * 4) return c_.BadAnswer(Op::kCommitBatch);

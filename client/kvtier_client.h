@@ -98,6 +98,15 @@ struct PutOptions {
   // GPU store's kernel wrote it); the daemon computes them, so the chunk is
   // hashed once, on the daemon's threads. Default: false
   bool daemon_seals = false;
+  // CommitSlot with daemon_seals, through the shared-memory data plane only:
+  // the chunk is still landing in the slot, in groups of this many layers, as
+  // wire::LandingMarker says (a GPU store's copies), and the daemon hashes
+  // each record as it lands. DeadlineExceeded (the records did not land in
+  // wire::shm::kLandingWaitMs) and every other error before the seal leave
+  // the slot the caller's, to commit again or abort once its writes are
+  // done; Unimplemented over gRPC; InvalidArgument from a daemon that
+  // predates it. 0 (default): every byte is in the slot.
+  uint32_t landing_layers = 0;
 };
 
 struct PrefixHit {

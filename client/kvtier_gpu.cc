@@ -1,5 +1,7 @@
 #include "client/kvtier_gpu.h"
 
+#include <cuda.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
@@ -13,9 +15,11 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/status.h"
 #include "kernels/cuda_status.h"
 #include "kernels/paged_codec.h"
+#include "wire/chunk_check.h"
 
 namespace kvtier::client {
 namespace {
@@ -31,6 +35,72 @@ constexpr size_t kParallelHolds = 8;
 kernels::BlockSpan IdsChecked(kernels::BlockSpan span) {
   span.host_block_ids = nullptr;
   return span;
+}
+
+using WriteValue64Fn = CUresult (*)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
+using DeviceGetFn = CUresult (*)(CUdevice*, int);
+using DeviceGetAttributeFn = CUresult (*)(int*, CUdevice_attribute, CUdevice);
+
+// A driver entry point through the runtime (libkvtier links no libcuda), by
+// the CUDA 12.0 ABI; null if the driver lacks it.
+void* DriverEntryPoint(const char* name) {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+  if (cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &found) !=
+          cudaSuccess ||
+      found != cudaDriverEntryPointSuccess) {
+    (void)cudaGetLastError();
+    return nullptr;
+  }
+  return fn;
+}
+
+// cuStreamWriteValue64 if the current device supports 64-bit stream memory
+// operations, else null.
+void* StreamWriteValue64() {
+  auto get = reinterpret_cast<DeviceGetFn>(DriverEntryPoint("cuDeviceGet"));
+  auto attribute = reinterpret_cast<DeviceGetAttributeFn>(DriverEntryPoint("cuDeviceGetAttribute"));
+  void* write = DriverEntryPoint("cuStreamWriteValue64");
+  int ordinal = 0;
+  CUdevice device = 0;
+  int can = 0;
+  if (get == nullptr || attribute == nullptr || write == nullptr ||
+      cudaGetDevice(&ordinal) != cudaSuccess || get(&device, ordinal) != CUDA_SUCCESS ||
+      attribute(&can, CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS, device) != CUDA_SUCCESS) {
+    (void)cudaGetLastError();
+    return nullptr;
+  }
+  return can != 0 ? write : nullptr;
+}
+
+// A little above the rate a PCIe 5.0 x16 copy engine moves, so that a
+// waiter for a copy wakes before it ends rather than after.
+constexpr double kCopyBytesPerSecond = 60e9;
+// A store's kernels before its copy (gather and encode from HBM).
+constexpr absl::Duration kEncodeTime = absl::Microseconds(30);
+// How long before its expected end a wait stops sleeping and polls, and how
+// long past it the polling goes on before the wait sleeps in the driver.
+constexpr absl::Duration kWakeEarly = absl::Microseconds(150);
+constexpr absl::Duration kPollPast = absl::Microseconds(500);
+
+// Waits for `ev`, expected to complete at `expected` if nothing queued ahead
+// of it: asleep until shortly before then, then polling, then (work ran late:
+// the stream had other work first) in cudaEventSynchronize. A blocking
+// cudaEventSynchronize alone wakes 0.1-0.3 ms after the event on an H200
+// host, half of a chunk's copy; a spinning one keeps a core busy for the
+// whole copy.
+absl::Status AwaitEvent(cudaEvent_t ev, absl::Time expected, const char* what) {
+  cudaError_t e = cudaEventQuery(ev);
+  if (e == cudaErrorNotReady) {
+    const absl::Time wake = expected - kWakeEarly;
+    if (absl::Time now = absl::Now(); now < wake) absl::SleepFor(wake - now);
+    const absl::Time give_up = std::max(absl::Now(), expected) + kPollPast;
+    while ((e = cudaEventQuery(ev)) == cudaErrorNotReady && absl::Now() < give_up) {
+      std::this_thread::yield();
+    }
+    if (e == cudaErrorNotReady) e = cudaEventSynchronize(ev);
+  }
+  return kernels::CudaStatus(e, what, __FILE__, __LINE__);
 }
 
 absl::Status Sync(cudaStream_t stream) {
@@ -81,11 +151,18 @@ void ForEachThenInOrder(size_t n, size_t threads, const std::function<void(size_
 
 // ---- PendingStore ----
 
-PendingStore::PendingStore(GpuPagedIo* io, const codec::ChunkSpec& spec, WritableSlot slot,
+PendingStore::PendingStore(GpuPagedIo* io, const codec::ChunkSpec& spec,
+                           const codec::ChunkLayout& layout, WritableSlot slot,
                            uint32_t* workspace, std::unique_ptr<kernels::HostStaging> staging)
-    : io_(io), spec_(spec), slot_(slot), workspace_(workspace), staging_(std::move(staging)) {}
+    : io_(io),
+      spec_(spec),
+      layout_(layout),
+      slot_(slot),
+      workspace_(workspace),
+      staging_(std::move(staging)) {}
 
 PendingStore::~PendingStore() {
+  if (header_landed_ != nullptr) cudaEventDestroy(header_landed_);
   if (slot_gone_) {
     if (done_ != nullptr) cudaEventDestroy(done_);
     return;
@@ -108,8 +185,7 @@ PendingStore::~PendingStore() {
 }
 
 absl::Status PendingStore::WaitDone() const {
-  return kernels::CudaStatus(cudaEventSynchronize(done_), "wait for the store's launches",
-                             __FILE__, __LINE__);
+  return AwaitEvent(done_, done_expected_, "wait for the store's launches");
 }
 
 uint8_t* PendingStore::EncodeTarget() const {
@@ -145,9 +221,16 @@ absl::Status PendingStore::EncodeLayers(const kernels::PagedKvLayout& cache,
   // The whole chunk, header included (a later range's launch may set its
   // flags), by the copy engine.
   if (st.ok() && staging_ != nullptr && last) {
-    st = kernels::CudaStatus(cudaMemcpyAsync(slot_.data.data(), staging_->data(),
-                                             slot_.data.size(), cudaMemcpyDeviceToHost, stream),
-                             "copy the encoded chunk into the slot", __FILE__, __LINE__);
+    landing_layers_ = reinterpret_cast<uintptr_t>(slot_.data.data()) % 8 == 0
+                          ? io_->landing_layers(layout_)
+                          : 0;
+    if (landing_layers_ != 0) {
+      st = EnqueueLandingCopy(stream);
+    } else {
+      st = kernels::CudaStatus(cudaMemcpyAsync(slot_.data.data(), staging_->data(),
+                                               slot_.data.size(), cudaMemcpyDeviceToHost, stream),
+                               "copy the encoded chunk into the slot", __FILE__, __LINE__);
+    }
   }
   if (st.ok() && last) {
     // What Commit waits for: this store's work, not what the caller enqueues
@@ -160,6 +243,8 @@ absl::Status PendingStore::EncodeLayers(const kernels::PagedKvLayout& cache,
       e = cudaEventRecord(ev, stream);
       if (e == cudaSuccess) {
         done_ = ev;
+        done_expected_ = absl::Now() + kEncodeTime +
+                         absl::Seconds(static_cast<double>(slot_.data.size()) / kCopyBytesPerSecond);
       } else {
         cudaEventDestroy(ev);
       }
@@ -196,7 +281,73 @@ absl::Status PendingStore::WaitEncoded() {
   return absl::OkStatus();
 }
 
+absl::Status PendingStore::EnqueueLandingCopy(cudaStream_t stream) {
+  const codec::ChunkLayout& l = layout_;
+  const auto write = reinterpret_cast<WriteValue64Fn>(io_->write_value64_);
+  uint8_t* const dst = slot_.data.data();
+  const uint8_t* const src = staging_->data();
+  auto copy = [&](uint64_t from, uint64_t to) {
+    return kernels::CudaStatus(
+        cudaMemcpyAsync(dst + from, src + from, to - from, cudaMemcpyDeviceToHost, stream),
+        "copy the encoded chunk into the slot", __FILE__, __LINE__);
+  };
+  // The header (and any padding before K's first record), which the commit
+  // waits for.
+  KVTIER_RETURN_IF_ERROR(copy(0, l.k_offset));
+  KVTIER_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&header_landed_, cudaEventDisableTiming));
+  KVTIER_CUDA_RETURN_IF_ERROR(cudaEventRecord(header_landed_, stream));
+  const uint32_t layers = l.geometry.num_layers;
+  for (uint32_t s = 0; s < 2; ++s) {
+    const codec::SectionLayout& sec = s == 0 ? l.k : l.v;
+    const uint64_t base = s == 0 ? l.k_offset : l.v_offset;
+    for (uint32_t a = 0; a < layers; a += landing_layers_) {
+      const uint32_t b = std::min(layers, a + landing_layers_);
+      // V's first group also carries the padding between the sections.
+      const uint64_t from = s == 1 && a == 0 ? l.k_offset + l.k.bytes : base + sec.data_offset(a);
+      KVTIER_RETURN_IF_ERROR(copy(from, base + sec.data_offset(b)));
+      // The group's marker in its last layer's table entry, after its bytes
+      // (the write's default flags fence the copy's writes before it).
+      const uint8_t* entry = dst + base + sec.table_offset + 8 * uint64_t{b - 1};
+      const CUresult r = write(
+          stream, reinterpret_cast<CUdeviceptr>(io_->Device(entry)),
+          wire::LandingMarker(slot_.id, static_cast<codec::Section>(s), b - 1),
+          CU_STREAM_WRITE_VALUE_DEFAULT);
+      if (r != CUDA_SUCCESS) {
+        return absl::InternalError(absl::StrCat("cuStreamWriteValue64 failed: CUresult ", r));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PendingStore::CommitLanding(const Hash128& key, const PutOptions& options) {
+  // The header is copied right after the encode, ahead of the records.
+  KVTIER_RETURN_IF_ERROR(AwaitEvent(header_landed_, absl::Now(), "wait for the header to land"));
+  PutOptions landing = options;
+  landing.daemon_seals = true;
+  landing.landing_layers = landing_layers_;
+  return io_->client_->CommitSlot(slot_, key, landing);
+}
+
 absl::Status PendingStore::Commit(const Hash128& key, const PutOptions& options) {
+  if (landing_layers_ != 0 && !encoded_ && !slot_gone_ && !broken_ &&
+      next_layer_ == spec_.geometry.num_layers) {
+    absl::Status landed = CommitLanding(key, options);
+    if (landed.ok()) {
+      // The device is past the chunk's last marker.
+      absl::Status st = WaitEncoded();
+      if (st.ok()) slot_gone_ = true;  // else the destructor frees what the device may use
+      return st;
+    }
+    // The slot is still this store's: DeadlineExceeded (the copy ran late),
+    // InvalidArgument from a daemon without landing commits, Unimplemented
+    // over gRPC. Any other error is the commit's answer.
+    if (!absl::IsDeadlineExceeded(landed) && !absl::IsInvalidArgument(landed) &&
+        !absl::IsUnimplemented(landed)) {
+      (void)WaitEncoded();
+      return landed;  // the destructor aborts the slot if the daemon kept it
+    }
+  }
   KVTIER_RETURN_IF_ERROR(WaitEncoded());
   slot_gone_ = true;
   // The kernels wrote everything but the checksums, straight into the slot
@@ -275,10 +426,28 @@ absl::StatusOr<std::unique_ptr<GpuPagedIo>> GpuPagedIo::Create(KvtierClient* cli
     return kernels::CudaStatus(e, "map the pool for the device", __FILE__, __LINE__);
   }
   std::unique_ptr<GpuPagedIo> io(new GpuPagedIo(client, pool, static_cast<uint8_t*>(dev)));
-  // Operators' switch for the stores' path (docs/engines.md).
+  io->write_value64_ = StreamWriteValue64();
+  // Operators' switches for the stores' path (docs/engines.md).
   const char* stage = std::getenv("KVTIER_GPU_STAGE_STORES");
   if (stage != nullptr && std::string_view(stage) == "0") io->set_stage_stores(false);
+  const char* landing = std::getenv("KVTIER_GPU_LANDING");
+  io->set_landing(landing == nullptr || std::string_view(landing) != "0");
   return io;
+}
+
+uint32_t GpuPagedIo::landing_layers(const codec::ChunkLayout& l) const {
+  // The daemon's markers are table entries: version 2, 8-byte aligned; the
+  // copy leaves out the tables and nothing may follow V's.
+  if (!landing_.load(std::memory_order_relaxed) || l.version < 2 ||
+      l.v_offset + l.v.bytes != l.total_bytes || (l.k_offset + l.k.table_offset) % 8 != 0 ||
+      (l.v_offset + l.v.table_offset) % 8 != 0 || l.geometry.num_layers == 0) {
+    return 0;
+  }
+  const uint64_t stride = std::max<uint64_t>(1, std::min(l.k.layer_stride, l.v.layer_stride));
+  const uint64_t piece = landing_piece_bytes_.load(std::memory_order_relaxed);
+  const uint64_t group = (piece + stride - 1) / stride;
+  return static_cast<uint32_t>(
+      std::min<uint64_t>({group, l.geometry.num_layers, wire::kMaxLandingLayers}));
 }
 
 GpuPagedIo::~GpuPagedIo() {
@@ -399,7 +568,8 @@ absl::StatusOr<std::unique_ptr<PendingStore>> GpuPagedIo::BeginStore(const codec
       (void)cudaGetLastError();
     }
   }
-  return std::unique_ptr<PendingStore>(new PendingStore(this, spec, *slot, ws, std::move(staging)));
+  return std::unique_ptr<PendingStore>(
+      new PendingStore(this, spec, layout, *slot, ws, std::move(staging)));
 }
 
 absl::Status GpuPagedIo::Store(const Hash128& key, const codec::ChunkSpec& spec,

@@ -50,6 +50,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "client/kvtier_client.h"
 #include "codec/chunk.h"
 #include "common/hash.h"
@@ -90,17 +91,33 @@ class PendingStore {
   // a CUDA error otherwise (the store is then broken). Idempotent.
   absl::Status WaitEncoded();
 
-  // WaitEncoded, then commits the chunk as `key`, unsealed: the daemon
-  // computes its checksums as it commits (PutOptions::daemon_seals), in its
-  // one pass over the chunk, spread over its worker pool.
-  // FailedPrecondition unless every layer was encoded; the daemon's codes
-  // otherwise. The slot is aborted on any error.
+  // Commits the chunk as `key`, unsealed: the daemon computes its checksums
+  // as it commits (PutOptions::daemon_seals), in its one pass over the
+  // chunk, spread over its worker pool. Where the copy into the slot went in
+  // landing pieces (GpuPagedIo::landing_layers) and is still running, the
+  // commit is sent once the header has landed and the daemon hashes each
+  // piece as it lands (PutOptions::landing_layers), so the commit ends about
+  // one piece's hash after the copy; otherwise (or if that commit fails
+  // before the seal, e.g. a daemon without it) it follows WaitEncoded.
+  // Returns after WaitEncoded either way. FailedPrecondition unless every
+  // layer was encoded; the daemon's codes otherwise. The slot is aborted on
+  // any error.
   absl::Status Commit(const Hash128& key, const PutOptions& options = {});
 
  private:
   friend class GpuPagedIo;
-  PendingStore(GpuPagedIo* io, const codec::ChunkSpec& spec, WritableSlot slot,
-               uint32_t* workspace, std::unique_ptr<kernels::HostStaging> staging);
+  PendingStore(GpuPagedIo* io, const codec::ChunkSpec& spec, const codec::ChunkLayout& layout,
+               WritableSlot slot, uint32_t* workspace,
+               std::unique_ptr<kernels::HostStaging> staging);
+  // Enqueues the copy of the staged chunk into the slot on `stream`: the
+  // header, header_landed_, then the records of each section in groups of
+  // landing_layers_ layers, each group followed by its wire::LandingMarker
+  // (the record tables are the daemon's to write). InvalidArgument (nothing
+  // enqueued) for a layout it cannot split; CUDA errors otherwise.
+  absl::Status EnqueueLandingCopy(cudaStream_t stream);
+  // Commit's landing path: OK once the daemon sealed and stored the chunk;
+  // otherwise the error, with the slot still this store's.
+  absl::Status CommitLanding(const Hash128& key, const PutOptions& options);
   // Where the kernels write the chunk: the device staging buffer, or the
   // slot through the pool's mapping.
   uint8_t* EncodeTarget() const;
@@ -109,6 +126,7 @@ class PendingStore {
 
   GpuPagedIo* const io_;
   const codec::ChunkSpec spec_;
+  const codec::ChunkLayout layout_;
   const WritableSlot slot_;
   uint32_t* workspace_;  // returned to io_'s pool once the encodes are done
   // Device memory the kernels encode into, copied to the slot by the copy
@@ -116,6 +134,11 @@ class PendingStore {
   std::unique_ptr<kernels::HostStaging> staging_;
   cudaStream_t stream_ = nullptr;  // of the last EncodeLayers
   cudaEvent_t done_ = nullptr;     // recorded after the last layer's launches
+  absl::Time done_expected_;      // when done_ should complete, if the stream was idle
+  // Landing copies (EnqueueLandingCopy): the layers per group, and the event
+  // recorded once the header is in the slot; 0 and null otherwise.
+  uint32_t landing_layers_ = 0;
+  cudaEvent_t header_landed_ = nullptr;
   uint32_t next_layer_ = 0;
   bool encoded_ = false;    // WaitEncoded succeeded: no device work left
   bool slot_gone_ = false;  // committed or aborted
@@ -219,6 +242,19 @@ class GpuPagedIo {
   // Create turns staging off when the environment has
   // KVTIER_GPU_STAGE_STORES=0.
   void set_stage_stores(bool on) { stage_stores_.store(on, std::memory_order_relaxed); }
+  // Layers per landing group of a staged store's copy into the slot (see
+  // PendingStore::Commit), 0 when the copy is one piece: set by Create when
+  // the device writes 64-bit values from a stream (cuStreamWriteValue64) and
+  // the environment does not have KVTIER_GPU_LANDING=0; 0 also for a chunk
+  // whose layout cannot be split. Sized so that a group's records are about
+  // `piece_bytes` (set_landing; default kLandingPieceBytes).
+  static constexpr uint64_t kLandingPieceBytes = uint64_t{2} << 20;
+  uint32_t landing_layers(const codec::ChunkLayout& layout) const;
+  // Turns landing copies on (where the device can) or off.
+  void set_landing(bool on, uint64_t piece_bytes = kLandingPieceBytes) {
+    landing_piece_bytes_.store(std::max<uint64_t>(piece_bytes, 1));
+    landing_.store(on && write_value64_ != nullptr);
+  }
 
   // Encodes the spec.geometry.num_tokens tokens at `blocks` of `cache` as a
   // chunk of `spec` and stores it as `key`. Returns once the daemon has
@@ -313,6 +349,11 @@ class GpuPagedIo {
   const std::span<uint8_t> pool_;
   uint8_t* const device_pool_;
   std::atomic<bool> stage_stores_{true};
+  // cuStreamWriteValue64 (the driver's, through the runtime's entry point
+  // lookup: libkvtier links no libcuda), or null.
+  void* write_value64_ = nullptr;
+  std::atomic<bool> landing_{false};
+  std::atomic<uint64_t> landing_piece_bytes_{kLandingPieceBytes};
   absl::Mutex commit_mu_;
   std::unique_ptr<WorkerPool> committers_ ABSL_GUARDED_BY(commit_mu_);  // Committers()
   absl::Mutex ws_mu_;

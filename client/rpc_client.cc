@@ -191,6 +191,9 @@ absl::StatusOr<std::pair<uint64_t, PoolExtent>> RpcClient::AllocateSlot(uint64_t
 
 absl::Status RpcClient::CommitSlot(uint64_t slot_id, const Hash128& key,
                                    const PutOptions& options) {
+  if (options.landing_layers != 0) {
+    return absl::UnimplementedError("a landing commit needs the shared-memory data plane");
+  }
   WaitForReleases();
   pb::PutRequest req;
   req.set_version(kProtocolVersion);

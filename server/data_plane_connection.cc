@@ -579,9 +579,15 @@ absl::Status DataPlaneConnection::OnAllocateBatch(wire::shm::Reader& r, uint32_t
 
 absl::Status DataPlaneConnection::OnCommitBatch(wire::shm::Reader& r, uint32_t n,
                                                 wire::shm::Writer& w) {
-  const uint8_t durable = r.U8(), flags = r.U8(), z1 = r.U8(), z2 = r.U8();
-  if (durable > 1 || (flags & ~wire::shm::kCommitSeal) != 0 || (z1 | z2) != 0) {
+  const uint8_t durable = r.U8(), flags = r.U8(), landing = r.U8(), z2 = r.U8();
+  const bool landed = (flags & wire::shm::kCommitLanding) != 0;
+  if (durable > 1 ||
+      (flags & ~(wire::shm::kCommitSeal | wire::shm::kCommitLanding)) != 0 || z2 != 0 ||
+      (landing != 0) != landed) {
     return absl::InvalidArgumentError("commit batch with nonzero reserved bytes");
+  }
+  if (landed && ((flags & wire::shm::kCommitSeal) == 0 || n != 1)) {
+    return absl::InvalidArgumentError("a landing commit seals exactly one slot");
   }
   std::vector<std::pair<uint64_t, Hash128>> items(n);
   absl::flat_hash_set<Hash128> keys;
@@ -608,8 +614,12 @@ absl::Status DataPlaneConnection::OnCommitBatch(wire::shm::Reader& r, uint32_t n
       args.holder = holder_id_;
       args.durable = durable != 0;
       args.seal = (flags & wire::shm::kCommitSeal) != 0;
+      args.landing_layers = landing;
       // Verified (header, lengths, checksums), or sealed, before it is stored.
       st = service_->CommitSlot(args, id);
+      // A landing commit that failed before the seal left the slot to the
+      // client (its device may still write it).
+      if (!st.ok() && landed && service_->HoldsSlot(id, holder_id_)) slots_.insert(id);
       tenant_->CountPut(st);
     }
     w.U32(static_cast<uint32_t>(st.code()));

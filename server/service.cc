@@ -5,9 +5,11 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "codec/chunk.h"
 #include "common/status.h"
 #include "wire/chunk_check.h"
+#include "wire/shm_frames.h"
 
 namespace kvtier::server {
 
@@ -186,6 +188,15 @@ absl::Status KvService::CommitSlot(const PutArgs& args, uint64_t slot_id) {
   // checksums, or their computation for a chunk the client left unsealed.
   // Later shared-memory gets do not read them again (the reader checks what
   // it copies).
+  if (args.landing_layers != 0) {
+    if (!args.seal) return absl::InvalidArgumentError("a landing commit is a sealed commit");
+    auto sealed = wire::SealLandedChunkParallel(
+        bytes, slot_id, args.landing_layers,
+        absl::Now() + absl::Milliseconds(wire::shm::kLandingWaitMs));
+    // Not aborted: the holder's device may still be writing the slot.
+    if (!sealed.ok()) return sealed.status();
+    return CommitVerified(args, slot_id, sealed);
+  }
   return CommitVerified(args, slot_id,
                         args.seal ? wire::SealChunkParallel(bytes) : wire::VerifyChunkParallel(bytes));
 }

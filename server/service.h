@@ -61,6 +61,10 @@ struct PutArgs {
   // A slot's commit: the chunk has no checksums yet; compute them
   // (wire::SealChunkParallel) instead of checking them.
   bool seal = false;
+  // With seal, a slot's commit: its bytes are still landing, in groups of this
+  // many layers (wire::SealLandedChunkParallel); 0: they are all there. Such
+  // a commit leaves the slot to its holder when it fails before the seal.
+  uint32_t landing_layers = 0;
 };
 
 // How a get hands the chunk out.
@@ -169,6 +173,11 @@ class KvService {
   // NotFound (UnknownSlotError) for a slot that is unknown, expired or
   // another holder's.
   absl::Status AbortSlot(uint64_t slot_id, tiering::HolderId holder);
+  // Whether `holder` holds slot `slot_id` (allocated, neither committed,
+  // aborted nor expired).
+  bool HoldsSlot(uint64_t slot_id, tiering::HolderId holder) {
+    return SlotSpan(slot_id, holder).ok();
+  }
   // Removes the ids of slots and leases that ended (unknown or expired) from
   // the sets (PlacementEngine::ForgetEnded).
   void ForgetEnded(absl::flat_hash_set<uint64_t>& slot_ids,
@@ -178,7 +187,9 @@ class KvService {
   // Verifies the bytes the client wrote into slot `slot_id` (args.holder's),
   // then stores them as `args.key` without a copy. NotFound for an unknown,
   // expired or another holder's slot,
-  // DataLoss/InvalidArgument for bad bytes (the slot is then freed).
+  // DataLoss/InvalidArgument for bad bytes (the slot is then freed, but by a
+  // landing commit, args.landing_layers, which leaves it to the holder when it
+  // fails before the seal: DeadlineExceeded when the bytes did not land).
   absl::Status CommitSlot(const PutArgs& args, uint64_t slot_id);
 
   // A streamed commit of slot `slot_id`: the returned check is advanced as

@@ -569,20 +569,29 @@ TEST_F(CtlTest, BatchOpsRefuseHostileFrames) {
     commit.insert(commit.end(), item.begin(), item.end());
   }
   EXPECT_EQ(a.Call(Op::kCommitBatch, commit), kInvalid);
-  // Commit flags: kCommitSeal is one (an unknown slot is still NotFound);
-  // any other bit is refused.
-  for (uint8_t flags : {wire::shm::kCommitSeal, uint8_t{2}, uint8_t{0x81}}) {
+  // Commit flags: kCommitSeal is one (an unknown slot is still NotFound), and
+  // kCommitSeal | kCommitLanding with its group of layers; any other bit is
+  // refused, and so are landing without sealing or a group, a group without
+  // landing, and landing of two slots.
+  const uint8_t kLand = wire::shm::kCommitSeal | wire::shm::kCommitLanding;
+  for (auto [flags, group] : std::vector<std::pair<uint8_t, uint8_t>>{
+           {wire::shm::kCommitSeal, 0}, {kLand, 4}, {uint8_t{2}, 0}, {uint8_t{0x81}, 0},
+           {wire::shm::kCommitLanding, 4}, {kLand, 0}, {wire::shm::kCommitSeal, 4}}) {
     std::vector<uint8_t> sealed(wire::shm::kCommitBatchBytes + wire::shm::kCommitItemBytes);
-    wire::shm::Writer(sealed.data()).U32(1).U8(0).U8(flags).U16(0).U64(4242).Raw(
+    wire::shm::Writer(sealed.data()).U32(1).U8(0).U8(flags).U8(group).U8(0).U64(4242).Raw(
         TestKey(187).bytes.data(), 16);
-    if (flags == wire::shm::kCommitSeal) {
+    if ((flags == wire::shm::kCommitSeal && group == 0) || (flags == kLand && group == 4)) {
       ASSERT_EQ(a.Call(Op::kCommitBatch, sealed, &out), kOk);
       ASSERT_EQ(out.size(), 8u + 4u);
       EXPECT_EQ(static_cast<int>(wire::shm::Reader(out.data() + 8).U32()), kNotFound);
     } else {
-      EXPECT_EQ(a.Call(Op::kCommitBatch, sealed), kInvalid) << int{flags};
+      EXPECT_EQ(a.Call(Op::kCommitBatch, sealed), kInvalid) << int{flags} << " " << int{group};
     }
   }
+  std::vector<uint8_t> two_landing(wire::shm::kCommitBatchBytes + 2 * wire::shm::kCommitItemBytes);
+  wire::shm::Writer(two_landing.data()).U32(2).U8(0).U8(kLand).U8(4).U8(0).U64(4242).Raw(
+      TestKey(188).bytes.data(), 16).U64(4243).Raw(TestKey(189).bytes.data(), 16);
+  EXPECT_EQ(a.Call(Op::kCommitBatch, two_landing), kInvalid);
   // Reserved bytes that are not zero.
   std::vector<uint8_t> bad_head = get_head;
   bad_head[9] = 1;

@@ -681,6 +681,92 @@ TEST_F(E2eTest, SlotCommittedUnsealedIsSealedByTheDaemon) {
   EXPECT_EQ(c->AbortSlot(*again).code(), absl::StatusCode::kNotFound);
 }
 
+// A landing commit (PutOptions::landing_layers), as a GPU store's copy engine
+// does it, played by a thread: the header is in the slot before the commit,
+// then each group of layers lands, followed by its wire::LandingMarker. The
+// daemon seals each record as it lands and stores the chunk whole. Markers
+// that do not come (or are another slot's) end the commit with
+// DeadlineExceeded and leave the slot to the client, who commits it once its
+// bytes are there; a malformed landing commit keeps the slot alike.
+TEST_F(E2eTest, SlotCommittedWhileLandingIsSealedAsItLands) {
+  auto c = Client();
+  ASSERT_TRUE(c);
+  constexpr uint32_t kLayers = 8, kGroup = 3;
+  auto chunk = MakeChunk(23, 64, kLayers, 2, 64);
+  const codec::ChunkLayout l = codec::ParseHeader(chunk).value().layout;
+  auto unsealed = chunk;
+  std::memset(unsealed.data() + codec::kOffKChecksum, 0, 16);
+  std::memset(unsealed.data() + codec::kOffHeaderChecksum, 0, 8);
+  // Lands [0, k_offset), then per section and group its records (V's first
+  // group with the padding before V), each followed by the marker of slot
+  // `marker_slot` (0: no markers), after `pause`.
+  auto land = [&](const client::WritableSlot& slot, uint64_t marker_slot, absl::Duration pause) {
+    uint8_t* dst = slot.data.data();
+    for (uint32_t s = 0; s < 2; ++s) {
+      const codec::SectionLayout& sec = s == 0 ? l.k : l.v;
+      const uint64_t base = s == 0 ? l.k_offset : l.v_offset;
+      for (uint32_t a = 0; a < kLayers; a += kGroup) {
+        const uint32_t b = std::min(kLayers, a + kGroup);
+        absl::SleepFor(pause);
+        const uint64_t from = s == 1 && a == 0 ? l.k_offset + l.k.bytes : base + sec.data_offset(a);
+        std::memcpy(dst + from, unsealed.data() + from, base + sec.data_offset(b) - from);
+        if (marker_slot == 0) continue;
+        auto* entry = reinterpret_cast<uint64_t*>(dst + base + sec.table_offset + 8 * (b - 1));
+        __atomic_store_n(entry, wire::LandingMarker(marker_slot, static_cast<codec::Section>(s), b - 1),
+                         __ATOMIC_RELEASE);
+      }
+    }
+  };
+  auto begin = [&]() {
+    auto slot = c->AllocateSlot(unsealed.size());
+    EXPECT_TRUE(slot.ok()) << slot.status();
+    // What an earlier chunk in these bytes left, and the header.
+    std::memset(slot->data.data(), 0xEE, slot->data.size());
+    std::memcpy(slot->data.data(), unsealed.data(), l.k_offset);
+    return *slot;
+  };
+  client::PutOptions landing;
+  landing.daemon_seals = true;
+  landing.landing_layers = kGroup;
+
+  auto slot = begin();
+  std::thread writer([&] { land(slot, slot.id, absl::Milliseconds(3)); });
+  absl::Status st = c->CommitSlot(slot, TestKey(23), landing);
+  writer.join();
+  ASSERT_TRUE(st.ok()) << st;
+  auto got = c->Get(TestKey(23));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, chunk);
+
+  // Another slot's markers: nothing lands as far as the daemon can tell.
+  auto late = begin();
+  land(late, late.id + 1, absl::ZeroDuration());
+  const absl::Time t0 = absl::Now();
+  EXPECT_EQ(c->CommitSlot(late, TestKey(24), landing).code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_GE(absl::Now() - t0, absl::Milliseconds(wire::shm::kLandingWaitMs));
+  client::PutOptions sealed;
+  sealed.daemon_seals = true;
+  ASSERT_TRUE(c->CommitSlot(late, TestKey(24), sealed).ok());  // still the client's
+  got = c->Get(TestKey(24));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, chunk);
+
+  // Groups larger than the chunk's layers, and a version 1 chunk: refused,
+  // the slot kept.
+  auto bad = begin();
+  client::PutOptions wide = landing;
+  wide.landing_layers = kLayers + 1;
+  EXPECT_EQ(c->CommitSlot(bad, TestKey(25), wide).code(), absl::StatusCode::kInvalidArgument);
+  const auto v1 = kvtier::testing::AsVersionOne(chunk);
+  auto old = c->AllocateSlot(v1.size());
+  ASSERT_TRUE(old.ok()) << old.status();
+  std::copy(v1.begin(), v1.end(), old->data.begin());
+  EXPECT_EQ(c->CommitSlot(*old, TestKey(26), landing).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(c->AbortSlot(bad).ok());
+  EXPECT_TRUE(c->AbortSlot(*old).ok());
+  EXPECT_EQ(c->Get(TestKey(25)).status().code(), absl::StatusCode::kNotFound);
+}
+
 // The streamed put (what libkvtier's Put uses with shared memory) through a
 // raw stub: a corrupt chunk, a stream without its commit message, a length
 // beyond the slot and a changed slot id each get their code and free the slot.

@@ -152,6 +152,24 @@ TEST_F(ServerGpuTest, PagedCacheStoreAndLoadMatchTheCpuCodec) {
       ASSERT_TRUE(direct.ok()) << direct.status();
       EXPECT_TRUE(*direct == *want) << "the chunk the kernels wrote into the slot differs";
       EXPECT_TRUE(client_->Delete(direct_key).ok());
+      // The store above landed in groups (the daemon sealing each as it
+      // landed) wherever the device writes 64-bit values from a stream
+      // (compute capability 7.0 on); the same chunk one layer a group, and
+      // in one copy committed after it.
+      const codec::ChunkLayout chunk_layout = codec::ValidateSpec(spec).value();
+      EXPECT_GT(io_->landing_layers(chunk_layout), 0u);
+      for (uint64_t piece : {uint64_t{1}, uint64_t{0}}) {
+        io_->set_landing(piece != 0, piece);
+        if (piece != 0) EXPECT_EQ(io_->landing_layers(chunk_layout), 1u);
+        const Hash128 other_key = TestKey(700 + case_index);
+        st = io_->Store(other_key, spec, dev.layout, dev_span, stream);
+        io_->set_landing(true);
+        ASSERT_TRUE(st.ok()) << st;
+        auto other = client_->Get(other_key);
+        ASSERT_TRUE(other.ok()) << other.status();
+        EXPECT_TRUE(*other == *want) << "landing piece bytes " << piece;
+        EXPECT_TRUE(client_->Delete(other_key).ok());
+      }
 
       // Load into a poisoned cache; compare with the CPU reference scatter.
       HostCache expect, gpu_out;

@@ -9,10 +9,12 @@
 #include <pthread.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "codec/section_hashes.h"
 #include "common/hash.h"
 #include "common/status.h"
 #include "common/worker_pool.h"
+#include "xxhash.h"
 
 namespace kvtier::wire {
 
@@ -159,34 +161,124 @@ absl::Status CheckRecordsParallel(const codec::ChunkHeader& h, std::span<const u
   return absl::OkStatus();
 }
 
-absl::StatusOr<codec::VerifiedChunk> SealChunkParallel(std::span<uint8_t> chunk) {
+namespace {
+
+// The parsed, length-checked header of an unsealed chunk.
+absl::StatusOr<codec::ChunkHeader> UnsealedHeader(std::span<const uint8_t> chunk) {
   KVTIER_ASSIGN_OR_RETURN(codec::ChunkHeader h, codec::ParseUnsealedHeader(chunk));
   if (chunk.size() != h.layout.total_bytes) {
     return absl::InvalidArgumentError(absl::StrCat("length: slot is ", chunk.size(),
                                                    " bytes, header says ", h.layout.total_bytes));
   }
+  return h;
+}
+
+// Writes the record tables (version 2) and the header of `chunk` from the
+// record checksums (version 2) or the section checksums (version 1), and
+// returns it as sealed.
+absl::StatusOr<codec::VerifiedChunk> FinishSeal(codec::ChunkHeader h, std::span<uint8_t> chunk,
+                                                const std::vector<uint64_t> (&records)[2],
+                                                uint64_t (&sums)[2]) {
   const codec::ChunkLayout& l = h.layout;
-  const std::span<uint8_t> sections[2] = {chunk.subspan(l.k_offset, l.k.bytes),
-                                          chunk.subspan(l.v_offset, l.v.bytes)};
-  uint64_t sums[2] = {0, 0};
-  if (l.version < 2) {
-    WorkerPool::Shared().ParallelFor(2, [&](size_t s) { sums[s] = Checksum64(sections[s]); });
-  } else {
-    const uint32_t layers = l.geometry.num_layers;
-    std::vector<uint64_t> records[2] = {std::vector<uint64_t>(layers),
-                                        std::vector<uint64_t>(layers)};
-    const std::span<const uint8_t> readonly[2] = {sections[0], sections[1]};
-    RecordChecksumsParallel(l, readonly, 0, layers, records);
+  if (l.version >= 2) {
     for (size_t s = 0; s < 2; ++s) {
       const codec::SectionLayout& sec = s == 0 ? l.k : l.v;
-      sums[s] = codec::WriteRecordTable(sec, records[s],
-                                        sections[s].subspan(sec.table_offset, sec.table_bytes));
+      const uint64_t at = (s == 0 ? l.k_offset : l.v_offset) + sec.table_offset;
+      sums[s] = codec::WriteRecordTable(sec, records[s], chunk.subspan(at, sec.table_bytes));
     }
   }
   codec::WriteHeader(h.spec, l, sums[0], sums[1], chunk.first(codec::kHeaderSize));
   h.k_checksum = sums[0];
   h.v_checksum = sums[1];
   return codec::AcceptChunk(h, chunk, absl::OkStatus());
+}
+
+// Spins until the 8 bytes at `entry` read `want` (true), `stop` is set, or
+// `deadline` passes (false; sets `stop`, so the other waiters give up too).
+bool AwaitMarker(const uint8_t* entry, uint64_t want, absl::Time deadline,
+                 std::atomic<bool>& stop) {
+  const auto* word = reinterpret_cast<const uint64_t*>(entry);
+  for (uint32_t i = 0;; ++i) {
+    // The writer's device orders each group's bytes before its marker; the
+    // acquire orders this thread's reads of the records after the marker.
+    if (__atomic_load_n(word, __ATOMIC_ACQUIRE) == want) return true;
+    if (stop.load(std::memory_order_relaxed)) return false;
+    if ((i & 255) == 255) {
+      if (absl::Now() > deadline) {
+        stop.store(true);
+        return false;
+      }
+      std::this_thread::yield();
+    } else {
+      _mm_pause();
+    }
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<codec::VerifiedChunk> SealChunkParallel(std::span<uint8_t> chunk) {
+  KVTIER_ASSIGN_OR_RETURN(codec::ChunkHeader h, UnsealedHeader(chunk));
+  const codec::ChunkLayout& l = h.layout;
+  const std::span<const uint8_t> sections[2] = {chunk.subspan(l.k_offset, l.k.bytes),
+                                                chunk.subspan(l.v_offset, l.v.bytes)};
+  uint64_t sums[2] = {0, 0};
+  std::vector<uint64_t> records[2];
+  if (l.version < 2) {
+    WorkerPool::Shared().ParallelFor(2, [&](size_t s) { sums[s] = Checksum64(sections[s]); });
+  } else {
+    const uint32_t layers = l.geometry.num_layers;
+    records[0].resize(layers);
+    records[1].resize(layers);
+    RecordChecksumsParallel(l, sections, 0, layers, records);
+  }
+  return FinishSeal(h, chunk, records, sums);
+}
+
+uint64_t LandingMarker(uint64_t slot_id, codec::Section section, uint32_t layer) {
+  const uint64_t words[2] = {slot_id, (uint64_t{static_cast<uint8_t>(section)} << 32) | layer};
+  return XXH3_64bits_withSeed(words, sizeof(words), 0x6c616e64 /* "land" */);
+}
+
+absl::StatusOr<codec::VerifiedChunk> SealLandedChunkParallel(std::span<uint8_t> chunk,
+                                                             uint64_t slot_id, uint32_t group,
+                                                             absl::Time deadline) {
+  KVTIER_ASSIGN_OR_RETURN(codec::ChunkHeader h, UnsealedHeader(chunk));
+  const codec::ChunkLayout& l = h.layout;
+  const uint32_t layers = l.geometry.num_layers;
+  if (l.version < 2) {
+    return absl::InvalidArgumentError("a landing commit needs a version 2 chunk (record tables)");
+  }
+  if (group == 0 || group > layers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("landing group of ", group, " layers; must be 1..", layers));
+  }
+  if (reinterpret_cast<uintptr_t>(chunk.data()) % 8 != 0) {
+    return absl::InvalidArgumentError("a landing chunk must be 8-byte aligned");
+  }
+  const std::span<const uint8_t> sections[2] = {chunk.subspan(l.k_offset, l.k.bytes),
+                                                chunk.subspan(l.v_offset, l.v.bytes)};
+  std::vector<uint64_t> records[2] = {std::vector<uint64_t>(layers),
+                                      std::vector<uint64_t>(layers)};
+  std::atomic<bool> late{false};
+  // In landing order (K, then V; layer by layer), so the tasks that wait
+  // are the ones whose records come next.
+  WorkerPool::Shared().ParallelFor(2 * size_t{layers}, [&](size_t i) {
+    const size_t s = i / layers;
+    const auto layer = static_cast<uint32_t>(i % layers);
+    const auto which = static_cast<codec::Section>(s);
+    const codec::SectionLayout& sec = s == 0 ? l.k : l.v;
+    const uint32_t last = std::min(layers - 1, layer - layer % group + group - 1);
+    const uint8_t* entry = sections[s].data() + sec.table_offset + 8 * uint64_t{last};
+    if (!AwaitMarker(entry, LandingMarker(slot_id, which, last), deadline, late)) return;
+    records[s][layer] = codec::RecordChecksum(which, layer, codec::RecordBytes(sec, sections[s], layer));
+  });
+  if (late.load()) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("slot ", slot_id, ": the chunk's records did not all land in time"));
+  }
+  uint64_t sums[2] = {0, 0};
+  return FinishSeal(h, chunk, records, sums);
 }
 
 void StreamCopy(std::span<uint8_t> dst, std::span<const uint8_t> src) {

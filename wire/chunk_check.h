@@ -20,6 +20,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "codec/chunk.h"
 
 namespace kvtier::wire {
@@ -36,6 +37,34 @@ absl::StatusOr<codec::VerifiedChunk> VerifyChunkParallel(std::span<const uint8_t
 // GPU store). InvalidArgument for a malformed header or a length that is not
 // the header's.
 absl::StatusOr<codec::VerifiedChunk> SealChunkParallel(std::span<uint8_t> chunk);
+
+// A sealed commit of a slot whose bytes are still landing (a GPU store's
+// copy engine writes them while the daemon hashes, so that the commit ends
+// about one record's hash after the copy instead of a whole chunk's hash
+// after it). The writer promises, per section (K, then V) and per group of
+// `group` consecutive layers (the last group may be shorter):
+//   - the header lands before the commit is sent;
+//   - once every record of a group is in the slot, the table entry of the
+//     group's last layer holds LandingMarker(slot_id, section, that layer).
+// A marker depends on the slot id, so what an earlier user of the same pool
+// bytes left (a sealed table holds checksums) does not read as landed.
+uint64_t LandingMarker(uint64_t slot_id, codec::Section section, uint32_t layer);
+// The largest group (the commit frame carries it in a byte).
+inline constexpr uint32_t kMaxLandingLayers = 255;
+
+// SealChunkParallel of a chunk that lands as LandingMarker says: each record
+// is hashed once its group's marker is in place (one record a task on
+// WorkerPool::Shared(), waiting tasks spin), then the tables and header are
+// written as SealChunkParallel writes them. DeadlineExceeded when a marker is
+// not there by `deadline` (nothing is written then; the writer may finish
+// and commit the slot again); InvalidArgument for a malformed header, a
+// length that is not the header's, a version 1 chunk, a group outside
+// [1, layers] or a chunk that is not 8-byte aligned. A writer that breaks
+// its promise (bytes written after their marker) gets a chunk whose checksums
+// do not match its bytes: its readers find it DataLoss.
+absl::StatusOr<codec::VerifiedChunk> SealLandedChunkParallel(std::span<uint8_t> chunk,
+                                                             uint64_t slot_id, uint32_t group,
+                                                             absl::Time deadline);
 
 // Version 2: checks layer records [begin, end) of both sections of `chunk`
 // (whose header `h` is, as ParseHeader parsed it from `chunk`), one record a

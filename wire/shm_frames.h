@@ -44,7 +44,8 @@ enum class Op : uint16_t {
                         //   -> u32 n, u32 zero, n x u32 code
   kPrefetch = 15,       // u32 n, u32 deadline_ms, u64 byte budget, n keys -> kPrefetchReplyBytes
   kAllocateBatch = 16,  // u32 n, u32 ttl_ms, n x u64 bytes -> u32 n, u32 zero, n x kSlotReplyBytes
-  kCommitBatch = 17,    // u32 n, u8 durable, u8 flags, u8[2] zero, n x (u64 slot id, key)
+  kCommitBatch = 17,    // u32 n, u8 durable, u8 flags, u8 landing layers, u8 zero,
+                        //   n x (u64 slot id, key)
                         //   -> u32 n, u32 zero, n x u32 code
   kHelloTenant = 18,    // u32 n, u32 zero, n bytes of a tenant's bearer token -> (empty)
   // kPlanLoad and kPlanAndHold with the attention term of the recompute
@@ -85,6 +86,17 @@ inline constexpr uint32_t kCommitBatchBytes = 4 + 1 + 3;
 // kCommitBatch's flags: the slots' chunks have no checksums yet (a GPU
 // store's kernel wrote the rest); the daemon computes them (Put.seal).
 inline constexpr uint8_t kCommitSeal = 1;
+// With kCommitSeal, for one slot (n == 1): its bytes are still landing, as
+// wire::LandingMarker says, in groups of `landing layers` (1..255; zero
+// without this flag) layers per section. The daemon hashes each record once
+// its group has landed (wire::SealLandedChunkParallel). When the records do
+// not all land within kLandingWaitMs the commit fails with DeadlineExceeded
+// and the slot stays the client's, to commit again (or abort) once its
+// writes are done; so does any other failure of such a commit before the
+// chunk is sealed. A daemon that predates the flag refuses it
+// (InvalidArgument, nonzero reserved bytes) and keeps the slot alike.
+inline constexpr uint8_t kCommitLanding = 2;
+inline constexpr uint32_t kLandingWaitMs = 2000;
 inline constexpr uint32_t kCommitItemBytes = 8 + kKeyBytes;
 // Replies. kPlanReplyBytes: u32 hits, u32 load_chunks, f64 load_chunks_us,
 // f64 saved_us, u64 lease id (0: nothing held), i64 expires_at_us.
