@@ -10,6 +10,10 @@
 //          CommitSlot, unsealed: the daemon computes the checksums as it
 //          commits. Without device memory for the staging buffer the
 //          kernels write the slot through the pool mapping instead.
+//          Landing (GpuPagedIo::landing_layers): the copy goes in groups of
+//          layers, each followed by its wire::LandingMarker, and the commit
+//          is sent once the header has landed, so the daemon hashes each
+//          group as it lands.
 //          A PendingStore splits the encode by layer ranges, so that a
 //          prefill can encode layer l while it computes layer l + 1.
 //   Load:  Hold (the chunk's extent, pinned) -> the header and both section
