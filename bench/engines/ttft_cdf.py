@@ -18,7 +18,7 @@ COLORS = {"no_connector": "#555555", "offloading": "#8c6d31", "lmcache": "#d6272
           "kvtier_k16v8_zerocopy": "#9467bd", "kvtier_k16v8_seal4": "#17becf",
           "kvtier_k16v8_nice0": "#bcbd22", "kvtier_k16v8_nice10": "#bcbd22",
           "kvtier_k16v8_twoengines": "#e377c2", "kvtier_k16v8_pieces": "#ff7f0e",
-          "kvtier_k16v8_stagedload": "#7f7f7f"}
+          "kvtier_k16v8_stagedload": "#7f7f7f", "kvtier_k16v8_savelate": "#ff7f0e"}
 PANEL_W, PANEL_H, MARGIN = 420, 260, 50
 
 
