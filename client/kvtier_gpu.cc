@@ -81,7 +81,7 @@ constexpr absl::Duration kEncodeTime = absl::Microseconds(30);
 // How long before its expected end a wait stops sleeping and polls, and how
 // long past it the polling goes on before the wait sleeps in the driver.
 constexpr absl::Duration kWakeEarly = absl::Microseconds(150);
-constexpr absl::Duration kPollPast = absl::Microseconds(500);
+constexpr absl::Duration kPollPast = absl::Microseconds(150);
 
 // Waits for `ev`, expected to complete at `expected` if nothing queued ahead
 // of it: asleep until shortly before then, then polling, then (work ran late:
@@ -221,7 +221,7 @@ absl::Status PendingStore::EncodeLayers(const kernels::PagedKvLayout& cache,
   // The whole chunk, header included (a later range's launch may set its
   // flags), by the copy engine.
   if (st.ok() && staging_ != nullptr && last) {
-    landing_layers_ = reinterpret_cast<uintptr_t>(slot_.data.data()) % 8 == 0
+    landing_layers_ = may_land_ && reinterpret_cast<uintptr_t>(slot_.data.data()) % 8 == 0
                           ? io_->landing_layers(layout_)
                           : 0;
     if (landing_layers_ != 0) {
@@ -627,6 +627,7 @@ std::vector<absl::Status> GpuPagedIo::StoreBatch(std::span<const PagedChunk> chu
       out[i] = pending.status();
       continue;
     }
+    (*pending)->may_land_ = false;
     out[i] = (*pending)->EncodeLayers(cache, IdsChecked(chunks[i].blocks),
                                       kernels::LayerRange{}, stream);
     if (out[i].ok()) encoded.emplace_back(i, *std::move(pending));

@@ -143,6 +143,9 @@ class PendingStore {
   // recorded once the header is in the slot; 0 and null otherwise.
   uint32_t landing_layers_ = 0;
   cudaEvent_t header_landed_ = nullptr;
+  // Whether the copy may land in groups: not for StoreBatch, whose commits
+  // follow WaitEncoded (one copy moves a chunk faster than groups).
+  bool may_land_ = true;
   uint32_t next_layer_ = 0;
   bool encoded_ = false;    // WaitEncoded succeeded: no device work left
   bool slot_gone_ = false;  // committed or aborted
