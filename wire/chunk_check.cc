@@ -256,26 +256,43 @@ absl::StatusOr<codec::VerifiedChunk> SealLandedChunkParallel(std::span<uint8_t> 
   std::vector<uint64_t> records[2] = {std::vector<uint64_t>(layers),
                                       std::vector<uint64_t>(layers)};
   // Group by group in landing order (K, then V), waited for on this thread;
-  // a group's records are hashed on the pool (and this thread) once it has
-  // landed, while the next one lands. The pool's threads never wait.
-  for (uint32_t s = 0; s < 2; ++s) {
+  // each record of a group that landed is handed to the pool at once, so the
+  // pool hashes it while the next group lands. The pool's threads never wait
+  // for a marker, and this thread waits for the last records at the end
+  // (also after a deadline: the tasks use this frame).
+  absl::Mutex mu;
+  size_t pending = 0;  // guarded by mu
+  absl::Status st;
+  for (uint32_t s = 0; s < 2 && st.ok(); ++s) {
     const auto which = static_cast<codec::Section>(s);
     const codec::SectionLayout& sec = s == 0 ? l.k : l.v;
-    for (uint32_t a = 0; a < layers; a += group) {
+    for (uint32_t a = 0; a < layers && st.ok(); a += group) {
       const uint32_t b = std::min(layers, a + group);
       const uint8_t* entry = sections[s].data() + sec.table_offset + 8 * uint64_t{b - 1};
       if (!AwaitMarker(entry, LandingMarker(slot_id, which, b - 1), deadline)) {
-        return absl::DeadlineExceededError(absl::StrCat(
-            "slot ", slot_id, ": layers ", a, "..", b - 1, " of ", s == 0 ? "K" : "V",
-            " did not land in time"));
+        st = absl::DeadlineExceededError(absl::StrCat("slot ", slot_id, ": layers ", a, "..",
+                                                      b - 1, " of ", s == 0 ? "K" : "V",
+                                                      " did not land in time"));
+        break;
       }
-      WorkerPool::Shared().ParallelFor(b - a, [&](size_t i) {
-        const auto layer = static_cast<uint32_t>(a + i);
-        records[s][layer] =
-            codec::RecordChecksum(which, layer, codec::RecordBytes(sec, sections[s], layer));
-      });
+      {
+        absl::MutexLock lock(&mu);
+        pending += b - a;
+      }
+      for (uint32_t layer = a; layer < b; ++layer) {
+        WorkerPool::Shared().Schedule([&, s, which, layer] {
+          const codec::SectionLayout& sl = s == 0 ? l.k : l.v;
+          records[s][layer] =
+              codec::RecordChecksum(which, layer, codec::RecordBytes(sl, sections[s], layer));
+          absl::MutexLock lock(&mu);
+          --pending;
+        });
+      }
     }
   }
+  mu.LockWhen(absl::Condition(+[](size_t* n) { return *n == 0; }, &pending));
+  mu.Unlock();
+  KVTIER_RETURN_IF_ERROR(st);
   uint64_t sums[2] = {0, 0};
   return FinishSeal(h, chunk, records, sums);
 }
