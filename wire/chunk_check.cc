@@ -193,16 +193,21 @@ absl::StatusOr<codec::VerifiedChunk> FinishSeal(codec::ChunkHeader h, std::span<
   return codec::AcceptChunk(h, chunk, absl::OkStatus());
 }
 
-// Spins until the 8 bytes at `entry` read `want` (true) or `deadline`
-// passes (false).
-bool AwaitMarker(const uint8_t* entry, uint64_t want, absl::Time deadline) {
+// Spins until the 8 bytes at `entry` read `want` (true), `stop` is set, or
+// `deadline` passes (false; sets `stop`, so the other waiters give up too).
+bool AwaitMarker(const uint8_t* entry, uint64_t want, absl::Time deadline,
+                 std::atomic<bool>& stop) {
   const auto* word = reinterpret_cast<const uint64_t*>(entry);
   for (uint32_t i = 0;; ++i) {
     // The writer's device orders each group's bytes before its marker; the
     // acquire orders this thread's reads of the records after the marker.
     if (__atomic_load_n(word, __ATOMIC_ACQUIRE) == want) return true;
+    if (stop.load(std::memory_order_relaxed)) return false;
     if ((i & 255) == 255) {
-      if (absl::Now() > deadline) return false;
+      if (absl::Now() > deadline) {
+        stop.store(true);
+        return false;
+      }
       std::this_thread::yield();
     } else {
       _mm_pause();
@@ -255,44 +260,23 @@ absl::StatusOr<codec::VerifiedChunk> SealLandedChunkParallel(std::span<uint8_t> 
                                                 chunk.subspan(l.v_offset, l.v.bytes)};
   std::vector<uint64_t> records[2] = {std::vector<uint64_t>(layers),
                                       std::vector<uint64_t>(layers)};
-  // Group by group in landing order (K, then V), waited for on this thread;
-  // each record of a group that landed is handed to the pool at once, so the
-  // pool hashes it while the next group lands. The pool's threads never wait
-  // for a marker, and this thread waits for the last records at the end
-  // (also after a deadline: the tasks use this frame).
-  absl::Mutex mu;
-  size_t pending = 0;  // guarded by mu
-  absl::Status st;
-  for (uint32_t s = 0; s < 2 && st.ok(); ++s) {
+  std::atomic<bool> late{false};
+  // In landing order (K, then V; layer by layer), so the tasks that wait
+  // are the ones whose records come next.
+  WorkerPool::Shared().ParallelFor(2 * size_t{layers}, [&](size_t i) {
+    const size_t s = i / layers;
+    const auto layer = static_cast<uint32_t>(i % layers);
     const auto which = static_cast<codec::Section>(s);
     const codec::SectionLayout& sec = s == 0 ? l.k : l.v;
-    for (uint32_t a = 0; a < layers && st.ok(); a += group) {
-      const uint32_t b = std::min(layers, a + group);
-      const uint8_t* entry = sections[s].data() + sec.table_offset + 8 * uint64_t{b - 1};
-      if (!AwaitMarker(entry, LandingMarker(slot_id, which, b - 1), deadline)) {
-        st = absl::DeadlineExceededError(absl::StrCat("slot ", slot_id, ": layers ", a, "..",
-                                                      b - 1, " of ", s == 0 ? "K" : "V",
-                                                      " did not land in time"));
-        break;
-      }
-      {
-        absl::MutexLock lock(&mu);
-        pending += b - a;
-      }
-      for (uint32_t layer = a; layer < b; ++layer) {
-        WorkerPool::Shared().Schedule([&, s, which, layer] {
-          const codec::SectionLayout& sl = s == 0 ? l.k : l.v;
-          records[s][layer] =
-              codec::RecordChecksum(which, layer, codec::RecordBytes(sl, sections[s], layer));
-          absl::MutexLock lock(&mu);
-          --pending;
-        });
-      }
-    }
+    const uint32_t last = std::min(layers - 1, layer - layer % group + group - 1);
+    const uint8_t* entry = sections[s].data() + sec.table_offset + 8 * uint64_t{last};
+    if (!AwaitMarker(entry, LandingMarker(slot_id, which, last), deadline, late)) return;
+    records[s][layer] = codec::RecordChecksum(which, layer, codec::RecordBytes(sec, sections[s], layer));
+  });
+  if (late.load()) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("slot ", slot_id, ": the chunk's records did not all land in time"));
   }
-  mu.LockWhen(absl::Condition(+[](size_t* n) { return *n == 0; }, &pending));
-  mu.Unlock();
-  KVTIER_RETURN_IF_ERROR(st);
   uint64_t sums[2] = {0, 0};
   return FinishSeal(h, chunk, records, sums);
 }

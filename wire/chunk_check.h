@@ -52,11 +52,10 @@ uint64_t LandingMarker(uint64_t slot_id, codec::Section section, uint32_t layer)
 // The largest group (the commit frame carries it in a byte).
 inline constexpr uint32_t kMaxLandingLayers = 255;
 
-// SealChunkParallel of a chunk that lands as LandingMarker says: the calling
-// thread waits for each group's marker (spinning) and hands its records to
-// WorkerPool::Shared(), one a task, which hashes them while the next group
-// lands; then the tables and header are written as SealChunkParallel writes
-// them. DeadlineExceeded when a marker is
+// SealChunkParallel of a chunk that lands as LandingMarker says: each record
+// is hashed once its group's marker is in place (one record a task on
+// WorkerPool::Shared(), waiting tasks spin), then the tables and header are
+// written as SealChunkParallel writes them. DeadlineExceeded when a marker is
 // not there by `deadline` (nothing is written then; the writer may finish
 // and commit the slot again); InvalidArgument for a malformed header, a
 // length that is not the header's, a version 1 chunk, a group outside
