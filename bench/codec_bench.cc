@@ -2,7 +2,7 @@
 // memcpy of the same bytes measured in the same run. Single thread (the CPU
 // codec is the reference; the GPU kernels are the fast path).
 //
-// Usage: codec_bench [--json FILE] [--reps N]
+// Usage: codec_bench [--json FILE] [--reps N] [--codec NAME]
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -17,9 +17,11 @@ using namespace kvtier::codec;
 int main(int argc, char** argv) {
   std::string json_path;
   int reps = 3;
+  const char* only = nullptr;  // --codec NAME: that format alone
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
     else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--codec") && i + 1 < argc) only = argv[++i];
   }
   // Llama-3.1-8B, one 256-token chunk, block size 16: 32 MiB of BF16 K+V.
   Geometry g{32, 8, 128, 256, 16};
@@ -42,6 +44,7 @@ int main(int argc, char** argv) {
                      ",\"results\":[";
   bool first = true;
   for (const char* name : {"k16v16", "k16v8", "k8v8", "k16v4", "k8v4", "k16vi8", "ki8vi8"}) {
+    if (only != nullptr && std::strcmp(only, name) != 0) continue;
     auto fmt = ParseCodec(name, native);
     auto spec = testing::MakeSpec(g, native, fmt->k, fmt->v);
     auto layout = ValidateSpec(spec);

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/strings.h"
 #include "codec/quant.h"
+#include "codec/quant_row.h"
 #include "common/status.h"
 
 namespace kvtier::codec {
@@ -98,9 +99,7 @@ bool EncodeSectionLayer(const SectionLayout& layout, const Geometry& geo, DType 
       const uint16_t* row_in = src + t * token_stride + uint64_t{h} * dim;
       switch (layout.dtype) {
         case DType::kFP8E4M3:
-          for (uint32_t d = 0; d < dim; ++d) {
-            dst[base + d] = QuantizeFp8(Load16(row_in[d], src_dtype), scale);
-          }
+          QuantizeFp8Row(row_in, src_dtype, scale, dst + base, dim);
           break;
         case DType::kINT8:
           for (uint32_t d = 0; d < dim; ++d) {

@@ -6,6 +6,8 @@
 #include <random>
 #include <vector>
 
+#include "codec/quant.h"
+#include "codec/quant_row.h"
 #include "gtest/gtest.h"
 
 namespace kvtier::codec {
@@ -102,6 +104,31 @@ TEST(Fp8E4M3, MatchesBruteForceOnRandomFloats) {
   for (int i = 0; i < 200000; ++i) {
     float x = std::ldexp(mant(rng), exp(rng)) * ((i & 1) ? -1.0f : 1.0f);
     ASSERT_EQ(FloatToFp8E4M3(x), Fp8BruteForce(x)) << x;
+  }
+}
+
+// The row encoder (SIMD where the host has it) gives QuantizeFp8's bits for
+// every 16-bit value of both source types, at scales that put values in
+// every e4m3 range (ties, subnormals, saturation, NaN and infinities
+// included), and at lengths and offsets that leave a scalar tail.
+TEST(Fp8E4M3, RowMatchesTheScalarEncoderOnEvery16BitValue) {
+  std::vector<uint16_t> all(65536);
+  for (uint32_t i = 0; i < all.size(); ++i) all[i] = static_cast<uint16_t>(i);
+  const float scales[] = {1.0f, 0.5f, 3.0f, 1.0f / 3.0f, 7.3e-3f, 448.0f / 65504.0f,
+                          0x1p-10f, 1e-30f, 1e30f, 0x1p-149f};
+  for (DType t : {DType::kBF16, DType::kFP16}) {
+    for (float scale : scales) {
+      for (auto [offset, n] : {std::pair<uint32_t, uint32_t>{0, 65536}, {3, 65536 - 10}}) {
+        std::vector<uint8_t> row(n);
+        QuantizeFp8Row(all.data() + offset, t, scale, row.data(), n);
+        for (uint32_t i = 0; i < n; ++i) {
+          const uint16_t bits = all[offset + i];
+          ASSERT_EQ(row[i], QuantizeFp8(Load16(bits, t), scale))
+              << (t == DType::kBF16 ? "bf16 " : "fp16 ") << std::hex << bits << " scale "
+              << scale;
+        }
+      }
+    }
   }
 }
 
