@@ -5,6 +5,8 @@
 // Usage: codec_bench [--json FILE] [--reps N] [--codec NAME]
 #include <cstdio>
 #include <cstring>
+
+#include <malloc.h>
 #include <string>
 
 #include "bench/bench_util.h"
@@ -15,6 +17,12 @@ using namespace kvtier;
 using namespace kvtier::codec;
 
 int main(int argc, char** argv) {
+  // Every buffer from the heap and kept mapped: otherwise glibc's dynamic
+  // mmap threshold hands the first formats' buffers fresh mappings (a page
+  // fault per page, every repetition) and the later ones heap memory, and a
+  // format's figures depend on its place in the list.
+  mallopt(M_MMAP_THRESHOLD, 1 << 30);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
   std::string json_path;
   int reps = 3;
   const char* only = nullptr;  // --codec NAME: that format alone
