@@ -739,10 +739,23 @@ TEST_F(E2eTest, SlotCommittedWhileLandingIsSealedAsItLands) {
   EXPECT_EQ(*got, chunk);
 
   // Another slot's markers: nothing lands as far as the daemon can tell.
+  // Meanwhile another client's puts are served (the waiting commit holds a
+  // few of the daemon's pool threads, not all).
   auto late = begin();
   land(late, late.id + 1, absl::ZeroDuration());
   const absl::Time t0 = absl::Now();
-  EXPECT_EQ(c->CommitSlot(late, TestKey(24), landing).code(), absl::StatusCode::kDeadlineExceeded);
+  std::thread waiting([&] {
+    EXPECT_EQ(c->CommitSlot(late, TestKey(24), landing).code(),
+              absl::StatusCode::kDeadlineExceeded);
+  });
+  auto other = Client();
+  ASSERT_TRUE(other);
+  absl::SleepFor(absl::Milliseconds(100));  // the commit is waiting by now
+  const auto big = MakeChunk(27, 256, kLayers, 8, 128);
+  const absl::Time p0 = absl::Now();
+  for (uint32_t i = 0; i < 4; ++i) ASSERT_TRUE(other->Put(TestKey(30 + i), big).ok());
+  EXPECT_LT(absl::Now() - p0, absl::Milliseconds(wire::shm::kLandingWaitMs / 2));
+  waiting.join();
   EXPECT_GE(absl::Now() - t0, absl::Milliseconds(wire::shm::kLandingWaitMs));
   client::PutOptions sealed;
   sealed.daemon_seals = true;

@@ -29,6 +29,9 @@ constexpr size_t kPieceBytes = size_t{256} << 10;
 constexpr size_t kInlinePieceBytes = size_t{64} << 10;
 // Below this a second thread costs more than it saves.
 constexpr size_t kParallelMinBytes = size_t{2} << 20;
+// The threads (the caller's included) a landing commit's seal takes: enough
+// to hash a landed group of 2 MiB (GpuPagedIo's) before the next one lands.
+constexpr size_t kLandingThreads = 8;
 // Below this non-temporal stores are not worth their fence.
 constexpr size_t kStreamMinBytes = size_t{4} << 10;
 
@@ -262,7 +265,10 @@ absl::StatusOr<codec::VerifiedChunk> SealLandedChunkParallel(std::span<uint8_t> 
                                       std::vector<uint64_t>(layers)};
   std::atomic<bool> late{false};
   // In landing order (K, then V; layer by layer), so the tasks that wait
-  // are the ones whose records come next.
+  // are the ones whose records come next. On at most kLandingThreads
+  // threads: a commit whose bytes never land (its client died mid-copy)
+  // keeps them spinning until the deadline, and the rest of the pool serves
+  // the other commits.
   WorkerPool::Shared().ParallelFor(2 * size_t{layers}, [&](size_t i) {
     const size_t s = i / layers;
     const auto layer = static_cast<uint32_t>(i % layers);
@@ -272,7 +278,7 @@ absl::StatusOr<codec::VerifiedChunk> SealLandedChunkParallel(std::span<uint8_t> 
     const uint8_t* entry = sections[s].data() + sec.table_offset + 8 * uint64_t{last};
     if (!AwaitMarker(entry, LandingMarker(slot_id, which, last), deadline, late)) return;
     records[s][layer] = codec::RecordChecksum(which, layer, codec::RecordBytes(sec, sections[s], layer));
-  });
+  }, kLandingThreads);
   if (late.load()) {
     return absl::DeadlineExceededError(
         absl::StrCat("slot ", slot_id, ": the chunk's records did not all land in time"));

@@ -54,8 +54,8 @@ inline constexpr uint32_t kMaxLandingLayers = 255;
 
 // SealChunkParallel of a chunk that lands as LandingMarker says: each record
 // is hashed once its group's marker is in place (one record a task on
-// WorkerPool::Shared(), waiting tasks spin), then the tables and header are
-// written as SealChunkParallel writes them. DeadlineExceeded when a marker is
+// WorkerPool::Shared(), on at most 8 threads; waiting tasks spin), then the
+// tables and header are written as SealChunkParallel writes them. DeadlineExceeded when a marker is
 // not there by `deadline` (nothing is written then; the writer may finish
 // and commit the slot again); InvalidArgument for a malformed header, a
 // length that is not the header's, a version 1 chunk, a group outside
