@@ -219,7 +219,8 @@ absl::Status PendingStore::EncodeLayers(const kernels::PagedKvLayout& cache,
                                           EncodeTarget(), workspace_, stream);
   const bool last = layers.End(num_layers) == num_layers;
   // The whole chunk, header included (a later range's launch may set its
-  // flags), by the copy engine.
+  // flags), by the copy engine: in landing groups where the commit can use
+  // them (landing_layers), else in one copy.
   if (st.ok() && staging_ != nullptr && last) {
     landing_layers_ = may_land_ && reinterpret_cast<uintptr_t>(slot_.data.data()) % 8 == 0
                           ? io_->landing_layers(layout_)
