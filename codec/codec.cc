@@ -9,14 +9,6 @@
 #include "codec/quant_row.h"
 #include "common/status.h"
 
-// A clone in VEX encoding where the CPU has AVX2 (codec/quant_row.cc says
-// why: legacy SSE code after AVX code runs at half speed).
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define KVTIER_HOST_SIMD_CLONES __attribute__((target_clones("avx2", "default")))
-#else
-#define KVTIER_HOST_SIMD_CLONES
-#endif
-
 namespace kvtier::codec {
 namespace {
 

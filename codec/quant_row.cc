@@ -50,13 +50,7 @@ namespace {
 
 }  // namespace
 
-// Where the CPU has AVX, a clone in VEX encoding: legacy SSE code after AVX
-// code that left the upper halves of the registers dirty (a memcpy of
-// glibc's, a hash) runs at half speed (k16v8 encode 0.93 against 1.84 GB/s
-// on the CPU VM, codec_bench).
-#if defined(__SSE2__) && defined(__GNUC__) && !defined(__clang__)
-__attribute__((target_clones("avx", "default")))
-#endif
+KVTIER_HOST_SIMD_CLONES
 void QuantizeFp8Row(const uint16_t* src, DType t, float scale, uint8_t* dst, uint32_t n) {
   uint32_t i = 0;
 #if defined(__SSE2__)
