@@ -775,6 +775,19 @@ TEST_F(E2eTest, SlotCommittedWhileLandingIsSealedAsItLands) {
   ASSERT_TRUE(old.ok()) << old.status();
   std::copy(v1.begin(), v1.end(), old->data.begin());
   EXPECT_EQ(c->CommitSlot(*old, TestKey(26), landing).code(), absl::StatusCode::kInvalidArgument);
+  // A header that does not parse (its magic gone), and a slot longer than
+  // the chunk its header describes: refused, the slots kept.
+  auto garbled = begin();
+  garbled.data[0] ^= 0xFF;
+  EXPECT_EQ(c->CommitSlot(garbled, TestKey(28), landing).code(),
+            absl::StatusCode::kInvalidArgument);
+  auto longer = c->AllocateSlot(unsealed.size() + 64);
+  ASSERT_TRUE(longer.ok()) << longer.status();
+  std::memcpy(longer->data.data(), unsealed.data(), l.k_offset);
+  EXPECT_EQ(c->CommitSlot(*longer, TestKey(29), landing).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(c->AbortSlot(garbled).ok());
+  EXPECT_TRUE(c->AbortSlot(*longer).ok());
   EXPECT_TRUE(c->AbortSlot(bad).ok());
   EXPECT_TRUE(c->AbortSlot(*old).ok());
   EXPECT_EQ(c->Get(TestKey(25)).status().code(), absl::StatusCode::kNotFound);
