@@ -13,6 +13,8 @@ the build). With TRACE.json, single k16v8 stores and loads also run under
 torch.profiler (CUDA runtime calls, copies and kernels of every library in the
 process, each store and load a marked range) into that Chrome trace: where a
 single chunk's time goes between the device's work.
+load_single_host_check: single loads whose records the host hashes
+(KVTIER_GPU_VERIFY=host) instead of the device.
 store_single_engine_thread: what one store costs the calling thread when its
 commit runs on another thread (begin_store's slot + the encode's enqueue), as
 in the engine connectors.
@@ -23,6 +25,7 @@ copy's GB/s: device-to-host for stores, host-to-device for loads).
 
 import concurrent.futures
 import json
+import os
 import pathlib
 import sys
 import time
@@ -137,6 +140,15 @@ def main():
     sock, out_path = sys.argv[1], sys.argv[2]
     # As many data-plane connections as concurrent stores.
     client = kvtier.Client(socket=sock, max_data_connections=STORE_THREADS)
+    # A second client whose GPU handle checks loads on the host
+    # (KVTIER_GPU_VERIFY=host, read when the handle opens): the single load's
+    # baseline for the device check.
+    host_check = kvtier.Client(socket=sock)
+    os.environ["KVTIER_GPU_VERIFY"] = "host"
+    try:
+        kg.open_gpu(host_check, DEV)
+    finally:
+        del os.environ["KVTIER_GPU_VERIFY"]
     cache, ids = paged_cache(BATCH)
     results = {"device": torch.cuda.get_device_name(DEV), "model": "Llama-3.1-8B",
                "chunk": {"layers": L, "kv_heads": H, "head_dim": D, "tokens": T,
@@ -177,6 +189,7 @@ def main():
 
         reps = 3
         single_store, single_load, batch_store, batch_load, batch_load_l1 = [], [], [], [], []
+        single_load_host = []
         one_call = []
         engine_thread = []
         for rep in range(reps):
@@ -225,6 +238,11 @@ def main():
             for i in range(8):
                 kg.load(client, single_keys[i], cache, ids[i])
             single_load.append((time.perf_counter() - t0) / 8)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for i in range(8):
+                kg.load(host_check, single_keys[i], cache, ids[i])
+            single_load_host.append((time.perf_counter() - t0) / 8)
             # Batch loads, layer-wise (one group of all layers, and groups of one layer).
             for group, acc in ((L, batch_load), (1, batch_load_l1)):
                 torch.cuda.synchronize()
@@ -253,6 +271,7 @@ def main():
              "store_batch": entry(median(batch_store), d2h_b),
              "store_batch_one_call": entry(median(one_call), d2h_b),
              "load_single": entry(median(single_load), h2d_1),
+             "load_single_host_check": entry(median(single_load_host), h2d_1),
              "load_batch_layerwise_group32": entry(median(batch_load), h2d_b),
              "load_batch_layerwise_group1": entry(median(batch_load_l1), h2d_b)}
         r["store_vs_pinned_memcpy"] = {"single": r["store_single"]["vs_pinned_memcpy"],
@@ -264,7 +283,7 @@ def main():
         print(f"{codec:7s} host verify (reader's check)     {r['host_verify_GBps']:6.1f} GB/s, "
               f"load of a missing key {r['load_miss_ms']:.3f} ms", flush=True)
         for name in ("store_single", "store_single_engine_thread", "store_batch",
-                     "store_batch_one_call", "load_single",
+                     "store_batch_one_call", "load_single", "load_single_host_check",
                      "load_batch_layerwise_group32",
                      "load_batch_layerwise_group1"):
             e = r[name]
@@ -275,6 +294,7 @@ def main():
         json.dump(results, f, indent=2)
     if len(sys.argv) > 3:
         trace_singles(client, cache, ids, sys.argv[3])
+    host_check.close()
     client.close()
 
 

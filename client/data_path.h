@@ -92,6 +92,9 @@ class DataPath {
   virtual absl::Status Unhold(const HeldChunk& chunk) = 0;
   // Unhold of each chunk; the first error, every hold still ended.
   virtual absl::Status UnholdBatch(std::span<const HeldChunk* const> chunks) = 0;
+  // Unhold of a chunk whose bytes are no longer read, its answer not
+  // awaited where the path can (ReleaseCopied).
+  absl::Status UnholdNoWait(const HeldChunk& chunk) { return ReleaseCopied(chunk); }
 
  protected:
   // Ends the hold of a chunk whose bytes a get has copied out; the answer

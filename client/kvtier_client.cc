@@ -219,6 +219,10 @@ class ClientImpl final : public KvtierClient {
     if (h.lease_id == 0 && h.scratch_slot_id == 0) return absl::OkStatus();
     return RouteTo(h.connection)->Unhold(h);
   }
+  absl::Status UnholdNoWait(const HeldChunk& h) override {
+    if (h.lease_id == 0 && h.scratch_slot_id == 0) return absl::OkStatus();
+    return RouteTo(h.connection)->UnholdNoWait(h);
+  }
 
   absl::Status Delete(const Hash128& key) override { return rpc_.Delete(key); }
   absl::StatusOr<bool> Prefetch(std::span<const Hash128> keys, uint32_t deadline_ms) override {

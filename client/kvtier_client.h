@@ -306,6 +306,11 @@ class KvtierClient {
   // NotFound on a miss; DataLoss when `verify` finds the chunk corrupt.
   virtual absl::StatusOr<HeldChunk> Hold(const Hash128& key, bool verify = false) = 0;
   virtual absl::Status Unhold(const HeldChunk& chunk) = 0;
+  // Unhold of a chunk whose bytes are no longer read, without waiting for
+  // the daemon's answer where the path can (the data plane reads it at the
+  // connection's next use; an error there means the lease had expired,
+  // which ends the hold just the same).
+  virtual absl::Status UnholdNoWait(const HeldChunk& chunk) { return Unhold(chunk); }
   // Hold of every key in one data-plane call (Hold per key without one):
   // one result per key in order, a miss being that key's NotFound. The
   // chunks on NVMe are read with one submission to the daemon's io_uring

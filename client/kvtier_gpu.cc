@@ -120,6 +120,24 @@ absl::Status CheckHeld(KvtierClient* client, const Hash128& key, const HeldChunk
       absl::StrCat("chunk ", key.ToHex(), " failed the reader's check: ", checked.message()));
 }
 
+// The rest of the reader's check of a chunk whose records of `layers` the
+// device hashed into `sums` (K's, then V's): each section's record table
+// against the header, and the table's entries against the sums.
+absl::Status CheckStagedSums(const codec::ChunkHeader& header, std::span<const uint8_t> chunk,
+                             kernels::LayerRange layers, const uint64_t* sums) {
+  const codec::ChunkLayout& l = header.layout;
+  const uint32_t b = layers.begin, n = layers.End(l.geometry.num_layers) - b;
+  for (codec::Section s : {codec::Section::kK, codec::Section::kV}) {
+    const bool k = s == codec::Section::kK;
+    const codec::SectionLayout& sec = k ? l.k : l.v;
+    const uint64_t at = (k ? l.k_offset : l.v_offset) + sec.table_offset;
+    KVTIER_RETURN_IF_ERROR(codec::CheckRecordTable(
+        s, sec, k ? header.k_checksum : header.v_checksum,
+        std::span<const uint64_t>(sums + (k ? 0 : n), n), chunk.subspan(at, sec.table_bytes), b));
+  }
+  return absl::OkStatus();
+}
+
 // Runs work(p) for every p in [0, n) on up to `threads` threads, and
 // then_in_order(p) on the calling thread for p = 0, 1, ... as soon as work(p)
 // has returned, so the in-order step overlaps the later work.
@@ -433,6 +451,8 @@ absl::StatusOr<std::unique_ptr<GpuPagedIo>> GpuPagedIo::Create(KvtierClient* cli
   if (stage != nullptr && std::string_view(stage) == "0") io->set_stage_stores(false);
   const char* landing = std::getenv("KVTIER_GPU_LANDING");
   io->set_landing(landing == nullptr || std::string_view(landing) != "0");
+  const char* verify = std::getenv("KVTIER_GPU_VERIFY");
+  if (verify != nullptr && std::string_view(verify) == "host") io->set_device_verify(false);
   return io;
 }
 
@@ -460,6 +480,7 @@ GpuPagedIo::~GpuPagedIo() {
   absl::MutexLock l(&ws_mu_);
   for (uint32_t* ws : all_workspaces_) cudaFree(ws);
   free_stagings_.clear();
+  for (uint64_t* sums : free_record_sums_) cudaFreeHost(sums);
   cudaHostUnregister(pool_.data());
 }
 
@@ -520,6 +541,26 @@ absl::StatusOr<std::unique_ptr<kernels::HostStaging>> GpuPagedIo::TakeStaging(si
 void GpuPagedIo::ReturnStaging(std::unique_ptr<kernels::HostStaging> staging) {
   absl::MutexLock l(&ws_mu_);
   free_stagings_.push_back(std::move(staging));
+}
+
+absl::StatusOr<uint64_t*> GpuPagedIo::TakeRecordSums() {
+  {
+    absl::MutexLock l(&ws_mu_);
+    if (!free_record_sums_.empty()) {
+      uint64_t* sums = free_record_sums_.back();
+      free_record_sums_.pop_back();
+      return sums;
+    }
+  }
+  void* p = nullptr;
+  KVTIER_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&p, 2 * sizeof(uint64_t) * codec::kMaxLayers,
+                                            cudaHostAllocMapped | cudaHostAllocPortable));
+  return static_cast<uint64_t*>(p);
+}
+
+void GpuPagedIo::ReturnRecordSums(uint64_t* sums) {
+  absl::MutexLock l(&ws_mu_);
+  free_record_sums_.push_back(sums);
 }
 
 absl::Status GpuPagedIo::InPool(std::span<const uint8_t> bytes) const {
@@ -652,13 +693,23 @@ absl::StatusOr<Tier> GpuPagedIo::Load(const Hash128& key, const kernels::PagedKv
       (void)client_->Unhold(held);
       return header.status();
     }
-    auto staging = TakeStaging(held.data.size());
+    // The staging buffer: the chunk's bytes, then the device check's
+    // scratch (kernels::StagedRecordsWorkspaceBytes).
+    const bool device_check = !held.checked && device_verify_.load(std::memory_order_relaxed) &&
+                              header->layout.version >= 2 &&
+                              kernels::ValidateLayerRange(layers, header->layout.geometry.num_layers).ok();
+    const uint64_t scratch_at = (held.data.size() + 255) / 256 * 256;
+    const uint64_t scratch =
+        device_check ? kernels::StagedRecordsWorkspaceBytes(*header, layers) : 0;
+    auto staging = TakeStaging(scratch_at + scratch);
     if (!staging.ok()) {
       (void)client_->Unhold(held);
       return staging.status();
     }
+    kernels::StagedRecords staged;
     absl::Status st = kernels::DecodeScatter(*header, Device(held.data.data()), cache, blocks,
-                                             layers, **staging, stream);
+                                             layers, **staging, stream,
+                                             kernels::PriorKernel::kUnknown, &staged);
     if (!st.ok()) {
       // A launch that failed after its copy was enqueued: the copy may still
       // read the extent (and write the staging buffer, which is dropped).
@@ -666,9 +717,29 @@ absl::StatusOr<Tier> GpuPagedIo::Load(const Hash128& key, const kernels::PagedKv
       (void)client_->Unhold(held);
       return st;
     }
-    absl::Status checked = CheckHeldBytes(held);
+    // The reader's check: of the staged bytes the decode reads, on the
+    // device, where it takes them; else on the host while the device works.
+    uint64_t* sums = nullptr;
+    if (device_check && staged.k_records != nullptr && kernels::CanHashOnDevice(*header, staged)) {
+      auto taken = TakeRecordSums();
+      if (taken.ok() && kernels::HashStagedRecords(*header, staged, (*staging)->data() + scratch_at,
+                                                   *taken, stream)
+                            .ok()) {
+        sums = *taken;
+      } else if (taken.ok()) {
+        ReturnRecordSums(*taken);
+      }
+    }
+    absl::Status checked = sums == nullptr ? CheckHeldBytes(held) : absl::OkStatus();
     st = Sync(stream);
-    absl::Status u = client_->Unhold(held);
+    if (sums != nullptr) {
+      if (st.ok()) checked = CheckStagedSums(*header, held.data, staged.layers, sums);
+      ReturnRecordSums(sums);
+      loads_checked_on_device_.fetch_add(1, std::memory_order_relaxed);
+    }
+    // The device is done with the extent; the daemon's answer is read at the
+    // connection's next call.
+    absl::Status u = client_->UnholdNoWait(held);
     if (!st.ok()) return st;
     ReturnStaging(*std::move(staging));
     if (checked.ok()) {

@@ -263,6 +263,19 @@ class GpuPagedIo {
     landing_.store(on && write_value64_ != nullptr);
   }
 
+  // Whether Load checks the layer records it staged on the device
+  // (kernels::HashStagedRecords over the bytes the decode reads; the host
+  // checks the header and the record tables) instead of hashing them on the
+  // host worker pool while the copy engine reads the same bytes: the
+  // default; Create turns it off when the environment has
+  // KVTIER_GPU_VERIFY=host. Chunks the device hash does not take (version 1,
+  // records of 240 bytes or less) and unstaged loads are checked on the host.
+  void set_device_verify(bool on) { device_verify_.store(on, std::memory_order_relaxed); }
+  // Loads whose records the device checked, since Create.
+  uint64_t loads_checked_on_device() const {
+    return loads_checked_on_device_.load(std::memory_order_relaxed);
+  }
+
   // Encodes the spec.geometry.num_tokens tokens at `blocks` of `cache` as a
   // chunk of `spec` and stores it as `key`. Returns once the daemon has
   // committed it (after the NVMe commit with options.durable).
@@ -300,8 +313,9 @@ class GpuPagedIo {
   // at `blocks` of `cache` (the chunk's geometry must match the cache) and
   // returns the tier it came from. Returns after the kernel has finished
   // (the extent is released then). The header is checked before the launch
-  // and the layer records on the host worker pool while the kernel runs, so on
-  // DataLoss the slots at `blocks` hold undefined values. NotFound on a miss;
+  // and the layer records on the device after the copy (set_device_verify)
+  // or on the host worker pool while the kernel runs, so on DataLoss the
+  // slots at `blocks` hold undefined values. NotFound on a miss;
   // DataLoss if the chunk is corrupt (the daemon drops it); InvalidArgument
   // for a geometry/cache/blocks/layers mismatch (nothing launched).
   absl::StatusOr<Tier> Load(const Hash128& key, const kernels::PagedKvLayout& cache,
@@ -351,11 +365,18 @@ class GpuPagedIo {
   absl::StatusOr<std::unique_ptr<kernels::HostStaging>> TakeStaging(size_t bytes);
   // Returns a staging buffer whose launches have all completed.
   void ReturnStaging(std::unique_ptr<kernels::HostStaging> staging);
+  // Pinned, device-mapped room for 2 * codec::kMaxLayers record checksums
+  // (a device-verified Load's), from the pool or new; returned when no
+  // launch writes it any more.
+  absl::StatusOr<uint64_t*> TakeRecordSums();
+  void ReturnRecordSums(uint64_t* sums);
 
   KvtierClient* const client_;
   const std::span<uint8_t> pool_;
   uint8_t* const device_pool_;
   std::atomic<bool> stage_stores_{true};
+  std::atomic<bool> device_verify_{true};
+  std::atomic<uint64_t> loads_checked_on_device_{0};
   // cuStreamWriteValue64 (the driver's, through the runtime's entry point
   // lookup: libkvtier links no libcuda), or null.
   void* write_value64_ = nullptr;
@@ -367,6 +388,7 @@ class GpuPagedIo {
   std::vector<uint32_t*> free_workspaces_ ABSL_GUARDED_BY(ws_mu_);
   std::vector<uint32_t*> all_workspaces_ ABSL_GUARDED_BY(ws_mu_);
   std::vector<std::unique_ptr<kernels::HostStaging>> free_stagings_ ABSL_GUARDED_BY(ws_mu_);
+  std::vector<uint64_t*> free_record_sums_ ABSL_GUARDED_BY(ws_mu_);
 };
 
 }  // namespace kvtier::client

@@ -200,11 +200,12 @@ absl::Status CheckRecord(Section which, const SectionLayout& sec, std::span<cons
 
 absl::Status CheckRecordTable(Section which, const SectionLayout& sec, uint64_t want,
                               std::span<const uint64_t> computed,
-                              std::span<const uint8_t> stored_table) {
+                              std::span<const uint8_t> stored_table, uint32_t first_layer) {
   KVTIER_RETURN_IF_ERROR(CheckRecordTableHeader(which, sec, want, stored_table));
-  for (uint32_t l = 0; l < sec.num_layers; ++l) {
+  for (uint32_t j = 0; j < computed.size(); ++j) {
+    const uint32_t l = first_layer + j;
     const uint64_t stored = LoadLE<uint64_t>(stored_table.data() + uint64_t{8} * l);
-    if (stored != computed[l]) return RecordMismatch(which, l, stored, computed[l]);
+    if (stored != computed[j]) return RecordMismatch(which, l, stored, computed[j]);
   }
   return absl::OkStatus();
 }

@@ -112,13 +112,15 @@ uint64_t StoredRecordChecksum(const SectionLayout& sec, std::span<const uint8_t>
 uint64_t WriteRecordTable(const SectionLayout& sec, std::span<const uint64_t> digests,
                           std::span<uint8_t> table);
 // Version 2's section check, given the record checksums the caller computed
-// from the record bytes: the stored table's XXH3-64 must be `want` (the
-// header's section checksum) and each stored entry the computed one.
+// from the record bytes of layers [first_layer, first_layer +
+// computed.size()): the stored table's XXH3-64 must be `want` (the header's
+// section checksum) and each of those stored entries the computed one.
 // DataLoss naming `k_checksum` / `v_checksum` or the record (`k record 3`)
-// otherwise. REQUIRES: computed.size() == sec.num_layers.
+// otherwise. REQUIRES: first_layer + computed.size() <= sec.num_layers (a
+// whole section's check: first_layer 0 and every layer).
 absl::Status CheckRecordTable(Section which, const SectionLayout& sec, uint64_t want,
                               std::span<const uint64_t> computed,
-                              std::span<const uint8_t> stored_table);
+                              std::span<const uint8_t> stored_table, uint32_t first_layer = 0);
 // Its two halves, for a reader that checks some records only: the table
 // against the header's section checksum `want`, and record `layer`'s computed
 // checksum against the table in `section` (a section's bytes).

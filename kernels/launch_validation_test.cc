@@ -6,6 +6,7 @@
 #include "gtest/gtest.h"
 #include "kernels/paged_attention.h"
 #include "kernels/paged_codec.h"
+#include "kernels/record_hash.h"
 #include "kernels/test_util.h"
 
 namespace kvtier::kernels {
@@ -287,6 +288,60 @@ TEST(GatherEncodeLaunch, Fp8CacheWithAnyOtherChunkFormatIsInvalidArgument) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ValidateDecodeScatter(HeaderOf(spec), dst, cache.layout, span).code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// The device record hash takes version 2 records longer than 240 bytes, a
+// multiple of 16, at 16-byte aligned addresses; anything else is refused
+// before a launch (the reader hashes those on the host).
+TEST(RecordHashLaunch, WhatTheDeviceHashDoesNotTakeIsInvalidArgument) {
+  codec::ChunkSpec spec;
+  spec.geometry = {2, 2, 128, 32, 16};
+  spec.k = {DType::kBF16, codec::ScaleGranularity::kNone};
+  spec.v = {DType::kFP8E4M3, codec::ScaleGranularity::kPerBlockHead};
+  auto layout = codec::ValidateSpec(spec);
+  ASSERT_TRUE(layout.ok());
+  codec::ChunkHeader h;
+  h.spec = spec;
+  h.layout = *layout;
+  alignas(16) static uint8_t bytes[64];
+  alignas(16) static uint8_t ws[64];
+  uint64_t out[4];
+  StagedRecords ok{bytes, bytes, LayerRange{}};
+  EXPECT_TRUE(CanHashOnDevice(h, ok));
+  auto code = [&](const codec::ChunkHeader& hh, StagedRecords r, uint64_t* o) {
+    return HashStagedRecords(hh, r, ws, o, nullptr).code();
+  };
+  EXPECT_EQ(code(h, {bytes + 8, bytes, LayerRange{}}, out), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(h, {bytes, nullptr, LayerRange{}}, out), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(h, ok, nullptr), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(HashStagedRecords(h, ok, nullptr, out, nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(h, {bytes, bytes, LayerRange{1, 1}}, out), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(h, {bytes, bytes, LayerRange{0, 3}}, out), absl::StatusCode::kInvalidArgument);
+  codec::ChunkHeader v1 = h;
+  v1.layout.version = 1;
+  EXPECT_FALSE(CanHashOnDevice(v1, ok));
+  EXPECT_EQ(code(v1, ok, out), absl::StatusCode::kInvalidArgument);
+  codec::ChunkHeader small = h;
+  small.layout.v.layer_stride = 240;
+  EXPECT_FALSE(CanHashOnDevice(small, ok));
+  codec::ChunkHeader odd = h;
+  odd.layout.k.layer_stride = 4104;
+  EXPECT_FALSE(CanHashOnDevice(odd, ok));
+  auto range = [&](const uint8_t* at, uint64_t n, void* w, uint64_t* o) {
+    return HashDeviceRange(at, n, 0, w, o, nullptr).code();
+  };
+  EXPECT_EQ(range(bytes, 240, ws, out), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(range(bytes, 264, ws, out), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(range(bytes + 4, 256, ws, out), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(range(bytes, 256, ws, nullptr), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(range(bytes, 256, nullptr, out), absl::StatusCode::kInvalidArgument);
+  // 128 bytes a 1 KiB block of each record: K's 16 KiB records take 16
+  // blocks and V's 8 KiB + 16 bytes of scales 9; one layer half of it.
+  EXPECT_EQ(StagedRecordsWorkspaceBytes(h, LayerRange{}), 2 * (16 + 9) * 128u);
+  EXPECT_EQ(StagedRecordsWorkspaceBytes(h, LayerRange{1, 2}), (16 + 9) * 128u);
+  EXPECT_EQ(DeviceRangeWorkspaceBytes(1024), 128u);
+  EXPECT_EQ(DeviceRangeWorkspaceBytes(1025), 256u);
 }
 
 }  // namespace

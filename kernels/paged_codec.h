@@ -24,6 +24,7 @@
 #include "absl/status/statusor.h"
 #include "codec/chunk.h"
 #include "kernels/paged_layout.h"
+#include "kernels/record_hash.h"
 
 namespace kvtier::kernels {
 
@@ -170,12 +171,16 @@ class HostStaging {
 //     into the cache (all but 4-bit chunks, for which the kernel reading
 //     host memory is faster);
 // otherwise exactly DecodeScatter above. Results, errors and graph capture
-// as DecodeScatter. REQUIRES: launches that share `staging` run in stream
-// order (a launch overwrites what the previous one's decode reads).
+// as DecodeScatter. With `staged`, a launch that staged the range sets it to
+// where its records are in `staging` (for HashStagedRecords: the bytes the
+// decode reads) and clears it otherwise. REQUIRES: launches that share
+// `staging` run in stream order (a launch overwrites what the previous one's
+// decode reads).
 absl::Status DecodeScatter(const codec::ChunkHeader& header, const uint8_t* chunk,
                            const PagedKvLayout& cache, const BlockSpan& blocks,
                            LayerRange layers, HostStaging& staging, cudaStream_t stream,
-                           PriorKernel prior = PriorKernel::kUnknown);
+                           PriorKernel prior = PriorKernel::kUnknown,
+                           StagedRecords* staged = nullptr);
 
 // Every host-side check of DecodeScatter, without launching anything.
 absl::Status ValidateDecodeScatter(const codec::ChunkHeader& header, const uint8_t* chunk,

@@ -508,7 +508,8 @@ absl::Status HostStaging::Reserve(size_t bytes) {
 absl::Status DecodeScatter(const codec::ChunkHeader& header, const uint8_t* chunk,
                            const PagedKvLayout& cache, const BlockSpan& blocks,
                            LayerRange layers, HostStaging& staging, cudaStream_t stream,
-                           PriorKernel prior) {
+                           PriorKernel prior, StagedRecords* staged) {
+  if (staged != nullptr) *staged = StagedRecords{};
   KVTIER_ASSIGN_OR_RETURN(CodecParams p, PrepareDecode(header, chunk, cache, blocks, layers));
   KVTIER_ASSIGN_OR_RETURN(const HostAddress host, HostAddressOf(chunk));
   // The bytes from layer b's K record to layer e - 1's V record: the K
@@ -536,7 +537,12 @@ absl::Status DecodeScatter(const codec::ChunkHeader& header, const uint8_t* chun
   p.chunk = staging.data();
   p.sec[0].offset = k_at - first;  // mod 2^64 (SectionArgs::offset)
   p.sec[1].offset = v_at - first;
-  return Launch<DecodeK>(p, false, stream);
+  KVTIER_RETURN_IF_ERROR(Launch<DecodeK>(p, false, stream));
+  if (staged != nullptr) {
+    *staged = StagedRecords{staging.data(), staging.data() + (v_at + b * vs - first),
+                            LayerRange{static_cast<uint32_t>(b), static_cast<uint32_t>(e)}};
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ValidateDecodeScatter(const codec::ChunkHeader& header, const uint8_t* chunk,

@@ -5,7 +5,9 @@
 // cuda_runtime.h (not _api.h): the typed cudaMalloc overloads the helpers use.
 #include <cuda_runtime.h>
 
+#include <functional>
 #include <string>
+#include <tuple>
 
 #include "client/kvtier_client.h"
 #include "client/kvtier_gpu.h"
@@ -68,13 +70,19 @@ class ServerGpuTest : public ::testing::Test {
     daemon_.reset();
   }
 
-  // Bit rot in DRAM: one V payload byte of chunk `key` flips in the pool,
-  // after the daemon verified it at put.
-  void CorruptInPool(const Hash128& key) {
+  // Bit rot in DRAM: byte `at` of chunk `key` (by default one V payload byte)
+  // flips in the pool, after the daemon verified it at put. at(header, size)
+  // names the byte.
+  void CorruptInPool(const Hash128& key,
+                     const std::function<uint64_t(const codec::ChunkLayout&, uint64_t)>& at =
+                         [](const codec::ChunkLayout&, uint64_t size) { return size - 80; }) {
     auto held = client_->Hold(key);
     ASSERT_TRUE(held.ok()) << held.status();
-    auto* p = const_cast<uint8_t*>(held->data.data()) + held->data.size() - 80;
-    *p ^= 0x40;
+    auto header = codec::ParseHeader(held->data);
+    ASSERT_TRUE(header.ok()) << header.status();
+    const uint64_t where = at(header->layout, held->data.size());
+    ASSERT_LT(where, held->data.size());
+    const_cast<uint8_t*>(held->data.data())[where] ^= 0x40;
     ASSERT_TRUE(client_->Unhold(*held).ok());
   }
 
@@ -567,13 +575,22 @@ TEST_P(LayerwiseCorruptionTest, LayerwiseLoadReportsAChunkCorruptedInThePoolAtFi
 INSTANTIATE_TEST_SUITE_P(Groups, LayerwiseCorruptionTest,
                          ::testing::Values(2u, LayerCase::kLayers));
 
+// Where a byte of a stored chunk rots: a K record, a V record, an entry of
+// V's record table, the entry of layer 0 in K's record table.
+enum class Rot { kKRecord, kVRecord, kVTable, kKTable };
+
+class LoadCorruptionTest : public ServerGpuTest,
+                           public ::testing::WithParamInterface<std::tuple<bool, Rot>> {};
+
 // A chunk whose bytes rot in the pool after the daemon verified them: Load
-// decodes it through the staging buffer, the reader's check fails, the
-// daemon re-checks it and Load returns DataLoss; the chunk is not served as
-// good again. Nothing else is lost: another chunk, loaded next by the same
-// GpuPagedIo (reusing the pooled staging buffer), scatters the CPU
-// reference's values.
-TEST_F(ServerGpuTest, LoadOfAChunkCorruptedInThePoolIsDataLossAndTheNextLoadIsExact) {
+// decodes it through the staging buffer, the reader's check (on the device
+// or on the host) fails, the daemon re-checks it and Load returns DataLoss;
+// the chunk is not served as good again. Nothing else is lost: another
+// chunk, loaded next by the same GpuPagedIo (reusing the pooled staging
+// buffer and record sums), scatters the CPU reference's values.
+TEST_P(LoadCorruptionTest, LoadOfAChunkCorruptedInThePoolIsDataLossAndTheNextLoadIsExact) {
+  const auto [on_device, rot] = GetParam();
+  io_->set_device_verify(on_device);
   LayerCase c;
   ASSERT_NO_FATAL_FAILURE(c.Init(35));
   for (uint32_t i = 0; i < 2; ++i) {
@@ -581,7 +598,19 @@ TEST_F(ServerGpuTest, LoadOfAChunkCorruptedInThePoolIsDataLossAndTheNextLoadIsEx
   }
   auto good = client_->Get(TestKey(91));
   ASSERT_TRUE(good.ok()) << good.status();
-  ASSERT_NO_FATAL_FAILURE(CorruptInPool(TestKey(90)));
+  ASSERT_NO_FATAL_FAILURE(CorruptInPool(TestKey(90), [rot](const codec::ChunkLayout& l, uint64_t) {
+    switch (rot) {
+      case Rot::kKRecord:
+        return l.k_offset + l.k.data_offset(1) + 5;
+      case Rot::kVRecord:
+        return l.v_offset + l.v.data_offset(l.geometry.num_layers - 1) + 9;
+      case Rot::kVTable:
+        return l.v_offset + l.v.table_offset + 8 + 2;
+      case Rot::kKTable:
+        return l.k_offset + l.k.table_offset;
+    }
+    return uint64_t{0};
+  }));
   HostCache expect, got;
   c.PoisonedCaches(0x3C, &expect, &got);
   DeviceCache dst;
@@ -599,11 +628,19 @@ TEST_F(ServerGpuTest, LoadOfAChunkCorruptedInThePoolIsDataLossAndTheNextLoadIsEx
   auto tier = io_->Load(TestKey(91), next.layout, c.Span(1), nullptr);
   ASSERT_TRUE(tier.ok()) << tier.status();
   EXPECT_EQ(*tier, Tier::kDram);
+  // Both loads were checked where the test asked (the device takes these
+  // records: 16 and 8 KiB).
+  EXPECT_EQ(io_->loads_checked_on_device(), on_device ? 2u : 0u);
   KVTIER_ASSERT_CUDA(next.CopyTo(got));
   for (uint32_t l = 0; l < LayerCase::kLayers; ++l) {
     ASSERT_EQ(got.k_tensors[l], expect.k_tensors[l]) << "layer " << l;
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(DeviceAndHost, LoadCorruptionTest,
+                         ::testing::Combine(::testing::Bool(),
+                                            ::testing::Values(Rot::kKRecord, Rot::kVRecord,
+                                                              Rot::kVTable, Rot::kKTable)));
 
 }  // namespace
 }  // namespace kvtier::client
