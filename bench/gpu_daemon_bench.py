@@ -13,8 +13,9 @@ the build). With TRACE.json, single k16v8 stores and loads also run under
 torch.profiler (CUDA runtime calls, copies and kernels of every library in the
 process, each store and load a marked range) into that Chrome trace: where a
 single chunk's time goes between the device's work.
-load_single_host_check: single loads whose records the host hashes
-(KVTIER_GPU_VERIFY=host) instead of the device.
+load_single_host_check, load_batch_layerwise_*_host_check: loads whose
+records the host hashes (KVTIER_GPU_VERIFY=host) instead of the device (for
+layer-wise loads: the kernels read the pool, no staging).
 store_single_engine_thread: what one store costs the calling thread when its
 commit runs on another thread (begin_store's slot + the encode's enqueue), as
 in the engine connectors.
@@ -107,7 +108,8 @@ def store_breakdown(client, cache, ids, codec, tag):
 
 
 def trace_singles(client, cache, ids, path):
-    """Six single k16v8 stores, then six single loads of them, under torch.profiler."""
+    """Six single k16v8 stores, then six single loads of them, then layer-wise loads of
+    the six (groups of all layers and of one), under torch.profiler."""
     from torch.profiler import ProfilerActivity, profile, record_function
     keys = [key(0x70, i) for i in range(6)]
     kg.store(client, keys[0], cache, ids[0], codec="k16v8")  # warm
@@ -120,6 +122,9 @@ def trace_singles(client, cache, ids, path):
         for i, k in enumerate(keys):
             with record_function(f"load {i}"):
                 kg.load(client, k, cache, ids[i])
+        for group in (L, 1):
+            with record_function(f"layerwise group {group}"):
+                kg.load_layerwise(client, keys, cache, ids[:len(keys)], layer_group=group).finish()
         torch.cuda.synchronize()
     prof.export_chrome_trace(path)
     delete(client, keys)
@@ -143,7 +148,7 @@ def main():
     # A second client whose GPU handle checks loads on the host
     # (KVTIER_GPU_VERIFY=host, read when the handle opens): the single load's
     # baseline for the device check.
-    host_check = kvtier.Client(socket=sock)
+    host_check = kvtier.Client(socket=sock, max_data_connections=STORE_THREADS)
     os.environ["KVTIER_GPU_VERIFY"] = "host"
     try:
         kg.open_gpu(host_check, DEV)
@@ -189,7 +194,7 @@ def main():
 
         reps = 3
         single_store, single_load, batch_store, batch_load, batch_load_l1 = [], [], [], [], []
-        single_load_host = []
+        single_load_host, batch_load_host, batch_load_l1_host = [], [], []
         one_call = []
         engine_thread = []
         for rep in range(reps):
@@ -244,10 +249,12 @@ def main():
                 kg.load(host_check, single_keys[i], cache, ids[i])
             single_load_host.append((time.perf_counter() - t0) / 8)
             # Batch loads, layer-wise (one group of all layers, and groups of one layer).
-            for group, acc in ((L, batch_load), (1, batch_load_l1)):
+            for who, group, acc in ((client, L, batch_load), (client, 1, batch_load_l1),
+                                    (host_check, L, batch_load_host),
+                                    (host_check, 1, batch_load_l1_host)):
                 torch.cuda.synchronize()
                 t0 = time.perf_counter()
-                lw = kg.load_layerwise(client, keys, cache, ids, layer_group=group)
+                lw = kg.load_layerwise(who, keys, cache, ids, layer_group=group)
                 tiers = lw.finish()
                 acc.append((time.perf_counter() - t0) / BATCH)
                 assert all(t is not None for t in tiers), tiers
@@ -273,7 +280,9 @@ def main():
              "load_single": entry(median(single_load), h2d_1),
              "load_single_host_check": entry(median(single_load_host), h2d_1),
              "load_batch_layerwise_group32": entry(median(batch_load), h2d_b),
-             "load_batch_layerwise_group1": entry(median(batch_load_l1), h2d_b)}
+             "load_batch_layerwise_group1": entry(median(batch_load_l1), h2d_b),
+             "load_batch_layerwise_group32_host_check": entry(median(batch_load_host), h2d_b),
+             "load_batch_layerwise_group1_host_check": entry(median(batch_load_l1_host), h2d_b)}
         r["store_vs_pinned_memcpy"] = {"single": r["store_single"]["vs_pinned_memcpy"],
                                        "batch": r["store_batch"]["vs_pinned_memcpy"]}
         r["load_vs_pinned_memcpy"] = {"single": r["load_single"]["vs_pinned_memcpy"],
@@ -285,7 +294,9 @@ def main():
         for name in ("store_single", "store_single_engine_thread", "store_batch",
                      "store_batch_one_call", "load_single", "load_single_host_check",
                      "load_batch_layerwise_group32",
-                     "load_batch_layerwise_group1"):
+                     "load_batch_layerwise_group1",
+                     "load_batch_layerwise_group32_host_check",
+                     "load_batch_layerwise_group1_host_check"):
             e = r[name]
             print(f"{codec:7s} {name:30s} {e['encoded_GBps']:6.1f} GB/s encoded "
                   f"{e['kv16_GBps']:6.1f} GB/s kv16  pinned {e['pinned_memcpy_GBps']:6.1f} GB/s "

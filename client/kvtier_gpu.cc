@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -382,6 +383,10 @@ absl::Status PendingStore::Commit(const Hash128& key, const PutOptions& options)
 LayerwiseLoad::~LayerwiseLoad() {
   (void)Finish();
   for (cudaEvent_t ev : events_) cudaEventDestroy(ev);
+  for (int h = 0; h < 2; ++h) {
+    if (copied_[h] != nullptr) cudaEventDestroy(copied_[h]);
+    if (free_[h] != nullptr) cudaEventDestroy(free_[h]);
+  }
 }
 
 absl::Status LayerwiseLoad::WaitLayer(uint32_t layer, cudaStream_t stream) const {
@@ -413,10 +418,19 @@ absl::Status LayerwiseLoad::Finish() {
   }
   if (!first.ok()) {
     // The kernels may still read the extents: keep them held (their leases
-    // expire in the daemon) rather than let the daemon reuse them.
+    // expire in the daemon) rather than let the daemon reuse them, and the
+    // staging buffers unreturned.
     holds_.clear();
+    for (auto& half : halves_) (void)half.release();
+    sums_ = nullptr;
     return first;
   }
+  if (!slabs_.empty()) CheckStaged(staged_headers_);
+  for (auto& half : halves_) {
+    if (half != nullptr) io_->ReturnStaging(std::move(half));
+  }
+  if (sums_ != nullptr) io_->ReturnRecordSums(sums_, sums_count_);
+  sums_ = nullptr;
   std::vector<HeldChunk> held;
   held.reserve(holds_.size());
   for (const std::optional<HeldChunk>& h : holds_) {
@@ -426,6 +440,148 @@ absl::Status LayerwiseLoad::Finish() {
   // One data-plane call per connection that holds some, not one per chunk.
   if (!held.empty()) first = client_->UnholdBatch(held);
   return first;
+}
+
+// A staged layer-wise load's slabs: at most kSlabBytes of records (two are
+// in device memory at once), and at least kSpanBytes of each chunk's
+// records, so that a slab's copies, decodes and hashes are few and large
+// (their events mark the span's layer groups at once).
+constexpr uint64_t kSlabBytes = uint64_t{32} << 20;
+constexpr uint64_t kSpanBytes = uint64_t{4} << 20;
+
+absl::Status LayerwiseLoad::EnqueueStaged(const std::vector<codec::ChunkHeader>& headers,
+                                          std::span<const PagedChunk> chunks,
+                                          const kernels::PagedKvLayout& cache,
+                                          cudaStream_t stream) {
+  staged_headers_ = headers;
+  const uint32_t groups = static_cast<uint32_t>(events_.size());
+  // Groups a span: enough for kSpanBytes of the largest chunk's records.
+  uint64_t widest = 1;
+  for (size_t i = 0; i < holds_.size(); ++i) {
+    if (!holds_[i]) continue;
+    const codec::ChunkLayout& l = headers[i].layout;
+    widest = std::max(widest, uint64_t{layer_group_} * (l.k.layer_stride + l.v.layer_stride));
+  }
+  const auto span_groups =
+      static_cast<uint32_t>(std::clamp<uint64_t>(kSpanBytes / widest, 1, groups));
+  // Slabs: per span, runs of held chunks with the same record strides, up to
+  // kSlabBytes of records.
+  for (uint32_t g0 = 0; g0 < groups; g0 += span_groups) {
+    const uint32_t g1 = std::min(groups, g0 + span_groups);
+    const uint32_t a = g0 * layer_group_, b = std::min(num_layers_, g1 * layer_group_);
+    bool open = false;
+    for (size_t i = 0; i < holds_.size(); ++i) {
+      if (!holds_[i]) continue;
+      const codec::ChunkLayout& l = headers[i].layout;
+      const uint64_t bytes = uint64_t{b - a} * (l.k.layer_stride + l.v.layer_stride);
+      bool joins = false;
+      if (open) {
+        const codec::ChunkLayout& f = headers[slabs_.back().chunks.front()].layout;
+        joins = f.k.layer_stride == l.k.layer_stride && f.v.layer_stride == l.v.layer_stride &&
+                (slabs_.back().chunks.size() + 1) * bytes <= kSlabBytes;
+      }
+      if (!joins) slabs_.push_back(Slab{g0, g1, a, b, {}, 0});
+      open = true;
+      slabs_.back().chunks.push_back(i);
+    }
+  }
+  uint64_t most = 0;  // the largest slab's records + hash scratch
+  for (Slab& slab : slabs_) {
+    const codec::ChunkHeader& h = headers[slab.chunks.front()];
+    const auto c = static_cast<uint32_t>(slab.chunks.size());
+    const uint32_t n = slab.layer_end - slab.layer_begin;
+    const uint64_t records = uint64_t{c} * n * (h.layout.k.layer_stride + h.layout.v.layer_stride);
+    const uint64_t scratch =
+        kernels::StagedRecordsWorkspaceBytes(h, {slab.layer_begin, slab.layer_end}, c);
+    most = std::max(most, (records + 255) / 256 * 256 + scratch);
+    slab.sums_at = sums_count_;
+    sums_count_ += 2 * uint64_t{c} * n;
+  }
+  if (slabs_.empty()) {
+    // Nothing held: the group events mark no decodes.
+    for (cudaEvent_t ev : events_) KVTIER_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev, stream));
+    return absl::OkStatus();
+  }
+  KVTIER_ASSIGN_OR_RETURN(sums_, io_->TakeRecordSums(sums_count_));
+  for (int h = 0; h < 2; ++h) {
+    KVTIER_ASSIGN_OR_RETURN(halves_[h], io_->TakeStaging(most));
+    KVTIER_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&copied_[h], cudaEventDisableTiming));
+    KVTIER_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&free_[h], cudaEventDisableTiming));
+  }
+  KVTIER_ASSIGN_OR_RETURN(cudaStream_t copy, io_->CopyStream());
+  for (size_t s = 0; s < slabs_.size(); ++s) {
+    const Slab& slab = slabs_[s];
+    const uint32_t a = slab.layer_begin, b = slab.layer_end, n = b - a;
+    const codec::ChunkHeader& first = headers[slab.chunks.front()];
+    const uint64_t ks = first.layout.k.layer_stride, vs = first.layout.v.layer_stride;
+    const auto c = static_cast<uint32_t>(slab.chunks.size());
+    uint8_t* const k_base = halves_[s % 2]->data();
+    uint8_t* const v_base = k_base + uint64_t{c} * n * ks;
+    // The copy engine fills this half once the slab two back is done with it.
+    if (s >= 2) KVTIER_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy, free_[s % 2], 0));
+    for (uint32_t j = 0; j < c; ++j) {
+      const codec::ChunkLayout& l = headers[slab.chunks[j]].layout;
+      const uint8_t* src = holds_[slab.chunks[j]]->data.data();
+      KVTIER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(k_base + uint64_t{j} * n * ks,
+                                                  src + l.k_offset + l.k.data_offset(a), n * ks,
+                                                  cudaMemcpyHostToDevice, copy));
+      KVTIER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(v_base + uint64_t{j} * n * vs,
+                                                  src + l.v_offset + l.v.data_offset(a), n * vs,
+                                                  cudaMemcpyHostToDevice, copy));
+    }
+    KVTIER_CUDA_RETURN_IF_ERROR(cudaEventRecord(copied_[s % 2], copy));
+    KVTIER_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream, copied_[s % 2], 0));
+    for (uint32_t j = 0; j < c; ++j) {
+      const size_t i = slab.chunks[j];
+      KVTIER_RETURN_IF_ERROR(kernels::DecodeStagedScatter(
+          headers[i],
+          kernels::StagedRecords{k_base + uint64_t{j} * n * ks, v_base + uint64_t{j} * n * vs,
+                                 {a, b}, 1},
+          cache, IdsChecked(chunks[i].blocks), stream));
+    }
+    if (s + 1 == slabs_.size() || slabs_[s + 1].group_begin != slab.group_begin) {
+      for (uint32_t g = slab.group_begin; g < slab.group_end; ++g) {
+        KVTIER_CUDA_RETURN_IF_ERROR(cudaEventRecord(events_[g], stream));
+      }
+    }
+    const uint64_t records = uint64_t{c} * n * (ks + vs);
+    KVTIER_RETURN_IF_ERROR(kernels::HashStagedRecords(
+        first, kernels::StagedRecords{k_base, v_base, {a, b}, c},
+        k_base + (records + 255) / 256 * 256, sums_ + slab.sums_at, stream));
+    KVTIER_CUDA_RETURN_IF_ERROR(cudaEventRecord(free_[s % 2], stream));
+  }
+  // Finish waits for the last event: the hashes after the last decodes.
+  KVTIER_CUDA_RETURN_IF_ERROR(cudaEventRecord(events_.back(), stream));
+  return absl::OkStatus();
+}
+
+void LayerwiseLoad::CheckStaged(const std::vector<codec::ChunkHeader>& headers) {
+  // Each staged chunk's checksums, K's layers then V's, gathered from its slabs.
+  std::vector<std::vector<uint64_t>> computed(holds_.size());
+  for (const Slab& slab : slabs_) {
+    const uint32_t a = slab.layer_begin, n = slab.layer_end - a;
+    const size_t c = slab.chunks.size();
+    for (size_t j = 0; j < c; ++j) {
+      std::vector<uint64_t>& mine = computed[slab.chunks[j]];
+      mine.resize(2 * size_t{num_layers_});
+      for (uint32_t r = 0; r < n; ++r) {
+        mine[a + r] = sums_[slab.sums_at + j * n + r];
+        mine[num_layers_ + a + r] = sums_[slab.sums_at + c * n + j * n + r];
+      }
+    }
+  }
+  for (size_t i = 0; i < holds_.size(); ++i) {
+    if (!holds_[i] || computed[i].empty()) continue;
+    io_->chunks_checked_on_device_.fetch_add(1, std::memory_order_relaxed);
+    absl::Status st = CheckStagedSums(headers[i], holds_[i]->data, kernels::LayerRange{},
+                                      computed[i].data());
+    if (st.ok()) continue;
+    // The daemon checks the stored chunk (and drops it if corrupt).
+    auto again = client_->Hold(keys_[i], /*verify=*/true);
+    if (again.ok()) (void)client_->Unhold(*again);
+    results_[i] = absl::DataLossError(
+        absl::StrCat("chunk ", keys_[i].ToHex(), " failed the reader's check: ", st.message()));
+  }
 }
 
 // ---- GpuPagedIo ----
@@ -480,7 +636,8 @@ GpuPagedIo::~GpuPagedIo() {
   absl::MutexLock l(&ws_mu_);
   for (uint32_t* ws : all_workspaces_) cudaFree(ws);
   free_stagings_.clear();
-  for (uint64_t* sums : free_record_sums_) cudaFreeHost(sums);
+  for (const auto& [sums, count] : free_record_sums_) cudaFreeHost(sums);
+  if (copy_stream_ != nullptr) cudaStreamDestroy(copy_stream_);
   cudaHostUnregister(pool_.data());
 }
 
@@ -543,24 +700,41 @@ void GpuPagedIo::ReturnStaging(std::unique_ptr<kernels::HostStaging> staging) {
   free_stagings_.push_back(std::move(staging));
 }
 
-absl::StatusOr<uint64_t*> GpuPagedIo::TakeRecordSums() {
+// Record-sum buffers come in powers of two (at least one chunk's worth), so
+// that the pool holds few sizes.
+size_t RecordSumsCount(size_t count) {
+  return std::bit_ceil(std::max(count, 2 * size_t{codec::kMaxLayers}));
+}
+
+absl::StatusOr<uint64_t*> GpuPagedIo::TakeRecordSums(size_t count) {
+  count = RecordSumsCount(count);
   {
     absl::MutexLock l(&ws_mu_);
-    if (!free_record_sums_.empty()) {
-      uint64_t* sums = free_record_sums_.back();
-      free_record_sums_.pop_back();
-      return sums;
+    for (auto it = free_record_sums_.begin(); it != free_record_sums_.end(); ++it) {
+      if (it->second == count) {
+        uint64_t* sums = it->first;
+        free_record_sums_.erase(it);
+        return sums;
+      }
     }
   }
   void* p = nullptr;
-  KVTIER_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&p, 2 * sizeof(uint64_t) * codec::kMaxLayers,
-                                            cudaHostAllocMapped | cudaHostAllocPortable));
+  KVTIER_CUDA_RETURN_IF_ERROR(
+      cudaHostAlloc(&p, sizeof(uint64_t) * count, cudaHostAllocMapped | cudaHostAllocPortable));
   return static_cast<uint64_t*>(p);
 }
 
-void GpuPagedIo::ReturnRecordSums(uint64_t* sums) {
+void GpuPagedIo::ReturnRecordSums(uint64_t* sums, size_t count) {
   absl::MutexLock l(&ws_mu_);
-  free_record_sums_.push_back(sums);
+  free_record_sums_.emplace_back(sums, RecordSumsCount(count));
+}
+
+absl::StatusOr<cudaStream_t> GpuPagedIo::CopyStream() {
+  absl::MutexLock l(&ws_mu_);
+  if (copy_stream_ == nullptr) {
+    KVTIER_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
+  }
+  return copy_stream_;
 }
 
 absl::Status GpuPagedIo::InPool(std::span<const uint8_t> bytes) const {
@@ -735,7 +909,7 @@ absl::StatusOr<Tier> GpuPagedIo::Load(const Hash128& key, const kernels::PagedKv
     if (sums != nullptr) {
       if (st.ok()) checked = CheckStagedSums(*header, held.data, staged.layers, sums);
       ReturnRecordSums(sums);
-      loads_checked_on_device_.fetch_add(1, std::memory_order_relaxed);
+      chunks_checked_on_device_.fetch_add(1, std::memory_order_relaxed);
     }
     // The device is done with the extent; the daemon's answer is read at the
     // connection's next call.
@@ -764,7 +938,7 @@ absl::StatusOr<std::unique_ptr<LayerwiseLoad>> GpuPagedIo::BeginLayerwiseLoad(
   KVTIER_RETURN_IF_ERROR(kernels::ValidatePagedKvLayout(cache));
   const uint32_t groups = (cache.num_layers + layer_group - 1) / layer_group;
   std::unique_ptr<LayerwiseLoad> load(
-      new LayerwiseLoad(client_, cache.num_layers, layer_group));
+      new LayerwiseLoad(this, client_, cache.num_layers, layer_group));
   load->events_.reserve(groups);
   for (uint32_t g = 0; g < groups; ++g) {
     cudaEvent_t ev;
@@ -781,10 +955,8 @@ absl::StatusOr<std::unique_ptr<LayerwiseLoad>> GpuPagedIo::BeginLayerwiseLoad(
   std::vector<std::optional<HeldChunk>> held(n);
   std::vector<codec::ChunkHeader> headers(n);
   std::vector<absl::StatusOr<Tier>> results(n, absl::UnknownError("not loaded"));
-  auto one = [&](size_t i) {
-    // The header is checked before the launch (it sizes every read); the
-    // sections are hashed while the kernels decode them (VerifyHeld).
-    auto h = client_->Hold(chunks[i].key, /*verify=*/false);
+  // Takes chunk i's hold (or its failure): checks its header and geometry.
+  auto accept = [&](size_t i, absl::StatusOr<HeldChunk> h) {
     if (!h.ok()) {
       results[i] = h.status();
       return;
@@ -804,6 +976,11 @@ absl::StatusOr<std::unique_ptr<LayerwiseLoad>> GpuPagedIo::BeginLayerwiseLoad(
     results[i] = h->tier;
     held[i] = *h;
   };
+  auto one = [&](size_t i) {
+    // The header is checked before the launch (it sizes every read); the
+    // records are checked while or after the kernels decode them.
+    accept(i, client_->Hold(chunks[i].key, /*verify=*/false));
+  };
   // Enqueues group by group; nothing here waits for the device. Every launch
   // after the first follows one of these decodes, which write no chunk: it
   // may start while that one finishes (kernels::PriorKernel).
@@ -819,17 +996,64 @@ absl::StatusOr<std::unique_ptr<LayerwiseLoad>> GpuPagedIo::BeginLayerwiseLoad(
     prior = kernels::PriorKernel::kLeavesChunk;
   };
   // Holds the chunks of `round` on up to kParallelHolds threads and enqueues
-  // the first layer group of each in order, as soon as it is held.
-  auto hold_round = [&](const std::vector<size_t>& round) {
+  // the first layer group of each in order, as soon as it is held (the
+  // staged form enqueues once every chunk is held).
+  const bool try_staged = device_verify_.load(std::memory_order_relaxed);
+  auto hold_round = [&](const std::vector<size_t>& round, bool enqueue) {
     ForEachThenInOrder(
         round.size(), kParallelHolds, [&](size_t p) { one(round[p]); },
-        [&](size_t p) { decode(round[p], 0); });
+        [&](size_t p) {
+          if (enqueue) decode(round[p], 0);
+        });
   };
 
   std::vector<size_t> round(n);
   std::iota(round.begin(), round.end(), size_t{0});
-  for (;;) {
-    hold_round(round);
+  if (try_staged) {
+    // One data-plane call holds them all (threads of single holds where the
+    // batch cannot: more than kMaxBatchKeys, a key twice, no data plane).
+    std::vector<Hash128> keys;
+    keys.reserve(n);
+    for (const PagedChunk& c : chunks) keys.push_back(c.key);
+    auto batch = n <= kMaxBatchKeys ? client_->HoldBatch(keys, /*verify=*/false)
+                                    : absl::InvalidArgumentError("too many keys for one batch");
+    if (batch.ok() && batch->size() == n) {
+      for (size_t i = 0; i < n; ++i) accept(i, std::move((*batch)[i]));
+    } else {
+      hold_round(round, /*enqueue=*/false);
+    }
+    // The staged form takes every chunk held in one round whose records the
+    // device hashes; else the chunks held go the direct way from here.
+    bool stageable = true;
+    for (size_t i : round) {
+      if (!held[i]) {
+        stageable &= !absl::IsResourceExhausted(results[i].status());
+        continue;
+      }
+      const kernels::StagedRecords probe{pool_.data(), pool_.data(), {}, 1};
+      stageable &= !held[i]->checked && kernels::CanHashOnDevice(headers[i], probe);
+    }
+    if (stageable) {
+      load->keys_.reserve(n);
+      for (const PagedChunk& c : chunks) load->keys_.push_back(c.key);
+      load->holds_ = held;
+      load->results_ = std::move(results);
+      absl::Status st = load->EnqueueStaged(headers, chunks, cache, stream);
+      if (!st.ok()) {
+        // Earlier copies and launches still read the holds and the buffers.
+        auto copy = CopyStream();
+        if (copy.ok()) (void)Sync(*copy);
+        (void)Sync(stream);
+        load->slabs_.clear();  // nothing to check: the load failed
+        (void)load->Finish();
+        return st;
+      }
+      return load;
+    }
+    for (size_t i : round) decode(i, 0);
+  }
+  for (bool first = true;; first = false) {
+    if (!first || !try_staged) hold_round(round, /*enqueue=*/true);
     std::vector<size_t> refused;
     bool holds_some = false;
     for (size_t i : round) {

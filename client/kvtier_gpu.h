@@ -186,12 +186,13 @@ class LayerwiseLoad {
 
   // What each chunk's load gave, in the order of the request: its tier, or
   // NotFound (miss), DataLoss (corrupt; the daemon drops it) and the like.
-  // Final only after Finish: the sections of every held chunk are hashed on
-  // host threads while the kernels decode them (only the header is checked
-  // before the launch), so a chunk whose bytes fail that check has been
-  // decoded and its slots hold what was read; it is reported DataLoss here
-  // and its slots must not be used. A chunk that failed before its launch
-  // (a miss, a bad header) was not decoded and its slots are untouched.
+  // Final only after Finish: the layer records of every held chunk are
+  // checked while or after the kernels decode them (only the header is
+  // checked before the launch), so a chunk whose bytes fail that check has
+  // been decoded and its slots hold what was read; it is reported DataLoss
+  // here and its slots must not be used. A chunk that failed before its
+  // launch (a miss, a bad header) was not decoded and its slots are
+  // untouched.
   const std::vector<absl::StatusOr<Tier>>& results() const { return results_; }
 
   // Blocks until every chunk is checked and every decode has finished, then
@@ -201,13 +202,32 @@ class LayerwiseLoad {
 
  private:
   friend class GpuPagedIo;
-  LayerwiseLoad(KvtierClient* client, uint32_t num_layers, uint32_t layer_group)
-      : client_(client), num_layers_(num_layers), layer_group_(layer_group) {}
+  LayerwiseLoad(GpuPagedIo* io, KvtierClient* client, uint32_t num_layers, uint32_t layer_group)
+      : io_(io), client_(client), num_layers_(num_layers), layer_group_(layer_group) {}
 
   // Hashes the sections of held chunks until none is left (a verifier
   // thread's loop); records DataLoss in results_ for a chunk that fails.
   void VerifyHeld();
 
+  // The staged form (GpuPagedIo::BeginLayerwiseLoad): the chunks' records
+  // go a span of layer groups at a time, in slabs of several chunks, through
+  // two device buffers by a copy stream, and each slab is decoded and
+  // hashed there on the load's stream.
+  struct Slab {
+    uint32_t group_begin, group_end;  // the span's layer groups
+    uint32_t layer_begin, layer_end;  // and their layers
+    std::vector<size_t> chunks;       // request indices, same record strides
+    uint64_t sums_at;                 // its record checksums in sums_: K's, then V's
+  };
+  // Enqueues every slab; nothing on the host waits for the device.
+  absl::Status EnqueueStaged(const std::vector<codec::ChunkHeader>& headers,
+                             std::span<const PagedChunk> chunks,
+                             const kernels::PagedKvLayout& cache, cudaStream_t stream);
+  // After the last event: each staged chunk's record tables against the
+  // device's checksums.
+  void CheckStaged(const std::vector<codec::ChunkHeader>& headers);
+
+  GpuPagedIo* const io_;
   KvtierClient* const client_;
   const uint32_t num_layers_;
   const uint32_t layer_group_;
@@ -220,6 +240,14 @@ class LayerwiseLoad {
   std::atomic<size_t> next_verify_{0};
   std::vector<std::thread> verifiers_;  // joined by Finish
   bool finished_ = false;
+  // The staged form's state (empty otherwise).
+  std::vector<Slab> slabs_;
+  std::vector<codec::ChunkHeader> staged_headers_;  // per chunk of the request
+  std::unique_ptr<kernels::HostStaging> halves_[2];
+  cudaEvent_t copied_[2] = {nullptr, nullptr};
+  cudaEvent_t free_[2] = {nullptr, nullptr};
+  uint64_t* sums_ = nullptr;  // pinned, mapped (GpuPagedIo::TakeRecordSums)
+  size_t sums_count_ = 0;
 };
 
 class GpuPagedIo {
@@ -271,9 +299,10 @@ class GpuPagedIo {
   // KVTIER_GPU_VERIFY=host. Chunks the device hash does not take (version 1,
   // records of 240 bytes or less) and unstaged loads are checked on the host.
   void set_device_verify(bool on) { device_verify_.store(on, std::memory_order_relaxed); }
-  // Loads whose records the device checked, since Create.
-  uint64_t loads_checked_on_device() const {
-    return loads_checked_on_device_.load(std::memory_order_relaxed);
+  // Chunks whose records the device checked (Load, BeginLayerwiseLoad),
+  // since Create.
+  uint64_t chunks_checked_on_device() const {
+    return chunks_checked_on_device_.load(std::memory_order_relaxed);
   }
 
   // Encodes the spec.geometry.num_tokens tokens at `blocks` of `cache` as a
@@ -342,6 +371,7 @@ class GpuPagedIo {
 
  private:
   friend class PendingStore;
+  friend class LayerwiseLoad;
   GpuPagedIo(KvtierClient* client, std::span<uint8_t> pool, uint8_t* device_pool)
       : client_(client), pool_(pool), device_pool_(device_pool) {}
   // The device address of host bytes inside the registered pool.
@@ -368,15 +398,17 @@ class GpuPagedIo {
   // Pinned, device-mapped room for 2 * codec::kMaxLayers record checksums
   // (a device-verified Load's), from the pool or new; returned when no
   // launch writes it any more.
-  absl::StatusOr<uint64_t*> TakeRecordSums();
-  void ReturnRecordSums(uint64_t* sums);
+  absl::StatusOr<uint64_t*> TakeRecordSums(size_t count = 2 * size_t{codec::kMaxLayers});
+  void ReturnRecordSums(uint64_t* sums, size_t count = 2 * size_t{codec::kMaxLayers});
+  // The stream a staged layer-wise load copies on (created at first use).
+  absl::StatusOr<cudaStream_t> CopyStream();
 
   KvtierClient* const client_;
   const std::span<uint8_t> pool_;
   uint8_t* const device_pool_;
   std::atomic<bool> stage_stores_{true};
   std::atomic<bool> device_verify_{true};
-  std::atomic<uint64_t> loads_checked_on_device_{0};
+  std::atomic<uint64_t> chunks_checked_on_device_{0};
   // cuStreamWriteValue64 (the driver's, through the runtime's entry point
   // lookup: libkvtier links no libcuda), or null.
   void* write_value64_ = nullptr;
@@ -388,7 +420,9 @@ class GpuPagedIo {
   std::vector<uint32_t*> free_workspaces_ ABSL_GUARDED_BY(ws_mu_);
   std::vector<uint32_t*> all_workspaces_ ABSL_GUARDED_BY(ws_mu_);
   std::vector<std::unique_ptr<kernels::HostStaging>> free_stagings_ ABSL_GUARDED_BY(ws_mu_);
-  std::vector<uint64_t*> free_record_sums_ ABSL_GUARDED_BY(ws_mu_);
+  // Pinned record-sum buffers and their u64 counts.
+  std::vector<std::pair<uint64_t*, size_t>> free_record_sums_ ABSL_GUARDED_BY(ws_mu_);
+  cudaStream_t copy_stream_ ABSL_GUARDED_BY(ws_mu_) = nullptr;
 };
 
 }  // namespace kvtier::client

@@ -182,6 +182,16 @@ absl::Status DecodeScatter(const codec::ChunkHeader& header, const uint8_t* chun
                            PriorKernel prior = PriorKernel::kUnknown,
                            StagedRecords* staged = nullptr);
 
+// DecodeScatter of layers `layers` of a chunk whose records of those layers
+// a reader copied into device memory, as StagedRecords (chunks = 1) lays
+// them out: K's record of layer l at k_records + (l - layers.begin) *
+// k.layer_stride, V's at v_records (REQUIRES: device memory, 16-byte
+// aligned). Results and errors as DecodeScatter; InvalidArgument for a null
+// address. Asynchronous.
+absl::Status DecodeStagedScatter(const codec::ChunkHeader& header, const StagedRecords& records,
+                                 const PagedKvLayout& cache, const BlockSpan& blocks,
+                                 cudaStream_t stream);
+
 // Every host-side check of DecodeScatter, without launching anything.
 absl::Status ValidateDecodeScatter(const codec::ChunkHeader& header, const uint8_t* chunk,
                                    const PagedKvLayout& cache, const BlockSpan& blocks,

@@ -545,6 +545,22 @@ absl::Status DecodeScatter(const codec::ChunkHeader& header, const uint8_t* chun
   return absl::OkStatus();
 }
 
+absl::Status DecodeStagedScatter(const codec::ChunkHeader& header, const StagedRecords& records,
+                                 const PagedKvLayout& cache, const BlockSpan& blocks,
+                                 cudaStream_t stream) {
+  if (records.k_records == nullptr || records.v_records == nullptr || records.chunks != 1) {
+    return absl::InvalidArgumentError("staged records of one chunk, K and V, are needed");
+  }
+  KVTIER_ASSIGN_OR_RETURN(CodecParams p, PrepareDecode(header, records.k_records, cache, blocks,
+                                                       records.layers));
+  // Layer l's record at chunk + offset + l * stride (mod 2^64, SectionArgs::offset).
+  const uint64_t b = p.layer_begin;
+  p.sec[0].offset = 0 - b * p.sec[0].layer_stride;
+  p.sec[1].offset = static_cast<uint64_t>(records.v_records - records.k_records) -
+                    b * p.sec[1].layer_stride;
+  return Launch<DecodeK>(p, false, stream);
+}
+
 absl::Status ValidateDecodeScatter(const codec::ChunkHeader& header, const uint8_t* chunk,
                                    const PagedKvLayout& cache, const BlockSpan& blocks,
                                    LayerRange layers) {

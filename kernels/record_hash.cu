@@ -36,7 +36,8 @@ constexpr int kWarps = kThreads / 32;
 constexpr uint32_t kBlocksPerWarp = 4;
 
 // Ranges j = 0..count-1 at base + j * stride, each `bytes` long, hashed with
-// seed seed0 + j; their per-block sums at sums[(first_sum + j * blocks) * 8].
+// seed seed0 + j % period; their per-block sums at sums[(first_sum + j *
+// blocks) * 8].
 struct RangeSet {
   const uint8_t* base;
   uint64_t stride;
@@ -44,6 +45,7 @@ struct RangeSet {
   uint64_t seed0;
   uint64_t first_sum;
   uint32_t count;
+  uint32_t period;
   uint32_t blocks;  // 1 KiB blocks a range: the whole ones and the last (partial, maybe empty)
 };
 
@@ -108,7 +110,7 @@ __global__ void __launch_bounds__(kThreads) BlockSumsKernel(const HashParams p,
   const Unit u = Locate(p, warp, warps0, per0, per1);
   const RangeSet& rs = *u.set;
   const uint8_t* const data = rs.base + uint64_t{u.range} * rs.stride;
-  const uint64_t seed = rs.seed0 + u.range;
+  const uint64_t seed = rs.seed0 + u.range % rs.period;
   const uint64_t len = rs.bytes;
   const uint32_t full = rs.blocks - 1;
   const int last_stripes = int(((len - 1) - uint64_t{full} * kBlockBytes) / 64);
@@ -164,7 +166,7 @@ __global__ void __launch_bounds__(kThreads) RecordScanKernel(const HashParams p,
   const Unit u = Locate(p, warp, p.set[0].count, 1, 1);
   const RangeSet& rs = *u.set;
   const uint8_t* const data = rs.base + uint64_t{u.range} * rs.stride;
-  const uint64_t seed = rs.seed0 + u.range;
+  const uint64_t seed = rs.seed0 + u.range % rs.period;
   const uint64_t len = rs.bytes;
   const uint32_t full = rs.blocks - 1;
   const int lane = threadIdx.x & 31, i = lane & 7;
@@ -284,9 +286,10 @@ bool CanHashOnDevice(const codec::ChunkHeader& header, const StagedRecords& reco
          RangeOk(records.v_records, l.v.layer_stride, l.v.layer_stride);
 }
 
-uint64_t StagedRecordsWorkspaceBytes(const codec::ChunkHeader& header, LayerRange layers) {
+uint64_t StagedRecordsWorkspaceBytes(const codec::ChunkHeader& header, LayerRange layers,
+                                     uint32_t chunks) {
   const codec::ChunkLayout& l = header.layout;
-  const uint64_t n = layers.End(l.geometry.num_layers) - layers.begin;
+  const uint64_t n = uint64_t{chunks} * (layers.End(l.geometry.num_layers) - layers.begin);
   return SumsBytes(n, std::max<uint64_t>(l.k.layer_stride, 1)) +
          SumsBytes(n, std::max<uint64_t>(l.v.layer_stride, 1));
 }
@@ -309,11 +312,16 @@ absl::Status HashStagedRecords(const codec::ChunkHeader& header, const StagedRec
     return absl::InvalidArgumentError("no workspace or output for the record checksums");
   }
   const uint32_t b = records.layers.begin, n = records.layers.End(l.geometry.num_layers) - b;
+  if (records.chunks == 0 || uint64_t{records.chunks} * n > (uint64_t{1} << 24)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(records.chunks, " chunks of ", n, " records each: 1 to 2^24 records"));
+  }
+  const uint32_t count = records.chunks * n;
   HashParams p = Params(workspace, out);
   p.set[0] = {records.k_records, l.k.layer_stride, l.k.layer_stride,
-              (uint64_t{static_cast<uint8_t>(codec::Section::kK)} << 32) | b, 0, n, 0};
+              (uint64_t{static_cast<uint8_t>(codec::Section::kK)} << 32) | b, 0, count, n, 0};
   p.set[1] = {records.v_records, l.v.layer_stride, l.v.layer_stride,
-              (uint64_t{static_cast<uint8_t>(codec::Section::kV)} << 32) | b, 0, n, 0};
+              (uint64_t{static_cast<uint8_t>(codec::Section::kV)} << 32) | b, 0, count, n, 0};
   return Launch(p, stream);
 }
 
@@ -325,8 +333,8 @@ absl::Status HashDeviceRange(const uint8_t* data, uint64_t bytes, uint64_t seed,
         " bytes, a multiple of 16, a workspace and an output; got ", bytes, " bytes"));
   }
   HashParams p = Params(workspace, out);
-  p.set[0] = {data, 0, bytes, seed, 0, 1, 0};
-  p.set[1] = {data, 0, bytes, seed, 0, 0, 0};
+  p.set[0] = {data, 0, bytes, seed, 0, 1, 1, 0};
+  p.set[1] = {data, 0, bytes, seed, 0, 0, 1, 0};
   return Launch(p, stream);
 }
 

@@ -27,14 +27,16 @@ namespace kvtier::kernels {
 // above 240 bytes.
 inline constexpr uint64_t kMinDeviceHashBytes = 241;
 
-// Records of layers [layers.begin, layers.end) of both sections of a version
-// 2 chunk laid out as `header` says, as a reader staged them in device
-// memory: K's record of layer l at k_records + (l - layers.begin) *
+// Records of layers [layers.begin, layers.end) of both sections of
+// `chunks` version 2 chunks laid out as `header` says, as a reader staged
+// them in device memory: with n = layers.end - layers.begin, chunk c's K
+// record of layer l at k_records + (c * n + l - layers.begin) *
 // k.layer_stride, V's likewise at v_records.
 struct StagedRecords {
   const uint8_t* k_records = nullptr;
   const uint8_t* v_records = nullptr;
   LayerRange layers;
+  uint32_t chunks = 1;
 };
 
 // Whether HashStagedRecords takes records of `header`'s chunk at these
@@ -42,13 +44,16 @@ struct StagedRecords {
 // 16, both bases 16-byte aligned.
 bool CanHashOnDevice(const codec::ChunkHeader& header, const StagedRecords& records);
 
-// Device scratch HashStagedRecords needs for the records of `layers`: 128
-// bytes a 1 KiB block of every record (about 1/8 of the records' bytes).
-uint64_t StagedRecordsWorkspaceBytes(const codec::ChunkHeader& header, LayerRange layers);
+// Device scratch HashStagedRecords needs for the records of `layers` of
+// `chunks` chunks: 128 bytes a 1 KiB block of every record (about 1/8 of
+// the records' bytes).
+uint64_t StagedRecordsWorkspaceBytes(const codec::ChunkHeader& header, LayerRange layers,
+                                     uint32_t chunks = 1);
 
-// Launches the record checksums of `records` on `stream`: out[j] for j in [0,
-// n) is K's record of layer layers.begin + j, out[n + j] V's, n = layers.end
-// - layers.begin; each equals codec::RecordChecksum of the record's bytes.
+// Launches the record checksums of `records` on `stream`: with n =
+// layers.end - layers.begin and C = chunks, out[c * n + j] is chunk c's K
+// record of layer layers.begin + j and out[C * n + c * n + j] its V record;
+// each equals codec::RecordChecksum of the record's bytes.
 // Two kernels: every 1 KiB block's stripe sums at once into `workspace`
 // (device memory of StagedRecordsWorkspaceBytes, 16-byte aligned), then one
 // warp a record for XXH3's in-order scrambles and its merge. `out` is

@@ -54,7 +54,8 @@ TEST(RecordHashGpu, EqualsLibxxhashOnEveryLengthClass) {
 }
 
 // A chunk's records staged in device memory hash to its record tables, for a
-// layer range too; a flipped byte changes exactly its record's checksum.
+// layer range and for a slab of two chunks' ranges too; a flipped byte
+// changes exactly its record's checksum.
 TEST(RecordHashGpu, StagedRecordsMatchTheChunksTables) {
   KVTIER_SKIP_WITHOUT_GPU();
   codec::ChunkSpec spec;
@@ -108,6 +109,37 @@ TEST(RecordHashGpu, StagedRecordsMatchTheChunksTables) {
     EXPECT_EQ(got[layer], codec::StoredRecordChecksum(l.k, ks, layer));
     EXPECT_EQ(got[g.num_layers + layer] == codec::StoredRecordChecksum(l.v, vs, layer),
               layer != 2);
+  }
+  // A slab: layers [1, 3) of this chunk and of a copy of it, K records of
+  // both, then V records of both, as a layer-wise reader stages them.
+  {
+    const LayerRange r{1, 3};
+    const uint32_t n = 2;
+    const uint64_t kb = n * l.k.layer_stride, vb = n * l.v.layer_stride;
+    uint8_t* slab = nullptr;
+    void* slab_ws = nullptr;
+    KVTIER_ASSERT_CUDA(cudaMalloc(&slab, 2 * (kb + vb)));
+    KVTIER_ASSERT_CUDA(cudaMalloc(&slab_ws, StagedRecordsWorkspaceBytes(*header, r, 2)));
+    for (uint32_t c = 0; c < 2; ++c) {
+      KVTIER_ASSERT_CUDA(cudaMemcpy(slab + c * kb, chunk->data() + l.k_offset + l.k.data_offset(1),
+                                    kb, cudaMemcpyHostToDevice));
+      KVTIER_ASSERT_CUDA(cudaMemcpy(slab + 2 * kb + c * vb,
+                                    chunk->data() + l.v_offset + l.v.data_offset(1), vb,
+                                    cudaMemcpyHostToDevice));
+    }
+    StagedRecords two{slab, slab + 2 * kb, r, 2};
+    ASSERT_TRUE(HashStagedRecords(*header, two, slab_ws, out, nullptr).ok());
+    std::vector<uint64_t> sums(4 * n);
+    KVTIER_ASSERT_CUDA(cudaMemcpy(sums.data(), out, sums.size() * 8, cudaMemcpyDeviceToHost));
+    for (uint32_t c = 0; c < 2; ++c) {
+      for (uint32_t j = 0; j < n; ++j) {
+        EXPECT_EQ(sums[c * n + j], codec::StoredRecordChecksum(l.k, ks, 1 + j)) << c << " " << j;
+        EXPECT_EQ(sums[2 * n + c * n + j], codec::StoredRecordChecksum(l.v, vs, 1 + j))
+            << c << " " << j;
+      }
+    }
+    cudaFree(slab);
+    cudaFree(slab_ws);
   }
   cudaFree(d);
   cudaFree(out);

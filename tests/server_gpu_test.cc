@@ -541,10 +541,16 @@ TEST_F(ServerGpuTest, LayerwiseLoadPastTheDaemonsHoldLimitLoadsEveryChunkInRound
 }
 
 // For several layer groups and for one (every layer at once).
-class LayerwiseCorruptionTest : public ServerGpuTest,
-                                public ::testing::WithParamInterface<uint32_t> {};
+class LayerwiseCorruptionTest
+    : public ServerGpuTest,
+      public ::testing::WithParamInterface<std::tuple<uint32_t, bool>> {};
 
+// With the device check on, the chunks go the staged way (copy stream,
+// slabs, device hashes); off, the kernels read the pool and host threads
+// hash it.
 TEST_P(LayerwiseCorruptionTest, LayerwiseLoadReportsAChunkCorruptedInThePoolAtFinish) {
+  const auto [group, on_device] = GetParam();
+  io_->set_device_verify(on_device);
   LayerCase c;
   ASSERT_NO_FATAL_FAILURE(c.Init(34));
   std::vector<PagedChunk> chunks;
@@ -557,9 +563,10 @@ TEST_P(LayerwiseCorruptionTest, LayerwiseLoadReportsAChunkCorruptedInThePoolAtFi
   KVTIER_ASSERT_CUDA(dst.Upload(poisoned));
   cudaStream_t stream;
   KVTIER_ASSERT_CUDA(cudaStreamCreate(&stream));
-  auto lw = io_->BeginLayerwiseLoad(chunks, dst.layout, /*layer_group=*/GetParam(), stream);
+  auto lw = io_->BeginLayerwiseLoad(chunks, dst.layout, group, stream);
   ASSERT_TRUE(lw.ok()) << lw.status();
   ASSERT_TRUE((*lw)->Finish().ok());
+  EXPECT_EQ(io_->chunks_checked_on_device(), on_device ? LayerCase::kChunks : 0u);
   const auto& r = (*lw)->results();
   ASSERT_EQ(r.size(), size_t{LayerCase::kChunks});
   EXPECT_EQ(r[1].status().code(), absl::StatusCode::kDataLoss) << r[1].status();
@@ -572,8 +579,9 @@ TEST_P(LayerwiseCorruptionTest, LayerwiseLoadReportsAChunkCorruptedInThePoolAtFi
   cudaStreamDestroy(stream);
 }
 
-INSTANTIATE_TEST_SUITE_P(Groups, LayerwiseCorruptionTest,
-                         ::testing::Values(2u, LayerCase::kLayers));
+INSTANTIATE_TEST_SUITE_P(GroupsDeviceAndHost, LayerwiseCorruptionTest,
+                         ::testing::Combine(::testing::Values(1u, 2u, LayerCase::kLayers),
+                                            ::testing::Bool()));
 
 // Where a byte of a stored chunk rots: a K record, a V record, an entry of
 // V's record table, the entry of layer 0 in K's record table.
@@ -630,7 +638,7 @@ TEST_P(LoadCorruptionTest, LoadOfAChunkCorruptedInThePoolIsDataLossAndTheNextLoa
   EXPECT_EQ(*tier, Tier::kDram);
   // Both loads were checked where the test asked (the device takes these
   // records: 16 and 8 KiB).
-  EXPECT_EQ(io_->loads_checked_on_device(), on_device ? 2u : 0u);
+  EXPECT_EQ(io_->chunks_checked_on_device(), on_device ? 2u : 0u);
   KVTIER_ASSERT_CUDA(next.CopyTo(got));
   for (uint32_t l = 0; l < LayerCase::kLayers; ++l) {
     ASSERT_EQ(got.k_tensors[l], expect.k_tensors[l]) << "layer " << l;
