@@ -447,7 +447,7 @@ absl::Status LayerwiseLoad::Finish() {
 // records, so that a slab's copies, decodes and hashes are few and large
 // (their events mark the span's layer groups at once).
 constexpr uint64_t kSlabBytes = uint64_t{32} << 20;
-constexpr uint64_t kSpanBytes = uint64_t{4} << 20;
+constexpr uint64_t kSpanBytes = uint64_t{8} << 20;
 
 absl::Status LayerwiseLoad::EnqueueStaged(const std::vector<codec::ChunkHeader>& headers,
                                           std::span<const PagedChunk> chunks,
