@@ -751,11 +751,10 @@ absl::Status GpuPagedIo::InPool(std::span<const uint8_t> bytes) const {
 absl::StatusOr<codec::ChunkHeader> GpuPagedIo::HeldHeader(const Hash128& key,
                                                            const HeldChunk& held) const {
   KVTIER_RETURN_IF_ERROR(InPool(held.data));
-  KVTIER_ASSIGN_OR_RETURN(codec::ChunkHeader header, codec::ParseHeader(held.data));
-  if (header.layout.total_bytes != held.data.size()) {
-    return absl::DataLossError(absl::StrCat("chunk ", key.ToHex(), " is ", held.data.size(),
-                                            " bytes, its header says ",
-                                            header.layout.total_bytes));
+  // Stored bytes whose header does not parse have rotted: DataLoss.
+  auto header = ParseStoredHeader(held.data);
+  if (!header.ok()) {
+    return absl::DataLossError(absl::StrCat("chunk ", key.ToHex(), ": ", header.status().message()));
   }
   return header;
 }
@@ -861,11 +860,14 @@ absl::StatusOr<Tier> GpuPagedIo::Load(const Hash128& key, const kernels::PagedKv
   for (;;) {
     KVTIER_ASSIGN_OR_RETURN(HeldChunk held, client_->Hold(key, verify));
     // The header is checked before the launch (it sizes every read); the
-    // sections are hashed on the host while the kernel decodes them.
+    // records after or while the kernel decodes them.
     auto header = HeldHeader(key, held);
     if (!header.ok()) {
       (void)client_->Unhold(held);
-      return header.status();
+      // A rotted header: the daemon checks the stored chunk (and drops it).
+      if (!absl::IsDataLoss(header.status()) || verify) return header.status();
+      verify = true;
+      continue;
     }
     // The staging buffer: the chunk's bytes, then the device check's
     // scratch (kernels::StagedRecordsWorkspaceBytes).
@@ -970,6 +972,11 @@ absl::StatusOr<std::unique_ptr<LayerwiseLoad>> GpuPagedIo::BeginLayerwiseLoad(
     }
     if (!v.ok()) {
       (void)client_->Unhold(*h);
+      if (absl::IsDataLoss(v)) {
+        // A rotted header: the daemon checks the stored chunk (and drops it).
+        auto again = client_->Hold(chunks[i].key, /*verify=*/true);
+        if (again.ok()) (void)client_->Unhold(*again);
+      }
       results[i] = v;
       return;
     }

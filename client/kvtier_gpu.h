@@ -382,8 +382,9 @@ class GpuPagedIo {
   // registration is of the old one).
   absl::Status InPool(std::span<const uint8_t> bytes) const;
   // The header of held chunk `key`, checked before a launch (it sizes every
-  // read): the bytes lie in the registered pool, the header parses, and the
-  // chunk is as long as it says (DataLoss otherwise).
+  // read): the bytes lie in the registered pool (FailedPrecondition), the
+  // header parses and the chunk is as long as it says (DataLoss otherwise,
+  // ParseStoredHeader: stored bytes that do not parse have rotted).
   absl::StatusOr<codec::ChunkHeader> HeldHeader(const Hash128& key, const HeldChunk& held) const;
   // A zeroed GatherEncode workspace (from the pool, or a new one).
   absl::StatusOr<uint32_t*> TakeWorkspace();

@@ -584,8 +584,9 @@ INSTANTIATE_TEST_SUITE_P(GroupsDeviceAndHost, LayerwiseCorruptionTest,
                                             ::testing::Bool()));
 
 // Where a byte of a stored chunk rots: a K record, a V record, an entry of
-// V's record table, the entry of layer 0 in K's record table.
-enum class Rot { kKRecord, kVRecord, kVTable, kKTable };
+// V's record table, the entry of layer 0 in K's record table, the header's
+// token count.
+enum class Rot { kKRecord, kVRecord, kVTable, kKTable, kHeader };
 
 class LoadCorruptionTest : public ServerGpuTest,
                            public ::testing::WithParamInterface<std::tuple<bool, Rot>> {};
@@ -616,6 +617,8 @@ TEST_P(LoadCorruptionTest, LoadOfAChunkCorruptedInThePoolIsDataLossAndTheNextLoa
         return l.v_offset + l.v.table_offset + 8 + 2;
       case Rot::kKTable:
         return l.k_offset + l.k.table_offset;
+      case Rot::kHeader:
+        return uint64_t{36};
     }
     return uint64_t{0};
   }));
@@ -637,8 +640,8 @@ TEST_P(LoadCorruptionTest, LoadOfAChunkCorruptedInThePoolIsDataLossAndTheNextLoa
   ASSERT_TRUE(tier.ok()) << tier.status();
   EXPECT_EQ(*tier, Tier::kDram);
   // Both loads were checked where the test asked (the device takes these
-  // records: 16 and 8 KiB).
-  EXPECT_EQ(io_->chunks_checked_on_device(), on_device ? 2u : 0u);
+  // records: 16 and 8 KiB); a rotted header fails before any launch.
+  EXPECT_EQ(io_->chunks_checked_on_device(), on_device ? (rot == Rot::kHeader ? 1u : 2u) : 0u);
   KVTIER_ASSERT_CUDA(next.CopyTo(got));
   for (uint32_t l = 0; l < LayerCase::kLayers; ++l) {
     ASSERT_EQ(got.k_tensors[l], expect.k_tensors[l]) << "layer " << l;
@@ -648,7 +651,8 @@ TEST_P(LoadCorruptionTest, LoadOfAChunkCorruptedInThePoolIsDataLossAndTheNextLoa
 INSTANTIATE_TEST_SUITE_P(DeviceAndHost, LoadCorruptionTest,
                          ::testing::Combine(::testing::Bool(),
                                             ::testing::Values(Rot::kKRecord, Rot::kVRecord,
-                                                              Rot::kVTable, Rot::kKTable)));
+                                                              Rot::kVTable, Rot::kKTable,
+                                                              Rot::kHeader)));
 
 }  // namespace
 }  // namespace kvtier::client
