@@ -700,11 +700,15 @@ void GpuPagedIo::ReturnStaging(std::unique_ptr<kernels::HostStaging> staging) {
   free_stagings_.push_back(std::move(staging));
 }
 
+namespace {
+
 // Record-sum buffers come in powers of two (at least one chunk's worth), so
 // that the pool holds few sizes.
 size_t RecordSumsCount(size_t count) {
   return std::bit_ceil(std::max(count, 2 * size_t{codec::kMaxLayers}));
 }
+
+}  // namespace
 
 absl::StatusOr<uint64_t*> GpuPagedIo::TakeRecordSums(size_t count) {
   count = RecordSumsCount(count);
@@ -754,7 +758,8 @@ absl::StatusOr<codec::ChunkHeader> GpuPagedIo::HeldHeader(const Hash128& key,
   // Stored bytes whose header does not parse have rotted: DataLoss.
   auto header = ParseStoredHeader(held.data);
   if (!header.ok()) {
-    return absl::DataLossError(absl::StrCat("chunk ", key.ToHex(), ": ", header.status().message()));
+    return absl::DataLossError(
+        absl::StrCat("chunk ", key.ToHex(), ": ", header.status().message()));
   }
   return header;
 }
@@ -871,9 +876,10 @@ absl::StatusOr<Tier> GpuPagedIo::Load(const Hash128& key, const kernels::PagedKv
     }
     // The staging buffer: the chunk's bytes, then the device check's
     // scratch (kernels::StagedRecordsWorkspaceBytes).
+    const codec::ChunkLayout& l = header->layout;
     const bool device_check = !held.checked && device_verify_.load(std::memory_order_relaxed) &&
-                              header->layout.version >= 2 &&
-                              kernels::ValidateLayerRange(layers, header->layout.geometry.num_layers).ok();
+                              l.version >= 2 &&
+                              kernels::ValidateLayerRange(layers, l.geometry.num_layers).ok();
     const uint64_t scratch_at = (held.data.size() + 255) / 256 * 256;
     const uint64_t scratch =
         device_check ? kernels::StagedRecordsWorkspaceBytes(*header, layers) : 0;

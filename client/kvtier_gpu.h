@@ -401,7 +401,9 @@ class GpuPagedIo {
   // launch writes it any more.
   absl::StatusOr<uint64_t*> TakeRecordSums(size_t count = 2 * size_t{codec::kMaxLayers});
   void ReturnRecordSums(uint64_t* sums, size_t count = 2 * size_t{codec::kMaxLayers});
-  // The stream a staged layer-wise load copies on (created at first use).
+  // The stream staged layer-wise loads copy on (created at first use; the
+  // handle's concurrent loads share it, so their copies, which share the
+  // link anyway, run one after another).
   absl::StatusOr<cudaStream_t> CopyStream();
 
   KvtierClient* const client_;
