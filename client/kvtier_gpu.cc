@@ -938,6 +938,33 @@ absl::StatusOr<Tier> GpuPagedIo::Load(const Hash128& key, const kernels::PagedKv
   }
 }
 
+absl::StatusOr<Tier> GpuPagedIo::AcceptHeld(const PagedChunk& chunk,
+                                             const kernels::PagedKvLayout& cache,
+                                             absl::StatusOr<HeldChunk> h,
+                                             std::optional<HeldChunk>* held,
+                                             codec::ChunkHeader* header) {
+  if (!h.ok()) return h.status();
+  // The header is checked before the launch (it sizes every read); the
+  // records while or after the kernels decode them.
+  auto parsed = HeldHeader(chunk.key, *h);
+  absl::Status v = parsed.status();
+  if (v.ok()) {
+    *header = *parsed;
+    v = kernels::ValidateDecodeScatter(*header, Device(h->data.data()), cache, chunk.blocks);
+  }
+  if (!v.ok()) {
+    (void)client_->Unhold(*h);
+    if (absl::IsDataLoss(v)) {
+      // A rotted header: the daemon checks the stored chunk (and drops it).
+      auto again = client_->Hold(chunk.key, /*verify=*/true);
+      if (again.ok()) (void)client_->Unhold(*again);
+    }
+    return v;
+  }
+  *held = *h;
+  return h->tier;
+}
+
 absl::StatusOr<std::unique_ptr<LayerwiseLoad>> GpuPagedIo::BeginLayerwiseLoad(
     std::span<const PagedChunk> chunks, const kernels::PagedKvLayout& cache,
     uint32_t layer_group, cudaStream_t stream) {
@@ -963,37 +990,10 @@ absl::StatusOr<std::unique_ptr<LayerwiseLoad>> GpuPagedIo::BeginLayerwiseLoad(
   std::vector<std::optional<HeldChunk>> held(n);
   std::vector<codec::ChunkHeader> headers(n);
   std::vector<absl::StatusOr<Tier>> results(n, absl::UnknownError("not loaded"));
-  // Takes chunk i's hold (or its failure): checks its header and geometry.
   auto accept = [&](size_t i, absl::StatusOr<HeldChunk> h) {
-    if (!h.ok()) {
-      results[i] = h.status();
-      return;
-    }
-    auto header = HeldHeader(chunks[i].key, *h);
-    absl::Status v = header.status();
-    if (v.ok()) {
-      headers[i] = *header;
-      v = kernels::ValidateDecodeScatter(headers[i], Device(h->data.data()), cache,
-                                         chunks[i].blocks);
-    }
-    if (!v.ok()) {
-      (void)client_->Unhold(*h);
-      if (absl::IsDataLoss(v)) {
-        // A rotted header: the daemon checks the stored chunk (and drops it).
-        auto again = client_->Hold(chunks[i].key, /*verify=*/true);
-        if (again.ok()) (void)client_->Unhold(*again);
-      }
-      results[i] = v;
-      return;
-    }
-    results[i] = h->tier;
-    held[i] = *h;
+    results[i] = AcceptHeld(chunks[i], cache, std::move(h), &held[i], &headers[i]);
   };
-  auto one = [&](size_t i) {
-    // The header is checked before the launch (it sizes every read); the
-    // records are checked while or after the kernels decode them.
-    accept(i, client_->Hold(chunks[i].key, /*verify=*/false));
-  };
+  auto one = [&](size_t i) { accept(i, client_->Hold(chunks[i].key, /*verify=*/false)); };
   // Enqueues group by group; nothing here waits for the device. Every launch
   // after the first follows one of these decodes, which write no chunk: it
   // may start while that one finishes (kernels::PriorKernel).
@@ -1039,12 +1039,9 @@ absl::StatusOr<std::unique_ptr<LayerwiseLoad>> GpuPagedIo::BeginLayerwiseLoad(
     // device hashes; else the chunks held go the direct way from here.
     bool stageable = true;
     for (size_t i : round) {
-      if (!held[i]) {
-        stageable &= !absl::IsResourceExhausted(results[i].status());
-        continue;
-      }
-      const kernels::StagedRecords probe{pool_.data(), pool_.data(), {}, 1};
-      stageable &= !held[i]->checked && kernels::CanHashOnDevice(headers[i], probe);
+      stageable &= held[i] ? !held[i]->checked && kernels::CanHashOnDevice(
+                                                       headers[i], {pool_.data(), pool_.data()})
+                           : !absl::IsResourceExhausted(results[i].status());
     }
     if (stageable) {
       load->keys_.reserve(n);

@@ -386,6 +386,13 @@ class GpuPagedIo {
   // header parses and the chunk is as long as it says (DataLoss otherwise,
   // ParseStoredHeader: stored bytes that do not parse have rotted).
   absl::StatusOr<codec::ChunkHeader> HeldHeader(const Hash128& key, const HeldChunk& held) const;
+  // A layer-wise load's hold `h` of `chunk` (or its failure): OK (its tier)
+  // once the header parses and the chunk fits `cache` and its blocks, with
+  // *held and *header set; else the hold ended and the chunk's status (a
+  // rotted header, DataLoss, has kvtierd check the stored chunk).
+  absl::StatusOr<Tier> AcceptHeld(const PagedChunk& chunk, const kernels::PagedKvLayout& cache,
+                                  absl::StatusOr<HeldChunk> h, std::optional<HeldChunk>* held,
+                                  codec::ChunkHeader* header);
   // A zeroed GatherEncode workspace (from the pool, or a new one).
   absl::StatusOr<uint32_t*> TakeWorkspace();
   // Returns a workspace whose launches have all completed (it is zero
