@@ -684,7 +684,8 @@ def load_layerwise(client, keys: Sequence, cache: PagedCache, block_ids_per_key:
     queues on ``stream``, per group of ``layer_group`` layers, the decode of that group
     of every found chunk followed by an event. Returns without waiting for the device:
     call ``wait_layer(l)`` before computing layer l, ``finish()`` at the end. The
-    chunks' checksums are verified on host threads while they decode, so what the
+    chunks' checksums are verified after or while they decode (on the GPU, over the
+    copy the kernels read; ``KVTIER_GPU_VERIFY=host``: on host threads), so what the
     load put in the cache is trustworthy only for the chunks that ``finish()`` reports
     good; a chunk it reports corrupt (DataLoss) was decoded from bad bytes."""
     keys = list(keys)
