@@ -104,17 +104,6 @@ absl::Status AwaitEvent(cudaEvent_t ev, absl::Time expected, const char* what) {
   return kernels::CudaStatus(e, what, __FILE__, __LINE__);
 }
 
-// Whether `stream` is being captured into a graph (a staged layer-wise
-// load's copy-stream events would join the graph from outside it).
-bool Capturing(cudaStream_t stream) {
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(stream, &status) != cudaSuccess) {
-    (void)cudaGetLastError();  // not a later launch's error
-    return true;
-  }
-  return status != cudaStreamCaptureStatusNone;
-}
-
 absl::Status Sync(cudaStream_t stream) {
   return kernels::CudaStatus(cudaStreamSynchronize(stream), "cudaStreamSynchronize", __FILE__,
                              __LINE__);
@@ -1022,7 +1011,7 @@ absl::StatusOr<std::unique_ptr<LayerwiseLoad>> GpuPagedIo::BeginLayerwiseLoad(
   // Holds the chunks of `round` on up to kParallelHolds threads and enqueues
   // the first layer group of each in order, as soon as it is held (the
   // staged form enqueues once every chunk is held).
-  const bool try_staged = device_verify_.load(std::memory_order_relaxed) && !Capturing(stream);
+  const bool try_staged = device_verify_.load(std::memory_order_relaxed);
   auto hold_round = [&](const std::vector<size_t>& round, bool enqueue) {
     ForEachThenInOrder(
         round.size(), kParallelHolds, [&](size_t p) { one(round[p]); },
