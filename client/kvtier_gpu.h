@@ -351,13 +351,19 @@ class GpuPagedIo {
                             const kernels::BlockSpan& blocks, cudaStream_t stream,
                             kernels::LayerRange layers = {});
 
-  // Holds every chunk of `chunks` (over up to the client's data-plane
-  // connections at once), checks each one's header and checksums on the
-  // host and its geometry against `cache`, then enqueues on `stream`, for
-  // each group of `layer_group` layers, the decode of that group of every
-  // chunk that passed, followed by the group's event. Nothing on the host
-  // waits for the device. A chunk that misses or fails its checks is
-  // reported in results() and skipped. When kvtierd's hold limit refuses
+  // Holds every chunk of `chunks`, checks each one's header and its
+  // geometry against `cache`, then enqueues on `stream`, for each group of
+  // `layer_group` layers, the decode of that group of every chunk that
+  // passed, followed by the group's event; the records are checked after or
+  // while they decode (results()). With the device check (set_device_verify)
+  // and every chunk held at once, the staged form: one HoldBatch, spans of
+  // groups of at least 8 MiB of each chunk's records copied by a copy stream
+  // into two device buffers in turn, each span decoded and hashed there, its
+  // groups' events recorded together. Otherwise the holds run over up to
+  // the client's data-plane connections at once, the kernels read the pool
+  // and host threads hash the chunks. Nothing on the host waits for the
+  // device. A chunk that misses or fails its checks is reported in
+  // results() and skipped. When kvtierd's hold limit refuses
   // chunks while this load holds others, the load runs in rounds: it waits
   // for the decodes of what it holds, checks and releases those chunks, then
   // holds the refused ones again (the host waits here; a chunk fails with
