@@ -290,6 +290,30 @@ TEST(Chunk, RecordsMovedBetweenLayersOrSectionsAreDetected) {
   EXPECT_EQ(VerifyChunk(moved).status().code(), absl::StatusCode::kDataLoss);
 }
 
+TEST(Chunk, RecordTableCheckOfALayerRangeNamesTheRecordThatDiffers) {
+  // A reader that hashed only some layers (a GPU load of a layer range)
+  // checks the whole table against the header and those layers' entries.
+  auto c = SmallChunk();
+  auto h = ParseHeader(c);
+  ASSERT_TRUE(h.ok()) << h.status();
+  const SectionLayout& v = h->layout.v;
+  ASSERT_GE(v.num_layers, 2u);
+  std::span<const uint8_t> vs = std::span<const uint8_t>(c).subspan(h->layout.v_offset, v.bytes);
+  std::span<const uint8_t> table = vs.subspan(v.table_offset, v.table_bytes);
+  std::vector<uint64_t> last = {StoredRecordChecksum(v, vs, v.num_layers - 1)};
+  EXPECT_TRUE(CheckRecordTable(Section::kV, v, h->v_checksum, last, table, v.num_layers - 1).ok());
+  last[0] ^= 1;
+  absl::Status bad = CheckRecordTable(Section::kV, v, h->v_checksum, last, table, v.num_layers - 1);
+  EXPECT_EQ(bad.code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(bad.message().find("v record " + std::to_string(v.num_layers - 1)), std::string::npos)
+      << bad.message();
+  // The table itself against the header, whatever the range.
+  last[0] ^= 1;
+  EXPECT_EQ(CheckRecordTable(Section::kV, v, h->v_checksum ^ 1, last, table, v.num_layers - 1)
+                .code(),
+            absl::StatusCode::kDataLoss);
+}
+
 TEST(Chunk, RecordChecksumsAreSeededXxh3) {
   // FORMAT.md "Record checksums": XXH3-64 with seed (section << 32) | layer.
   const std::vector<uint8_t> bytes = {'k', 'v', 't', 'i', 'e', 'r'};
