@@ -112,13 +112,26 @@ absl::Status Sync(cudaStream_t stream) {
 // The reader's check of a held chunk (CheckHeldBytes). On failure the daemon
 // checks the stored chunk (and drops it if corrupt), and the result is
 // DataLoss: the slots decoded from these bytes must not be used.
+// Has the daemon check stored chunk `key` (and drop it if corrupt): a hold
+// with `verify`, ended at once.
+void AskDaemonToCheck(KvtierClient* client, const Hash128& key) {
+  auto again = client->Hold(key, /*verify=*/true);
+  if (again.ok()) (void)client->Unhold(*again);
+}
+
+// The answer to a chunk that failed the reader's check `checked` (on the
+// host or on the device): the daemon checks the stored chunk, and DataLoss.
+absl::Status ReaderCheckFailed(KvtierClient* client, const Hash128& key,
+                               const absl::Status& checked) {
+  AskDaemonToCheck(client, key);
+  return absl::DataLossError(
+      absl::StrCat("chunk ", key.ToHex(), " failed the reader's check: ", checked.message()));
+}
+
 absl::Status CheckHeld(KvtierClient* client, const Hash128& key, const HeldChunk& held) {
   absl::Status checked = CheckHeldBytes(held);
   if (checked.ok()) return checked;
-  auto again = client->Hold(key, /*verify=*/true);
-  if (again.ok()) (void)client->Unhold(*again);
-  return absl::DataLossError(
-      absl::StrCat("chunk ", key.ToHex(), " failed the reader's check: ", checked.message()));
+  return ReaderCheckFailed(client, key, checked);
 }
 
 // The rest of the reader's check of a chunk whose records of `layers` the
@@ -425,7 +438,7 @@ absl::Status LayerwiseLoad::Finish() {
     sums_ = nullptr;
     return first;
   }
-  if (!slabs_.empty()) CheckStaged(staged_headers_);
+  if (!slabs_.empty()) CheckStaged();
   for (auto& half : halves_) {
     if (half != nullptr) io_->ReturnStaging(std::move(half));
   }
@@ -555,7 +568,7 @@ absl::Status LayerwiseLoad::EnqueueStaged(const std::vector<codec::ChunkHeader>&
   return absl::OkStatus();
 }
 
-void LayerwiseLoad::CheckStaged(const std::vector<codec::ChunkHeader>& headers) {
+void LayerwiseLoad::CheckStaged() {
   // Each staged chunk's checksums, K's layers then V's, gathered from its slabs.
   std::vector<std::vector<uint64_t>> computed(holds_.size());
   for (const Slab& slab : slabs_) {
@@ -573,14 +586,9 @@ void LayerwiseLoad::CheckStaged(const std::vector<codec::ChunkHeader>& headers) 
   for (size_t i = 0; i < holds_.size(); ++i) {
     if (!holds_[i] || computed[i].empty()) continue;
     io_->chunks_checked_on_device_.fetch_add(1, std::memory_order_relaxed);
-    absl::Status st = CheckStagedSums(headers[i], holds_[i]->data, kernels::LayerRange{},
-                                      computed[i].data());
-    if (st.ok()) continue;
-    // The daemon checks the stored chunk (and drops it if corrupt).
-    auto again = client_->Hold(keys_[i], /*verify=*/true);
-    if (again.ok()) (void)client_->Unhold(*again);
-    results_[i] = absl::DataLossError(
-        absl::StrCat("chunk ", keys_[i].ToHex(), " failed the reader's check: ", st.message()));
+    absl::Status st = CheckStagedSums(staged_headers_[i], holds_[i]->data,
+                                      kernels::LayerRange{}, computed[i].data());
+    if (!st.ok()) results_[i] = ReaderCheckFailed(client_, keys_[i], st);
   }
 }
 
@@ -954,11 +962,8 @@ absl::StatusOr<Tier> GpuPagedIo::AcceptHeld(const PagedChunk& chunk,
   }
   if (!v.ok()) {
     (void)client_->Unhold(*h);
-    if (absl::IsDataLoss(v)) {
-      // A rotted header: the daemon checks the stored chunk (and drops it).
-      auto again = client_->Hold(chunk.key, /*verify=*/true);
-      if (again.ok()) (void)client_->Unhold(*again);
-    }
+    // A rotted header: the daemon checks the stored chunk (and drops it).
+    if (absl::IsDataLoss(v)) AskDaemonToCheck(client_, chunk.key);
     return v;
   }
   *held = *h;

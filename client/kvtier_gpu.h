@@ -225,7 +225,7 @@ class LayerwiseLoad {
                              const kernels::PagedKvLayout& cache, cudaStream_t stream);
   // After the last event: each staged chunk's record tables against the
   // device's checksums.
-  void CheckStaged(const std::vector<codec::ChunkHeader>& headers);
+  void CheckStaged();
 
   GpuPagedIo* const io_;
   KvtierClient* const client_;
